@@ -1,0 +1,1 @@
+//! seckill shared library.
