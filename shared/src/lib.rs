@@ -1,1 +1,19 @@
-//! seckill shared library.
+//! The library both seckill functions stand on.
+//!
+//! - [`domain`]: ids, vouchers, sale windows, admission outcomes, parsed once at the edge;
+//! - [`order_id`]: the time-prefixed order id layout and block leasing;
+//! - [`auth`]: identities from verified tokens only (invariant 5);
+//! - [`keys`]: Redis key names, one hash tag per voucher (invariant 4);
+//! - [`adapters`]: Redis and the RDS Data API, the only code that does I/O;
+//! - [`migrate`]: the schema, applied through the Data API;
+//! - [`config`], [`error`], [`telemetry`]: typed configuration, adapter errors, logging.
+
+pub mod adapters;
+pub mod auth;
+pub mod config;
+pub mod domain;
+pub mod error;
+pub mod keys;
+pub mod migrate;
+pub mod order_id;
+pub mod telemetry;

@@ -1,1 +1,1 @@
-
+//! order-drainer.

@@ -1,1 +1,86 @@
-fn main() {}
+//! `seckill`: operator commands.
+//!
+//! - `seckill migrate`: applies `migrations/` through the RDS Data API, locally (against
+//!   `tools/data-api-local`) and in AWS (against the Aurora cluster) alike;
+//! - `seckill token`: mints an HS256 token with the local dev secret.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use seckill_shared::adapters::data_api::DataApi;
+use seckill_shared::config::{DataApiConfig, EnvReader};
+use seckill_shared::{auth, migrate};
+
+#[derive(Parser)]
+#[command(
+    name = "seckill",
+    about = "Operator commands for the seckill flash-sale engine"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Apply pending migrations through the Data API (reads DB_CLUSTER_ARN, DB_SECRET_ARN,
+    /// DB_NAME, optional DATA_API_URL, and the standard AWS credentials and region).
+    Migrate {
+        /// Apply to this database instead of DB_NAME.
+        #[arg(long)]
+        database: Option<String>,
+    },
+    /// Print a signed dev token (HS256 with SECKILL_DEV_JWT_SECRET) for local calls.
+    Token {
+        /// The user id (the `sub` claim).
+        #[arg(long)]
+        sub: String,
+        /// Add the `seckill/admin` scope.
+        #[arg(long)]
+        admin: bool,
+        /// Lifetime in seconds.
+        #[arg(long, default_value_t = 3600)]
+        ttl: i64,
+        #[arg(long, env = "SECKILL_DEV_JWT_SECRET", hide_env_values = true)]
+        secret: String,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    seckill_shared::telemetry::init();
+    match Cli::parse().command {
+        Command::Migrate { database } => {
+            let mut env = EnvReader::from_env();
+            let mut cfg = DataApiConfig::read(&mut env);
+            if let Some(db) = database {
+                cfg.database = db;
+            }
+            env.finish()?;
+            let db = DataApi::connect(&cfg).await;
+            let applied = migrate::apply(&db, &migrate::embedded())
+                .await
+                .with_context(|| format!("migrating database {}", cfg.database))?;
+            if applied.is_empty() {
+                println!("schema of {} is up to date", cfg.database);
+            } else {
+                println!("applied migrations {applied:?} to {}", cfg.database);
+            }
+        }
+        Command::Token {
+            sub,
+            admin,
+            ttl,
+            secret,
+        } => {
+            let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs() as i64;
+            let scope = admin.then_some(auth::ADMIN_SCOPE);
+            println!(
+                "{}",
+                auth::mint_hs256(secret.as_bytes(), &sub, scope, now + ttl)
+            );
+        }
+    }
+    Ok(())
+}

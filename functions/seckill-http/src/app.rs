@@ -1,0 +1,52 @@
+//! The function's state, built once per cold start and shared by every request.
+
+use seckill_shared::adapters::data_api::DataApi;
+use seckill_shared::adapters::redis::{OrderIds, RedisConn, RedisSales};
+use seckill_shared::config::RedisConfig;
+use seckill_shared::error::StoreError;
+use tokio::sync::OnceCell;
+
+use crate::cache::VoucherCache;
+use crate::config::Config;
+
+/// Clients and per-instance memory.
+pub struct App {
+    redis_cfg: RedisConfig,
+    // Connected on first use and kept: a Redis that is down at cold start must turn into
+    // quick 503s that heal by themselves, not a function that fails to initialise.
+    redis: OnceCell<RedisSales>,
+    pub(crate) db: DataApi,
+    pub(crate) ids: OrderIds,
+    pub(crate) cache: VoucherCache,
+    pub(crate) dev_secret: Option<Vec<u8>>,
+}
+
+impl App {
+    /// Builds the clients. Tries Redis once now so the first request is fast, but a
+    /// failure here is only logged.
+    pub async fn new(cfg: &Config) -> App {
+        let app = App {
+            redis_cfg: cfg.redis.clone(),
+            redis: OnceCell::new(),
+            db: DataApi::connect(&cfg.data_api).await,
+            ids: OrderIds::default(),
+            cache: VoucherCache::default(),
+            dev_secret: cfg.dev_jwt_secret.as_ref().map(|s| s.as_bytes().to_vec()),
+        };
+        if let Err(err) = app.sales().await {
+            tracing::warn!(error = %err, "redis not reachable at start; will retry per request");
+        }
+        app
+    }
+
+    /// The Redis sale adapter, connecting on first use.
+    pub(crate) async fn sales(&self) -> Result<&RedisSales, StoreError> {
+        self.redis
+            .get_or_try_init(|| async {
+                RedisConn::connect(&self.redis_cfg)
+                    .await
+                    .map(RedisSales::new)
+            })
+            .await
+    }
+}

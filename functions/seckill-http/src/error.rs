@@ -1,0 +1,83 @@
+//! The errors of the HTTP layer and the one place they become responses.
+//!
+//! Every failure a caller can see is an [`ApiError`]; [`ApiError::into_response`] is the
+//! only mapping to a status and a stable `code` (`../shared/README.md` §1). Infrastructure
+//! failures become `503 unavailable` with a generic message; their detail goes to the log
+//! only.
+
+use http::StatusCode;
+use lambda_http::{Body, Response};
+use seckill_shared::error::StoreError;
+use serde_json::json;
+
+/// A failure as the caller sees it.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("the sale has not started yet")]
+    NotStarted,
+    #[error("the sale has ended")]
+    Ended,
+    #[error("sold out")]
+    SoldOut,
+    #[error("you already hold an order for this voucher")]
+    AlreadyPurchased,
+    #[error("the service is unavailable, retry shortly")]
+    Unavailable(#[source] StoreError),
+}
+
+impl ApiError {
+    /// The status and the stable code of the contract.
+    pub fn status_and_code(&self) -> (StatusCode, &'static str) {
+        match self {
+            ApiError::InvalidRequest(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
+            ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            ApiError::NotStarted => (StatusCode::CONFLICT, "not_started"),
+            ApiError::Ended => (StatusCode::CONFLICT, "ended"),
+            ApiError::SoldOut => (StatusCode::CONFLICT, "sold_out"),
+            ApiError::AlreadyPurchased => (StatusCode::CONFLICT, "already_purchased"),
+            ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        self.status_and_code().1
+    }
+
+    pub fn into_response(self) -> Response<Body> {
+        let (status, code) = self.status_and_code();
+        if let ApiError::Unavailable(source) = &self {
+            tracing::error!(error = %source, "backend unavailable");
+        }
+        json_response(
+            status,
+            &json!({ "code": code, "message": self.to_string() }),
+        )
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(err: StoreError) -> ApiError {
+        ApiError::Unavailable(err)
+    }
+}
+
+/// A JSON response with the contract's content type.
+pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Body> {
+    let mut res = Response::new(Body::from(body.to_string()));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    res
+}

@@ -1,0 +1,352 @@
+//! The routes of the public HTTP contract (`../shared/README.md` §1) and their handlers.
+//!
+//! [`handle`] is the whole function: tests call it with API Gateway v2 fixture events,
+//! `main` hands it to `lambda_http::run`. Each handler returns `Result<_, ApiError>`; the
+//! error becomes a response in exactly one place ([`ApiError::into_response`]).
+
+use http::{Method, StatusCode};
+use lambda_http::{Body, Request, RequestExt, Response};
+use seckill_shared::domain::{
+    Admission, NewVoucher, OrderId, OrderStatus, UnixMillis, Voucher, VoucherId,
+    format_rfc3339_millis, now_millis,
+};
+use serde::Deserialize;
+use serde_json::json;
+use tracing::Instrument;
+
+use crate::app::App;
+use crate::cache::Known;
+use crate::error::{ApiError, json_response};
+use crate::identity::{identify, require_admin};
+
+/// Every route: method, path pattern, whether it needs a token. The SAM template must
+/// declare exactly these (a test compares them).
+pub const ROUTES: &[(&str, &str, bool)] = &[
+    ("POST", "/vouchers", true),
+    ("GET", "/vouchers/{id}", false),
+    ("POST", "/vouchers/{id}/seckill", true),
+    ("GET", "/orders/{order_id}", true),
+];
+
+/// The largest request body accepted (a voucher is a few hundred bytes).
+pub const MAX_BODY_BYTES: usize = 16 * 1024;
+
+/// A recognised route with its path parameter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route<'a> {
+    CreateVoucher,
+    GetVoucher(&'a str),
+    Seckill(&'a str),
+    GetOrder(&'a str),
+}
+
+impl<'a> Route<'a> {
+    /// Matches a method and path; a trailing slash is ignored.
+    pub fn parse(method: &Method, path: &'a str) -> Option<Route<'a>> {
+        let segments: Vec<&str> = path
+            .trim_end_matches('/')
+            .trim_start_matches('/')
+            .split('/')
+            .collect();
+        match (method.as_str(), segments.as_slice()) {
+            ("POST", ["vouchers"]) => Some(Route::CreateVoucher),
+            ("GET", ["vouchers", id]) => Some(Route::GetVoucher(id)),
+            ("POST", ["vouchers", id, "seckill"]) => Some(Route::Seckill(id)),
+            ("GET", ["orders", id]) => Some(Route::GetOrder(id)),
+            _ => None,
+        }
+    }
+}
+
+/// Handles one request. Never fails and never panics on input: every outcome is a JSON
+/// response.
+pub async fn handle(app: &App, req: Request) -> Response<Body> {
+    let request_id = req
+        .lambda_context_ref()
+        .map(|c| c.request_id.clone())
+        .unwrap_or_default();
+    let span = tracing::info_span!(
+        "request",
+        request_id = %request_id,
+        method = %req.method(),
+        voucher_id = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    );
+    async move {
+        let res = match dispatch(app, &req).await {
+            Ok(res) => res,
+            Err(err) => {
+                tracing::Span::current().record("outcome", err.code());
+                err.into_response()
+            }
+        };
+        tracing::info!(status = res.status().as_u16(), "handled");
+        res
+    }
+    .instrument(span)
+    .await
+}
+
+async fn dispatch(app: &App, req: &Request) -> Result<Response<Body>, ApiError> {
+    let path = req.uri().path().to_string();
+    match Route::parse(req.method(), &path) {
+        Some(Route::CreateVoucher) => create_voucher(app, req).await,
+        Some(Route::GetVoucher(id)) => get_voucher(app, parse_voucher_id(id)?).await,
+        Some(Route::Seckill(id)) => seckill(app, req, parse_voucher_id(id)?).await,
+        Some(Route::GetOrder(id)) => get_order(app, req, parse_order_id(id)?).await,
+        None => Err(ApiError::NotFound(format!(
+            "no route for {} {}",
+            req.method(),
+            path
+        ))),
+    }
+}
+
+fn parse_voucher_id(s: &str) -> Result<VoucherId, ApiError> {
+    tracing::Span::current().record("voucher_id", s);
+    s.parse()
+        .map_err(|e: seckill_shared::domain::ValidationError| ApiError::InvalidRequest(e.0))
+}
+
+fn parse_order_id(s: &str) -> Result<OrderId, ApiError> {
+    s.parse()
+        .map_err(|e: seckill_shared::domain::ValidationError| ApiError::InvalidRequest(e.0))
+}
+
+fn now_secs(now: UnixMillis) -> i64 {
+    now.div_euclid(1000)
+}
+
+fn outcome(label: &'static str) {
+    tracing::Span::current().record("outcome", label);
+}
+
+/// The body of `POST /vouchers`.
+#[derive(Deserialize)]
+struct CreateVoucherBody {
+    title: String,
+    stock: i64,
+    begins_at: String,
+    ends_at: String,
+}
+
+/// `POST /vouchers` (admin): writes the database, then preloads Redis.
+async fn create_voucher(app: &App, req: &Request) -> Result<Response<Body>, ApiError> {
+    let now = now_millis();
+    let caller = identify(req, app.dev_secret.as_deref(), now_secs(now))?;
+    require_admin(&caller)?;
+    let body = req.body().as_ref();
+    if body.len() > MAX_BODY_BYTES {
+        return Err(ApiError::InvalidRequest(format!(
+            "body is larger than {MAX_BODY_BYTES} bytes"
+        )));
+    }
+    let input: CreateVoucherBody = serde_json::from_slice(body).map_err(|e| {
+        ApiError::InvalidRequest(format!(
+            "body must be a JSON object with title, stock (integer), begins_at and ends_at (RFC 3339): {e}"
+        ))
+    })?;
+    let new = NewVoucher::parse(
+        &input.title,
+        input.stock,
+        &input.begins_at,
+        &input.ends_at,
+        now,
+    )
+    .map_err(|e| ApiError::InvalidRequest(e.0))?;
+    let voucher = app.db.create_voucher(&new).await?;
+    tracing::Span::current().record("voucher_id", voucher.id.get());
+    app.cache.learn_voucher(&voucher);
+    // The database row is the truth. If Redis cannot be preloaded now, the voucher is
+    // still created: the first GET or purchase finds it missing in Redis and preloads it
+    // from the database (see `repair`).
+    let preloaded = match app.sales().await {
+        Ok(sales) => sales.preload(&voucher).await.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    if let Err(error) = preloaded {
+        tracing::warn!(%error, "voucher created but not preloaded; it will be preloaded on first use");
+    }
+    outcome("created");
+    Ok(json_response(
+        StatusCode::CREATED,
+        &voucher_json(&voucher, voucher.db_stock_left),
+    ))
+}
+
+/// `GET /vouchers/{id}` (anyone): the voucher with its live stock from Redis.
+async fn get_voucher(app: &App, id: VoucherId) -> Result<Response<Body>, ApiError> {
+    let now = now_millis();
+    if app.cache.short_circuit(id, now) == Some(Known::Missing) {
+        return Err(not_found_voucher(id));
+    }
+    let voucher = match app.cache.voucher(id) {
+        Some(v) => v,
+        None => match app.db.voucher(id).await? {
+            Some(v) => {
+                app.cache.learn_voucher(&v);
+                v
+            }
+            None => {
+                app.cache.learn_missing(id, now);
+                return Err(not_found_voucher(id));
+            }
+        },
+    };
+    let sales = app.sales().await?;
+    let stock_left = match sales.stock_left(id).await? {
+        Some(left) => left,
+        None => {
+            repair(app, id, now).await?;
+            sales.stock_left(id).await?.unwrap_or(voucher.db_stock_left)
+        }
+    };
+    outcome("ok");
+    Ok(json_response(
+        StatusCode::OK,
+        &voucher_json(&voucher, stock_left),
+    ))
+}
+
+/// `POST /vouchers/{id}/seckill` (user): the admission, one Redis round trip.
+async fn seckill(app: &App, req: &Request, id: VoucherId) -> Result<Response<Body>, ApiError> {
+    let now = now_millis();
+    let caller = identify(req, app.dev_secret.as_deref(), now_secs(now))?;
+    // Answers this instance already knows cost no Redis call.
+    match app.cache.short_circuit(id, now) {
+        Some(Known::NotStarted) => return Err(ApiError::NotStarted),
+        Some(Known::Ended) => return Err(ApiError::Ended),
+        Some(Known::SoldOut) => return Err(ApiError::SoldOut),
+        Some(Known::Missing) => return Err(not_found_voucher(id)),
+        None => {}
+    }
+    let sales = app.sales().await?;
+    let order_id = app.ids.next(sales, id, now).await?;
+    let mut reply = sales.admit(id, &caller.user, order_id, now).await?;
+    if reply.admission == Admission::NotLoaded {
+        if !repair(app, id, now).await? {
+            return Err(not_found_voucher(id));
+        }
+        reply = sales.admit(id, &caller.user, order_id, now).await?;
+    }
+    if let Some(window) = reply.window {
+        app.cache.learn_window(id, window);
+    }
+    match reply.admission {
+        Admission::Admitted {
+            order_id,
+            stock_after,
+        } => {
+            if stock_after <= 0 {
+                app.cache.learn_sold_out(id);
+            }
+            outcome("admitted");
+            Ok(json_response(
+                StatusCode::ACCEPTED,
+                &json!({ "order_id": order_id.to_string(), "status": OrderStatus::Pending.as_str() }),
+            ))
+        }
+        Admission::SoldOut => {
+            app.cache.learn_sold_out(id);
+            Err(ApiError::SoldOut)
+        }
+        Admission::NotStarted => Err(ApiError::NotStarted),
+        Admission::Ended => Err(ApiError::Ended),
+        Admission::AlreadyPurchased { .. } => Err(ApiError::AlreadyPurchased),
+        // Still not loaded right after a preload: Redis lost it again; let the caller retry.
+        Admission::NotLoaded => Err(ApiError::Unavailable(
+            seckill_shared::error::StoreError::Unavailable {
+                backend: "redis",
+                detail: format!("voucher {id} not loaded after preload"),
+            },
+        )),
+    }
+}
+
+/// `GET /orders/{order_id}` (the buyer): `confirmed`/`rejected` from the database,
+/// `pending` while admitted in Redis and not yet drained. Another user's order is 404.
+async fn get_order(app: &App, req: &Request, id: OrderId) -> Result<Response<Body>, ApiError> {
+    let now = now_millis();
+    let caller = identify(req, app.dev_secret.as_deref(), now_secs(now))?;
+    let not_found = || ApiError::NotFound(format!("order {id} not found"));
+    if let Some((voucher, buyer, status)) = app.db.order(id).await? {
+        if buyer != caller.user {
+            return Err(not_found());
+        }
+        outcome("ok");
+        return Ok(order_json(id, voucher, status));
+    }
+    // Not drained yet: the id says which voucher it was issued for; the voucher's buyers
+    // hash says whether this caller holds it.
+    let sales = app.sales().await?;
+    let Some(voucher) = sales.voucher_of_order(id).await? else {
+        return Err(not_found());
+    };
+    if sales.order_of_buyer(voucher, &caller.user).await? != Some(id) {
+        return Err(not_found());
+    }
+    // The drainer may have committed between the two reads.
+    let status = match app.db.order(id).await? {
+        Some((_, _, status)) => status,
+        None => OrderStatus::Pending,
+    };
+    outcome("ok");
+    Ok(order_json(id, voucher, status))
+}
+
+/// Preloads a voucher that Redis does not have, from the database. Returns false when
+/// the database does not know it either.
+async fn repair(app: &App, id: VoucherId, now: UnixMillis) -> Result<bool, ApiError> {
+    let Some(voucher) = app.db.voucher(id).await? else {
+        app.cache.learn_missing(id, now);
+        return Ok(false);
+    };
+    app.cache.learn_voucher(&voucher);
+    if app.sales().await?.preload(&voucher).await? {
+        tracing::warn!("voucher was missing in redis; preloaded from the database");
+    }
+    Ok(true)
+}
+
+fn not_found_voucher(id: VoucherId) -> ApiError {
+    ApiError::NotFound(format!("voucher {id} not found"))
+}
+
+fn voucher_json(v: &Voucher, stock_left: i64) -> serde_json::Value {
+    json!({
+        "id": v.id.to_string(),
+        "title": v.title,
+        "stock": v.stock,
+        "stock_left": stock_left.max(0),
+        "begins_at": format_rfc3339_millis(v.window.begins_ms()),
+        "ends_at": format_rfc3339_millis(v.window.ends_ms()),
+    })
+}
+
+fn order_json(id: OrderId, voucher: VoucherId, status: OrderStatus) -> Response<Body> {
+    json_response(
+        StatusCode::OK,
+        &json!({ "order_id": id.to_string(), "voucher_id": voucher.to_string(), "status": status.as_str() }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_declared_route_dispatches() {
+        for (method, pattern, _) in ROUTES {
+            let path = pattern.replace("{id}", "12").replace("{order_id}", "34");
+            let method: Method = method.parse().unwrap();
+            assert!(Route::parse(&method, &path).is_some(), "{method} {path}");
+        }
+        assert_eq!(
+            Route::parse(&Method::GET, "/vouchers/12/"),
+            Some(Route::GetVoucher("12"))
+        );
+        assert_eq!(Route::parse(&Method::DELETE, "/vouchers/12"), None);
+        assert_eq!(Route::parse(&Method::GET, "/vouchers/12/seckill"), None);
+        assert_eq!(Route::parse(&Method::GET, "/"), None);
+    }
+}

@@ -1,0 +1,355 @@
+//! The database adapter: Aurora MySQL through the RDS Data API (`aws-sdk-rdsdata`).
+//!
+//! Locally the same client talks to `tools/data-api-local` through an endpoint override,
+//! so tests run the production code path. Every value is bound as a named parameter,
+//! never spliced into SQL. Errors are sorted once, in [`store_error`], into transient
+//! (retry later) and permanent.
+
+use aws_config::BehaviorVersion;
+use aws_sdk_rdsdata::Client;
+use aws_sdk_rdsdata::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_rdsdata::operation::execute_statement::ExecuteStatementOutput;
+use aws_sdk_rdsdata::types::{Field, SqlParameter, TypeHint};
+use aws_smithy_types::timeout::TimeoutConfig;
+use time::PrimitiveDateTime;
+use time::macros::format_description;
+
+use crate::config::DataApiConfig;
+use crate::domain::{
+    NewVoucher, OrderId, OrderStatus, SaleWindow, UnixMillis, UserId, Voucher, VoucherId,
+};
+use crate::error::StoreError;
+
+/// A Data API client bound to one cluster, secret and database. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct DataApi {
+    client: Client,
+    cluster_arn: String,
+    secret_arn: String,
+    database: String,
+}
+
+impl DataApi {
+    /// Builds the client once per cold start: region and credentials from the standard
+    /// AWS environment, a bound on each call (retries included).
+    pub async fn connect(cfg: &DataApiConfig) -> DataApi {
+        let shared = aws_config::defaults(BehaviorVersion::latest()).load().await;
+        let mut builder = aws_sdk_rdsdata::config::Builder::from(&shared).timeout_config(
+            TimeoutConfig::builder()
+                .operation_timeout(cfg.timeout)
+                .build(),
+        );
+        if let Some(endpoint) = &cfg.endpoint {
+            builder = builder.endpoint_url(endpoint);
+        }
+        DataApi {
+            client: Client::from_conf(builder.build()),
+            cluster_arn: cfg.cluster_arn.clone(),
+            secret_arn: cfg.secret_arn.clone(),
+            database: cfg.database.clone(),
+        }
+    }
+
+    /// The same client on another database (tests use a fresh database each).
+    pub fn with_database(&self, database: &str) -> DataApi {
+        DataApi {
+            database: database.to_string(),
+            ..self.clone()
+        }
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Runs one statement, inside `transaction` when given.
+    pub async fn execute(
+        &self,
+        sql: &str,
+        params: Vec<SqlParameter>,
+        transaction: Option<&str>,
+    ) -> Result<ExecuteStatementOutput, StoreError> {
+        self.client
+            .execute_statement()
+            .resource_arn(&self.cluster_arn)
+            .secret_arn(&self.secret_arn)
+            .database(&self.database)
+            .sql(sql)
+            .set_parameters(Some(params))
+            .set_transaction_id(transaction.map(str::to_string))
+            .send()
+            .await
+            .map_err(store_error)
+    }
+
+    /// Begins a transaction; the caller must commit or roll back.
+    pub async fn begin(&self) -> Result<String, StoreError> {
+        let out = self
+            .client
+            .begin_transaction()
+            .resource_arn(&self.cluster_arn)
+            .secret_arn(&self.secret_arn)
+            .database(&self.database)
+            .send()
+            .await
+            .map_err(store_error)?;
+        out.transaction_id
+            .ok_or_else(|| StoreError::Corrupt("BeginTransaction returned no id".into()))
+    }
+
+    pub async fn commit(&self, transaction: &str) -> Result<(), StoreError> {
+        self.client
+            .commit_transaction()
+            .resource_arn(&self.cluster_arn)
+            .secret_arn(&self.secret_arn)
+            .transaction_id(transaction)
+            .send()
+            .await
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    /// Rolls back; errors are only logged, since the server also rolls back abandoned
+    /// transactions on its own.
+    pub async fn rollback(&self, transaction: &str) {
+        if let Err(err) = self
+            .client
+            .rollback_transaction()
+            .resource_arn(&self.cluster_arn)
+            .secret_arn(&self.secret_arn)
+            .transaction_id(transaction)
+            .send()
+            .await
+        {
+            tracing::warn!(error = %store_error(err), "rollback failed");
+        }
+    }
+
+    /// Inserts a voucher with all its stock left; returns it with its new id.
+    pub async fn create_voucher(&self, v: &NewVoucher) -> Result<Voucher, StoreError> {
+        let out = self
+            .execute(
+                "INSERT INTO vouchers (title, stock, stock_left, begins_at, ends_at) \
+                 VALUES (:title, :stock, :stock, :begins_at, :ends_at)",
+                vec![
+                    param::string("title", &v.title),
+                    param::long("stock", v.stock),
+                    param::timestamp("begins_at", v.window.begins_ms()),
+                    param::timestamp("ends_at", v.window.ends_ms()),
+                ],
+                None,
+            )
+            .await?;
+        let id = match out.generated_fields().first() {
+            Some(Field::LongValue(id)) => VoucherId::new(*id),
+            _ => None,
+        }
+        .ok_or_else(|| StoreError::Corrupt("INSERT INTO vouchers generated no id".into()))?;
+        Ok(Voucher {
+            id,
+            title: v.title.clone(),
+            stock: v.stock,
+            db_stock_left: v.stock,
+            window: v.window,
+        })
+    }
+
+    /// A voucher by id.
+    pub async fn voucher(&self, id: VoucherId) -> Result<Option<Voucher>, StoreError> {
+        let out = self
+            .execute(
+                "SELECT id, title, stock, stock_left, begins_at, ends_at FROM vouchers WHERE id = :id",
+                vec![param::long("id", id.get())],
+                None,
+            )
+            .await?;
+        let Some(row) = out.records().first() else {
+            return Ok(None);
+        };
+        let bad = || StoreError::Corrupt(format!("vouchers row {id} has an unexpected shape"));
+        let [_, title, stock, left, begins, ends] = row.as_slice() else {
+            return Err(bad());
+        };
+        let window = SaleWindow::new(
+            field::datetime(begins).ok_or_else(bad)?,
+            field::datetime(ends).ok_or_else(bad)?,
+        )
+        .map_err(|_| bad())?;
+        Ok(Some(Voucher {
+            id,
+            title: field::string(title).ok_or_else(bad)?,
+            stock: field::long(stock).ok_or_else(bad)?,
+            db_stock_left: field::long(left).ok_or_else(bad)?,
+            window,
+        }))
+    }
+
+    /// An order as the database has it: (voucher, buyer, status).
+    pub async fn order(
+        &self,
+        id: OrderId,
+    ) -> Result<Option<(VoucherId, UserId, OrderStatus)>, StoreError> {
+        let out = self
+            .execute(
+                "SELECT voucher_id, user_id, status FROM orders WHERE id = :id",
+                vec![param::long("id", id.get())],
+                None,
+            )
+            .await?;
+        let Some(row) = out.records().first() else {
+            return Ok(None);
+        };
+        let bad = || StoreError::Corrupt(format!("orders row {id} has an unexpected shape"));
+        let [voucher, user, status] = row.as_slice() else {
+            return Err(bad());
+        };
+        let voucher = field::long(voucher)
+            .and_then(VoucherId::new)
+            .ok_or_else(bad)?;
+        let user = field::string(user)
+            .and_then(|u| UserId::parse(&u).ok())
+            .ok_or_else(bad)?;
+        let status = match field::string(status).as_deref() {
+            Some("confirmed") => OrderStatus::Confirmed,
+            Some("rejected") => OrderStatus::Rejected,
+            _ => return Err(bad()),
+        };
+        Ok(Some((voucher, user, status)))
+    }
+}
+
+/// Sorts an SDK failure into transient (the service, network or database is not there
+/// right now) and permanent (the database refused the statement).
+pub fn store_error<E, R>(err: SdkError<E, R>) -> StoreError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug,
+{
+    match &err {
+        SdkError::ServiceError(service) => {
+            let e = service.err();
+            let code = e.code().unwrap_or("Unknown");
+            let message = e.message().unwrap_or("").to_string();
+            match code {
+                "DatabaseErrorException"
+                | "BadRequestException"
+                | "ForbiddenException"
+                | "AccessDeniedException" => StoreError::Database(format!("{code}: {message}")),
+                _ => StoreError::Unavailable {
+                    backend: "data api",
+                    detail: format!("{code}: {message}"),
+                },
+            }
+        }
+        _ => StoreError::Unavailable {
+            backend: "data api",
+            detail: aws_smithy_types::error::display::DisplayErrorContext(&err).to_string(),
+        },
+    }
+}
+
+/// Named parameters.
+pub mod param {
+    use super::*;
+
+    pub fn long(name: &str, v: i64) -> SqlParameter {
+        SqlParameter::builder()
+            .name(name)
+            .value(Field::LongValue(v))
+            .build()
+    }
+
+    pub fn string(name: &str, v: &str) -> SqlParameter {
+        SqlParameter::builder()
+            .name(name)
+            .value(Field::StringValue(v.to_string()))
+            .build()
+    }
+
+    pub fn null(name: &str) -> SqlParameter {
+        SqlParameter::builder()
+            .name(name)
+            .value(Field::IsNull(true))
+            .build()
+    }
+
+    /// A UTC instant, as the Data API's TIMESTAMP type hint wants it.
+    pub fn timestamp(name: &str, ms: UnixMillis) -> SqlParameter {
+        SqlParameter::builder()
+            .name(name)
+            .value(Field::StringValue(super::format_datetime(ms)))
+            .type_hint(TypeHint::Timestamp)
+            .build()
+    }
+}
+
+/// Reading fields of a record.
+pub mod field {
+    use super::*;
+
+    pub fn long(f: &Field) -> Option<i64> {
+        match f {
+            Field::LongValue(v) => Some(*v),
+            Field::StringValue(s) => s.parse().ok(),
+            _ => None,
+        }
+    }
+
+    pub fn string(f: &Field) -> Option<String> {
+        match f {
+            Field::StringValue(s) => Some(s.clone()),
+            _ => None,
+        }
+    }
+
+    pub fn datetime(f: &Field) -> Option<UnixMillis> {
+        match f {
+            Field::StringValue(s) => super::parse_datetime(s),
+            _ => None,
+        }
+    }
+}
+
+/// `YYYY-MM-DD HH:MM:SS.fff` in UTC, the Data API's TIMESTAMP text form.
+pub fn format_datetime(ms: UnixMillis) -> String {
+    let t = time::OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:03}",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second(),
+        t.millisecond()
+    )
+}
+
+/// Parses the Data API's DATETIME text (with or without fractional seconds) as UTC.
+pub fn parse_datetime(s: &str) -> Option<UnixMillis> {
+    let with_fraction =
+        format_description!("[year]-[month]-[day] [hour]:[minute]:[second].[subsecond]");
+    let without = format_description!("[year]-[month]-[day] [hour]:[minute]:[second]");
+    let t = PrimitiveDateTime::parse(s, with_fraction)
+        .or_else(|_| PrimitiveDateTime::parse(s, without))
+        .ok()?
+        .assume_utc();
+    Some((t.unix_timestamp_nanos() / 1_000_000) as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn datetimes_round_trip_through_the_text_form() {
+        let ms = 1_795_391_999_123;
+        let s = format_datetime(ms);
+        assert_eq!(s, "2026-11-22 23:59:59.123");
+        assert_eq!(parse_datetime(&s), Some(ms));
+        assert_eq!(parse_datetime("2026-11-22 23:59:59"), Some(ms - 123));
+        assert_eq!(parse_datetime("2026-11-22 23:59:59.1"), Some(ms - 23));
+        assert_eq!(parse_datetime("garbage"), None);
+    }
+}

@@ -1,0 +1,4 @@
+//! Adapters: the only code that talks to Redis or the database.
+
+pub mod data_api;
+pub mod redis;

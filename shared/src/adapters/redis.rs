@@ -1,0 +1,262 @@
+//! The Redis adapter: connections and the sale's atomic scripts.
+//!
+//! [`RedisConn`] hides whether Redis runs as one node or as a cluster (ElastiCache
+//! Serverless is always cluster mode; the local stack runs cluster mode too). Scripts are
+//! kept in `lua/` and run with `redis::Script`, which sends EVALSHA and reloads the
+//! script on NOSCRIPT by itself. Every script receives all its keys in `KEYS`, built by
+//! [`crate::keys`] with one hash tag per call (invariant 4).
+
+use std::sync::{LazyLock, Mutex};
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Script, Value};
+
+use crate::config::RedisConfig;
+use crate::domain::{Admission, OrderId, SaleWindow, UnixMillis, UserId, Voucher, VoucherId};
+use crate::error::StoreError;
+use crate::keys::{self, SequenceKeys, VoucherKeys};
+use crate::order_id::{self, BLOCK, DAY_KEY_TTL_SECS, IdBlocks, Take};
+
+static ADMIT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/admit.lua")));
+static PRELOAD: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/preload.lua")));
+static LEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/lease.lua")));
+
+/// A multiplexed, self-reconnecting connection to a single node or a cluster. Cheap to
+/// clone: clones share the underlying connections.
+#[derive(Clone)]
+pub enum RedisConn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl RedisConn {
+    /// Connects with bounded connect and response timeouts, so an unreachable Redis turns
+    /// into an error within `cfg.timeout` rather than a hung request.
+    pub async fn connect(cfg: &RedisConfig) -> Result<RedisConn, StoreError> {
+        if cfg.cluster {
+            let client = redis::cluster::ClusterClientBuilder::new(vec![cfg.url.as_str()])
+                .connection_timeout(cfg.timeout)
+                .response_timeout(cfg.timeout)
+                .retries(2)
+                .build()?;
+            Ok(RedisConn::Cluster(client.get_async_connection().await?))
+        } else {
+            let client = redis::Client::open(cfg.url.as_str())?;
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(cfg.timeout))
+                .set_response_timeout(Some(cfg.timeout))
+                .set_number_of_retries(2);
+            Ok(RedisConn::Single(
+                ConnectionManager::new_with_config(client, config).await?,
+            ))
+        }
+    }
+}
+
+impl ConnectionLike for RedisConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            RedisConn::Single(c) => c.req_packed_command(cmd),
+            RedisConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            RedisConn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            RedisConn::Single(c) => c.get_db(),
+            RedisConn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// What the admission script answered, with the sale window when Redis knows it (so
+/// the instance can answer `not_started` / `ended` later without calling Redis).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdmitReply {
+    pub admission: Admission,
+    pub window: Option<SaleWindow>,
+}
+
+/// The sale state of vouchers in Redis.
+#[derive(Clone)]
+pub struct RedisSales {
+    conn: RedisConn,
+}
+
+impl RedisSales {
+    pub fn new(conn: RedisConn) -> RedisSales {
+        RedisSales { conn }
+    }
+
+    pub fn conn(&self) -> RedisConn {
+        self.conn.clone()
+    }
+
+    /// Runs the admission script (`lua/admit.lua`): one round trip, atomic.
+    pub async fn admit(
+        &self,
+        voucher: VoucherId,
+        user: &UserId,
+        order_id: OrderId,
+        now: UnixMillis,
+    ) -> Result<AdmitReply, StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let (code, detail, begins, ends, left): (i64, String, i64, i64, i64) = ADMIT
+            .key(&k.sale)
+            .key(&k.buyers)
+            .key(&k.orders)
+            .arg(user.as_str())
+            .arg(order_id.get())
+            .arg(now)
+            .arg(voucher.get())
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let window = SaleWindow::new(begins, ends).ok();
+        let held = || {
+            detail.parse::<OrderId>().map_err(|_| {
+                StoreError::Corrupt(format!("buyers hash of voucher {voucher} holds {detail:?}"))
+            })
+        };
+        let admission = match code {
+            0 => Admission::Admitted {
+                order_id,
+                stock_after: left,
+            },
+            1 => Admission::NotLoaded,
+            2 => Admission::NotStarted,
+            3 => Admission::Ended,
+            4 => Admission::SoldOut,
+            5 => Admission::AlreadyPurchased { order_id: held()? },
+            other => {
+                return Err(StoreError::Corrupt(format!(
+                    "admission script answered code {other}"
+                )));
+            }
+        };
+        Ok(AdmitReply { admission, window })
+    }
+
+    /// Makes a voucher sellable: registers it for the drainer, then creates its sale hash
+    /// (only if absent) and its consumer group. Idempotent; returns true when the sale
+    /// hash was created now.
+    ///
+    /// The active-set write comes first: if the second step fails, the drainer merely
+    /// visits an empty stream, while the reverse order could leave orders undrained.
+    pub async fn preload(&self, voucher: &Voucher) -> Result<bool, StoreError> {
+        let mut conn = self.conn.clone();
+        let _: i64 = conn.sadd(keys::ACTIVE_VOUCHERS, voucher.id.get()).await?;
+        let k = VoucherKeys::new(voucher.id);
+        let created: i64 = PRELOAD
+            .key(&k.sale)
+            .key(&k.orders)
+            .arg(voucher.db_stock_left)
+            .arg(voucher.stock)
+            .arg(voucher.window.begins_ms())
+            .arg(voucher.window.ends_ms())
+            .arg(keys::DRAIN_GROUP)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(created == 1)
+    }
+
+    /// Units left in Redis, `None` when the sale is not loaded.
+    pub async fn stock_left(&self, voucher: VoucherId) -> Result<Option<i64>, StoreError> {
+        let k = VoucherKeys::new(voucher);
+        Ok(self.conn.clone().hget(&k.sale, "stock").await?)
+    }
+
+    /// The order id `user` holds for `voucher`, if admitted.
+    pub async fn order_of_buyer(
+        &self,
+        voucher: VoucherId,
+        user: &UserId,
+    ) -> Result<Option<OrderId>, StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let held: Option<i64> = self.conn.clone().hget(&k.buyers, user.as_str()).await?;
+        Ok(held.and_then(OrderId::new))
+    }
+
+    /// Leases a block of order-id sequence numbers of `day` for `voucher`; returns the
+    /// block's highest number.
+    pub async fn lease_block(&self, voucher: VoucherId, day: i64) -> Result<u32, StoreError> {
+        let k = SequenceKeys::for_day(&order_id::day_name(day));
+        let last: i64 = LEASE
+            .key(&k.seq)
+            .key(&k.blocks)
+            .arg(BLOCK)
+            .arg(voucher.get())
+            .arg(DAY_KEY_TTL_SECS)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        u32::try_from(last).map_err(|_| StoreError::Corrupt(format!("lease returned {last}")))
+    }
+
+    /// The voucher an order id was issued for (see [`crate::order_id`]).
+    pub async fn voucher_of_order(&self, id: OrderId) -> Result<Option<VoucherId>, StoreError> {
+        let parts = order_id::OrderIdParts::of(id);
+        let k = SequenceKeys::for_day(&order_id::day_name(parts.day()));
+        let v: Option<i64> = self.conn.clone().hget(&k.blocks, parts.block()).await?;
+        Ok(v.and_then(VoucherId::new))
+    }
+}
+
+/// Issues order ids from leased blocks: on average 1/1024 of a Redis round trip each.
+#[derive(Debug, Default)]
+pub struct OrderIds {
+    blocks: Mutex<IdBlocks>,
+}
+
+impl OrderIds {
+    /// The next id for an order of `voucher` issued at `now`.
+    pub async fn next(
+        &self,
+        sales: &RedisSales,
+        voucher: VoucherId,
+        now: UnixMillis,
+    ) -> Result<OrderId, StoreError> {
+        // A block leased here may be used up by concurrent requests before this one takes
+        // from it; then this request leases again. Three rounds is plenty.
+        for _ in 0..3 {
+            // The lock is never held across an await.
+            let take = self.lock().take(voucher, now);
+            match take {
+                Take::Id(id) => return Ok(id),
+                Take::ClockOutOfRange => {
+                    return Err(StoreError::Corrupt(format!(
+                        "clock {now} ms is outside the order id epoch"
+                    )));
+                }
+                Take::Lease { day } => {
+                    let last = sales.lease_block(voucher, day).await?;
+                    self.lock().add(voucher, day, last);
+                }
+            }
+        }
+        Err(StoreError::Unavailable {
+            backend: "redis",
+            detail: "could not lease an order id block".into(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, IdBlocks> {
+        // A poisoned lock only means another request panicked mid-update of a plain map;
+        // the map itself is still consistent (each update is a single insert).
+        self.blocks.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}

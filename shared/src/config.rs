@@ -1,0 +1,199 @@
+//! Typed configuration, read once per cold start.
+//!
+//! [`EnvReader`] collects every missing or malformed variable before failing, so a
+//! misconfigured deployment reports all its mistakes in one log line instead of one per
+//! redeploy. Each function composes the pieces it needs ([`RedisConfig`],
+//! [`DataApiConfig`]) into its own `Config::from_env`.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// Variables that could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("configuration error: {}", .problems.join("; "))]
+pub struct ConfigError {
+    pub problems: Vec<String>,
+}
+
+/// Reads variables from an environment, remembering every problem.
+#[derive(Debug)]
+pub struct EnvReader {
+    vars: HashMap<String, String>,
+    problems: Vec<String>,
+}
+
+impl EnvReader {
+    /// Reads the process environment.
+    pub fn from_env() -> EnvReader {
+        EnvReader::from_map(std::env::vars().collect())
+    }
+
+    /// Reads a given map (tests, and checking a template's variables).
+    pub fn from_map(vars: HashMap<String, String>) -> EnvReader {
+        EnvReader {
+            vars,
+            problems: Vec::new(),
+        }
+    }
+
+    fn get(&self, name: &str) -> Option<&str> {
+        self.vars
+            .get(name)
+            .map(String::as_str)
+            .filter(|v| !v.trim().is_empty())
+    }
+
+    /// A variable that must be set and non-empty.
+    pub fn required(&mut self, name: &str) -> String {
+        match self.get(name) {
+            Some(v) => v.to_string(),
+            None => {
+                self.problems.push(format!("{name} is not set"));
+                String::new()
+            }
+        }
+    }
+
+    /// A variable that may be absent.
+    pub fn optional(&self, name: &str) -> Option<String> {
+        self.get(name).map(str::to_string)
+    }
+
+    /// A parsed variable with a default.
+    pub fn parse_or<T: FromStr>(&mut self, name: &str, default: T) -> T {
+        match self.get(name) {
+            None => default,
+            Some(v) => match v.parse() {
+                Ok(x) => x,
+                Err(_) => {
+                    self.problems
+                        .push(format!("{name} has an invalid value {v:?}"));
+                    default
+                }
+            },
+        }
+    }
+
+    /// A boolean (`true`/`false`/`1`/`0`) with a default.
+    pub fn flag_or(&mut self, name: &str, default: bool) -> bool {
+        match self.get(name).map(str::to_ascii_lowercase).as_deref() {
+            None => default,
+            Some("true" | "1" | "yes") => true,
+            Some("false" | "0" | "no") => false,
+            Some(v) => {
+                self.problems
+                    .push(format!("{name} must be true or false, not {v:?}"));
+                default
+            }
+        }
+    }
+
+    /// Records a problem found while checking values together.
+    pub fn problem(&mut self, message: impl Into<String>) {
+        self.problems.push(message.into());
+    }
+
+    /// Ends reading: every problem at once, or nothing.
+    pub fn finish(self) -> Result<(), ConfigError> {
+        if self.problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError {
+                problems: self.problems,
+            })
+        }
+    }
+}
+
+/// Where Redis is and how long to wait for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// `redis://` or `rediss://` (TLS, as ElastiCache Serverless requires).
+    pub url: String,
+    /// Use the cluster client (ElastiCache Serverless is always cluster mode).
+    pub cluster: bool,
+    /// Connect and response timeout: a slow Redis must turn into a quick 503, not a hang.
+    pub timeout: Duration,
+}
+
+impl RedisConfig {
+    pub fn read(env: &mut EnvReader) -> RedisConfig {
+        RedisConfig {
+            url: env.required("REDIS_URL"),
+            cluster: env.flag_or("REDIS_CLUSTER", false),
+            timeout: Duration::from_millis(env.parse_or("REDIS_TIMEOUT_MS", 250)),
+        }
+    }
+}
+
+/// Where the database is, through the RDS Data API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataApiConfig {
+    pub cluster_arn: String,
+    pub secret_arn: String,
+    pub database: String,
+    /// Endpoint override: the local Data API server. `None` in AWS.
+    pub endpoint: Option<String>,
+    /// Bound on one call, retries included.
+    pub timeout: Duration,
+}
+
+impl DataApiConfig {
+    pub fn read(env: &mut EnvReader) -> DataApiConfig {
+        DataApiConfig {
+            cluster_arn: env.required("DB_CLUSTER_ARN"),
+            secret_arn: env.required("DB_SECRET_ARN"),
+            database: env.required("DB_NAME"),
+            endpoint: env.optional("DATA_API_URL"),
+            timeout: Duration::from_millis(env.parse_or("DATA_API_TIMEOUT_MS", 5_000)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reader(pairs: &[(&str, &str)]) -> EnvReader {
+        EnvReader::from_map(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn every_missing_variable_is_reported_together() {
+        let mut env = reader(&[("REDIS_CLUSTER", "maybe"), ("DB_NAME", "seckill")]);
+        let _ = RedisConfig::read(&mut env);
+        let _ = DataApiConfig::read(&mut env);
+        let err = env.finish().unwrap_err();
+        assert_eq!(
+            err.problems,
+            vec![
+                "REDIS_URL is not set",
+                "REDIS_CLUSTER must be true or false, not \"maybe\"",
+                "DB_CLUSTER_ARN is not set",
+                "DB_SECRET_ARN is not set",
+            ]
+        );
+    }
+
+    #[test]
+    fn defaults_apply_when_optional_variables_are_absent() {
+        let mut env = reader(&[
+            ("REDIS_URL", "redis://x"),
+            ("DB_CLUSTER_ARN", "a"),
+            ("DB_SECRET_ARN", "s"),
+            ("DB_NAME", "d"),
+        ]);
+        let r = RedisConfig::read(&mut env);
+        let d = DataApiConfig::read(&mut env);
+        env.finish().unwrap();
+        assert!(!r.cluster);
+        assert_eq!(r.timeout, Duration::from_millis(250));
+        assert_eq!(d.endpoint, None);
+    }
+}

@@ -1,0 +1,387 @@
+//! Domain types, parsed once at the edge ("parse, don't validate").
+//!
+//! A value of one of these types is valid by construction: a [`VoucherId`] is a positive
+//! 63-bit integer, a [`UserId`] is a non-empty string of at most 64 bytes without control
+//! characters, a [`SaleWindow`] begins before it ends. Everything past the HTTP edge can
+//! rely on that and never re-checks.
+
+use std::fmt;
+use std::str::FromStr;
+
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+/// Why an input was refused. The message is safe to show to the caller.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ValidationError(pub String);
+
+fn invalid(msg: impl Into<String>) -> ValidationError {
+    ValidationError(msg.into())
+}
+
+/// Parses a positive 63-bit decimal id: ids travel as decimal strings (JSON numbers lose
+/// precision past 2^53) and must fit the Data API's signed `longValue`.
+fn parse_positive_id(s: &str, what: &str) -> Result<i64, ValidationError> {
+    if s.is_empty() || s.len() > 19 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(invalid(format!(
+            "{what} must be a positive decimal integer"
+        )));
+    }
+    match s.parse::<i64>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(invalid(format!(
+            "{what} must be a positive decimal integer"
+        ))),
+    }
+}
+
+/// The id of a voucher (a sale), assigned by the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct VoucherId(i64);
+
+impl VoucherId {
+    /// Wraps an id that came from the database; `None` unless positive.
+    pub fn new(n: i64) -> Option<VoucherId> {
+        (n > 0).then_some(VoucherId(n))
+    }
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+impl FromStr for VoucherId {
+    type Err = ValidationError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        parse_positive_id(s, "voucher id").map(VoucherId)
+    }
+}
+
+impl fmt::Display for VoucherId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// The id of an order: time-prefixed, see [`crate::order_id`] for the layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OrderId(i64);
+
+impl OrderId {
+    pub fn new(n: i64) -> Option<OrderId> {
+        (n > 0).then_some(OrderId(n))
+    }
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+impl FromStr for OrderId {
+    type Err = ValidationError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        parse_positive_id(s, "order id").map(OrderId)
+    }
+}
+
+impl fmt::Display for OrderId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A buyer, as named by the `sub` claim of a verified token (never by a request body).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct UserId(String);
+
+/// The longest `sub` the contract accepts, in bytes (it is a `VARCHAR(64)` column).
+pub const MAX_USER_ID_BYTES: usize = 64;
+
+impl UserId {
+    pub fn parse(s: &str) -> Result<UserId, ValidationError> {
+        if s.is_empty() {
+            return Err(invalid("user id is empty"));
+        }
+        if s.len() > MAX_USER_ID_BYTES {
+            return Err(invalid("user id is longer than 64 bytes"));
+        }
+        if s.chars().any(char::is_control) {
+            return Err(invalid("user id contains control characters"));
+        }
+        Ok(UserId(s.to_string()))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for UserId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Unix time in milliseconds: the one clock unit shared by Redis, Lua and the handlers.
+pub type UnixMillis = i64;
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_millis() -> UnixMillis {
+    (OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64
+}
+
+/// Parses an RFC 3339 timestamp into Unix milliseconds.
+pub fn parse_rfc3339_millis(s: &str, what: &str) -> Result<UnixMillis, ValidationError> {
+    let t = OffsetDateTime::parse(s, &Rfc3339)
+        .map_err(|_| invalid(format!("{what} must be an RFC 3339 timestamp")))?;
+    Ok((t.unix_timestamp_nanos() / 1_000_000) as i64)
+}
+
+/// Formats Unix milliseconds as RFC 3339 in UTC (`2026-11-22T10:00:00.000Z`).
+pub fn format_rfc3339_millis(ms: UnixMillis) -> String {
+    let t = OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
+        .unwrap_or(OffsetDateTime::UNIX_EPOCH);
+    let t = t
+        .replace_nanosecond((ms.rem_euclid(1000) as u32) * 1_000_000)
+        .unwrap_or(t);
+    t.format(&Rfc3339).unwrap_or_default()
+}
+
+/// When a voucher is on sale: `[begins_ms, ends_ms)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SaleWindow {
+    begins_ms: UnixMillis,
+    ends_ms: UnixMillis,
+}
+
+/// Where a moment falls relative to a [`SaleWindow`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    NotStarted,
+    Open,
+    Ended,
+}
+
+impl SaleWindow {
+    pub fn new(begins_ms: UnixMillis, ends_ms: UnixMillis) -> Result<SaleWindow, ValidationError> {
+        if begins_ms >= ends_ms {
+            return Err(invalid("begins_at must be before ends_at"));
+        }
+        Ok(SaleWindow { begins_ms, ends_ms })
+    }
+    pub fn begins_ms(&self) -> UnixMillis {
+        self.begins_ms
+    }
+    pub fn ends_ms(&self) -> UnixMillis {
+        self.ends_ms
+    }
+    pub fn phase(&self, now: UnixMillis) -> Phase {
+        if now < self.begins_ms {
+            Phase::NotStarted
+        } else if now >= self.ends_ms {
+            Phase::Ended
+        } else {
+            Phase::Open
+        }
+    }
+}
+
+/// The most units one voucher may put on sale.
+pub const MAX_STOCK: i64 = 10_000_000;
+/// The longest title, in characters.
+pub const MAX_TITLE_CHARS: usize = 200;
+
+/// A voucher as an admin asks to create it, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewVoucher {
+    pub title: String,
+    pub stock: i64,
+    pub window: SaleWindow,
+}
+
+impl NewVoucher {
+    /// Checks an admin's request: title non-empty and bounded, stock 1..=10,000,000,
+    /// begins before ends, ends in the future.
+    pub fn parse(
+        title: &str,
+        stock: i64,
+        begins_at: &str,
+        ends_at: &str,
+        now: UnixMillis,
+    ) -> Result<NewVoucher, ValidationError> {
+        let title = title.trim();
+        if title.is_empty() {
+            return Err(invalid("title must not be empty"));
+        }
+        if title.chars().count() > MAX_TITLE_CHARS {
+            return Err(invalid(format!(
+                "title must be at most {MAX_TITLE_CHARS} characters"
+            )));
+        }
+        if title.chars().any(char::is_control) {
+            return Err(invalid("title must not contain control characters"));
+        }
+        if !(1..=MAX_STOCK).contains(&stock) {
+            return Err(invalid(format!("stock must be between 1 and {MAX_STOCK}")));
+        }
+        let begins = parse_rfc3339_millis(begins_at, "begins_at")?;
+        let ends = parse_rfc3339_millis(ends_at, "ends_at")?;
+        let window = SaleWindow::new(begins, ends)?;
+        if ends <= now {
+            return Err(invalid("ends_at must be in the future"));
+        }
+        Ok(NewVoucher {
+            title: title.to_string(),
+            stock,
+            window,
+        })
+    }
+}
+
+/// A voucher as stored in the database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Voucher {
+    pub id: VoucherId,
+    pub title: String,
+    /// Units put on sale.
+    pub stock: i64,
+    /// Units the database still has (decremented by the drainer).
+    pub db_stock_left: i64,
+    pub window: SaleWindow,
+}
+
+/// What a buyer sees of an order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrderStatus {
+    /// Admitted by Redis, not yet written to the database.
+    Pending,
+    /// In the database, holding a unit of stock.
+    Confirmed,
+    /// Admitted by Redis but refused by the database (its stock could not cover it).
+    Rejected,
+}
+
+impl OrderStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrderStatus::Pending => "pending",
+            OrderStatus::Confirmed => "confirmed",
+            OrderStatus::Rejected => "rejected",
+        }
+    }
+}
+
+/// What the admission script decided for one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// Stock taken, buyer recorded, order queued.
+    Admitted {
+        order_id: OrderId,
+        stock_after: i64,
+    },
+    /// Redis has no sale for this voucher (never preloaded, or lost).
+    NotLoaded,
+    NotStarted,
+    Ended,
+    SoldOut,
+    /// The user already holds `order_id` for this voucher.
+    AlreadyPurchased {
+        order_id: OrderId,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_accept_only_positive_decimals_that_fit_i64() {
+        assert_eq!("42".parse::<VoucherId>().unwrap().get(), 42);
+        assert_eq!(
+            "9223372036854775807".parse::<OrderId>().unwrap().get(),
+            i64::MAX
+        );
+        for bad in [
+            "",
+            "0",
+            "-1",
+            "+1",
+            "1e3",
+            " 1",
+            "9223372036854775808",
+            "12345678901234567890",
+            "abc",
+            "1.0",
+        ] {
+            assert!(bad.parse::<VoucherId>().is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
+    fn user_ids_are_bounded_and_printable() {
+        assert!(UserId::parse("alice").is_ok());
+        assert!(UserId::parse(&"x".repeat(64)).is_ok());
+        assert!(UserId::parse(&"x".repeat(65)).is_err());
+        assert!(UserId::parse("").is_err());
+        assert!(UserId::parse("a\nb").is_err());
+        // 64 bytes, not 64 characters: 22 three-byte characters are 66 bytes.
+        assert!(UserId::parse(&"€".repeat(22)).is_err());
+    }
+
+    #[test]
+    fn new_voucher_checks_every_rule() {
+        let now = parse_rfc3339_millis("2026-11-22T00:00:00Z", "t").unwrap();
+        let ok = NewVoucher::parse(
+            "Coffee",
+            100,
+            "2026-11-22T10:00:00Z",
+            "2026-11-22T11:00:00+00:00",
+            now,
+        )
+        .unwrap();
+        assert_eq!(ok.window.ends_ms() - ok.window.begins_ms(), 3_600_000);
+        let cases = [
+            ("", 1, "2026-11-22T10:00:00Z", "2026-11-22T11:00:00Z"),
+            ("t", 0, "2026-11-22T10:00:00Z", "2026-11-22T11:00:00Z"),
+            (
+                "t",
+                10_000_001,
+                "2026-11-22T10:00:00Z",
+                "2026-11-22T11:00:00Z",
+            ),
+            ("t", 1, "2026-11-22T11:00:00Z", "2026-11-22T10:00:00Z"),
+            ("t", 1, "2026-11-21T10:00:00Z", "2026-11-21T11:00:00Z"),
+            ("t", 1, "yesterday", "2026-11-22T11:00:00Z"),
+        ];
+        for (title, stock, b, e) in cases {
+            assert!(
+                NewVoucher::parse(title, stock, b, e, now).is_err(),
+                "{title:?} {stock} {b} {e}"
+            );
+        }
+        assert!(
+            NewVoucher::parse(
+                &"t".repeat(201),
+                1,
+                "2026-11-22T10:00:00Z",
+                "2026-11-22T11:00:00Z",
+                now
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn rfc3339_round_trips_with_milliseconds() {
+        let ms = parse_rfc3339_millis("2026-11-22T10:00:00.123Z", "t").unwrap();
+        assert_eq!(format_rfc3339_millis(ms), "2026-11-22T10:00:00.123Z");
+    }
+
+    #[test]
+    fn window_phases_are_half_open() {
+        let w = SaleWindow::new(10, 20).unwrap();
+        assert_eq!(w.phase(9), Phase::NotStarted);
+        assert_eq!(w.phase(10), Phase::Open);
+        assert_eq!(w.phase(19), Phase::Open);
+        assert_eq!(w.phase(20), Phase::Ended);
+        assert!(SaleWindow::new(20, 20).is_err());
+    }
+}

@@ -1,0 +1,91 @@
+//! Redis key names.
+//!
+//! Invariant 4 (cluster safety) lives here: every key of one voucher carries the hash tag
+//! `{<voucher id>}`, so the admission script, which receives all of them in `KEYS`, runs
+//! on a single cluster slot. Nothing else in the code builds a key by hand.
+
+use crate::domain::VoucherId;
+
+/// The consumer group that drains every orders stream.
+pub const DRAIN_GROUP: &str = "drainers";
+
+/// The set of voucher ids whose streams the drainer visits.
+pub const ACTIVE_VOUCHERS: &str = "seckill:active";
+
+/// The keys of one voucher's sale, all in the slot of `{<voucher id>}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VoucherKeys {
+    /// Hash: `stock`, `total`, `begins_ms`, `ends_ms`.
+    pub sale: String,
+    /// Hash: user id → order id.
+    pub buyers: String,
+    /// Stream of admitted orders.
+    pub orders: String,
+    /// Stream of dead letters.
+    pub dead: String,
+}
+
+impl VoucherKeys {
+    pub fn new(voucher: VoucherId) -> VoucherKeys {
+        let tag = format!("seckill:{{{voucher}}}");
+        VoucherKeys {
+            sale: format!("{tag}:sale"),
+            buyers: format!("{tag}:buyers"),
+            orders: format!("{tag}:orders"),
+            dead: format!("{tag}:dead"),
+        }
+    }
+}
+
+/// The keys of the order-id sequence of one UTC day (`yyyymmdd`), in the slot of `{ids}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SequenceKeys {
+    /// String counter, INCRBY one block at a time.
+    pub seq: String,
+    /// Hash: block index → voucher id.
+    pub blocks: String,
+}
+
+impl SequenceKeys {
+    pub fn for_day(yyyymmdd: &str) -> SequenceKeys {
+        SequenceKeys {
+            seq: format!("seckill:{{ids}}:seq:{yyyymmdd}"),
+            blocks: format!("seckill:{{ids}}:blocks:{yyyymmdd}"),
+        }
+    }
+}
+
+/// The hash tag of a key: what Redis Cluster hashes to pick its slot.
+pub fn hash_tag(key: &str) -> &str {
+    if let Some(open) = key.find('{')
+        && let Some(len) = key[open + 1..].find('}')
+        && len > 0
+    {
+        return &key[open + 1..open + 1 + len];
+    }
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_keys_of_a_voucher_share_one_hash_tag() {
+        let k = VoucherKeys::new(VoucherId::new(42).unwrap());
+        for key in [&k.sale, &k.buyers, &k.orders, &k.dead] {
+            assert_eq!(hash_tag(key), "42", "{key}");
+        }
+        assert_eq!(k.orders, "seckill:{42}:orders");
+        let s = SequenceKeys::for_day("20261122");
+        assert_eq!(hash_tag(&s.seq), hash_tag(&s.blocks));
+    }
+
+    #[test]
+    fn hash_tag_follows_redis_rules() {
+        assert_eq!(hash_tag("a{b}c"), "b");
+        assert_eq!(hash_tag("a{}c"), "a{}c");
+        assert_eq!(hash_tag("abc"), "abc");
+        assert_eq!(hash_tag("{x}{y}"), "x");
+    }
+}

@@ -1,0 +1,224 @@
+//! Schema migrations, applied through the RDS Data API.
+//!
+//! The same runner serves the local stack, the tests (a fresh database each) and AWS
+//! (`seckill migrate` against the Aurora cluster), so there is one path to the schema.
+//! Migrations are the files `migrations/NNNN_name.sql`, embedded at build time so the
+//! binary carries them. Each version is applied once and recorded with a checksum in
+//! `schema_migrations`; an edited, already-applied file is an error, not a silent skip.
+//! MySQL commits DDL implicitly, so statements are written to be re-runnable
+//! (`IF NOT EXISTS`), which makes a run interrupted half-way safe to repeat.
+
+use sha2::{Digest, Sha256};
+
+use crate::adapters::data_api::{DataApi, field, param};
+use crate::error::StoreError;
+
+/// One migration file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Migration {
+    pub version: u32,
+    pub name: String,
+    pub sql: &'static str,
+}
+
+impl Migration {
+    pub fn checksum(&self) -> String {
+        Sha256::digest(self.sql.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    /// The statements of the file, in order.
+    pub fn statements(&self) -> Vec<String> {
+        split_statements(self.sql)
+    }
+}
+
+/// The migrations of this build, in version order.
+pub fn embedded() -> Vec<Migration> {
+    EMBEDDED
+        .iter()
+        .map(|(file, sql)| {
+            let (version, name) = file
+                .trim_end_matches(".sql")
+                .split_once('_')
+                .unwrap_or((file, ""));
+            Migration {
+                version: version.parse().unwrap_or(0),
+                name: name.to_string(),
+                sql,
+            }
+        })
+        .collect()
+}
+
+/// Every file of `migrations/`. A test checks this list against the folder.
+pub const EMBEDDED: &[(&str, &str)] = &[(
+    "0001_schema.sql",
+    include_str!("../../migrations/0001_schema.sql"),
+)];
+
+/// Splits SQL text into statements at `;` outside quotes and comments; drops comments
+/// and empty statements.
+pub fn split_statements(sql: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut chars = sql.chars().peekable();
+    let mut quote: Option<char> = None;
+    while let Some(c) = chars.next() {
+        if let Some(q) = quote {
+            cur.push(c);
+            if c == '\\' {
+                if let Some(n) = chars.next() {
+                    cur.push(n);
+                }
+            } else if c == q {
+                quote = None;
+            }
+            continue;
+        }
+        match c {
+            '\'' | '"' | '`' => {
+                quote = Some(c);
+                cur.push(c);
+            }
+            '-' if chars.peek() == Some(&'-') => {
+                for n in chars.by_ref() {
+                    if n == '\n' {
+                        cur.push('\n');
+                        break;
+                    }
+                }
+            }
+            '#' => {
+                for n in chars.by_ref() {
+                    if n == '\n' {
+                        cur.push('\n');
+                        break;
+                    }
+                }
+            }
+            ';' => {
+                if !cur.trim().is_empty() {
+                    out.push(cur.trim().to_string());
+                }
+                cur.clear();
+            }
+            _ => cur.push(c),
+        }
+    }
+    if !cur.trim().is_empty() {
+        out.push(cur.trim().to_string());
+    }
+    out
+}
+
+/// A migration problem.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(
+        "migration {version} was changed after it was applied (checksum {applied} in the database, {file} in this build)"
+    )]
+    Edited {
+        version: u32,
+        applied: String,
+        file: String,
+    },
+}
+
+/// Applies the pending migrations; returns the versions applied now.
+pub async fn apply(db: &DataApi, migrations: &[Migration]) -> Result<Vec<u32>, MigrateError> {
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (\
+           version INT UNSIGNED NOT NULL PRIMARY KEY, \
+           name VARCHAR(200) NOT NULL, \
+           checksum CHAR(64) NOT NULL, \
+           applied_at DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3))",
+        vec![],
+        None,
+    )
+    .await?;
+    let out = db
+        .execute(
+            "SELECT version, checksum FROM schema_migrations",
+            vec![],
+            None,
+        )
+        .await?;
+    let applied: Vec<(u32, String)> = out
+        .records()
+        .iter()
+        .filter_map(|r| Some((field::long(r.first()?)? as u32, field::string(r.get(1)?)?)))
+        .collect();
+    let mut done = Vec::new();
+    for m in migrations {
+        if let Some((_, sum)) = applied.iter().find(|(v, _)| *v == m.version) {
+            if *sum != m.checksum() {
+                return Err(MigrateError::Edited {
+                    version: m.version,
+                    applied: sum.clone(),
+                    file: m.checksum(),
+                });
+            }
+            continue;
+        }
+        for statement in m.statements() {
+            db.execute(&statement, vec![], None).await?;
+        }
+        // INSERT IGNORE: a concurrent runner that applied the same (idempotent) file
+        // first is not an error.
+        db.execute(
+            "INSERT IGNORE INTO schema_migrations (version, name, checksum) VALUES (:version, :name, :checksum)",
+            vec![param::long("version", m.version.into()), param::string("name", &m.name), param::string("checksum", &m.checksum())],
+            None,
+        )
+        .await?;
+        tracing::info!(version = m.version, name = %m.name, "migration applied");
+        done.push(m.version);
+    }
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_split_outside_quotes_and_comments() {
+        let sql = "-- a comment; not a statement\nCREATE TABLE a (x VARCHAR(3) DEFAULT ';');\n# another; one\nINSERT INTO a VALUES ('it''s; fine', \"q;\");\n\n";
+        assert_eq!(
+            split_statements(sql),
+            vec![
+                "CREATE TABLE a (x VARCHAR(3) DEFAULT ';')",
+                "INSERT INTO a VALUES ('it''s; fine', \"q;\")"
+            ]
+        );
+    }
+
+    #[test]
+    fn every_file_in_migrations_is_embedded_in_order() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations");
+        let mut files: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|f| f.ends_with(".sql"))
+            .collect();
+        files.sort();
+        let names: Vec<String> = EMBEDDED.iter().map(|(f, _)| f.to_string()).collect();
+        assert_eq!(files, names, "add the new file to migrate::EMBEDDED");
+        let versions: Vec<u32> = embedded().iter().map(|m| m.version).collect();
+        assert!(versions.windows(2).all(|w| w[0] < w[1]) && versions[0] == 1);
+    }
+
+    #[test]
+    fn the_schema_splits_into_its_tables() {
+        let m = &embedded()[0];
+        let s = m.statements();
+        assert_eq!(s.len(), 2);
+        assert!(s[0].starts_with("CREATE TABLE IF NOT EXISTS vouchers"));
+        assert!(s[1].starts_with("CREATE TABLE IF NOT EXISTS orders"));
+    }
+}
