@@ -8,6 +8,7 @@ use tokio::sync::OnceCell;
 
 use crate::cache::VoucherCache;
 use crate::config::Config;
+use crate::limiter::RateLimiter;
 
 /// Clients and per-instance memory.
 pub struct App {
@@ -19,6 +20,7 @@ pub struct App {
     pub(crate) ids: OrderIds,
     pub(crate) cache: VoucherCache,
     pub(crate) dev_secret: Option<Vec<u8>>,
+    pub(crate) limiter: RateLimiter,
 }
 
 impl App {
@@ -32,6 +34,7 @@ impl App {
             ids: OrderIds::default(),
             cache: VoucherCache::default(),
             dev_secret: cfg.dev_jwt_secret.as_ref().map(|s| s.as_bytes().to_vec()),
+            limiter: RateLimiter::new(cfg.user_rate_per_sec, cfg.user_rate_burst),
         };
         if let Err(err) = app.sales().await {
             tracing::warn!(error = %err, "redis not reachable at start; will retry per request");

@@ -29,6 +29,8 @@ pub enum ApiError {
     SoldOut,
     #[error("you already hold an order for this voucher")]
     AlreadyPurchased,
+    #[error("too many attempts, slow down")]
+    RateLimited,
     #[error("the service is unavailable, retry shortly")]
     Unavailable(#[source] StoreError),
 }
@@ -45,6 +47,7 @@ impl ApiError {
             ApiError::Ended => (StatusCode::CONFLICT, "ended"),
             ApiError::SoldOut => (StatusCode::CONFLICT, "sold_out"),
             ApiError::AlreadyPurchased => (StatusCode::CONFLICT, "already_purchased"),
+            ApiError::RateLimited => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
         }
     }

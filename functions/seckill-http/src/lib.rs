@@ -1,15 +1,17 @@
 //! seckill-http: the admission function behind the public HTTP API.
 //!
 //! The admission path, top to bottom ([`routes::handle`] → `seckill`): verify the caller
-//! ([`identity`]), answer from this instance's memory if it can ([`cache`]), take an
-//! order id from a leased block, run the one atomic Lua script, answer `202` with the
-//! order id. The database is written later by order-drainer.
+//! ([`identity`]), answer from this instance's memory if it can ([`cache`]), apply the
+//! per-user rate limit ([`limiter`]), take an order id from a leased block, run the one
+//! atomic Lua script, answer `202` with the order id. The database is written later by
+//! order-drainer.
 
 pub mod app;
 pub mod cache;
 pub mod config;
 pub mod error;
 pub mod identity;
+pub mod limiter;
 pub mod routes;
 
 pub use app::App;

@@ -220,6 +220,9 @@ async fn seckill(app: &App, req: &Request, id: VoucherId) -> Result<Response<Bod
         Some(Known::Missing) => return Err(not_found_voucher(id)),
         None => {}
     }
+    if !app.limiter.allow(&caller.user, now) {
+        return Err(ApiError::RateLimited);
+    }
     let sales = app.sales().await?;
     let order_id = app.ids.next(sales, id, now).await?;
     let mut reply = sales.admit(id, &caller.user, order_id, now).await?;

@@ -7,6 +7,7 @@
 
 use aws_config::BehaviorVersion;
 use aws_sdk_rdsdata::Client;
+use aws_sdk_rdsdata::config::{Credentials, Region};
 use aws_sdk_rdsdata::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_rdsdata::operation::execute_statement::ExecuteStatementOutput;
 use aws_sdk_rdsdata::types::{Field, SqlParameter, TypeHint};
@@ -33,7 +34,24 @@ impl DataApi {
     /// Builds the client once per cold start: region and credentials from the standard
     /// AWS environment, a bound on each call (retries included).
     pub async fn connect(cfg: &DataApiConfig) -> DataApi {
-        let shared = aws_config::defaults(BehaviorVersion::latest()).load().await;
+        let mut loader = aws_config::defaults(BehaviorVersion::latest());
+        if cfg.endpoint.is_some() {
+            // The local Data API server accepts any signature: a developer machine needs
+            // no AWS credentials or region to run the stack.
+            loader = loader.credentials_provider(Credentials::new(
+                "local",
+                "local",
+                None,
+                None,
+                "seckill-local",
+            ));
+            if std::env::var_os("AWS_REGION").is_none()
+                && std::env::var_os("AWS_DEFAULT_REGION").is_none()
+            {
+                loader = loader.region(Region::new("us-east-1"));
+            }
+        }
+        let shared = loader.load().await;
         let mut builder = aws_sdk_rdsdata::config::Builder::from(&shared).timeout_config(
             TimeoutConfig::builder()
                 .operation_timeout(cfg.timeout)

@@ -1,0 +1,146 @@
+//! Backends of one's own for a test: a private Redis, a fresh database with the schema
+//! applied through the Data API, and an in-process `data-api-local` in front of it; and
+//! API Gateway v2 fixture requests for calling the handlers directly.
+
+use std::time::Duration;
+
+use data_api_local::ServerConfig;
+use lambda_http::{Body, Request, RequestExt, Response};
+use seckill_shared::adapters::data_api::DataApi;
+use seckill_shared::adapters::redis::RedisSales;
+use seckill_shared::config::DataApiConfig;
+use seckill_shared::migrate;
+use serde_json::{Value, json};
+
+use crate::mysql::{
+    LocalDataApi, drop_database, fresh_database, start_data_api, url_with_database,
+};
+use crate::redis::RedisServer;
+use crate::stack::StackEnv;
+
+/// The dev secret the harness configures.
+pub const TEST_JWT_SECRET: &str = "harness-secret";
+
+/// A private Redis, a fresh migrated database and a Data API server for it.
+pub struct Backends {
+    pub redis: RedisServer,
+    pub data_api: LocalDataApi,
+    pub mysql_url: String,
+    pub database: String,
+    pub db: DataApi,
+    pub sales: RedisSales,
+}
+
+impl Backends {
+    /// Starts everything; the database lives on the stack's MariaDB.
+    pub async fn start() -> Backends {
+        let mysql_url = StackEnv::load().mysql_url();
+        let database = fresh_database(&mysql_url).await;
+        let data_api =
+            start_data_api(ServerConfig::new(url_with_database(&mysql_url, &database))).await;
+        let redis = RedisServer::start();
+        let cfg = data_api_config(&data_api, &database);
+        let db = DataApi::connect(&cfg).await;
+        migrate::apply(&db, &migrate::embedded())
+            .await
+            .expect("migrations apply to a fresh database");
+        let sales = RedisSales::new(redis.connect().await);
+        Backends {
+            redis,
+            data_api,
+            mysql_url,
+            database,
+            db,
+            sales,
+        }
+    }
+
+    /// How a function reaches this database.
+    pub fn data_api_config(&self) -> DataApiConfig {
+        data_api_config(&self.data_api, &self.database)
+    }
+
+    /// seckill-http's configuration for these backends.
+    pub fn http_config(&self) -> seckill_http::Config {
+        seckill_http::Config {
+            redis: self.redis.config(),
+            data_api: self.data_api_config(),
+            dev_jwt_secret: Some(TEST_JWT_SECRET.to_string()),
+            user_rate_per_sec: 0,
+            user_rate_burst: 0,
+        }
+    }
+
+    /// Drops the database (Redis and the server stop when dropped).
+    pub async fn cleanup(self) {
+        drop_database(&self.mysql_url, &self.database).await;
+    }
+}
+
+fn data_api_config(data_api: &LocalDataApi, database: &str) -> DataApiConfig {
+    DataApiConfig {
+        cluster_arn: data_api.resource_arn.clone(),
+        secret_arn: data_api.secret_arn.clone(),
+        database: database.to_string(),
+        endpoint: Some(data_api.server.url()),
+        timeout: Duration::from_secs(10),
+    }
+}
+
+/// A signed dev token for `sub`, valid for an hour.
+pub fn token(sub: &str, admin: bool) -> String {
+    let exp = time::OffsetDateTime::now_utc().unix_timestamp() + 3600;
+    seckill_shared::auth::mint_hs256(
+        TEST_JWT_SECRET.as_bytes(),
+        sub,
+        admin.then_some("seckill/admin"),
+        exp,
+    )
+}
+
+/// The API Gateway v2 event fixture, as API Gateway would send it for this call.
+pub fn fixture_event() -> Value {
+    serde_json::from_str(include_str!("../fixtures/apigw-v2-request.json"))
+        .expect("fixture is JSON")
+}
+
+/// A request built from the fixture: method, path, optional bearer token, optional body,
+/// optional JWT authorizer claims (what API Gateway passes after verifying a token).
+pub fn request(
+    method: &str,
+    path: &str,
+    bearer: Option<&str>,
+    body: Option<&str>,
+    claims: Option<Value>,
+) -> Request {
+    let mut event = fixture_event();
+    event["rawPath"] = json!(path);
+    event["requestContext"]["http"]["method"] = json!(method);
+    event["requestContext"]["http"]["path"] = json!(path);
+    if let Some(t) = bearer {
+        event["headers"]["authorization"] = json!(format!("Bearer {t}"));
+    }
+    if let Some(b) = body {
+        event["body"] = json!(b);
+    }
+    if let Some(c) = claims {
+        event["requestContext"]["authorizer"] = json!({ "jwt": { "claims": c, "scopes": null } });
+    }
+    lambda_http::request::from_str(&event.to_string())
+        .expect("fixture parses as an API Gateway v2 request")
+        .with_lambda_context(lambda_http::Context::default())
+}
+
+/// Status and JSON body of a handler's response.
+pub fn read(res: Response<Body>) -> (u16, Value) {
+    let status = res.status().as_u16();
+    assert_eq!(
+        res.headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
+        Some("application/json"),
+        "every response is JSON"
+    );
+    let body: Value = serde_json::from_slice(res.body().as_ref()).expect("body is JSON");
+    (status, body)
+}

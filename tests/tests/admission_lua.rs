@@ -1,0 +1,302 @@
+//! The admission script (`lua/admit.lua`) and order-id leasing against a real
+//! cluster-mode redis-server: every outcome, races for the last units, one order per
+//! user under concurrency, and order-id uniqueness across concurrent leasers.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use redis::AsyncCommands;
+use seckill_shared::adapters::redis::{OrderIds, RedisSales};
+use seckill_shared::domain::{Admission, SaleWindow, UserId, Voucher, VoucherId, now_millis};
+use seckill_shared::keys::{DRAIN_GROUP, VoucherKeys};
+use seckill_tests::redis::RedisServer;
+
+const BEGINS: i64 = 1_800_000_000_000;
+const ENDS: i64 = BEGINS + 3_600_000;
+const DURING: i64 = BEGINS + 1_000;
+
+fn voucher(id: i64, stock: i64) -> Voucher {
+    Voucher {
+        id: VoucherId::new(id).unwrap(),
+        title: "test".into(),
+        stock,
+        db_stock_left: stock,
+        window: SaleWindow::new(BEGINS, ENDS).unwrap(),
+    }
+}
+
+fn user(name: &str) -> UserId {
+    UserId::parse(name).unwrap()
+}
+
+async fn stream_len(sales: &RedisSales, v: VoucherId) -> usize {
+    sales.conn().xlen(VoucherKeys::new(v).orders).await.unwrap()
+}
+
+#[tokio::test]
+async fn every_outcome_of_the_script() {
+    let redis = RedisServer::start();
+    let sales = RedisSales::new(redis.connect().await);
+    let ids = OrderIds::default();
+    let v = voucher(11, 1);
+    let alice = user("alice");
+    let id = ids.next(&sales, v.id, DURING).await.unwrap();
+
+    // Not loaded: no sale hash at all.
+    assert_eq!(
+        sales
+            .admit(v.id, &alice, id, DURING)
+            .await
+            .unwrap()
+            .admission,
+        Admission::NotLoaded
+    );
+
+    assert!(sales.preload(&v).await.unwrap());
+    let early = sales.admit(v.id, &alice, id, BEGINS - 1).await.unwrap();
+    assert_eq!(early.admission, Admission::NotStarted);
+    assert_eq!(
+        early.window,
+        Some(v.window),
+        "the window comes back for caching"
+    );
+    assert_eq!(
+        sales.admit(v.id, &alice, id, ENDS).await.unwrap().admission,
+        Admission::Ended
+    );
+
+    let ok = sales.admit(v.id, &alice, id, DURING).await.unwrap();
+    assert_eq!(
+        ok.admission,
+        Admission::Admitted {
+            order_id: id,
+            stock_after: 0
+        }
+    );
+
+    // Same user again: already purchased, and told which order they hold.
+    let id2 = ids.next(&sales, v.id, DURING).await.unwrap();
+    assert_eq!(
+        sales
+            .admit(v.id, &alice, id2, DURING)
+            .await
+            .unwrap()
+            .admission,
+        Admission::AlreadyPurchased { order_id: id }
+    );
+    assert_eq!(
+        sales
+            .admit(v.id, &user("bob"), id2, DURING)
+            .await
+            .unwrap()
+            .admission,
+        Admission::SoldOut
+    );
+    assert_eq!(sales.stock_left(v.id).await.unwrap(), Some(0));
+    assert_eq!(stream_len(&sales, v.id).await, 1);
+    assert_eq!(sales.order_of_buyer(v.id, &alice).await.unwrap(), Some(id));
+
+    // The stream entry carries the order.
+    let k = VoucherKeys::new(v.id);
+    let entries: redis::streams::StreamRangeReply =
+        sales.conn().xrange_all(&k.orders).await.unwrap();
+    let e = &entries.ids[0];
+    assert_eq!(e.get::<String>("order_id"), Some(id.to_string()));
+    assert_eq!(e.get::<String>("user_id"), Some("alice".into()));
+    assert_eq!(e.get::<String>("voucher_id"), Some("11".into()));
+    assert_eq!(e.get::<i64>("admitted_ms"), Some(DURING));
+}
+
+#[tokio::test]
+async fn a_missing_or_partial_sale_is_not_loaded_and_writes_nothing() {
+    let redis = RedisServer::start();
+    let sales = RedisSales::new(redis.connect().await);
+    let v = VoucherId::new(12).unwrap();
+    let k = VoucherKeys::new(v);
+    let mut conn = sales.conn();
+    // A sale hash without its stock field (e.g. half-written by hand).
+    let _: () = conn
+        .hset_multiple(&k.sale, &[("begins_ms", BEGINS), ("ends_ms", ENDS)])
+        .await
+        .unwrap();
+    let id = OrderIds::default().next(&sales, v, DURING).await.unwrap();
+    assert_eq!(
+        sales
+            .admit(v, &user("a"), id, DURING)
+            .await
+            .unwrap()
+            .admission,
+        Admission::NotLoaded
+    );
+    let buyers: usize = conn.hlen(&k.buyers).await.unwrap();
+    let exists: bool = conn.exists(&k.orders).await.unwrap();
+    assert_eq!((buyers, exists), (0, false));
+}
+
+#[tokio::test]
+async fn preload_is_idempotent_and_never_resets_live_stock() {
+    let redis = RedisServer::start();
+    let sales = RedisSales::new(redis.connect().await);
+    let v = voucher(13, 3);
+    assert!(sales.preload(&v).await.unwrap());
+    let id = OrderIds::default()
+        .next(&sales, v.id, DURING)
+        .await
+        .unwrap();
+    sales.admit(v.id, &user("a"), id, DURING).await.unwrap();
+    assert!(
+        !sales.preload(&v).await.unwrap(),
+        "second preload creates nothing"
+    );
+    assert_eq!(sales.stock_left(v.id).await.unwrap(), Some(2));
+    // The drainers' group exists from the start (no NOGROUP for the drainer).
+    let groups: redis::streams::StreamInfoGroupsReply = sales
+        .conn()
+        .xinfo_groups(VoucherKeys::new(v.id).orders)
+        .await
+        .unwrap();
+    assert_eq!(groups.groups.len(), 1);
+    assert_eq!(groups.groups[0].name, DRAIN_GROUP);
+    let active: bool = sales.conn().sismember("seckill:active", 13).await.unwrap();
+    assert!(active);
+}
+
+#[tokio::test]
+async fn two_hundred_buyers_race_for_the_last_five_units() {
+    let redis = RedisServer::start();
+    let sales = RedisSales::new(redis.connect().await);
+    let ids = Arc::new(OrderIds::default());
+    let v = voucher(14, 5);
+    sales.preload(&v).await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        // Each task has its own connection, like separate Lambda instances.
+        let sales = RedisSales::new(redis.connect().await);
+        let ids = ids.clone();
+        tasks.push(tokio::spawn(async move {
+            let id = ids.next(&sales, v.id, DURING).await.unwrap();
+            sales
+                .admit(v.id, &user(&format!("u{i}")), id, DURING)
+                .await
+                .unwrap()
+                .admission
+        }));
+    }
+    let mut admitted = 0;
+    let mut sold_out = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Admission::Admitted { .. } => admitted += 1,
+            Admission::SoldOut => sold_out += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!((admitted, sold_out), (5, 195));
+    assert_eq!(sales.stock_left(v.id).await.unwrap(), Some(0));
+    assert_eq!(stream_len(&sales, v.id).await, 5);
+    let buyers: usize = sales
+        .conn()
+        .hlen(VoucherKeys::new(v.id).buyers)
+        .await
+        .unwrap();
+    assert_eq!(buyers, 5);
+}
+
+#[tokio::test]
+async fn one_user_racing_fifty_times_is_admitted_once() {
+    let redis = RedisServer::start();
+    let sales = RedisSales::new(redis.connect().await);
+    let ids = Arc::new(OrderIds::default());
+    let v = voucher(15, 100);
+    sales.preload(&v).await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let sales = sales.clone();
+        let ids = ids.clone();
+        tasks.push(tokio::spawn(async move {
+            let id = ids.next(&sales, v.id, DURING).await.unwrap();
+            sales
+                .admit(v.id, &user("eve"), id, DURING)
+                .await
+                .unwrap()
+                .admission
+        }));
+    }
+    let mut admitted = Vec::new();
+    let mut held = HashSet::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            Admission::Admitted { order_id, .. } => admitted.push(order_id),
+            Admission::AlreadyPurchased { order_id } => {
+                held.insert(order_id);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(admitted.len(), 1);
+    assert!(
+        held.iter().all(|h| *h == admitted[0]),
+        "every refusal names the one order"
+    );
+    assert_eq!(sales.stock_left(v.id).await.unwrap(), Some(99));
+    assert_eq!(stream_len(&sales, v.id).await, 1);
+}
+
+#[tokio::test]
+async fn an_order_id_leads_back_to_its_voucher() {
+    let redis = RedisServer::start();
+    let sales = RedisSales::new(redis.connect().await);
+    let ids = OrderIds::default();
+    let now = now_millis();
+    for v in [21, 22, 23] {
+        let v = VoucherId::new(v).unwrap();
+        for _ in 0..1500 {
+            let id = ids.next(&sales, v, now).await.unwrap();
+            assert_eq!(sales.voucher_of_order(id).await.unwrap(), Some(v));
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 6, ..ProptestConfig::default() })]
+
+    /// Many leasers (separate instances, each with its own connection) issuing ids at
+    /// once, over several vouchers and across a day boundary, never issue the same id.
+    #[test]
+    fn concurrent_leasers_never_issue_the_same_id(
+        instances in 2usize..12,
+        per_instance in 100usize..1500,
+        vouchers in 1i64..4,
+        cross_midnight in any::<bool>(),
+    ) {
+        let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let redis = RedisServer::start();
+            // 23:59:59.500 UTC, so half the ids may fall on the next day.
+            let base = 1_795_391_999_500;
+            let mut tasks = Vec::new();
+            for i in 0..instances {
+                let sales = RedisSales::new(redis.connect().await);
+                tasks.push(tokio::spawn(async move {
+                    let ids = OrderIds::default();
+                    let mut out = Vec::with_capacity(per_instance);
+                    for n in 0..per_instance {
+                        let v = VoucherId::new(1 + (n as i64 + i as i64) % vouchers).unwrap();
+                        let now = if cross_midnight { base + (n as i64 % 2) * 1_000 } else { base };
+                        out.push(ids.next(&sales, v, now).await.unwrap());
+                    }
+                    out
+                }));
+            }
+            let mut seen = HashSet::new();
+            for t in tasks {
+                for id in t.await.unwrap() {
+                    assert!(id.get() > 0);
+                    assert!(seen.insert(id), "duplicate order id {id}");
+                }
+            }
+            assert_eq!(seen.len(), instances * per_instance);
+        });
+    }
+}

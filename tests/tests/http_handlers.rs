@@ -1,0 +1,653 @@
+//! seckill-http's handler called directly with API Gateway v2 fixture events and
+//! `Context::default()`, against a private Redis and a fresh database behind a real
+//! Data API server: every route, every error code, every way a token can be wrong.
+
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use seckill_http::{App, handle};
+use seckill_shared::adapters::data_api::param;
+use seckill_shared::auth::{mint_hs256, sign_hs256};
+use seckill_shared::domain::{
+    OrderId, SaleWindow, Voucher, VoucherId, format_rfc3339_millis, now_millis,
+};
+use seckill_shared::keys::VoucherKeys;
+use seckill_tests::harness::{Backends, TEST_JWT_SECRET, read, request, token};
+use serde_json::{Value, json};
+
+fn iso(offset_ms: i64) -> String {
+    format_rfc3339_millis(now_millis() + offset_ms)
+}
+
+fn voucher_body(stock: i64, begins_offset_ms: i64, ends_offset_ms: i64) -> String {
+    json!({ "title": "Coffee for 1 cent", "stock": stock, "begins_at": iso(begins_offset_ms), "ends_at": iso(ends_offset_ms) })
+        .to_string()
+}
+
+async fn create(app: &App, stock: i64, begins: i64, ends: i64) -> String {
+    let admin = token("admin", true);
+    let (status, body) = read(
+        handle(
+            app,
+            request(
+                "POST",
+                "/vouchers",
+                Some(&admin),
+                Some(&voucher_body(stock, begins, ends)),
+                None,
+            ),
+        )
+        .await,
+    );
+    assert_eq!(status, 201, "{body}");
+    body["id"].as_str().expect("id is a string").to_string()
+}
+
+async fn buy(app: &App, voucher: &str, user: &str) -> (u16, Value) {
+    let t = token(user, false);
+    read(
+        handle(
+            app,
+            request(
+                "POST",
+                &format!("/vouchers/{voucher}/seckill"),
+                Some(&t),
+                None,
+                None,
+            ),
+        )
+        .await,
+    )
+}
+
+fn assert_error(res: (u16, Value), status: u16, code: &str) {
+    assert_eq!(res.0, status, "{}", res.1);
+    assert_eq!(res.1["code"], code, "{}", res.1);
+    assert!(
+        res.1["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{}",
+        res.1
+    );
+}
+
+#[tokio::test]
+async fn create_and_read_a_voucher() {
+    let b = Backends::start().await;
+    let app = App::new(&b.http_config()).await;
+    let begins = iso(-1_000);
+    let ends = iso(3_600_000);
+    let body = json!({ "title": "  Coffee  ", "stock": 3, "begins_at": begins, "ends_at": ends })
+        .to_string();
+    let (status, created) = read(
+        handle(
+            &app,
+            request(
+                "POST",
+                "/vouchers",
+                Some(&token("root", true)),
+                Some(&body),
+                None,
+            ),
+        )
+        .await,
+    );
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap();
+    assert!(id.parse::<i64>().unwrap() > 0);
+    assert_eq!(created["title"], "Coffee");
+    assert_eq!(created["stock"], 3);
+    assert_eq!(created["stock_left"], 3);
+    assert_eq!(created["begins_at"], begins);
+    assert_eq!(created["ends_at"], ends);
+
+    // Anyone may read it, no token needed; stock_left comes from Redis.
+    buy(&app, id, "alice").await;
+    let (status, got) = read(
+        handle(
+            &app,
+            request("GET", &format!("/vouchers/{id}"), None, None, None),
+        )
+        .await,
+    );
+    assert_eq!(status, 200);
+    assert_eq!(got["id"], id);
+    assert_eq!(got["stock_left"], 2);
+
+    // The database has the row, with all its stock (the drainer decrements it later).
+    let v = b.db.voucher(id.parse().unwrap()).await.unwrap().unwrap();
+    assert_eq!((v.stock, v.db_stock_left), (3, 3));
+    b.cleanup().await;
+}
+
+#[tokio::test]
+async fn voucher_creation_refuses_bad_input_with_400() {
+    let b = Backends::start().await;
+    let app = App::new(&b.http_config()).await;
+    let admin = token("root", true);
+    let bad_bodies = [
+        "not json".to_string(),
+        "{}".to_string(),
+        json!({ "title": "", "stock": 1, "begins_at": iso(0), "ends_at": iso(60_000) }).to_string(),
+        json!({ "title": "x".repeat(201), "stock": 1, "begins_at": iso(0), "ends_at": iso(60_000) }).to_string(),
+        json!({ "title": "t", "stock": 0, "begins_at": iso(0), "ends_at": iso(60_000) }).to_string(),
+        json!({ "title": "t", "stock": 10_000_001, "begins_at": iso(0), "ends_at": iso(60_000) }).to_string(),
+        json!({ "title": "t", "stock": "5", "begins_at": iso(0), "ends_at": iso(60_000) }).to_string(),
+        json!({ "title": "t", "stock": 1.5, "begins_at": iso(0), "ends_at": iso(60_000) }).to_string(),
+        json!({ "title": "t", "stock": 1, "begins_at": iso(60_000), "ends_at": iso(0) }).to_string(),
+        json!({ "title": "t", "stock": 1, "begins_at": iso(-120_000), "ends_at": iso(-60_000) }).to_string(),
+        json!({ "title": "t", "stock": 1, "begins_at": "tomorrow", "ends_at": iso(60_000) }).to_string(),
+        format!("{{\"title\": \"{}\"}}", "x".repeat(20_000)),
+    ];
+    for body in bad_bodies {
+        let res = read(
+            handle(
+                &app,
+                request("POST", "/vouchers", Some(&admin), Some(&body), None),
+            )
+            .await,
+        );
+        assert_error(res, 400, "invalid_request");
+    }
+    let rows =
+        b.db.execute("SELECT COUNT(*) FROM vouchers", vec![], None)
+            .await
+            .unwrap();
+    assert_eq!(
+        format!("{:?}", rows.records()[0][0]),
+        "LongValue(0)",
+        "nothing was written"
+    );
+    b.cleanup().await;
+}
+
+#[tokio::test]
+async fn every_way_a_token_can_be_wrong_is_401_or_403() {
+    let b = Backends::start().await;
+    let app = App::new(&b.http_config()).await;
+    let body = voucher_body(1, 0, 60_000);
+    let now = now_millis() / 1000;
+    let expired = mint_hs256(
+        TEST_JWT_SECRET.as_bytes(),
+        "root",
+        Some("seckill/admin"),
+        now - 1,
+    );
+    let wrong_key = mint_hs256(b"another-secret", "root", Some("seckill/admin"), now + 60);
+    let no_exp = sign_hs256(
+        TEST_JWT_SECRET.as_bytes(),
+        &json!({ "sub": "root", "scope": "seckill/admin" }),
+    );
+    for t in [
+        expired.as_str(),
+        wrong_key.as_str(),
+        no_exp.as_str(),
+        "garbage",
+        "",
+    ] {
+        let res = read(
+            handle(
+                &app,
+                request("POST", "/vouchers", Some(t), Some(&body), None),
+            )
+            .await,
+        );
+        assert_error(res, 401, "unauthorized");
+    }
+    assert_error(
+        read(handle(&app, request("POST", "/vouchers", None, Some(&body), None)).await),
+        401,
+        "unauthorized",
+    );
+    // A valid user token without the admin scope.
+    let user = token("bob", false);
+    assert_error(
+        read(
+            handle(
+                &app,
+                request("POST", "/vouchers", Some(&user), Some(&body), None),
+            )
+            .await,
+        ),
+        403,
+        "forbidden",
+    );
+    // The buyer routes need a token too.
+    assert_error(
+        read(
+            handle(
+                &app,
+                request("POST", "/vouchers/1/seckill", None, None, None),
+            )
+            .await,
+        ),
+        401,
+        "unauthorized",
+    );
+    assert_error(
+        read(handle(&app, request("GET", "/orders/1", None, None, None)).await),
+        401,
+        "unauthorized",
+    );
+    assert_error(
+        read(
+            handle(
+                &app,
+                request("POST", "/vouchers/1/seckill", Some(&expired), None, None),
+            )
+            .await,
+        ),
+        401,
+        "unauthorized",
+    );
+    b.cleanup().await;
+}
+
+#[tokio::test]
+async fn identity_comes_from_authorizer_claims_and_never_from_the_body() {
+    let b = Backends::start().await;
+    // As in AWS: no dev secret; API Gateway's authorizer has verified the token.
+    let mut cfg = b.http_config();
+    cfg.dev_jwt_secret = None;
+    let app = App::new(&cfg).await;
+    let admin = json!({ "sub": "ops", "scope": "openid seckill/admin" });
+    let (status, v) = read(
+        handle(
+            &app,
+            request(
+                "POST",
+                "/vouchers",
+                None,
+                Some(&voucher_body(5, -1_000, 60_000)),
+                Some(admin),
+            ),
+        )
+        .await,
+    );
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_str().unwrap();
+    // A body naming another user changes nothing: the buyer is the claims' sub.
+    let sneaky = json!({ "user_id": "mallory", "sub": "mallory" }).to_string();
+    let (status, order) = read(
+        handle(
+            &app,
+            request(
+                "POST",
+                &format!("/vouchers/{id}/seckill"),
+                None,
+                Some(&sneaky),
+                Some(json!({ "sub": "carol" })),
+            ),
+        )
+        .await,
+    );
+    assert_eq!(status, 202, "{order}");
+    let vid: VoucherId = id.parse().unwrap();
+    let carol = seckill_shared::domain::UserId::parse("carol").unwrap();
+    let mallory = seckill_shared::domain::UserId::parse("mallory").unwrap();
+    assert!(b.sales.order_of_buyer(vid, &carol).await.unwrap().is_some());
+    assert!(
+        b.sales
+            .order_of_buyer(vid, &mallory)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // A bearer token is not enough without the dev secret: only verified claims count.
+    let forged = mint_hs256(b"anything", "mallory", None, now_millis() / 1000 + 60);
+    assert_error(
+        read(
+            handle(
+                &app,
+                request(
+                    "POST",
+                    &format!("/vouchers/{id}/seckill"),
+                    Some(&forged),
+                    None,
+                    None,
+                ),
+            )
+            .await,
+        ),
+        401,
+        "unauthorized",
+    );
+    // Claims without the admin scope cannot create vouchers.
+    assert_error(
+        read(
+            handle(
+                &app,
+                request(
+                    "POST",
+                    "/vouchers",
+                    None,
+                    Some(&voucher_body(5, 0, 60_000)),
+                    Some(json!({ "sub": "carol" })),
+                ),
+            )
+            .await,
+        ),
+        403,
+        "forbidden",
+    );
+    b.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_sale_from_admission_to_sold_out() {
+    let b = Backends::start().await;
+    let app = App::new(&b.http_config()).await;
+    let id = create(&app, 2, -1_000, 3_600_000).await;
+
+    let (status, first) = buy(&app, &id, "alice").await;
+    assert_eq!(status, 202, "{first}");
+    assert_eq!(first["status"], "pending");
+    let order_id = first["order_id"].as_str().unwrap();
+    assert!(order_id.parse::<i64>().unwrap() > 0);
+
+    assert_error(buy(&app, &id, "alice").await, 409, "already_purchased");
+    assert_eq!(buy(&app, &id, "bob").await.0, 202);
+    assert_error(buy(&app, &id, "carol").await, 409, "sold_out");
+    // A second instance, which has not seen the sale, hears sold_out from Redis.
+    let other = App::new(&b.http_config()).await;
+    assert_error(buy(&other, &id, "dave").await, 409, "sold_out");
+
+    // Once this instance has seen sold out, it answers without Redis: take Redis away
+    // (rename the sale) and the answer is still sold_out, not unavailable or not_found.
+    let k = VoucherKeys::new(id.parse().unwrap());
+    let _: () = b
+        .sales
+        .conn()
+        .rename(&k.sale, format!("{}:hidden", k.sale))
+        .await
+        .unwrap();
+    assert_error(buy(&app, &id, "erin").await, 409, "sold_out");
+    b.cleanup().await;
+}
+
+#[tokio::test]
+async fn not_started_and_ended_sales_are_refused() {
+    let b = Backends::start().await;
+    let app = App::new(&b.http_config()).await;
+    let future = create(&app, 5, 3_600_000, 7_200_000).await;
+    assert_error(buy(&app, &future, "alice").await, 409, "not_started");
+    // The window is now cached: a second attempt needs no Redis.
+    assert_error(buy(&app, &future, "alice").await, 409, "not_started");
+
+    // An ended sale: preload one whose window has passed straight into Redis.
+    let now = now_millis();
+    let past = Voucher {
+        id: VoucherId::new(987_654_321).unwrap(),
+        title: "old".into(),
+        stock: 5,
+        db_stock_left: 5,
+        window: SaleWindow::new(now - 7_200_000, now - 3_600_000).unwrap(),
+    };
+    b.sales.preload(&past).await.unwrap();
+    assert_error(buy(&app, "987654321", "alice").await, 409, "ended");
+    b.cleanup().await;
+}
+
+#[tokio::test]
+async fn unknown_vouchers_orders_and_routes_are_404_and_bad_ids_400() {
+    let b = Backends::start().await;
+    let app = App::new(&b.http_config()).await;
+    let user = token("alice", false);
+    assert_error(
+        read(handle(&app, request("GET", "/vouchers/424242", None, None, None)).await),
+        404,
+        "not_found",
+    );
+    assert_error(buy(&app, "424243", "alice").await, 404, "not_found");
+    assert_error(
+        read(
+            handle(
+                &app,
+                request("GET", "/orders/424242", Some(&user), None, None),
+            )
+            .await,
+        ),
+        404,
+        "not_found",
+    );
+    for path in ["/", "/nope", "/vouchers/1/refund", "/orders"] {
+        assert_error(
+            read(handle(&app, request("GET", path, Some(&user), None, None)).await),
+            404,
+            "not_found",
+        );
+    }
+    assert_error(
+        read(
+            handle(
+                &app,
+                request("DELETE", "/vouchers/1", Some(&user), None, None),
+            )
+            .await,
+        ),
+        404,
+        "not_found",
+    );
+    for bad in ["abc", "0", "-1", "1.5", "99999999999999999999", "%20"] {
+        assert_error(
+            read(
+                handle(
+                    &app,
+                    request("GET", &format!("/vouchers/{bad}"), None, None, None),
+                )
+                .await,
+            ),
+            400,
+            "invalid_request",
+        );
+        assert_error(buy(&app, bad, "alice").await, 400, "invalid_request");
+        assert_error(
+            read(
+                handle(
+                    &app,
+                    request("GET", &format!("/orders/{bad}"), Some(&user), None, None),
+                )
+                .await,
+            ),
+            400,
+            "invalid_request",
+        );
+    }
+    b.cleanup().await;
+}
+
+#[tokio::test]
+async fn order_status_is_pending_then_what_the_database_says_and_only_for_the_buyer() {
+    let b = Backends::start().await;
+    let app = App::new(&b.http_config()).await;
+    let id = create(&app, 5, -1_000, 3_600_000).await;
+    let (_, admitted) = buy(&app, &id, "alice").await;
+    let order_id = admitted["order_id"].as_str().unwrap().to_string();
+    let path = format!("/orders/{order_id}");
+
+    let (status, pending) = read(
+        handle(
+            &app,
+            request("GET", &path, Some(&token("alice", false)), None, None),
+        )
+        .await,
+    );
+    assert_eq!(status, 200, "{pending}");
+    assert_eq!(
+        pending,
+        json!({ "order_id": order_id, "voucher_id": id, "status": "pending" })
+    );
+    // Another user's order does not exist for them.
+    assert_error(
+        read(
+            handle(
+                &app,
+                request("GET", &path, Some(&token("bob", false)), None, None),
+            )
+            .await,
+        ),
+        404,
+        "not_found",
+    );
+
+    // What the drainer would write.
+    b.db.execute(
+        "INSERT INTO orders (id, voucher_id, user_id, status, admitted_at) VALUES (:id, :v, 'alice', 'confirmed', NOW(3))",
+        vec![param::long("id", order_id.parse().unwrap()), param::long("v", id.parse().unwrap())],
+        None,
+    )
+    .await
+    .unwrap();
+    let (_, confirmed) = read(
+        handle(
+            &app,
+            request("GET", &path, Some(&token("alice", false)), None, None),
+        )
+        .await,
+    );
+    assert_eq!(confirmed["status"], "confirmed");
+    assert_error(
+        read(
+            handle(
+                &app,
+                request("GET", &path, Some(&token("bob", false)), None, None),
+            )
+            .await,
+        ),
+        404,
+        "not_found",
+    );
+
+    let (_, second) = buy(&app, &id, "bob").await;
+    let bob_order: OrderId = second["order_id"].as_str().unwrap().parse().unwrap();
+    b.db.execute(
+        "INSERT INTO orders (id, voucher_id, user_id, status, reason, admitted_at) VALUES (:id, :v, 'bob', 'rejected', 'db_stock_exhausted', NOW(3))",
+        vec![param::long("id", bob_order.get()), param::long("v", id.parse().unwrap())],
+        None,
+    )
+    .await
+    .unwrap();
+    let (_, rejected) = read(
+        handle(
+            &app,
+            request(
+                "GET",
+                &format!("/orders/{bob_order}"),
+                Some(&token("bob", false)),
+                None,
+                None,
+            ),
+        )
+        .await,
+    );
+    assert_eq!(rejected["status"], "rejected");
+    b.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_voucher_missing_in_redis_is_repaired_from_the_database() {
+    let b = Backends::start().await;
+    // Created in the database only, as if Redis had been down at creation.
+    let now = now_millis();
+    let new = seckill_shared::domain::NewVoucher {
+        title: "repair me".into(),
+        stock: 4,
+        window: SaleWindow::new(now - 1_000, now + 3_600_000).unwrap(),
+    };
+    let v = b.db.create_voucher(&new).await.unwrap();
+    let app = App::new(&b.http_config()).await;
+    let (status, res) = buy(&app, &v.id.to_string(), "alice").await;
+    assert_eq!(status, 202, "{res}");
+    assert_eq!(b.sales.stock_left(v.id).await.unwrap(), Some(3));
+    let active: bool = b
+        .sales
+        .conn()
+        .sismember("seckill:active", v.id.get())
+        .await
+        .unwrap();
+    assert!(active, "the drainer will find it");
+
+    // Same through GET /vouchers/{id} on another voucher.
+    let w = b.db.create_voucher(&new).await.unwrap();
+    let (status, got) = read(
+        handle(
+            &app,
+            request("GET", &format!("/vouchers/{}", w.id), None, None, None),
+        )
+        .await,
+    );
+    assert_eq!((status, got["stock_left"].clone()), (200, json!(4)));
+    assert_eq!(b.sales.stock_left(w.id).await.unwrap(), Some(4));
+    b.cleanup().await;
+}
+
+#[tokio::test]
+async fn one_user_hammering_one_instance_is_rate_limited() {
+    let b = Backends::start().await;
+    let mut cfg = b.http_config();
+    cfg.user_rate_per_sec = 1;
+    cfg.user_rate_burst = 3;
+    let app = App::new(&cfg).await;
+    let id = create(&app, 10, -1_000, 3_600_000).await;
+    let codes: Vec<u16> = {
+        let mut v = Vec::new();
+        for _ in 0..6 {
+            v.push(buy(&app, &id, "bot").await.0);
+        }
+        v
+    };
+    assert_eq!(codes[0], 202);
+    assert!(codes[1..3].iter().all(|c| *c == 409), "{codes:?}");
+    assert_error(buy(&app, &id, "bot").await, 429, "rate_limited");
+    // Other users are not affected.
+    assert_eq!(buy(&app, &id, "human").await.0, 202);
+    b.cleanup().await;
+}
+
+#[tokio::test]
+async fn backends_down_is_a_quick_503() {
+    let b = Backends::start().await;
+    let app = App::new(&b.http_config()).await;
+    let id = create(&app, 5, -1_000, 3_600_000).await;
+
+    // Redis gone: nothing listens on its port any more.
+    let mut cfg = b.http_config();
+    cfg.redis.url = format!("redis://127.0.0.1:{}", seckill_tests::redis::free_port());
+    cfg.redis.timeout = Duration::from_millis(200);
+    let no_redis = App::new(&cfg).await;
+    let started = Instant::now();
+    assert_error(buy(&no_redis, &id, "alice").await, 503, "unavailable");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        started.elapsed()
+    );
+
+    // Data API gone.
+    let mut cfg = b.http_config();
+    cfg.data_api.endpoint = Some(format!(
+        "http://127.0.0.1:{}",
+        seckill_tests::redis::free_port()
+    ));
+    cfg.data_api.timeout = Duration::from_millis(500);
+    let no_db = App::new(&cfg).await;
+    let started = Instant::now();
+    let res = read(
+        handle(
+            &no_db,
+            request("GET", &format!("/vouchers/{id}"), None, None, None),
+        )
+        .await,
+    );
+    assert_error(res.clone(), 503, "unavailable");
+    assert!(
+        !res.1.to_string().contains("127.0.0.1"),
+        "no internals leak: {}",
+        res.1
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        started.elapsed()
+    );
+    b.cleanup().await;
+}
