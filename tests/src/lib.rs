@@ -6,6 +6,9 @@
 //! A suite that cannot find the stack fails loudly instead of skipping: a test that
 //! cannot fail is a defect.
 
+pub mod harness;
+pub mod mysql;
+pub mod redis;
 pub mod stack;
 
 pub use stack::StackEnv;

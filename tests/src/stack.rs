@@ -4,18 +4,12 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-/// Addresses of the running local stack.
+/// Addresses of the running local stack: the `KEY=VALUE` lines of `.dev/stack.env`,
+/// with variables already set in the process environment taking precedence.
 #[derive(Debug, Clone)]
 pub struct StackEnv {
-    pub seckill_http_url: String,
-    pub drainer_invoke_url: String,
-    pub redis_url: String,
-    pub mysql_url: String,
-    pub data_api_url: String,
-    pub dev_jwt_secret: String,
-    /// Every `KEY=VALUE` of the file (and the process environment on top), for the
-    /// less common keys such as `DB_CLUSTER_ARN`.
-    pub all: HashMap<String, String>,
+    path: PathBuf,
+    all: HashMap<String, String>,
 }
 
 /// The workspace root (the folder holding `.dev/`).
@@ -27,11 +21,7 @@ pub fn workspace_root() -> PathBuf {
 }
 
 impl StackEnv {
-    /// Reads `.dev/stack.env`; variables already set in the environment win.
-    ///
-    /// # Panics
-    /// When a key of the contract is missing: the stack is not running, and the
-    /// message says how to start it.
+    /// Reads `.dev/stack.env` (or the file named by `SECKILL_STACK_ENV`).
     pub fn load() -> StackEnv {
         let path = std::env::var("SECKILL_STACK_ENV")
             .map(PathBuf::from)
@@ -48,36 +38,60 @@ impl StackEnv {
                 }
             }
         }
-        for (k, v) in std::env::vars() {
-            if all.contains_key(&k) {
-                all.insert(k, v);
+        for key in KEYS {
+            if let Ok(v) = std::env::var(key) {
+                all.insert(key.to_string(), v);
             }
         }
-        let get = |k: &str| -> String {
-            all.get(k).cloned().unwrap_or_else(|| {
-                panic!(
-                    "{k} is not set: the local stack is not running ({} missing or incomplete). \
-                     Start it with `scripts/stack.sh up`, or run the whole suite with `scripts/test.sh`.",
-                    path.display()
-                )
-            })
-        };
-        StackEnv {
-            seckill_http_url: get("SECKILL_HTTP_URL"),
-            drainer_invoke_url: get("DRAINER_INVOKE_URL"),
-            redis_url: get("REDIS_URL"),
-            mysql_url: get("MYSQL_URL"),
-            data_api_url: get("DATA_API_URL"),
-            dev_jwt_secret: get("SECKILL_DEV_JWT_SECRET"),
-            all,
-        }
+        StackEnv { path, all }
     }
 
-    /// Any other key of the file, panicking with the same hint when absent.
-    pub fn var(&self, key: &str) -> String {
-        self.all
-            .get(key)
-            .cloned()
-            .unwrap_or_else(|| panic!("{key} is missing from .dev/stack.env"))
+    /// One key of the file.
+    ///
+    /// # Panics
+    /// When the key is missing: the stack is not running, and the message says how to
+    /// start it.
+    pub fn get(&self, key: &str) -> String {
+        self.all.get(key).cloned().unwrap_or_else(|| {
+            panic!(
+                "{key} is not set: the local stack is not running ({} missing or incomplete). \
+                 Start it with `scripts/stack.sh up`, or run the whole suite with `scripts/test.sh`.",
+                self.path.display()
+            )
+        })
+    }
+
+    pub fn seckill_http_url(&self) -> String {
+        self.get("SECKILL_HTTP_URL")
+    }
+    pub fn drainer_invoke_url(&self) -> String {
+        self.get("DRAINER_INVOKE_URL")
+    }
+    pub fn redis_url(&self) -> String {
+        self.get("REDIS_URL")
+    }
+    pub fn mysql_url(&self) -> String {
+        self.get("MYSQL_URL")
+    }
+    pub fn data_api_url(&self) -> String {
+        self.get("DATA_API_URL")
+    }
+    pub fn dev_jwt_secret(&self) -> String {
+        self.get("SECKILL_DEV_JWT_SECRET")
     }
 }
+
+/// Keys that an environment variable of the same name overrides.
+const KEYS: &[&str] = &[
+    "SECKILL_HTTP_URL",
+    "DRAINER_INVOKE_URL",
+    "REDIS_URL",
+    "REDIS_CLUSTER",
+    "MYSQL_URL",
+    "DATA_API_URL",
+    "SECKILL_DEV_JWT_SECRET",
+    "DB_CLUSTER_ARN",
+    "DB_SECRET_ARN",
+    "DB_NAME",
+    "AWS_REGION",
+];

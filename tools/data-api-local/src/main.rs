@@ -1,1 +1,100 @@
-fn main() {}
+//! `data-api-local`: the RDS Data API on loopback over a local MariaDB.
+
+use std::io::IsTerminal as _;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use data_api_local::{DEFAULT_RESOURCE_ARN, DEFAULT_SECRET_ARN, ServerConfig};
+
+#[derive(Debug, Parser)]
+#[command(version, about = "Local RDS Data API server over MariaDB/MySQL")]
+struct Cli {
+    /// Address to listen on; must be a loopback address.
+    #[arg(long, default_value = "127.0.0.1:18080")]
+    listen: SocketAddr,
+
+    /// mysql://user:password@host:port/database (the default database of requests).
+    #[arg(long, env = "MYSQL_URL", hide_env_values = true)]
+    mysql_url: String,
+
+    /// The cluster ARN callers must send as resourceArn.
+    #[arg(long, env = "DB_CLUSTER_ARN", default_value = DEFAULT_RESOURCE_ARN)]
+    resource_arn: String,
+
+    /// The secret ARN callers must send as secretArn.
+    #[arg(long, env = "DB_SECRET_ARN", default_value = DEFAULT_SECRET_ARN)]
+    secret_arn: String,
+
+    /// Roll back a transaction after this many seconds without a call.
+    #[arg(long, default_value_t = 180)]
+    transaction_timeout_secs: u64,
+
+    /// Cancel a statement after this many seconds (StatementTimeoutException).
+    #[arg(long, default_value_t = 45)]
+    statement_timeout_secs: u64,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        // Colour codes only for a terminal, not for log files of the stack script.
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+
+    let cli = Cli::parse();
+    anyhow::ensure!(
+        cli.listen.ip().is_loopback(),
+        "--listen {} is not a loopback address: this server accepts any credentials",
+        cli.listen
+    );
+    let config = ServerConfig {
+        mysql_url: cli.mysql_url,
+        resource_arn: cli.resource_arn,
+        secret_arn: cli.secret_arn,
+        transaction_idle_timeout: Duration::from_secs(cli.transaction_timeout_secs),
+        statement_timeout: Duration::from_secs(cli.statement_timeout_secs),
+    };
+    let listener = tokio::net::TcpListener::bind(cli.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", cli.listen))?;
+    let addr = listener.local_addr()?;
+    // Scripts wait for this exact line.
+    println!("data-api-local listening on http://{addr}");
+    data_api_local::serve_with_shutdown(listener, config, shutdown_signal()).await
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = async {
+        if let Err(err) = tokio::signal::ctrl_c().await {
+            tracing::error!(%err, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut sigterm) => {
+                sigterm.recv().await;
+            }
+            Err(err) => {
+                tracing::error!(%err, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {},
+        () = terminate => {},
+    }
+    tracing::info!("shutting down");
+}

@@ -1,0 +1,842 @@
+//! Conversions between Data API values and MySQL values.
+//!
+//! - Parameters: a `Field` (plus an optional `typeHint`) becomes a `mysql_async::Value`
+//!   bound to a prepared statement. Type hints validate the string's format the way
+//!   Aurora does (a bad one is a `BadRequestException`, not a silent NULL or zero date).
+//! - Results: each value is mapped by the column's server-side metadata (type, flags,
+//!   character set), mirroring what Aurora MySQL returns: integers as `longValue`,
+//!   DECIMAL as `stringValue`, temporal types as strings, binary strings as `blobValue`.
+//!   Both the binary protocol (typed values) and the text protocol (all bytes) are
+//!   understood, since statements that cannot be prepared run as plain queries.
+
+use std::collections::HashMap;
+
+use mysql_async::consts::{ColumnFlags, ColumnType};
+use mysql_async::{Column, Value};
+
+use crate::error::ApiError;
+use crate::wire::{ColumnMetadata, Field, SqlParameter};
+
+/// The character set number MySQL uses for binary strings (BLOB, VARBINARY, ...).
+const BINARY_CHARSET: u16 = 63;
+
+/// Every text column comes back in the connection's character set, utf8mb4, whose
+/// `column_length` counts 4 bytes a character.
+const UTF8MB4_MAX_BYTES: u32 = 4;
+
+/// The `typeHint` values of `SqlParameter`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TypeHint {
+    Date,
+    Time,
+    Timestamp,
+    Decimal,
+    Json,
+    Uuid,
+}
+
+impl TypeHint {
+    pub fn parse(text: &str) -> Result<Self, ApiError> {
+        Ok(match text {
+            "DATE" => TypeHint::Date,
+            "TIME" => TypeHint::Time,
+            "TIMESTAMP" => TypeHint::Timestamp,
+            "DECIMAL" => TypeHint::Decimal,
+            "JSON" => TypeHint::Json,
+            "UUID" => TypeHint::Uuid,
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "Invalid typeHint '{other}': expected one of DATE, TIME, TIMESTAMP, DECIMAL, JSON, UUID"
+                )));
+            }
+        })
+    }
+}
+
+/// The values for the `?` placeholders of a statement, in order.
+///
+/// `names` are the placeholders found in the SQL (repeats allowed). Like Aurora, a
+/// parameter that the SQL does not use is an error, and so is a placeholder without a
+/// parameter: binding NULL for it would hide the mistake.
+pub fn bind(names: &[String], params: &[SqlParameter]) -> Result<Vec<Value>, ApiError> {
+    let mut by_name: HashMap<&str, Value> = HashMap::with_capacity(params.len());
+    for param in params {
+        let name = param
+            .name
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| ApiError::bad_request("Parameter name is required"))?;
+        let value = parameter_value(name, param)?;
+        if by_name.insert(name, value).is_some() {
+            return Err(ApiError::bad_request(format!(
+                "Parameter '{name}' is specified more than once"
+            )));
+        }
+    }
+    if let Some(unused) = params
+        .iter()
+        .filter_map(|p| p.name.as_deref())
+        .find(|n| !names.iter().any(|used| used == n))
+    {
+        return Err(ApiError::bad_request(format!(
+            "Cannot find parameter: {unused}"
+        )));
+    }
+    names
+        .iter()
+        .map(|name| {
+            by_name.get(name.as_str()).cloned().ok_or_else(|| {
+                ApiError::bad_request(format!("No value specified for parameter: {name}"))
+            })
+        })
+        .collect()
+}
+
+/// One parameter's value, validated against its type hint.
+fn parameter_value(name: &str, param: &SqlParameter) -> Result<Value, ApiError> {
+    let raw = param
+        .value
+        .as_ref()
+        .filter(|v| v.as_object().is_some_and(|o| !o.is_empty()))
+        .ok_or_else(|| {
+            ApiError::bad_request(format!("Parameter \"{name}\" has value with no field set"))
+        })?;
+    if raw.get("arrayValue").is_some() {
+        return Err(ApiError::bad_request(format!(
+            "Array parameters are not supported (parameter \"{name}\")"
+        )));
+    }
+    let field: Field = serde_json::from_value(raw.clone()).map_err(|e| {
+        ApiError::bad_request(format!("Invalid value for parameter \"{name}\": {e}"))
+    })?;
+    let hint = param
+        .type_hint
+        .as_deref()
+        .map(TypeHint::parse)
+        .transpose()?;
+    match (field, hint) {
+        (Field::IsNull(true), _) => Ok(Value::NULL),
+        (Field::IsNull(false), _) => Err(ApiError::bad_request(format!(
+            "Parameter \"{name}\": isNull must be true when given"
+        ))),
+        (Field::StringValue(s), Some(hint)) => hinted_value(&s, hint).map_err(|why| {
+            ApiError::bad_request(format!(
+                "Parameter \"{name}\" with typeHint {hint:?}: {why}"
+            ))
+        }),
+        (_, Some(hint)) => Err(ApiError::bad_request(format!(
+            "Parameter \"{name}\": typeHint {hint:?} requires a stringValue"
+        ))),
+        (Field::BooleanValue(b), None) => Ok(Value::Int(i64::from(b))),
+        (Field::LongValue(n), None) => Ok(Value::Int(n)),
+        (Field::DoubleValue(f), None) => Ok(Value::Double(f)),
+        (Field::StringValue(s), None) => Ok(Value::Bytes(s.into_bytes())),
+        (Field::BlobValue(b), None) => Ok(Value::Bytes(b)),
+    }
+}
+
+/// Validates a hinted string and binds it as MySQL will store it: temporal hints as
+/// temporal values (so a TIMESTAMP lands in a DATETIME column exactly), the others as
+/// strings MySQL converts itself.
+pub fn hinted_value(s: &str, hint: TypeHint) -> Result<Value, String> {
+    match hint {
+        TypeHint::Date => {
+            let (y, mo, d) = parse_date(s)?;
+            Ok(Value::Date(y, mo, d, 0, 0, 0, 0))
+        }
+        TypeHint::Time => {
+            let (h, mi, sec, us) = parse_time(s)?;
+            Ok(Value::Time(false, 0, h, mi, sec, us))
+        }
+        TypeHint::Timestamp => {
+            let (date, time) = s
+                .split_once(' ')
+                .ok_or("expected YYYY-MM-DD HH:MM:SS[.FFF]")?;
+            let (y, mo, d) = parse_date(date)?;
+            let (h, mi, sec, us) = parse_time(time)?;
+            Ok(Value::Date(y, mo, d, h, mi, sec, us))
+        }
+        TypeHint::Decimal => {
+            if is_decimal(s) {
+                Ok(Value::Bytes(s.as_bytes().to_vec()))
+            } else {
+                Err("not a decimal number".into())
+            }
+        }
+        TypeHint::Json => serde_json::from_str::<serde_json::Value>(s)
+            .map(|_| Value::Bytes(s.as_bytes().to_vec()))
+            .map_err(|e| format!("not valid JSON: {e}")),
+        TypeHint::Uuid => {
+            // Only the canonical 8-4-4-4-12 form, as java.util.UUID reads it.
+            if s.len() == 36 && uuid::Uuid::try_parse(s).is_ok() {
+                Ok(Value::Bytes(s.as_bytes().to_vec()))
+            } else {
+                Err("expected a UUID like 123e4567-e89b-12d3-a456-426614174000".into())
+            }
+        }
+    }
+}
+
+fn digits<T: TryFrom<u32>>(s: &str, len: usize) -> Option<T> {
+    if s.len() != len || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse::<u32>().ok().and_then(|n| T::try_from(n).ok())
+}
+
+/// `YYYY-MM-DD`, a real calendar date.
+fn parse_date(s: &str) -> Result<(u16, u8, u8), String> {
+    const FORMAT: &str = "expected YYYY-MM-DD";
+    let mut parts = s.split('-');
+    let (Some(y), Some(mo), Some(d), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(FORMAT.into());
+    };
+    let (Some(y), Some(mo), Some(d)) =
+        (digits::<u16>(y, 4), digits::<u8>(mo, 2), digits::<u8>(d, 2))
+    else {
+        return Err(FORMAT.into());
+    };
+    let month = time::Month::try_from(mo).map_err(|_| format!("no month {mo}"))?;
+    time::Date::from_calendar_date(i32::from(y), month, d)
+        .map_err(|_| format!("{s} is not a calendar date"))?;
+    Ok((y, mo, d))
+}
+
+/// `HH:MM:SS[.F]` with 1 to 9 fraction digits (kept to microseconds, MySQL's precision).
+fn parse_time(s: &str) -> Result<(u8, u8, u8, u32), String> {
+    const FORMAT: &str = "expected HH:MM:SS[.FFF]";
+    let (hms, fraction) = match s.split_once('.') {
+        Some((hms, f)) => (hms, Some(f)),
+        None => (s, None),
+    };
+    let mut parts = hms.split(':');
+    let (Some(h), Some(mi), Some(sec), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(FORMAT.into());
+    };
+    let (Some(h), Some(mi), Some(sec)) = (
+        digits::<u8>(h, 2),
+        digits::<u8>(mi, 2),
+        digits::<u8>(sec, 2),
+    ) else {
+        return Err(FORMAT.into());
+    };
+    if h > 23 || mi > 59 || sec > 59 {
+        return Err(format!("{hms} is not a time of day"));
+    }
+    let micros = match fraction {
+        None => 0,
+        Some(f) if (1..=9).contains(&f.len()) && f.bytes().all(|b| b.is_ascii_digit()) => {
+            // Pad or cut to 6 digits: ".5" is 500000 µs, ".123456789" is 123456 µs.
+            let six: String = f.chars().chain(std::iter::repeat('0')).take(6).collect();
+            six.parse::<u32>().map_err(|_| FORMAT.to_string())?
+        }
+        Some(_) => return Err(FORMAT.into()),
+    };
+    Ok((h, mi, sec, micros))
+}
+
+/// `[+-]digits[.digits][e[+-]digits]`, at least one digit in the mantissa.
+fn is_decimal(s: &str) -> bool {
+    let s = s.strip_prefix(['+', '-']).unwrap_or(s);
+    let (mantissa, exponent) = match s.split_once(['e', 'E']) {
+        Some((m, e)) => (m, Some(e)),
+        None => (s, None),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let all_digits = |p: &str| p.bytes().all(|b| b.is_ascii_digit());
+    let mantissa_ok = !(int.is_empty() && frac.is_empty()) && all_digits(int) && all_digits(frac);
+    let exponent_ok = exponent.is_none_or(|e| {
+        let e = e.strip_prefix(['+', '-']).unwrap_or(e);
+        !e.is_empty() && all_digits(e)
+    });
+    mantissa_ok && exponent_ok
+}
+
+/// How the caller asked for numbers (`resultSetOptions`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ResultOptions {
+    /// `decimalReturnType = DOUBLE_OR_LONG`.
+    pub decimal_as_number: bool,
+    /// `longReturnType = STRING`.
+    pub long_as_string: bool,
+}
+
+/// What a column holds, as far as the Data API's value mapping cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Integer,
+    Decimal,
+    Float,
+    Double,
+    DateTime,
+    Date,
+    Time,
+    Bit,
+    Text,
+    Binary,
+    Null,
+}
+
+fn kind(column: &Column) -> Kind {
+    use ColumnType::*;
+    let binary = column.character_set() == BINARY_CHARSET;
+    match column.column_type() {
+        MYSQL_TYPE_TINY | MYSQL_TYPE_SHORT | MYSQL_TYPE_LONG | MYSQL_TYPE_INT24
+        | MYSQL_TYPE_LONGLONG | MYSQL_TYPE_YEAR => Kind::Integer,
+        MYSQL_TYPE_DECIMAL | MYSQL_TYPE_NEWDECIMAL => Kind::Decimal,
+        MYSQL_TYPE_FLOAT => Kind::Float,
+        MYSQL_TYPE_DOUBLE => Kind::Double,
+        MYSQL_TYPE_TIMESTAMP
+        | MYSQL_TYPE_TIMESTAMP2
+        | MYSQL_TYPE_DATETIME
+        | MYSQL_TYPE_DATETIME2 => Kind::DateTime,
+        MYSQL_TYPE_DATE | MYSQL_TYPE_NEWDATE => Kind::Date,
+        MYSQL_TYPE_TIME | MYSQL_TYPE_TIME2 => Kind::Time,
+        MYSQL_TYPE_BIT => Kind::Bit,
+        MYSQL_TYPE_NULL => Kind::Null,
+        MYSQL_TYPE_JSON | MYSQL_TYPE_ENUM | MYSQL_TYPE_SET => Kind::Text,
+        MYSQL_TYPE_VARCHAR
+        | MYSQL_TYPE_VAR_STRING
+        | MYSQL_TYPE_STRING
+        | MYSQL_TYPE_TINY_BLOB
+        | MYSQL_TYPE_MEDIUM_BLOB
+        | MYSQL_TYPE_LONG_BLOB
+        | MYSQL_TYPE_BLOB => {
+            if binary {
+                Kind::Binary
+            } else {
+                Kind::Text
+            }
+        }
+        _ => Kind::Binary,
+    }
+}
+
+/// One result value as a `Field`.
+pub fn to_field(value: Value, column: &Column, options: ResultOptions) -> Result<Field, ApiError> {
+    if value == Value::NULL {
+        return Ok(Field::IsNull(true));
+    }
+    let kind = kind(column);
+    Ok(match (kind, value) {
+        (Kind::Integer, value) => {
+            let text_or_long = match value {
+                Value::Int(n) => Ok(n),
+                Value::UInt(n) => i64::try_from(n).map_err(|_| n.to_string()),
+                other => {
+                    let text = lossy_text(other);
+                    text.parse::<i64>().map_err(|_| text)
+                }
+            };
+            match (text_or_long, options.long_as_string) {
+                (Ok(n), false) => Field::LongValue(n),
+                (Ok(n), true) => Field::StringValue(n.to_string()),
+                (Err(text), true) => Field::StringValue(text),
+                (Err(text), false) => {
+                    return Err(ApiError::UnsupportedResult(format!(
+                        "Column '{}' holds {text}, which does not fit a longValue; use longReturnType STRING",
+                        column.name_str()
+                    )));
+                }
+            }
+        }
+        (Kind::Decimal, value) => {
+            let text = lossy_text(value);
+            if options.decimal_as_number {
+                // DOUBLE_OR_LONG: a scale-0 decimal that fits i64 is a long, else a double.
+                match text.parse::<i64>() {
+                    Ok(n) if column.decimals() == 0 => Field::LongValue(n),
+                    _ => Field::DoubleValue(text.parse::<f64>().map_err(|_| {
+                        ApiError::Internal(format!("unreadable DECIMAL from MariaDB: {text}"))
+                    })?),
+                }
+            } else {
+                Field::StringValue(text)
+            }
+        }
+        // Through its shortest decimal form, so FLOAT 1.1 is 1.1 and not 1.100000023841858.
+        (Kind::Float | Kind::Double, Value::Float(f)) => {
+            Field::DoubleValue(f.to_string().parse::<f64>().unwrap_or(f64::from(f)))
+        }
+        (Kind::Float | Kind::Double, Value::Double(f)) => Field::DoubleValue(f),
+        (Kind::Float | Kind::Double, other) => {
+            let text = lossy_text(other);
+            Field::DoubleValue(text.parse::<f64>().map_err(|_| {
+                ApiError::Internal(format!(
+                    "unreadable floating point value from MariaDB: {text}"
+                ))
+            })?)
+        }
+        (Kind::DateTime, Value::Date(y, mo, d, h, mi, s, us)) => Field::StringValue(format!(
+            "{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{s:02}{}",
+            fraction(us, column.decimals())
+        )),
+        (Kind::Date, Value::Date(y, mo, d, ..)) => {
+            Field::StringValue(format!("{y:04}-{mo:02}-{d:02}"))
+        }
+        (Kind::Time, Value::Time(negative, days, h, mi, s, us)) => {
+            let hours = days * 24 + u32::from(h);
+            let sign = if negative { "-" } else { "" };
+            Field::StringValue(format!(
+                "{sign}{hours:02}:{mi:02}:{s:02}{}",
+                fraction(us, column.decimals())
+            ))
+        }
+        (Kind::Bit, Value::Bytes(bytes)) => {
+            let n = bytes.iter().fold(0u64, |acc, b| (acc << 8) | u64::from(*b));
+            if column.column_length() == 1 {
+                Field::BooleanValue(n != 0)
+            } else {
+                Field::LongValue(i64::try_from(n).map_err(|_| {
+                    ApiError::UnsupportedResult(format!(
+                        "BIT value of column '{}' does not fit a longValue",
+                        column.name_str()
+                    ))
+                })?)
+            }
+        }
+        (Kind::Binary, Value::Bytes(bytes)) => Field::BlobValue(bytes),
+        (Kind::Null, _) => Field::IsNull(true),
+        // Text columns, and temporal values that arrived as text (text protocol).
+        (_, other) => Field::StringValue(lossy_text(other)),
+    })
+}
+
+/// `.fff` with as many digits as the column declares (DATETIME(3) → 3).
+fn fraction(micros: u32, decimals: u8) -> String {
+    let six = format!("{micros:06}");
+    match decimals {
+        0 => String::new(),
+        1..=6 => format!(".{}", &six[..usize::from(decimals)]),
+        // An expression without a fixed scale: show what is there.
+        _ if micros == 0 => String::new(),
+        _ => format!(".{six}"),
+    }
+}
+
+/// The text form of a non-NULL value (MariaDB sends text in utf8mb4).
+fn lossy_text(value: Value) -> String {
+    match value {
+        Value::Bytes(bytes) => String::from_utf8(bytes)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+        Value::Int(n) => n.to_string(),
+        Value::UInt(n) => n.to_string(),
+        Value::Float(f) => f.to_string(),
+        Value::Double(f) => f.to_string(),
+        other => {
+            // Date/Time outside their usual columns: MySQL's own literal without quotes.
+            let sql = other.as_sql(true);
+            sql.trim_matches('\'').to_string()
+        }
+    }
+}
+
+/// `columnMetadata` entry for a result column, JDBC-style as Aurora reports it.
+pub fn column_metadata(column: &Column) -> ColumnMetadata {
+    use ColumnType::*;
+    let flags = column.flags();
+    let unsigned = flags.contains(ColumnFlags::UNSIGNED_FLAG);
+    let kind = kind(column);
+    let length = column.column_length();
+    let chars = length / UTF8MB4_MAX_BYTES;
+    let by_size = |tiny: &str, plain: &str, medium: &str, long: &str, len: u32| {
+        match len {
+            0..=255 => tiny,
+            256..=65_535 => plain,
+            65_536..=16_777_215 => medium,
+            _ => long,
+        }
+        .to_string()
+    };
+    let with_unsigned = |name: &str| {
+        if unsigned {
+            format!("{name} UNSIGNED")
+        } else {
+            name.to_string()
+        }
+    };
+    let (type_name, jdbc_type) = match column.column_type() {
+        MYSQL_TYPE_TINY => (with_unsigned("TINYINT"), -6),
+        MYSQL_TYPE_SHORT => (with_unsigned("SMALLINT"), 5),
+        MYSQL_TYPE_INT24 => (with_unsigned("MEDIUMINT"), 4),
+        // Connector/J widens INT UNSIGNED to BIGINT.
+        MYSQL_TYPE_LONG => (with_unsigned("INT"), if unsigned { -5 } else { 4 }),
+        MYSQL_TYPE_LONGLONG => (with_unsigned("BIGINT"), -5),
+        MYSQL_TYPE_YEAR => ("YEAR".to_string(), 91),
+        MYSQL_TYPE_DECIMAL | MYSQL_TYPE_NEWDECIMAL => (with_unsigned("DECIMAL"), 3),
+        MYSQL_TYPE_FLOAT => (with_unsigned("FLOAT"), 7),
+        MYSQL_TYPE_DOUBLE => (with_unsigned("DOUBLE"), 8),
+        MYSQL_TYPE_TIMESTAMP | MYSQL_TYPE_TIMESTAMP2 => ("TIMESTAMP".to_string(), 93),
+        MYSQL_TYPE_DATETIME | MYSQL_TYPE_DATETIME2 => ("DATETIME".to_string(), 93),
+        MYSQL_TYPE_DATE | MYSQL_TYPE_NEWDATE => ("DATE".to_string(), 91),
+        MYSQL_TYPE_TIME | MYSQL_TYPE_TIME2 => ("TIME".to_string(), 92),
+        MYSQL_TYPE_BIT => ("BIT".to_string(), -7),
+        MYSQL_TYPE_NULL => ("NULL".to_string(), 0),
+        MYSQL_TYPE_JSON => ("JSON".to_string(), -1),
+        _ if flags.contains(ColumnFlags::ENUM_FLAG) => ("ENUM".to_string(), 1),
+        _ if flags.contains(ColumnFlags::SET_FLAG) => ("SET".to_string(), 1),
+        MYSQL_TYPE_VARCHAR | MYSQL_TYPE_VAR_STRING => match kind {
+            Kind::Binary => ("VARBINARY".to_string(), -3),
+            _ => ("VARCHAR".to_string(), 12),
+        },
+        MYSQL_TYPE_STRING => match kind {
+            Kind::Binary => ("BINARY".to_string(), -2),
+            _ => ("CHAR".to_string(), 1),
+        },
+        MYSQL_TYPE_TINY_BLOB | MYSQL_TYPE_MEDIUM_BLOB | MYSQL_TYPE_LONG_BLOB | MYSQL_TYPE_BLOB => {
+            match kind {
+                Kind::Binary => (
+                    by_size("TINYBLOB", "BLOB", "MEDIUMBLOB", "LONGBLOB", length),
+                    -4,
+                ),
+                _ => (
+                    by_size("TINYTEXT", "TEXT", "MEDIUMTEXT", "LONGTEXT", chars),
+                    -1,
+                ),
+            }
+        }
+        MYSQL_TYPE_GEOMETRY => ("GEOMETRY".to_string(), -2),
+        _ => ("UNKNOWN".to_string(), 1111),
+    };
+    let numeric = matches!(
+        kind,
+        Kind::Integer | Kind::Decimal | Kind::Float | Kind::Double
+    );
+    let decimals = i32::from(column.decimals());
+    // 31 (NOT_FIXED_DEC) and above mean "no fixed scale".
+    let scale = match kind {
+        Kind::Decimal | Kind::DateTime | Kind::Time => decimals,
+        Kind::Float | Kind::Double if decimals < 31 => decimals,
+        _ => 0,
+    };
+    let precision = match kind {
+        Kind::Text => chars,
+        // DECIMAL(10,2) has length 12: ten digits, the point and the sign.
+        Kind::Decimal => length
+            .saturating_sub(u32::from(scale > 0))
+            .saturating_sub(u32::from(!unsigned)),
+        _ => length,
+    };
+    ColumnMetadata {
+        name: if column.org_name_ref().is_empty() {
+            column.name_str().into_owned()
+        } else {
+            column.org_name_str().into_owned()
+        },
+        label: column.name_str().into_owned(),
+        type_name,
+        jdbc_type,
+        // java.sql.ResultSetMetaData: 0 = columnNoNulls, 1 = columnNullable.
+        nullable: i32::from(!flags.contains(ColumnFlags::NOT_NULL_FLAG)),
+        precision: i32::try_from(precision).unwrap_or(i32::MAX),
+        scale,
+        is_signed: numeric && !unsigned,
+        is_auto_increment: flags.contains(ColumnFlags::AUTO_INCREMENT_FLAG),
+        is_case_sensitive: match kind {
+            Kind::Binary => true,
+            Kind::Text => flags.contains(ColumnFlags::BINARY_FLAG),
+            _ => false,
+        },
+        is_currency: false,
+        array_base_column_type: 0,
+        // MySQL has catalogs (databases), not schemas: Connector/J reports "".
+        schema_name: String::new(),
+        table_name: column.org_table_str().into_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn param(name: &str, value: serde_json::Value, hint: Option<&str>) -> SqlParameter {
+        SqlParameter {
+            name: Some(name.to_string()),
+            value: Some(value),
+            type_hint: hint.map(str::to_string),
+        }
+    }
+
+    fn col(ty: ColumnType) -> Column {
+        Column::new(ty).with_character_set(BINARY_CHARSET)
+    }
+
+    fn text_col(ty: ColumnType) -> Column {
+        Column::new(ty).with_character_set(45)
+    }
+
+    #[test]
+    fn binds_in_placeholder_order_with_repeats() {
+        let names = vec!["a".to_string(), "b".to_string(), "a".to_string()];
+        let params = vec![
+            param("b", serde_json::json!({"stringValue": "x"}), None),
+            param("a", serde_json::json!({"longValue": 7}), None),
+        ];
+        assert_eq!(
+            bind(&names, &params).unwrap(),
+            vec![Value::Int(7), Value::Bytes(b"x".to_vec()), Value::Int(7)]
+        );
+    }
+
+    #[test]
+    fn missing_unused_and_duplicate_parameters_are_errors() {
+        let used = vec!["a".to_string()];
+        let err = bind(&used, &[]).unwrap_err();
+        assert_eq!(err.to_string(), "No value specified for parameter: a");
+        let extra = vec![
+            param("a", serde_json::json!({"isNull": true}), None),
+            param("zz", serde_json::json!({"isNull": true}), None),
+        ];
+        assert_eq!(
+            bind(&used, &extra).unwrap_err().to_string(),
+            "Cannot find parameter: zz"
+        );
+        let dup = vec![
+            param("a", serde_json::json!({"longValue": 1}), None),
+            param("a", serde_json::json!({"longValue": 2}), None),
+        ];
+        assert!(matches!(bind(&used, &dup), Err(ApiError::BadRequest(_))));
+    }
+
+    #[test]
+    fn parameter_value_shapes() {
+        let ok = |v: serde_json::Value| parameter_value("p", &param("p", v, None));
+        assert_eq!(
+            ok(serde_json::json!({"isNull": true})).unwrap(),
+            Value::NULL
+        );
+        assert_eq!(
+            ok(serde_json::json!({"booleanValue": true})).unwrap(),
+            Value::Int(1)
+        );
+        assert_eq!(
+            ok(serde_json::json!({"doubleValue": 1.5})).unwrap(),
+            Value::Double(1.5)
+        );
+        assert_eq!(
+            ok(serde_json::json!({"blobValue": "AP8="})).unwrap(),
+            Value::Bytes(vec![0, 255])
+        );
+        for bad in [
+            serde_json::json!({}),
+            serde_json::json!({"arrayValue": {"longValues": [1]}}),
+            serde_json::json!({"isNull": false}),
+            serde_json::json!({"fooValue": 1}),
+            serde_json::json!({"blobValue": "not base64!"}),
+        ] {
+            assert!(matches!(ok(bad), Err(ApiError::BadRequest(_))));
+        }
+        let missing = SqlParameter {
+            name: Some("p".into()),
+            value: None,
+            type_hint: None,
+        };
+        assert_eq!(
+            parameter_value("p", &missing).unwrap_err().to_string(),
+            "Parameter \"p\" has value with no field set"
+        );
+    }
+
+    #[test]
+    fn type_hints_validate_and_bind() {
+        assert_eq!(
+            hinted_value("2026-02-28 23:59:58.5", TypeHint::Timestamp),
+            Ok(Value::Date(2026, 2, 28, 23, 59, 58, 500_000))
+        );
+        assert_eq!(
+            hinted_value("2026-02-28 01:02:03.123456789", TypeHint::Timestamp),
+            Ok(Value::Date(2026, 2, 28, 1, 2, 3, 123_456))
+        );
+        assert_eq!(
+            hinted_value("2024-02-29", TypeHint::Date),
+            Ok(Value::Date(2024, 2, 29, 0, 0, 0, 0))
+        );
+        assert_eq!(
+            hinted_value("13:14:15", TypeHint::Time),
+            Ok(Value::Time(false, 0, 13, 14, 15, 0))
+        );
+        assert_eq!(
+            hinted_value("-12.50e3", TypeHint::Decimal),
+            Ok(Value::Bytes(b"-12.50e3".to_vec()))
+        );
+        assert_eq!(
+            hinted_value("{\"a\":[1]}", TypeHint::Json),
+            Ok(Value::Bytes(b"{\"a\":[1]}".to_vec()))
+        );
+        assert!(hinted_value("123e4567-e89b-12d3-a456-426614174000", TypeHint::Uuid).is_ok());
+
+        for (bad, hint) in [
+            ("2026-01-01T00:00:00Z", TypeHint::Timestamp),
+            ("2026-01-01", TypeHint::Timestamp),
+            ("2026-13-01 00:00:00", TypeHint::Timestamp),
+            ("2026-01-01 24:00:00", TypeHint::Timestamp),
+            ("2026-01-01 00:00:00.", TypeHint::Timestamp),
+            ("2025-02-29", TypeHint::Date),
+            ("26-01-01", TypeHint::Date),
+            ("1:02:03", TypeHint::Time),
+            ("12:60:00", TypeHint::Time),
+            ("1.2.3", TypeHint::Decimal),
+            ("", TypeHint::Decimal),
+            (".", TypeHint::Decimal),
+            ("1e", TypeHint::Decimal),
+            ("NaN", TypeHint::Decimal),
+            ("{", TypeHint::Json),
+            ("123e4567e89b12d3a456426614174000", TypeHint::Uuid),
+            ("not-a-uuid", TypeHint::Uuid),
+        ] {
+            assert!(
+                hinted_value(bad, hint).is_err(),
+                "{bad} should fail as {hint:?}"
+            );
+        }
+        assert!(TypeHint::parse("BLOB").is_err());
+        let hinted_long = param("p", serde_json::json!({"longValue": 1}), Some("DECIMAL"));
+        assert!(parameter_value("p", &hinted_long).is_err());
+    }
+
+    #[test]
+    fn integers_and_decimals() {
+        let options = ResultOptions::default();
+        let bigint = col(ColumnType::MYSQL_TYPE_LONGLONG);
+        assert_eq!(
+            to_field(Value::Int(-3), &bigint, options).unwrap(),
+            Field::LongValue(-3)
+        );
+        let unsigned = col(ColumnType::MYSQL_TYPE_LONGLONG).with_flags(ColumnFlags::UNSIGNED_FLAG);
+        assert_eq!(
+            to_field(Value::UInt(u64::MAX >> 1), &unsigned, options).unwrap(),
+            Field::LongValue(i64::MAX)
+        );
+        assert!(matches!(
+            to_field(Value::UInt(u64::MAX), &unsigned, options),
+            Err(ApiError::UnsupportedResult(_))
+        ));
+        let as_string = ResultOptions {
+            long_as_string: true,
+            ..options
+        };
+        assert_eq!(
+            to_field(Value::UInt(u64::MAX), &unsigned, as_string).unwrap(),
+            Field::StringValue("18446744073709551615".into())
+        );
+        // Text protocol: digits as bytes.
+        assert_eq!(
+            to_field(Value::Bytes(b"42".to_vec()), &bigint, options).unwrap(),
+            Field::LongValue(42)
+        );
+
+        let decimal = col(ColumnType::MYSQL_TYPE_NEWDECIMAL).with_decimals(2);
+        let dec = Value::Bytes(b"12.30".to_vec());
+        assert_eq!(
+            to_field(dec.clone(), &decimal, options).unwrap(),
+            Field::StringValue("12.30".into())
+        );
+        let numbers = ResultOptions {
+            decimal_as_number: true,
+            ..options
+        };
+        assert_eq!(
+            to_field(dec, &decimal, numbers).unwrap(),
+            Field::DoubleValue(12.3)
+        );
+        let whole = col(ColumnType::MYSQL_TYPE_NEWDECIMAL);
+        assert_eq!(
+            to_field(Value::Bytes(b"17".to_vec()), &whole, numbers).unwrap(),
+            Field::LongValue(17)
+        );
+    }
+
+    #[test]
+    fn floats_temporals_bits_and_strings() {
+        let options = ResultOptions::default();
+        let float = col(ColumnType::MYSQL_TYPE_FLOAT);
+        assert_eq!(
+            to_field(Value::Float(1.1), &float, options).unwrap(),
+            Field::DoubleValue(1.1)
+        );
+
+        let dt3 = col(ColumnType::MYSQL_TYPE_DATETIME).with_decimals(3);
+        assert_eq!(
+            to_field(Value::Date(2026, 1, 2, 3, 4, 5, 67_000), &dt3, options).unwrap(),
+            Field::StringValue("2026-01-02 03:04:05.067".into())
+        );
+        let dt0 = col(ColumnType::MYSQL_TYPE_DATETIME);
+        assert_eq!(
+            to_field(Value::Date(2026, 1, 2, 0, 0, 0, 0), &dt0, options).unwrap(),
+            Field::StringValue("2026-01-02 00:00:00".into())
+        );
+        let date = col(ColumnType::MYSQL_TYPE_DATE);
+        assert_eq!(
+            to_field(Value::Date(2026, 1, 2, 0, 0, 0, 0), &date, options).unwrap(),
+            Field::StringValue("2026-01-02".into())
+        );
+        let time = col(ColumnType::MYSQL_TYPE_TIME);
+        assert_eq!(
+            to_field(Value::Time(true, 1, 2, 3, 4, 0), &time, options).unwrap(),
+            Field::StringValue("-26:03:04".into())
+        );
+
+        let bit1 = col(ColumnType::MYSQL_TYPE_BIT).with_column_length(1);
+        assert_eq!(
+            to_field(Value::Bytes(vec![1]), &bit1, options).unwrap(),
+            Field::BooleanValue(true)
+        );
+        let bit16 = col(ColumnType::MYSQL_TYPE_BIT).with_column_length(16);
+        assert_eq!(
+            to_field(Value::Bytes(vec![1, 2]), &bit16, options).unwrap(),
+            Field::LongValue(258)
+        );
+
+        let text = text_col(ColumnType::MYSQL_TYPE_BLOB);
+        assert_eq!(
+            to_field(Value::Bytes(b"hi".to_vec()), &text, options).unwrap(),
+            Field::StringValue("hi".into())
+        );
+        let blob = col(ColumnType::MYSQL_TYPE_BLOB);
+        assert_eq!(
+            to_field(Value::Bytes(vec![0, 1]), &blob, options).unwrap(),
+            Field::BlobValue(vec![0, 1])
+        );
+        assert_eq!(
+            to_field(Value::NULL, &text, options).unwrap(),
+            Field::IsNull(true)
+        );
+    }
+
+    #[test]
+    fn metadata_of_common_columns() {
+        let varchar = text_col(ColumnType::MYSQL_TYPE_VAR_STRING)
+            .with_column_length(256)
+            .with_flags(ColumnFlags::NOT_NULL_FLAG)
+            .with_org_name(b"user_id")
+            .with_org_table(b"orders");
+        let meta = column_metadata(&varchar);
+        assert_eq!(meta.type_name, "VARCHAR");
+        assert_eq!(meta.jdbc_type, 12);
+        assert_eq!(meta.precision, 64);
+        assert_eq!(meta.nullable, 0);
+        assert_eq!(meta.name, "user_id");
+        assert_eq!(meta.table_name, "orders");
+        assert!(!meta.is_signed);
+
+        let id = col(ColumnType::MYSQL_TYPE_LONGLONG)
+            .with_column_length(20)
+            .with_flags(ColumnFlags::UNSIGNED_FLAG | ColumnFlags::AUTO_INCREMENT_FLAG);
+        let meta = column_metadata(&id);
+        assert_eq!(meta.type_name, "BIGINT UNSIGNED");
+        assert_eq!(meta.jdbc_type, -5);
+        assert!(meta.is_auto_increment);
+        assert!(!meta.is_signed);
+
+        let decimal = col(ColumnType::MYSQL_TYPE_NEWDECIMAL)
+            .with_column_length(12)
+            .with_decimals(2);
+        let meta = column_metadata(&decimal);
+        assert_eq!((meta.precision, meta.scale, meta.jdbc_type), (10, 2, 3));
+        assert!(meta.is_signed);
+    }
+}
