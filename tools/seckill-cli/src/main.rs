@@ -2,7 +2,10 @@
 //!
 //! - `seckill migrate`: applies `migrations/` through the RDS Data API, locally (against
 //!   `tools/data-api-local`) and in AWS (against the Aurora cluster) alike;
-//! - `seckill token`: mints an HS256 token with the local dev secret.
+//! - `seckill token`: mints an HS256 token with the local dev secret;
+//! - `seckill demo`: runs a small sale over HTTP against the local stack.
+
+mod demo;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -24,6 +27,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a small flash sale end to end over the HTTP API and check the invariants.
+    Demo(demo::DemoArgs),
     /// Apply pending migrations through the Data API (reads DB_CLUSTER_ARN, DB_SECRET_ARN,
     /// DB_NAME, optional DATA_API_URL, and the standard AWS credentials and region).
     Migrate {
@@ -51,6 +56,7 @@ enum Command {
 async fn main() -> anyhow::Result<()> {
     seckill_shared::telemetry::init();
     match Cli::parse().command {
+        Command::Demo(args) => demo::run(args).await?,
         Command::Migrate { database } => {
             let mut env = EnvReader::from_env();
             let mut cfg = DataApiConfig::read(&mut env);

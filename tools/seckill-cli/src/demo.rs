@@ -1,0 +1,239 @@
+//! `seckill demo`: a small flash sale over the real HTTP API, end to end.
+//!
+//! Creates a voucher, lets many buyers (some pressing twice) race for it through the
+//! function URL, runs the drainer through its invoke URL until the orders are in the
+//! database, then checks the invariants from the outside: no oversell, one order per
+//! buyer, every admitted order confirmed.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail, ensure};
+use futures::StreamExt;
+use indicatif::{ProgressBar, ProgressStyle};
+use reqwest::{Client, StatusCode};
+use seckill_shared::auth;
+use seckill_shared::domain::format_rfc3339_millis;
+use serde_json::{Value, json};
+
+/// What the demo needs to know.
+#[derive(Debug, clap::Args)]
+pub struct DemoArgs {
+    /// Base URL of seckill-http (the stack's SECKILL_HTTP_URL).
+    #[arg(long, env = "SECKILL_HTTP_URL")]
+    url: String,
+    /// The drainer's Lambda invoke URL (the stack's DRAINER_INVOKE_URL).
+    #[arg(long, env = "DRAINER_INVOKE_URL")]
+    drainer_url: String,
+    #[arg(long, env = "SECKILL_DEV_JWT_SECRET", hide_env_values = true)]
+    secret: String,
+    /// Units on sale.
+    #[arg(long, default_value_t = 100)]
+    stock: i64,
+    /// Distinct buyers; each presses "buy" once, every fifth presses twice.
+    #[arg(long, default_value_t = 400)]
+    buyers: usize,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+}
+
+const SCHEDULED_EVENT: &str = r#"{"version":"0","id":"demo","detail-type":"Scheduled Event","source":"aws.events","account":"123456789012","time":"2026-11-22T00:00:00Z","region":"us-east-1","resources":["arn:aws:events:us-east-1:123456789012:rule/seckill-drainer"],"detail":{}}"#;
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    let http = Client::builder().timeout(Duration::from_secs(30)).build()?;
+    let token = |sub: &str, admin: bool| {
+        auth::mint_hs256(
+            args.secret.as_bytes(),
+            sub,
+            admin.then_some(auth::ADMIN_SCOPE),
+            now_ms() / 1000 + 3600,
+        )
+    };
+    let run_id = format!("{:06x}", rand::random::<u32>() & 0xff_ffff);
+
+    // 1. The voucher.
+    let body = json!({
+        "title": format!("Demo sale {run_id}: coffee for 1 cent"),
+        "stock": args.stock,
+        "begins_at": format_rfc3339_millis(now_ms() - 1_000),
+        "ends_at": format_rfc3339_millis(now_ms() + 600_000),
+    });
+    let res = http
+        .post(format!("{}/vouchers", args.url))
+        .bearer_auth(token("demo-admin", true))
+        .json(&body)
+        .send()
+        .await
+        .with_context(|| {
+            format!(
+                "seckill-http is not answering at {}; is the stack up (scripts/stack.sh up)?",
+                args.url
+            )
+        })?;
+    let status = res.status();
+    let voucher: Value = res.json().await?;
+    ensure!(
+        status == StatusCode::CREATED,
+        "creating the voucher failed: {status} {voucher}"
+    );
+    let id = voucher["id"].as_str().context("voucher id")?.to_string();
+    println!("created voucher {id}: {} units, on sale now", args.stock);
+
+    // 2. The rush: every buyer once, every fifth twice, in shuffled order.
+    let mut attempts: Vec<String> = (0..args.buyers)
+        .map(|i| format!("demo-{run_id}-user-{i}"))
+        .collect();
+    attempts.extend(
+        (0..args.buyers)
+            .step_by(5)
+            .map(|i| format!("demo-{run_id}-user-{i}")),
+    );
+    let n = attempts.len() as u64;
+    for i in (1..attempts.len()).rev() {
+        attempts.swap(i, rand::random_range(0..=i));
+    }
+    let bar = ProgressBar::new(n).with_style(
+        ProgressStyle::with_template(
+            "{spinner} rush {bar:40} {pos}/{len} attempts {per_sec} [{elapsed}]",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let started = Instant::now();
+    let buy_url = Arc::new(format!("{}/vouchers/{id}/seckill", args.url));
+    let results: Vec<(String, StatusCode, Value)> = futures::stream::iter(attempts)
+        .map(|user| {
+            let (http, url, bar, t) = (
+                http.clone(),
+                buy_url.clone(),
+                bar.clone(),
+                token(&user, false),
+            );
+            async move {
+                let out = match http.post(url.as_str()).bearer_auth(t).send().await {
+                    Ok(res) => {
+                        let status = res.status();
+                        (
+                            user,
+                            status,
+                            res.json::<Value>().await.unwrap_or(Value::Null),
+                        )
+                    }
+                    Err(e) => (
+                        user,
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        json!({ "code": format!("transport: {e}") }),
+                    ),
+                };
+                bar.inc(1);
+                out
+            }
+        })
+        .buffer_unordered(args.concurrency.max(1))
+        .collect()
+        .await;
+    bar.finish_and_clear();
+    let rush = started.elapsed();
+
+    let mut by_code: BTreeMap<String, usize> = BTreeMap::new();
+    let mut admitted: Vec<(String, String)> = Vec::new();
+    for (user, status, body) in &results {
+        if *status == StatusCode::ACCEPTED {
+            *by_code.entry("admitted".into()).or_default() += 1;
+            admitted.push((
+                user.clone(),
+                body["order_id"].as_str().unwrap_or_default().to_string(),
+            ));
+        } else {
+            *by_code
+                .entry(body["code"].as_str().unwrap_or("?").to_string())
+                .or_default() += 1;
+        }
+    }
+    println!(
+        "{n} attempts by {} buyers in {:.2?} ({:.0}/s):",
+        args.buyers,
+        rush,
+        n as f64 / rush.as_secs_f64()
+    );
+    for (code, count) in &by_code {
+        println!("  {code:<18} {count}");
+    }
+
+    // 3. Drain: invoke the drainer as the schedule would, until every order is in the database.
+    let bar = ProgressBar::new(admitted.len() as u64).with_style(
+        ProgressStyle::with_template(
+            "{spinner} drain {bar:40} {pos}/{len} orders confirmed [{elapsed}]",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut statuses: BTreeMap<String, usize> = BTreeMap::new();
+    let summary = loop {
+        let res = http
+            .post(&args.drainer_url)
+            .header("content-type", "application/json")
+            .body(SCHEDULED_EVENT)
+            .send()
+            .await
+            .with_context(|| format!("order-drainer is not answering at {}", args.drainer_url))?;
+        let summary: Value = res.json().await.unwrap_or(Value::Null);
+        statuses.clear();
+        for (user, order) in &admitted {
+            let res = http
+                .get(format!("{}/orders/{order}", args.url))
+                .bearer_auth(token(user, false))
+                .send()
+                .await?;
+            let body: Value = res.json().await.unwrap_or(Value::Null);
+            *statuses
+                .entry(body["status"].as_str().unwrap_or("?").to_string())
+                .or_default() += 1;
+        }
+        let pending = statuses.get("pending").copied().unwrap_or(0);
+        bar.set_position((admitted.len() - pending) as u64);
+        if pending == 0 || Instant::now() > deadline {
+            break summary;
+        }
+    };
+    bar.finish_and_clear();
+    println!("drainer's last summary: {summary}");
+    println!("order statuses: {statuses:?}");
+
+    // 4. The invariants, checked from the outside.
+    let res = http
+        .get(format!("{}/vouchers/{id}", args.url))
+        .send()
+        .await?;
+    let v: Value = res.json().await?;
+    let unique: HashSet<&String> = admitted.iter().map(|(u, _)| u).collect();
+    let expected = (args.stock as usize).min(args.buyers);
+    println!("stock_left in Redis: {}", v["stock_left"]);
+    ensure!(
+        admitted.len() == expected,
+        "admitted {} orders, expected exactly {expected}",
+        admitted.len()
+    );
+    ensure!(unique.len() == admitted.len(), "a buyer was admitted twice");
+    ensure!(
+        v["stock_left"] == json!(args.stock - admitted.len() as i64),
+        "Redis stock does not add up: {v}"
+    );
+    if statuses.get("confirmed").copied().unwrap_or(0) != admitted.len() {
+        bail!("not every admitted order was confirmed: {statuses:?}");
+    }
+    println!(
+        "ok: {} admitted of {} units, nobody twice, every order confirmed in the database",
+        admitted.len(),
+        args.stock
+    );
+    Ok(())
+}
