@@ -115,6 +115,9 @@ pub struct RedisConfig {
     pub cluster: bool,
     /// Connect and response timeout: a slow Redis must turn into a quick 503, not a hang.
     pub timeout: Duration,
+    /// PEM file of the CA that signed the server's certificate, for `rediss://` servers
+    /// with a private CA. Unset: the public web PKI roots (what ElastiCache needs).
+    pub tls_ca_file: Option<String>,
 }
 
 impl RedisConfig {
@@ -123,6 +126,7 @@ impl RedisConfig {
             url: env.required("REDIS_URL"),
             cluster: env.flag_or("REDIS_CLUSTER", false),
             timeout: Duration::from_millis(env.parse_or("REDIS_TIMEOUT_MS", 250)),
+            tls_ca_file: env.optional("REDIS_TLS_CA_FILE"),
         }
     }
 }

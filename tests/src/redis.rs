@@ -15,6 +15,7 @@ pub struct RedisServer {
     child: Child,
     dir: PathBuf,
     pub port: u16,
+    tls: bool,
 }
 
 impl RedisServer {
@@ -23,20 +24,22 @@ impl RedisServer {
     /// # Panics
     /// When `redis-server` is not installed or does not come up within 10 s.
     pub fn start() -> RedisServer {
+        RedisServer::launch(false)
+    }
+
+    /// Starts a server that only speaks TLS (`rediss://`, like ElastiCache Serverless),
+    /// with a certificate for 127.0.0.1 signed by a throwaway CA ([`Self::ca_file`]).
+    /// Needs the `openssl` command.
+    pub fn start_tls() -> RedisServer {
+        RedisServer::launch(true)
+    }
+
+    fn launch(tls: bool) -> RedisServer {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("seckill-redis-{port}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args([
                 "--cluster-enabled",
                 "yes",
@@ -44,12 +47,38 @@ impl RedisServer {
                 "nodes.conf",
             ])
             .arg("--dir")
-            .arg(&dir)
+            .arg(&dir);
+        if tls {
+            make_certificates(&dir);
+            cmd.args([
+                "--port",
+                "0",
+                "--tls-port",
+                &port.to_string(),
+                "--tls-cluster",
+                "yes",
+            ])
+            .args(["--tls-auth-clients", "no"])
+            .arg("--tls-cert-file")
+            .arg(dir.join("server.crt"))
+            .arg("--tls-key-file")
+            .arg(dir.join("server.key"))
+            .arg("--tls-ca-cert-file")
+            .arg(dir.join("ca.crt"));
+        } else {
+            cmd.args(["--port", &port.to_string()]);
+        }
+        let child = cmd
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server is not installed: run scripts/setup.sh");
-        let server = RedisServer { child, dir, port };
+        let server = RedisServer {
+            child,
+            dir,
+            port,
+            tls,
+        };
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut slots_added = false;
         loop {
@@ -57,7 +86,20 @@ impl RedisServer {
                 Instant::now() < deadline,
                 "redis-server on port {port} did not come up"
             );
-            if let Ok(client) = redis::Client::open(server.url())
+            let client = if tls {
+                seckill_shared::adapters::redis::install_crypto_provider();
+                let ca = std::fs::read(server.ca_file()).ok();
+                redis::Client::build_with_tls(
+                    server.url(),
+                    redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: ca,
+                    },
+                )
+            } else {
+                redis::Client::open(server.url())
+            };
+            if let Ok(client) = client
                 && let Ok(mut con) = client.get_connection()
             {
                 if !slots_added {
@@ -81,7 +123,13 @@ impl RedisServer {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    /// The CA certificate of a TLS server.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.join("ca.crt")
     }
 
     pub fn config(&self) -> RedisConfig {
@@ -89,6 +137,7 @@ impl RedisServer {
             url: self.url(),
             cluster: true,
             timeout: Duration::from_secs(2),
+            tls_ca_file: self.tls.then(|| self.ca_file().display().to_string()),
         }
     }
 
@@ -106,6 +155,70 @@ impl Drop for RedisServer {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A throwaway CA and a server certificate for 127.0.0.1, in `dir`.
+fn make_certificates(dir: &std::path::Path) {
+    let run = |args: &[&str]| {
+        let ok = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("the openssl command is needed for TLS tests")
+            .success();
+        assert!(ok, "openssl {args:?} failed");
+    };
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .expect("write ext.cnf");
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=seckill-test-ca",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
 }
 
 /// A port nobody listens on right now.

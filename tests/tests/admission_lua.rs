@@ -300,3 +300,36 @@ proptest! {
         });
     }
 }
+
+/// The production shape of the connection: TLS (`rediss://`) to a cluster, as on
+/// ElastiCache Serverless. Also proves the TLS crypto provider is set up, which rustls
+/// would otherwise refuse to choose in a build that links two.
+#[tokio::test]
+async fn admission_over_tls_to_a_cluster() {
+    let redis = RedisServer::start_tls();
+    assert!(redis.url().starts_with("rediss://"));
+    let sales = RedisSales::new(redis.connect().await);
+    let v = voucher(31, 1);
+    sales.preload(&v).await.unwrap();
+    let id = OrderIds::default()
+        .next(&sales, v.id, DURING)
+        .await
+        .unwrap();
+    let reply = sales.admit(v.id, &user("tls"), id, DURING).await.unwrap();
+    assert_eq!(
+        reply.admission,
+        Admission::Admitted {
+            order_id: id,
+            stock_after: 0
+        }
+    );
+
+    // The same server without the CA: the certificate is refused, quickly.
+    let mut cfg = redis.config();
+    cfg.tls_ca_file = None;
+    assert!(
+        seckill_shared::adapters::redis::RedisConn::connect(&cfg)
+            .await
+            .is_err()
+    );
+}

@@ -37,15 +37,33 @@ impl RedisConn {
     /// Connects with bounded connect and response timeouts, so an unreachable Redis turns
     /// into an error within `cfg.timeout` rather than a hung request.
     pub async fn connect(cfg: &RedisConfig) -> Result<RedisConn, StoreError> {
+        install_crypto_provider();
+        let certs = match &cfg.tls_ca_file {
+            Some(path) => Some(redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(std::fs::read(path).map_err(|e| StoreError::Unavailable {
+                    backend: "redis",
+                    detail: format!("cannot read REDIS_TLS_CA_FILE {path}: {e}"),
+                })?),
+            }),
+            None => None,
+        };
         if cfg.cluster {
-            let client = redis::cluster::ClusterClientBuilder::new(vec![cfg.url.as_str()])
+            let mut builder = redis::cluster::ClusterClientBuilder::new(vec![cfg.url.as_str()])
                 .connection_timeout(cfg.timeout)
                 .response_timeout(cfg.timeout)
-                .retries(2)
-                .build()?;
-            Ok(RedisConn::Cluster(client.get_async_connection().await?))
+                .retries(2);
+            if let Some(certs) = certs {
+                builder = builder.certs(certs);
+            }
+            Ok(RedisConn::Cluster(
+                builder.build()?.get_async_connection().await?,
+            ))
         } else {
-            let client = redis::Client::open(cfg.url.as_str())?;
+            let client = match certs {
+                Some(certs) => redis::Client::build_with_tls(cfg.url.as_str(), certs)?,
+                None => redis::Client::open(cfg.url.as_str())?,
+            };
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(cfg.timeout))
                 .set_response_timeout(Some(cfg.timeout))
@@ -55,6 +73,14 @@ impl RedisConn {
             ))
         }
     }
+}
+
+/// Makes aws-lc-rs the process's TLS crypto provider. rustls refuses to pick one itself
+/// when a build links two (the AWS SDK brings aws-lc-rs, other crates ring), and
+/// redis-rs would then panic on the first `rediss://` connection.
+pub fn install_crypto_provider() {
+    // Err only means a provider is already installed, which is what we want.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
 }
 
 impl ConnectionLike for RedisConn {
