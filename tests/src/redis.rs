@@ -34,7 +34,20 @@ impl RedisServer {
         RedisServer::launch(true)
     }
 
+    /// Picking a free port and binding it are two steps, so another test may take the
+    /// port in between: then our server exits, or a probe would reach the other test's
+    /// server. Each attempt checks that the server answering is our own process, and a
+    /// lost race is simply tried again on another port.
     fn launch(tls: bool) -> RedisServer {
+        for _ in 0..20 {
+            if let Some(server) = RedisServer::try_launch(tls) {
+                return server;
+            }
+        }
+        panic!("could not start a private redis-server after 20 attempts");
+    }
+
+    fn try_launch(tls: bool) -> Option<RedisServer> {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("seckill-redis-{port}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
@@ -73,12 +86,13 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server is not installed: run scripts/setup.sh");
-        let server = RedisServer {
+        let mut server = RedisServer {
             child,
             dir,
             port,
             tls,
         };
+        let pid = server.child.id();
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut slots_added = false;
         loop {
@@ -86,6 +100,9 @@ impl RedisServer {
                 Instant::now() < deadline,
                 "redis-server on port {port} did not come up"
             );
+            if let Ok(Some(_)) = server.child.try_wait() {
+                return None; // lost the port to someone else; Drop cleans up
+            }
             let client = if tls {
                 seckill_shared::adapters::redis::install_crypto_provider();
                 let ca = std::fs::read(server.ca_file()).ok();
@@ -102,6 +119,18 @@ impl RedisServer {
             if let Ok(client) = client
                 && let Ok(mut con) = client.get_connection()
             {
+                let info: String = redis::cmd("INFO")
+                    .arg("server")
+                    .query(&mut con)
+                    .unwrap_or_default();
+                if !info.contains(&format!("process_id:{pid}\r")) {
+                    // Someone else's server on this port.
+                    if info.contains("process_id:") {
+                        return None;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
                 if !slots_added {
                     slots_added = redis::cmd("CLUSTER")
                         .arg("ADDSLOTSRANGE")
@@ -115,7 +144,7 @@ impl RedisServer {
                     .query(&mut con)
                     .unwrap_or_default();
                 if info.contains("cluster_state:ok") {
-                    return server;
+                    return Some(server);
                 }
             }
             std::thread::sleep(Duration::from_millis(20));

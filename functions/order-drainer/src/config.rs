@@ -1,0 +1,259 @@
+//! Configuration of order-drainer, read once per cold start (`docs/design.md` lists the
+//! names). Every problem is reported at once.
+
+use std::time::Duration;
+
+use seckill_shared::config::{ConfigError, DataApiConfig, EnvReader, RedisConfig};
+use seckill_shared::domain::VoucherId;
+
+/// Defaults, chosen for a 60 s function timeout on a one-minute schedule.
+pub mod defaults {
+    /// XREADGROUP COUNT: one Data API transaction per this many orders.
+    pub const BATCH_SIZE: usize = 500;
+    /// XAUTOCLAIM min-idle-time: above the function timeout (60 s), so a live drainer's
+    /// entries are never taken from it mid-batch.
+    pub const MIN_IDLE_MS: u64 = 120_000;
+    /// Deliveries after which an entry is dead-lettered.
+    pub const MAX_DELIVERIES: u64 = 5;
+    /// Stop starting work this long before the Lambda deadline.
+    pub const SAFETY_MARGIN_MS: u64 = 5_000;
+    /// The longest one invocation drains (50 s of a one-minute schedule period).
+    pub const MAX_RUN_MS: u64 = 50_000;
+    /// Pause between polls when every stream is empty.
+    pub const IDLE_POLL_MS: u64 = 200;
+}
+
+/// The largest accepted batch: one batch is one Data API transaction (chunked statements).
+pub const MAX_BATCH_SIZE: usize = 10_000;
+
+/// Every environment variable [`Config::read`] reads (its own and those of
+/// [`RedisConfig`] and [`DataApiConfig`]). The SAM template may set only these (and
+/// `RUST_LOG`, read by the logging setup); `tests/tests/template.rs` checks that, and the
+/// `env_vars` test below keeps this list equal to what `read` really reads.
+pub const ENV_VARS: &[&str] = &[
+    "REDIS_URL",
+    "REDIS_CLUSTER",
+    "REDIS_TIMEOUT_MS",
+    "REDIS_TLS_CA_FILE",
+    "DB_CLUSTER_ARN",
+    "DB_SECRET_ARN",
+    "DB_NAME",
+    "DATA_API_URL",
+    "DATA_API_TIMEOUT_MS",
+    "DRAINER_BATCH_SIZE",
+    "DRAINER_MIN_IDLE_MS",
+    "DRAINER_MAX_DELIVERIES",
+    "DRAINER_SAFETY_MARGIN_MS",
+    "DRAINER_MAX_RUN_MS",
+    "DRAINER_IDLE_POLL_MS",
+    "DRAINER_VOUCHERS",
+];
+
+/// Everything the function needs from its environment.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub redis: RedisConfig,
+    pub data_api: DataApiConfig,
+    /// `DRAINER_BATCH_SIZE`: entries per XREADGROUP / XAUTOCLAIM page and per
+    /// transaction.
+    pub batch_size: usize,
+    /// `DRAINER_MIN_IDLE_MS`: how long an entry stays pending before another invocation
+    /// claims it. Must exceed the function timeout.
+    pub min_idle: Duration,
+    /// `DRAINER_MAX_DELIVERIES`: an entry delivered more often is dead-lettered.
+    pub max_deliveries: u64,
+    /// `DRAINER_SAFETY_MARGIN_MS`: no new batch starts closer than this to the deadline.
+    pub safety_margin: Duration,
+    /// `DRAINER_MAX_RUN_MS`: the longest one invocation keeps draining.
+    pub max_run: Duration,
+    /// `DRAINER_IDLE_POLL_MS`: pause between polls when every stream is empty.
+    pub idle_poll: Duration,
+    /// `DRAINER_VOUCHERS` (optional, comma-separated ids): drain only these vouchers
+    /// instead of the active set (operators draining one sale; test isolation).
+    pub vouchers: Option<Vec<VoucherId>>,
+}
+
+impl Config {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Config::read(EnvReader::from_env())
+    }
+
+    pub fn read(mut env: EnvReader) -> Result<Config, ConfigError> {
+        let redis = RedisConfig::read(&mut env);
+        let data_api = DataApiConfig::read(&mut env);
+        let batch_size = env.parse_or("DRAINER_BATCH_SIZE", defaults::BATCH_SIZE);
+        if !(1..=MAX_BATCH_SIZE).contains(&batch_size) {
+            env.problem(format!(
+                "DRAINER_BATCH_SIZE must be between 1 and {MAX_BATCH_SIZE}"
+            ));
+        }
+        let min_idle_ms = env.parse_or("DRAINER_MIN_IDLE_MS", defaults::MIN_IDLE_MS);
+        if min_idle_ms == 0 {
+            env.problem("DRAINER_MIN_IDLE_MS must be positive");
+        }
+        let max_deliveries = env.parse_or("DRAINER_MAX_DELIVERIES", defaults::MAX_DELIVERIES);
+        if max_deliveries == 0 {
+            env.problem("DRAINER_MAX_DELIVERIES must be at least 1");
+        }
+        let safety_margin = env.parse_or("DRAINER_SAFETY_MARGIN_MS", defaults::SAFETY_MARGIN_MS);
+        let max_run = env.parse_or("DRAINER_MAX_RUN_MS", defaults::MAX_RUN_MS);
+        let idle_poll = env.parse_or("DRAINER_IDLE_POLL_MS", defaults::IDLE_POLL_MS);
+        let vouchers = env.optional("DRAINER_VOUCHERS").map(|list| {
+            let mut ids = Vec::new();
+            for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+                match part.parse::<VoucherId>() {
+                    Ok(id) => ids.push(id),
+                    Err(_) => env.problem(format!("DRAINER_VOUCHERS has a bad id {part:?}")),
+                }
+            }
+            ids
+        });
+        let cfg = Config {
+            redis,
+            data_api,
+            batch_size,
+            min_idle: Duration::from_millis(min_idle_ms),
+            max_deliveries,
+            safety_margin: Duration::from_millis(safety_margin),
+            max_run: Duration::from_millis(max_run),
+            idle_poll: Duration::from_millis(idle_poll),
+            vouchers,
+        };
+        env.finish()?;
+        if cfg.min_idle <= cfg.max_run {
+            // Not fatal (tests shorten it on purpose; a batch taken over is deduplicated
+            // by the database), but in production it means wasted double work.
+            tracing::warn!(
+                min_idle_ms,
+                max_run_ms = max_run,
+                "DRAINER_MIN_IDLE_MS does not exceed DRAINER_MAX_RUN_MS: live batches may be claimed by another invocation"
+            );
+        }
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reader(pairs: &[(&str, &str)]) -> EnvReader {
+        let mut base: std::collections::HashMap<String, String> = [
+            ("REDIS_URL", "redis://x"),
+            ("DB_CLUSTER_ARN", "a"),
+            ("DB_SECRET_ARN", "s"),
+            ("DB_NAME", "d"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        for (k, v) in pairs {
+            base.insert(k.to_string(), v.to_string());
+        }
+        EnvReader::from_map(base)
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let c = Config::read(reader(&[])).unwrap();
+        assert_eq!(c.batch_size, 500);
+        assert_eq!(c.min_idle, Duration::from_secs(120));
+        assert_eq!(c.max_deliveries, 5);
+        assert_eq!(c.safety_margin, Duration::from_secs(5));
+        assert_eq!(c.max_run, Duration::from_secs(50));
+        assert_eq!(c.idle_poll, Duration::from_millis(200));
+        assert_eq!(c.vouchers, None);
+    }
+
+    #[test]
+    fn every_bad_value_is_reported_together() {
+        let err = Config::read(reader(&[
+            ("DRAINER_BATCH_SIZE", "0"),
+            ("DRAINER_MIN_IDLE_MS", "soon"),
+            ("DRAINER_MAX_DELIVERIES", "0"),
+            ("DRAINER_VOUCHERS", "1, x ,3"),
+        ]))
+        .unwrap_err();
+        assert_eq!(err.problems.len(), 4, "{err}");
+    }
+
+    #[test]
+    fn voucher_lists_parse() {
+        let c = Config::read(reader(&[("DRAINER_VOUCHERS", "7, 9")])).unwrap();
+        let ids: Vec<i64> = c.vouchers.unwrap().iter().map(|v| v.get()).collect();
+        assert_eq!(ids, vec![7, 9]);
+    }
+}
+
+/// Keeps [`ENV_VARS`] equal to what [`Config::read`] reads.
+#[cfg(test)]
+mod env_vars {
+    use std::collections::{BTreeSet, HashMap};
+
+    use super::*;
+
+    fn read(vars: &HashMap<String, String>) -> String {
+        format!("{:?}", Config::read(EnvReader::from_map(vars.clone())))
+    }
+
+    /// The names passed to `EnvReader` calls in the non-test part of `src`, or of one
+    /// `impl <Type> { ... }` block of it.
+    fn names_read(src: &str, impl_block: Option<&str>) -> BTreeSet<String> {
+        let mut src = src.split("#[cfg(test)]").next().unwrap_or_default();
+        if let Some(ty) = impl_block {
+            let start = src
+                .find(&format!("impl {ty} {{"))
+                .unwrap_or_else(|| panic!("no `impl {ty}` block"));
+            src = &src[start..];
+            src = &src[..src.find("\n}\n").unwrap_or(src.len())];
+        }
+        let mut names = BTreeSet::new();
+        for call in ["required(\"", "optional(\"", "parse_or(\"", "flag_or(\""] {
+            for (i, _) in src.match_indices(call) {
+                let rest = &src[i + call.len()..];
+                names.insert(rest[..rest.find('"').unwrap()].to_string());
+            }
+        }
+        names
+    }
+
+    #[test]
+    fn env_vars_lists_exactly_what_read_reads() {
+        // Statically: the names in the reading code.
+        let mut read_in_source = names_read(include_str!("config.rs"), None);
+        let shared = include_str!("../../../shared/src/config.rs");
+        read_in_source.extend(names_read(shared, Some("RedisConfig")));
+        read_in_source.extend(names_read(shared, Some("DataApiConfig")));
+        let listed: BTreeSet<String> = ENV_VARS.iter().map(|s| s.to_string()).collect();
+        assert_eq!(
+            listed, read_in_source,
+            "ENV_VARS differs from the names Config::read reads"
+        );
+        assert_eq!(listed.len(), ENV_VARS.len(), "ENV_VARS has duplicates");
+
+        // Dynamically: changing any listed variable changes the outcome of `read`.
+        let base: HashMap<String, String> = [
+            ("REDIS_URL", "redis://127.0.0.1:6379"),
+            (
+                "DB_CLUSTER_ARN",
+                "arn:aws:rds:us-east-1:000000000000:cluster:c",
+            ),
+            (
+                "DB_SECRET_ARN",
+                "arn:aws:secretsmanager:us-east-1:000000000000:secret:s",
+            ),
+            ("DB_NAME", "seckill"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let baseline = read(&base);
+        assert!(baseline.starts_with("Ok("), "{baseline}");
+        for name in ENV_VARS {
+            let mut changed = base.clone();
+            changed.insert(name.to_string(), "changed-value".to_string());
+            assert_ne!(read(&changed), baseline, "{name} is listed but never read");
+        }
+    }
+}

@@ -1,0 +1,308 @@
+//! The order ledger: the statements the order drainer runs against the database, through
+//! the RDS Data API, inside one transaction per batch.
+//!
+//! The transaction ([`LedgerTx`]) is a sequence the drainer drives step by step (so it
+//! can decide between steps and crash tests can cut between them):
+//! [`lock_voucher`](LedgerTx::lock_voucher) (`SELECT ... FOR UPDATE`, which serialises
+//! concurrent drainers of one voucher), [`existing_orders`](LedgerTx::existing_orders),
+//! [`insert_orders`](LedgerTx::insert_orders), [`take_stock`](LedgerTx::take_stock),
+//! [`commit`](LedgerTx::commit).
+//!
+//! Invariants kept here:
+//! - counts are exact: inserts are multi-row `INSERT IGNORE` through ExecuteStatement,
+//!   whose `numberOfRecordsUpdated` is the number of rows inserted (BatchExecuteStatement
+//!   reports no counts);
+//! - the stock decrement is guarded (`stock_left >= n`) and reports whether it applied;
+//! - every statement stays under the Data API limits (SQL ≤ 65,536 characters, request
+//!   ≤ 4 MiB, response ≤ 1 MiB): lists are chunked at [`MAX_ROWS_PER_STATEMENT`];
+//! - every value is a named parameter, never spliced into SQL.
+
+use aws_sdk_rdsdata::types::SqlParameter;
+
+use super::data_api::{DataApi, field, param};
+use crate::domain::{OrderId, OrderStatus, UnixMillis, UserId, VoucherId};
+use crate::error::StoreError;
+
+/// Rows (or ids) per statement. At most ~45 characters of SQL and ~400 bytes of request
+/// per row, so 1,000 rows stay far below 65,536 characters and 4 MiB; a lookup returns at
+/// most 2,000 short rows, far below 1 MiB.
+pub const MAX_ROWS_PER_STATEMENT: usize = 1_000;
+
+/// The longest `reason` the `orders` table holds.
+pub const MAX_REASON_CHARS: usize = 64;
+
+/// An order admitted by Redis, parsed from its stream entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdmittedOrder {
+    pub id: OrderId,
+    pub voucher: VoucherId,
+    pub user: UserId,
+    pub admitted_ms: UnixMillis,
+}
+
+/// An order row that already exists and collides with an order of the batch, by id or
+/// by (voucher, user).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExistingOrder {
+    pub id: OrderId,
+    pub voucher: VoucherId,
+    pub user: String,
+}
+
+/// The ledger of orders, over one Data API client.
+#[derive(Clone, Debug)]
+pub struct Ledger {
+    api: DataApi,
+}
+
+impl Ledger {
+    pub fn new(api: DataApi) -> Ledger {
+        Ledger { api }
+    }
+
+    pub fn api(&self) -> &DataApi {
+        &self.api
+    }
+
+    /// Begins a batch transaction. The caller must [`commit`](LedgerTx::commit) or
+    /// [`rollback`](LedgerTx::rollback) it (the server rolls back an abandoned one after
+    /// 3 idle minutes, holding its locks until then).
+    pub async fn begin(&self) -> Result<LedgerTx<'_>, StoreError> {
+        let id = self.api.begin().await?;
+        Ok(LedgerTx { api: &self.api, id })
+    }
+
+    /// Records orders as `rejected` with `reason`, outside any batch transaction and
+    /// idempotently (`INSERT IGNORE`: an order already in the database, confirmed or not,
+    /// is left as it is). Returns the rows inserted.
+    pub async fn record_rejected(
+        &self,
+        orders: &[AdmittedOrder],
+        reason: &str,
+    ) -> Result<u64, StoreError> {
+        let mut inserted = 0;
+        for chunk in orders.chunks(MAX_ROWS_PER_STATEMENT) {
+            inserted +=
+                insert_chunk(&self.api, None, chunk, OrderStatus::Rejected, Some(reason)).await?;
+        }
+        Ok(inserted)
+    }
+}
+
+/// One open batch transaction.
+#[derive(Debug)]
+pub struct LedgerTx<'a> {
+    api: &'a DataApi,
+    id: String,
+}
+
+impl LedgerTx<'_> {
+    /// The Data API transaction id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Locks the voucher row and reads its database stock; `None` when the voucher does
+    /// not exist. Holding this lock until commit makes batches of one voucher serial.
+    pub async fn lock_voucher(&self, voucher: VoucherId) -> Result<Option<i64>, StoreError> {
+        let out = self
+            .api
+            .execute(
+                "SELECT stock_left FROM vouchers WHERE id = :v FOR UPDATE",
+                vec![param::long("v", voucher.get())],
+                Some(&self.id),
+            )
+            .await?;
+        match out.records().first().map(|r| r.as_slice()) {
+            None => Ok(None),
+            Some([left]) => field::long(left).map(Some).ok_or_else(|| {
+                StoreError::Corrupt(format!("stock_left of voucher {voucher} is not a number"))
+            }),
+            Some(_) => Err(StoreError::Corrupt(
+                "SELECT stock_left returned an unexpected shape".into(),
+            )),
+        }
+    }
+
+    /// The existing orders that collide with `orders`: same id, or same buyer of
+    /// `voucher`.
+    pub async fn existing_orders(
+        &self,
+        voucher: VoucherId,
+        orders: &[AdmittedOrder],
+    ) -> Result<Vec<ExistingOrder>, StoreError> {
+        let mut found = Vec::new();
+        for chunk in orders.chunks(MAX_ROWS_PER_STATEMENT) {
+            let (sql, params) = existing_query(voucher, chunk);
+            let out = self.api.execute(&sql, params, Some(&self.id)).await?;
+            for row in out.records() {
+                let bad = || StoreError::Corrupt("orders lookup returned an unexpected row".into());
+                let [id, v, user] = row.as_slice() else {
+                    return Err(bad());
+                };
+                found.push(ExistingOrder {
+                    id: field::long(id).and_then(OrderId::new).ok_or_else(bad)?,
+                    voucher: field::long(v).and_then(VoucherId::new).ok_or_else(bad)?,
+                    user: field::string(user).ok_or_else(bad)?,
+                });
+            }
+        }
+        // A row can match two chunks (by id in one, by buyer in another).
+        found.sort_by_key(|e| e.id);
+        found.dedup_by_key(|e| e.id);
+        Ok(found)
+    }
+
+    /// Inserts `orders` with `status` (and `reason`), `INSERT IGNORE`, in chunks; returns
+    /// the number of rows actually inserted (the caller compares it with what it
+    /// expected: fewer means a concurrent writer got there first).
+    pub async fn insert_orders(
+        &self,
+        orders: &[AdmittedOrder],
+        status: OrderStatus,
+        reason: Option<&str>,
+    ) -> Result<u64, StoreError> {
+        let mut inserted = 0;
+        for chunk in orders.chunks(MAX_ROWS_PER_STATEMENT) {
+            inserted += insert_chunk(self.api, Some(&self.id), chunk, status, reason).await?;
+        }
+        Ok(inserted)
+    }
+
+    /// Takes `n` units of the voucher's database stock if it has them; false when the
+    /// guard refused (the stock moved since [`lock_voucher`](Self::lock_voucher), which
+    /// the lock should make impossible).
+    pub async fn take_stock(&self, voucher: VoucherId, n: i64) -> Result<bool, StoreError> {
+        let out = self
+            .api
+            .execute(
+                "UPDATE vouchers SET stock_left = stock_left - :n WHERE id = :v AND stock_left >= :n",
+                vec![param::long("n", n), param::long("v", voucher.get())],
+                Some(&self.id),
+            )
+            .await?;
+        Ok(out.number_of_records_updated() == 1)
+    }
+
+    pub async fn commit(self) -> Result<(), StoreError> {
+        self.api.commit(&self.id).await
+    }
+
+    /// Rolls back; failures are logged only (the server rolls back on its own).
+    pub async fn rollback(self) {
+        self.api.rollback(&self.id).await
+    }
+}
+
+async fn insert_chunk(
+    api: &DataApi,
+    transaction: Option<&str>,
+    chunk: &[AdmittedOrder],
+    status: OrderStatus,
+    reason: Option<&str>,
+) -> Result<u64, StoreError> {
+    if chunk.is_empty() {
+        return Ok(0);
+    }
+    let (sql, params) = insert_statement(chunk, status, reason);
+    let out = api.execute(&sql, params, transaction).await?;
+    u64::try_from(out.number_of_records_updated()).map_err(|_| {
+        StoreError::Corrupt(format!(
+            "INSERT reported {} rows",
+            out.number_of_records_updated()
+        ))
+    })
+}
+
+/// `INSERT IGNORE INTO orders ... VALUES (...), (...)` for one chunk.
+pub fn insert_statement(
+    chunk: &[AdmittedOrder],
+    status: OrderStatus,
+    reason: Option<&str>,
+) -> (String, Vec<SqlParameter>) {
+    let mut sql = String::with_capacity(100 + chunk.len() * 48);
+    sql.push_str(
+        "INSERT IGNORE INTO orders (id, voucher_id, user_id, status, reason, admitted_at) VALUES ",
+    );
+    let mut params = Vec::with_capacity(2 + chunk.len() * 4);
+    params.push(param::string("s", status.as_str()));
+    params.push(match reason {
+        Some(r) => param::string("r", &truncate_chars(r, MAX_REASON_CHARS)),
+        None => param::null("r"),
+    });
+    for (i, o) in chunk.iter().enumerate() {
+        if i > 0 {
+            sql.push(',');
+        }
+        sql.push_str(&format!("(:i{i},:v{i},:u{i},:s,:r,:a{i})"));
+        params.push(param::long(&format!("i{i}"), o.id.get()));
+        params.push(param::long(&format!("v{i}"), o.voucher.get()));
+        params.push(param::string(&format!("u{i}"), o.user.as_str()));
+        params.push(param::timestamp(&format!("a{i}"), o.admitted_ms));
+    }
+    (sql, params)
+}
+
+/// The lookup of orders colliding with one chunk, by id or by buyer of `voucher`.
+pub fn existing_query(voucher: VoucherId, chunk: &[AdmittedOrder]) -> (String, Vec<SqlParameter>) {
+    let ids: Vec<String> = (0..chunk.len()).map(|i| format!(":i{i}")).collect();
+    let users: Vec<String> = (0..chunk.len()).map(|i| format!(":u{i}")).collect();
+    // A UNION rather than `OR`: each half is a range on its own index (primary key;
+    // unique (voucher, user)) whatever the optimizer thinks of the table's size.
+    let sql = format!(
+        "SELECT id, voucher_id, user_id FROM orders WHERE id IN ({}) \
+         UNION SELECT id, voucher_id, user_id FROM orders WHERE voucher_id = :v AND user_id IN ({})",
+        ids.join(","),
+        users.join(",")
+    );
+    let mut params = Vec::with_capacity(1 + chunk.len() * 2);
+    params.push(param::long("v", voucher.get()));
+    for (i, o) in chunk.iter().enumerate() {
+        params.push(param::long(&format!("i{i}"), o.id.get()));
+        params.push(param::string(&format!("u{i}"), o.user.as_str()));
+    }
+    (sql, params)
+}
+
+fn truncate_chars(s: &str, max: usize) -> String {
+    s.chars().take(max).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn order(i: i64) -> AdmittedOrder {
+        AdmittedOrder {
+            id: OrderId::new(i64::MAX - i).unwrap(),
+            voucher: VoucherId::new(i64::MAX).unwrap(),
+            user: UserId::parse(&"€".repeat(21)).unwrap(),
+            admitted_ms: 1_795_391_999_123,
+        }
+    }
+
+    #[test]
+    fn the_largest_statements_stay_within_the_data_api_limits() {
+        let chunk: Vec<_> = (0..MAX_ROWS_PER_STATEMENT as i64).map(order).collect();
+        let (sql, params) = insert_statement(&chunk, OrderStatus::Rejected, Some("x"));
+        assert!(sql.chars().count() < 65_536, "{} chars", sql.len());
+        assert_eq!(params.len(), 2 + 4 * chunk.len());
+        // A generous estimate of the JSON request: every parameter with its name, value
+        // and type hint.
+        let request: usize = sql.len() + params.len() * 120 + chunk.len() * 63;
+        assert!(request < 4 * 1024 * 1024, "{request} bytes");
+        let (sql, params) = existing_query(chunk[0].voucher, &chunk);
+        assert!(sql.chars().count() < 65_536);
+        assert_eq!(params.len(), 1 + 2 * chunk.len());
+    }
+
+    #[test]
+    fn reasons_are_cut_to_the_column_width() {
+        assert_eq!(
+            truncate_chars(&"é".repeat(70), MAX_REASON_CHARS)
+                .chars()
+                .count(),
+            64
+        );
+    }
+}

@@ -1,0 +1,583 @@
+//! The consumer side of the orders streams: what the order drainer asks of Redis.
+//!
+//! Admission (`lua/admit.lua`) appends one entry per admitted order to
+//! `seckill:{<vid>}:orders`; the drainer reads them through the consumer group
+//! [`keys::DRAIN_GROUP`]. This module keeps the stream invariants the drainer relies on:
+//!
+//! - the group exists before any read ([`OrderStreams::ensure_group`], `BUSYGROUP` is
+//!   fine), so `NOGROUP` never happens;
+//! - an entry leaves the pending list only by [`OrderStreams::ack`] (after its batch is
+//!   committed) or by [`OrderStreams::dead_letter`], which copies it to
+//!   `seckill:{<vid>}:dead` and acks it in one script (`lua/dead_letter.lua`), so an
+//!   entry is never acked without being either in the database or in the dead letters;
+//! - [`OrderStreams::trim`] removes only entries every group has acked and that were
+//!   delivered (`lua/trim.lua`, `XTRIM MINID` below both bounds), never `MAXLEN`;
+//! - every script gets all its keys in `KEYS`, with the voucher's one hash tag.
+//!
+//! Entry fields are kept as raw bytes: a malformed entry must reach the dead-letter stream
+//! exactly as it was written, not as a lossy re-encoding.
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{AsyncCommands, Script, Value};
+
+use super::redis::RedisConn;
+use crate::domain::{UnixMillis, VoucherId};
+use crate::error::StoreError;
+use crate::keys::{self, VoucherKeys};
+
+static DEAD_LETTER: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/dead_letter.lua")));
+static TRIM: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/trim.lua")));
+static REAP_CONSUMERS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/reap_consumers.lua")));
+
+/// Field names of an orders-stream entry (written by `lua/admit.lua`).
+pub mod fields {
+    pub const ORDER_ID: &str = "order_id";
+    pub const VOUCHER_ID: &str = "voucher_id";
+    pub const USER_ID: &str = "user_id";
+    pub const ADMITTED_MS: &str = "admitted_ms";
+    /// Added to a dead letter: the id of the entry in the orders stream.
+    pub const SOURCE_ID: &str = "source_id";
+    /// Added to a dead letter: why it was dead-lettered.
+    pub const REASON: &str = "reason";
+    /// Added to a dead letter: how many times the entry had been delivered.
+    pub const DELIVERIES: &str = "deliveries";
+}
+
+/// One entry of an orders stream as Redis holds it, not yet parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamEntry {
+    /// The stream id (`<ms>-<seq>`).
+    pub id: String,
+    /// Field/value pairs in stream order, as raw bytes.
+    pub fields: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Times delivered to a consumer, this delivery included (1 for a first read;
+    /// from XPENDING for a claimed entry; 0 when Redis no longer reported it).
+    pub deliveries: u64,
+}
+
+impl StreamEntry {
+    /// The value of the first field called `name`.
+    pub fn field(&self, name: &str) -> Option<&[u8]> {
+        self.fields
+            .iter()
+            .find(|(k, _)| k.as_slice() == name.as_bytes())
+            .map(|(_, v)| v.as_slice())
+    }
+}
+
+/// One page of an XAUTOCLAIM scan.
+#[derive(Debug, Clone, Default)]
+pub struct ClaimPage {
+    /// Entries now owned by the claiming consumer, with their delivery counts.
+    pub entries: Vec<StreamEntry>,
+    /// Ids that were pending but no longer exist in the stream: Redis dropped them from
+    /// the pending list itself, there is nothing to process.
+    pub deleted: Vec<String>,
+    /// Where the next page starts; `None` when the scan reached the end (`0-0`).
+    pub next: Option<String>,
+}
+
+/// The state of one voucher's orders stream and its drain group.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StreamStats {
+    /// XLEN.
+    pub length: u64,
+    /// Entries delivered and not yet acked.
+    pub pending: u64,
+    /// Entries not yet delivered to the group: XINFO GROUPS `lag`, or when Redis cannot
+    /// tell (`nil`), 0 if the newest entry was delivered, else the estimate
+    /// `length - pending` (an upper bound).
+    pub undelivered: u64,
+    /// False when `undelivered` is the estimate.
+    pub lag_exact: bool,
+    /// True when the group was delivered the stream's newest entry (or it is empty): no
+    /// entry waits for a first read.
+    pub fully_delivered: bool,
+    /// The group's last-delivered id (`0-0` before the first read).
+    pub last_delivered: String,
+}
+
+/// What [`OrderStreams::trim`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Trimmed {
+    /// Entries removed.
+    pub removed: u64,
+    /// The MINID used, `None` when nothing could be trimmed.
+    pub min_id: Option<String>,
+}
+
+/// The orders streams of all vouchers, seen from the drain group.
+#[derive(Clone)]
+pub struct OrderStreams {
+    conn: RedisConn,
+}
+
+impl OrderStreams {
+    pub fn new(conn: RedisConn) -> OrderStreams {
+        OrderStreams { conn }
+    }
+
+    /// The vouchers the drainer should visit (`SMEMBERS seckill:active`), sorted, and the
+    /// members that are not voucher ids (reported, never fatal).
+    pub async fn active_vouchers(&self) -> Result<(Vec<VoucherId>, Vec<String>), StoreError> {
+        let members: Vec<String> = self.conn.clone().smembers(keys::ACTIVE_VOUCHERS).await?;
+        let mut ids = Vec::with_capacity(members.len());
+        let mut bad = Vec::new();
+        for m in members {
+            match m.parse::<VoucherId>() {
+                Ok(id) => ids.push(id),
+                Err(_) => bad.push(m),
+            }
+        }
+        ids.sort();
+        Ok((ids, bad))
+    }
+
+    /// Removes a voucher from the active set; true when it was there.
+    pub async fn retire(&self, voucher: VoucherId) -> Result<bool, StoreError> {
+        let removed: i64 = self
+            .conn
+            .clone()
+            .srem(keys::ACTIVE_VOUCHERS, voucher.get())
+            .await?;
+        Ok(removed == 1)
+    }
+
+    /// Creates the drain group (and the stream) if missing. Reading from position `0`
+    /// means a group created after admissions began still sees every entry.
+    pub async fn ensure_group(&self, voucher: VoucherId) -> Result<(), StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let created: Result<(), redis::RedisError> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&k.orders)
+            .arg(keys::DRAIN_GROUP)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(&mut self.conn.clone())
+            .await;
+        match created {
+            Ok(()) => Ok(()),
+            Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// One page of `XAUTOCLAIM` from `cursor` (start with `"0-0"`): entries idle for at
+    /// least `min_idle` move to `consumer`, each with its delivery count (which the claim
+    /// itself incremented), read with the extended XPENDING form.
+    pub async fn claim_idle(
+        &self,
+        voucher: VoucherId,
+        consumer: &str,
+        min_idle: Duration,
+        cursor: &str,
+        count: usize,
+    ) -> Result<ClaimPage, StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let mut conn = self.conn.clone();
+        let reply: Value = redis::cmd("XAUTOCLAIM")
+            .arg(&k.orders)
+            .arg(keys::DRAIN_GROUP)
+            .arg(consumer)
+            .arg(min_idle.as_millis() as u64)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(count.max(1))
+            .query_async(&mut conn)
+            .await?;
+        let mut page = parse_autoclaim(reply)?;
+        if let (Some(first), Some(last)) = (page.entries.first(), page.entries.last()) {
+            let counts = self
+                .delivery_counts(voucher, &first.id, &last.id, page.entries.len(), consumer)
+                .await?;
+            for e in &mut page.entries {
+                e.deliveries = counts.get(&e.id).copied().unwrap_or(0);
+            }
+        }
+        Ok(page)
+    }
+
+    /// Delivery counts of the pending entries of `consumer` in `[first, last]`.
+    async fn delivery_counts(
+        &self,
+        voucher: VoucherId,
+        first: &str,
+        last: &str,
+        count: usize,
+        consumer: &str,
+    ) -> Result<HashMap<String, u64>, StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let rows: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+            .arg(&k.orders)
+            .arg(keys::DRAIN_GROUP)
+            .arg(first)
+            .arg(last)
+            .arg(count)
+            .arg(consumer)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, _, _, delivered)| (id, delivered))
+            .collect())
+    }
+
+    /// Up to `count` entries never delivered to the group (`XREADGROUP ... >`), now
+    /// pending for `consumer`. Does not block: the caller decides how long to wait.
+    pub async fn read_new(
+        &self,
+        voucher: VoucherId,
+        consumer: &str,
+        count: usize,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let reply: Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(keys::DRAIN_GROUP)
+            .arg(consumer)
+            .arg("COUNT")
+            .arg(count.max(1))
+            .arg("STREAMS")
+            .arg(&k.orders)
+            .arg(">")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let mut entries = parse_read_reply(reply)?;
+        for e in &mut entries {
+            e.deliveries = 1;
+        }
+        Ok(entries)
+    }
+
+    /// Acknowledges entries; returns how many were still pending.
+    pub async fn ack(&self, voucher: VoucherId, ids: &[&str]) -> Result<u64, StoreError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let k = VoucherKeys::new(voucher);
+        let acked: u64 = self
+            .conn
+            .clone()
+            .xack(&k.orders, keys::DRAIN_GROUP, ids)
+            .await?;
+        Ok(acked)
+    }
+
+    /// Copies `entry` with `reason` to the dead-letter stream and acks it, atomically.
+    /// Returns false when the entry was no longer pending (someone else finished it).
+    pub async fn dead_letter(
+        &self,
+        voucher: VoucherId,
+        entry: &StreamEntry,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let mut call = DEAD_LETTER.key(&k.orders);
+        call.key(&k.dead)
+            .arg(keys::DRAIN_GROUP)
+            .arg(&entry.id)
+            .arg(reason)
+            .arg(entry.deliveries);
+        for (f, v) in &entry.fields {
+            call.arg(f.as_slice()).arg(v.as_slice());
+        }
+        let written: i64 = call.invoke_async(&mut self.conn.clone()).await?;
+        Ok(written == 1)
+    }
+
+    /// Trims the orders stream below every group's oldest pending entry and
+    /// last-delivered id (`lua/trim.lua`).
+    pub async fn trim(&self, voucher: VoucherId) -> Result<Trimmed, StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let (removed, min_id): (u64, String) = TRIM
+            .key(&k.orders)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(Trimmed {
+            removed,
+            min_id: (!min_id.is_empty()).then_some(min_id),
+        })
+    }
+
+    /// Length, pending count and lag of the drain group (`None` when the stream or the
+    /// group does not exist).
+    pub async fn stats(&self, voucher: VoucherId) -> Result<Option<StreamStats>, StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let mut conn = self.conn.clone();
+        let exists: bool = conn.exists(&k.orders).await?;
+        if !exists {
+            return Ok(None);
+        }
+        let groups: redis::streams::StreamInfoGroupsReply = conn.xinfo_groups(&k.orders).await?;
+        let Some(group) = groups
+            .groups
+            .into_iter()
+            .find(|g| g.name == keys::DRAIN_GROUP)
+        else {
+            return Ok(None);
+        };
+        let length: u64 = conn.xlen(&k.orders).await?;
+        let newest: Value = redis::cmd("XREVRANGE")
+            .arg(&k.orders)
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(&mut conn)
+            .await?;
+        let newest = parse_entries(newest)?.into_iter().next().map(|e| e.id);
+        let fully_delivered = match &newest {
+            None => true,
+            Some(id) => !id_less(&group.last_delivered_id, id),
+        };
+        let pending = group.pending as u64;
+        let (undelivered, lag_exact) = match group.lag {
+            Some(lag) => (lag as u64, true),
+            None if fully_delivered => (0, true),
+            None => (length.saturating_sub(pending), false),
+        };
+        Ok(Some(StreamStats {
+            length,
+            pending,
+            undelivered,
+            lag_exact,
+            fully_delivered,
+            last_delivered: group.last_delivered_id,
+        }))
+    }
+
+    /// Deletes drain-group consumers with no pending entries: `consumer` itself, and
+    /// others idle for at least `min_idle` (`lua/reap_consumers.lua`). Returns how many.
+    pub async fn reap_consumers(
+        &self,
+        voucher: VoucherId,
+        consumer: &str,
+        min_idle: Duration,
+    ) -> Result<u64, StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let deleted: u64 = REAP_CONSUMERS
+            .key(&k.orders)
+            .arg(keys::DRAIN_GROUP)
+            .arg(consumer)
+            .arg(min_idle.as_millis() as u64)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(deleted)
+    }
+
+    /// When the voucher's sale ends (`ends_ms` of its sale hash), if Redis has the sale.
+    pub async fn sale_ends_ms(&self, voucher: VoucherId) -> Result<Option<UnixMillis>, StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let ends: Option<String> = self.conn.clone().hget(&k.sale, "ends_ms").await?;
+        Ok(ends.and_then(|s| s.parse().ok()))
+    }
+}
+
+/// Orders stream ids (`<ms>-<seq>`) numerically; ids that do not parse sort first.
+pub fn id_less(a: &str, b: &str) -> bool {
+    fn parts(id: &str) -> (u64, u64) {
+        let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+        (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+    }
+    parts(a) < parts(b)
+}
+
+fn corrupt(what: &str, v: &Value) -> StoreError {
+    StoreError::Corrupt(format!("unexpected {what} reply: {v:?}"))
+}
+
+fn bytes_of(v: Value) -> Option<Vec<u8>> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.into_bytes()),
+        Value::Int(i) => Some(i.to_string().into_bytes()),
+        _ => None,
+    }
+}
+
+fn string_of(v: Value) -> Option<String> {
+    bytes_of(v).and_then(|b| String::from_utf8(b).ok())
+}
+
+/// `[id, [f1, v1, f2, v2, ...]]` → an entry; `None` for an entry whose fields are nil (it
+/// was deleted while pending).
+fn parse_entry(v: Value) -> Result<Option<StreamEntry>, StoreError> {
+    let items = match v {
+        Value::Array(items) => items,
+        Value::Nil => return Ok(None),
+        other => return Err(corrupt("stream entry", &other)),
+    };
+    let [id, body] = <[Value; 2]>::try_from(items)
+        .map_err(|items| corrupt("stream entry", &Value::Array(items)))?;
+    let id = string_of(id.clone()).ok_or_else(|| corrupt("stream entry id", &id))?;
+    let flat = match body {
+        Value::Array(flat) => flat,
+        Value::Nil => return Ok(None),
+        Value::Map(pairs) => pairs.into_iter().flat_map(|(k, v)| [k, v]).collect(),
+        other => return Err(corrupt("stream entry fields", &other)),
+    };
+    if flat.len() % 2 != 0 {
+        return Err(StoreError::Corrupt(format!(
+            "stream entry {id} has an odd number of field items"
+        )));
+    }
+    let mut fields = Vec::with_capacity(flat.len() / 2);
+    let mut it = flat.into_iter();
+    while let (Some(f), Some(v)) = (it.next(), it.next()) {
+        let f = bytes_of(f).ok_or_else(|| StoreError::Corrupt(format!("entry {id}: field")))?;
+        let v = bytes_of(v).ok_or_else(|| StoreError::Corrupt(format!("entry {id}: value")))?;
+        fields.push((f, v));
+    }
+    Ok(Some(StreamEntry {
+        id,
+        fields,
+        deliveries: 0,
+    }))
+}
+
+fn parse_entries(v: Value) -> Result<Vec<StreamEntry>, StoreError> {
+    match v {
+        Value::Array(items) => {
+            let mut out = Vec::with_capacity(items.len());
+            for item in items {
+                if let Some(e) = parse_entry(item)? {
+                    out.push(e);
+                }
+            }
+            Ok(out)
+        }
+        Value::Nil => Ok(Vec::new()),
+        other => Err(corrupt("stream entries", &other)),
+    }
+}
+
+/// XREADGROUP of one stream: nil (nothing new), `[[key, entries]]` (RESP2) or
+/// `{key: entries}` (RESP3).
+fn parse_read_reply(v: Value) -> Result<Vec<StreamEntry>, StoreError> {
+    match v {
+        Value::Nil => Ok(Vec::new()),
+        Value::Array(streams) => {
+            let mut out = Vec::new();
+            for s in streams {
+                match s {
+                    Value::Array(pair) if pair.len() == 2 => {
+                        let mut pair = pair.into_iter();
+                        let _key = pair.next();
+                        if let Some(entries) = pair.next() {
+                            out.extend(parse_entries(entries)?);
+                        }
+                    }
+                    other => return Err(corrupt("XREADGROUP", &other)),
+                }
+            }
+            Ok(out)
+        }
+        Value::Map(streams) => {
+            let mut out = Vec::new();
+            for (_key, entries) in streams {
+                out.extend(parse_entries(entries)?);
+            }
+            Ok(out)
+        }
+        other => Err(corrupt("XREADGROUP", &other)),
+    }
+}
+
+/// XAUTOCLAIM: `[next, entries]` (Redis 6.2) or `[next, entries, deleted ids]` (7+).
+fn parse_autoclaim(v: Value) -> Result<ClaimPage, StoreError> {
+    let Value::Array(items) = v else {
+        return Err(corrupt("XAUTOCLAIM", &v));
+    };
+    if !(2..=3).contains(&items.len()) {
+        return Err(corrupt("XAUTOCLAIM", &Value::Array(items)));
+    }
+    let mut it = items.into_iter();
+    let next = it
+        .next()
+        .and_then(string_of)
+        .ok_or_else(|| StoreError::Corrupt("XAUTOCLAIM cursor".into()))?;
+    let entries = parse_entries(it.next().unwrap_or(Value::Nil))?;
+    let deleted = match it.next() {
+        Some(Value::Array(ids)) => ids.into_iter().filter_map(string_of).collect(),
+        _ => Vec::new(),
+    };
+    Ok(ClaimPage {
+        entries,
+        deleted,
+        next: (next != "0-0").then_some(next),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    fn entry(id: &str, kv: &[&str]) -> Value {
+        Value::Array(vec![
+            bulk(id),
+            Value::Array(kv.iter().map(|s| bulk(s)).collect()),
+        ])
+    }
+
+    #[test]
+    fn read_replies_parse_in_resp2_and_resp3_shapes() {
+        let resp2 = Value::Array(vec![Value::Array(vec![
+            bulk("seckill:{1}:orders"),
+            Value::Array(vec![
+                entry("1-0", &["order_id", "5"]),
+                entry("2-0", &["a", "b"]),
+            ]),
+        ])]);
+        let got = parse_read_reply(resp2).unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].field("order_id"), Some(&b"5"[..]));
+        assert_eq!(got[1].id, "2-0");
+        let resp3 = Value::Map(vec![(
+            bulk("k"),
+            Value::Array(vec![entry("3-0", &["x", "y"])]),
+        )]);
+        assert_eq!(parse_read_reply(resp3).unwrap()[0].id, "3-0");
+        assert!(parse_read_reply(Value::Nil).unwrap().is_empty());
+        assert!(parse_read_reply(Value::Int(3)).is_err());
+    }
+
+    #[test]
+    fn autoclaim_reply_reports_cursor_entries_and_deleted_ids() {
+        let reply = Value::Array(vec![
+            bulk("7-0"),
+            Value::Array(vec![entry("5-0", &["f", "v"]), Value::Nil]),
+            Value::Array(vec![bulk("6-0")]),
+        ]);
+        let page = parse_autoclaim(reply).unwrap();
+        assert_eq!(page.next.as_deref(), Some("7-0"));
+        assert_eq!(page.entries.len(), 1);
+        assert_eq!(page.deleted, vec!["6-0".to_string()]);
+        let end = parse_autoclaim(Value::Array(vec![bulk("0-0"), Value::Array(vec![])])).unwrap();
+        assert_eq!(end.next, None);
+    }
+
+    #[test]
+    fn stream_ids_compare_numerically() {
+        assert!(id_less("9-0", "10-0"));
+        assert!(id_less("10-9", "10-10"));
+        assert!(!id_less("10-10", "10-10"));
+        assert!(id_less("0-0", "1-0"));
+    }
+
+    #[test]
+    fn odd_field_lists_are_corrupt_not_panics() {
+        let bad = Value::Array(vec![bulk("1-0"), Value::Array(vec![bulk("lonely")])]);
+        assert!(parse_entry(bad).is_err());
+        assert!(parse_entry(Value::Array(vec![bulk("1-0")])).is_err());
+    }
+}

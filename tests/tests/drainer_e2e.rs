@@ -1,0 +1,166 @@
+//! End to end through the local stack, as a client and the scheduler see it: buy over
+//! HTTP (seckill-http under `cargo lambda watch`), invoke order-drainer through its Lambda
+//! invoke URL with the EventBridge scheduled-event fixture, then `GET /orders/{id}` says
+//! `confirmed` and the database holds exactly the orders and stock.
+
+use std::time::{Duration, Instant};
+
+use mysql_async::prelude::Queryable;
+use reqwest::{Client, StatusCode};
+use seckill_shared::auth::mint_hs256;
+use seckill_shared::domain::{format_rfc3339_millis, now_millis};
+use seckill_tests::StackEnv;
+use serde_json::{Value, json};
+
+/// The stack runs the drainer with its own DRAINER_MAX_RUN_MS (50 s when unset), so one
+/// invocation may take that long.
+const INVOKE_TIMEOUT: Duration = Duration::from_secs(120);
+
+struct Stack {
+    env: StackEnv,
+    http: Client,
+}
+
+impl Stack {
+    fn token(&self, sub: &str, admin: bool) -> String {
+        mint_hs256(
+            self.env.dev_jwt_secret().as_bytes(),
+            sub,
+            admin.then_some("seckill/admin"),
+            now_millis() / 1000 + 600,
+        )
+    }
+
+    async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let url = format!("{}{path}", self.env.seckill_http_url());
+        let mut req = self
+            .http
+            .request(method.parse().expect("method"), url)
+            .bearer_auth(token)
+            .timeout(Duration::from_secs(60));
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let res = req.send().await.expect("seckill-http answers");
+        let status = res.status();
+        let body = res.json::<Value>().await.expect("JSON body");
+        (status, body)
+    }
+}
+
+#[tokio::test]
+async fn an_order_bought_over_http_is_confirmed_after_a_drainer_invocation() {
+    let stack = Stack {
+        env: StackEnv::load(),
+        http: Client::new(),
+    };
+    let admin = stack.token("e2e-drainer-admin", true);
+    let now = now_millis();
+    let (status, voucher) = stack
+        .call(
+            "POST",
+            "/vouchers",
+            &admin,
+            Some(json!({
+                "title": "drainer end to end",
+                "stock": 5,
+                "begins_at": format_rfc3339_millis(now - 60_000),
+                "ends_at": format_rfc3339_millis(now + 3_600_000),
+            })),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{voucher}");
+    let vid = voucher["id"]
+        .as_str()
+        .expect("id is a decimal string")
+        .to_string();
+
+    let run = format!("{:08x}", rand::random::<u32>());
+    let mut orders = Vec::new();
+    for i in 0..3 {
+        let buyer = stack.token(&format!("e2e-drainer-{run}-{i}"), false);
+        let (status, body) = stack
+            .call("POST", &format!("/vouchers/{vid}/seckill"), &buyer, None)
+            .await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+        assert_eq!(body["status"], "pending");
+        orders.push((
+            buyer,
+            body["order_id"].as_str().expect("order id").to_string(),
+        ));
+    }
+
+    // The scheduler's call.
+    let event: Value = serde_json::from_str(include_str!("../fixtures/eventbridge-scheduled.json"))
+        .expect("fixture is JSON");
+    let started = Instant::now();
+    let res = stack
+        .http
+        .post(stack.env.drainer_invoke_url())
+        .json(&event)
+        .timeout(INVOKE_TIMEOUT)
+        .send()
+        .await
+        .expect("the drainer answers its invoke URL");
+    let status = res.status();
+    let summary: Value = res.json().await.expect("JSON response");
+    eprintln!("invocation took {:?}: {summary}", started.elapsed());
+    assert_eq!(status, StatusCode::OK, "{summary}");
+    assert_eq!(
+        summary["errors"], 0,
+        "the invocation reports success: {summary}"
+    );
+    for key in [
+        "claimed",
+        "read",
+        "inserted",
+        "duplicates",
+        "rejected",
+        "dead_lettered",
+        "lag",
+        "elapsed_ms",
+    ] {
+        assert!(
+            summary[key].is_u64(),
+            "summary field {key} missing: {summary}"
+        );
+    }
+
+    for (buyer, id) in &orders {
+        let (status, body) = stack
+            .call("GET", &format!("/orders/{id}"), buyer, None)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["status"], "confirmed", "{body}");
+        assert_eq!(body["voucher_id"], vid.as_str());
+    }
+
+    // The database itself: three confirmed rows, stock 5 − 3.
+    let mut db = seckill_tests::mysql::connect(&stack.env.mysql_url()).await;
+    let vid_num: u64 = vid.parse().expect("numeric id");
+    let rows: Vec<(u64, String)> = db
+        .exec(
+            "SELECT id, status FROM orders WHERE voucher_id = ? ORDER BY id",
+            (vid_num,),
+        )
+        .await
+        .expect("orders");
+    let left: Option<i64> = db
+        .exec_first("SELECT stock_left FROM vouchers WHERE id = ?", (vid_num,))
+        .await
+        .expect("stock");
+    db.disconnect().await.ok();
+    let mut want: Vec<(u64, String)> = orders
+        .iter()
+        .map(|(_, id)| (id.parse().expect("numeric"), "confirmed".to_string()))
+        .collect();
+    want.sort();
+    assert_eq!(rows, want);
+    assert_eq!(left, Some(2));
+}

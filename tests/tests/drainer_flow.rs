@@ -1,0 +1,643 @@
+//! The order drainer in process against real backends: a private cluster-mode Redis fed
+//! by the real admission script, a fresh MariaDB database reached through the real Data
+//! API client and server. Every expectation is an exact count or set.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use seckill_shared::domain::{OrderId, SaleWindow, UserId, Voucher, VoucherId, now_millis};
+use seckill_shared::keys::{ACTIVE_VOUCHERS, DRAIN_GROUP, VoucherKeys};
+use seckill_tests::drainer::DrainCtx;
+
+fn id_set(ids: &[OrderId]) -> BTreeSet<i64> {
+    ids.iter().map(|i| i.get()).collect()
+}
+
+fn confirmed(rows: &std::collections::BTreeMap<i64, (String, Option<String>)>) -> usize {
+    rows.values().filter(|(s, _)| s == "confirmed").count()
+}
+
+/// The stream's entries as (stream id, order_id field), in stream order.
+async fn stream_orders(ctx: &DrainCtx, v: VoucherId) -> Vec<(String, i64)> {
+    let reply: redis::streams::StreamRangeReply = ctx
+        .conn()
+        .xrange_all(VoucherKeys::new(v).orders)
+        .await
+        .expect("XRANGE");
+    reply
+        .ids
+        .into_iter()
+        .filter_map(|e| {
+            let order: Option<String> = e.get("order_id");
+            Some((e.id, order?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Reads `count` entries as another consumer and never acks them: a drainer that died.
+async fn ghost_read(ctx: &DrainCtx, v: VoucherId, count: usize) -> Vec<String> {
+    let opts = redis::streams::StreamReadOptions::default()
+        .group(DRAIN_GROUP, "ghost")
+        .count(count);
+    let reply: redis::streams::StreamReadReply = ctx
+        .conn()
+        .xread_options(&[VoucherKeys::new(v).orders], &[">"], &opts)
+        .await
+        .expect("XREADGROUP");
+    reply
+        .keys
+        .into_iter()
+        .flat_map(|k| k.ids.into_iter().map(|e| e.id))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sale_of_2000_admissions_drains_to_exactly_2000_rows() {
+    const TOTAL: i64 = 3_000;
+    const SOLD: usize = 2_000;
+    let ctx = DrainCtx::start().await;
+    let v = ctx.voucher(TOTAL, TOTAL).await;
+    let admitted = ctx.admit(v.id, "buyer", SOLD).await;
+
+    let mut cfg = ctx.drainer_config();
+    cfg.batch_size = order_drainer::config::defaults::BATCH_SIZE;
+    cfg.max_run = Duration::from_secs(3);
+    cfg.idle_poll = Duration::from_millis(20);
+    let drainer = order_drainer::Drainer::connect(cfg).await.expect("connect");
+    let started = Instant::now();
+    // Invocations one after the other (as the schedule would run them) until the stream
+    // is drained; normally the first does it all.
+    let run = tokio::spawn(async move {
+        let mut runs = Vec::new();
+        loop {
+            let s = order_drainer::run_once(&drainer).await.0;
+            let done = s.lag == 0 && s.pending == 0;
+            runs.push(s);
+            if done || runs.len() >= 8 {
+                return runs;
+            }
+        }
+    });
+
+    // Time until every row is there, watched from outside.
+    let mut conn = ctx.mysql().await;
+    let drained_after = loop {
+        let n: Option<i64> = mysql_async::prelude::Queryable::exec_first(
+            &mut conn,
+            "SELECT COUNT(*) FROM orders WHERE voucher_id = ?",
+            (v.id.get(),),
+        )
+        .await
+        .expect("count");
+        if n == Some(SOLD as i64) {
+            break started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(25),
+            "only {n:?} rows after 25 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    conn.disconnect().await.ok();
+    let runs = run.await.expect("drain task");
+    eprintln!(
+        "drained {SOLD} orders in {:.0} ms: {:.0} rows/s (batch {}); runs {runs:?}",
+        drained_after.as_secs_f64() * 1000.0,
+        SOLD as f64 / drained_after.as_secs_f64(),
+        order_drainer::config::defaults::BATCH_SIZE
+    );
+    let total = |f: fn(&order_drainer::Summary) -> u64| runs.iter().map(f).sum::<u64>();
+    let last = runs.last().expect("one run at least");
+
+    let rows = ctx.orders_in_db(v.id).await;
+    assert_eq!(rows.len(), SOLD, "exactly one row per admission");
+    assert_eq!(confirmed(&rows), SOLD);
+    assert_eq!(
+        rows.keys().copied().collect::<BTreeSet<_>>(),
+        id_set(&admitted)
+    );
+    assert_eq!(ctx.db_stock_left(v.id).await, TOTAL - SOLD as i64);
+    assert_eq!(total(|s| s.read), SOLD as u64);
+    assert_eq!(total(|s| s.inserted), SOLD as u64);
+    assert_eq!(
+        (
+            total(|s| s.duplicates),
+            total(|s| s.rejected),
+            total(|s| s.dead_lettered),
+            total(|s| s.claimed),
+            total(|s| s.errors)
+        ),
+        (0, 0, 0, 0, 0),
+        "{runs:?}"
+    );
+    assert_eq!((last.lag, last.pending), (0, 0), "{runs:?}");
+    assert_eq!(ctx.pending(v.id).await, 0);
+    // Trimmed down to the last delivered entry; the spent consumers are gone.
+    assert_eq!(ctx.stream_ids(v.id).await.len(), 1);
+    assert_eq!(total(|s| s.trimmed), SOLD as u64 - 1);
+    let consumers: redis::streams::StreamInfoConsumersReply = ctx
+        .conn()
+        .xinfo_consumers(VoucherKeys::new(v.id).orders, DRAIN_GROUP)
+        .await
+        .expect("XINFO CONSUMERS");
+    assert!(consumers.consumers.is_empty(), "{:?}", consumers.consumers);
+    ctx.cleanup().await;
+}
+
+#[tokio::test]
+async fn redelivery_of_a_committed_batch_inserts_nothing_and_moves_no_stock() {
+    let ctx = DrainCtx::start().await;
+    let v = ctx.voucher(100, 100).await;
+    let admitted = ctx.admit(v.id, "u", 30).await;
+    let entries = stream_orders(&ctx, v.id).await;
+    assert_eq!(entries.len(), 30);
+    // The raw entries, to append again exactly as admission wrote them.
+    let raw: redis::streams::StreamRangeReply = ctx
+        .conn()
+        .xrange_all(VoucherKeys::new(v.id).orders)
+        .await
+        .unwrap();
+
+    let first = ctx.drain(ctx.drainer_config()).await;
+    assert_eq!((first.inserted, first.errors), (30, 0), "{first:?}");
+    let rows_before = ctx.orders_in_db(v.id).await;
+    assert_eq!(rows_before.len(), 30);
+    assert_eq!(ctx.db_stock_left(v.id).await, 70);
+
+    // The whole committed batch comes again (same order ids, new stream entries), plus
+    // five genuinely new admissions behind it.
+    for e in &raw.ids {
+        let fields: Vec<(String, String)> = ["order_id", "voucher_id", "user_id", "admitted_ms"]
+            .iter()
+            .map(|f| (f.to_string(), e.get::<String>(f).expect("field")))
+            .collect();
+        let _: String = ctx
+            .conn()
+            .xadd(VoucherKeys::new(v.id).orders, "*", &fields)
+            .await
+            .unwrap();
+    }
+    let second = ctx.drain(ctx.drainer_config()).await;
+    assert_eq!(
+        (
+            second.read,
+            second.inserted,
+            second.duplicates,
+            second.rejected,
+            second.errors
+        ),
+        (30, 0, 30, 0, 0),
+        "{second:?}"
+    );
+    assert_eq!(ctx.orders_in_db(v.id).await, rows_before, "no row changed");
+    assert_eq!(ctx.db_stock_left(v.id).await, 70, "no stock moved");
+
+    let more = ctx.admit(v.id, "late", 5).await;
+    let third = ctx.drain(ctx.drainer_config()).await;
+    assert_eq!((third.inserted, third.duplicates), (5, 0), "{third:?}");
+    let rows = ctx.orders_in_db(v.id).await;
+    let mut want = id_set(&admitted);
+    want.extend(id_set(&more));
+    assert_eq!(rows.keys().copied().collect::<BTreeSet<_>>(), want);
+    assert_eq!(ctx.db_stock_left(v.id).await, 65);
+    assert_eq!(ctx.pending(v.id).await, 0);
+    ctx.cleanup().await;
+}
+
+#[tokio::test]
+async fn poison_entries_are_dead_lettered_and_their_neighbours_commit() {
+    let ctx = DrainCtx::start().await;
+    let v = ctx.voucher(100, 100).await;
+    let vid = v.id.get().to_string();
+    let mut good = ctx.admit(v.id, "before", 5).await;
+    let now = now_millis().to_string();
+    let poison: Vec<(&str, Vec<(&str, &str)>)> = vec![
+        (
+            "bad_fields: missing user_id",
+            vec![
+                ("order_id", "77"),
+                ("voucher_id", &vid),
+                ("admitted_ms", &now),
+            ],
+        ),
+        (
+            "bad_fields: invalid order_id",
+            vec![
+                ("order_id", "abc"),
+                ("voucher_id", &vid),
+                ("user_id", "p"),
+                ("admitted_ms", &now),
+            ],
+        ),
+        ("bad_fields: missing order_id", vec![("junk", "x")]),
+        (
+            "voucher_mismatch",
+            vec![
+                ("order_id", "78"),
+                ("voucher_id", "999999"),
+                ("user_id", "q"),
+                ("admitted_ms", &now),
+            ],
+        ),
+    ];
+    let mut poison_ids = HashMap::new();
+    for (reason, fields) in &poison {
+        poison_ids.insert(ctx.xadd_raw(v.id, fields).await, *reason);
+    }
+    good.extend(ctx.admit(v.id, "after", 5).await);
+
+    // A voucher Redis sells but the database does not know.
+    let ghost = Voucher {
+        id: VoucherId::new(v.id.get() + 1_000_000).unwrap(),
+        title: "not in the database".into(),
+        stock: 10,
+        db_stock_left: 10,
+        window: SaleWindow::new(now_millis() - 60_000, now_millis() + 3_600_000).unwrap(),
+    };
+    ctx.sales.preload(&ghost).await.unwrap();
+    let orphans = ctx.admit(ghost.id, "orphan", 3).await;
+
+    // Discovery through the active set finds both vouchers.
+    let summary = ctx.drain(ctx.drainer_config()).await;
+    assert_eq!(summary.vouchers, 2, "{summary:?}");
+    assert_eq!(summary.inserted, 10, "{summary:?}");
+    assert_eq!(summary.dead_lettered, 4 + 3, "{summary:?}");
+    assert_eq!(summary.errors, 0, "{summary:?}");
+
+    let rows = ctx.orders_in_db(v.id).await;
+    assert_eq!(rows.keys().copied().collect::<BTreeSet<_>>(), id_set(&good));
+    assert_eq!(confirmed(&rows), 10);
+    assert_eq!(ctx.db_stock_left(v.id).await, 90);
+
+    let dead = ctx.dead_letters(v.id).await;
+    assert_eq!(dead.len(), 4, "{dead:?}");
+    for d in &dead {
+        let source = d.get("source_id").expect("source_id");
+        let want = poison_ids.get(source).expect("a poison entry");
+        assert_eq!(d.get("reason").map(String::as_str), Some(*want), "{d:?}");
+        assert_eq!(d.get("deliveries").map(String::as_str), Some("1"));
+        // The original fields travel with the dead letter.
+        let (_, fields) = poison.iter().find(|(r, _)| r == want).unwrap();
+        for (f, val) in fields {
+            assert_eq!(d.get(*f).map(String::as_str), Some(*val), "{d:?}");
+        }
+    }
+    let orphan_dead = ctx.dead_letters(ghost.id).await;
+    assert_eq!(orphan_dead.len(), 3);
+    let dead_orders: BTreeSet<i64> = orphan_dead
+        .iter()
+        .map(|d| {
+            assert_eq!(d.get("reason").map(String::as_str), Some("unknown_voucher"));
+            d.get("order_id").unwrap().parse().unwrap()
+        })
+        .collect();
+    assert_eq!(dead_orders, id_set(&orphans));
+    // Their buyers see `rejected`, not `pending` forever.
+    let orphan_rows = ctx.orders_in_db(ghost.id).await;
+    assert_eq!(
+        orphan_rows.keys().copied().collect::<BTreeSet<_>>(),
+        id_set(&orphans)
+    );
+    for row in orphan_rows.values() {
+        assert_eq!(
+            row,
+            &("rejected".to_string(), Some("unknown_voucher".to_string()))
+        );
+    }
+    assert_eq!(ctx.pending(v.id).await, 0);
+    assert_eq!(ctx.pending(ghost.id).await, 0);
+
+    // Nothing is dead-lettered twice.
+    let again = ctx.drain(ctx.drainer_config()).await;
+    assert_eq!(
+        (again.dead_lettered, again.inserted, again.errors),
+        (0, 0, 0)
+    );
+    assert_eq!(ctx.dead_letters(v.id).await.len(), 4);
+    ctx.cleanup().await;
+}
+
+#[tokio::test]
+async fn entries_delivered_too_often_are_dead_lettered_and_recorded_as_rejected() {
+    let ctx = DrainCtx::start().await;
+    let v = ctx.voucher(10, 10).await;
+    let admitted = ctx.admit(v.id, "u", 3).await;
+    let read = ghost_read(&ctx, v.id, 3).await;
+    assert_eq!(read.len(), 3);
+    // One entry has already failed five times.
+    let entries = stream_orders(&ctx, v.id).await;
+    let (worn_id, worn_order) = entries[1].clone();
+    let _: redis::Value = redis::cmd("XCLAIM")
+        .arg(VoucherKeys::new(v.id).orders)
+        .arg(DRAIN_GROUP)
+        .arg("ghost")
+        .arg(0)
+        .arg(&worn_id)
+        .arg("RETRYCOUNT")
+        .arg(5)
+        .arg("JUSTID")
+        .query_async(&mut ctx.conn())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+
+    let summary = ctx.drain(ctx.drainer_config()).await;
+    assert_eq!(
+        (
+            summary.claimed,
+            summary.inserted,
+            summary.dead_lettered,
+            summary.errors
+        ),
+        (3, 2, 1, 0),
+        "{summary:?}"
+    );
+    let dead = ctx.dead_letters(v.id).await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        dead[0].get("reason").map(String::as_str),
+        Some("too_many_deliveries")
+    );
+    assert_eq!(dead[0].get("deliveries").map(String::as_str), Some("6"));
+    assert_eq!(dead[0].get("source_id"), Some(&worn_id));
+    let rows = ctx.orders_in_db(v.id).await;
+    assert_eq!(
+        rows.keys().copied().collect::<BTreeSet<_>>(),
+        id_set(&admitted)
+    );
+    assert_eq!(
+        rows.get(&worn_order),
+        Some(&(
+            "rejected".to_string(),
+            Some("too_many_deliveries".to_string())
+        ))
+    );
+    assert_eq!(confirmed(&rows), 2);
+    assert_eq!(ctx.db_stock_left(v.id).await, 8);
+    assert_eq!(ctx.pending(v.id).await, 0);
+    ctx.cleanup().await;
+}
+
+#[tokio::test]
+async fn orders_beyond_the_database_stock_are_rejected_and_stock_never_goes_negative() {
+    let ctx = DrainCtx::start().await;
+    // Redis sells 100, the database only has 30 left (e.g. Redis lost state).
+    let v = ctx.voucher(100, 30).await;
+    ctx.admit(v.id, "u", 50).await;
+    let order_in_stream: Vec<i64> = stream_orders(&ctx, v.id)
+        .await
+        .into_iter()
+        .map(|(_, o)| o)
+        .collect();
+    let mut cfg = ctx.drainer_config();
+    cfg.batch_size = 20; // the stock runs out in the middle of the second batch
+    let summary = ctx.drain(cfg.clone()).await;
+    assert_eq!(
+        (summary.inserted, summary.rejected, summary.errors),
+        (30, 20, 0),
+        "{summary:?}"
+    );
+    let rows = ctx.orders_in_db(v.id).await;
+    assert_eq!(rows.len(), 50);
+    for (i, id) in order_in_stream.iter().enumerate() {
+        let want = if i < 30 {
+            ("confirmed".to_string(), None)
+        } else {
+            (
+                "rejected".to_string(),
+                Some("db_stock_exhausted".to_string()),
+            )
+        };
+        assert_eq!(rows.get(id), Some(&want), "order #{i} of the stream");
+    }
+    assert_eq!(ctx.db_stock_left(v.id).await, 0);
+
+    // More admissions with no database stock at all: all rejected, stock stays 0.
+    ctx.admit(v.id, "late", 5).await;
+    let summary = ctx.drain(cfg).await;
+    assert_eq!((summary.inserted, summary.rejected), (0, 5), "{summary:?}");
+    assert_eq!(ctx.db_stock_left(v.id).await, 0);
+    assert_eq!(ctx.orders_in_db(v.id).await.len(), 55);
+    assert_eq!(ctx.pending(v.id).await, 0);
+    ctx.cleanup().await;
+}
+
+#[tokio::test]
+async fn trimming_never_removes_an_unacked_or_undelivered_entry() {
+    let ctx = DrainCtx::start().await;
+    let v = ctx.voucher(100, 100).await;
+    let first = ctx.admit(v.id, "a", 30).await;
+    // A drainer died holding the ten oldest entries.
+    let held = ghost_read(&ctx, v.id, 10).await;
+    assert_eq!(held.len(), 10);
+
+    let mut patient = ctx.drainer_config();
+    patient.min_idle = Duration::from_secs(600); // not claimed in this run
+    let s = ctx.drain(patient.clone()).await;
+    assert_eq!((s.read, s.inserted, s.pending), (20, 20, 10), "{s:?}");
+    let ids = ctx.stream_ids(v.id).await;
+    assert_eq!(
+        ids.len(),
+        30,
+        "nothing below the oldest pending entry may go"
+    );
+    for h in &held {
+        assert!(ids.contains(h), "pending entry {h} was trimmed");
+    }
+
+    // New, undelivered entries; trimming directly changes nothing either.
+    let second = ctx.admit(v.id, "b", 10).await;
+    let t = ctx.streams.trim(v.id).await.unwrap();
+    assert_eq!(t.removed, 0);
+    assert_eq!(ctx.stream_ids(v.id).await.len(), 40);
+
+    // After min-idle the held entries are recovered; then everything may go but the last
+    // delivered entry.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let s = ctx.drain(ctx.drainer_config()).await;
+    assert_eq!(
+        (s.claimed, s.read, s.inserted, s.errors),
+        (10, 10, 20, 0),
+        "{s:?}"
+    );
+    assert_eq!(ctx.stream_ids(v.id).await.len(), 1);
+    let mut want = id_set(&first);
+    want.extend(id_set(&second));
+    assert_eq!(
+        ctx.orders_in_db(v.id)
+            .await
+            .keys()
+            .copied()
+            .collect::<BTreeSet<_>>(),
+        want
+    );
+
+    // No pending entries but undelivered ones: the bound is the last-delivered id.
+    ctx.admit(v.id, "c", 5).await;
+    let before = ctx.stream_ids(v.id).await; // 1 old + 5 new
+    let delivered = ghost_read(&ctx, v.id, 2).await;
+    let _: u64 = ctx
+        .conn()
+        .xack(VoucherKeys::new(v.id).orders, DRAIN_GROUP, &delivered)
+        .await
+        .unwrap();
+    let t = ctx.streams.trim(v.id).await.unwrap();
+    assert_eq!(t.min_id.as_deref(), Some(delivered[1].as_str()));
+    assert_eq!(t.removed, 2, "the old entry and the first acked one");
+    let after = ctx.stream_ids(v.id).await;
+    assert_eq!(
+        after,
+        before[2..].to_vec(),
+        "the undelivered entries all remain"
+    );
+    ctx.cleanup().await;
+}
+
+#[tokio::test]
+async fn data_api_outage_loses_nothing_and_every_order_lands_after_restart() {
+    let mut ctx = DrainCtx::start().await;
+    let v = ctx.voucher(2_000, 2_000).await;
+    let admitted = ctx.admit(v.id, "u", 1_000).await;
+
+    // Pointed at a closed port from the start: nothing written, nothing acked, and the
+    // invocation reports failure.
+    let mut cfg = ctx.drainer_config();
+    cfg.data_api.endpoint = Some("http://127.0.0.1:9".into());
+    cfg.data_api.timeout = Duration::from_secs(2);
+    let down = ctx.drain(cfg).await;
+    assert!(down.errors >= 1, "{down:?}");
+    assert!(order_drainer::outcome(down.clone()).is_err());
+    assert_eq!(down.inserted, 0);
+    assert_eq!(
+        ctx.pending(v.id).await,
+        down.read,
+        "what was read stays pending"
+    );
+    assert!(ctx.orders_in_db(v.id).await.is_empty());
+
+    // Stopped in the middle of a drain.
+    let mut cfg = ctx.drainer_config();
+    cfg.batch_size = 20;
+    cfg.max_run = Duration::from_secs(30);
+    cfg.data_api.timeout = Duration::from_secs(2);
+    let drainer = order_drainer::Drainer::connect(cfg).await.unwrap();
+    let run = tokio::spawn(async move { order_drainer::run_once(&drainer).await.0 });
+    let started = Instant::now();
+    loop {
+        let n = ctx.orders_in_db(v.id).await.len();
+        if n >= 100 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "only {n} rows");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    ctx.stop_data_api().await;
+    let cut = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("the drain stops soon after the outage")
+        .unwrap();
+    assert!(cut.errors >= 1, "{cut:?}");
+    let landed = ctx.orders_in_db(v.id).await.len();
+    assert!(
+        landed < 1_000,
+        "the outage came too late to test anything: {cut:?}"
+    );
+    assert_eq!(cut.inserted as usize, landed, "{cut:?}");
+
+    // Back up: after min-idle every order lands exactly once.
+    ctx.start_data_api().await;
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let mut cfg = ctx.drainer_config();
+    cfg.max_run = Duration::from_secs(5);
+    let back = ctx.drain(cfg).await;
+    assert_eq!(back.errors, 0, "{back:?}");
+    assert!(back.claimed >= 1, "{back:?}");
+    let rows = ctx.orders_in_db(v.id).await;
+    assert_eq!(
+        rows.keys().copied().collect::<BTreeSet<_>>(),
+        id_set(&admitted)
+    );
+    assert_eq!(confirmed(&rows), 1_000);
+    assert_eq!(ctx.db_stock_left(v.id).await, 1_000);
+    assert_eq!(ctx.pending(v.id).await, 0);
+    assert_eq!(back.lag, 0);
+    ctx.cleanup().await;
+}
+
+#[tokio::test]
+async fn ended_and_drained_sales_are_retired_and_missing_groups_recreated() {
+    let ctx = DrainCtx::start().await;
+    let open = ctx.voucher(10, 10).await;
+    let ended = ctx.voucher(10, 10).await;
+    let stuck = ctx.voucher(10, 10).await;
+    ctx.admit(open.id, "o", 2).await;
+    let ended_orders = ctx.admit(ended.id, "e", 3).await;
+    ctx.admit(stuck.id, "s", 2).await;
+    // The sales of `ended` and `stuck` are over; `stuck` has an entry a dead drainer holds.
+    for v in [ended.id, stuck.id] {
+        let _: () = ctx
+            .conn()
+            .hset(VoucherKeys::new(v).sale, "ends_ms", now_millis() - 120_000)
+            .await
+            .unwrap();
+    }
+    ghost_read(&ctx, stuck.id, 1).await;
+    // Someone destroyed the group of `ended`: the drainer recreates it at position 0.
+    let _: i64 = ctx
+        .conn()
+        .xgroup_destroy(VoucherKeys::new(ended.id).orders, DRAIN_GROUP)
+        .await
+        .unwrap();
+
+    let mut cfg = ctx.drainer_config();
+    cfg.min_idle = Duration::from_secs(600);
+    let s = ctx.drain(cfg).await;
+    assert_eq!(
+        (s.inserted, s.retired, s.errors),
+        (2 + 3 + 1, 1, 0),
+        "{s:?}"
+    );
+    assert_eq!(
+        ctx.orders_in_db(ended.id)
+            .await
+            .keys()
+            .copied()
+            .collect::<BTreeSet<_>>(),
+        id_set(&ended_orders)
+    );
+    let active: BTreeSet<i64> = ctx.conn().smembers(ACTIVE_VOUCHERS).await.unwrap();
+    assert_eq!(active, BTreeSet::from([open.id.get(), stuck.id.get()]));
+    ctx.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_fixed_voucher_list_limits_the_drain() {
+    let ctx = DrainCtx::start().await;
+    let a = ctx.voucher(10, 10).await;
+    let b = ctx.voucher(10, 10).await;
+    ctx.admit(a.id, "a", 2).await;
+    ctx.admit(b.id, "b", 2).await;
+    let mut cfg = ctx.drainer_config();
+    cfg.vouchers = Some(vec![b.id]);
+    let s = ctx.drain(cfg).await;
+    assert_eq!((s.vouchers, s.inserted), (1, 2), "{s:?}");
+    assert!(ctx.orders_in_db(a.id).await.is_empty());
+    assert_eq!(ctx.orders_in_db(b.id).await.len(), 2);
+    // The user ids in the database are the buyers' own.
+    let mut conn = ctx.mysql().await;
+    let users: Vec<String> = mysql_async::prelude::Queryable::exec(
+        &mut conn,
+        "SELECT user_id FROM orders ORDER BY user_id",
+        (),
+    )
+    .await
+    .unwrap();
+    conn.disconnect().await.ok();
+    let want: Vec<String> = ["b-0", "b-1"]
+        .iter()
+        .map(|u| UserId::parse(u).unwrap().to_string())
+        .collect();
+    assert_eq!(users, want);
+    ctx.cleanup().await;
+}
