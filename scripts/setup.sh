@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Installs what the local stack needs, if missing: cargo (checked only), redis-server,
+# MariaDB server + client (Debian packages) and cargo-lambda (PyPI).
+#
+# Idempotent and fast when everything is present (no apt-get update then). Meant for
+# Debian 12; on other systems it says what to install by hand.
+#
+# The packages' own services are never used: scripts/stack.sh runs private redis-server
+# and mariadbd processes on their own ports with data under .dev/. While installing,
+# this script keeps the packages from starting their system services.
+set -euo pipefail
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+ensure_path
+
+# --- cargo -------------------------------------------------------------------------
+if ! command -v cargo >/dev/null 2>&1; then
+    die "cargo not found. Install Rust with rustup (https://rustup.rs):
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y
+then open a new shell (or: source \"\$HOME/.cargo/env\")."
+fi
+
+# --- Debian packages -----------------------------------------------------------------
+have_mariadbd() {
+    command -v mariadbd >/dev/null 2>&1 || [[ -x /usr/sbin/mariadbd ]] ||
+        command -v mysqld >/dev/null 2>&1 || [[ -x /usr/sbin/mysqld ]]
+}
+missing_pkgs=()
+command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 ||
+    missing_pkgs+=(redis-server redis-tools)
+{ have_mariadbd && command -v mariadb-install-db >/dev/null 2>&1; } || missing_pkgs+=(mariadb-server)
+command -v mariadb >/dev/null 2>&1 && command -v mariadb-admin >/dev/null 2>&1 ||
+    missing_pkgs+=(mariadb-client)
+# scripts/stack.sh talks HTTP to the functions with curl.
+command -v curl >/dev/null 2>&1 || missing_pkgs+=(curl ca-certificates)
+# pip, only when it is needed to install cargo-lambda and there is none.
+find_pip_python() {
+    local c
+    for c in python3 python; do
+        if command -v "$c" >/dev/null 2>&1 && "$c" -m pip --version >/dev/null 2>&1; then
+            echo "$c"
+            return 0
+        fi
+    done
+    return 1
+}
+have_cargo_lambda=0
+cargo lambda --version >/dev/null 2>&1 && have_cargo_lambda=1
+if ((!have_cargo_lambda)) && ! find_pip_python >/dev/null; then
+    missing_pkgs+=(python3-pip)
+fi
+
+if ((${#missing_pkgs[@]})); then
+    if ! command -v apt-get >/dev/null 2>&1; then
+        die "missing: ${missing_pkgs[*]} (redis-server 7.x, MariaDB 10.11 server and client).
+This script installs them with apt-get on Debian/Ubuntu only; install them with your
+package manager, make sure redis-server, redis-cli, mariadbd, mariadb-install-db, mariadb
+and mariadb-admin are on PATH, and run it again."
+    fi
+    SUDO=()
+    if ((EUID != 0)); then
+        command -v sudo >/dev/null 2>&1 ||
+            die "installing ${missing_pkgs[*]} needs root: run as root or install sudo"
+        SUDO=(sudo)
+    fi
+    log "installing Debian packages: ${missing_pkgs[*]}"
+    # Keep the packages from starting their system services (we run our own processes
+    # on our own ports): a policy-rc.d answering 101 is honoured by invoke-rc.d and
+    # deb-systemd-invoke. Only when none is there already; removed afterwards.
+    policy=/usr/sbin/policy-rc.d
+    placed_policy=0
+    if [[ ! -e $policy ]]; then
+        printf '#!/bin/sh\n# temporary, placed by seckill scripts/setup.sh\nexit 101\n' |
+            "${SUDO[@]}" tee "$policy" >/dev/null && "${SUDO[@]}" chmod 755 "$policy" && placed_policy=1
+    fi
+    cleanup_policy() { ((placed_policy)) && "${SUDO[@]}" rm -f "$policy"; placed_policy=0; }
+    trap cleanup_policy EXIT
+    export DEBIAN_FRONTEND=noninteractive
+    if ! "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q </dev/null; then
+        die "apt-get update failed: check network access to the Debian mirrors (/etc/apt/sources.list*)"
+    fi
+    if ! "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+        -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
+        "${missing_pkgs[@]}" </dev/null; then
+        die "apt-get install ${missing_pkgs[*]} failed (see above). Fix the package state
+(e.g. 'apt-get -f install', 'dpkg --configure -a') and run $0 again."
+    fi
+    cleanup_policy
+    trap - EXIT
+    # If a service got started anyway (no policy-rc.d honoured, or one already existed
+    # and allowed it), stop it: it only costs memory, and we never use it. Only the
+    # services of packages installed right now.
+    for svc in mariadb redis-server; do
+        case " ${missing_pkgs[*]} " in
+        *" ${svc} "* | *" ${svc}-server "*) ;;
+        *) continue ;;
+        esac
+        if [[ -d /run/systemd/system ]] && command -v systemctl >/dev/null 2>&1; then
+            "${SUDO[@]}" systemctl disable --now "$svc" >/dev/null 2>&1 || true
+        elif command -v service >/dev/null 2>&1; then
+            "${SUDO[@]}" service "$svc" stop >/dev/null 2>&1 || true
+        fi
+    done
+    hash -r
+    command -v curl >/dev/null 2>&1 || die "curl still missing after installing it"
+    if ! { have_mariadbd && command -v mariadb-install-db >/dev/null 2>&1 && command -v redis-server >/dev/null 2>&1; }; then
+        die "packages installed but redis-server / mariadbd / mariadb-install-db still not found on PATH ($PATH)"
+    fi
+    ok "Debian packages installed"
+fi
+
+# --- cargo-lambda ----------------------------------------------------------------------
+if ((!have_cargo_lambda)); then
+    py=$(find_pip_python || true)
+    [[ -n $py ]] || die "cargo-lambda is missing and no pip was found to install it.
+Install Python 3 with pip (Debian: apt-get install -y python3-pip), then run $0 again,
+or install cargo-lambda another way: https://www.cargo-lambda.info/guide/installation.html"
+    log "installing cargo-lambda from PyPI ($py -m pip install cargo-lambda)"
+    export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+    pip_log="$(mktemp)"
+    if ! "$py" -m pip install cargo-lambda </dev/null 2>&1 | tee "$pip_log"; then
+        :
+    fi
+    if ! cargo lambda --version >/dev/null 2>&1; then
+        ensure_path
+        hash -r
+    fi
+    if ! cargo lambda --version >/dev/null 2>&1 && grep -q externally-managed-environment "$pip_log"; then
+        # Debian's own python3 refuses system-wide pip installs (PEP 668).
+        log "this Python is externally managed; retrying with --break-system-packages"
+        "$py" -m pip install --break-system-packages cargo-lambda </dev/null 2>&1 | tee "$pip_log" || true
+        ensure_path
+        hash -r
+    fi
+    rm -f "$pip_log"
+    if command -v pyenv >/dev/null 2>&1; then pyenv rehash >/dev/null 2>&1 || true; fi
+    cargo lambda --version >/dev/null 2>&1 || die "cargo-lambda did not install (see pip output above).
+Try by hand: $py -m pip install cargo-lambda   and make sure its 'cargo-lambda' script
+is on PATH (cargo finds subcommands as cargo-<name> on PATH)."
+    ok "cargo-lambda installed: $(cargo lambda --version 2>/dev/null)"
+fi
+
+ok "setup: cargo $(cargo --version | cut -d' ' -f2), redis $(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p'),\
+ mariadb $(mariadb --version | grep -o '[0-9][0-9.]*-MariaDB' | head -n1), $(cargo lambda --version | cut -d' ' -f1-2)"

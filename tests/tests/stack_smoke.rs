@@ -1,0 +1,221 @@
+//! Smoke test of the local stack contract (`.dev/stack.env`, `../shared/README.md` §2):
+//! one test per key, each proving the address really serves what it promises.
+//! Needs a running stack: `scripts/stack.sh up` (or run everything with `scripts/test.sh`).
+
+use std::time::Duration;
+
+use mysql_async::prelude::Queryable;
+use seckill_tests::StackEnv;
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(TIMEOUT)
+        .build()
+        .expect("reqwest client")
+}
+
+async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(TIMEOUT, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no answer within {TIMEOUT:?}"))
+}
+
+#[test]
+fn stack_env_file_has_every_contract_key() {
+    let path = seckill_tests::stack::workspace_root().join(".dev/stack.env");
+    let path = std::env::var("SECKILL_STACK_ENV").map_or(path, Into::into);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; start the stack with `scripts/stack.sh up`",
+            path.display()
+        )
+    });
+    for key in [
+        "SECKILL_HTTP_URL",
+        "DRAINER_INVOKE_URL",
+        "REDIS_URL",
+        "MYSQL_URL",
+        "DATA_API_URL",
+        "SECKILL_DEV_JWT_SECRET",
+    ] {
+        let value = text
+            .lines()
+            .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+            .unwrap_or_else(|| panic!("{} has no {key}= line", path.display()));
+        assert!(!value.trim().is_empty(), "{key} is empty");
+    }
+}
+
+#[tokio::test]
+async fn redis_url_answers_ping_and_cluster_is_ok() {
+    let env = StackEnv::load();
+    let url = env.redis_url();
+    assert_eq!(
+        env.get("REDIS_CLUSTER"),
+        "true",
+        "the local Redis runs in cluster mode"
+    );
+    let client = redis::cluster::ClusterClient::new(vec![url.as_str()])
+        .unwrap_or_else(|e| panic!("cluster client for {url}: {e}"));
+    let mut conn = within("cluster connect", client.get_async_connection())
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {url} in cluster mode: {e}"));
+    let pong: String = within("PING", redis::cmd("PING").query_async(&mut conn))
+        .await
+        .expect("PING");
+    assert_eq!(pong, "PONG");
+    let info: String = within(
+        "CLUSTER INFO",
+        redis::cmd("CLUSTER").arg("INFO").query_async(&mut conn),
+    )
+    .await
+    .expect("CLUSTER INFO");
+    assert!(
+        info.lines().any(|l| l.trim() == "cluster_state:ok"),
+        "CLUSTER INFO of {url}:\n{info}"
+    );
+    // A key round trip through the cluster client (routing by slot works).
+    let key = format!("seckill:{{smoke}}:{}", std::process::id());
+    let () = within(
+        "SET",
+        redis::cmd("SET")
+            .arg(&key)
+            .arg("1")
+            .arg("EX")
+            .arg(60)
+            .query_async(&mut conn),
+    )
+    .await
+    .expect("SET");
+    let got: String = within("GET", redis::cmd("GET").arg(&key).query_async(&mut conn))
+        .await
+        .expect("GET");
+    assert_eq!(got, "1");
+}
+
+#[tokio::test]
+async fn mysql_url_connects_and_has_the_schema() {
+    let env = StackEnv::load();
+    let url = env.mysql_url();
+    let opts = mysql_async::Opts::from_url(&url).unwrap_or_else(|e| panic!("{url}: {e}"));
+    let mut conn = within("mysql connect", mysql_async::Conn::new(opts))
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {url}: {e}"));
+    let tables: Vec<String> = within(
+        "list tables",
+        conn.query(
+            "SELECT CAST(table_name AS CHAR) FROM information_schema.tables \
+             WHERE table_schema = DATABASE() ORDER BY 1",
+        ),
+    )
+    .await
+    .expect("listing tables");
+    for want in ["vouchers", "orders"] {
+        assert!(
+            tables.iter().any(|t| t == want),
+            "table {want} missing in {url} (tables: {tables:?}); migrations not applied?"
+        );
+    }
+    let tz: String = within("time zone", conn.query_first("SELECT @@time_zone"))
+        .await
+        .expect("SELECT @@time_zone")
+        .expect("one row");
+    assert_eq!(tz, "+00:00", "the local server runs in UTC");
+    conn.disconnect().await.expect("disconnect");
+}
+
+#[tokio::test]
+async fn data_api_url_executes_select_1() {
+    use aws_sdk_rdsdata::config::{BehaviorVersion, Credentials, Region};
+    use aws_sdk_rdsdata::types::Field;
+
+    let env = StackEnv::load();
+    let url = env.data_api_url();
+    let conf = aws_sdk_rdsdata::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("local", "local", None, None, "smoke"))
+        .endpoint_url(&url)
+        .build();
+    let client = aws_sdk_rdsdata::Client::from_conf(conf);
+    let out = within(
+        "ExecuteStatement",
+        client
+            .execute_statement()
+            .resource_arn(env.get("DB_CLUSTER_ARN"))
+            .secret_arn(env.get("DB_SECRET_ARN"))
+            .database(env.get("DB_NAME"))
+            .sql("SELECT 1")
+            .send(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("ExecuteStatement SELECT 1 at {url}: {e:?}"));
+    let records = out.records();
+    assert_eq!(records.len(), 1, "one row: {out:?}");
+    assert_eq!(records[0].len(), 1, "one column: {out:?}");
+    assert_eq!(records[0][0], Field::LongValue(1), "{out:?}");
+}
+
+#[tokio::test]
+async fn seckill_http_url_serves_json() {
+    let env = StackEnv::load();
+    let base = env.seckill_http_url();
+    let url = format!("{}/vouchers/1", base.trim_end_matches('/'));
+    let resp = http()
+        .get(&url)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    let status = resp.status();
+    let content_type = resp
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let text = resp.text().await.expect("body");
+    assert!(
+        content_type.starts_with("application/json"),
+        "GET {url}: content-type {content_type:?}, status {status}, body {text}"
+    );
+    let body: serde_json::Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("GET {url}: body is not JSON ({e}): {text}"));
+    // The shared database may hold a voucher 1 created by another suite.
+    match status.as_u16() {
+        404 => assert_eq!(body["code"], "not_found", "GET {url}: {body}"),
+        200 => assert_eq!(body["id"], "1", "GET {url}: {body}"),
+        other => panic!("GET {url}: status {other}, body {body}"),
+    }
+}
+
+#[tokio::test]
+async fn drainer_invoke_url_accepts_a_scheduled_event() {
+    let env = StackEnv::load();
+    let url = env.drainer_invoke_url();
+    let event = std::fs::read_to_string(
+        seckill_tests::stack::workspace_root().join("tests/fixtures/eventbridge-scheduled.json"),
+    )
+    .expect("tests/fixtures/eventbridge-scheduled.json");
+    let resp = http()
+        .post(&url)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(event)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+    let status = resp.status();
+    let text = resp.text().await.unwrap_or_default();
+    assert_eq!(status.as_u16(), 200, "POST {url}: {text}");
+}
+
+#[test]
+fn dev_jwt_secret_is_set() {
+    let secret = StackEnv::load().dev_jwt_secret();
+    assert!(
+        secret.len() >= 32,
+        "SECKILL_DEV_JWT_SECRET is too short ({} bytes)",
+        secret.len()
+    );
+}
