@@ -1,0 +1,1064 @@
+//! The SAM template (`template.yaml`) checked offline, without an AWS account:
+//!
+//! - `cfn-lint` finds no errors in it;
+//! - the routes of the HTTP API are exactly `seckill_http::routes::ROUTES`, the protected
+//!   ones behind the JWT authorizer, the public one explicitly without;
+//! - the drainer's timing is consistent: XAUTOCLAIM min-idle > its timeout > its max run,
+//!   one run at a time, a small retry budget, an alarm on its errors;
+//! - every IAM statement names scoped resources — the very cluster and secret the
+//!   functions are configured with — and grants the Data API calls the code makes;
+//! - each function's configuration loads from exactly the environment the template gives
+//!   it (with placeholders for what only exists once deployed), in both shapes of the
+//!   stack (resources created by it, or existing ones passed as parameters), and the
+//!   template sets no variable the code does not read.
+//!
+//! The template is read with CloudFormation's short tags (`!Ref`, `!If`, ...) and a small
+//! evaluator resolves them for a given set of parameter values.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_yaml::{Mapping, Value};
+
+// ------------------------------------------------------------------------ loading
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+fn template() -> Value {
+    let path = workspace_root().join("template.yaml");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
+}
+
+fn get<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
+    v.as_mapping().and_then(|m| m.get(key))
+}
+
+fn at<'a>(v: &'a Value, path: &[&str]) -> &'a Value {
+    let mut cur = v;
+    for (i, key) in path.iter().enumerate() {
+        cur = get(cur, key).unwrap_or_else(|| panic!("template has no {}", path[..=i].join(".")));
+    }
+    cur
+}
+
+fn str_of(v: &Value) -> &str {
+    v.as_str()
+        .unwrap_or_else(|| panic!("expected a string, found {v:?}"))
+}
+
+fn resources(t: &Value) -> &Mapping {
+    at(t, &["Resources"])
+        .as_mapping()
+        .expect("Resources is a mapping")
+}
+
+fn resources_of_type<'a>(t: &'a Value, ty: &str) -> Vec<(&'a str, &'a Value)> {
+    resources(t)
+        .iter()
+        .filter(|(_, r)| get(r, "Type").and_then(Value::as_str) == Some(ty))
+        .map(|(k, r)| (str_of(k), r))
+        .collect()
+}
+
+fn resource<'a>(t: &'a Value, name: &str) -> &'a Value {
+    resources(t)
+        .get(name)
+        .unwrap_or_else(|| panic!("template has no resource {name}"))
+}
+
+/// The `AWS::Serverless::Function` whose cargo-lambda build produces `binary`.
+fn function_for_binary<'a>(t: &'a Value, binary: &str) -> (&'a str, &'a Value) {
+    let found: Vec<_> = resources_of_type(t, "AWS::Serverless::Function")
+        .into_iter()
+        .filter(|(_, f)| {
+            get(f, "Metadata")
+                .and_then(|m| get(m, "BuildProperties"))
+                .and_then(|b| get(b, "Binary"))
+                .and_then(Value::as_str)
+                == Some(binary)
+        })
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "exactly one function must build the binary {binary}"
+    );
+    found[0]
+}
+
+/// A function property, falling back to `Globals.Function`.
+fn function_property<'a>(t: &'a Value, f: &'a Value, key: &str) -> Option<&'a Value> {
+    get(at(f, &["Properties"]), key).or_else(|| {
+        get(t, "Globals")
+            .and_then(|g| get(g, "Function"))
+            .and_then(|g| get(g, key))
+    })
+}
+
+// ------------------------------------------------------------------ intrinsic functions
+
+/// An intrinsic function call in either notation: `!Ref X` or `{Ref: X}`, `!If [...]` or
+/// `{"Fn::If": [...]}`. Returns the long name (`Ref`, `Fn::If`, `Condition`...) and its
+/// argument.
+fn intrinsic(v: &Value) -> Option<(String, &Value)> {
+    match v {
+        Value::Tagged(t) => {
+            let tag = t.tag.to_string();
+            let tag = tag.trim_start_matches('!');
+            let name = if tag == "Ref" || tag == "Condition" {
+                tag.to_string()
+            } else {
+                format!("Fn::{tag}")
+            };
+            Some((name, &t.value))
+        }
+        Value::Mapping(m) if m.len() == 1 => {
+            let (k, arg) = m.iter().next()?;
+            let k = k.as_str()?;
+            (k == "Ref" || k == "Condition" || k.starts_with("Fn::")).then(|| (k.to_string(), arg))
+        }
+        _ => None,
+    }
+}
+
+/// Parameter values for one shape of the stack.
+#[derive(Clone)]
+struct Scenario {
+    name: &'static str,
+    params: BTreeMap<String, String>,
+}
+
+impl Scenario {
+    /// The parameters' defaults, placeholders for those without one, then `overrides`.
+    fn new(t: &Value, name: &'static str, overrides: &[(&str, &str)]) -> Scenario {
+        let placeholders: HashMap<&str, &str> = [
+            (
+                "JwtIssuer",
+                "https://cognito-idp.us-east-1.amazonaws.com/us-east-1_example",
+            ),
+            ("JwtAudience", "exampleclientid"),
+            ("VpcId", "vpc-0123456789abcdef0"),
+            (
+                "SubnetIds",
+                "subnet-0123456789abcdef0,subnet-0fedcba9876543210",
+            ),
+        ]
+        .into();
+        let mut params = BTreeMap::new();
+        for (k, p) in at(t, &["Parameters"]).as_mapping().unwrap() {
+            let k = str_of(k);
+            let value = match get(p, "Default") {
+                Some(d) => scalar_string(d),
+                None => placeholders
+                    .get(k)
+                    .unwrap_or_else(|| panic!("parameter {k} has no default: add a placeholder"))
+                    .to_string(),
+            };
+            params.insert(k.to_string(), value);
+        }
+        for (k, v) in overrides {
+            assert!(params.contains_key(*k), "no parameter {k}");
+            params.insert(k.to_string(), v.to_string());
+        }
+        Scenario { name, params }
+    }
+
+    /// Both shapes: everything created by the stack (the defaults), and an existing
+    /// cache and database passed in.
+    fn all(t: &Value) -> Vec<Scenario> {
+        vec![
+            Scenario::new(t, "created resources", &[]),
+            Scenario::new(
+                t,
+                "existing resources",
+                &[
+                    (
+                        "ExistingRedisUrl",
+                        "rediss://existing.serverless.use1.cache.amazonaws.com:6379",
+                    ),
+                    ("ExistingRedisSecurityGroupId", "sg-0123456789abcdef0"),
+                    (
+                        "ExistingDbClusterArn",
+                        "arn:aws:rds:us-east-1:123456789012:cluster:existing",
+                    ),
+                    (
+                        "ExistingDbSecretArn",
+                        "arn:aws:secretsmanager:us-east-1:123456789012:secret:existing-AbCdEf",
+                    ),
+                    ("CreateRdsDataEndpoint", "false"),
+                ],
+            ),
+            Scenario::bounds(t, "every number parameter at its MinValue", "MinValue"),
+            Scenario::bounds(t, "every number parameter at its MaxValue", "MaxValue"),
+        ]
+    }
+
+    /// The defaults with every `Number` parameter that has the bound `key` set to it.
+    fn bounds(t: &Value, name: &'static str, key: &str) -> Scenario {
+        let mut s = Scenario::new(t, name, &[]);
+        for (k, p) in at(t, &["Parameters"]).as_mapping().unwrap() {
+            if get(p, "Type").map(str_of) == Some("Number")
+                && let Some(bound) = get(p, key)
+            {
+                s.params.insert(str_of(k).to_string(), scalar_string(bound));
+            }
+        }
+        s
+    }
+}
+
+fn scalar_string(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        other => panic!("expected a scalar, found {other:?}"),
+    }
+}
+
+/// Resolves intrinsic functions for a scenario. Parameters take the scenario's values;
+/// what only exists once deployed (resource ids, attributes) becomes a recognisable
+/// placeholder; `AWS::NoValue` becomes `Null`.
+struct Eval<'a> {
+    t: &'a Value,
+    s: &'a Scenario,
+}
+
+impl Eval<'_> {
+    fn value(&self, v: &Value) -> Value {
+        if let Some((name, arg)) = intrinsic(v) {
+            return self.call(&name, arg);
+        }
+        match v {
+            Value::Sequence(items) => {
+                Value::Sequence(items.iter().map(|i| self.value(i)).collect())
+            }
+            Value::Mapping(m) => Value::Mapping(
+                m.iter()
+                    .map(|(k, v)| (k.clone(), self.value(v)))
+                    .filter(|(_, v)| !v.is_null())
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    }
+
+    fn string(&self, v: &Value) -> String {
+        scalar_string(&self.value(v))
+    }
+
+    fn call(&self, name: &str, arg: &Value) -> Value {
+        match name {
+            "Ref" => self.reference(str_of(arg)),
+            "Fn::GetAtt" => {
+                let (res, attr) = match arg {
+                    Value::String(s) => s.split_once('.').expect("GetAtt Resource.Attribute"),
+                    Value::Sequence(p) => (str_of(&p[0]), str_of(&p[1])),
+                    other => panic!("bad GetAtt {other:?}"),
+                };
+                Value::String(self.attribute(res, attr))
+            }
+            "Fn::Sub" => {
+                let (text, vars) = match arg {
+                    Value::String(s) => (s.as_str(), None),
+                    Value::Sequence(p) => (str_of(&p[0]), p.get(1)),
+                    other => panic!("bad Sub {other:?}"),
+                };
+                Value::String(self.sub(text, vars))
+            }
+            "Fn::If" => {
+                let p = arg.as_sequence().expect("If takes a list");
+                assert_eq!(p.len(), 3, "If takes [condition, then, else]");
+                if self.condition(str_of(&p[0])) {
+                    self.value(&p[1])
+                } else {
+                    self.value(&p[2])
+                }
+            }
+            other => panic!("the template check does not evaluate {other}: extend Eval"),
+        }
+    }
+
+    fn reference(&self, name: &str) -> Value {
+        match name {
+            "AWS::Region" => return Value::from("us-east-1"),
+            "AWS::AccountId" => return Value::from("123456789012"),
+            "AWS::Partition" => return Value::from("aws"),
+            "AWS::URLSuffix" => return Value::from("amazonaws.com"),
+            "AWS::StackName" => return Value::from("seckill"),
+            "AWS::NoValue" => return Value::Null,
+            _ => {}
+        }
+        if let Some(value) = self.s.params.get(name) {
+            let ty = str_of(at(self.t, &["Parameters", name, "Type"]));
+            return if ty.starts_with("List<") || ty == "CommaDelimitedList" {
+                Value::Sequence(value.split(',').map(Value::from).collect())
+            } else {
+                Value::from(value.as_str())
+            };
+        }
+        let r = resource(self.t, name);
+        self.assert_exists(name, r);
+        Value::String(format!("{}-placeholder-id", name.to_ascii_lowercase()))
+    }
+
+    fn attribute(&self, name: &str, attr: &str) -> String {
+        let r = resource(self.t, name);
+        self.assert_exists(name, r);
+        let lower = name.to_ascii_lowercase();
+        if attr.ends_with("Port") {
+            "6379".into()
+        } else if attr.ends_with("Address") {
+            format!("{lower}.placeholder.cache.amazonaws.com")
+        } else if attr.ends_with("Arn") {
+            format!(
+                "arn:aws:placeholder:us-east-1:123456789012:{lower}:{}",
+                attr.to_ascii_lowercase()
+            )
+        } else {
+            format!("{lower}-{}", attr.to_ascii_lowercase())
+        }
+    }
+
+    /// A resource used in this scenario must exist in it.
+    fn assert_exists(&self, name: &str, r: &Value) {
+        if let Some(cond) = get(r, "Condition") {
+            assert!(
+                self.condition(str_of(cond)),
+                "{}: {name} is used but its condition {} is false",
+                self.s.name,
+                str_of(cond)
+            );
+        }
+    }
+
+    fn sub(&self, text: &str, vars: Option<&Value>) -> String {
+        let mut out = String::new();
+        let mut rest = text;
+        while let Some(i) = rest.find("${") {
+            out.push_str(&rest[..i]);
+            let end = rest[i..].find('}').expect("unclosed ${") + i;
+            let name = &rest[i + 2..end];
+            if let Some(literal) = name.strip_prefix('!') {
+                out.push_str("${");
+                out.push_str(literal);
+                out.push('}');
+            } else if let Some(v) = vars.and_then(|vars| get(vars, name)) {
+                out.push_str(&self.string(v));
+            } else if let Some((res, attr)) = name.split_once('.') {
+                out.push_str(&self.attribute(res, attr));
+            } else {
+                out.push_str(&scalar_string(&self.reference(name)));
+            }
+            rest = &rest[end + 1..];
+        }
+        out.push_str(rest);
+        out
+    }
+
+    fn condition(&self, name: &str) -> bool {
+        self.boolean(at(self.t, &["Conditions", name]))
+    }
+
+    fn boolean(&self, v: &Value) -> bool {
+        let (name, arg) = intrinsic(v).unwrap_or_else(|| panic!("not a condition: {v:?}"));
+        let args = || arg.as_sequence().expect("condition arguments are a list");
+        match name.as_str() {
+            "Condition" => self.condition(str_of(arg)),
+            "Fn::Equals" => {
+                let a = args();
+                self.value(&a[0]) == self.value(&a[1])
+            }
+            "Fn::Not" => !self.boolean(&args()[0]),
+            "Fn::And" => args().iter().all(|c| self.boolean(c)),
+            "Fn::Or" => args().iter().any(|c| self.boolean(c)),
+            other => panic!("unknown condition function {other}"),
+        }
+    }
+}
+
+// --------------------------------------------------------------------------- cfn-lint
+
+/// `cfn-lint template.yaml`: no errors. Its exit code is a bit set: 2 errors, 4 warnings,
+/// 8 informational; 1 a fatal problem (no template, bad arguments). Warnings are printed.
+#[test]
+fn cfn_lint_finds_no_errors() {
+    let root = workspace_root();
+    // The script pip installs, or the same entry point through Python when pip put the
+    // script somewhere off PATH (`pip install --user`).
+    const ENTRY: &str =
+        "import sys; from cfnlint.runner import main; sys.argv[0] = 'cfn-lint'; sys.exit(main())";
+    let candidates: [(&str, &[&str]); 3] = [
+        ("cfn-lint", &[]),
+        ("python3", &["-c", ENTRY]),
+        ("python", &["-c", ENTRY]),
+    ];
+    for (program, prefix) in candidates {
+        let out = Command::new(program)
+            .args(prefix)
+            .args(["--format", "parseable", "--", "template.yaml"])
+            .current_dir(&root)
+            .output();
+        let Ok(out) = out else { continue };
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if program != "cfn-lint" && stderr.contains("No module named 'cfnlint'") {
+            continue;
+        }
+        let code = out
+            .status
+            .code()
+            .unwrap_or_else(|| panic!("cfn-lint was killed: {stderr}"));
+        if !stdout.trim().is_empty() {
+            eprintln!("cfn-lint findings (exit {code}):\n{stdout}");
+        }
+        assert!(
+            code & 0b11 == 0,
+            "cfn-lint reports errors in template.yaml (exit {code}):\n{stdout}\n{stderr}"
+        );
+        return;
+    }
+    panic!(
+        "cfn-lint is not installed; install it with `python3 -m pip install cfn-lint` \
+         (scripts/setup.sh does) so template.yaml can be checked"
+    );
+}
+
+// ------------------------------------------------------------------------------ routes
+
+#[test]
+fn http_api_routes_are_exactly_the_router_routes_with_the_authorizer_on_protected_ones() {
+    let t = template();
+    let apis = resources_of_type(&t, "AWS::Serverless::HttpApi");
+    assert_eq!(apis.len(), 1, "one HTTP API");
+    let (api_name, api) = apis[0];
+    let props = at(api, &["Properties"]);
+
+    // $default stage: the function sees paths without a stage prefix.
+    assert_eq!(get(props, "StageName").map(str_of), Some("$default"));
+    // Secure by default.
+    let auth = at(props, &["Auth"]);
+    let default_authorizer = get(auth, "DefaultAuthorizer").map(str_of);
+    let authorizers = at(auth, &["Authorizers"]).as_mapping().unwrap();
+    let jwt: Vec<&str> = authorizers
+        .iter()
+        .filter(|(_, a)| get(a, "JwtConfiguration").is_some())
+        .map(|(k, _)| str_of(k))
+        .collect();
+    assert_eq!(jwt.len(), 1, "one JWT authorizer");
+    let jwt_name = jwt[0];
+    let jwt_auth = &authorizers[jwt_name];
+    assert_eq!(
+        str_of(at(jwt_auth, &["IdentitySource"])),
+        "$request.header.Authorization"
+    );
+    for (key, param) in [("issuer", "JwtIssuer"), ("audience", "JwtAudience")] {
+        let v = at(jwt_auth, &["JwtConfiguration", key]);
+        assert_eq!(
+            intrinsic(v).map(|(n, a)| (n, str_of(a).to_string())),
+            Some(("Ref".to_string(), param.to_string())),
+            "the authorizer's {key} comes from the {param} parameter"
+        );
+    }
+    // Stage throttling from parameters, access logs to a log group.
+    for key in ["ThrottlingBurstLimit", "ThrottlingRateLimit"] {
+        let v = at(props, &["DefaultRouteSettings", key]);
+        let (f, p) = intrinsic(v).unwrap_or_else(|| panic!("{key} must be a parameter"));
+        assert_eq!(f, "Ref");
+        assert!(get(at(&t, &["Parameters"]), str_of(p)).is_some(), "{key}");
+    }
+    let dest = at(props, &["AccessLogSettings", "DestinationArn"]);
+    let (f, arg) = intrinsic(dest).expect("access logs go to a log group of the stack");
+    assert_eq!(f, "Fn::GetAtt");
+    let group = str_of(arg).split('.').next().unwrap();
+    assert_eq!(
+        str_of(at(resource(&t, group), &["Type"])),
+        "AWS::Logs::LogGroup"
+    );
+    assert!(
+        get(at(&t, &["Resources", group]), "Properties")
+            .and_then(|p| get(p, "RetentionInDays"))
+            .is_some()
+    );
+    let format = str_of(at(props, &["AccessLogSettings", "Format"]));
+    let _: serde_json::Value = serde_json::from_str(format).expect("access log format is JSON");
+
+    // Every HttpApi event of every function.
+    let (http_fn, _) = function_for_binary(&t, "seckill-http");
+    let mut declared = BTreeSet::new();
+    for (fname, f) in resources_of_type(&t, "AWS::Serverless::Function") {
+        let Some(events) = get(at(f, &["Properties"]), "Events") else {
+            continue;
+        };
+        for (ename, e) in events.as_mapping().unwrap() {
+            let ty = str_of(at(e, &["Type"]));
+            assert_ne!(ty, "Api", "REST API events are not part of this stack");
+            if ty != "HttpApi" {
+                continue;
+            }
+            let ename = str_of(ename);
+            assert_eq!(fname, http_fn, "{ename}: routes belong to seckill-http");
+            let p = at(e, &["Properties"]);
+            let api_ref = intrinsic(at(p, &["ApiId"])).map(|(n, a)| (n, str_of(a).to_string()));
+            assert_eq!(
+                api_ref,
+                Some(("Ref".into(), api_name.to_string())),
+                "{ename}: ApiId"
+            );
+            let method = str_of(at(p, &["Method"])).to_ascii_uppercase();
+            let path = str_of(at(p, &["Path"])).to_string();
+            let authorizer = get(p, "Auth")
+                .and_then(|a| get(a, "Authorizer"))
+                .map(str_of)
+                .or(default_authorizer)
+                .unwrap_or("NONE");
+            let protected = authorizer != "NONE";
+            if protected {
+                assert_eq!(
+                    authorizer, jwt_name,
+                    "{ename}: protected by the JWT authorizer"
+                );
+            } else {
+                // Public on purpose, said explicitly.
+                assert_eq!(
+                    get(p, "Auth")
+                        .and_then(|a| get(a, "Authorizer"))
+                        .map(str_of),
+                    Some("NONE"),
+                    "{ename}: a public route says Authorizer: NONE"
+                );
+            }
+            assert!(
+                declared.insert((method.clone(), path.clone(), protected)),
+                "{method} {path} twice"
+            );
+        }
+    }
+    let served: BTreeSet<(String, String, bool)> = seckill_http::routes::ROUTES
+        .iter()
+        .map(|(m, p, protected)| (m.to_string(), p.to_string(), *protected))
+        .collect();
+    assert_eq!(
+        declared, served,
+        "template routes (left) vs seckill_http::routes::ROUTES (right)"
+    );
+}
+
+// ---------------------------------------------------------------------- functions
+
+#[test]
+fn functions_are_cargo_lambda_builds_on_provided_al2023_logging_json() {
+    let t = template();
+    let arch = at(&t, &["Parameters", "Architecture"]);
+    assert_eq!(get(arch, "Default").map(str_of), Some("arm64"));
+    let all = resources_of_type(&t, "AWS::Serverless::Function");
+    assert_eq!(
+        all.len(),
+        2,
+        "two functions: seckill-http and order-drainer"
+    );
+    for binary in ["seckill-http", "order-drainer"] {
+        let (name, f) = function_for_binary(&t, binary);
+        assert_eq!(
+            str_of(at(f, &["Metadata", "BuildMethod"])),
+            "rust-cargolambda",
+            "{name}"
+        );
+        // sam runs cargo lambda at CodeUri and takes target/lambda/<Binary>/bootstrap:
+        // CodeUri must be the workspace root.
+        let code_uri = function_property(&t, f, "CodeUri").map(str_of);
+        assert!(
+            matches!(code_uri, Some("." | "./")),
+            "{name}: CodeUri is the workspace root"
+        );
+        assert!(
+            workspace_root()
+                .join("functions")
+                .join(binary)
+                .join("src/main.rs")
+                .exists()
+        );
+        assert_eq!(
+            function_property(&t, f, "Runtime").map(str_of),
+            Some("provided.al2023"),
+            "{name}"
+        );
+        assert_eq!(
+            function_property(&t, f, "Handler").map(str_of),
+            Some("bootstrap"),
+            "{name}"
+        );
+        let archs = function_property(&t, f, "Architectures")
+            .and_then(Value::as_sequence)
+            .unwrap_or_else(|| panic!("{name}: Architectures"));
+        assert_eq!(archs.len(), 1);
+        assert_eq!(
+            intrinsic(&archs[0]).map(|(n, a)| (n, str_of(a).to_string())),
+            Some(("Ref".into(), "Architecture".into())),
+            "{name}: the architecture is the Architecture parameter"
+        );
+        let logging = function_property(&t, f, "LoggingConfig").unwrap_or_else(|| panic!("{name}"));
+        assert_eq!(
+            str_of(at(logging, &["LogFormat"])),
+            "JSON",
+            "{name}: JSON logs"
+        );
+        for key in ["MemorySize", "Timeout"] {
+            assert!(
+                function_property(&t, f, key)
+                    .and_then(Value::as_u64)
+                    .is_some(),
+                "{name}: {key} is chosen explicitly"
+            );
+        }
+        assert!(
+            function_property(&t, f, "VpcConfig").is_some(),
+            "{name}: runs in the VPC"
+        );
+        assert!(
+            function_property(&t, f, "Role").is_none(),
+            "{name}: SAM builds the role from Policies"
+        );
+    }
+}
+
+#[test]
+fn drainer_timing_is_consistent_and_runs_do_not_pile_up() {
+    let t = template();
+    let (name, f) = function_for_binary(&t, "order-drainer");
+    let props = at(f, &["Properties"]);
+    let timeout_ms = function_property(&t, f, "Timeout")
+        .and_then(Value::as_u64)
+        .unwrap()
+        * 1000;
+    for s in Scenario::all(&t) {
+        let env = environment(&t, f, &s);
+        let ms = |key: &str| -> u64 {
+            env.get(key)
+                .unwrap_or_else(|| panic!("{name} has no {key}"))
+                .parse()
+                .unwrap_or_else(|_| panic!("{key} is not a number of milliseconds"))
+        };
+        // Parameters can be changed at deploy time: check their whole allowed range.
+        let upper = |key: &str| -> u64 {
+            let v = at(props, &["Environment", "Variables", key]);
+            match intrinsic(v) {
+                Some((f, p)) if f == "Ref" => {
+                    let max = get(at(&t, &["Parameters", str_of(p)]), "MaxValue")
+                        .unwrap_or_else(|| panic!("{key}: its parameter needs a MaxValue"));
+                    scalar_string(max).parse().unwrap()
+                }
+                _ => ms(key),
+            }
+        };
+        let min_idle = ms("DRAINER_MIN_IDLE_MS");
+        assert!(
+            min_idle > timeout_ms,
+            "XAUTOCLAIM min-idle ({min_idle} ms) must exceed the drainer's timeout ({timeout_ms} ms)"
+        );
+        let max_run = upper("DRAINER_MAX_RUN_MS");
+        assert!(
+            max_run < timeout_ms,
+            "DRAINER_MAX_RUN_MS ({max_run}) < timeout ({timeout_ms})"
+        );
+        assert!(ms("DRAINER_SAFETY_MARGIN_MS") < timeout_ms);
+    }
+
+    // One run at a time; ticks that find it busy expire instead of queueing; failures
+    // are not retried (the next tick recovers).
+    assert_eq!(
+        get(props, "ReservedConcurrentExecutions").and_then(Value::as_u64),
+        Some(1)
+    );
+    let invoke = at(props, &["EventInvokeConfig"]);
+    assert_eq!(
+        get(invoke, "MaximumRetryAttempts").and_then(Value::as_u64),
+        Some(0)
+    );
+    let max_age = get(invoke, "MaximumEventAgeInSeconds")
+        .and_then(Value::as_u64)
+        .unwrap();
+    assert!(
+        max_age <= 60,
+        "a queued tick expires within a period of the default schedule"
+    );
+
+    let events = at(props, &["Events"]).as_mapping().unwrap();
+    let schedules: Vec<&Value> = events
+        .values()
+        .filter(|e| matches!(get(e, "Type").map(str_of), Some("Schedule" | "ScheduleV2")))
+        .collect();
+    assert_eq!(
+        schedules.len(),
+        1,
+        "{name} runs on one EventBridge schedule"
+    );
+    let p = at(schedules[0], &["Properties"]);
+    let (f_, param) = intrinsic(at(p, &["Schedule"])).expect("the schedule is a parameter");
+    assert_eq!(f_, "Ref");
+    let param = str_of(param).to_string();
+    assert_eq!(
+        str_of(at(&t, &["Parameters", &param, "Default"])),
+        "rate(1 minute)"
+    );
+    let retries = at(p, &["RetryPolicy", "MaximumRetryAttempts"])
+        .as_u64()
+        .unwrap();
+    assert!(retries <= 2, "a small retry budget on the schedule");
+
+    // An alarm on the function's errors.
+    let alarms = resources_of_type(&t, "AWS::CloudWatch::Alarm");
+    assert!(
+        alarms.iter().any(|(_, a)| {
+            let p = at(a, &["Properties"]);
+            get(p, "Namespace").map(str_of) == Some("AWS/Lambda")
+                && get(p, "MetricName").map(str_of) == Some("Errors")
+                && get(p, "Dimensions")
+                    .and_then(Value::as_sequence)
+                    .is_some_and(|d| {
+                        d.iter().any(|d| {
+                            get(d, "Name").map(str_of) == Some("FunctionName")
+                                && get(d, "Value")
+                                    .and_then(intrinsic)
+                                    .is_some_and(|(f, a)| f == "Ref" && str_of(a) == name)
+                        })
+                    })
+        }),
+        "an alarm on {name}'s Errors metric"
+    );
+}
+
+// ---------------------------------------------------------------------------- IAM
+
+/// Every policy statement the template writes: SAM `Policies` of functions and any IAM
+/// resource's policy documents. (SAM also attaches the AWS managed
+/// AWSLambdaBasicExecutionRole and AWSLambdaVPCAccessExecutionRole; network interfaces
+/// and log streams are what they grant.)
+fn policy_statements(t: &Value) -> Vec<(String, &Value)> {
+    let mut out = Vec::new();
+    let mut documents: Vec<(String, &Value)> = Vec::new();
+    for (name, r) in resources(t) {
+        let name = str_of(name);
+        let ty = str_of(at(r, &["Type"]));
+        let Some(props) = get(r, "Properties") else {
+            continue;
+        };
+        match ty {
+            "AWS::Serverless::Function" => {
+                let policies = match get(props, "Policies") {
+                    Some(Value::Sequence(p)) => p.iter().collect(),
+                    Some(other) => vec![other],
+                    None => vec![],
+                };
+                for p in policies {
+                    match p {
+                        Value::String(managed) => panic!(
+                            "{name}: policy {managed} is not ours to scope; write a statement"
+                        ),
+                        _ if get(p, "Statement").is_some() => documents.push((name.into(), p)),
+                        other => panic!("{name}: SAM policy templates are not used: {other:?}"),
+                    }
+                }
+            }
+            "AWS::IAM::Role" => {
+                for p in get(props, "Policies")
+                    .and_then(Value::as_sequence)
+                    .into_iter()
+                    .flatten()
+                {
+                    documents.push((name.into(), at(p, &["PolicyDocument"])));
+                }
+                assert!(
+                    get(props, "ManagedPolicyArns").is_none(),
+                    "{name}: managed policies"
+                );
+            }
+            "AWS::IAM::Policy" | "AWS::IAM::ManagedPolicy" => {
+                documents.push((name.into(), at(props, &["PolicyDocument"])))
+            }
+            _ => {}
+        }
+    }
+    for (name, doc) in documents {
+        match at(doc, &["Statement"]) {
+            Value::Sequence(s) => out.extend(s.iter().map(|s| (name.clone(), s))),
+            s => out.push((name, s)),
+        }
+    }
+    out
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    match v {
+        Value::Sequence(items) => items.iter().map(scalar_string).collect(),
+        other => vec![scalar_string(other)],
+    }
+}
+
+/// The Data API operations the code calls (SDK method → IAM action), found in the
+/// sources of the shared crate and the functions.
+fn data_api_actions_used() -> BTreeSet<String> {
+    const OPERATIONS: [(&str, &str); 5] = [
+        (".execute_statement()", "rds-data:ExecuteStatement"),
+        (
+            ".batch_execute_statement()",
+            "rds-data:BatchExecuteStatement",
+        ),
+        (".begin_transaction()", "rds-data:BeginTransaction"),
+        (".commit_transaction()", "rds-data:CommitTransaction"),
+        (".rollback_transaction()", "rds-data:RollbackTransaction"),
+    ];
+    fn walk(dir: &Path, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = entry.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|e| e == "rs") {
+                out.push(std::fs::read_to_string(&p).unwrap());
+            }
+        }
+    }
+    let root = workspace_root();
+    let mut sources = Vec::new();
+    walk(&root.join("shared/src"), &mut sources);
+    walk(&root.join("functions"), &mut sources);
+    let mut used = BTreeSet::new();
+    for src in &sources {
+        for (call, action) in OPERATIONS {
+            if src.contains(call) {
+                used.insert(action.to_string());
+            }
+        }
+    }
+    assert!(
+        used.contains("rds-data:ExecuteStatement"),
+        "the scan finds the Data API calls"
+    );
+    used
+}
+
+#[test]
+fn every_iam_statement_is_scoped_to_the_configured_cluster_and_secret() {
+    let t = template();
+    let statements = policy_statements(&t);
+    assert!(!statements.is_empty());
+    let data_api_actions: BTreeSet<&str> = [
+        "rds-data:ExecuteStatement",
+        "rds-data:BatchExecuteStatement",
+        "rds-data:BeginTransaction",
+        "rds-data:CommitTransaction",
+        "rds-data:RollbackTransaction",
+    ]
+    .into();
+    let used = data_api_actions_used();
+    for s in Scenario::all(&t) {
+        let eval = Eval { t: &t, s: &s };
+        let mut granted: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (owner, st) in &statements {
+            let st = eval.value(st);
+            for key in ["NotResource", "NotAction", "NotPrincipal"] {
+                assert!(get(&st, key).is_none(), "{owner}: {key} is not used");
+            }
+            assert_eq!(get(&st, "Effect").map(str_of), Some("Allow"), "{owner}");
+            let actions = strings(at(&st, &["Action"]));
+            let resources = strings(at(&st, &["Resource"]));
+            for a in &actions {
+                assert!(!a.contains('*'), "{owner}: wildcard action {a}");
+            }
+            for r in &resources {
+                assert!(
+                    !r.contains('*') && r.starts_with("arn:"),
+                    "{} / {owner}: resource {r:?} is not a scoped ARN",
+                    s.name
+                );
+            }
+            // The very cluster and secret this function is configured with.
+            let f = resource(&t, owner);
+            let env = environment(&t, f, &s);
+            for a in &actions {
+                let expected = if a.starts_with("rds-data:") {
+                    assert!(data_api_actions.contains(a.as_str()), "{owner}: {a}");
+                    env.get("DB_CLUSTER_ARN")
+                } else if a == "secretsmanager:GetSecretValue" {
+                    env.get("DB_SECRET_ARN")
+                } else {
+                    panic!("{owner}: unexpected action {a}")
+                };
+                let expected =
+                    expected.unwrap_or_else(|| panic!("{owner} grants {a} but has no target"));
+                assert_eq!(
+                    &resources,
+                    &vec![expected.clone()],
+                    "{} / {owner}: {a}",
+                    s.name
+                );
+                granted.entry(owner.clone()).or_default().insert(a.clone());
+            }
+        }
+        // Every function that talks to the database may make the calls the code makes.
+        for (name, f) in resources_of_type(&t, "AWS::Serverless::Function") {
+            if !environment(&t, f, &s).contains_key("DB_CLUSTER_ARN") {
+                continue;
+            }
+            let g = granted.get(name).cloned().unwrap_or_default();
+            for action in used
+                .iter()
+                .chain(["secretsmanager:GetSecretValue".to_string()].iter())
+            {
+                assert!(
+                    g.contains(action),
+                    "{name} calls {action} but is not allowed to"
+                );
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------- configuration
+
+/// The environment a function gets in a scenario (`Globals.Function` merged under the
+/// function's own variables), every value a string as Lambda hands it over.
+fn environment(t: &Value, f: &Value, s: &Scenario) -> HashMap<String, String> {
+    let eval = Eval { t, s };
+    let mut vars = HashMap::new();
+    let global = get(t, "Globals")
+        .and_then(|g| get(g, "Function"))
+        .and_then(|g| get(g, "Environment"))
+        .and_then(|e| get(e, "Variables"));
+    let own = get(at(f, &["Properties"]), "Environment").and_then(|e| get(e, "Variables"));
+    for source in [global, own].into_iter().flatten() {
+        for (k, v) in eval.value(source).as_mapping().unwrap() {
+            vars.insert(str_of(k).to_string(), scalar_string(v));
+        }
+    }
+    vars
+}
+
+/// Read by the logging setup (`seckill_shared::telemetry::init`), not by `Config`.
+const TELEMETRY_VARS: &[&str] = &["RUST_LOG"];
+
+/// Never in AWS: the API Gateway authorizer verifies tokens, the SDK finds the real
+/// Data API endpoint.
+const LOCAL_ONLY_VARS: &[&str] = &["SECKILL_DEV_JWT_SECRET", "DATA_API_URL"];
+
+fn check_names(name: &str, env: &HashMap<String, String>, reads: &[&str]) {
+    for k in env.keys() {
+        assert!(
+            reads.contains(&k.as_str()) || TELEMETRY_VARS.contains(&k.as_str()),
+            "{name}: the template sets {k}, which the code never reads"
+        );
+        assert!(
+            !LOCAL_ONLY_VARS.contains(&k.as_str()),
+            "{name}: {k} must not be set in AWS"
+        );
+    }
+    assert_eq!(
+        env.get("RUST_LOG").map(String::as_str),
+        Some("info"),
+        "{name}: RUST_LOG"
+    );
+}
+
+fn check_redis(name: &str, s: &Scenario, env: &HashMap<String, String>) {
+    let url = &env["REDIS_URL"];
+    assert!(
+        url.starts_with("rediss://"),
+        "{} / {name}: ElastiCache Serverless needs TLS, got {url}",
+        s.name
+    );
+    assert_eq!(
+        env["REDIS_CLUSTER"], "true",
+        "{name}: ElastiCache Serverless is cluster mode"
+    );
+    redis::Client::open(url.as_str()).unwrap_or_else(|e| panic!("{name}: REDIS_URL {url}: {e}"));
+}
+
+#[test]
+fn seckill_http_starts_with_exactly_the_template_environment() {
+    use seckill_http::config::{Config, ENV_VARS};
+    use seckill_shared::config::EnvReader;
+
+    let t = template();
+    let (name, f) = function_for_binary(&t, "seckill-http");
+    for s in Scenario::all(&t) {
+        let env = environment(&t, f, &s);
+        check_names(name, &env, ENV_VARS);
+        check_redis(name, &s, &env);
+        let cfg = Config::read(EnvReader::from_map(env.clone()))
+            .unwrap_or_else(|e| panic!("{} / {name}: {e}", s.name));
+        assert!(cfg.redis.cluster);
+        assert_eq!(
+            cfg.data_api.endpoint, None,
+            "{name}: the real Data API endpoint"
+        );
+        assert_eq!(
+            cfg.dev_jwt_secret, None,
+            "{name}: tokens are verified by API Gateway"
+        );
+        assert_eq!(cfg.data_api.database, s.params["DbName"]);
+        if s.name == "existing resources" {
+            assert_eq!(cfg.data_api.cluster_arn, s.params["ExistingDbClusterArn"]);
+            assert_eq!(cfg.data_api.secret_arn, s.params["ExistingDbSecretArn"]);
+            assert_eq!(cfg.redis.url, s.params["ExistingRedisUrl"]);
+        }
+    }
+}
+
+#[test]
+fn order_drainer_starts_with_exactly_the_template_environment() {
+    use order_drainer::config::{Config, ENV_VARS, MAX_BATCH_SIZE};
+    use seckill_shared::config::EnvReader;
+
+    let t = template();
+    let (name, f) = function_for_binary(&t, "order-drainer");
+    let timeout = std::time::Duration::from_secs(
+        function_property(&t, f, "Timeout")
+            .and_then(Value::as_u64)
+            .unwrap(),
+    );
+    for s in Scenario::all(&t) {
+        let env = environment(&t, f, &s);
+        check_names(name, &env, ENV_VARS);
+        check_redis(name, &s, &env);
+        assert!(
+            !env.contains_key("DRAINER_VOUCHERS"),
+            "{name}: drains the active set in AWS"
+        );
+        let cfg = Config::read(EnvReader::from_map(env.clone()))
+            .unwrap_or_else(|e| panic!("{} / {name}: {e}", s.name));
+        assert!(cfg.redis.cluster);
+        assert_eq!(
+            cfg.data_api.endpoint, None,
+            "{name}: the real Data API endpoint"
+        );
+        assert_eq!(cfg.vouchers, None);
+        // The timing the function really runs with, not just the strings.
+        assert!(
+            cfg.min_idle > timeout,
+            "{}: min-idle {:?} <= timeout {timeout:?}",
+            s.name,
+            cfg.min_idle
+        );
+        assert!(
+            cfg.max_run < timeout,
+            "{}: max run {:?} >= timeout {timeout:?}",
+            s.name,
+            cfg.max_run
+        );
+        assert!(cfg.safety_margin < timeout);
+        assert!((1..=MAX_BATCH_SIZE).contains(&cfg.batch_size));
+        assert_eq!(cfg.batch_size.to_string(), s.params["DrainerBatchSize"]);
+        assert_eq!(
+            cfg.max_run.as_millis().to_string(),
+            s.params["DrainerMaxRunMs"]
+        );
+    }
+}
