@@ -33,6 +33,8 @@ command -v mariadb >/dev/null 2>&1 && command -v mariadb-admin >/dev/null 2>&1 |
     missing_pkgs+=(mariadb-client)
 # scripts/stack.sh talks HTTP to the functions with curl.
 command -v curl >/dev/null 2>&1 || missing_pkgs+=(curl ca-certificates)
+# The TLS tests make a throwaway CA with the openssl command.
+command -v openssl >/dev/null 2>&1 || missing_pkgs+=(openssl)
 # pip, only when it is needed to install cargo-lambda and there is none.
 find_pip_python() {
     local c
@@ -138,6 +140,26 @@ or install cargo-lambda another way: https://www.cargo-lambda.info/guide/install
 Try by hand: $py -m pip install cargo-lambda   and make sure its 'cargo-lambda' script
 is on PATH (cargo finds subcommands as cargo-<name> on PATH)."
     ok "cargo-lambda installed: $(cargo lambda --version 2>/dev/null)"
+fi
+
+# --- cfn-lint (tests/tests/template.rs lints template.yaml offline) ----------------------
+# Pinned: newer releases change their lists of valid engine versions and could fail CI
+# on their own.
+CFN_LINT_VERSION=1.51.0
+if ! cfn-lint --version 2>/dev/null | grep -q "$CFN_LINT_VERSION"; then
+    py=$(find_pip_python || true)
+    [[ -n $py ]] || die "cfn-lint is missing and no pip was found to install it (apt-get install -y python3-pip)"
+    log "installing cfn-lint $CFN_LINT_VERSION from PyPI"
+    export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+    "$py" -m pip install -q "cfn-lint==$CFN_LINT_VERSION" </dev/null ||
+        "$py" -m pip install -q --break-system-packages "cfn-lint==$CFN_LINT_VERSION" </dev/null ||
+        die "cfn-lint did not install: try $py -m pip install cfn-lint==$CFN_LINT_VERSION"
+    ensure_path
+    hash -r
+    if command -v pyenv >/dev/null 2>&1; then pyenv rehash >/dev/null 2>&1 || true; fi
+    cfn-lint --version >/dev/null 2>&1 || "$py" -m cfnlint --version >/dev/null 2>&1 ||
+        die "cfn-lint installed but not runnable; make sure pip's script folder is on PATH"
+    ok "cfn-lint $CFN_LINT_VERSION installed"
 fi
 
 ok "setup: cargo $(cargo --version | cut -d' ' -f2), redis $(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p'),\

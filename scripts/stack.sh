@@ -25,8 +25,10 @@
 #   SECKILL_LAMBDA_TIMEOUT       seconds an invocation may take before the watch answers
 #                                408 (default: no limit; includes compile time)
 #   SECKILL_WARMUP_TIMEOUT       seconds `up` waits for each function's first answer (900)
-# Extra function environment: KEY=VALUE lines in .dev/functions.extra.env are appended to
-# .dev/functions.env.
+# Function environment (.dev/functions.env): the stack's addresses, plus DRAINER_*,
+# REDIS_TIMEOUT_MS and DATA_API_TIMEOUT_MS when set in the environment of `up`, plus the
+# KEY=VALUE lines of .dev/functions.extra.env if that file exists. A change restarts the
+# watch on the next `up`.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -431,10 +433,14 @@ write_functions_env() {
         echo "AWS_SECRET_ACCESS_KEY=local"
         echo "SECKILL_DEV_JWT_SECRET=$(jwt_secret)"
         echo "RUST_LOG=${SECKILL_FUNCTIONS_RUST_LOG:-info}"
-        echo "DRAINER_BATCH_SIZE=${DRAINER_BATCH_SIZE:-100}"
-        echo "DRAINER_MIN_IDLE_MS=${DRAINER_MIN_IDLE_MS:-60000}"
-        echo "DRAINER_MAX_DELIVERIES=${DRAINER_MAX_DELIVERIES:-5}"
-        echo "DRAINER_SAFETY_MARGIN_MS=${DRAINER_SAFETY_MARGIN_MS:-2000}"
+        # Locally one drainer invocation drains for 2 s, not the 50 s of a one-minute
+        # schedule in AWS, so an invoke (the tests', the demo's, yours) returns quickly.
+        echo "DRAINER_MAX_RUN_MS=${DRAINER_MAX_RUN_MS:-2000}"
+        echo "DRAINER_IDLE_POLL_MS=${DRAINER_IDLE_POLL_MS:-50}"
+        # Other tuning knobs: the functions' own defaults, unless set in the environment
+        # of `scripts/stack.sh up` (DRAINER_*, REDIS_TIMEOUT_MS, DATA_API_TIMEOUT_MS).
+        env | grep -E '^(DRAINER_[A-Z_]+|REDIS_TIMEOUT_MS|DATA_API_TIMEOUT_MS)=' |
+            grep -vE '^DRAINER_(MAX_RUN_MS|IDLE_POLL_MS)=' | sort || true
         if [[ -f $DEV_DIR/functions.extra.env ]]; then
             grep -v '^[[:space:]]*\(#\|$\)' "$DEV_DIR/functions.extra.env" || true
         fi
