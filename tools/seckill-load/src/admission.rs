@@ -1,0 +1,655 @@
+//! The admission scenarios, each with its baselines in the same run, on the same Redis,
+//! with the same number of callers and the same sequence of users:
+//!
+//! - `sale`: a voucher of `stock` units; `attempts` attempts by `users` distinct users
+//!   (with repeats) from `callers` callers. Ours vs the tutorial's admission.
+//! - `admit`: the stock never runs out and every attempt is a new user, so every attempt
+//!   is an admission. Ours, ours without the handler, the tutorial's admission and the
+//!   no-op floor, in `rounds` rounds whose order rotates; the round with the median rate
+//!   stands for each variant.
+//!
+//! After each variant the invariants are checked against Redis: nobody admitted beyond
+//! the stock, nobody admitted twice, Redis stock + admitted = initial stock.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use futures::future::try_join_all;
+use redis::AsyncCommands;
+use seckill_shared::domain::{Voucher, VoucherId, now_millis};
+use seckill_shared::keys::VoucherKeys;
+use serde::{Deserialize, Serialize};
+
+use crate::backends::Bench;
+use crate::drivers::{
+    AdapterCaller, Driver, FloorCaller, HttpCaller, InProcess, TutorialCaller, TutorialKeys,
+};
+use crate::engine::{Ui, run};
+use crate::record::{Check, RunMeta, RunResult};
+use crate::workload::{Plan, Tokens};
+
+/// Where "ours" runs.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// The handler in this process, against the run's backends.
+    InProcess,
+    /// A deployment of the HTTP contract.
+    Url(UrlTarget),
+}
+
+/// A deployment of the HTTP contract and how to get tokens for it.
+#[derive(Debug, Clone)]
+pub struct UrlTarget {
+    /// Base URL (the routes are appended).
+    pub base: String,
+    /// Users' tokens, one per line; else minted with `jwt_secret`.
+    pub tokens: Option<PathBuf>,
+    /// The deployment's dev secret (`SECKILL_DEV_JWT_SECRET`).
+    pub jwt_secret: Option<String>,
+    /// A token with the `seckill/admin` scope to create the voucher; else minted.
+    pub admin_token: Option<String>,
+}
+
+impl Target {
+    fn name(&self) -> &'static str {
+        match self {
+            Target::InProcess => "in-process",
+            Target::Url(_) => "url",
+        }
+    }
+}
+
+/// Sizes of a sale.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SaleOptions {
+    pub stock: i64,
+    pub attempts: u64,
+    pub users: u32,
+    pub callers: usize,
+    pub seed: u64,
+    /// Run the tutorial's admission too.
+    pub baseline: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SaleReport {
+    pub options: SaleOptions,
+    pub ours: RunResult,
+    pub tutorial: Option<RunResult>,
+}
+
+/// Sizes of the admit path.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AdmitOptions {
+    pub attempts: u64,
+    pub callers: usize,
+    pub rounds: u32,
+    /// Run the baselines (tutorial, floor) and ours without the handler too.
+    pub baseline: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AdmitReport {
+    pub options: AdmitOptions,
+    /// The median round of each variant.
+    pub ours: RunResult,
+    pub ours_adapter: Option<RunResult>,
+    pub tutorial: Option<RunResult>,
+    pub floor: Option<RunResult>,
+    /// Attempts per second of every round, per variant.
+    pub rounds: Vec<Vec<(String, f64)>>,
+}
+
+/// What a target needs for one voucher.
+pub(crate) struct Prepared {
+    pub(crate) voucher: Voucher,
+    pub(crate) tokens: Arc<Tokens>,
+    pub(crate) url: Option<UrlTarget>,
+}
+
+/// `sale`: ours, then the tutorial's admission, over the same sequence of users.
+pub async fn sale(
+    bench: Option<&Bench>,
+    target: &Target,
+    o: &SaleOptions,
+    ui: &Ui,
+) -> anyhow::Result<SaleReport> {
+    anyhow::ensure!(
+        o.stock >= 1 && o.attempts >= 1 && o.callers >= 1,
+        "sizes must be positive"
+    );
+    let plan = Arc::new(Plan::mixed(o.attempts, o.users, o.seed));
+    let prepared = prepare(bench, target, "bench sale", o.stock, plan.users(), None).await?;
+    let meta = |variant: &str, target: &str| RunMeta {
+        variant: variant.into(),
+        target: target.into(),
+        scenario: "sale".into(),
+        callers: o.callers,
+        planned: o.attempts,
+        users: u64::from(plan.users()),
+        stock: Some(o.stock),
+    };
+    let drivers = ours_drivers(bench, &prepared, o.callers).await?;
+    let mut ours = run(drivers, plan.clone(), meta("ours", target.name()), None, ui).await?;
+    check_ours(bench, &prepared, &mut ours).await?;
+    let tutorial = match (o.baseline, bench) {
+        (true, Some(bench)) => {
+            let keys = tutorial_keys(bench, prepared.voucher.id, o.stock).await?;
+            let drivers = tutorial_drivers(bench, &keys, &prepared.tokens, o.callers).await?;
+            let before = queued(bench, &keys).await?;
+            let mut t = run(drivers, plan.clone(), meta("tutorial", "redis"), None, ui).await?;
+            check_tutorial(bench, &keys, o.stock, before, &mut t).await?;
+            Some(t)
+        }
+        (true, None) => bail!("the tutorial baseline needs the local stack's Redis"),
+        (false, _) => None,
+    };
+    Ok(SaleReport {
+        options: o.clone(),
+        ours,
+        tutorial,
+    })
+}
+
+/// `admit`: every attempt is a new user and the stock never runs out.
+pub async fn admit(
+    bench: Option<&Bench>,
+    target: &Target,
+    o: &AdmitOptions,
+    ui: &Ui,
+) -> anyhow::Result<AdmitReport> {
+    anyhow::ensure!(
+        o.attempts >= 1 && o.callers >= 1 && o.rounds >= 1,
+        "sizes must be positive"
+    );
+    let plan = Arc::new(Plan::distinct(o.attempts));
+    let stock = o.attempts as i64;
+    let mut variants: Vec<&str> = vec!["ours"];
+    if o.baseline {
+        anyhow::ensure!(
+            bench.is_some(),
+            "the baselines need the local stack's Redis"
+        );
+        variants.extend(["ours-adapter", "tutorial", "floor"]);
+        if matches!(target, Target::Url(_)) {
+            variants.retain(|v| *v != "ours-adapter");
+        }
+    }
+    let mut results: Vec<Vec<RunResult>> = vec![Vec::new(); variants.len()];
+    let mut tokens: Option<Arc<Tokens>> = None;
+    for round in 0..o.rounds as usize {
+        for k in 0..variants.len() {
+            if ui.stopped() {
+                break;
+            }
+            let idx = (k + round) % variants.len();
+            let variant = variants[idx];
+            let meta = RunMeta {
+                variant: variant.into(),
+                target: match variant {
+                    "ours" => target.name().into(),
+                    _ => "redis".into(),
+                },
+                scenario: "admit".into(),
+                callers: o.callers,
+                planned: o.attempts,
+                users: o.attempts,
+                stock: Some(stock),
+            };
+            let r = match variant {
+                "ours" => {
+                    let p = prepare(
+                        bench,
+                        target,
+                        "bench admit",
+                        stock,
+                        plan.users(),
+                        tokens.clone(),
+                    )
+                    .await?;
+                    tokens = Some(p.tokens.clone());
+                    let drivers = ours_drivers(bench, &p, o.callers).await?;
+                    let mut r = run(drivers, plan.clone(), meta, None, ui).await?;
+                    check_ours(bench, &p, &mut r).await?;
+                    r
+                }
+                "ours-adapter" => {
+                    let bench = bench.context("ours-adapter needs the stack")?;
+                    let voucher = bench.voucher("bench admit (adapter)", stock, false).await?;
+                    let tokens = tokens_for(bench, &tokens, plan.users());
+                    let drivers = try_join_all((0..o.callers).map(|_| {
+                        AdapterCaller::new(&bench.http.redis, voucher.id, tokens.clone())
+                    }))
+                    .await?
+                    .into_iter()
+                    .map(Driver::Adapter)
+                    .collect();
+                    let mut r = run(drivers, plan.clone(), meta, None, ui).await?;
+                    let p = Prepared {
+                        voucher,
+                        tokens,
+                        url: None,
+                    };
+                    check_ours(Some(bench), &p, &mut r).await?;
+                    r
+                }
+                "tutorial" => {
+                    let bench = bench.context("the tutorial needs the stack")?;
+                    let id = VoucherId::new(1_000 + round as i64).context("round voucher id")?;
+                    let keys = tutorial_keys(bench, id, stock).await?;
+                    let tokens = tokens_for(bench, &tokens, plan.users());
+                    let drivers = tutorial_drivers(bench, &keys, &tokens, o.callers).await?;
+                    let before = queued(bench, &keys).await?;
+                    let mut r = run(drivers, plan.clone(), meta, None, ui).await?;
+                    check_tutorial(bench, &keys, stock, before, &mut r).await?;
+                    r
+                }
+                _ => {
+                    let bench = bench.context("the floor needs the stack")?;
+                    let drivers =
+                        try_join_all((0..o.callers).map(|_| FloorCaller::new(&bench.http.redis)))
+                            .await?
+                            .into_iter()
+                            .map(Driver::Floor)
+                            .collect();
+                    let mut r = run(drivers, plan.clone(), meta, None, ui).await?;
+                    r.checks.push(Check::new(
+                        "every call answered",
+                        r.outcomes.get("ok").copied().unwrap_or(0) == r.completed,
+                        format!("{:?}", r.outcomes),
+                    ));
+                    r
+                }
+            };
+            eprintln!("  {}", one_line(&r));
+            results[idx].push(r);
+        }
+    }
+    let rounds = (0..o.rounds as usize)
+        .map(|i| {
+            variants
+                .iter()
+                .zip(&results)
+                .filter_map(|(v, rs)| rs.get(i).map(|r| (v.to_string(), r.attempts_per_s)))
+                .collect()
+        })
+        .collect();
+    let mut medians = results.into_iter().map(median_round);
+    let ours = medians
+        .next()
+        .flatten()
+        .context("the run was stopped before ours ran")?;
+    let (ours_adapter, tutorial, floor) = if o.baseline && variants.len() == 4 {
+        (
+            medians.next().flatten(),
+            medians.next().flatten(),
+            medians.next().flatten(),
+        )
+    } else if o.baseline {
+        (None, medians.next().flatten(), medians.next().flatten())
+    } else {
+        (None, None, None)
+    };
+    Ok(AdmitReport {
+        options: o.clone(),
+        ours,
+        ours_adapter,
+        tutorial,
+        floor,
+        rounds,
+    })
+}
+
+/// The round with the median rate (the lower middle of an even count). Every round's
+/// checks are kept on it, so a violation in any round is reported.
+fn median_round(mut rs: Vec<RunResult>) -> Option<RunResult> {
+    if rs.is_empty() {
+        return None;
+    }
+    let failed: Vec<Check> = rs
+        .iter()
+        .flat_map(|r| r.checks.iter().filter(|c| !c.ok).cloned())
+        .collect();
+    rs.sort_by(|a, b| a.attempts_per_s.total_cmp(&b.attempts_per_s));
+    let mut m = rs.swap_remove((rs.len() - 1) / 2);
+    for c in failed {
+        if !m
+            .checks
+            .iter()
+            .any(|x| x.name == c.name && x.detail == c.detail)
+        {
+            m.checks.push(c);
+        }
+    }
+    Some(m)
+}
+
+/// One line about a finished variant.
+pub fn one_line(r: &RunResult) -> String {
+    format!(
+        "{:<6} {:<13} {:>9} attempts in {:>6.2} s = {:>9.0}/s, admitted {:>7}, p50 {:>7.3} ms, p99 {:>7.3} ms{}",
+        r.scenario,
+        r.variant,
+        r.completed,
+        r.elapsed_s,
+        r.attempts_per_s,
+        r.admitted,
+        r.latency.p50_us as f64 / 1000.0,
+        r.latency.p99_us as f64 / 1000.0,
+        if r.checks.iter().all(|c| c.ok) {
+            String::new()
+        } else {
+            "  INVARIANT VIOLATED".into()
+        }
+    )
+}
+
+fn tokens_for(bench: &Bench, have: &Option<Arc<Tokens>>, users: u32) -> Arc<Tokens> {
+    match have {
+        Some(t) if t.len() >= users => t.clone(),
+        _ => Arc::new(Tokens::mint(secret_of(bench).as_bytes(), users)),
+    }
+}
+
+fn secret_of(bench: &Bench) -> String {
+    bench.http.dev_jwt_secret.clone().unwrap_or_default()
+}
+
+/// A voucher of `stock` units for the target, and tokens for `users` users.
+async fn prepare(
+    bench: Option<&Bench>,
+    target: &Target,
+    title: &str,
+    stock: i64,
+    users: u32,
+    tokens: Option<Arc<Tokens>>,
+) -> anyhow::Result<Prepared> {
+    match target {
+        Target::InProcess => {
+            let bench =
+                bench.context("--in-process needs the local stack (scripts/stack.sh up)")?;
+            let secret = bench
+                .http
+                .dev_jwt_secret
+                .clone()
+                .context("the in-process function has no dev secret")?;
+            let tokens = match tokens {
+                Some(t) if t.len() >= users => t,
+                _ => Arc::new(Tokens::mint(secret.as_bytes(), users)),
+            };
+            let voucher = bench.voucher(title, stock, false).await?;
+            Ok(Prepared {
+                voucher,
+                tokens,
+                url: None,
+            })
+        }
+        Target::Url(u) => {
+            let tokens = match (tokens, &u.tokens, &u.jwt_secret) {
+                (Some(t), _, _) => t,
+                (None, Some(file), _) => Arc::new(Tokens::from_file(file)?),
+                (None, None, Some(secret)) => Arc::new(Tokens::mint(secret.as_bytes(), users)),
+                (None, None, None) => bail!(
+                    "--url needs --tokens FILE or a dev secret (--jwt-secret or SECKILL_DEV_JWT_SECRET)"
+                ),
+            };
+            let voucher = create_voucher_http(u, title, stock).await?;
+            Ok(Prepared {
+                voucher,
+                tokens,
+                url: Some(u.clone()),
+            })
+        }
+    }
+}
+
+/// `POST /vouchers` with an admin token.
+async fn create_voucher_http(u: &UrlTarget, title: &str, stock: i64) -> anyhow::Result<Voucher> {
+    let admin = match (&u.admin_token, &u.jwt_secret) {
+        (Some(t), _) => t.clone(),
+        (None, Some(secret)) => seckill_shared::auth::mint_hs256(
+            secret.as_bytes(),
+            "bench-admin",
+            Some(seckill_shared::auth::ADMIN_SCOPE),
+            time::OffsetDateTime::now_utc().unix_timestamp() + 3_600,
+        ),
+        (None, None) => bail!("creating the voucher needs --admin-token or a dev secret"),
+    };
+    let now = now_millis();
+    let body = serde_json::json!({
+        "title": title,
+        "stock": stock,
+        "begins_at": seckill_shared::domain::format_rfc3339_millis(now - 60_000),
+        "ends_at": seckill_shared::domain::format_rfc3339_millis(now + 3_600_000),
+    });
+    let url = format!("{}/vouchers", u.base.trim_end_matches('/'));
+    let res = reqwest::Client::new()
+        .post(&url)
+        .bearer_auth(admin)
+        .json(&body)
+        .send()
+        .await
+        .with_context(|| format!("POST {url}"))?;
+    let status = res.status();
+    let text = res.text().await.unwrap_or_default();
+    anyhow::ensure!(
+        status.as_u16() == 201,
+        "POST {url} answered {status}: {text}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("POST {url} answered {text}"))?;
+    let id: VoucherId = v["id"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("POST {url} answered no voucher id: {text}"))?;
+    let window = seckill_shared::domain::SaleWindow::new(now - 60_000, now + 3_600_000)
+        .map_err(|e| anyhow::anyhow!(e.0))?;
+    Ok(Voucher {
+        id,
+        title: title.into(),
+        stock,
+        db_stock_left: stock,
+        window,
+    })
+}
+
+pub(crate) async fn ours_drivers(
+    bench: Option<&Bench>,
+    p: &Prepared,
+    callers: usize,
+) -> anyhow::Result<Vec<Driver>> {
+    match &p.url {
+        None => {
+            let bench = bench.context("--in-process needs the local stack")?;
+            let apps = try_join_all(
+                (0..callers).map(|_| InProcess::new(&bench.http, p.voucher.id, p.tokens.clone())),
+            )
+            .await?;
+            Ok(apps
+                .into_iter()
+                .map(|a| Driver::InProcess(Box::new(a)))
+                .collect())
+        }
+        Some(u) => (0..callers)
+            .map(|_| HttpCaller::new(&u.base, p.voucher.id, p.tokens.clone()).map(Driver::Http))
+            .collect(),
+    }
+}
+
+pub(crate) async fn tutorial_keys(
+    bench: &Bench,
+    voucher: VoucherId,
+    stock: i64,
+) -> anyhow::Result<Arc<TutorialKeys>> {
+    tutorial_keys_in(bench, &bench.prefix(), voucher, stock).await
+}
+
+/// The tutorial's keys under `prefix` (one "deployment" of the tutorial: one global
+/// stream and one id counter per prefix).
+pub(crate) async fn tutorial_keys_in(
+    bench: &Bench,
+    prefix: &str,
+    voucher: VoucherId,
+    stock: i64,
+) -> anyhow::Result<Arc<TutorialKeys>> {
+    let keys = TutorialKeys {
+        prefix: prefix.to_string(),
+        voucher: voucher.get(),
+    };
+    let now = time::OffsetDateTime::now_utc();
+    for key in [
+        keys.stock(),
+        keys.buyers(),
+        keys.stream(),
+        keys.id_counter(now),
+        keys.id_counter(now + time::Duration::days(1)),
+    ] {
+        bench.track_key(key);
+    }
+    let _: () = bench.redis.clone().set(keys.stock(), stock).await?;
+    Ok(Arc::new(keys))
+}
+
+pub(crate) async fn tutorial_drivers(
+    bench: &Bench,
+    keys: &Arc<TutorialKeys>,
+    tokens: &Arc<Tokens>,
+    callers: usize,
+) -> anyhow::Result<Vec<Driver>> {
+    Ok(try_join_all(
+        (0..callers).map(|_| TutorialCaller::new(&bench.http.redis, keys.clone(), tokens.clone())),
+    )
+    .await?
+    .into_iter()
+    .map(Driver::Tutorial)
+    .collect())
+}
+
+async fn check_ours(bench: Option<&Bench>, p: &Prepared, r: &mut RunResult) -> anyhow::Result<()> {
+    let initial = p.voucher.stock;
+    match (&p.url, bench) {
+        (None, Some(bench)) => {
+            let k = VoucherKeys::new(p.voucher.id);
+            let mut c = bench.redis.clone();
+            let left: Option<i64> = c.hget(&k.sale, "stock").await?;
+            let buyers: i64 = c.hlen(&k.buyers).await?;
+            let queued: i64 = c.xlen(&k.orders).await?;
+            r.checks = checks(r, initial, left, Some(buyers), Some(queued));
+        }
+        (Some(u), _) => {
+            let url = format!("{}/vouchers/{}", u.base.trim_end_matches('/'), p.voucher.id);
+            let v: serde_json::Value = reqwest::get(&url)
+                .await
+                .with_context(|| format!("GET {url}"))?
+                .json()
+                .await
+                .with_context(|| format!("GET {url} did not answer JSON"))?;
+            let left = v["stock_left"].as_i64();
+            r.checks = checks(r, initial, left, None, None);
+        }
+        (None, None) => bail!("in-process checks need the stack"),
+    }
+    Ok(())
+}
+
+/// Entries in the tutorial's one global stream (shared by every voucher of the run).
+async fn queued(bench: &Bench, keys: &TutorialKeys) -> anyhow::Result<i64> {
+    Ok(bench.redis.clone().xlen(keys.stream()).await?)
+}
+
+/// The tutorial's invariants; `queued_before`: the global stream's length before the run.
+async fn check_tutorial(
+    bench: &Bench,
+    keys: &TutorialKeys,
+    initial: i64,
+    queued_before: i64,
+    r: &mut RunResult,
+) -> anyhow::Result<()> {
+    let mut c = bench.redis.clone();
+    let left: Option<i64> = c.get(keys.stock()).await?;
+    let buyers: i64 = c.scard(keys.buyers()).await?;
+    let queued = queued(bench, keys).await? - queued_before;
+    r.checks = checks(r, initial, left, Some(buyers), Some(queued));
+    Ok(())
+}
+
+/// The invariants of an admission run. `left`: units Redis (or the API) says are left;
+/// `recorded`: buyers Redis recorded; `queued`: orders queued in the stream.
+///
+/// An attempt answered `unavailable` (or lost in transport) may or may not have been
+/// admitted, so the client's count of admissions is only bounded by those.
+pub fn checks(
+    r: &RunResult,
+    initial: i64,
+    left: Option<i64>,
+    recorded: Option<i64>,
+    queued: Option<i64>,
+) -> Vec<Check> {
+    let seen = r.admitted as i64;
+    let ambiguous = (r.outcomes.get("unavailable").copied().unwrap_or(0)
+        + r.outcomes.get("failed").copied().unwrap_or(0)) as i64;
+    let admitted = recorded.unwrap_or(seen);
+    let mut out = Vec::new();
+    out.push(Check::new(
+        "admitted <= stock",
+        seen <= initial && admitted <= initial,
+        match recorded {
+            Some(_) => {
+                format!("answers admitted {seen}, Redis recorded {admitted}, stock {initial}")
+            }
+            None => format!("answers admitted {seen}, stock {initial}"),
+        },
+    ));
+    let mut users = r.admitted_users.clone();
+    users.dedup();
+    let mut ids = r.order_ids.clone();
+    ids.dedup();
+    let unique = users.len() == r.admitted_users.len() && queued.is_none_or(|q| q == admitted);
+    out.push(Check::new(
+        "no user admitted twice",
+        unique,
+        format!(
+            "{} admissions to {} distinct users{}",
+            r.admitted_users.len(),
+            users.len(),
+            queued.map_or(String::new(), |q| format!(
+                "; {q} orders queued for {admitted} recorded buyers"
+            ))
+        ),
+    ));
+    out.push(Check::new(
+        "order ids unique",
+        ids.len() == r.order_ids.len(),
+        format!("{} ids, {} distinct", r.order_ids.len(), ids.len()),
+    ));
+    match left {
+        Some(left) => {
+            let ok = if recorded.is_some() {
+                left + admitted == initial
+            } else {
+                left + seen <= initial && initial <= left + seen + ambiguous
+            };
+            out.push(Check::new(
+                "stock left + admitted = initial",
+                ok,
+                format!("{left} left + {admitted} admitted vs {initial} initial"),
+            ));
+        }
+        None => out.push(Check::new(
+            "stock left + admitted = initial",
+            false,
+            "the sale's stock is missing".to_string(),
+        )),
+    }
+    if recorded.is_some() {
+        out.push(Check::new(
+            "answers agree with Redis",
+            seen <= admitted && admitted <= seen + ambiguous,
+            format!(
+                "{seen} admissions answered, {admitted} recorded, {ambiguous} ambiguous answers"
+            ),
+        ));
+    }
+    out
+}

@@ -1,0 +1,332 @@
+//! A private corner of the shared backends for one benchmark run.
+//!
+//! A run never touches the stack's own `seckill` database or its vouchers: it creates a
+//! fresh database `seckill_b_<random>` (the stack's MySQL user has rights on `seckill%`
+//! databases), applies the schema through the Data API exactly as `seckill migrate`
+//! does, and numbers its vouchers from a random base far above anything the stack
+//! creates, so its Redis keys (`seckill:{<voucher>}:*`, and the baselines'
+//! `bench:<run>:*`) are its own. [`Bench::cleanup`] deletes all of it.
+
+use std::sync::Mutex;
+
+use anyhow::Context;
+use mysql_async::prelude::Queryable;
+use seckill_http::Config;
+use seckill_shared::adapters::data_api::DataApi;
+use seckill_shared::adapters::redis::{RedisConn, RedisSales};
+use seckill_shared::config::EnvReader;
+use seckill_shared::domain::{NewVoucher, SaleWindow, Voucher, VoucherId, now_millis};
+use seckill_shared::keys::{self, VoucherKeys};
+use seckill_shared::migrate;
+
+use crate::stack::{StackEnv, url_with_database};
+
+/// Options of the function under test that a run may change.
+#[derive(Debug, Clone, Default)]
+pub struct FunctionKnobs {
+    /// `SECKILL_USER_RATE_PER_SEC` / `SECKILL_USER_RATE_BURST`; `None`: the function's
+    /// defaults.
+    pub user_rate: Option<(u32, u32)>,
+    /// Serve the Data API from this process (the same `data-api-local` code, built with
+    /// this tool, i.e. in release for benchmarks) instead of the stack's server (a debug
+    /// build under `scripts/stack.sh`).
+    pub own_data_api: bool,
+}
+
+/// The backends of one run and what it created in them.
+pub struct Bench {
+    /// seckill-http's configuration, pointing at this run's database.
+    pub http: Config,
+    /// The Data API client of this run's database.
+    pub db: DataApi,
+    /// Direct MariaDB URL of this run's database (database floor, latency queries).
+    pub mysql_url: Option<String>,
+    /// A connection for setup and checks.
+    pub redis: RedisConn,
+    /// A random hex id, used in key prefixes.
+    pub run_id: String,
+    /// The database to drop at cleanup: (admin URL, name).
+    owned_db: Option<(String, String)>,
+    /// A Data API server of this run's own, stopped at cleanup.
+    data_api_server: tokio::sync::Mutex<Option<data_api_local::RunningServer>>,
+    vouchers: Mutex<Vec<VoucherId>>,
+    extra_keys: Mutex<Vec<String>>,
+    /// Keep the database and keys after the run (for inspection).
+    pub keep: bool,
+}
+
+impl Bench {
+    /// A fresh database on the stack's MariaDB, its schema applied through the stack's
+    /// Data API server, and the stack's Redis.
+    pub async fn on_stack(stack: &StackEnv, knobs: &FunctionKnobs) -> anyhow::Result<Bench> {
+        let admin_url = stack.mysql_url()?;
+        let run_id = format!("{:012x}", rand::random::<u64>() >> 16);
+        let database = format!("seckill_b_{run_id}");
+        let mut conn = mysql(&admin_url).await?;
+        conn.query_drop(format!("CREATE DATABASE `{database}`"))
+            .await
+            .with_context(|| {
+                format!("CREATE DATABASE {database} failed (the MySQL user needs rights on seckill% databases)")
+            })?;
+        conn.disconnect().await.ok();
+        let mysql_url = url_with_database(&admin_url, &database)?;
+        let server = if knobs.own_data_api {
+            let mut cfg = data_api_local::ServerConfig::new(mysql_url.clone());
+            cfg.resource_arn = stack.get("DB_CLUSTER_ARN")?;
+            cfg.secret_arn = stack.get("DB_SECRET_ARN")?;
+            Some(
+                data_api_local::spawn(cfg)
+                    .await
+                    .context("starting a Data API server in this process")?,
+            )
+        } else {
+            None
+        };
+        let mut vars = vec![
+            ("REDIS_URL".to_string(), stack.get("REDIS_URL")?),
+            ("DB_CLUSTER_ARN".to_string(), stack.get("DB_CLUSTER_ARN")?),
+            ("DB_SECRET_ARN".to_string(), stack.get("DB_SECRET_ARN")?),
+            ("DB_NAME".to_string(), database.clone()),
+            (
+                "SECKILL_DEV_JWT_SECRET".to_string(),
+                format!("{:032x}", rand::random::<u128>()),
+            ),
+        ];
+        for key in ["REDIS_CLUSTER", "REDIS_TIMEOUT_MS", "DATA_API_URL"] {
+            if let Some(v) = stack.optional(key) {
+                vars.push((key.to_string(), v));
+            }
+        }
+        if let Some(server) = &server {
+            vars.retain(|(k, _)| k != "DATA_API_URL");
+            vars.push(("DATA_API_URL".into(), server.url()));
+        }
+        if let Some((rate, burst)) = knobs.user_rate {
+            vars.push(("SECKILL_USER_RATE_PER_SEC".into(), rate.to_string()));
+            vars.push(("SECKILL_USER_RATE_BURST".into(), burst.to_string()));
+        }
+        let http = Config::read(EnvReader::from_map(vars.into_iter().collect()))
+            .context("building seckill-http's configuration from the stack")?;
+        let bench = Bench::attach(http, Some(mysql_url), run_id)
+            .await
+            .map(|mut b| {
+                b.owned_db = Some((admin_url.clone(), database.clone()));
+                b.data_api_server = tokio::sync::Mutex::new(server);
+                b
+            });
+        match bench {
+            Ok(b) => Ok(b),
+            Err(e) => {
+                drop_database(&admin_url, &database).await.ok();
+                Err(e)
+            }
+        }
+    }
+
+    /// Backends someone else made (tests): `http` must point at a database of its own.
+    /// The schema is applied if missing.
+    pub async fn attach(
+        http: Config,
+        mysql_url: Option<String>,
+        run_id: String,
+    ) -> anyhow::Result<Bench> {
+        let db = DataApi::connect(&http.data_api).await;
+        migrate::apply(&db, &migrate::embedded())
+            .await
+            .context("applying the schema to the benchmark database through the Data API")?;
+        // Voucher ids from a random base: this run's Redis keys collide with nobody's.
+        let base = 1_000_000_000_000 + (rand::random::<u64>() % 8_000_000_000_000) as i64;
+        db.execute(
+            &format!("ALTER TABLE vouchers AUTO_INCREMENT = {base}"),
+            vec![],
+            None,
+        )
+        .await
+        .context("setting the voucher id base")?;
+        let redis = RedisConn::connect(&http.redis)
+            .await
+            .with_context(|| format!("cannot connect to Redis at {}", http.redis.url))?;
+        Ok(Bench {
+            http,
+            db,
+            mysql_url,
+            redis,
+            run_id,
+            owned_db: None,
+            data_api_server: tokio::sync::Mutex::new(None),
+            vouchers: Mutex::new(Vec::new()),
+            extra_keys: Mutex::new(Vec::new()),
+            keep: false,
+        })
+    }
+
+    /// The database's name.
+    pub fn database(&self) -> &str {
+        &self.http.data_api.database
+    }
+
+    /// Where the functions reach the Data API.
+    pub fn data_api_url(&self) -> &str {
+        self.http.data_api.endpoint.as_deref().unwrap_or("AWS")
+    }
+
+    /// A voucher on sale now for an hour, in the database and preloaded in Redis. Unless
+    /// `drainable`, it is taken out of `seckill:active` again so that no drainer of the
+    /// stack visits its stream (its orders are not in the stack's database).
+    pub async fn voucher(
+        &self,
+        title: &str,
+        stock: i64,
+        drainable: bool,
+    ) -> anyhow::Result<Voucher> {
+        let now = now_millis();
+        let window = SaleWindow::new(now - 60_000, now + 3_600_000)
+            .map_err(|e| anyhow::anyhow!("sale window: {}", e.0))?;
+        let new = NewVoucher {
+            title: title.to_string(),
+            stock,
+            window,
+        };
+        let voucher = self
+            .db
+            .create_voucher(&new)
+            .await
+            .context("creating a voucher through the Data API")?;
+        self.vouchers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(voucher.id);
+        let sales = RedisSales::new(self.redis.clone());
+        sales
+            .preload(&voucher)
+            .await
+            .context("preloading the voucher into Redis")?;
+        if !drainable {
+            let _: i64 = redis::cmd("SREM")
+                .arg(keys::ACTIVE_VOUCHERS)
+                .arg(voucher.id.get())
+                .query_async(&mut self.redis.clone())
+                .await?;
+        }
+        Ok(voucher)
+    }
+
+    /// Remembers a key to delete at cleanup.
+    pub fn track_key(&self, key: impl Into<String>) {
+        self.extra_keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(key.into());
+    }
+
+    /// A key prefix of this run for the baselines' keys.
+    pub fn prefix(&self) -> String {
+        format!("bench:{}:", self.run_id)
+    }
+
+    /// Deletes the run's Redis keys and drops its database (unless `keep`).
+    pub async fn cleanup(&self) -> anyhow::Result<()> {
+        if self.keep {
+            eprintln!(
+                "keeping database {} and the run's Redis keys (prefix {}, vouchers {:?})",
+                self.database(),
+                self.prefix(),
+                self.vouchers.lock().unwrap_or_else(|e| e.into_inner())
+            );
+            return Ok(());
+        }
+        let vouchers: Vec<VoucherId> =
+            std::mem::take(&mut *self.vouchers.lock().unwrap_or_else(|e| e.into_inner()));
+        let extra: Vec<String> =
+            std::mem::take(&mut *self.extra_keys.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut conn = self.redis.clone();
+        for v in vouchers {
+            let k = VoucherKeys::new(v);
+            let _: i64 = redis::cmd("DEL")
+                .arg(&k.sale)
+                .arg(&k.buyers)
+                .arg(&k.orders)
+                .arg(&k.dead)
+                .query_async(&mut conn)
+                .await?;
+            let _: i64 = redis::cmd("SREM")
+                .arg(keys::ACTIVE_VOUCHERS)
+                .arg(v.get())
+                .query_async(&mut conn)
+                .await?;
+        }
+        for key in extra {
+            let _: i64 = redis::cmd("DEL").arg(&key).query_async(&mut conn).await?;
+        }
+        if let Some(server) = self.data_api_server.lock().await.take()
+            && let Err(e) = server.shutdown().await
+        {
+            eprintln!("warning: stopping the Data API server: {e:#}");
+        }
+        if let Some((admin, name)) = &self.owned_db {
+            drop_database(admin, name).await?;
+        }
+        Ok(())
+    }
+}
+
+/// A direct MariaDB connection.
+pub async fn mysql(url: &str) -> anyhow::Result<mysql_async::Conn> {
+    let opts = mysql_async::Opts::from_url(url).with_context(|| format!("bad MySQL URL {url}"))?;
+    mysql_async::Conn::new(opts)
+        .await
+        .with_context(|| format!("cannot connect to MariaDB at {url}"))
+}
+
+async fn drop_database(admin_url: &str, name: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(name.starts_with("seckill_b_"), "refusing to drop {name}");
+    let mut conn = mysql(admin_url).await?;
+    conn.query_drop(format!("DROP DATABASE IF EXISTS `{name}`"))
+        .await
+        .with_context(|| format!("DROP DATABASE {name} failed"))?;
+    conn.disconnect().await.ok();
+    Ok(())
+}
+
+/// Drops every `seckill_b_%` database left by runs that were killed before cleanup.
+pub async fn drop_leftovers(stack: &StackEnv) -> anyhow::Result<Vec<String>> {
+    let admin = stack.mysql_url()?;
+    let mut conn = mysql(&admin).await?;
+    let names: Vec<String> = conn
+        .query("SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE 'seckill\\_b\\_%'")
+        .await?;
+    conn.disconnect().await.ok();
+    for n in &names {
+        drop_database(&admin, n).await?;
+    }
+    Ok(names)
+}
+
+/// The text of `INFO <section>` (the cluster client asks every primary; the first answer
+/// is taken: the local cluster has one node).
+pub async fn redis_info(conn: &RedisConn, section: &str) -> Option<String> {
+    let v: redis::Value = redis::cmd("INFO")
+        .arg(section)
+        .query_async(&mut conn.clone())
+        .await
+        .ok()?;
+    first_text(v)
+}
+
+fn first_text(v: redis::Value) -> Option<String> {
+    match v {
+        redis::Value::BulkString(b) => String::from_utf8(b).ok(),
+        redis::Value::SimpleString(s) => Some(s),
+        redis::Value::VerbatimString { text, .. } => Some(text),
+        redis::Value::Map(pairs) => pairs.into_iter().find_map(|(_, v)| first_text(v)),
+        redis::Value::Array(items) => items.into_iter().find_map(first_text),
+        _ => None,
+    }
+}
+
+/// A field of INFO text.
+pub fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(str::trim)
+}

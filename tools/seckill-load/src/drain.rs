@@ -1,0 +1,624 @@
+//! The drain side: `drain` (N admitted orders waiting in streams, moved into the
+//! database) and the admission-to-commit latency while one drainer invocation runs.
+//!
+//! - **ours**: one invocation of the real drain cycle ([`order_drainer::Drainer::run`])
+//!   in this process, restricted to the run's voucher (`DRAINER_VOUCHERS`), through the
+//!   stack's Data API server, for each batch size of a sweep; the best one is picked.
+//!   The clock stops when the stream's group has nothing undelivered and nothing
+//!   pending (every entry committed, then acked); the invocation, by then idle-polling,
+//!   is dropped.
+//! - **tutorial consumer**: COUNT 1 per XREADGROUP; per order one Data API transaction
+//!   (count query for (user, voucher), `UPDATE ... stock_left = stock_left - 1 WHERE
+//!   stock_left > 0`, INSERT, commit), then XACK; one consumer, as in the tutorial.
+//! - **database floor**: multi-row INSERTs straight into MariaDB (mysql_async, no Data
+//!   API), one connection.
+//!
+//! Every variant is checked afterwards: the database holds exactly the N orders, one per
+//! user, and the voucher's stock went down by N.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures::future::try_join_all;
+use mysql_async::prelude::Queryable;
+use order_drainer::{Config as DrainerConfig, Drainer};
+use redis::AsyncCommands;
+use redis::streams::StreamReadReply;
+use seckill_shared::adapters::data_api::{field, param};
+use seckill_shared::adapters::order_stream::OrderStreams;
+use seckill_shared::config::EnvReader;
+use seckill_shared::domain::{Voucher, VoucherId, now_millis};
+use serde::{Deserialize, Serialize};
+
+use crate::admission::{self, Prepared, tutorial_drivers, tutorial_keys_in};
+use crate::backends::{Bench, mysql};
+use crate::drivers::{AdapterCaller, Driver, TutorialKeys};
+use crate::engine::{Ui, run};
+use crate::record::{Check, Latency, RunMeta, RunResult, latency_of_values};
+use crate::workload::{Plan, Tokens};
+
+/// Sizes of the drain scenario.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DrainOptions {
+    /// Orders waiting in the stream for each run of ours and for the database floor.
+    pub orders: u64,
+    /// `DRAINER_BATCH_SIZE` values to sweep.
+    pub batch_sizes: Vec<usize>,
+    /// Orders the tutorial consumer drains (it is slow; its rate is steady).
+    pub tutorial_orders: u64,
+    /// Rows per INSERT of the database floor.
+    pub floor_batch: usize,
+    /// Run the tutorial consumer and the database floor too.
+    pub baseline: bool,
+}
+
+/// One drain run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DrainRun {
+    /// `ours`, `tutorial`, `db-floor`.
+    pub variant: String,
+    pub batch_size: usize,
+    pub orders: u64,
+    pub elapsed_s: f64,
+    pub orders_per_s: f64,
+    /// The drainer's own summary of the invocation (ours).
+    pub summary: Option<serde_json::Value>,
+    pub checks: Vec<Check>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DrainReport {
+    pub options: DrainOptions,
+    pub ours: Vec<DrainRun>,
+    pub tutorial: Option<DrainRun>,
+    pub db_floor: Option<DrainRun>,
+}
+
+impl DrainReport {
+    /// Our fastest batch size.
+    pub fn best(&self) -> Option<&DrainRun> {
+        self.ours
+            .iter()
+            .max_by(|a, b| a.orders_per_s.total_cmp(&b.orders_per_s))
+    }
+
+    pub fn runs(&self) -> impl Iterator<Item = &DrainRun> {
+        self.ours
+            .iter()
+            .chain(self.tutorial.iter())
+            .chain(self.db_floor.iter())
+    }
+}
+
+/// Options of the admission-to-commit measurement.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CommitLatencyOptions {
+    /// Admissions per second, paced.
+    pub rate: f64,
+    pub seconds: f64,
+    pub callers: usize,
+    pub batch_size: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CommitLatencyReport {
+    pub options: CommitLatencyOptions,
+    /// The paced admissions through the in-process handler.
+    pub admissions: RunResult,
+    pub committed: u64,
+    /// Commit (the row's `created_at`, set by the INSERT inside the committing
+    /// transaction) minus admission (`admitted_at`, the handler's clock), both at
+    /// millisecond precision.
+    pub latency: Latency,
+    /// Seconds from the end of the admissions until the last order was committed.
+    pub drained_after_s: f64,
+    pub summary: Option<serde_json::Value>,
+    pub checks: Vec<Check>,
+}
+
+/// `drain`: the sweep of ours, then the baselines.
+pub async fn drain(bench: &Bench, o: &DrainOptions, ui: &Ui) -> anyhow::Result<DrainReport> {
+    anyhow::ensure!(
+        o.orders >= 1 && !o.batch_sizes.is_empty(),
+        "sizes must be positive"
+    );
+    let tokens = Arc::new(Tokens::mint(
+        bench
+            .http
+            .dev_jwt_secret
+            .as_deref()
+            .unwrap_or("x")
+            .as_bytes(),
+        o.orders.max(o.tutorial_orders) as u32,
+    ));
+    let mut ours = Vec::new();
+    for &b in &o.batch_sizes {
+        if ui.stopped() {
+            break;
+        }
+        let r = drain_ours(bench, o.orders, b, &tokens, ui).await?;
+        eprintln!(
+            "  drain  ours batch {:>5}: {:>7} orders in {:>6.2} s = {:>8.0} orders/s",
+            b, r.orders, r.elapsed_s, r.orders_per_s
+        );
+        ours.push(r);
+    }
+    let (mut tutorial, mut db_floor) = (None, None);
+    if o.baseline && !ui.stopped() {
+        let t = drain_tutorial(bench, o.tutorial_orders, &tokens, ui).await?;
+        eprintln!(
+            "  drain  tutorial consumer: {:>7} orders in {:>6.2} s = {:>8.0} orders/s",
+            t.orders, t.elapsed_s, t.orders_per_s
+        );
+        tutorial = Some(t);
+        let f = drain_floor(bench, o.orders, o.floor_batch).await?;
+        eprintln!(
+            "  drain  database floor:    {:>7} orders in {:>6.2} s = {:>8.0} orders/s",
+            f.orders, f.elapsed_s, f.orders_per_s
+        );
+        db_floor = Some(f);
+    }
+    Ok(DrainReport {
+        options: o.clone(),
+        ours,
+        tutorial,
+        db_floor,
+    })
+}
+
+/// The drainer's configuration for the run's database, restricted to `voucher`.
+fn drainer_config(
+    bench: &Bench,
+    voucher: VoucherId,
+    batch: usize,
+    max_run: Duration,
+) -> anyhow::Result<DrainerConfig> {
+    let h = &bench.http;
+    let mut vars: HashMap<String, String> = HashMap::new();
+    vars.insert("REDIS_URL".into(), h.redis.url.clone());
+    vars.insert("REDIS_CLUSTER".into(), h.redis.cluster.to_string());
+    vars.insert(
+        "REDIS_TIMEOUT_MS".into(),
+        h.redis.timeout.as_millis().to_string(),
+    );
+    vars.insert("DB_CLUSTER_ARN".into(), h.data_api.cluster_arn.clone());
+    vars.insert("DB_SECRET_ARN".into(), h.data_api.secret_arn.clone());
+    vars.insert("DB_NAME".into(), h.data_api.database.clone());
+    if let Some(e) = &h.data_api.endpoint {
+        vars.insert("DATA_API_URL".into(), e.clone());
+    }
+    vars.insert("DATA_API_TIMEOUT_MS".into(), "30000".into());
+    vars.insert("DRAINER_BATCH_SIZE".into(), batch.to_string());
+    vars.insert("DRAINER_VOUCHERS".into(), voucher.to_string());
+    vars.insert("DRAINER_MAX_RUN_MS".into(), max_run.as_millis().to_string());
+    vars.insert(
+        "DRAINER_MIN_IDLE_MS".into(),
+        (max_run.as_millis() * 2 + 60_000).to_string(),
+    );
+    vars.insert("DRAINER_SAFETY_MARGIN_MS".into(), "0".into());
+    vars.insert("DRAINER_IDLE_POLL_MS".into(), "20".into());
+    DrainerConfig::read(EnvReader::from_map(vars)).context("the drainer's configuration")
+}
+
+/// Admits `n` distinct users to `voucher` with our engine (adapter callers).
+async fn fill(
+    bench: &Bench,
+    voucher: &Voucher,
+    n: u64,
+    tokens: &Arc<Tokens>,
+    ui: &Ui,
+) -> anyhow::Result<()> {
+    let callers = 16;
+    let drivers = try_join_all(
+        (0..callers).map(|_| AdapterCaller::new(&bench.http.redis, voucher.id, tokens.clone())),
+    )
+    .await?
+    .into_iter()
+    .map(Driver::Adapter)
+    .collect();
+    let meta = RunMeta {
+        variant: "fill".into(),
+        target: "redis".into(),
+        scenario: "drain".into(),
+        callers,
+        planned: n,
+        users: n,
+        stock: Some(voucher.stock),
+    };
+    let r = run(drivers, Arc::new(Plan::distinct(n)), meta, None, ui).await?;
+    anyhow::ensure!(
+        r.admitted == n,
+        "filling the stream admitted {} of {n} orders ({:?})",
+        r.admitted,
+        r.failure_samples
+    );
+    Ok(())
+}
+
+/// Waits until the voucher's stream has nothing undelivered and nothing pending.
+async fn wait_drained(
+    streams: &OrderStreams,
+    voucher: VoucherId,
+    poll: Duration,
+) -> anyhow::Result<()> {
+    loop {
+        if let Some(s) = streams.stats(voucher).await?
+            && s.pending == 0
+            && s.undelivered == 0
+            && s.lag_exact
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(poll).await;
+    }
+}
+
+async fn drain_ours(
+    bench: &Bench,
+    n: u64,
+    batch: usize,
+    tokens: &Arc<Tokens>,
+    ui: &Ui,
+) -> anyhow::Result<DrainRun> {
+    let voucher = bench
+        .voucher(&format!("bench drain batch {batch}"), n as i64, false)
+        .await?;
+    fill(bench, &voucher, n, tokens, ui).await?;
+    let max_run = ui.max_run;
+    let drainer = Drainer::connect(drainer_config(bench, voucher.id, batch, max_run)?)
+        .await
+        .map_err(|e| anyhow::anyhow!("connecting the drainer: {e}"))?;
+    let streams = OrderStreams::new(bench.redis.clone());
+    let bar = ui.bar(n, &format!("drain ours b={batch}"));
+    let consumer = format!("bench-{}", bench.run_id);
+    let start = Instant::now();
+    let invocation = drainer.run(&consumer, start + max_run);
+    let watch = async {
+        loop {
+            if let Some(st) = streams.stats(voucher.id).await? {
+                bar.set_position(st.length.saturating_sub(st.undelivered + st.pending));
+                if st.pending == 0 && st.undelivered == 0 && st.lag_exact {
+                    return anyhow::Ok(start.elapsed());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    let (elapsed, summary) = tokio::select! {
+        s = invocation => (start.elapsed(), Some(s)),
+        w = watch => (w?, None),
+    };
+    bar.finish_and_clear();
+    let mut checks = db_checks(bench, voucher.id, n, Some(0)).await?;
+    if let Some(s) = &summary {
+        checks.push(Check::new(
+            "the invocation drained everything before its time was up",
+            false,
+            format!("{s:?}"),
+        ));
+    }
+    Ok(DrainRun {
+        variant: "ours".into(),
+        batch_size: batch,
+        orders: n,
+        elapsed_s: elapsed.as_secs_f64(),
+        orders_per_s: n as f64 / elapsed.as_secs_f64().max(1e-9),
+        summary: summary.and_then(|s| serde_json::to_value(s).ok()),
+        checks,
+    })
+}
+
+/// The database holds exactly `n` orders of `voucher`, one per user, all confirmed,
+/// and (when given) the voucher's database stock is `left`.
+async fn db_checks(
+    bench: &Bench,
+    voucher: VoucherId,
+    n: u64,
+    left: Option<i64>,
+) -> anyhow::Result<Vec<Check>> {
+    let out = bench
+        .db
+        .execute(
+            "SELECT COUNT(*), COUNT(DISTINCT user_id), COALESCE(SUM(status = 'confirmed'), 0) FROM orders WHERE voucher_id = :v",
+            vec![param::long("v", voucher.get())],
+            None,
+        )
+        .await?;
+    let row: Vec<i64> = out
+        .records()
+        .first()
+        .map(|r| r.iter().map(|f| field::long(f).unwrap_or(-1)).collect())
+        .unwrap_or_default();
+    let (rows, users, confirmed) = match row.as_slice() {
+        [a, b, c] => (*a, *b, *c),
+        _ => (-1, -1, -1),
+    };
+    let mut checks = vec![
+        Check::new(
+            "every order committed once",
+            rows == n as i64 && confirmed == n as i64,
+            format!("{rows} rows ({confirmed} confirmed) for {n} admitted orders"),
+        ),
+        Check::new(
+            "no user twice",
+            users == rows,
+            format!("{users} distinct users in {rows} rows"),
+        ),
+    ];
+    if let Some(left) = left {
+        let v = bench.db.voucher(voucher).await?;
+        let have = v.as_ref().map(|v| v.db_stock_left);
+        checks.push(Check::new(
+            "database stock taken exactly",
+            have == Some(left),
+            format!("stock_left {have:?}, expected {left}"),
+        ));
+    }
+    Ok(checks)
+}
+
+async fn drain_tutorial(
+    bench: &Bench,
+    n: u64,
+    tokens: &Arc<Tokens>,
+    ui: &Ui,
+) -> anyhow::Result<DrainRun> {
+    let voucher = bench
+        .voucher("bench drain tutorial", n as i64, false)
+        .await?;
+    // A stream of its own: the admission runs' orders sit in the run's global stream.
+    let prefix = format!("{}drain:", bench.prefix());
+    let keys = tutorial_keys_in(bench, &prefix, voucher.id, n as i64).await?;
+    let drivers = tutorial_drivers(bench, &keys, tokens, 16).await?;
+    let meta = RunMeta {
+        variant: "tutorial fill".into(),
+        target: "redis".into(),
+        scenario: "drain".into(),
+        callers: 16,
+        planned: n,
+        users: n,
+        stock: Some(n as i64),
+    };
+    let filled = run(drivers, Arc::new(Plan::distinct(n)), meta, None, ui).await?;
+    anyhow::ensure!(
+        filled.admitted == n,
+        "the tutorial admitted {} of {n}",
+        filled.admitted
+    );
+    let mut conn = bench.redis.clone();
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(keys.stream())
+        .arg("g1")
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(&mut conn)
+        .await?;
+    let bar = ui.bar(n, "drain tutorial");
+    let start = Instant::now();
+    let done = tutorial_consume(bench, &keys, &bar, start + ui.max_run).await?;
+    let elapsed = start.elapsed();
+    bar.finish_and_clear();
+    let checks = db_checks(bench, voucher.id, n, Some(0)).await?;
+    Ok(DrainRun {
+        variant: "tutorial".into(),
+        batch_size: 1,
+        orders: done,
+        elapsed_s: elapsed.as_secs_f64(),
+        orders_per_s: done as f64 / elapsed.as_secs_f64().max(1e-9),
+        summary: None,
+        checks,
+    })
+}
+
+/// The tutorial's consumer loop; returns the orders it processed.
+async fn tutorial_consume(
+    bench: &Bench,
+    keys: &TutorialKeys,
+    bar: &indicatif::ProgressBar,
+    deadline: Instant,
+) -> anyhow::Result<u64> {
+    let mut conn = bench.redis.clone();
+    let db = &bench.db;
+    let opts = redis::streams::StreamReadOptions::default()
+        .group("g1", "c1")
+        .count(1);
+    let mut done = 0u64;
+    while Instant::now() < deadline {
+        let reply: StreamReadReply = conn.xread_options(&[keys.stream()], &[">"], &opts).await?;
+        let Some(entry) = reply.keys.into_iter().flat_map(|k| k.ids).next() else {
+            break;
+        };
+        let get = |f: &str| -> anyhow::Result<String> {
+            entry
+                .get::<String>(f)
+                .with_context(|| format!("tutorial stream entry {} has no {f}", entry.id))
+        };
+        let (user, voucher, id) = (get("userId")?, get("voucherId")?, get("id")?);
+        let voucher: i64 = voucher.parse().context("voucherId")?;
+        let id: i64 = id.parse().context("id")?;
+        let tx = db.begin().await?;
+        let count = db
+            .execute(
+                "SELECT COUNT(*) FROM orders WHERE user_id = :u AND voucher_id = :v",
+                vec![param::string("u", &user), param::long("v", voucher)],
+                Some(&tx),
+            )
+            .await?;
+        let bought = count
+            .records()
+            .first()
+            .and_then(|r| r.first())
+            .and_then(field::long)
+            .unwrap_or(0);
+        if bought > 0 {
+            db.rollback(&tx).await;
+        } else {
+            let updated = db
+                .execute(
+                    "UPDATE vouchers SET stock_left = stock_left - 1 WHERE id = :v AND stock_left > 0",
+                    vec![param::long("v", voucher)],
+                    Some(&tx),
+                )
+                .await?;
+            if updated.number_of_records_updated() == 0 {
+                db.rollback(&tx).await;
+            } else {
+                db.execute(
+                    "INSERT INTO orders (id, voucher_id, user_id, status, admitted_at) VALUES (:id, :v, :u, 'confirmed', :a)",
+                    vec![
+                        param::long("id", id),
+                        param::long("v", voucher),
+                        param::string("u", &user),
+                        param::timestamp("a", now_millis()),
+                    ],
+                    Some(&tx),
+                )
+                .await?;
+                db.commit(&tx).await?;
+            }
+        }
+        let _: i64 = conn.xack(keys.stream(), "g1", &[&entry.id]).await?;
+        done += 1;
+        bar.set_position(done);
+    }
+    Ok(done)
+}
+
+async fn drain_floor(bench: &Bench, n: u64, batch: usize) -> anyhow::Result<DrainRun> {
+    let url = bench
+        .mysql_url
+        .clone()
+        .context("the database floor needs a direct MariaDB URL")?;
+    let voucher = bench.voucher("bench drain floor", n as i64, false).await?;
+    let mut conn = mysql(&url).await?;
+    let base_id = 1_i64 << 40;
+    let admitted = seckill_shared::adapters::data_api::format_datetime(now_millis());
+    let start = Instant::now();
+    let mut i = 0u64;
+    while i < n {
+        let end = (i + batch as u64).min(n);
+        let mut sql = String::with_capacity(100 + (end - i) as usize * 80);
+        sql.push_str("INSERT INTO orders (id, voucher_id, user_id, status, admitted_at) VALUES ");
+        for k in i..end {
+            if k > i {
+                sql.push(',');
+            }
+            sql.push_str(&format!(
+                "({},{},'{}','confirmed','{admitted}')",
+                base_id + k as i64,
+                voucher.id,
+                crate::workload::user_name(k as u32)
+            ));
+        }
+        conn.query_drop(sql)
+            .await
+            .context("database floor INSERT")?;
+        i = end;
+    }
+    let elapsed = start.elapsed();
+    conn.disconnect().await.ok();
+    let checks = db_checks(bench, voucher.id, n, None).await?;
+    Ok(DrainRun {
+        variant: "db-floor".into(),
+        batch_size: batch,
+        orders: n,
+        elapsed_s: elapsed.as_secs_f64(),
+        orders_per_s: n as f64 / elapsed.as_secs_f64().max(1e-9),
+        summary: None,
+        checks,
+    })
+}
+
+/// Admission-to-commit latency: paced admissions through the in-process handler while
+/// one drainer invocation runs.
+pub async fn commit_latency(
+    bench: &Bench,
+    o: &CommitLatencyOptions,
+    ui: &Ui,
+) -> anyhow::Result<CommitLatencyReport> {
+    anyhow::ensure!(
+        o.rate > 0.0 && o.seconds > 0.0 && o.callers >= 1,
+        "sizes must be positive"
+    );
+    let n = (o.rate * o.seconds).round().max(1.0) as u64;
+    let voucher = bench
+        .voucher("bench commit latency", n as i64, false)
+        .await?;
+    let secret = bench.http.dev_jwt_secret.clone().unwrap_or_default();
+    let prepared = Prepared {
+        voucher: voucher.clone(),
+        tokens: Arc::new(Tokens::mint(secret.as_bytes(), n as u32)),
+        url: None,
+    };
+    let max_run = Duration::from_secs_f64(o.seconds + 60.0);
+    let drainer = Arc::new(
+        Drainer::connect(drainer_config(bench, voucher.id, o.batch_size, max_run)?)
+            .await
+            .map_err(|e| anyhow::anyhow!("connecting the drainer: {e}"))?,
+    );
+    let consumer = format!("bench-latency-{}", bench.run_id);
+    let invocation = {
+        let d = drainer.clone();
+        tokio::spawn(async move { d.run(&consumer, Instant::now() + max_run).await })
+    };
+    let drivers = admission::ours_drivers(Some(bench), &prepared, o.callers).await?;
+    let meta = RunMeta {
+        variant: "ours".into(),
+        target: "in-process".into(),
+        scenario: "commit-latency".into(),
+        callers: o.callers,
+        planned: n,
+        users: n,
+        stock: Some(n as i64),
+    };
+    let admissions = run(drivers, Arc::new(Plan::distinct(n)), meta, Some(o.rate), ui).await?;
+    let admitted_end = Instant::now();
+    let streams = OrderStreams::new(bench.redis.clone());
+    let drained = tokio::time::timeout(
+        Duration::from_secs(60),
+        wait_drained(&streams, voucher.id, Duration::from_millis(5)),
+    )
+    .await;
+    let drained_after = admitted_end.elapsed();
+    let summary = if invocation.is_finished() {
+        invocation.await.ok()
+    } else {
+        invocation.abort();
+        None
+    };
+    let url = bench
+        .mysql_url
+        .clone()
+        .context("the latency query needs a direct MariaDB URL")?;
+    let mut conn = mysql(&url).await?;
+    let lat: Vec<i64> = conn
+        .exec(
+            "SELECT TIMESTAMPDIFF(MICROSECOND, admitted_at, created_at) FROM orders WHERE voucher_id = ?",
+            (voucher.id.get(),),
+        )
+        .await
+        .context("reading commit times")?;
+    conn.disconnect().await.ok();
+    let committed = lat.len() as u64;
+    let mut checks = db_checks(bench, voucher.id, admissions.admitted, None).await?;
+    checks.push(Check::new(
+        "the invocation drained every admission",
+        matches!(drained, Ok(Ok(()))),
+        format!(
+            "{committed} of {} admitted orders committed",
+            admissions.admitted
+        ),
+    ));
+    Ok(CommitLatencyReport {
+        options: o.clone(),
+        admissions,
+        committed,
+        latency: latency_of_values(lat.into_iter().map(|v| v.max(0) as u64)),
+        drained_after_s: drained_after.as_secs_f64(),
+        summary: summary.and_then(|s| serde_json::to_value(s).ok()),
+        checks,
+    })
+}

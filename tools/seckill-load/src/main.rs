@@ -1,0 +1,753 @@
+//! seckill-load: the command line of the load tool and benchmarks.
+//!
+//! `seckill-load sale|admit|drain|commit-latency|footprint` runs one scenario,
+//! `seckill-load bench` runs them all and prints the table of ratios, `seckill-load
+//! report` turns a results file into `docs/benchmarks.md`. See `--help` of each, and
+//! `docs/benchmarks.md` for the method.
+//!
+//! Exit status: 0 when every invariant held, 2 when one was violated, 1 on any other
+//! failure (backends unreachable, bad arguments, ...).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand};
+use seckill_load::admission::{self, AdmitOptions, SaleOptions, Target, UrlTarget};
+use seckill_load::backends::{self, Bench, FunctionKnobs};
+use seckill_load::drain::{self, CommitLatencyOptions, DrainOptions};
+use seckill_load::engine::Ui;
+use seckill_load::footprint::{self, FootprintOptions};
+use seckill_load::report::{self, Machine, Results};
+use seckill_load::stack::StackEnv;
+use seckill_load::svg;
+
+#[derive(Parser)]
+#[command(
+    name = "seckill-load",
+    version,
+    about = "Load tool and benchmarks of the seckill engine: ours against the tutorial design and the floor, in one run",
+    after_help = "Default sizes are the issue's (sale S=1,000 A=1,000,000 U=200,000 C=64); --quick runs a smoke-sized version in well under a minute. Results: --json FILE, --svg FILE (the sale's timeline). Exit status 2 when an invariant is violated."
+)]
+struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Args)]
+struct Global {
+    /// The local stack's KEY=VALUE file (default: $SECKILL_STACK_ENV, else .dev/stack.env
+    /// here or in a parent folder; variables of the same name override it)
+    #[arg(long, global = true, value_name = "FILE")]
+    stack_env: Option<PathBuf>,
+    /// Write all results as JSON
+    #[arg(long, global = true, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Draw the sale's timeline (attempts/s, admitted/s, p99 latency, sell-out) as SVG
+    #[arg(long, global = true, value_name = "FILE")]
+    svg: Option<PathBuf>,
+    /// Smoke-test sizes (a run of every scenario takes well under a minute)
+    #[arg(long, global = true)]
+    quick: bool,
+    /// Multiply the default sizes (attempts, users, stock, orders) by this
+    #[arg(long, global = true, value_name = "FACTOR")]
+    scale: Option<f64>,
+    /// Skip the baselines (tutorial, floor)
+    #[arg(long, global = true)]
+    no_baseline: bool,
+    /// No progress bars
+    #[arg(long, global = true)]
+    no_progress: bool,
+    /// Keep the run's database and Redis keys (for inspection)
+    #[arg(long, global = true)]
+    keep: bool,
+    /// Stop any single run after this many seconds
+    #[arg(long, global = true, default_value_t = 600, value_name = "SECONDS")]
+    max_seconds: u64,
+    /// Seed of the sale's user sequence
+    #[arg(long, global = true, default_value_t = 1)]
+    seed: u64,
+    /// The function's per-user rate limit as PER_SEC/BURST (default: the function's own
+    /// defaults; 0/0 turns it off)
+    #[arg(long, global = true, value_name = "PER_SEC/BURST")]
+    user_rate: Option<String>,
+    /// The in-process handler's logs: `sink` formats them as in Lambda (JSON, INFO) and
+    /// discards them (their cost is part of the measurement), `warn` prints warnings and
+    /// errors to stderr, `off` installs no logger
+    #[arg(long, global = true, default_value = "sink", value_parser = ["sink", "warn", "off"])]
+    handler_logs: String,
+    /// Which Data API server the functions and the tutorial consumer use: `own` runs the
+    /// data-api-local code inside this process (built with it, in release for benchmarks),
+    /// `stack` the stack's server (a debug build)
+    #[arg(long, global = true, default_value = "own", value_parser = ["own", "stack"])]
+    data_api: String,
+}
+
+#[derive(Args, Clone)]
+struct TargetArgs {
+    /// Drive the seckill-http handler in this process (the default)
+    #[arg(long, conflicts_with = "url")]
+    in_process: bool,
+    /// Drive a deployment of the HTTP contract at this base URL instead
+    #[arg(long, value_name = "BASE_URL")]
+    url: Option<String>,
+    /// Users' bearer tokens for --url, one per line (else minted with the dev secret)
+    #[arg(long, value_name = "FILE", requires = "url")]
+    tokens: Option<PathBuf>,
+    /// The deployment's SECKILL_DEV_JWT_SECRET (default: the local stack's)
+    #[arg(long, value_name = "SECRET", requires = "url")]
+    jwt_secret: Option<String>,
+    /// An admin token (scope seckill/admin) to create the voucher with, for --url
+    #[arg(long, value_name = "TOKEN", requires = "url")]
+    admin_token: Option<String>,
+}
+
+#[derive(Args, Clone, Default)]
+struct SaleArgs {
+    /// Units on sale [default: 1000]
+    #[arg(long)]
+    stock: Option<i64>,
+    /// Purchase attempts [default: 1000000]
+    #[arg(long)]
+    attempts: Option<u64>,
+    /// Distinct users making them (with repeats) [default: 200000]
+    #[arg(long)]
+    users: Option<u32>,
+    /// Concurrent callers, each with its own connections (one Lambda instance each)
+    /// [default: 64]
+    #[arg(long)]
+    callers: Option<usize>,
+}
+
+#[derive(Args, Clone, Default)]
+struct AdmitArgs {
+    /// Admissions per round (each a new user; the stock never runs out) [default: 200000]
+    #[arg(long = "admit-attempts")]
+    attempts: Option<u64>,
+    /// Concurrent callers [default: 64]
+    #[arg(long = "admit-callers")]
+    callers: Option<usize>,
+    /// Rounds; the median round stands for each variant [default: 3]
+    #[arg(long)]
+    rounds: Option<u32>,
+}
+
+#[derive(Args, Clone, Default)]
+struct DrainArgs {
+    /// Orders waiting in the stream per run [default: 20000]
+    #[arg(long)]
+    orders: Option<u64>,
+    /// DRAINER_BATCH_SIZE values to sweep [default: 100,250,500,1000,2000]
+    #[arg(long, value_delimiter = ',')]
+    batch_sizes: Option<Vec<usize>>,
+    /// Orders for the tutorial consumer [default: 3000]
+    #[arg(long)]
+    tutorial_orders: Option<u64>,
+    /// Rows per INSERT of the database floor
+    #[arg(long, default_value_t = 1000)]
+    floor_batch: usize,
+}
+
+#[derive(Args, Clone, Default)]
+struct LatencyArgs {
+    /// Admissions per second while the drainer runs [default: 1000]
+    #[arg(long)]
+    rate: Option<f64>,
+    /// For this long [default: 15]
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// Callers of the paced admissions [default: 16]
+    #[arg(long = "latency-callers")]
+    callers: Option<usize>,
+    /// DRAINER_BATCH_SIZE of the invocation (default: the drain sweep's best, else 500)
+    #[arg(long = "latency-batch")]
+    batch_size: Option<usize>,
+}
+
+#[derive(Args, Clone)]
+struct FootprintArgs {
+    /// The seckill-http release binary
+    #[arg(long, default_value = "target/release/seckill-http")]
+    http_bin: PathBuf,
+    /// The order-drainer release binary
+    #[arg(long, default_value = "target/release/order-drainer")]
+    drainer_bin: PathBuf,
+    /// Admissions sent to seckill-http [default: 20000]
+    #[arg(long)]
+    requests: Option<u64>,
+    /// Orders for the drainer's invocation [default: 20000]
+    #[arg(long = "footprint-orders")]
+    orders: Option<u64>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// A flash sale: stock S, A attempts by U users from C callers; ours vs the tutorial
+    Sale {
+        #[command(flatten)]
+        target: TargetArgs,
+        #[command(flatten)]
+        sizes: SaleArgs,
+    },
+    /// The admit path (stock never runs out): ours vs the tutorial vs the no-op floor
+    Admit {
+        #[command(flatten)]
+        target: TargetArgs,
+        #[command(flatten)]
+        sizes: AdmitArgs,
+    },
+    /// N admitted orders into the database: ours (batch-size sweep) vs the tutorial
+    /// consumer vs plain multi-row INSERTs
+    Drain {
+        #[command(flatten)]
+        sizes: DrainArgs,
+    },
+    /// Admission-to-commit latency while one drainer invocation runs
+    CommitLatency {
+        #[command(flatten)]
+        sizes: LatencyArgs,
+    },
+    /// Binary sizes and peak memory of both functions' release builds
+    Footprint {
+        #[command(flatten)]
+        args: FootprintArgs,
+    },
+    /// Every scenario in one run, then the table of ratios
+    Bench {
+        #[command(flatten)]
+        sale: SaleArgs,
+        #[command(flatten)]
+        admit: AdmitArgs,
+        #[command(flatten)]
+        drain: DrainArgs,
+        #[command(flatten)]
+        latency: LatencyArgs,
+        #[command(flatten)]
+        footprint: FootprintArgs,
+        /// Skip the footprint (no release binaries needed)
+        #[arg(long)]
+        no_footprint: bool,
+    },
+    /// Print the table of a results file; with --markdown, write it into a benchmarks
+    /// page (between its results markers)
+    Report {
+        /// A JSON file written by --json
+        #[arg(long)]
+        input: PathBuf,
+        /// The page to update (created from a template when missing)
+        #[arg(long)]
+        markdown: Option<PathBuf>,
+        /// The chart to link from the page, relative to it
+        #[arg(long, default_value = "benchmarks-sale.svg")]
+        svg_link: String,
+    },
+    /// Drop databases left by killed runs (seckill_b_*)
+    Cleanup,
+}
+
+/// Default sizes: (full, quick).
+struct Sizes {
+    quick: bool,
+    scale: f64,
+}
+
+impl Sizes {
+    fn n(&self, given: Option<u64>, full: u64, quick: u64) -> u64 {
+        given.unwrap_or_else(|| {
+            if self.quick {
+                quick
+            } else {
+                ((full as f64 * self.scale).round() as u64).max(1)
+            }
+        })
+    }
+
+    fn c(&self, given: Option<usize>, full: usize, quick: usize) -> usize {
+        given.unwrap_or(if self.quick { quick } else { full })
+    }
+
+    fn sale(&self, a: &SaleArgs, seed: u64, baseline: bool) -> SaleOptions {
+        SaleOptions {
+            stock: self.n(a.stock.map(|s| s.max(0) as u64), 1_000, 100) as i64,
+            attempts: self.n(a.attempts, 1_000_000, 20_000),
+            users: self.n(a.users.map(u64::from), 200_000, 4_000) as u32,
+            callers: self.c(a.callers, 64, 16),
+            seed,
+            baseline,
+        }
+    }
+
+    fn admit(&self, a: &AdmitArgs, baseline: bool) -> AdmitOptions {
+        AdmitOptions {
+            attempts: self.n(a.attempts, 200_000, 5_000),
+            callers: self.c(a.callers, 64, 16),
+            rounds: a.rounds.unwrap_or(if self.quick { 1 } else { 3 }),
+            baseline,
+        }
+    }
+
+    fn drain(&self, a: &DrainArgs, baseline: bool) -> DrainOptions {
+        DrainOptions {
+            orders: self.n(a.orders, 20_000, 2_000),
+            batch_sizes: a.batch_sizes.clone().unwrap_or_else(|| {
+                if self.quick {
+                    vec![100, 500]
+                } else {
+                    vec![100, 250, 500, 1000, 2000]
+                }
+            }),
+            tutorial_orders: self.n(a.tutorial_orders, 3_000, 300),
+            floor_batch: a.floor_batch.max(1),
+            baseline,
+        }
+    }
+
+    fn latency(&self, a: &LatencyArgs, best_batch: Option<usize>) -> CommitLatencyOptions {
+        CommitLatencyOptions {
+            rate: a.rate.unwrap_or(if self.quick { 300.0 } else { 1_000.0 }),
+            seconds: a.seconds.unwrap_or(if self.quick { 3.0 } else { 15.0 }),
+            callers: self.c(a.callers, 16, 8),
+            batch_size: a.batch_size.or(best_batch).unwrap_or(500),
+        }
+    }
+
+    fn footprint(&self, a: &FootprintArgs) -> FootprintOptions {
+        FootprintOptions {
+            http_bin: a.http_bin.clone(),
+            drainer_bin: a.drainer_bin.clone(),
+            requests: self.n(a.requests, 20_000, 1_000),
+            orders: self.n(a.orders, 20_000, 1_000),
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(2),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Runs the command; `Ok(false)` when an invariant was violated.
+async fn run(cli: Cli) -> anyhow::Result<bool> {
+    let g = &cli.global;
+    if let Cmd::Report {
+        input,
+        markdown,
+        svg_link,
+    } = &cli.cmd
+    {
+        return report_cmd(input, markdown.as_deref(), svg_link);
+    }
+    match g.handler_logs.as_str() {
+        "sink" => {
+            // As in Lambda (AWS_LAMBDA_LOG_FORMAT=JSON, RUST_LOG=info), written nowhere.
+            let _ = tracing_subscriber::fmt()
+                .json()
+                .with_current_span(true)
+                .without_time()
+                .with_target(false)
+                .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+                .with_writer(std::io::sink)
+                .try_init();
+        }
+        "warn" => {
+            let _ = tracing_subscriber::fmt()
+                .compact()
+                .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+                .with_writer(std::io::stderr)
+                .try_init();
+        }
+        _ => {}
+    }
+    let stack = StackEnv::load(g.stack_env.as_deref())?;
+    if let Cmd::Cleanup = cli.cmd {
+        let dropped = backends::drop_leftovers(&stack).await?;
+        eprintln!(
+            "dropped {} leftover database(s): {dropped:?}",
+            dropped.len()
+        );
+        return Ok(true);
+    }
+    let sizes = Sizes {
+        quick: g.quick,
+        scale: g.scale.unwrap_or(1.0),
+    };
+    anyhow::ensure!(sizes.scale > 0.0, "--scale must be positive");
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                eprintln!("\ninterrupted: finishing the current run, then cleaning up");
+                stop.store(true, Ordering::Relaxed);
+            }
+        });
+    }
+    let mut ui = Ui {
+        progress: !g.no_progress,
+        stop,
+        max_run: Duration::from_secs(g.max_seconds.max(1)),
+        redis_probe: None,
+    };
+    let knobs = FunctionKnobs {
+        own_data_api: g.data_api == "own",
+        user_rate: match &g.user_rate {
+            None => None,
+            Some(s) => {
+                let (r, b) = s
+                    .split_once('/')
+                    .with_context(|| format!("--user-rate {s:?} is not PER_SEC/BURST"))?;
+                Some((
+                    r.trim().parse().context("--user-rate PER_SEC")?,
+                    b.trim().parse().context("--user-rate BURST")?,
+                ))
+            }
+        },
+    };
+    let target = match &cli.cmd {
+        Cmd::Sale { target, .. } | Cmd::Admit { target, .. } => target_of(target, &stack)?,
+        _ => Target::InProcess,
+    };
+    let needs_stack = matches!(target, Target::InProcess) || !g.no_baseline;
+    let mut results = Results {
+        tool: format!("seckill-load {}", env!("CARGO_PKG_VERSION")),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        started_at: report::now_rfc3339(),
+        machine_before: Machine::read(),
+        ..Results::default()
+    };
+    let bench = if needs_stack {
+        let b = Bench::on_stack(&stack, &knobs).await?;
+        eprintln!(
+            "benchmark database {} on the stack's MariaDB through the Data API at {}; Redis {}; key prefix {}",
+            b.database(),
+            b.data_api_url(),
+            b.http.redis.url,
+            b.prefix()
+        );
+        versions(&b, &mut results.machine_before).await;
+        Some(b)
+    } else {
+        None
+    };
+    let mut bench = bench;
+    if let Some(b) = bench.as_mut() {
+        b.keep = g.keep;
+        ui.redis_probe = Some(b.redis.clone());
+    }
+    eprintln!("machine: {}", results.machine_before.describe());
+    let outcome = scenarios(&cli, &sizes, &target, bench.as_ref(), &ui, &mut results).await;
+    if let Some(b) = &bench
+        && let Err(e) = b.cleanup().await
+    {
+        eprintln!("warning: cleanup failed: {e:#}");
+    }
+    outcome?;
+    results.finished_at = report::now_rfc3339();
+    let mut after = Machine::read();
+    after.redis_version = results.machine_before.redis_version.clone();
+    after.mariadb_version = results.machine_before.mariadb_version.clone();
+    results.machine_after = Some(after);
+    finish(g, &results)
+}
+
+fn target_of(t: &TargetArgs, stack: &StackEnv) -> anyhow::Result<Target> {
+    Ok(match &t.url {
+        None => Target::InProcess,
+        Some(base) => Target::Url(UrlTarget {
+            base: base.clone(),
+            tokens: t.tokens.clone(),
+            jwt_secret: t
+                .jwt_secret
+                .clone()
+                .or_else(|| stack.optional("SECKILL_DEV_JWT_SECRET")),
+            admin_token: t.admin_token.clone(),
+        }),
+    })
+}
+
+async fn versions(b: &Bench, m: &mut Machine) {
+    let info = backends::redis_info(&b.redis, "server").await;
+    m.redis_version = info
+        .as_deref()
+        .and_then(|i| backends::info_field(i, "redis_version"))
+        .map(str::to_string);
+    if let Ok(out) = b.db.execute("SELECT VERSION()", vec![], None).await {
+        m.mariadb_version = out
+            .records()
+            .first()
+            .and_then(|r| r.first())
+            .and_then(seckill_shared::adapters::data_api::field::string);
+    }
+}
+
+async fn scenarios(
+    cli: &Cli,
+    sizes: &Sizes,
+    target: &Target,
+    bench: Option<&Bench>,
+    ui: &Ui,
+    results: &mut Results,
+) -> anyhow::Result<()> {
+    let g = &cli.global;
+    let baseline = !g.no_baseline;
+    let need = || bench.context("this scenario needs the local stack (scripts/stack.sh up)");
+    match &cli.cmd {
+        Cmd::Sale { sizes: s, .. } => {
+            let o = sizes.sale(s, g.seed, baseline);
+            results.sale = Some(sale(bench, target, &o, ui).await?);
+        }
+        Cmd::Admit { sizes: a, .. } => {
+            let o = sizes.admit(a, baseline);
+            results.admit = Some(admit(bench, target, &o, ui).await?);
+        }
+        Cmd::Drain { sizes: d } => {
+            let o = sizes.drain(d, baseline);
+            eprintln!("drain: {o:?}");
+            results.drain = Some(drain::drain(need()?, &o, ui).await?);
+        }
+        Cmd::CommitLatency { sizes: l } => {
+            let o = sizes.latency(l, None);
+            results.commit_latency = Some(latency(need()?, &o, ui).await?);
+        }
+        Cmd::Footprint { args } => {
+            let o = sizes.footprint(args);
+            results.footprint = Some(print_footprint(
+                footprint::footprint(need()?, &o, ui).await?,
+            ));
+        }
+        Cmd::Bench {
+            sale: s,
+            admit: a,
+            drain: d,
+            latency: l,
+            footprint: f,
+            no_footprint,
+        } => {
+            let bench = need()?;
+            let o = sizes.sale(s, g.seed, baseline);
+            results.sale = Some(sale(Some(bench), target, &o, ui).await?);
+            let o = sizes.admit(a, baseline);
+            results.admit = Some(admit(Some(bench), target, &o, ui).await?);
+            let o = sizes.drain(d, baseline);
+            eprintln!(
+                "drain: {} orders per run, batch sizes {:?}; tutorial consumer {} orders",
+                o.orders, o.batch_sizes, o.tutorial_orders
+            );
+            let dr = drain::drain(bench, &o, ui).await?;
+            let best = dr.best().map(|b| b.batch_size);
+            results.drain = Some(dr);
+            let o = sizes.latency(l, best);
+            results.commit_latency = Some(latency(bench, &o, ui).await?);
+            if !no_footprint {
+                let o = sizes.footprint(f);
+                eprintln!(
+                    "footprint: {} and {}",
+                    o.http_bin.display(),
+                    o.drainer_bin.display()
+                );
+                results.footprint =
+                    Some(print_footprint(footprint::footprint(bench, &o, ui).await?));
+            }
+        }
+        Cmd::Report { .. } | Cmd::Cleanup => {}
+    }
+    Ok(())
+}
+
+async fn sale(
+    bench: Option<&Bench>,
+    target: &Target,
+    o: &SaleOptions,
+    ui: &Ui,
+) -> anyhow::Result<admission::SaleReport> {
+    eprintln!(
+        "sale: stock {}, {} attempts by {} users from {} callers",
+        o.stock, o.attempts, o.users, o.callers
+    );
+    let r = admission::sale(bench, target, o, ui).await?;
+    eprint!("{}", report::summary(&r.ours));
+    if let Some(t) = &r.tutorial {
+        eprint!("{}", report::summary(t));
+    }
+    Ok(r)
+}
+
+async fn admit(
+    bench: Option<&Bench>,
+    target: &Target,
+    o: &AdmitOptions,
+    ui: &Ui,
+) -> anyhow::Result<admission::AdmitReport> {
+    eprintln!(
+        "admit: {} admissions per round from {} callers, {} round(s)",
+        o.attempts, o.callers, o.rounds
+    );
+    let r = admission::admit(bench, target, o, ui).await?;
+    eprintln!("admit, the median round of each:");
+    for x in [
+        Some(&r.ours),
+        r.ours_adapter.as_ref(),
+        r.tutorial.as_ref(),
+        r.floor.as_ref(),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        eprint!("{}", report::summary(x));
+    }
+    Ok(r)
+}
+
+async fn latency(
+    bench: &Bench,
+    o: &CommitLatencyOptions,
+    ui: &Ui,
+) -> anyhow::Result<drain::CommitLatencyReport> {
+    eprintln!(
+        "commit-latency: {}/s admissions for {} s from {} callers, one drainer invocation (batch {})",
+        o.rate, o.seconds, o.callers, o.batch_size
+    );
+    let r = drain::commit_latency(bench, o, ui).await?;
+    eprintln!(
+        "  {} committed; admission-to-commit p50 {:.3} s, p99 {:.3} s, max {:.3} s; drained {:.2} s after the last admission",
+        r.committed,
+        r.latency.p50_us as f64 / 1e6,
+        r.latency.p99_us as f64 / 1e6,
+        r.latency.max_us as f64 / 1e6,
+        r.drained_after_s
+    );
+    for c in r.checks.iter().filter(|c| !c.ok) {
+        eprintln!("  [VIOLATED] {}: {}", c.name, c.detail);
+    }
+    Ok(r)
+}
+
+fn print_footprint(r: footprint::FootprintReport) -> footprint::FootprintReport {
+    for b in &r.binaries {
+        eprintln!(
+            "  {}: {:.2} MiB, peak RSS {} KiB, {}{}{}",
+            b.name,
+            b.size_bytes as f64 / 1048576.0,
+            b.peak_rss_kib.map_or("n/a".into(), |k| k.to_string()),
+            b.workload,
+            b.invocations_per_s
+                .map_or(String::new(), |x| format!(", {x:.0} invocations/s")),
+            b.latency.as_ref().map_or(String::new(), |l| format!(
+                ", p50 {:.2} ms, p99 {:.2} ms",
+                l.p50_us as f64 / 1000.0,
+                l.p99_us as f64 / 1000.0
+            ))
+        );
+    }
+    r
+}
+
+/// Prints the table, writes the files; `Ok(false)` when an invariant was violated.
+fn finish(g: &Global, results: &Results) -> anyhow::Result<bool> {
+    let rows = report::rows(results);
+    if !rows.is_empty() {
+        println!("\n{}", report::text_table(&rows));
+    }
+    if let Some(path) = &g.json {
+        write_file(path, &serde_json::to_string_pretty(results)?)?;
+        eprintln!("results written to {}", path.display());
+    }
+    if let Some(path) = &g.svg {
+        match &results.sale {
+            Some(s) => {
+                let mut runs = vec![("ours (in-process handler)", &s.ours)];
+                if s.ours.target == "url" {
+                    runs[0].0 = "ours (HTTP)";
+                }
+                if let Some(t) = &s.tutorial {
+                    runs.push(("tutorial admission", t));
+                }
+                let title = format!(
+                    "flash sale: stock {}, {} attempts by {} users, {} callers",
+                    s.options.stock, s.options.attempts, s.options.users, s.options.callers
+                );
+                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir)?;
+                }
+                svg::timeline(path, &title, &runs)?;
+                eprintln!("timeline drawn to {}", path.display());
+            }
+            None => eprintln!("warning: --svg draws the sale's timeline; no sale ran"),
+        }
+    }
+    let violated: Vec<_> = results
+        .checks()
+        .into_iter()
+        .filter(|(_, c)| !c.ok)
+        .collect();
+    for (run, c) in &violated {
+        eprintln!("INVARIANT VIOLATED in {run}: {}: {}", c.name, c.detail);
+    }
+    if violated.is_empty() {
+        eprintln!("all invariants held ({} checks)", results.checks().len());
+    }
+    Ok(violated.is_empty())
+}
+
+fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+}
+
+const BEGIN: &str =
+    "<!-- results:begin (written by `seckill-load report`; do not edit by hand) -->";
+const END: &str = "<!-- results:end -->";
+
+fn report_cmd(input: &Path, markdown: Option<&Path>, svg_link: &str) -> anyhow::Result<bool> {
+    let text = std::fs::read_to_string(input)
+        .with_context(|| format!("cannot read {}", input.display()))?;
+    let results: Results = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a seckill-load results file", input.display()))?;
+    let rows = report::rows(&results);
+    println!("{}", report::text_table(&rows));
+    if let Some(md) = markdown {
+        let block = format!(
+            "{BEGIN}\n{}\n{END}",
+            report::results_markdown(&results, &rows, svg_link)
+        );
+        let page = match std::fs::read_to_string(md) {
+            Ok(old) => match (old.find(BEGIN), old.find(END)) {
+                (Some(a), Some(b)) if a < b => {
+                    format!("{}{block}{}", &old[..a], &old[b + END.len()..])
+                }
+                _ => bail!(
+                    "{} has no results markers ({BEGIN} ... {END}); add them where the results go",
+                    md.display()
+                ),
+            },
+            Err(_) => format!("# Benchmarks\n\n{block}\n"),
+        };
+        write_file(md, &page)?;
+        eprintln!("{} updated", md.display());
+    }
+    Ok(results.all_ok())
+}

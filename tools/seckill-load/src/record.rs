@@ -1,0 +1,470 @@
+//! What one caller saw, and the merged result of a run.
+//!
+//! Each caller keeps its own [`Recorder`] (no sharing on the hot path): an HDR histogram
+//! of latencies for the exact percentiles, the count of every outcome, the users and
+//! order ids it got admitted (for the invariant checks), and every attempt's end time and
+//! latency (8 bytes each) for the timeline. The timeline's bins are spaced
+//! logarithmically in time from 1 ms, so a sale that sells out in a few milliseconds and
+//! then answers `sold_out` for a minute shows both phases.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+/// Slowest latency the histograms hold (longer ones are clamped to it).
+const MAX_LATENCY_US: u64 = 120_000_000;
+/// The first timeline bin ends here; later bins grow geometrically.
+const FIRST_BIN_S: f64 = 0.001;
+/// Timeline bins of a run.
+const TIMELINE_BINS: usize = 120;
+/// The admitted flag in an event's latency word.
+const ADMITTED_BIT: u32 = 1 << 31;
+
+/// The outcome of one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Admitted with this order id (`0` when the target does not return one).
+    Admitted(i64),
+    /// Answered with an error code of the contract (`sold_out`, `already_purchased`, ...)
+    /// or, for the floor, `ok`.
+    Code(&'static str),
+    /// An unexpected answer or a transport failure.
+    Failed(String),
+}
+
+/// One caller's record.
+pub struct Recorder {
+    hist: Histogram<u64>,
+    /// (end since the start in µs, latency in µs | [`ADMITTED_BIT`]).
+    events: Vec<(u32, u32)>,
+    outcomes: BTreeMap<&'static str, u64>,
+    admitted_users: Vec<u32>,
+    order_ids: Vec<i64>,
+    last_admit: Option<Duration>,
+    first_sold_out: Option<Duration>,
+    failures: u64,
+    failure_samples: Vec<String>,
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Recorder::new()
+    }
+}
+
+impl Recorder {
+    pub fn new() -> Recorder {
+        Recorder {
+            hist: Histogram::new_with_bounds(1, MAX_LATENCY_US, 3)
+                .expect("constant histogram bounds are valid"),
+            events: Vec::new(),
+            outcomes: BTreeMap::new(),
+            admitted_users: Vec::new(),
+            order_ids: Vec::new(),
+            last_admit: None,
+            first_sold_out: None,
+            failures: 0,
+            failure_samples: Vec::new(),
+        }
+    }
+
+    /// Records attempt by `user` that ended `at` after the start and took `latency`.
+    pub fn record(&mut self, user: u32, outcome: Outcome, latency: Duration, at: Duration) {
+        let us = (latency.as_micros() as u64).clamp(1, MAX_LATENCY_US);
+        self.hist.saturating_record(us);
+        let at_us = at.as_micros().min(u128::from(u32::MAX)) as u32;
+        let admitted = matches!(outcome, Outcome::Admitted(_));
+        self.events
+            .push((at_us, us as u32 | if admitted { ADMITTED_BIT } else { 0 }));
+        match outcome {
+            Outcome::Admitted(id) => {
+                *self.outcomes.entry("admitted").or_default() += 1;
+                self.admitted_users.push(user);
+                self.order_ids.push(id);
+                self.last_admit = Some(self.last_admit.map_or(at, |l| l.max(at)));
+            }
+            Outcome::Code(code) => {
+                if code == "sold_out" && self.first_sold_out.is_none() {
+                    self.first_sold_out = Some(at);
+                }
+                *self.outcomes.entry(code).or_default() += 1
+            }
+            Outcome::Failed(why) => {
+                *self.outcomes.entry("failed").or_default() += 1;
+                self.failures += 1;
+                if self.failure_samples.len() < 3 {
+                    self.failure_samples.push(why);
+                }
+            }
+        }
+    }
+}
+
+/// Latency percentiles, in microseconds.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Latency {
+    pub p50_us: u64,
+    pub p90_us: u64,
+    pub p99_us: u64,
+    pub p999_us: u64,
+    pub max_us: u64,
+    pub mean_us: f64,
+}
+
+/// One bin of the timeline chart.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TimelinePoint {
+    /// Start and end of the bin, seconds since the start.
+    pub from_s: f64,
+    pub to_s: f64,
+    pub attempts_per_s: f64,
+    pub admitted_per_s: f64,
+    /// p99 latency of the attempts that ended in the bin.
+    pub p99_ms: f64,
+}
+
+/// One invariant checked after a run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Check {
+    pub name: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+impl Check {
+    pub fn new(name: &str, ok: bool, detail: impl Into<String>) -> Check {
+        Check {
+            name: name.to_string(),
+            ok,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// The merged result of one variant of one scenario.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunResult {
+    /// `ours`, `ours-adapter`, `tutorial`, `floor`.
+    pub variant: String,
+    /// `in-process`, `url`, `redis`.
+    pub target: String,
+    pub scenario: String,
+    pub callers: usize,
+    pub planned: u64,
+    pub completed: u64,
+    pub users: u64,
+    pub stock: Option<i64>,
+    pub elapsed_s: f64,
+    pub attempts_per_s: f64,
+    pub admitted: u64,
+    /// Count of every outcome: `admitted`, each rejection code, `failed`.
+    pub outcomes: BTreeMap<String, u64>,
+    pub failure_samples: Vec<String>,
+    pub latency: Latency,
+    /// Seconds from the start until the stock was gone: the first `sold_out` answer or the
+    /// last admission (when every unit was seen admitted), whichever came first.
+    pub sell_out_s: Option<f64>,
+    pub timeline: Vec<TimelinePoint>,
+    /// CPU the run cost Redis and this process (callers and in-process handlers).
+    pub cpu: Option<CpuUse>,
+    pub checks: Vec<Check>,
+    /// Users admitted, sorted (not serialised).
+    #[serde(skip)]
+    pub admitted_users: Vec<u32>,
+    /// Order ids returned with admissions, sorted (not serialised).
+    #[serde(skip)]
+    pub order_ids: Vec<i64>,
+}
+
+/// CPU time spent during a run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CpuUse {
+    /// Redis's own `used_cpu_user + used_cpu_sys` (INFO cpu); `None` when unknown.
+    pub redis_s: Option<f64>,
+    /// This process (the callers, and the handlers when in process).
+    pub process_s: f64,
+    pub redis_us_per_attempt: Option<f64>,
+    pub process_us_per_attempt: f64,
+    /// Time Redis spent executing commands (INFO commandstats `usec`, all commands, so
+    /// without its network I/O) per attempt.
+    #[serde(default)]
+    pub redis_command_us_per_attempt: Option<f64>,
+}
+
+/// A point in CPU time.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuSample {
+    redis_s: Option<f64>,
+    redis_command_us: Option<f64>,
+    process_s: f64,
+}
+
+impl CpuSample {
+    /// Reads this process's CPU time (`/proc/self/stat`, in USER_HZ = 100 ticks per
+    /// second) and Redis's from its INFO text.
+    pub fn take(redis_info: Option<&str>) -> CpuSample {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        // Fields after the command name (which may hold spaces) start at state (3).
+        let after = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
+        let f: Vec<&str> = after.split_whitespace().collect();
+        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        // utime is field 14 and stime 15 of the whole line: 11 and 12 after the name.
+        let process_s = (ticks(11) + ticks(12)) / 100.0;
+        let redis_s = redis_info.and_then(|info| {
+            let get = |k: &str| crate::backends::info_field(info, k)?.parse::<f64>().ok();
+            Some(get("used_cpu_user")? + get("used_cpu_sys")?)
+        });
+        // cmdstat_<name>:calls=N,usec=N,usec_per_call=...
+        let redis_command_us = redis_info.map(|info| {
+            info.lines()
+                .filter(|l| l.starts_with("cmdstat_"))
+                .filter_map(|l| {
+                    l.split(',')
+                        .find_map(|kv| kv.strip_prefix("usec="))
+                        .and_then(|v| v.trim().parse::<f64>().ok())
+                })
+                .sum()
+        });
+        CpuSample {
+            redis_s,
+            redis_command_us,
+            process_s,
+        }
+    }
+
+    /// The CPU spent from `self` to `later` over `attempts` attempts.
+    pub fn until(&self, later: &CpuSample, attempts: u64) -> CpuUse {
+        let n = attempts.max(1) as f64;
+        let redis_s = match (self.redis_s, later.redis_s) {
+            (Some(a), Some(b)) => Some((b - a).max(0.0)),
+            _ => None,
+        };
+        let process_s = (later.process_s - self.process_s).max(0.0);
+        let command_us = match (self.redis_command_us, later.redis_command_us) {
+            (Some(a), Some(b)) if b >= a && b > 0.0 => Some(b - a),
+            _ => None,
+        };
+        CpuUse {
+            redis_s,
+            process_s,
+            redis_us_per_attempt: redis_s.map(|s| s * 1e6 / n),
+            process_us_per_attempt: process_s * 1e6 / n,
+            redis_command_us_per_attempt: command_us.map(|u| u / n),
+        }
+    }
+}
+
+/// What a run was, for [`merge`].
+pub struct RunMeta {
+    pub variant: String,
+    pub target: String,
+    pub scenario: String,
+    pub callers: usize,
+    pub planned: u64,
+    pub users: u64,
+    pub stock: Option<i64>,
+}
+
+/// Merges the callers' records of a run that took `elapsed`.
+pub fn merge(meta: RunMeta, recorders: Vec<Recorder>, elapsed: Duration) -> RunResult {
+    let mut hist = Histogram::<u64>::new_with_bounds(1, MAX_LATENCY_US, 3)
+        .expect("constant histogram bounds are valid");
+    let mut events: Vec<(u32, u32)> = Vec::new();
+    let mut outcomes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut admitted_users = Vec::new();
+    let mut order_ids = Vec::new();
+    let mut failure_samples = Vec::new();
+    let mut last_admit: Option<Duration> = None;
+    let mut first_sold_out: Option<Duration> = None;
+    for r in recorders {
+        hist.add(&r.hist).ok();
+        events.extend(r.events);
+        for (k, v) in r.outcomes {
+            *outcomes.entry(k.to_string()).or_default() += v;
+        }
+        admitted_users.extend(r.admitted_users);
+        order_ids.extend(r.order_ids);
+        if failure_samples.len() < 5 {
+            failure_samples.extend(r.failure_samples);
+        }
+        last_admit = match (last_admit, r.last_admit) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        first_sold_out = match (first_sold_out, r.first_sold_out) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    admitted_users.sort_unstable();
+    order_ids.sort_unstable();
+    let completed = hist.len();
+    let admitted = outcomes.get("admitted").copied().unwrap_or(0);
+    let sold_out = meta.stock.is_some_and(|s| admitted as i64 >= s);
+    let secs = elapsed.as_secs_f64().max(1e-9);
+    RunResult {
+        variant: meta.variant,
+        target: meta.target,
+        scenario: meta.scenario,
+        callers: meta.callers,
+        planned: meta.planned,
+        completed,
+        users: meta.users,
+        stock: meta.stock,
+        elapsed_s: elapsed.as_secs_f64(),
+        attempts_per_s: completed as f64 / secs,
+        admitted,
+        outcomes,
+        failure_samples,
+        latency: latency_of(&hist),
+        // Both the first `sold_out` answer and the last admission end after the stock
+        // ran out; the earlier of them is the closer bound.
+        sell_out_s: match (first_sold_out, sold_out.then_some(last_admit).flatten()) {
+            (Some(a), Some(b)) => Some(a.min(b).as_secs_f64()),
+            (a, b) => a.or(b).map(|d| d.as_secs_f64()),
+        },
+        timeline: timeline(events, elapsed),
+        cpu: None,
+        checks: Vec::new(),
+        admitted_users,
+        order_ids,
+    }
+}
+
+/// Percentiles of a histogram of microseconds.
+pub fn latency_of(h: &Histogram<u64>) -> Latency {
+    if h.is_empty() {
+        return Latency::default();
+    }
+    Latency {
+        p50_us: h.value_at_quantile(0.50),
+        p90_us: h.value_at_quantile(0.90),
+        p99_us: h.value_at_quantile(0.99),
+        p999_us: h.value_at_quantile(0.999),
+        max_us: h.max(),
+        mean_us: h.mean(),
+    }
+}
+
+/// Percentiles of a list of microsecond values.
+pub fn latency_of_values(values: impl IntoIterator<Item = u64>) -> Latency {
+    let mut h = Histogram::<u64>::new_with_bounds(1, MAX_LATENCY_US, 3)
+        .expect("constant histogram bounds are valid");
+    for v in values {
+        h.saturating_record(v.clamp(1, MAX_LATENCY_US));
+    }
+    latency_of(&h)
+}
+
+/// Bins the attempts by end time, geometrically from [`FIRST_BIN_S`] to the end.
+fn timeline(events: Vec<(u32, u32)>, elapsed: Duration) -> Vec<TimelinePoint> {
+    let total = elapsed.as_secs_f64();
+    if events.is_empty() || total <= 0.0 {
+        return Vec::new();
+    }
+    let edges = bin_edges(total);
+    let mut bins: Vec<(u64, Vec<u32>)> = vec![(0, Vec::new()); edges.len() - 1];
+    for (at_us, word) in events {
+        let t = f64::from(at_us) / 1e6;
+        let i = edges[1..].partition_point(|e| *e <= t).min(bins.len() - 1);
+        if word & ADMITTED_BIT != 0 {
+            bins[i].0 += 1;
+        }
+        bins[i].1.push(word & !ADMITTED_BIT);
+    }
+    bins.into_iter()
+        .enumerate()
+        .filter(|(_, (_, lat))| !lat.is_empty())
+        .map(|(i, (admitted, mut lat))| {
+            let w = edges[i + 1] - edges[i];
+            let n = lat.len();
+            let rank = ((n as f64) * 0.99).ceil() as usize;
+            let p99 = *lat.select_nth_unstable(rank.clamp(1, n) - 1).1;
+            TimelinePoint {
+                from_s: edges[i],
+                to_s: edges[i + 1],
+                attempts_per_s: n as f64 / w,
+                admitted_per_s: admitted as f64 / w,
+                p99_ms: f64::from(p99) / 1000.0,
+            }
+        })
+        .collect()
+}
+
+/// `0, 1 ms, ..., total`: geometric after the first.
+fn bin_edges(total: f64) -> Vec<f64> {
+    if total <= FIRST_BIN_S * 2.0 {
+        return vec![0.0, total];
+    }
+    let n = TIMELINE_BINS - 1;
+    let ratio = (total / FIRST_BIN_S).powf(1.0 / n as f64);
+    let mut edges = vec![0.0];
+    edges.extend((0..n).map(|k| FIRST_BIN_S * ratio.powi(k as i32)));
+    edges.push(total);
+    edges
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bins_cover_the_run_geometrically() {
+        let e = bin_edges(60.0);
+        assert_eq!(e.len(), TIMELINE_BINS + 1);
+        assert_eq!(e[0], 0.0);
+        assert!((e[1] - FIRST_BIN_S).abs() < 1e-12);
+        assert!(e.windows(2).all(|w| w[0] < w[1]), "{e:?}");
+        assert_eq!(*e.last().unwrap(), 60.0);
+        assert_eq!(bin_edges(0.001), vec![0.0, 0.001]);
+    }
+
+    #[test]
+    fn merging_counts_outcomes_and_sell_out() {
+        let mut a = Recorder::new();
+        let mut b = Recorder::new();
+        a.record(
+            1,
+            Outcome::Admitted(10),
+            Duration::from_micros(100),
+            Duration::from_millis(5),
+        );
+        b.record(
+            2,
+            Outcome::Admitted(11),
+            Duration::from_micros(300),
+            Duration::from_millis(250),
+        );
+        b.record(
+            3,
+            Outcome::Code("sold_out"),
+            Duration::from_micros(5),
+            Duration::from_millis(260),
+        );
+        let meta = RunMeta {
+            variant: "ours".into(),
+            target: "in-process".into(),
+            scenario: "sale".into(),
+            callers: 2,
+            planned: 3,
+            users: 3,
+            stock: Some(2),
+        };
+        let r = merge(meta, vec![a, b], Duration::from_millis(300));
+        assert_eq!(r.completed, 3);
+        assert_eq!(r.admitted, 2);
+        assert_eq!(r.outcomes["sold_out"], 1);
+        assert_eq!(r.admitted_users, vec![1, 2]);
+        assert_eq!(r.sell_out_s, Some(0.25));
+        assert_eq!(r.timeline.len(), 3);
+        let counted: f64 = r
+            .timeline
+            .iter()
+            .map(|p| p.attempts_per_s * (p.to_s - p.from_s))
+            .sum();
+        assert!((counted - 3.0).abs() < 1e-6, "{counted}");
+        assert!(r.latency.max_us >= 300);
+    }
+}

@@ -1,0 +1,183 @@
+//! Who attempts when: the sequence of users of a run, and their tokens.
+//!
+//! A sale's `attempts` come from `users` distinct users with repeats: every user once,
+//! the rest drawn at random, all shuffled with a seed, so every variant of one run sees
+//! the same sequence. The admit path uses a fresh user per attempt (stock never runs
+//! out, so every attempt is an admission).
+
+use std::path::Path;
+
+use anyhow::Context;
+use base64::Engine as _;
+use http::HeaderValue;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+/// The user of each attempt.
+#[derive(Debug, Clone)]
+pub enum Plan {
+    /// Attempt `i` is made by user `order[i]`.
+    Mixed { order: Vec<u32>, users: u32 },
+    /// Attempt `i` is made by user `i`.
+    Distinct { attempts: u64 },
+}
+
+impl Plan {
+    /// `attempts` attempts by exactly `users` distinct users (each at least once when
+    /// `attempts >= users`), in a seeded random order.
+    pub fn mixed(attempts: u64, users: u32, seed: u64) -> Plan {
+        let users = users.max(1);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut order: Vec<u32> = Vec::with_capacity(attempts as usize);
+        order.extend((0..users).take(attempts as usize));
+        while (order.len() as u64) < attempts {
+            order.push(rng.random_range(0..users));
+        }
+        order.shuffle(&mut rng);
+        Plan::Mixed { order, users }
+    }
+
+    pub fn distinct(attempts: u64) -> Plan {
+        Plan::Distinct { attempts }
+    }
+
+    pub fn attempts(&self) -> u64 {
+        match self {
+            Plan::Mixed { order, .. } => order.len() as u64,
+            Plan::Distinct { attempts } => *attempts,
+        }
+    }
+
+    /// How many distinct users the plan uses (and tokens it needs).
+    pub fn users(&self) -> u32 {
+        match self {
+            Plan::Mixed { order, users } => (*users).min(order.len() as u32),
+            Plan::Distinct { attempts } => *attempts as u32,
+        }
+    }
+
+    /// The user of attempt `i`.
+    pub fn user(&self, i: u64) -> u32 {
+        match self {
+            Plan::Mixed { order, .. } => order[i as usize],
+            Plan::Distinct { .. } => i as u32,
+        }
+    }
+}
+
+/// The user id of user number `idx`.
+pub fn user_name(idx: u32) -> String {
+    format!("user-{idx:07}")
+}
+
+/// `Authorization` header values, one per user.
+#[derive(Debug, Clone)]
+pub struct Tokens {
+    headers: Vec<HeaderValue>,
+    /// The users' ids when they came from a file; `None`: [`user_name`].
+    names: Option<Vec<String>>,
+}
+
+impl Tokens {
+    /// HS256 tokens for users `0..users`, signed with `secret`, valid for a day.
+    pub fn mint(secret: &[u8], users: u32) -> Tokens {
+        let exp = time::OffsetDateTime::now_utc().unix_timestamp() + 86_400;
+        let headers = (0..users)
+            .map(|i| {
+                let t = seckill_shared::auth::mint_hs256(secret, &user_name(i), None, exp);
+                HeaderValue::try_from(format!("Bearer {t}"))
+                    .expect("a minted token is base64url and dots only")
+            })
+            .collect();
+        Tokens {
+            headers,
+            names: None,
+        }
+    }
+
+    /// One token per line (blank lines and `#` comments skipped). A user's id is the
+    /// token's `sub` claim when it can be read, else the line number.
+    pub fn from_file(path: &Path) -> anyhow::Result<Tokens> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the token file {}", path.display()))?;
+        let mut headers = Vec::new();
+        let mut names = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            let t = line.trim();
+            if t.is_empty() || t.starts_with('#') {
+                continue;
+            }
+            let t = t.strip_prefix("Bearer ").unwrap_or(t);
+            headers.push(
+                HeaderValue::try_from(format!("Bearer {t}")).with_context(|| {
+                    format!("{}:{}: not a valid header value", path.display(), n + 1)
+                })?,
+            );
+            names.push(sub_of(t).unwrap_or_else(|| format!("line-{}", n + 1)));
+        }
+        anyhow::ensure!(!headers.is_empty(), "{} holds no tokens", path.display());
+        Ok(Tokens {
+            headers,
+            names: Some(names),
+        })
+    }
+
+    pub fn len(&self) -> u32 {
+        self.headers.len() as u32
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.headers.is_empty()
+    }
+
+    /// The header of user `idx` (users beyond the list wrap around).
+    pub fn header(&self, idx: u32) -> &HeaderValue {
+        &self.headers[idx as usize % self.headers.len()]
+    }
+
+    /// The id of user `idx`.
+    pub fn name(&self, idx: u32) -> String {
+        match &self.names {
+            Some(n) => n[idx as usize % n.len()].clone(),
+            None => user_name(idx),
+        }
+    }
+}
+
+/// The `sub` claim of a JWT, read without verifying it.
+fn sub_of(token: &str) -> Option<String> {
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    v.get("sub")?.as_str().map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mixed_plan_has_every_user_and_only_them() {
+        let p = Plan::mixed(1_000, 200, 7);
+        assert_eq!(p.attempts(), 1_000);
+        let mut seen: Vec<u32> = (0..1_000).map(|i| p.user(i)).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen, (0..200).collect::<Vec<_>>());
+        let q = Plan::mixed(1_000, 200, 7);
+        assert!((0..1_000).all(|i| p.user(i) == q.user(i)), "seeded");
+        assert_eq!(Plan::mixed(10, 200, 1).users(), 10);
+    }
+
+    #[test]
+    fn minted_tokens_carry_the_user_as_sub() {
+        let t = Tokens::mint(b"s", 3);
+        let h = t.header(2).to_str().unwrap();
+        let tok = h.strip_prefix("Bearer ").unwrap();
+        assert_eq!(sub_of(tok).as_deref(), Some("user-0000002"));
+        let id = seckill_shared::auth::verify_hs256(tok, b"s", 0).unwrap();
+        assert_eq!(id.user.as_str(), "user-0000002");
+    }
+}

@@ -1,0 +1,101 @@
+//! CI smoke of the load tool: the quick sale, in process, against a private Redis
+//! (cluster mode, one node) and a fresh database behind an in-process Data API server,
+//! with the tutorial baseline; then a small drain with its baselines. Asserts the
+//! invariants and that every attempt was answered — never a speed.
+
+use seckill_load::admission::{self, SaleOptions, Target};
+use seckill_load::backends::Bench;
+use seckill_load::drain::{self, DrainOptions};
+use seckill_load::engine::Ui;
+use seckill_load::record::RunResult;
+use seckill_tests::harness::Backends;
+use seckill_tests::mysql::url_with_database;
+
+async fn bench_on(b: &Backends, run_id: &str) -> Bench {
+    let mysql = url_with_database(&b.mysql_url, &b.database);
+    Bench::attach(b.http_config(), Some(mysql), run_id.to_string())
+        .await
+        .expect("the benchmark attaches to the test backends")
+}
+
+fn assert_invariants(r: &RunResult) {
+    assert!(!r.checks.is_empty(), "{} ran no checks", r.variant);
+    for c in &r.checks {
+        assert!(
+            c.ok,
+            "{} {}: {} ({})",
+            r.scenario, r.variant, c.name, c.detail
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_quick_sale_keeps_every_invariant() {
+    let backends = Backends::start().await;
+    let bench = bench_on(&backends, "smoke-sale").await;
+    let o = SaleOptions {
+        stock: 100,
+        attempts: 20_000,
+        users: 4_000,
+        callers: 16,
+        seed: 7,
+        baseline: true,
+    };
+    let r = admission::sale(Some(&bench), &Target::InProcess, &o, &Ui::quiet())
+        .await
+        .expect("the sale runs");
+    let tutorial = r.tutorial.as_ref().expect("the baseline ran");
+    for run in [&r.ours, tutorial] {
+        assert_invariants(run);
+        assert_eq!(
+            run.completed, o.attempts,
+            "{}: every attempt answered",
+            run.variant
+        );
+        assert_eq!(
+            run.outcomes.get("failed"),
+            None,
+            "{}: {:?}",
+            run.variant,
+            run.failure_samples
+        );
+        assert_eq!(
+            run.admitted, 100,
+            "{}: more buyers than stock sell it all",
+            run.variant
+        );
+        assert!(run.sell_out_s.is_some());
+    }
+    bench.cleanup().await.expect("cleanup");
+    backends.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_drain_commits_every_order_once() {
+    let backends = Backends::start().await;
+    let bench = bench_on(&backends, "smoke-drain").await;
+    let o = DrainOptions {
+        orders: 600,
+        batch_sizes: vec![100, 1000],
+        tutorial_orders: 60,
+        floor_batch: 250,
+        baseline: true,
+    };
+    let r = drain::drain(&bench, &o, &Ui::quiet())
+        .await
+        .expect("the drain runs");
+    assert_eq!(r.ours.len(), 2);
+    assert!(r.tutorial.is_some() && r.db_floor.is_some());
+    for run in r.runs() {
+        assert!(!run.checks.is_empty());
+        for c in &run.checks {
+            assert!(
+                c.ok,
+                "drain {} batch {}: {} ({})",
+                run.variant, run.batch_size, c.name, c.detail
+            );
+        }
+    }
+    bench.cleanup().await.expect("cleanup");
+    backends.cleanup().await;
+}
