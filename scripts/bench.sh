@@ -4,7 +4,7 @@
 # ratios.
 #
 #   scripts/bench.sh                 the sizes (sale S=1,000 A=1,000,000 U=200,000 C=64)
-#   scripts/bench.sh --quick         smoke sizes (about a minute of load, for CI)
+#   scripts/bench.sh --quick         smoke sizes (about 15 s of load once built)
 #   scripts/bench.sh --snapshot      also write docs/benchmarks.md and docs/benchmarks-sale.svg
 #   scripts/bench.sh -- ARGS...      extra arguments for `seckill-load bench` (see its --help)
 #

@@ -133,6 +133,7 @@ pub async fn sale(
     let drivers = ours_drivers(bench, &prepared, o.callers).await?;
     let mut ours = run(drivers, plan.clone(), meta("ours", target.name()), None, ui).await?;
     check_ours(bench, &prepared, &mut ours).await?;
+    release(bench, &prepared).await?;
     let tutorial = match (o.baseline, bench) {
         (true, Some(bench)) => {
             let keys = tutorial_keys(bench, prepared.voucher.id, o.stock).await?;
@@ -140,6 +141,9 @@ pub async fn sale(
             let before = queued(bench, &keys).await?;
             let mut t = run(drivers, plan.clone(), meta("tutorial", "redis"), None, ui).await?;
             check_tutorial(bench, &keys, o.stock, before, &mut t).await?;
+            bench
+                .release_keys(&[keys.stock(), keys.buyers(), keys.stream()])
+                .await?;
             Some(t)
         }
         (true, None) => bail!("the tutorial baseline needs the local stack's Redis"),
@@ -212,6 +216,7 @@ pub async fn admit(
                     let drivers = ours_drivers(bench, &p, o.callers).await?;
                     let mut r = run(drivers, plan.clone(), meta, None, ui).await?;
                     check_ours(bench, &p, &mut r).await?;
+                    release(bench, &p).await?;
                     r
                 }
                 "ours-adapter" => {
@@ -232,6 +237,7 @@ pub async fn admit(
                         url: None,
                     };
                     check_ours(Some(bench), &p, &mut r).await?;
+                    bench.release_voucher(p.voucher.id).await?;
                     r
                 }
                 "tutorial" => {
@@ -243,6 +249,9 @@ pub async fn admit(
                     let before = queued(bench, &keys).await?;
                     let mut r = run(drivers, plan.clone(), meta, None, ui).await?;
                     check_tutorial(bench, &keys, stock, before, &mut r).await?;
+                    bench
+                        .release_keys(&[keys.stock(), keys.buyers(), keys.stream()])
+                        .await?;
                     r
                 }
                 _ => {
@@ -323,6 +332,14 @@ fn median_round(mut rs: Vec<RunResult>) -> Option<RunResult> {
         }
     }
     Some(m)
+}
+
+/// Frees the Redis keys of an in-process run's voucher (a deployment's are its own).
+async fn release(bench: Option<&Bench>, p: &Prepared) -> anyhow::Result<()> {
+    match (bench, &p.url) {
+        (Some(b), None) => b.release_voucher(p.voucher.id).await,
+        _ => Ok(()),
+    }
 }
 
 /// One line about a finished variant.

@@ -211,6 +211,35 @@ impl Bench {
         Ok(voucher)
     }
 
+    /// Deletes a voucher's Redis keys now (between runs: a dataset that only grows makes
+    /// Redis rewrite its AOF ever more often, which would disturb later runs).
+    pub async fn release_voucher(&self, voucher: VoucherId) -> anyhow::Result<()> {
+        let k = VoucherKeys::new(voucher);
+        let mut conn = self.redis.clone();
+        let _: i64 = redis::cmd("UNLINK")
+            .arg(&k.sale)
+            .arg(&k.buyers)
+            .arg(&k.orders)
+            .arg(&k.dead)
+            .query_async(&mut conn)
+            .await?;
+        let _: i64 = redis::cmd("SREM")
+            .arg(keys::ACTIVE_VOUCHERS)
+            .arg(voucher.get())
+            .query_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Deletes keys now (they stay listed for cleanup, where deleting again is harmless).
+    pub async fn release_keys(&self, keys: &[String]) -> anyhow::Result<()> {
+        let mut conn = self.redis.clone();
+        for key in keys {
+            let _: i64 = redis::cmd("UNLINK").arg(key).query_async(&mut conn).await?;
+        }
+        Ok(())
+    }
+
     /// Remembers a key to delete at cleanup.
     pub fn track_key(&self, key: impl Into<String>) {
         self.extra_keys

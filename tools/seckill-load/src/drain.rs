@@ -292,6 +292,7 @@ async fn drain_ours(
     };
     bar.finish_and_clear();
     let mut checks = db_checks(bench, voucher.id, n, Some(0)).await?;
+    bench.release_voucher(voucher.id).await?;
     if let Some(s) = &summary {
         checks.push(Check::new(
             "the invocation drained everything before its time was up",
@@ -402,6 +403,10 @@ async fn drain_tutorial(
     let elapsed = start.elapsed();
     bar.finish_and_clear();
     let checks = db_checks(bench, voucher.id, n, Some(0)).await?;
+    bench.release_voucher(voucher.id).await?;
+    bench
+        .release_keys(&[keys.stock(), keys.buyers(), keys.stream()])
+        .await?;
     Ok(DrainRun {
         variant: "tutorial".into(),
         batch_size: 1,
@@ -521,6 +526,7 @@ async fn drain_floor(bench: &Bench, n: u64, batch: usize) -> anyhow::Result<Drai
     let elapsed = start.elapsed();
     conn.disconnect().await.ok();
     let checks = db_checks(bench, voucher.id, n, None).await?;
+    bench.release_voucher(voucher.id).await?;
     Ok(DrainRun {
         variant: "db-floor".into(),
         batch_size: batch,
@@ -603,6 +609,7 @@ pub async fn commit_latency(
         .context("reading commit times")?;
     conn.disconnect().await.ok();
     let committed = lat.len() as u64;
+    bench.release_voucher(voucher.id).await?;
     let mut checks = db_checks(bench, voucher.id, admissions.admitted, None).await?;
     checks.push(Check::new(
         "the invocation drained every admission",

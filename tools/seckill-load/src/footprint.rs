@@ -156,6 +156,7 @@ async fn http_footprint(
     bar.finish_and_clear();
     let (peak, rss) = child.memory();
     child.stop().await;
+    bench.release_voucher(voucher.id).await?;
     anyhow::ensure!(
         admitted == o.requests,
         "seckill-http admitted {admitted} of {} requests",
@@ -239,6 +240,7 @@ async fn drainer_footprint(
     let took = t0.elapsed();
     let (peak, rss) = child.memory();
     child.stop().await;
+    bench.release_voucher(voucher.id).await?;
     let inserted = res.get("inserted").and_then(|v| v.as_u64()).unwrap_or(0);
     anyhow::ensure!(
         inserted == o.orders,

@@ -526,10 +526,15 @@ pub fn text_table(rows: &[Row]) -> String {
         if r.baseline.is_empty() {
             let _ = writeln!(s, "    {:<40} {:>10} {}", r.ours, r.target, met);
         } else {
+            let target = if r.target.is_empty() {
+                String::new()
+            } else {
+                format!("   (target {})", r.target)
+            };
             let _ = writeln!(
                 s,
-                "    {} vs {} = {}   (target {}) {}",
-                r.ours, r.baseline, r.ratio, r.target, met
+                "    {} vs {} = {}{target} {}",
+                r.ours, r.baseline, r.ratio, met
             );
         }
     }
