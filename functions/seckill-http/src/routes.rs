@@ -12,7 +12,6 @@ use seckill_shared::domain::{
 };
 use serde::Deserialize;
 use serde_json::json;
-use tracing::Instrument;
 
 use crate::app::App;
 use crate::cache::Known;
@@ -58,52 +57,75 @@ impl<'a> Route<'a> {
     }
 }
 
-/// Handles one request. Never fails and never panics on input: every outcome is a JSON
-/// response.
-pub async fn handle(app: &App, req: Request) -> Response<Body> {
-    let request_id = req
-        .lambda_context_ref()
-        .map(|c| c.request_id.clone())
-        .unwrap_or_default();
-    let span = tracing::info_span!(
-        "request",
-        request_id = %request_id,
-        method = %req.method(),
-        voucher_id = tracing::field::Empty,
-        outcome = tracing::field::Empty,
-    );
-    async move {
-        let res = match dispatch(app, &req).await {
-            Ok(res) => res,
-            Err(err) => {
-                tracing::Span::current().record("outcome", err.code());
-                err.into_response()
-            }
-        };
-        tracing::info!(status = res.status().as_u16(), "handled");
-        res
+impl Route<'_> {
+    /// What a successful answer on this route is called in the request log.
+    fn success(&self) -> &'static str {
+        match self {
+            Route::CreateVoucher => "created",
+            Route::Seckill(_) => "admitted",
+            Route::GetVoucher(_) | Route::GetOrder(_) => "ok",
+        }
     }
-    .instrument(span)
-    .await
+
+    /// The voucher id as it appears in the path, for the request log.
+    fn voucher_param(&self) -> &str {
+        match self {
+            Route::GetVoucher(id) | Route::Seckill(id) => id,
+            Route::CreateVoucher | Route::GetOrder(_) => "",
+        }
+    }
 }
 
-async fn dispatch(app: &App, req: &Request) -> Result<Response<Body>, ApiError> {
-    let path = req.uri().path().to_string();
-    match Route::parse(req.method(), &path) {
-        Some(Route::CreateVoucher) => create_voucher(app, req).await,
-        Some(Route::GetVoucher(id)) => get_voucher(app, parse_voucher_id(id)?).await,
-        Some(Route::Seckill(id)) => seckill(app, req, parse_voucher_id(id)?).await,
-        Some(Route::GetOrder(id)) => get_order(app, req, parse_order_id(id)?).await,
+/// Handles one request. Never fails and never panics on input: every outcome is a JSON
+/// response.
+///
+/// Each request is logged as one event, written after the answer is known. During a sale
+/// almost every request is a `sold_out` (or `not_started`/`ended`) answered from this
+/// instance's memory in microseconds; those are logged at DEBUG, because formatting a
+/// log line would cost more than the answer and CloudWatch would bill a line for each
+/// of a million refusals. Everything else is logged at INFO.
+pub async fn handle(app: &App, req: Request) -> Response<Body> {
+    let route = Route::parse(req.method(), req.uri().path());
+    let result = match &route {
+        Some(route) => dispatch(app, &req, route).await,
         None => Err(ApiError::NotFound(format!(
             "no route for {} {}",
             req.method(),
-            path
+            req.uri().path()
         ))),
+    };
+    let (res, outcome) = match result {
+        Ok(res) => (res, route.as_ref().map_or("ok", Route::success)),
+        Err(err) => {
+            let code = err.code();
+            (err.into_response(), code)
+        }
+    };
+    let voucher_id = route.as_ref().map_or("", Route::voucher_param);
+    let status = res.status().as_u16();
+    if matches!(outcome, "sold_out" | "not_started" | "ended") {
+        tracing::debug!(status, outcome, voucher_id, "handled");
+    } else {
+        let request_id = req
+            .lambda_context_ref()
+            .map(|c| c.request_id.as_str())
+            .unwrap_or_default();
+        let method = req.method().as_str();
+        tracing::info!(status, outcome, voucher_id, method, request_id, "handled");
+    }
+    res
+}
+
+async fn dispatch(app: &App, req: &Request, route: &Route<'_>) -> Result<Response<Body>, ApiError> {
+    match *route {
+        Route::CreateVoucher => create_voucher(app, req).await,
+        Route::GetVoucher(id) => get_voucher(app, parse_voucher_id(id)?).await,
+        Route::Seckill(id) => seckill(app, req, parse_voucher_id(id)?).await,
+        Route::GetOrder(id) => get_order(app, req, parse_order_id(id)?).await,
     }
 }
 
 fn parse_voucher_id(s: &str) -> Result<VoucherId, ApiError> {
-    tracing::Span::current().record("voucher_id", s);
     s.parse()
         .map_err(|e: seckill_shared::domain::ValidationError| ApiError::InvalidRequest(e.0))
 }
@@ -115,10 +137,6 @@ fn parse_order_id(s: &str) -> Result<OrderId, ApiError> {
 
 fn now_secs(now: UnixMillis) -> i64 {
     now.div_euclid(1000)
-}
-
-fn outcome(label: &'static str) {
-    tracing::Span::current().record("outcome", label);
 }
 
 /// The body of `POST /vouchers`.
@@ -155,7 +173,11 @@ async fn create_voucher(app: &App, req: &Request) -> Result<Response<Body>, ApiE
     )
     .map_err(|e| ApiError::InvalidRequest(e.0))?;
     let voucher = app.db.create_voucher(&new).await?;
-    tracing::Span::current().record("voucher_id", voucher.id.get());
+    tracing::info!(
+        voucher_id = voucher.id.get(),
+        stock = voucher.stock,
+        "voucher created"
+    );
     app.cache.learn_voucher(&voucher);
     // The database row is the truth. If Redis cannot be preloaded now, the voucher is
     // still created: the first GET or purchase finds it missing in Redis and preloads it
@@ -167,7 +189,6 @@ async fn create_voucher(app: &App, req: &Request) -> Result<Response<Body>, ApiE
     if let Err(error) = preloaded {
         tracing::warn!(%error, "voucher created but not preloaded; it will be preloaded on first use");
     }
-    outcome("created");
     Ok(json_response(
         StatusCode::CREATED,
         &voucher_json(&voucher, voucher.db_stock_left),
@@ -201,7 +222,6 @@ async fn get_voucher(app: &App, id: VoucherId) -> Result<Response<Body>, ApiErro
             sales.stock_left(id).await?.unwrap_or(voucher.db_stock_left)
         }
     };
-    outcome("ok");
     Ok(json_response(
         StatusCode::OK,
         &voucher_json(&voucher, stock_left),
@@ -243,7 +263,6 @@ async fn seckill(app: &App, req: &Request, id: VoucherId) -> Result<Response<Bod
             if stock_after <= 0 {
                 app.cache.learn_sold_out(id);
             }
-            outcome("admitted");
             Ok(json_response(
                 StatusCode::ACCEPTED,
                 &json!({ "order_id": order_id.to_string(), "status": OrderStatus::Pending.as_str() }),
@@ -276,7 +295,6 @@ async fn get_order(app: &App, req: &Request, id: OrderId) -> Result<Response<Bod
         if buyer != caller.user {
             return Err(not_found());
         }
-        outcome("ok");
         return Ok(order_json(id, voucher, status));
     }
     // Not drained yet: the id says which voucher it was issued for; the voucher's buyers
@@ -293,7 +311,6 @@ async fn get_order(app: &App, req: &Request, id: OrderId) -> Result<Response<Bod
         Some((_, _, status)) => status,
         None => OrderStatus::Pending,
     };
-    outcome("ok");
     Ok(order_json(id, voucher, status))
 }
 
