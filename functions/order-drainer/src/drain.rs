@@ -367,7 +367,11 @@ impl Drainer {
         }
         let (indexes, orders): (Vec<usize>, Vec<AdmittedOrder>) = sorted.orders.into_iter().unzip();
 
-        match self.commit_batch(voucher, &orders).await {
+        // Entries read for the first time were never committed by an earlier run (a run
+        // that committed and then died leaves them pending, and reclaiming them counts a
+        // second delivery).
+        let first_delivery = indexes.iter().all(|&i| entries[i].deliveries <= 1);
+        match self.commit_batch(voucher, &orders, first_delivery).await {
             Ok(BatchOutcome::Committed(split)) => {
                 let ids: Vec<&str> = split
                     .confirmed
@@ -477,13 +481,22 @@ impl Drainer {
 
     /// Commits one voucher's orders in one transaction, retrying when a concurrent
     /// writer made the row counts differ from the plan.
+    ///
+    /// A batch of first deliveries is first tried without looking up existing rows: none
+    /// should exist, and the exact counts of `INSERT IGNORE` prove it. If one did exist
+    /// (Redis lost its record of a committed order, say), a count comes up short, the
+    /// attempt is rolled back and the batch is planned again with the lookup. That saves
+    /// the largest statement of the common batch without trusting the guess.
     async fn commit_batch(
         &self,
         voucher: VoucherId,
         orders: &[AdmittedOrder],
+        first_delivery: bool,
     ) -> Result<BatchOutcome, DrainError> {
         let db = |step, e| DrainError::store(step, Some(voucher), e);
-        for attempt in 1..=RACE_ATTEMPTS {
+        let mut look_up = !first_delivery;
+        let attempts = RACE_ATTEMPTS + u32::from(first_delivery);
+        for attempt in 1..=attempts {
             failpoint::hit("before_begin");
             let tx = self
                 .ledger
@@ -491,7 +504,7 @@ impl Drainer {
                 .await
                 .map_err(|e| db("beginning a transaction", e))?;
             failpoint::hit("after_begin");
-            match self.plan_and_write(&tx, voucher, orders).await {
+            match self.plan_and_write(&tx, voucher, orders, look_up).await {
                 Ok(Attempt::Planned(split)) if split.writes() == 0 => {
                     // Only redeliveries or dead letters: nothing to commit.
                     tx.rollback().await;
@@ -507,6 +520,11 @@ impl Drainer {
                     tx.rollback().await;
                     return Ok(BatchOutcome::UnknownVoucher);
                 }
+                Ok(Attempt::Raced(detail)) if !look_up => {
+                    tx.rollback().await;
+                    look_up = true;
+                    tracing::info!(%voucher, detail, "first deliveries collide with existing rows, planning again with a lookup");
+                }
                 Ok(Attempt::Raced(detail)) => {
                     tx.rollback().await;
                     tracing::warn!(%voucher, attempt, detail, "row counts differ from the plan, retrying");
@@ -517,18 +535,17 @@ impl Drainer {
                 }
             }
         }
-        Err(DrainError::Raced {
-            voucher,
-            attempts: RACE_ATTEMPTS,
-        })
+        Err(DrainError::Raced { voucher, attempts })
     }
 
-    /// The statements of one attempt, up to (not including) the commit.
+    /// The statements of one attempt, up to (not including) the commit; without
+    /// `look_up`, planned as if no order of the batch were in the database yet.
     async fn plan_and_write(
         &self,
         tx: &LedgerTx<'_>,
         voucher: VoucherId,
         orders: &[AdmittedOrder],
+        look_up: bool,
     ) -> Result<Attempt, DrainError> {
         let db = |step, e| DrainError::store(step, Some(voucher), e);
         let Some(stock_left) = tx
@@ -539,10 +556,13 @@ impl Drainer {
             return Ok(Attempt::UnknownVoucher);
         };
         failpoint::hit("after_lock");
-        let existing = tx
-            .existing_orders(voucher, orders)
-            .await
-            .map_err(|e| db("looking up existing orders", e))?;
+        let existing = if look_up {
+            tx.existing_orders(voucher, orders)
+                .await
+                .map_err(|e| db("looking up existing orders", e))?
+        } else {
+            Vec::new()
+        };
         let split = plan::split(voucher, orders, &existing, stock_left);
 
         for (indexes, status, reason) in [
