@@ -47,7 +47,8 @@ pub struct DrainCtx {
     pub database: String,
     pub sales: RedisSales,
     pub streams: OrderStreams,
-    ids: OrderIds,
+    /// The order ids this test issues (as one seckill-http instance would).
+    pub ids: OrderIds,
 }
 
 impl DrainCtx {

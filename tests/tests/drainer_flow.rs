@@ -641,3 +641,56 @@ async fn a_fixed_voucher_list_limits_the_drain() {
     assert_eq!(users, want);
     ctx.cleanup().await;
 }
+
+#[tokio::test]
+async fn rows_carry_the_admitted_user_and_time_exactly() {
+    use mysql_async::prelude::Queryable;
+    let ctx = DrainCtx::start().await;
+    let v = ctx.voucher(10, 10).await;
+    // Ids that break naive quoting, JSON escaping, placeholder parsing or 3-byte UTF-8.
+    let users = [
+        "quote\"d",
+        "back\\slash",
+        "it's",
+        "'; DROP TABLE orders; --",
+        "a:b :s :rows",
+        "$[*].u",
+        "😀 emoji € ü",
+        &"é".repeat(32), // 64 bytes, the longest id
+    ];
+    let now = now_millis();
+    let mut want = BTreeSet::new();
+    for (i, u) in users.iter().enumerate() {
+        let user = UserId::parse(u).expect("a valid user id");
+        let id = ctx.ids.next(&ctx.sales, v.id, now).await.unwrap();
+        // Distinct milliseconds, one of them on a whole second.
+        let at = now - now % 1000 - i as i64 * 7;
+        let reply = ctx.sales.admit(v.id, &user, id, at).await.unwrap();
+        assert!(
+            matches!(
+                reply.admission,
+                seckill_shared::domain::Admission::Admitted { .. }
+            ),
+            "{u}: {:?}",
+            reply.admission
+        );
+        want.insert((id.get(), u.to_string(), at));
+    }
+    let summary = ctx.drain(ctx.drainer_config()).await;
+    assert_eq!((summary.inserted, summary.errors), (8, 0), "{summary:?}");
+    let mut conn = ctx.mysql().await;
+    // Times are stored as UTC.
+    conn.query_drop("SET time_zone = '+00:00'").await.unwrap();
+    let rows: Vec<(i64, String, i64)> = conn
+        .exec(
+            "SELECT id, user_id, CAST(UNIX_TIMESTAMP(admitted_at) * 1000 AS SIGNED) \
+             FROM orders WHERE voucher_id = ?",
+            (v.id.get(),),
+        )
+        .await
+        .unwrap();
+    conn.disconnect().await.ok();
+    assert_eq!(rows.into_iter().collect::<BTreeSet<_>>(), want);
+    assert_eq!(ctx.db_stock_left(v.id).await, 2);
+    ctx.cleanup().await;
+}

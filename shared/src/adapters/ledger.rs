@@ -9,7 +9,8 @@
 //! [`commit`](LedgerTx::commit).
 //!
 //! Invariants kept here:
-//! - counts are exact: inserts are multi-row `INSERT IGNORE` through ExecuteStatement,
+//! - counts are exact: inserts are `INSERT IGNORE ... SELECT` over `JSON_TABLE` (one JSON
+//!   parameter holds a chunk's rows) through ExecuteStatement,
 //!   whose `numberOfRecordsUpdated` is the number of rows inserted (BatchExecuteStatement
 //!   reports no counts);
 //! - the stock decrement is guarded (`stock_left >= n`) and reports whether it applied;
@@ -19,7 +20,7 @@
 
 use aws_sdk_rdsdata::types::SqlParameter;
 
-use super::data_api::{DataApi, field, param};
+use super::data_api::{DataApi, field, format_datetime, param};
 use crate::domain::{OrderId, OrderStatus, UnixMillis, UserId, VoucherId};
 use crate::error::StoreError;
 
@@ -214,33 +215,53 @@ async fn insert_chunk(
     })
 }
 
-/// `INSERT IGNORE INTO orders ... VALUES (...), (...)` for one chunk.
+/// The rows of one insert, as the JSON array `JSON_TABLE` reads.
+#[derive(serde::Serialize)]
+struct Row<'a> {
+    i: i64,
+    v: i64,
+    u: &'a str,
+    a: String,
+}
+
+/// `INSERT IGNORE INTO orders ... SELECT ... FROM JSON_TABLE(:rows, ...)` for one chunk.
+///
+/// The rows travel as one JSON string parameter, not four parameters per row: the Data
+/// API request shrinks to a third, and neither side builds, signs, parses and binds
+/// thousands of parameters per batch (which cost more than the insert itself).
+/// `JSON_TABLE` is in MySQL 8 (Aurora MySQL 3) and MariaDB 10.6+; `ERROR ON EMPTY`
+/// makes a row with a missing field fail the statement instead of inserting a NULL.
+/// The values are still never spliced into the SQL.
 pub fn insert_statement(
     chunk: &[AdmittedOrder],
     status: OrderStatus,
     reason: Option<&str>,
 ) -> (String, Vec<SqlParameter>) {
-    let mut sql = String::with_capacity(100 + chunk.len() * 48);
-    sql.push_str(
-        "INSERT IGNORE INTO orders (id, voucher_id, user_id, status, reason, admitted_at) VALUES ",
-    );
-    let mut params = Vec::with_capacity(2 + chunk.len() * 4);
-    params.push(param::string("s", status.as_str()));
-    params.push(match reason {
-        Some(r) => param::string("r", &truncate_chars(r, MAX_REASON_CHARS)),
-        None => param::null("r"),
-    });
-    for (i, o) in chunk.iter().enumerate() {
-        if i > 0 {
-            sql.push(',');
-        }
-        sql.push_str(&format!("(:i{i},:v{i},:u{i},:s,:r,:a{i})"));
-        params.push(param::long(&format!("i{i}"), o.id.get()));
-        params.push(param::long(&format!("v{i}"), o.voucher.get()));
-        params.push(param::string(&format!("u{i}"), o.user.as_str()));
-        params.push(param::timestamp(&format!("a{i}"), o.admitted_ms));
-    }
-    (sql, params)
+    const SQL: &str = "INSERT IGNORE INTO orders (id, voucher_id, user_id, status, reason, admitted_at) \
+        SELECT j.id, j.v, j.u, :s, :r, j.a FROM JSON_TABLE(:rows, '$[*]' COLUMNS (\
+        id BIGINT UNSIGNED PATH '$.i' ERROR ON EMPTY, \
+        v BIGINT UNSIGNED PATH '$.v' ERROR ON EMPTY, \
+        u VARCHAR(64) PATH '$.u' ERROR ON EMPTY, \
+        a DATETIME(3) PATH '$.a' ERROR ON EMPTY)) AS j";
+    let rows: Vec<Row<'_>> = chunk
+        .iter()
+        .map(|o| Row {
+            i: o.id.get(),
+            v: o.voucher.get(),
+            u: o.user.as_str(),
+            a: format_datetime(o.admitted_ms),
+        })
+        .collect();
+    let rows = serde_json::to_string(&rows).expect("rows of numbers and strings serialise");
+    let params = vec![
+        param::string("s", status.as_str()),
+        match reason {
+            Some(r) => param::string("r", &truncate_chars(r, MAX_REASON_CHARS)),
+            None => param::null("r"),
+        },
+        param::string("rows", &rows),
+    ];
+    (SQL.to_string(), params)
 }
 
 /// The lookup of orders colliding with one chunk, by id or by buyer of `voucher`.
@@ -286,10 +307,15 @@ mod tests {
         let chunk: Vec<_> = (0..MAX_ROWS_PER_STATEMENT as i64).map(order).collect();
         let (sql, params) = insert_statement(&chunk, OrderStatus::Rejected, Some("x"));
         assert!(sql.chars().count() < 65_536, "{} chars", sql.len());
-        assert_eq!(params.len(), 2 + 4 * chunk.len());
-        // A generous estimate of the JSON request: every parameter with its name, value
-        // and type hint.
-        let request: usize = sql.len() + params.len() * 120 + chunk.len() * 63;
+        assert_eq!(params.len(), 3);
+        // The request is the SQL and the parameters, with room to spare for the JSON
+        // around them.
+        let values: usize = params
+            .iter()
+            .filter_map(|p| p.value.as_ref()?.as_string_value().ok())
+            .map(String::len)
+            .sum();
+        let request = sql.len() + values + 1024;
         assert!(request < 4 * 1024 * 1024, "{request} bytes");
         let (sql, params) = existing_query(chunk[0].voucher, &chunk);
         assert!(sql.chars().count() < 65_536);
