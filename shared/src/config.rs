@@ -5,8 +5,10 @@
 //! redeploy. Each function composes the pieces it needs ([`RedisConfig`],
 //! [`DataApiConfig`]) into its own `Config::from_env`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::fmt::Debug;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Variables that could not be used.
@@ -21,6 +23,8 @@ pub struct ConfigError {
 pub struct EnvReader {
     vars: HashMap<String, String>,
     problems: Vec<String>,
+    /// Every name asked for, when recording (see [`check_env_vars`]).
+    asked: Option<Arc<Mutex<BTreeSet<String>>>>,
 }
 
 impl EnvReader {
@@ -34,10 +38,17 @@ impl EnvReader {
         EnvReader {
             vars,
             problems: Vec::new(),
+            asked: None,
         }
     }
 
     fn get(&self, name: &str) -> Option<&str> {
+        if let Some(asked) = &self.asked {
+            asked
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(name.to_string());
+        }
         self.vars
             .get(name)
             .map(String::as_str)
@@ -103,6 +114,43 @@ impl EnvReader {
                 problems: self.problems,
             })
         }
+    }
+}
+
+/// Test support for each function's config: checks its list of variables (`listed`, the
+/// names the SAM template may set) against its loader `read`. Panics unless `read`, given
+/// `base` (a valid environment), asks for exactly the listed names, and unless changing
+/// any one listed variable changes what `read` returns.
+pub fn check_env_vars<T: Debug, E: Debug>(
+    listed: &[&str],
+    base: &[(&str, &str)],
+    read: impl Fn(EnvReader) -> Result<T, E>,
+) {
+    let base: HashMap<String, String> = base
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let asked = Arc::new(Mutex::new(BTreeSet::new()));
+    let mut env = EnvReader::from_map(base.clone());
+    env.asked = Some(asked.clone());
+    let baseline = format!("{:?}", read(env));
+    assert!(
+        baseline.starts_with("Ok("),
+        "the base environment fails: {baseline}"
+    );
+
+    let listed_set: BTreeSet<String> = listed.iter().map(|s| s.to_string()).collect();
+    assert_eq!(listed_set.len(), listed.len(), "the list has duplicates");
+    let asked = asked.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    assert_eq!(
+        listed_set, asked,
+        "the list differs from the names the loader asks for"
+    );
+    for name in listed {
+        let mut changed = base.clone();
+        changed.insert(name.to_string(), "changed-value".to_string());
+        let result = format!("{:?}", read(EnvReader::from_map(changed)));
+        assert_ne!(result, baseline, "{name} is asked for but never used");
     }
 }
 
