@@ -9,7 +9,7 @@ use seckill_shared::domain::VoucherId;
 /// Defaults, chosen for a 60 s function timeout on a one-minute schedule.
 pub mod defaults {
     /// XREADGROUP COUNT: one Data API transaction per this many orders.
-    pub const BATCH_SIZE: usize = 500;
+    pub const BATCH_SIZE: usize = 1_000;
     /// XAUTOCLAIM min-idle-time: above the function timeout (60 s), so a live drainer's
     /// entries are never taken from it mid-batch.
     pub const MIN_IDLE_MS: u64 = 120_000;

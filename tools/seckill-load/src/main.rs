@@ -164,7 +164,7 @@ struct LatencyArgs {
     /// Callers of the paced admissions [default: 16]
     #[arg(long = "latency-callers")]
     callers: Option<usize>,
-    /// DRAINER_BATCH_SIZE of the invocation (default: the drain sweep's best, else 500)
+    /// DRAINER_BATCH_SIZE of the invocation (default: the drain sweep's best, else the drainer's default)
     #[arg(long = "latency-batch")]
     batch_size: Option<usize>,
 }
@@ -312,7 +312,10 @@ impl Sizes {
             rate: a.rate.unwrap_or(if self.quick { 300.0 } else { 1_000.0 }),
             seconds: a.seconds.unwrap_or(if self.quick { 3.0 } else { 15.0 }),
             callers: self.c(a.callers, 16, 8),
-            batch_size: a.batch_size.or(best_batch).unwrap_or(500),
+            batch_size: a
+                .batch_size
+                .or(best_batch)
+                .unwrap_or(order_drainer::config::defaults::BATCH_SIZE),
         }
     }
 
