@@ -52,6 +52,9 @@ const RACE_ATTEMPTS: u32 = 3;
 /// A sale is retired this long after it ends, so an admission stamped by a slightly slow
 /// clock cannot land in a stream nobody visits any more.
 const RETIRE_GRACE_MS: i64 = 60_000;
+/// Full batches of one voucher drained back to back (each read while the one before it
+/// commits) before the other vouchers get their turn.
+const BATCHES_PER_TURN: usize = 16;
 /// Error texts kept in the summary (the count is always exact).
 const MAX_ERROR_TEXTS: usize = 20;
 
@@ -221,7 +224,7 @@ impl Drainer {
                 if run.failed.contains(&voucher) {
                     continue;
                 }
-                busy |= self.drain_one_batch(&mut run, voucher).await;
+                busy |= self.drain_batches(&mut run, voucher).await;
             }
             if vouchers.iter().all(|v| run.failed.contains(v)) && !vouchers.is_empty() {
                 // Nothing left this invocation can do.
@@ -324,8 +327,56 @@ impl Drainer {
         }
     }
 
-    /// Reads and processes one batch of new entries; true when there were any.
-    async fn drain_one_batch(&self, run: &mut Run, voucher: VoucherId) -> bool {
+    /// Reads and processes one voucher's new entries, batch after batch; true when there
+    /// were any.
+    ///
+    /// While a full batch is being committed, the next one is read: Redis and the
+    /// database work at the same time instead of in turn. A batch read ahead is always
+    /// processed, even past `stop_at` (the safety margin leaves room for one batch), so
+    /// its orders are not parked for `DRAINER_MIN_IDLE_MS`. Only when the batch before it
+    /// fails does it stay pending, for the next invocation to reclaim, like the failed
+    /// batch itself.
+    async fn drain_batches(&self, run: &mut Run, voucher: VoucherId) -> bool {
+        let Some(mut entries) = self.read_batch(run, voucher).await else {
+            return false;
+        };
+        for turn in 1..=BATCHES_PER_TURN {
+            let read_ahead =
+                entries.len() >= self.cfg.batch_size && turn < BATCHES_PER_TURN && run.has_time();
+            if !read_ahead {
+                self.process(run, voucher, entries).await;
+                break;
+            }
+            let consumer = run.consumer.clone();
+            let (_, next) = tokio::join!(
+                self.process(run, voucher, entries),
+                self.streams
+                    .read_new(voucher, &consumer, self.cfg.batch_size)
+            );
+            if let Ok(next) = &next {
+                run.summary.read += next.len() as u64;
+            }
+            if run.failed.contains(&voucher) {
+                break;
+            }
+            entries = match next {
+                Ok(next) if next.is_empty() => break,
+                Ok(next) => {
+                    failpoint::hit("after_read");
+                    next
+                }
+                Err(e) => {
+                    let err = DrainError::store("reading new entries", Some(voucher), e);
+                    self.fail(run, voucher, err).await;
+                    break;
+                }
+            };
+        }
+        true
+    }
+
+    /// Reads one batch of new entries; `None` when there are none (or Redis failed).
+    async fn read_batch(&self, run: &mut Run, voucher: VoucherId) -> Option<Vec<StreamEntry>> {
         let entries = match self
             .streams
             .read_new(voucher, &run.consumer, self.cfg.batch_size)
@@ -339,16 +390,15 @@ impl Drainer {
                     DrainError::store("reading new entries", Some(voucher), e),
                 )
                 .await;
-                return false;
+                return None;
             }
         };
         if entries.is_empty() {
-            return false;
+            return None;
         }
         run.summary.read += entries.len() as u64;
         failpoint::hit("after_read");
-        self.process(run, voucher, entries).await;
-        true
+        Some(entries)
     }
 
     /// One batch of one voucher: dead-letter the bad entries, commit the good ones, ack.
