@@ -157,7 +157,7 @@ mod tests {
     #[test]
     fn defaults_apply() {
         let c = Config::read(reader(&[])).unwrap();
-        assert_eq!(c.batch_size, 500);
+        assert_eq!(c.batch_size, 1_000);
         assert_eq!(c.min_idle, Duration::from_secs(120));
         assert_eq!(c.max_deliveries, 5);
         assert_eq!(c.safety_margin, Duration::from_secs(5));
