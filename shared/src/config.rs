@@ -117,16 +117,30 @@ impl EnvReader {
     }
 }
 
+/// The smallest environment both functions start with: the required variables of
+/// [`RedisConfig`] and [`DataApiConfig`].
+const MINIMAL_ENV: &[(&str, &str)] = &[
+    ("REDIS_URL", "redis://127.0.0.1:6379"),
+    (
+        "DB_CLUSTER_ARN",
+        "arn:aws:rds:us-east-1:000000000000:cluster:c",
+    ),
+    (
+        "DB_SECRET_ARN",
+        "arn:aws:secretsmanager:us-east-1:000000000000:secret:s",
+    ),
+    ("DB_NAME", "seckill"),
+];
+
 /// Test support for each function's config: checks its list of variables (`listed`, the
 /// names the SAM template may set) against its loader `read`. Panics unless `read`, given
-/// `base` (a valid environment), asks for exactly the listed names, and unless changing
+/// the minimal valid environment, asks for exactly the listed names, and unless changing
 /// any one listed variable changes what `read` returns.
 pub fn check_env_vars<T: Debug, E: Debug>(
     listed: &[&str],
-    base: &[(&str, &str)],
     read: impl Fn(EnvReader) -> Result<T, E>,
 ) {
-    let base: HashMap<String, String> = base
+    let base: HashMap<String, String> = MINIMAL_ENV
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
