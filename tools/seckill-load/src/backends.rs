@@ -268,25 +268,10 @@ impl Bench {
             std::mem::take(&mut *self.vouchers.lock().unwrap_or_else(|e| e.into_inner()));
         let extra: Vec<String> =
             std::mem::take(&mut *self.extra_keys.lock().unwrap_or_else(|e| e.into_inner()));
-        let mut conn = self.redis.clone();
         for v in vouchers {
-            let k = VoucherKeys::new(v);
-            let _: i64 = redis::cmd("DEL")
-                .arg(&k.sale)
-                .arg(&k.buyers)
-                .arg(&k.orders)
-                .arg(&k.dead)
-                .query_async(&mut conn)
-                .await?;
-            let _: i64 = redis::cmd("SREM")
-                .arg(keys::ACTIVE_VOUCHERS)
-                .arg(v.get())
-                .query_async(&mut conn)
-                .await?;
+            self.release_voucher(v).await?;
         }
-        for key in extra {
-            let _: i64 = redis::cmd("DEL").arg(&key).query_async(&mut conn).await?;
-        }
+        self.release_keys(&extra).await?;
         if let Some(server) = self.data_api_server.lock().await.take()
             && let Err(e) = server.shutdown().await
         {
