@@ -61,18 +61,17 @@ impl VoucherCache {
         })
     }
 
-    /// Remembers a voucher's window (from the admission script's answer).
-    pub fn learn_window(&self, voucher: VoucherId, window: SaleWindow) {
+    /// Remembers what an admission script's answer says about a sale: its window, when
+    /// Redis knows it, and whether the stock is gone. One lock per answer.
+    pub fn learn_sale(&self, voucher: VoucherId, window: Option<SaleWindow>, sold_out: bool) {
         self.with(|m| {
             let e = m.entry(voucher).or_default();
-            e.window = Some(window);
-            e.missing_until = None;
+            if let Some(w) = window {
+                e.window = Some(w);
+                e.missing_until = None;
+            }
+            e.sold_out |= sold_out;
         });
-    }
-
-    /// Remembers that a voucher has no stock left.
-    pub fn learn_sold_out(&self, voucher: VoucherId) {
-        self.with(|m| m.entry(voucher).or_default().sold_out = true);
     }
 
     /// Remembers that the database does not know `voucher`, until `now + MISSING_TTL_MS`.
@@ -105,11 +104,11 @@ mod tests {
         let c = VoucherCache::default();
         let v = VoucherId::new(7).unwrap();
         assert_eq!(c.short_circuit(v, 0), None);
-        c.learn_window(v, SaleWindow::new(100, 200).unwrap());
+        c.learn_sale(v, Some(SaleWindow::new(100, 200).unwrap()), false);
         assert_eq!(c.short_circuit(v, 99), Some(Known::NotStarted));
         assert_eq!(c.short_circuit(v, 150), None);
         assert_eq!(c.short_circuit(v, 200), Some(Known::Ended));
-        c.learn_sold_out(v);
+        c.learn_sale(v, None, true);
         assert_eq!(c.short_circuit(v, 150), Some(Known::SoldOut));
         // Ended wins over sold out once the window has closed.
         assert_eq!(c.short_circuit(v, 250), Some(Known::Ended));

@@ -8,7 +8,6 @@
 use http::StatusCode;
 use lambda_http::{Body, Response};
 use seckill_shared::error::StoreError;
-use serde_json::json;
 
 /// A failure as the caller sees it.
 #[derive(Debug, thiserror::Error)]
@@ -56,15 +55,33 @@ impl ApiError {
         self.status_and_code().1
     }
 
+    /// A refusal the sale's own state explains (sold out, not started, ended): the flood
+    /// case of a sale, mostly answered from the instance's memory.
+    pub fn is_sale_refusal(&self) -> bool {
+        matches!(
+            self,
+            ApiError::SoldOut | ApiError::NotStarted | ApiError::Ended
+        )
+    }
+
     pub fn into_response(self) -> Response<Body> {
         let (status, code) = self.status_and_code();
         if let ApiError::Unavailable(source) = &self {
             tracing::error!(error = %source, "backend unavailable");
         }
-        json_response(
-            status,
-            &json!({ "code": code, "message": self.to_string() }),
-        )
+        // A struct, not a `json!` map: this is the body of every refusal of a sale.
+        #[derive(serde::Serialize)]
+        struct ErrorBody<'a> {
+            code: &'a str,
+            message: &'a str,
+        }
+        let message = self.to_string();
+        let body = serde_json::to_string(&ErrorBody {
+            code,
+            message: &message,
+        })
+        .expect("two strings serialise");
+        json_text_response(status, body)
     }
 }
 
@@ -76,7 +93,12 @@ impl From<StoreError> for ApiError {
 
 /// A JSON response with the contract's content type.
 pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Body> {
-    let mut res = Response::new(Body::from(body.to_string()));
+    json_text_response(status, body.to_string())
+}
+
+/// A response with an already serialised JSON body.
+fn json_text_response(status: StatusCode, body: String) -> Response<Body> {
+    let mut res = Response::new(Body::from(body));
     *res.status_mut() = status;
     res.headers_mut().insert(
         http::header::CONTENT_TYPE,

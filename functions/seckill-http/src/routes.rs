@@ -42,16 +42,16 @@ pub enum Route<'a> {
 impl<'a> Route<'a> {
     /// Matches a method and path; a trailing slash is ignored.
     pub fn parse(method: &Method, path: &'a str) -> Option<Route<'a>> {
-        let segments: Vec<&str> = path
-            .trim_end_matches('/')
-            .trim_start_matches('/')
-            .split('/')
-            .collect();
-        match (method.as_str(), segments.as_slice()) {
-            ("POST", ["vouchers"]) => Some(Route::CreateVoucher),
-            ("GET", ["vouchers", id]) => Some(Route::GetVoucher(id)),
-            ("POST", ["vouchers", id, "seckill"]) => Some(Route::Seckill(id)),
-            ("GET", ["orders", id]) => Some(Route::GetOrder(id)),
+        // Up to four segments without allocating; a fourth means no route matches.
+        let mut it = path.trim_matches('/').split('/');
+        let segments = [it.next(), it.next(), it.next(), it.next()];
+        match (method.as_str(), segments) {
+            ("POST", [Some("vouchers"), None, ..]) => Some(Route::CreateVoucher),
+            ("GET", [Some("vouchers"), Some(id), None, _]) => Some(Route::GetVoucher(id)),
+            ("POST", [Some("vouchers"), Some(id), Some("seckill"), None]) => {
+                Some(Route::Seckill(id))
+            }
+            ("GET", [Some("orders"), Some(id), None, _]) => Some(Route::GetOrder(id)),
             _ => None,
         }
     }
@@ -80,10 +80,10 @@ impl Route<'_> {
 /// response.
 ///
 /// Each request is logged as one event, written after the answer is known. During a sale
-/// almost every request is a `sold_out` (or `not_started`/`ended`) answered from this
-/// instance's memory in microseconds; those are logged at DEBUG, because formatting a
-/// log line would cost more than the answer and CloudWatch would bill a line for each
-/// of a million refusals. Everything else is logged at INFO.
+/// almost every request is a `sold_out` (or `not_started`/`ended`), mostly answered from
+/// this instance's memory in microseconds; those refusals are logged at DEBUG, because
+/// formatting a log line would cost more than the answer and CloudWatch would bill a
+/// line for each of a million refusals. Everything else is logged at INFO.
 pub async fn handle(app: &App, req: Request) -> Response<Body> {
     let route = Route::parse(req.method(), req.uri().path());
     let result = match &route {
@@ -94,16 +94,16 @@ pub async fn handle(app: &App, req: Request) -> Response<Body> {
             req.uri().path()
         ))),
     };
-    let (res, outcome) = match result {
-        Ok(res) => (res, route.as_ref().map_or("ok", Route::success)),
+    let (res, outcome, refusal) = match result {
+        Ok(res) => (res, route.as_ref().map_or("ok", Route::success), false),
         Err(err) => {
-            let code = err.code();
-            (err.into_response(), code)
+            let (code, refusal) = (err.code(), err.is_sale_refusal());
+            (err.into_response(), code, refusal)
         }
     };
     let voucher_id = route.as_ref().map_or("", Route::voucher_param);
     let status = res.status().as_u16();
-    if matches!(outcome, "sold_out" | "not_started" | "ended") {
+    if refusal {
         tracing::debug!(status, outcome, voucher_id, "handled");
     } else {
         let request_id = req
@@ -252,26 +252,18 @@ async fn seckill(app: &App, req: &Request, id: VoucherId) -> Result<Response<Bod
         }
         reply = sales.admit(id, &caller.user, order_id, now).await?;
     }
-    if let Some(window) = reply.window {
-        app.cache.learn_window(id, window);
-    }
+    let sold_out = match reply.admission {
+        Admission::Admitted { stock_after, .. } => stock_after <= 0,
+        Admission::SoldOut => true,
+        _ => false,
+    };
+    app.cache.learn_sale(id, reply.window, sold_out);
     match reply.admission {
-        Admission::Admitted {
-            order_id,
-            stock_after,
-        } => {
-            if stock_after <= 0 {
-                app.cache.learn_sold_out(id);
-            }
-            Ok(json_response(
-                StatusCode::ACCEPTED,
-                &json!({ "order_id": order_id.to_string(), "status": OrderStatus::Pending.as_str() }),
-            ))
-        }
-        Admission::SoldOut => {
-            app.cache.learn_sold_out(id);
-            Err(ApiError::SoldOut)
-        }
+        Admission::Admitted { order_id, .. } => Ok(json_response(
+            StatusCode::ACCEPTED,
+            &json!({ "order_id": order_id.to_string(), "status": OrderStatus::Pending.as_str() }),
+        )),
+        Admission::SoldOut => Err(ApiError::SoldOut),
         Admission::NotStarted => Err(ApiError::NotStarted),
         Admission::Ended => Err(ApiError::Ended),
         Admission::AlreadyPurchased { .. } => Err(ApiError::AlreadyPurchased),
