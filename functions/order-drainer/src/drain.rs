@@ -36,6 +36,7 @@ use seckill_shared::adapters::ledger::{AdmittedOrder, Ledger, LedgerTx};
 use seckill_shared::adapters::order_stream::{OrderStreams, StreamEntry};
 use seckill_shared::adapters::redis::RedisConn;
 use seckill_shared::domain::{OrderStatus, VoucherId, now_millis};
+use seckill_shared::error::StoreError;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
@@ -318,7 +319,7 @@ impl Drainer {
             if !page.entries.is_empty() {
                 run.summary.claimed += page.entries.len() as u64;
                 failpoint::hit("after_claim");
-                self.process(run, voucher, page.entries).await;
+                self.process(run, voucher, page.entries, false).await;
             }
             match page.next {
                 Some(next) => cursor = next,
@@ -337,72 +338,77 @@ impl Drainer {
     /// fails does it stay pending, for the next invocation to reclaim, like the failed
     /// batch itself.
     async fn drain_batches(&self, run: &mut Run, voucher: VoucherId) -> bool {
-        let Some(mut entries) = self.read_batch(run, voucher).await else {
+        let first = self.read_new(voucher, &run.consumer).await;
+        let Some(mut entries) = self.accept_read(run, voucher, first).await else {
             return false;
         };
         for turn in 1..=BATCHES_PER_TURN {
             let read_ahead =
                 entries.len() >= self.cfg.batch_size && turn < BATCHES_PER_TURN && run.has_time();
             if !read_ahead {
-                self.process(run, voucher, entries).await;
+                self.process(run, voucher, entries, true).await;
                 break;
             }
             let consumer = run.consumer.clone();
             let (_, next) = tokio::join!(
-                self.process(run, voucher, entries),
-                self.streams
-                    .read_new(voucher, &consumer, self.cfg.batch_size)
+                self.process(run, voucher, entries, true),
+                self.read_new(voucher, &consumer)
             );
-            if let Ok(next) = &next {
-                run.summary.read += next.len() as u64;
+            match self.accept_read(run, voucher, next).await {
+                Some(next) => entries = next,
+                None => break,
             }
-            if run.failed.contains(&voucher) {
-                break;
-            }
-            entries = match next {
-                Ok(next) if next.is_empty() => break,
-                Ok(next) => {
-                    failpoint::hit("after_read");
-                    next
-                }
-                Err(e) => {
-                    let err = DrainError::store("reading new entries", Some(voucher), e);
-                    self.fail(run, voucher, err).await;
-                    break;
-                }
-            };
         }
         true
     }
 
-    /// Reads one batch of new entries; `None` when there are none (or Redis failed).
-    async fn read_batch(&self, run: &mut Run, voucher: VoucherId) -> Option<Vec<StreamEntry>> {
-        let entries = match self
-            .streams
-            .read_new(voucher, &run.consumer, self.cfg.batch_size)
+    async fn read_new(
+        &self,
+        voucher: VoucherId,
+        consumer: &str,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        self.streams
+            .read_new(voucher, consumer, self.cfg.batch_size)
             .await
-        {
+    }
+
+    /// Takes the result of one XREADGROUP: counts what was read (it is pending now,
+    /// whatever happens next) and returns it when there is something to process: not when
+    /// it is empty, when Redis failed, or when the voucher was stopped meanwhile (then it
+    /// stays pending for the next invocation to reclaim).
+    async fn accept_read(
+        &self,
+        run: &mut Run,
+        voucher: VoucherId,
+        read: Result<Vec<StreamEntry>, StoreError>,
+    ) -> Option<Vec<StreamEntry>> {
+        let entries = match read {
             Ok(entries) => entries,
             Err(e) => {
-                self.fail(
-                    run,
-                    voucher,
-                    DrainError::store("reading new entries", Some(voucher), e),
-                )
-                .await;
+                let err = DrainError::store("reading new entries", Some(voucher), e);
+                self.fail(run, voucher, err).await;
                 return None;
             }
         };
-        if entries.is_empty() {
+        run.summary.read += entries.len() as u64;
+        if entries.is_empty() || run.failed.contains(&voucher) {
             return None;
         }
-        run.summary.read += entries.len() as u64;
         failpoint::hit("after_read");
         Some(entries)
     }
 
     /// One batch of one voucher: dead-letter the bad entries, commit the good ones, ack.
-    async fn process(&self, run: &mut Run, voucher: VoucherId, entries: Vec<StreamEntry>) {
+    /// `first_delivery`: the entries come from XREADGROUP `>`, so no earlier run can have
+    /// committed them (a run that committed and then died leaves them pending, and they
+    /// come back through XAUTOCLAIM).
+    async fn process(
+        &self,
+        run: &mut Run,
+        voucher: VoucherId,
+        entries: Vec<StreamEntry>,
+        first_delivery: bool,
+    ) {
         let sorted = plan::sort_entries(voucher, &entries, self.cfg.max_deliveries);
         let dead: Vec<(usize, Reason, Option<AdmittedOrder>)> = sorted
             .dead
@@ -417,10 +423,6 @@ impl Drainer {
         }
         let (indexes, orders): (Vec<usize>, Vec<AdmittedOrder>) = sorted.orders.into_iter().unzip();
 
-        // Entries read for the first time were never committed by an earlier run (a run
-        // that committed and then died leaves them pending, and reclaiming them counts a
-        // second delivery).
-        let first_delivery = indexes.iter().all(|&i| entries[i].deliveries <= 1);
         match self.commit_batch(voucher, &orders, first_delivery).await {
             Ok(BatchOutcome::Committed(split)) => {
                 let ids: Vec<&str> = split

@@ -5,15 +5,12 @@
 //! pending too: their delivery count grows until they are dead-lettered). Either way the
 //! invocation reports failure at the end so the scheduler's metrics and alarms see it.
 
-use seckill_shared::config::ConfigError;
 use seckill_shared::domain::VoucherId;
 use seckill_shared::error::StoreError;
 
 /// A failure of the drainer.
 #[derive(Debug, thiserror::Error)]
 pub enum DrainError {
-    #[error(transparent)]
-    Config(#[from] ConfigError),
     /// Redis or the database failed during `step`.
     #[error("{step} failed{}: {source}", voucher_suffix(.voucher))]
     Store {
@@ -51,7 +48,7 @@ impl DrainError {
         match self {
             DrainError::Store { source, .. } => source.is_transient(),
             DrainError::Raced { .. } => true,
-            DrainError::Config(_) | DrainError::Incomplete { .. } => false,
+            DrainError::Incomplete { .. } => false,
         }
     }
 }

@@ -54,11 +54,7 @@ pub async fn handle(
 pub async fn run_once(drainer: &Drainer) -> (Summary, bool) {
     let cfg = drainer.config();
     let deadline = Instant::now() + cfg.max_run + cfg.safety_margin;
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
-    let consumer = format!("drainer-once-{}-{nanos:x}", std::process::id());
+    let consumer = format!("drainer-once-{}", unique_suffix());
     let summary = drainer.run(&consumer, deadline).await;
     let ok = summary.errors == 0;
     (summary, ok)
@@ -93,10 +89,7 @@ fn instant_of_epoch_ms(deadline_ms: u64) -> Option<Instant> {
     if deadline_ms < EPOCH_MS_FLOOR {
         return Some(Instant::now() + Duration::from_millis(deadline_ms));
     }
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .ok()?
-        .as_millis() as u64;
+    let now_ms = u64::try_from(seckill_shared::domain::now_millis()).ok()?;
     Some(Instant::now() + Duration::from_millis(deadline_ms.saturating_sub(now_ms)))
 }
 
@@ -108,14 +101,19 @@ fn sanitize(s: &str) -> String {
         .take(64)
         .collect();
     if cleaned.is_empty() {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
-        format!("{}-{nanos:x}", std::process::id())
+        unique_suffix()
     } else {
         cleaned
     }
+}
+
+/// `<pid>-<nanoseconds, hex>`: a consumer name no other process uses.
+fn unique_suffix() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    format!("{}-{nanos:x}", std::process::id())
 }
 
 #[cfg(test)]
