@@ -68,18 +68,6 @@ impl DataApi {
         }
     }
 
-    /// The same client on another database (tests use a fresh database each).
-    pub fn with_database(&self, database: &str) -> DataApi {
-        DataApi {
-            database: database.to_string(),
-            ..self.clone()
-        }
-    }
-
-    pub fn client(&self) -> &Client {
-        &self.client
-    }
-
     /// Runs one statement, inside `transaction` when given.
     pub async fn execute(
         &self,

@@ -61,10 +61,6 @@ impl Ledger {
         Ledger { api }
     }
 
-    pub fn api(&self) -> &DataApi {
-        &self.api
-    }
-
     /// Begins a batch transaction. The caller must [`commit`](LedgerTx::commit) or
     /// [`rollback`](LedgerTx::rollback) it (the server rolls back an abandoned one after
     /// 3 idle minutes, holding its locks until then).
@@ -98,11 +94,6 @@ pub struct LedgerTx<'a> {
 }
 
 impl LedgerTx<'_> {
-    /// The Data API transaction id.
-    pub fn id(&self) -> &str {
-        &self.id
-    }
-
     /// Locks the voucher row and reads its database stock; `None` when the voucher does
     /// not exist. Holding this lock until commit makes batches of one voucher serial.
     pub async fn lock_voucher(&self, voucher: VoucherId) -> Result<Option<i64>, StoreError> {
