@@ -48,7 +48,11 @@ find_pip_python() {
 }
 have_cargo_lambda=0
 cargo lambda --version >/dev/null 2>&1 && have_cargo_lambda=1
-if ((!have_cargo_lambda)) && ! find_pip_python >/dev/null; then
+CFN_LINT_VERSION=1.51.0
+have_cfn_lint=0
+cfn-lint --version 2>/dev/null | grep -q "$CFN_LINT_VERSION" && have_cfn_lint=1
+# pip installs both cargo-lambda and cfn-lint.
+if ((!have_cargo_lambda || !have_cfn_lint)) && ! find_pip_python >/dev/null; then
     missing_pkgs+=(python3-pip)
 fi
 
@@ -143,10 +147,9 @@ is on PATH (cargo finds subcommands as cargo-<name> on PATH)."
 fi
 
 # --- cfn-lint (tests/tests/template.rs lints template.yaml offline) ----------------------
-# Pinned: newer releases change their lists of valid engine versions and could fail CI
-# on their own.
-CFN_LINT_VERSION=1.51.0
-if ! cfn-lint --version 2>/dev/null | grep -q "$CFN_LINT_VERSION"; then
+# Pinned (CFN_LINT_VERSION above): newer releases change their lists of valid engine
+# versions and could fail CI on their own.
+if ((!have_cfn_lint)); then
     py=$(find_pip_python || true)
     [[ -n $py ]] || die "cfn-lint is missing and no pip was found to install it (apt-get install -y python3-pip)"
     log "installing cfn-lint $CFN_LINT_VERSION from PyPI"
