@@ -13,6 +13,7 @@ use std::collections::{HashMap, HashSet};
 
 use mysql_async::consts::{ColumnFlags, ColumnType};
 use mysql_async::{Column, Value};
+use serde::Deserialize;
 
 use crate::error::ApiError;
 use crate::wire::{ColumnMetadata, Field, SqlParameter};
@@ -109,7 +110,8 @@ fn parameter_value(name: &str, param: &SqlParameter) -> Result<Value, ApiError> 
             "Array parameters are not supported (parameter \"{name}\")"
         )));
     }
-    let field: Field = serde_json::from_value(raw.clone()).map_err(|e| {
+    // From the borrowed value: a string parameter can be megabytes (a batch of rows).
+    let field = Field::deserialize(raw).map_err(|e| {
         ApiError::bad_request(format!("Invalid value for parameter \"{name}\": {e}"))
     })?;
     let hint = param
