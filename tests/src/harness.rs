@@ -93,7 +93,7 @@ pub fn token(sub: &str, admin: bool) -> String {
     seckill_shared::auth::mint_hs256(
         TEST_JWT_SECRET.as_bytes(),
         sub,
-        admin.then_some("seckill/admin"),
+        admin.then_some(seckill_shared::auth::ADMIN_SCOPE),
         exp,
     )
 }

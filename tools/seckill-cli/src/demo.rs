@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use futures::StreamExt;
@@ -41,13 +41,6 @@ pub struct DemoArgs {
 
 const SCHEDULED_EVENT: &str = r#"{"version":"0","id":"demo","detail-type":"Scheduled Event","source":"aws.events","account":"123456789012","time":"2026-11-22T00:00:00Z","region":"us-east-1","resources":["arn:aws:events:us-east-1:123456789012:rule/seckill-drainer"],"detail":{}}"#;
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let http = Client::builder().timeout(Duration::from_secs(30)).build()?;
     let token = |sub: &str, admin: bool| {
@@ -55,7 +48,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             args.secret.as_bytes(),
             sub,
             admin.then_some(auth::ADMIN_SCOPE),
-            now_ms() / 1000 + 3600,
+            seckill_shared::domain::now_millis() / 1000 + 3600,
         )
     };
     let run_id = format!("{:06x}", rand::random::<u32>() & 0xff_ffff);
@@ -64,8 +57,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let body = json!({
         "title": format!("Demo sale {run_id}: coffee for 1 cent"),
         "stock": args.stock,
-        "begins_at": format_rfc3339_millis(now_ms() - 1_000),
-        "ends_at": format_rfc3339_millis(now_ms() + 600_000),
+        "begins_at": format_rfc3339_millis(seckill_shared::domain::now_millis() - 1_000),
+        "ends_at": format_rfc3339_millis(seckill_shared::domain::now_millis() + 600_000),
     });
     let res = http
         .post(format!("{}/vouchers", args.url))

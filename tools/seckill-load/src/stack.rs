@@ -6,10 +6,8 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{Context, bail};
-use seckill_shared::config::{DataApiConfig, RedisConfig};
 
 /// The keys an environment variable of the same name overrides.
 const KEYS: &[&str] = &[
@@ -92,39 +90,6 @@ impl StackEnv {
             .filter(|v| !v.is_empty())
     }
 
-    /// How the functions reach Redis (cluster mode unless `REDIS_CLUSTER=false`).
-    pub fn redis_config(&self) -> anyhow::Result<RedisConfig> {
-        let cluster = match self.optional("REDIS_CLUSTER").as_deref() {
-            None => false,
-            Some("true" | "1" | "yes") => true,
-            Some("false" | "0" | "no") => false,
-            Some(other) => bail!("REDIS_CLUSTER must be true or false, not {other:?}"),
-        };
-        let timeout_ms = match self.optional("REDIS_TIMEOUT_MS") {
-            None => 250,
-            Some(v) => v
-                .parse()
-                .with_context(|| format!("REDIS_TIMEOUT_MS is not a number: {v:?}"))?,
-        };
-        Ok(RedisConfig {
-            url: self.get("REDIS_URL")?,
-            cluster,
-            timeout: Duration::from_millis(timeout_ms),
-            tls_ca_file: None,
-        })
-    }
-
-    /// How the functions reach `database` through the (local) Data API.
-    pub fn data_api_config(&self, database: &str) -> anyhow::Result<DataApiConfig> {
-        Ok(DataApiConfig {
-            cluster_arn: self.get("DB_CLUSTER_ARN")?,
-            secret_arn: self.get("DB_SECRET_ARN")?,
-            database: database.to_string(),
-            endpoint: self.optional("DATA_API_URL"),
-            timeout: Duration::from_secs(30),
-        })
-    }
-
     pub fn mysql_url(&self) -> anyhow::Result<String> {
         self.get("MYSQL_URL")
     }
@@ -178,8 +143,7 @@ mod tests {
 
     #[test]
     fn missing_keys_say_how_to_start_the_stack() {
-        let s = StackEnv::from_pairs(&[("REDIS_URL", "redis://a"), ("REDIS_CLUSTER", "true")]);
-        assert!(s.redis_config().unwrap().cluster);
+        let s = StackEnv::from_pairs(&[("REDIS_URL", "redis://a")]);
         let err = s.get("MYSQL_URL").unwrap_err().to_string();
         assert!(err.contains("scripts/stack.sh up"), "{err}");
     }
