@@ -7,6 +7,7 @@
 
 use http::StatusCode;
 use lambda_http::{Body, Response};
+use seckill_shared::domain::ValidationError;
 use seckill_shared::error::StoreError;
 
 /// A failure as the caller sees it.
@@ -82,6 +83,13 @@ impl ApiError {
         })
         .expect("two strings serialise");
         json_text_response(status, body)
+    }
+}
+
+/// Input that failed a domain type's parse: the caller's mistake.
+impl From<ValidationError> for ApiError {
+    fn from(err: ValidationError) -> ApiError {
+        ApiError::InvalidRequest(err.0)
     }
 }
 

@@ -119,20 +119,10 @@ pub async fn handle(app: &App, req: Request) -> Response<Body> {
 async fn dispatch(app: &App, req: &Request, route: &Route<'_>) -> Result<Response<Body>, ApiError> {
     match *route {
         Route::CreateVoucher => create_voucher(app, req).await,
-        Route::GetVoucher(id) => get_voucher(app, parse_voucher_id(id)?).await,
-        Route::Seckill(id) => seckill(app, req, parse_voucher_id(id)?).await,
-        Route::GetOrder(id) => get_order(app, req, parse_order_id(id)?).await,
+        Route::GetVoucher(id) => get_voucher(app, id.parse()?).await,
+        Route::Seckill(id) => seckill(app, req, id.parse()?).await,
+        Route::GetOrder(id) => get_order(app, req, id.parse()?).await,
     }
-}
-
-fn parse_voucher_id(s: &str) -> Result<VoucherId, ApiError> {
-    s.parse()
-        .map_err(|e: seckill_shared::domain::ValidationError| ApiError::InvalidRequest(e.0))
-}
-
-fn parse_order_id(s: &str) -> Result<OrderId, ApiError> {
-    s.parse()
-        .map_err(|e: seckill_shared::domain::ValidationError| ApiError::InvalidRequest(e.0))
 }
 
 fn now_secs(now: UnixMillis) -> i64 {
@@ -170,8 +160,7 @@ async fn create_voucher(app: &App, req: &Request) -> Result<Response<Body>, ApiE
         &input.begins_at,
         &input.ends_at,
         now,
-    )
-    .map_err(|e| ApiError::InvalidRequest(e.0))?;
+    )?;
     let voucher = app.db.create_voucher(&new).await?;
     tracing::info!(
         voucher_id = voucher.id.get(),
