@@ -349,5 +349,14 @@ mod tests {
         assert_eq!(Route::parse(&Method::DELETE, "/vouchers/12"), None);
         assert_eq!(Route::parse(&Method::GET, "/vouchers/12/seckill"), None);
         assert_eq!(Route::parse(&Method::GET, "/"), None);
+        // Extra segments never match a shorter route.
+        assert_eq!(Route::parse(&Method::POST, "/vouchers/12/seckill/x"), None);
+        assert_eq!(Route::parse(&Method::GET, "/vouchers/12/x"), None);
+        assert_eq!(Route::parse(&Method::GET, "/orders/34/x/y"), None);
+        assert_eq!(Route::parse(&Method::POST, "/vouchers/x"), None);
+        assert_eq!(
+            Route::parse(&Method::POST, "/vouchers/12/seckill/"),
+            Some(Route::Seckill("12"))
+        );
     }
 }
