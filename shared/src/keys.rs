@@ -23,6 +23,9 @@ pub struct VoucherKeys {
     pub orders: String,
     /// Stream of dead letters.
     pub dead: String,
+    /// Hash: open drainer transaction id → `<consumer> <begun unix ms>`, so a drainer
+    /// can roll back the transaction (and free the row lock) of a run that was killed.
+    pub drain_tx: String,
 }
 
 impl VoucherKeys {
@@ -33,6 +36,7 @@ impl VoucherKeys {
             buyers: format!("{tag}:buyers"),
             orders: format!("{tag}:orders"),
             dead: format!("{tag}:dead"),
+            drain_tx: format!("{tag}:drain_tx"),
         }
     }
 }
@@ -73,7 +77,7 @@ mod tests {
     #[test]
     fn all_keys_of_a_voucher_share_one_hash_tag() {
         let k = VoucherKeys::new(VoucherId::new(42).unwrap());
-        for key in [&k.sale, &k.buyers, &k.orders, &k.dead] {
+        for key in [&k.sale, &k.buyers, &k.orders, &k.dead, &k.drain_tx] {
             assert_eq!(hash_tag(key), "42", "{key}");
         }
         assert_eq!(k.orders, "seckill:{42}:orders");

@@ -319,13 +319,14 @@ async fn poison_entries_are_dead_lettered_and_their_neighbours_commit() {
 }
 
 #[tokio::test]
-async fn entries_delivered_too_often_are_dead_lettered_and_recorded_as_rejected() {
+async fn entries_delivered_many_times_are_still_written_never_dead_lettered() {
     let ctx = DrainCtx::start().await;
     let v = ctx.voucher(10, 10).await;
     let admitted = ctx.admit(v.id, "u", 3).await;
     let read = ghost_read(&ctx, v.id, 3).await;
     assert_eq!(read.len(), 3);
-    // One entry has already failed five times.
+    // One entry went through fifty crashed or timed-out deliveries: nothing is wrong
+    // with it, so it must be written like the others (invariant 3).
     let entries = stream_orders(&ctx, v.id).await;
     let (worn_id, worn_order) = entries[1].clone();
     let _: redis::Value = redis::cmd("XCLAIM")
@@ -335,7 +336,7 @@ async fn entries_delivered_too_often_are_dead_lettered_and_recorded_as_rejected(
         .arg(0)
         .arg(&worn_id)
         .arg("RETRYCOUNT")
-        .arg(5)
+        .arg(50)
         .arg("JUSTID")
         .query_async(&mut ctx.conn())
         .await
@@ -350,17 +351,10 @@ async fn entries_delivered_too_often_are_dead_lettered_and_recorded_as_rejected(
             summary.dead_lettered,
             summary.errors
         ),
-        (3, 2, 1, 0),
+        (3, 3, 0, 0),
         "{summary:?}"
     );
-    let dead = ctx.dead_letters(v.id).await;
-    assert_eq!(dead.len(), 1);
-    assert_eq!(
-        dead[0].get("reason").map(String::as_str),
-        Some("too_many_deliveries")
-    );
-    assert_eq!(dead[0].get("deliveries").map(String::as_str), Some("6"));
-    assert_eq!(dead[0].get("source_id"), Some(&worn_id));
+    assert!(ctx.dead_letters(v.id).await.is_empty());
     let rows = ctx.orders_in_db(v.id).await;
     assert_eq!(
         rows.keys().copied().collect::<BTreeSet<_>>(),
@@ -368,13 +362,90 @@ async fn entries_delivered_too_often_are_dead_lettered_and_recorded_as_rejected(
     );
     assert_eq!(
         rows.get(&worn_order),
-        Some(&(
-            "rejected".to_string(),
-            Some("too_many_deliveries".to_string())
-        ))
+        Some(&("confirmed".to_string(), None))
     );
-    assert_eq!(confirmed(&rows), 2);
-    assert_eq!(ctx.db_stock_left(v.id).await, 8);
+    assert_eq!(ctx.db_stock_left(v.id).await, 7);
+    assert_eq!(ctx.pending(v.id).await, 0);
+    ctx.cleanup().await;
+}
+
+/// Makes the test database refuse (SIGNAL) every order row whose user id starts with
+/// `prefix`: a permanent error no retry fixes, tied to those orders alone.
+async fn refuse_users(ctx: &DrainCtx, prefix: &str) {
+    use mysql_async::prelude::Queryable;
+    let mut conn = ctx.mysql().await;
+    conn.query_drop(format!(
+        "CREATE TRIGGER refuse_{prefix} BEFORE INSERT ON orders FOR EACH ROW \
+         IF NEW.user_id LIKE '{prefix}%' THEN \
+         SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'order refused by a test trigger'; END IF"
+    ))
+    .await
+    .expect("CREATE TRIGGER");
+    conn.disconnect().await.ok();
+}
+
+#[tokio::test]
+async fn an_order_the_database_refuses_alone_is_dead_lettered_and_its_batch_commits() {
+    let ctx = DrainCtx::start().await;
+    let v = ctx.voucher(100, 100).await;
+    refuse_users(&ctx, "poison").await;
+    let mut good = ctx.admit(v.id, "a", 10).await;
+    let poison = ctx.admit(v.id, "poison", 1).await;
+    good.extend(ctx.admit(v.id, "b", 10).await);
+
+    let summary = ctx.drain(ctx.drainer_config()).await;
+    assert_eq!(
+        (summary.inserted, summary.dead_lettered, summary.errors),
+        (20, 1, 0),
+        "{summary:?}"
+    );
+    let rows = ctx.orders_in_db(v.id).await;
+    assert_eq!(rows.keys().copied().collect::<BTreeSet<_>>(), id_set(&good));
+    let dead = ctx.dead_letters(v.id).await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(
+        dead[0].get("order_id").map(String::as_str),
+        Some(poison[0].to_string().as_str())
+    );
+    let reason = dead[0].get("reason").cloned().unwrap_or_default();
+    assert!(
+        reason.starts_with("refused: ") && reason.contains("refused by a test trigger"),
+        "{reason}"
+    );
+    assert_eq!(ctx.db_stock_left(v.id).await, 80);
+    assert_eq!(ctx.pending(v.id).await, 0);
+    ctx.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_database_that_refuses_every_order_dead_letters_none() {
+    let ctx = DrainCtx::start().await;
+    let v = ctx.voucher(100, 100).await;
+    refuse_users(&ctx, "u").await;
+    let admitted = ctx.admit(v.id, "u", 6).await;
+
+    // The same refusal for every order is the database's fault, not the orders': they
+    // all stay pending, and the invocation fails loudly.
+    let down = ctx.drain(ctx.drainer_config()).await;
+    assert!(down.errors >= 1, "{down:?}");
+    assert_eq!((down.inserted, down.dead_lettered), (0, 0), "{down:?}");
+    assert!(ctx.dead_letters(v.id).await.is_empty());
+    assert_eq!(ctx.pending(v.id).await, 6);
+
+    // Fixed: released entries are claimed by the very next run, and land.
+    {
+        use mysql_async::prelude::Queryable;
+        let mut conn = ctx.mysql().await;
+        conn.query_drop("DROP TRIGGER refuse_u").await.unwrap();
+        conn.disconnect().await.ok();
+    }
+    let back = ctx.drain(ctx.drainer_config()).await;
+    assert_eq!((back.inserted, back.errors), (6, 0), "{back:?}");
+    let rows = ctx.orders_in_db(v.id).await;
+    assert_eq!(
+        rows.keys().copied().collect::<BTreeSet<_>>(),
+        id_set(&admitted)
+    );
     assert_eq!(ctx.pending(v.id).await, 0);
     ctx.cleanup().await;
 }

@@ -13,8 +13,8 @@ pub mod defaults {
     /// XAUTOCLAIM min-idle-time: above the function timeout (60 s), so a live drainer's
     /// entries are never taken from it mid-batch.
     pub const MIN_IDLE_MS: u64 = 120_000;
-    /// Deliveries after which an entry is dead-lettered.
-    pub const MAX_DELIVERIES: u64 = 5;
+    /// Vouchers drained at once (each has at most one batch in flight).
+    pub const CONCURRENCY: usize = 8;
     /// Stop starting work this long before the Lambda deadline.
     pub const SAFETY_MARGIN_MS: u64 = 5_000;
     /// The longest one invocation drains (50 s of a one-minute schedule period).
@@ -25,6 +25,9 @@ pub mod defaults {
 
 /// The largest accepted batch: one batch is one Data API transaction (chunked statements).
 pub const MAX_BATCH_SIZE: usize = 10_000;
+
+/// The most vouchers drained at once: each holds a Data API transaction while it commits.
+pub const MAX_CONCURRENCY: usize = 64;
 
 /// Every environment variable [`Config::read`] reads (its own and those of
 /// [`RedisConfig`] and [`DataApiConfig`]). The SAM template may set only these (and
@@ -42,7 +45,7 @@ pub const ENV_VARS: &[&str] = &[
     "DATA_API_TIMEOUT_MS",
     "DRAINER_BATCH_SIZE",
     "DRAINER_MIN_IDLE_MS",
-    "DRAINER_MAX_DELIVERIES",
+    "DRAINER_CONCURRENCY",
     "DRAINER_SAFETY_MARGIN_MS",
     "DRAINER_MAX_RUN_MS",
     "DRAINER_IDLE_POLL_MS",
@@ -60,8 +63,9 @@ pub struct Config {
     /// `DRAINER_MIN_IDLE_MS`: how long an entry stays pending before another invocation
     /// claims it. Must exceed the function timeout.
     pub min_idle: Duration,
-    /// `DRAINER_MAX_DELIVERIES`: an entry delivered more often is dead-lettered.
-    pub max_deliveries: u64,
+    /// `DRAINER_CONCURRENCY`: vouchers drained at once. One voucher's batches stay
+    /// serial (its row lock), so this is what lets many small sales drain together.
+    pub concurrency: usize,
     /// `DRAINER_SAFETY_MARGIN_MS`: no new batch starts closer than this to the deadline.
     pub safety_margin: Duration,
     /// `DRAINER_MAX_RUN_MS`: the longest one invocation keeps draining.
@@ -92,9 +96,11 @@ impl Config {
         if min_idle_ms == 0 {
             env.problem("DRAINER_MIN_IDLE_MS must be positive");
         }
-        let max_deliveries = env.parse_or("DRAINER_MAX_DELIVERIES", defaults::MAX_DELIVERIES);
-        if max_deliveries == 0 {
-            env.problem("DRAINER_MAX_DELIVERIES must be at least 1");
+        let concurrency = env.parse_or("DRAINER_CONCURRENCY", defaults::CONCURRENCY);
+        if !(1..=MAX_CONCURRENCY).contains(&concurrency) {
+            env.problem(format!(
+                "DRAINER_CONCURRENCY must be between 1 and {MAX_CONCURRENCY}"
+            ));
         }
         let safety_margin = env.parse_or("DRAINER_SAFETY_MARGIN_MS", defaults::SAFETY_MARGIN_MS);
         let max_run = env.parse_or("DRAINER_MAX_RUN_MS", defaults::MAX_RUN_MS);
@@ -114,7 +120,7 @@ impl Config {
             data_api,
             batch_size,
             min_idle: Duration::from_millis(min_idle_ms),
-            max_deliveries,
+            concurrency,
             safety_margin: Duration::from_millis(safety_margin),
             max_run: Duration::from_millis(max_run),
             idle_poll: Duration::from_millis(idle_poll),
@@ -159,7 +165,7 @@ mod tests {
         let c = Config::read(reader(&[])).unwrap();
         assert_eq!(c.batch_size, 1_000);
         assert_eq!(c.min_idle, Duration::from_secs(120));
-        assert_eq!(c.max_deliveries, 5);
+        assert_eq!(c.concurrency, 8);
         assert_eq!(c.safety_margin, Duration::from_secs(5));
         assert_eq!(c.max_run, Duration::from_secs(50));
         assert_eq!(c.idle_poll, Duration::from_millis(200));
@@ -171,7 +177,7 @@ mod tests {
         let err = Config::read(reader(&[
             ("DRAINER_BATCH_SIZE", "0"),
             ("DRAINER_MIN_IDLE_MS", "soon"),
-            ("DRAINER_MAX_DELIVERIES", "0"),
+            ("DRAINER_CONCURRENCY", "0"),
             ("DRAINER_VOUCHERS", "1, x ,3"),
         ]))
         .unwrap_err();

@@ -1,39 +1,58 @@
 //! The drain cycle: one invocation, top to bottom.
 //!
 //! [`Drainer::run`]:
-//! 1. **Discover** the vouchers (the active set, or `DRAINER_VOUCHERS`) and make sure
-//!    each stream has the drain group.
-//! 2. **Recover**: per voucher, XAUTOCLAIM entries idle longer than `DRAINER_MIN_IDLE_MS`
-//!    (left by a crashed or timed-out invocation), following the cursor to its end, one
-//!    page at a time, each page processed like a fresh batch.
-//! 3. **Drain**: round robin over the vouchers, XREADGROUP `>` one batch each, while the
-//!    invocation has time (`DRAINER_MAX_RUN_MS`, and `DRAINER_SAFETY_MARGIN_MS` before
-//!    the Lambda deadline). When every stream is empty, wait `DRAINER_IDLE_POLL_MS` and
-//!    poll again; every few seconds re-read the active set and trim.
-//! 4. **Finish**: trim each stream, measure the remaining lag, retire vouchers whose sale
-//!    ended and whose stream is fully drained, delete spent consumers, and return the
-//!    [`Summary`].
+//! 1. **Survey** every voucher (the active set, or `DRAINER_VOUCHERS`) with one script
+//!    call each, many at once ([`OrderStreams::probe`]): it makes a missing drain group,
+//!    tells whether new entries wait or idle ones can be claimed, and deletes a few spent
+//!    consumers. A voucher without work costs nothing more. The survey starts at a
+//!    different place each run and stops when the run's time is up, so with thousands
+//!    of sales no voucher is always last.
+//! 2. **Recover**: where the survey found claimable entries (left by a crashed, killed
+//!    or timed-out invocation, or released by one that gave up), XAUTOCLAIM them page
+//!    by page, following the cursor to its end; each page is processed like a batch.
+//! 3. **Drain**: up to `DRAINER_CONCURRENCY` vouchers at once, largest backlog first,
+//!    XREADGROUP `>` in batches (up to [`BATCHES_PER_TURN`] per voucher per turn, the
+//!    next read while the current batch commits). Vouchers with work, and open sales
+//!    when there are few, are polled every `DRAINER_IDLE_POLL_MS`; every
+//!    [`MAINTENANCE_EVERY`] the whole set is surveyed again.
+//! 4. **Finish**: trim the streams it acked, measure what is left, retire sales that are
+//!    over and drained, and return the [`Summary`].
 //!
-//! A batch ([`Drainer::process`]): parse ([`plan::sort_entries`]); dead-letter the bad
-//! entries; then one Data API transaction for the good ones: lock the voucher row, look
-//! up colliding rows, [`plan::split`], insert `confirmed` and `rejected` rows with exact
-//! row counts, take the stock with a guard, commit; only then XACK.
+//! A batch ([`Drainer::process`]): parse ([`plan::sort_entries`]); dead-letter what can
+//! never be written; one Data API transaction for the rest: lock the voucher row
+//! (`NOWAIT`), look up colliding rows, [`plan::split`], insert `confirmed` and `rejected`
+//! rows with exact counts, take the stock with a guard, commit; only then XACK.
 //!
 //! Invariants:
-//! - an entry is acked only after its row is committed, or in the same script that
-//!   writes its dead letter: a crash anywhere leaves it pending, to be claimed later;
+//! - an entry is acked only once its outcome is committed: its row, or (for an entry
+//!   that can never have a row of its own) its dead letter, written in the same script
+//!   as the ack, after the `rejected` row its buyer should see;
+//! - only entries that can never be written are dead-lettered: malformed, of an unknown
+//!   voucher, colliding with another order's buyer or id, or refused by the database
+//!   *alone* with a permanent error (a batch that fails permanently is split until the
+//!   culprit stands alone). How often an entry was delivered never counts: crashes,
+//!   timeouts and outages, however long or repeated, cost an entry nothing;
+//! - an entry a run read but cannot finish (a transient failure, a voucher stopped) is
+//!   released: still pending, but marked idle, so the next run claims it at once;
+//! - a batch starts only when the run's estimate of a batch still fits before
+//!   `stop_at`; a batch read ahead was checked to fit too, and is always processed;
+//! - a transaction left open by a killed run never blocks its voucher: open
+//!   transactions are recorded in Redis, the row lock is taken with `NOWAIT`, and a run
+//!   that keeps finding the row locked rolls back the recorded transactions of others;
 //! - a redelivered order finds its row and changes nothing (no row, no stock);
 //! - the database stock never goes below zero: confirmed ≤ `stock_left` under the row
-//!   lock, and the guarded UPDATE must apply, or the transaction rolls back;
-//! - a transient failure stops only the voucher it hit, leaves its entries pending and
-//!   makes the invocation fail at the end.
+//!   lock, and the guarded UPDATE must apply, or the transaction rolls back.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use seckill_shared::adapters::data_api::DataApi;
+use futures::StreamExt;
+use seckill_shared::adapters::data_api::{DataApi, is_lock_conflict};
 use seckill_shared::adapters::ledger::{AdmittedOrder, Ledger, LedgerTx};
-use seckill_shared::adapters::order_stream::{OrderStreams, StreamEntry};
+use seckill_shared::adapters::order_stream::{OrderStreams, Probe, StreamEntry};
 use seckill_shared::adapters::redis::RedisConn;
 use seckill_shared::domain::{OrderStatus, VoucherId, now_millis};
 use seckill_shared::error::StoreError;
@@ -44,28 +63,44 @@ use crate::error::DrainError;
 use crate::failpoint;
 use crate::plan::{self, DB_STOCK_EXHAUSTED, Reason, Split};
 
-/// How often a long invocation re-reads the active set (new vouchers) and trims.
+/// How often a long invocation surveys every voucher again (new sales, new admissions
+/// on quiet ones, entries released by others).
 const MAINTENANCE_EVERY: Duration = Duration::from_secs(5);
-/// Pause after a transient failure before going on with the other vouchers.
-const TRANSIENT_BACKOFF: Duration = Duration::from_millis(250);
 /// Attempts at a batch whose row counts differ from the plan (a concurrent writer).
 const RACE_ATTEMPTS: u32 = 3;
+/// Attempts at the voucher's row lock; after the second-to-last, the recorded
+/// transactions of other consumers are rolled back (a killed run's, most likely).
+const LOCK_ATTEMPTS: u32 = 5;
+/// Pause between attempts at a locked voucher row: a live batch commits within it.
+const LOCK_RETRY: Duration = Duration::from_millis(150);
 /// A sale is retired this long after it ends, so an admission stamped by a slightly slow
 /// clock cannot land in a stream nobody visits any more.
 const RETIRE_GRACE_MS: i64 = 60_000;
 /// Full batches of one voucher drained back to back (each read while the one before it
 /// commits) before the other vouchers get their turn.
-const BATCHES_PER_TURN: usize = 16;
+pub const BATCHES_PER_TURN: usize = 16;
+/// Probes in flight at once during a survey.
+const PROBES_IN_FLIGHT: usize = 64;
+/// Open sales polled every round even without work, up to this many; beyond it, quiet
+/// sales wait for the next survey.
+const POLL_OPEN_SALES: usize = 256;
+/// The run's guess of one batch's duration before it has timed one.
+const FIRST_BATCH_ESTIMATE: Duration = Duration::from_millis(100);
 /// Error texts kept in the summary (the count is always exact).
 const MAX_ERROR_TEXTS: usize = 20;
+/// Longest database error text kept in a dead letter's reason.
+const MAX_REFUSAL_CHARS: usize = 200;
 
 /// What one invocation did; returned as the Lambda response and logged as one event.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct Summary {
     /// The consumer name this invocation read under.
     pub consumer: String,
-    /// Vouchers visited.
+    /// Vouchers surveyed (distinct).
     pub vouchers: usize,
+    /// Probes run (one script call each).
+    pub probed: u64,
     /// Entries taken over from idle consumers (XAUTOCLAIM).
     pub claimed: u64,
     /// Entries read for the first time (XREADGROUP).
@@ -78,14 +113,20 @@ pub struct Summary {
     pub rejected: u64,
     /// Entries moved to a dead-letter stream.
     pub dead_lettered: u64,
+    /// Entries this run read but gave back unfinished (pending, claimable at once).
+    pub released: u64,
+    /// Transactions of other (killed) runs rolled back to free a voucher's row.
+    pub aborted_transactions: u64,
     /// Entries removed by trimming.
     pub trimmed: u64,
     /// Vouchers removed from the active set (sale over, stream drained).
     pub retired: u64,
-    /// Entries not yet delivered, summed over the visited streams, at the end.
+    /// Entries not yet delivered, summed over the surveyed streams, at the end.
     pub lag: u64,
     /// Entries delivered but not acked (pending), summed, at the end.
     pub pending: u64,
+    /// Idle time of the oldest pending entry seen at the end, in ms (0: none).
+    pub oldest_pending_ms: u64,
     /// Wall time of the invocation.
     pub elapsed_ms: u64,
     /// Number of failures (transient and permanent).
@@ -102,17 +143,37 @@ pub struct Drainer {
     ledger: Ledger,
 }
 
-/// The state of one invocation.
+/// The state of one invocation, shared by the vouchers it drains at once.
 struct Run {
     consumer: String,
     started: Instant,
+    /// No batch starts unless it is expected to end before this.
     stop_at: Instant,
-    /// Vouchers stopped for this invocation after a transient failure.
-    failed: BTreeSet<VoucherId>,
+    /// The invocation's own deadline: the finish step stops here.
+    deadline: Instant,
+    /// Recent batch duration (ms), rising at once, falling slowly.
+    batch_ms: AtomicU64,
+    state: Mutex<RunState>,
+}
+
+#[derive(Default)]
+struct RunState {
     summary: Summary,
+    /// Vouchers stopped for this invocation after a failure.
+    failed: BTreeSet<VoucherId>,
+    /// The latest probe of each voucher.
+    probes: BTreeMap<VoucherId, Probe>,
+    /// Vouchers this run read, claimed or acked entries of.
+    touched: BTreeSet<VoucherId>,
 }
 
 impl Run {
+    fn with<R>(&self, f: impl FnOnce(&mut RunState) -> R) -> R {
+        // Each update is a few field writes: a poisoned state is still consistent.
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut state)
+    }
+
     fn has_time(&self) -> bool {
         Instant::now() < self.stop_at
     }
@@ -121,16 +182,51 @@ impl Run {
         self.stop_at.saturating_duration_since(Instant::now())
     }
 
-    fn record(&mut self, err: &DrainError) {
+    /// Whether `batches` more batches are expected to end before `stop_at`.
+    fn fits(&self, batches: u32) -> bool {
+        let one = Duration::from_millis(self.batch_ms.load(Ordering::Relaxed));
+        Instant::now() + one * batches <= self.stop_at
+    }
+
+    /// Learns from a batch's duration: a slower batch raises the estimate at once, a
+    /// faster one lowers it by a quarter of the difference.
+    fn observe_batch(&self, took: Duration) {
+        let took = took.as_millis() as u64;
+        let _ = self
+            .batch_ms
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                Some(if took >= old {
+                    took
+                } else {
+                    old - (old - took) / 4
+                })
+            });
+    }
+
+    fn failed(&self, voucher: VoucherId) -> bool {
+        self.with(|s| s.failed.contains(&voucher))
+    }
+
+    fn count(&self, f: impl FnOnce(&mut Summary)) {
+        self.with(|s| f(&mut s.summary))
+    }
+
+    fn touch(&self, voucher: VoucherId) {
+        self.with(|s| s.touched.insert(voucher));
+    }
+
+    fn record(&self, err: &DrainError) {
         if err.is_transient() {
             tracing::warn!(error = %err, "transient failure, entries stay pending");
         } else {
             tracing::error!(error = %err, "drain failure, entries stay pending");
         }
-        self.summary.errors += 1;
-        if self.summary.error_messages.len() < MAX_ERROR_TEXTS {
-            self.summary.error_messages.push(err.to_string());
-        }
+        self.with(|s| {
+            s.summary.errors += 1;
+            if s.summary.error_messages.len() < MAX_ERROR_TEXTS {
+                s.summary.error_messages.push(err.to_string());
+            }
+        });
     }
 }
 
@@ -145,6 +241,31 @@ enum Attempt {
     Planned(Split),
     UnknownVoucher,
     Raced(String),
+    /// The voucher row is locked by another transaction.
+    Locked(StoreError),
+}
+
+/// What became of a batch's orders, with their indexes into the batch's orders.
+#[derive(Default)]
+struct Isolated {
+    /// Committed, merged over the parts the batch was split into.
+    committed: Split,
+    /// The database has no such voucher.
+    unknown: Vec<usize>,
+    /// Refused alone with a permanent error: (index, error text).
+    refused: Vec<(usize, String)>,
+}
+
+impl Isolated {
+    fn merge(&mut self, offset: usize, part: Split) {
+        let shift = |v: Vec<usize>| v.into_iter().map(move |i| i + offset);
+        self.committed.confirmed.extend(shift(part.confirmed));
+        self.committed.rejected.extend(shift(part.rejected));
+        self.committed.duplicates.extend(shift(part.duplicates));
+        self.committed
+            .dead
+            .extend(part.dead.into_iter().map(|(i, r)| (i + offset, r)));
+    }
 }
 
 impl Drainer {
@@ -178,62 +299,70 @@ impl Drainer {
             .checked_sub(self.cfg.safety_margin)
             .unwrap_or(started)
             .min(started + self.cfg.max_run);
-        let mut run = Run {
+        let run = Run {
             consumer: consumer.to_string(),
             started,
             stop_at,
-            failed: BTreeSet::new(),
-            summary: Summary {
-                consumer: consumer.to_string(),
-                ..Summary::default()
-            },
+            deadline: deadline.max(stop_at),
+            batch_ms: AtomicU64::new(FIRST_BATCH_ESTIMATE.as_millis() as u64),
+            state: Mutex::new(RunState {
+                summary: Summary {
+                    consumer: consumer.to_string(),
+                    ..Summary::default()
+                },
+                ..RunState::default()
+            }),
         };
 
-        // 1. Discover.
-        let mut vouchers = match self.discover(&mut run, &BTreeSet::new()).await {
-            Some(v) => v,
-            None => return self.finish(run, &BTreeSet::new()).await,
+        // 1. Survey, 2. recover.
+        let Some(mut poll) = self.survey(&run).await else {
+            return self.finish(run).await;
         };
-        let mut visited: BTreeSet<VoucherId> = vouchers.iter().copied().collect();
-
-        // 2. Recover what crashed or timed-out invocations left pending.
-        for &voucher in &vouchers {
-            if !run.has_time() {
-                break;
-            }
-            self.recover(&mut run, voucher).await;
-        }
+        let mut last_survey = Instant::now();
 
         // 3. Drain new entries until the time is up.
-        let mut last_maintenance = Instant::now();
         while run.has_time() {
-            if last_maintenance.elapsed() >= MAINTENANCE_EVERY {
-                if let Some(fresh) = self.discover(&mut run, &visited).await {
-                    vouchers = fresh;
-                    visited.extend(vouchers.iter().copied());
+            if last_survey.elapsed() >= MAINTENANCE_EVERY {
+                if let Some(fresh) = self.survey(&run).await {
+                    // Vouchers that were busy stay first; newly found ones follow.
+                    let known: BTreeSet<VoucherId> = poll.iter().copied().collect();
+                    poll.extend(fresh.into_iter().filter(|v| !known.contains(v)));
                 }
-                for &voucher in &vouchers {
-                    self.trim(&mut run, voucher).await;
-                }
-                last_maintenance = Instant::now();
+                last_survey = Instant::now();
             }
-            let mut busy = false;
-            for &voucher in &vouchers {
-                if !run.has_time() {
-                    break;
-                }
-                if run.failed.contains(&voucher) {
-                    continue;
-                }
-                busy |= self.drain_batches(&mut run, voucher).await;
-            }
-            if vouchers.iter().all(|v| run.failed.contains(v)) && !vouchers.is_empty() {
-                // Nothing left this invocation can do.
+            let round: Vec<VoucherId> = poll.iter().copied().filter(|v| !run.failed(*v)).collect();
+            if round.is_empty() && !poll.is_empty() {
+                // Every voucher with work was stopped: nothing left this run can do.
                 break;
             }
-            if !busy {
-                // Every stream is empty: wait for new admissions rather than return, so
-                // one scheduled invocation drains for most of its period.
+            let run_ref = &run;
+            let results: Vec<(VoucherId, bool)> = futures::stream::iter(round)
+                .map(|v| async move { (v, self.drain_batches(run_ref, v).await) })
+                .buffer_unordered(self.cfg.concurrency)
+                .collect()
+                .await;
+            // Vouchers that had entries go first next round; quiet ones stay polled only
+            // while their sale is open and they are few.
+            let busy: BTreeSet<VoucherId> = results.iter().filter(|r| r.1).map(|r| r.0).collect();
+            let now = now_millis();
+            let mut quiet = 0;
+            poll.sort_by_key(|v| !busy.contains(v));
+            poll.retain(|v| {
+                if busy.contains(v) {
+                    return true;
+                }
+                let open = run.with(|s| {
+                    s.probes
+                        .get(v)
+                        .and_then(|p| p.ends_ms)
+                        .is_some_and(|end| end > now)
+                });
+                quiet += usize::from(open);
+                open && quiet <= POLL_OPEN_SALES
+            });
+            if busy.is_empty() {
+                // Nothing new: wait for admissions rather than return, so one scheduled
+                // invocation drains for most of its period.
                 if run.remaining() <= self.cfg.idle_poll {
                     break;
                 }
@@ -242,13 +371,14 @@ impl Drainer {
         }
 
         // 4. Finish.
-        self.finish(run, &visited).await
+        self.finish(run).await
     }
 
-    /// The vouchers to visit, each with its drain group (created for those not `known`
-    /// yet). `None` when they cannot be listed.
-    async fn discover(&self, run: &mut Run, known: &BTreeSet<VoucherId>) -> Option<Vec<VoucherId>> {
-        let vouchers = match &self.cfg.vouchers {
+    /// Probes every voucher (time-boxed), recovers claimable entries, and returns the
+    /// vouchers to poll, largest backlog first. `None` when the vouchers cannot be
+    /// listed.
+    async fn survey(&self, run: &Run) -> Option<Vec<VoucherId>> {
+        let mut vouchers = match &self.cfg.vouchers {
             Some(fixed) => fixed.clone(),
             None => match self.streams.active_vouchers().await {
                 Ok((ids, bad)) => {
@@ -266,31 +396,71 @@ impl Drainer {
                 }
             },
         };
-        let mut ready = Vec::with_capacity(vouchers.len());
-        for voucher in vouchers {
-            if known.contains(&voucher) {
-                ready.push(voucher);
-                continue;
-            }
-            match self.streams.ensure_group(voucher).await {
-                Ok(()) => ready.push(voucher),
-                Err(e) => {
-                    run.record(&DrainError::store(
-                        "creating the drain group",
-                        Some(voucher),
-                        e,
-                    ));
-                    run.failed.insert(voucher);
-                }
-            }
+        // Start somewhere else each run: a survey cut short by time skips other vouchers.
+        if !vouchers.is_empty() {
+            let turn = (run.started.elapsed().as_nanos() as usize
+                ^ now_millis() as usize
+                ^ std::process::id() as usize)
+                % vouchers.len();
+            vouchers.rotate_left(turn);
         }
-        Some(ready)
+        let min_idle = self.cfg.min_idle;
+        let consumer = run.consumer.as_str();
+        let probes: Vec<(VoucherId, Result<Probe, StoreError>)> = futures::stream::iter(vouchers)
+            .filter(|v| std::future::ready(!run.failed(*v)))
+            .map(|v| async move { (v, self.streams.probe(v, consumer, min_idle, false).await) })
+            .buffer_unordered(PROBES_IN_FLIGHT)
+            .take_until(tokio::time::sleep_until(run.stop_at.into()))
+            .collect()
+            .await;
+
+        let now = now_millis();
+        let mut claimable = Vec::new();
+        let mut with_work: Vec<(u64, VoucherId)> = Vec::new();
+        let mut open = Vec::new();
+        for (voucher, probe) in probes {
+            let probe = match probe {
+                Ok(p) => p,
+                Err(e) => {
+                    self.fail(
+                        run,
+                        voucher,
+                        DrainError::store("probing the stream", Some(voucher), e),
+                    );
+                    continue;
+                }
+            };
+            if probe.claimable {
+                claimable.push(voucher);
+            }
+            if probe.undelivered > 0 || !probe.fully_delivered {
+                with_work.push((probe.undelivered.max(1), voucher));
+            } else if probe.ends_ms.is_some_and(|end| end > now) {
+                open.push(voucher);
+            }
+            run.with(|s| {
+                s.summary.probed += 1;
+                s.probes.insert(voucher, probe);
+            });
+        }
+
+        // 2. Recover what crashed, timed-out or failed invocations left pending.
+        futures::stream::iter(claimable)
+            .for_each_concurrent(self.cfg.concurrency, |v| self.recover(run, v))
+            .await;
+
+        with_work.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut poll: Vec<VoucherId> = with_work.into_iter().map(|(_, v)| v).collect();
+        if open.len() <= POLL_OPEN_SALES {
+            poll.extend(open);
+        }
+        Some(poll)
     }
 
     /// Claims and processes the entries other consumers left idle, page by page.
-    async fn recover(&self, run: &mut Run, voucher: VoucherId) {
+    async fn recover(&self, run: &Run, voucher: VoucherId) {
         let mut cursor = "0-0".to_string();
-        while run.has_time() && !run.failed.contains(&voucher) {
+        while run.fits(1) && !run.failed(voucher) {
             let page = match self
                 .streams
                 .claim_idle(
@@ -308,8 +478,7 @@ impl Drainer {
                         run,
                         voucher,
                         DrainError::store("claiming idle entries", Some(voucher), e),
-                    )
-                    .await;
+                    );
                     return;
                 }
             };
@@ -317,7 +486,8 @@ impl Drainer {
                 tracing::warn!(%voucher, deleted = ?page.deleted, "pending entries no longer in the stream");
             }
             if !page.entries.is_empty() {
-                run.summary.claimed += page.entries.len() as u64;
+                run.touch(voucher);
+                run.count(|s| s.claimed += page.entries.len() as u64);
                 failpoint::hit("after_claim");
                 self.process(run, voucher, page.entries, false).await;
             }
@@ -331,28 +501,27 @@ impl Drainer {
     /// Reads and processes one voucher's new entries, batch after batch; true when there
     /// were any.
     ///
-    /// While a full batch is being committed, the next one is read: Redis and the
-    /// database work at the same time instead of in turn. A batch read ahead is always
-    /// processed, even past `stop_at` (the safety margin leaves room for one batch), so
-    /// its orders are not parked for `DRAINER_MIN_IDLE_MS`. Only when the batch before it
-    /// fails does it stay pending, for the next invocation to reclaim, like the failed
-    /// batch itself.
-    async fn drain_batches(&self, run: &mut Run, voucher: VoucherId) -> bool {
+    /// While a full batch is being committed, the next one is read, so Redis and the
+    /// database work at the same time instead of in turn; but only when both batches
+    /// are expected to end before `stop_at`. A batch read ahead is always processed.
+    async fn drain_batches(&self, run: &Run, voucher: VoucherId) -> bool {
+        if !run.fits(1) {
+            return false;
+        }
         let first = self.read_new(voucher, &run.consumer).await;
         let Some(mut entries) = self.accept_read(run, voucher, first).await else {
             return false;
         };
         for turn in 1..=BATCHES_PER_TURN {
             let read_ahead =
-                entries.len() >= self.cfg.batch_size && turn < BATCHES_PER_TURN && run.has_time();
+                entries.len() >= self.cfg.batch_size && turn < BATCHES_PER_TURN && run.fits(2);
             if !read_ahead {
                 self.process(run, voucher, entries, true).await;
                 break;
             }
-            let consumer = run.consumer.clone();
             let (_, next) = tokio::join!(
                 self.process(run, voucher, entries, true),
-                self.read_new(voucher, &consumer)
+                self.read_new(voucher, &run.consumer)
             );
             match self.accept_read(run, voucher, next).await {
                 Some(next) => entries = next,
@@ -375,10 +544,10 @@ impl Drainer {
     /// Takes the result of one XREADGROUP: counts what was read (it is pending now,
     /// whatever happens next) and returns it when there is something to process: not when
     /// it is empty, when Redis failed, or when the voucher was stopped meanwhile (then it
-    /// stays pending for the next invocation to reclaim).
+    /// is released for the next invocation).
     async fn accept_read(
         &self,
-        run: &mut Run,
+        run: &Run,
         voucher: VoucherId,
         read: Result<Vec<StreamEntry>, StoreError>,
     ) -> Option<Vec<StreamEntry>> {
@@ -386,36 +555,43 @@ impl Drainer {
             Ok(entries) => entries,
             Err(e) => {
                 let err = DrainError::store("reading new entries", Some(voucher), e);
-                self.fail(run, voucher, err).await;
+                self.fail(run, voucher, err);
                 return None;
             }
         };
-        run.summary.read += entries.len() as u64;
-        if entries.is_empty() || run.failed.contains(&voucher) {
+        if entries.is_empty() {
+            return None;
+        }
+        run.touch(voucher);
+        run.count(|s| s.read += entries.len() as u64);
+        if run.failed(voucher) {
+            self.release(run, voucher, &entries).await;
             return None;
         }
         failpoint::hit("after_read");
         Some(entries)
     }
 
-    /// One batch of one voucher: dead-letter the bad entries, commit the good ones, ack.
-    /// `first_delivery`: the entries come from XREADGROUP `>`, so no earlier run can have
-    /// committed them (a run that committed and then died leaves them pending, and they
-    /// come back through XAUTOCLAIM).
+    /// One batch of one voucher: dead-letter what can never be written, commit the rest,
+    /// ack. `first_delivery`: the entries come from XREADGROUP `>`, so no earlier run can
+    /// have committed them (a run that committed and then died leaves them pending, and
+    /// they come back through XAUTOCLAIM).
     async fn process(
         &self,
-        run: &mut Run,
+        run: &Run,
         voucher: VoucherId,
         entries: Vec<StreamEntry>,
         first_delivery: bool,
     ) {
-        let sorted = plan::sort_entries(voucher, &entries, self.cfg.max_deliveries);
+        let started = Instant::now();
+        let sorted = plan::sort_entries(voucher, &entries);
         let dead: Vec<(usize, Reason, Option<AdmittedOrder>)> = sorted
             .dead
             .into_iter()
             .map(|d| (d.index, d.reason, d.order))
             .collect();
         if !self.dead_letter_all(run, voucher, &entries, dead).await {
+            self.release(run, voucher, &entries).await;
             return;
         }
         if sorted.orders.is_empty() {
@@ -423,62 +599,128 @@ impl Drainer {
         }
         let (indexes, orders): (Vec<usize>, Vec<AdmittedOrder>) = sorted.orders.into_iter().unzip();
 
-        match self.commit_batch(voucher, &orders, first_delivery).await {
-            Ok(BatchOutcome::Committed(split)) => {
-                let ids: Vec<&str> = split
-                    .confirmed
-                    .iter()
-                    .chain(&split.rejected)
-                    .chain(&split.duplicates)
-                    .map(|&i| entries[indexes[i]].id.as_str())
-                    .collect();
-                if let Err(e) = self.streams.ack(voucher, &ids).await {
-                    // Committed but not acked: the entries are redelivered later and
-                    // found as duplicates. Nothing is lost or doubled.
-                    self.fail(
-                        run,
-                        voucher,
-                        DrainError::store("acking a committed batch", Some(voucher), e),
-                    )
-                    .await;
-                    return;
-                }
-                failpoint::hit("after_ack");
-                run.summary.inserted += split.confirmed.len() as u64;
-                run.summary.rejected += split.rejected.len() as u64;
-                run.summary.duplicates += split.duplicates.len() as u64;
-                if !split.rejected.is_empty() {
-                    tracing::warn!(
-                        %voucher,
-                        rejected = split.rejected.len(),
-                        "database stock could not cover admitted orders (Redis and database disagree); recorded as rejected"
-                    );
-                }
-                let dead = split
-                    .dead
-                    .into_iter()
-                    .map(|(i, reason)| (indexes[i], reason, Some(orders[i].clone())))
-                    .collect();
-                self.dead_letter_all(run, voucher, &entries, dead).await;
-            }
-            Ok(BatchOutcome::UnknownVoucher) => {
-                tracing::error!(%voucher, orders = orders.len(), "voucher not in the database: dead-lettering the batch");
-                let dead = indexes
-                    .into_iter()
-                    .zip(orders)
-                    .map(|(i, o)| (i, Reason::UnknownVoucher, Some(o)))
-                    .collect();
-                self.dead_letter_all(run, voucher, &entries, dead).await;
-            }
-            Err(e) => self.fail(run, voucher, e).await,
+        let (isolated, failure) = self
+            .commit_isolating(run, voucher, &orders, first_delivery)
+            .await;
+        let split = &isolated.committed;
+        let ids: Vec<&str> = split
+            .confirmed
+            .iter()
+            .chain(&split.rejected)
+            .chain(&split.duplicates)
+            .map(|&i| entries[indexes[i]].id.as_str())
+            .collect();
+        if let Err(e) = self.streams.ack(voucher, &ids).await {
+            // Committed but not acked: the entries are redelivered later and found as
+            // duplicates. Nothing is lost or doubled.
+            self.fail(
+                run,
+                voucher,
+                DrainError::store("acking a committed batch", Some(voucher), e),
+            );
+            self.release(run, voucher, &entries).await;
+            return;
         }
+        if !ids.is_empty() {
+            failpoint::hit("after_ack");
+        }
+        run.count(|s| {
+            s.inserted += split.confirmed.len() as u64;
+            s.rejected += split.rejected.len() as u64;
+            s.duplicates += split.duplicates.len() as u64;
+        });
+        if !split.rejected.is_empty() {
+            tracing::warn!(
+                %voucher,
+                rejected = split.rejected.len(),
+                "database stock could not cover admitted orders (Redis and database disagree); recorded as rejected"
+            );
+        }
+        if !isolated.unknown.is_empty() {
+            tracing::error!(%voucher, orders = isolated.unknown.len(), "voucher not in the database: dead-lettering its orders");
+        }
+        let dead: Vec<(usize, Reason, Option<AdmittedOrder>)> = split
+            .dead
+            .iter()
+            .map(|(i, reason)| (*i, reason.clone()))
+            .chain(
+                isolated
+                    .unknown
+                    .iter()
+                    .map(|&i| (i, Reason::UnknownVoucher)),
+            )
+            .chain(isolated.refused.iter().map(|(i, text)| {
+                let text: String = text.chars().take(MAX_REFUSAL_CHARS).collect();
+                (*i, Reason::Refused(text))
+            }))
+            .map(|(i, reason)| (indexes[i], reason, Some(orders[i].clone())))
+            .collect();
+        let dead_ok = self.dead_letter_all(run, voucher, &entries, dead).await;
+        let failed = failure.is_some();
+        if let Some(err) = failure {
+            self.fail(run, voucher, err);
+        }
+        if failed || !dead_ok {
+            // Whatever is still pending of this batch goes back for the next run; the
+            // entries acked above are no longer pending and XCLAIM skips them.
+            self.release(run, voucher, &entries).await;
+        }
+        run.observe_batch(started.elapsed());
     }
 
-    /// Writes dead letters (and, where useful, `rejected` rows first, best effort).
-    /// Returns false when Redis failed (the voucher is stopped).
+    /// Commits a batch's orders; when the database refuses it permanently, splits it in
+    /// halves (in stream order) until each refused order stands alone. Returns what was
+    /// decided and, if a transient failure (or a refusal of every single order: the
+    /// database refusing everything, not these orders) stopped it, that failure. Parts
+    /// not tried yet stay pending with the failure.
+    async fn commit_isolating(
+        &self,
+        run: &Run,
+        voucher: VoucherId,
+        orders: &[AdmittedOrder],
+        first_delivery: bool,
+    ) -> (Isolated, Option<DrainError>) {
+        let mut out = Isolated::default();
+        let mut parts: Vec<Range<usize>> = Vec::with_capacity(8);
+        parts.push(0..orders.len());
+        let mut refusals = Vec::new();
+        while let Some(part) = parts.pop() {
+            let result = self
+                .commit_batch(run, voucher, &orders[part.clone()], first_delivery)
+                .await;
+            match result {
+                Ok(BatchOutcome::Committed(split)) => out.merge(part.start, split),
+                Ok(BatchOutcome::UnknownVoucher) => out.unknown.extend(part),
+                Err(e) if e.is_transient() => return (out, Some(e)),
+                Err(e) if part.len() > 1 => {
+                    tracing::warn!(%voucher, orders = part.len(), error = %e, "batch refused; splitting it to find the order the database refuses");
+                    let mid = part.start + part.len() / 2;
+                    // Popped last-in first-out: the first half goes first.
+                    parts.push(mid..part.end);
+                    parts.push(part.start..mid);
+                }
+                Err(e) => refusals.push((part.start, e)),
+            }
+        }
+        if refusals.len() == orders.len() && orders.len() > 1 {
+            // Every order refused on its own: the statement, schema or rights are wrong,
+            // not the orders. Keep them all pending; the error alarms.
+            let (_, first) = refusals.swap_remove(0);
+            return (out, Some(first));
+        }
+        out.refused = refusals
+            .into_iter()
+            .map(|(i, e)| (i, e.to_string()))
+            .collect();
+        (out, None)
+    }
+
+    /// Writes dead letters, after committing the `rejected` rows their buyers should
+    /// see. Returns false (the voucher stopped, nothing of the failed step acked) when a
+    /// write failed.
     async fn dead_letter_all(
         &self,
-        run: &mut Run,
+        run: &Run,
         voucher: VoucherId,
         entries: &[StreamEntry],
         dead: Vec<(usize, Reason, Option<AdmittedOrder>)>,
@@ -486,9 +728,9 @@ impl Drainer {
         if dead.is_empty() {
             return true;
         }
-        // The rejected rows go first: if the process dies before the dead letter, the
-        // redelivered entry finds its row and is acked as a duplicate, and its buyer
-        // sees `rejected` either way.
+        // The rejected rows go first and must commit: if the process dies before the
+        // dead letter, the redelivered entry finds its row and is acked as a duplicate,
+        // and its buyer sees `rejected` either way.
         let mut by_reason: Vec<(String, Vec<AdmittedOrder>)> = Vec::new();
         for (_, reason, order) in &dead {
             if let Some(order) = order.as_ref().filter(|_| reason.records_rejected_row()) {
@@ -501,7 +743,16 @@ impl Drainer {
         }
         for (reason, orders) in by_reason {
             if let Err(e) = self.ledger.record_rejected(&orders, &reason).await {
-                tracing::warn!(%voucher, %reason, error = %e, "could not record dead-lettered orders as rejected");
+                self.fail(
+                    run,
+                    voucher,
+                    DrainError::store(
+                        "recording dead-lettered orders as rejected",
+                        Some(voucher),
+                        e,
+                    ),
+                );
+                return false;
             }
         }
         for (index, reason, _) in dead {
@@ -510,7 +761,7 @@ impl Drainer {
             failpoint::hit("before_dead_letter");
             match self.streams.dead_letter(voucher, entry, &text).await {
                 Ok(true) => {
-                    run.summary.dead_lettered += 1;
+                    run.count(|s| s.dead_lettered += 1);
                     tracing::warn!(%voucher, entry = %entry.id, reason = %text, deliveries = entry.deliveries, "dead-lettered");
                 }
                 Ok(false) => {
@@ -521,8 +772,7 @@ impl Drainer {
                         run,
                         voucher,
                         DrainError::store("dead-lettering", Some(voucher), e),
-                    )
-                    .await;
+                    );
                     return false;
                 }
             }
@@ -532,7 +782,7 @@ impl Drainer {
     }
 
     /// Commits one voucher's orders in one transaction, retrying when a concurrent
-    /// writer made the row counts differ from the plan.
+    /// writer made the row counts differ from the plan, or held the voucher's row.
     ///
     /// A batch of first deliveries is first tried without looking up existing rows: none
     /// should exist, and the exact counts of `INSERT IGNORE` prove it. If one did exist
@@ -541,53 +791,137 @@ impl Drainer {
     /// the largest statement of the common batch without trusting the guess.
     async fn commit_batch(
         &self,
+        run: &Run,
         voucher: VoucherId,
         orders: &[AdmittedOrder],
         first_delivery: bool,
     ) -> Result<BatchOutcome, DrainError> {
-        let db = |step, e| DrainError::store(step, Some(voucher), e);
         let mut look_up = !first_delivery;
-        let attempts = RACE_ATTEMPTS + u32::from(first_delivery);
-        for attempt in 1..=attempts {
+        let races = RACE_ATTEMPTS + u32::from(first_delivery);
+        let (mut raced, mut locked) = (0, 0);
+        loop {
             failpoint::hit("before_begin");
-            let tx = self
-                .ledger
-                .begin()
-                .await
-                .map_err(|e| db("beginning a transaction", e))?;
-            failpoint::hit("after_begin");
-            match self.plan_and_write(&tx, voucher, orders, look_up).await {
-                Ok(Attempt::Planned(split)) if split.writes() == 0 => {
-                    // Only redeliveries or dead letters: nothing to commit.
-                    tx.rollback().await;
-                    return Ok(BatchOutcome::Committed(split));
-                }
-                Ok(Attempt::Planned(split)) => {
-                    failpoint::hit("before_commit");
-                    tx.commit().await.map_err(|e| db("committing", e))?;
-                    failpoint::hit("after_commit");
-                    return Ok(BatchOutcome::Committed(split));
-                }
-                Ok(Attempt::UnknownVoucher) => {
-                    tx.rollback().await;
-                    return Ok(BatchOutcome::UnknownVoucher);
-                }
-                Ok(Attempt::Raced(detail)) if !look_up => {
-                    tx.rollback().await;
+            let attempt = self.attempt(run, voucher, orders, look_up).await?;
+            match attempt {
+                Attempt::Planned(split) => return Ok(BatchOutcome::Committed(split)),
+                Attempt::UnknownVoucher => return Ok(BatchOutcome::UnknownVoucher),
+                Attempt::Raced(detail) if !look_up => {
                     look_up = true;
                     tracing::info!(%voucher, detail, "first deliveries collide with existing rows, planning again with a lookup");
                 }
-                Ok(Attempt::Raced(detail)) => {
-                    tx.rollback().await;
-                    tracing::warn!(%voucher, attempt, detail, "row counts differ from the plan, retrying");
+                Attempt::Raced(detail) => {
+                    tracing::warn!(%voucher, raced, detail, "row counts differ from the plan, retrying");
                 }
-                Err(e) => {
-                    tx.rollback().await;
-                    return Err(e);
+                Attempt::Locked(e) => {
+                    locked += 1;
+                    if locked >= LOCK_ATTEMPTS {
+                        return Err(DrainError::store("locking the voucher", Some(voucher), e));
+                    }
+                    if locked == LOCK_ATTEMPTS - 1 {
+                        self.abort_abandoned(run, voucher).await?;
+                    } else {
+                        tokio::time::sleep(LOCK_RETRY).await;
+                    }
+                    continue;
                 }
             }
+            raced += 1;
+            if raced >= races {
+                return Err(DrainError::Raced {
+                    voucher,
+                    attempts: raced,
+                });
+            }
         }
-        Err(DrainError::Raced { voucher, attempts })
+    }
+
+    /// One attempt: begin, record the transaction, plan and write, commit (or roll back
+    /// when there is nothing to commit or the plan did not hold).
+    async fn attempt(
+        &self,
+        run: &Run,
+        voucher: VoucherId,
+        orders: &[AdmittedOrder],
+        look_up: bool,
+    ) -> Result<Attempt, DrainError> {
+        let db = |step, e| DrainError::store(step, Some(voucher), e);
+        let tx = self
+            .ledger
+            .begin()
+            .await
+            .map_err(|e| db("beginning a transaction", e))?;
+        failpoint::hit("after_begin");
+        let id = tx.id().to_string();
+        if let Err(e) = self
+            .streams
+            .register_tx(voucher, &id, &run.consumer, now_millis())
+            .await
+        {
+            tx.rollback().await;
+            return Err(db("recording the transaction", e));
+        }
+        let outcome = match self.plan_and_write(&tx, voucher, orders, look_up).await {
+            Ok(Attempt::Planned(split)) if split.writes() == 0 => {
+                // Only redeliveries or dead letters: nothing to commit.
+                tx.rollback().await;
+                Ok(Attempt::Planned(split))
+            }
+            Ok(Attempt::Planned(split)) => {
+                failpoint::hit("before_commit");
+                match tx.commit().await {
+                    Ok(()) => {
+                        failpoint::hit("after_commit");
+                        Ok(Attempt::Planned(split))
+                    }
+                    Err(e) => Err(db("committing", e)),
+                }
+            }
+            Ok(other) => {
+                tx.rollback().await;
+                Ok(other)
+            }
+            Err(e) => {
+                tx.rollback().await;
+                Err(e)
+            }
+        };
+        if let Err(e) = self.streams.unregister_tx(voucher, &id).await {
+            // A stale record costs a later run one rollback of an unknown transaction.
+            tracing::warn!(%voucher, error = %e, "could not forget an ended transaction");
+        }
+        outcome
+    }
+
+    /// Rolls back the recorded open transactions of other consumers on `voucher`: after
+    /// a kill they would hold the voucher's row for the Data API's 3 idle minutes. A live
+    /// run's transaction rolled back here fails its commit and leaves its entries
+    /// pending: nothing is lost.
+    async fn abort_abandoned(&self, run: &Run, voucher: VoucherId) -> Result<(), DrainError> {
+        let db = |step, e| DrainError::store(step, Some(voucher), e);
+        let open = self
+            .streams
+            .registered_txs(voucher)
+            .await
+            .map_err(|e| db("listing open transactions", e))?;
+        for (tx, consumer) in open {
+            if consumer == run.consumer {
+                continue;
+            }
+            let aborted = self
+                .ledger
+                .abort_abandoned(&tx)
+                .await
+                .map_err(|e| db("rolling back an abandoned transaction", e))?;
+            if aborted {
+                run.count(|s| s.aborted_transactions += 1);
+                tracing::warn!(%voucher, transaction = %tx, %consumer, "rolled back a transaction another run left open");
+            }
+            self.streams
+                .unregister_tx(voucher, &tx)
+                .await
+                .map_err(|e| db("forgetting an abandoned transaction", e))?;
+        }
+        Ok(())
     }
 
     /// The statements of one attempt, up to (not including) the commit; without
@@ -600,12 +934,11 @@ impl Drainer {
         look_up: bool,
     ) -> Result<Attempt, DrainError> {
         let db = |step, e| DrainError::store(step, Some(voucher), e);
-        let Some(stock_left) = tx
-            .lock_voucher(voucher)
-            .await
-            .map_err(|e| db("locking the voucher", e))?
-        else {
-            return Ok(Attempt::UnknownVoucher);
+        let stock_left = match tx.lock_voucher(voucher).await {
+            Ok(Some(left)) => left,
+            Ok(None) => return Ok(Attempt::UnknownVoucher),
+            Err(e) if is_lock_conflict(&e) => return Ok(Attempt::Locked(e)),
+            Err(e) => return Err(db("locking the voucher", e)),
         };
         failpoint::hit("after_lock");
         let existing = if look_up {
@@ -656,93 +989,131 @@ impl Drainer {
         Ok(Attempt::Planned(split))
     }
 
-    /// Records a failure; a transient one stops the voucher for this invocation.
-    async fn fail(&self, run: &mut Run, voucher: VoucherId, err: DrainError) {
+    /// Records a failure and stops the voucher for this invocation. (An order the
+    /// database refuses on its own never gets here: it is isolated and dead-lettered.)
+    fn fail(&self, run: &Run, voucher: VoucherId, err: DrainError) {
         run.record(&err);
-        if err.is_transient() {
-            run.failed.insert(voucher);
-            if run.remaining() > TRANSIENT_BACKOFF {
-                tokio::time::sleep(TRANSIENT_BACKOFF).await;
+        run.with(|s| s.failed.insert(voucher));
+    }
+
+    /// Gives the batch's still-pending entries back for the next invocation to claim at
+    /// once (see [`OrderStreams::release`]); if that fails too, they are claimed after
+    /// the claim threshold.
+    async fn release(&self, run: &Run, voucher: VoucherId, entries: &[StreamEntry]) {
+        let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+        match self
+            .streams
+            .release(voucher, &run.consumer, &ids, self.cfg.min_idle)
+            .await
+        {
+            Ok(n) => run.count(|s| s.released += n),
+            Err(e) => {
+                tracing::warn!(%voucher, error = %e, "could not release unfinished entries; they wait for the claim threshold")
             }
         }
     }
 
-    async fn trim(&self, run: &mut Run, voucher: VoucherId) {
-        failpoint::hit("before_trim");
-        match self.streams.trim(voucher).await {
-            Ok(t) => run.summary.trimmed += t.removed,
-            Err(e) => run.record(&DrainError::store("trimming", Some(voucher), e)),
+    /// Trims and measures what this run touched (the last probe also deletes this run's
+    /// consumer where it holds nothing), retires sales that are over and drained, logs
+    /// and returns the summary. Stops at the invocation's deadline: what
+    /// it skips, a later run does.
+    async fn finish(&self, run: Run) -> Summary {
+        let touched: Vec<VoucherId> = run.with(|s| s.touched.iter().copied().collect());
+        let end = tokio::time::sleep_until(run.deadline.into());
+        let consumer = run.consumer.as_str();
+        let min_idle = self.cfg.min_idle;
+        let run_ref = &run;
+        let fresh: Vec<(VoucherId, Result<Probe, StoreError>)> = futures::stream::iter(touched)
+            .map(|v| async move {
+                self.trim(run_ref, v).await;
+                (v, self.streams.probe(v, consumer, min_idle, true).await)
+            })
+            .buffer_unordered(PROBES_IN_FLIGHT)
+            .take_until(end)
+            .collect()
+            .await;
+        for (voucher, probe) in fresh {
+            match probe {
+                Ok(p) => run.with(|s| {
+                    s.summary.probed += 1;
+                    s.probes.insert(voucher, p);
+                }),
+                Err(e) => run.record(&DrainError::store("reading stream stats", Some(voucher), e)),
+            }
         }
-        failpoint::hit("after_trim");
-    }
 
-    /// Trims, measures, retires and cleans up; logs and returns the summary.
-    async fn finish(&self, mut run: Run, visited: &BTreeSet<VoucherId>) -> Summary {
         let now = now_millis();
-        for &voucher in visited {
-            self.trim(&mut run, voucher).await;
-            let stats = match self.streams.stats(voucher).await {
-                Ok(stats) => stats,
-                Err(e) => {
-                    run.record(&DrainError::store("reading stream stats", Some(voucher), e));
-                    continue;
-                }
-            };
-            let Some(stats) = stats else { continue };
-            run.summary.lag += stats.undelivered;
-            run.summary.pending += stats.pending;
-            if let Err(e) = self
-                .streams
-                .reap_consumers(voucher, &run.consumer, self.cfg.min_idle)
-                .await
-            {
-                run.record(&DrainError::store(
-                    "deleting spent consumers",
-                    Some(voucher),
-                    e,
-                ));
-            }
-            if stats.pending == 0 && stats.fully_delivered {
-                match self.streams.sale_ends_ms(voucher).await {
-                    Ok(Some(ends)) if ends + RETIRE_GRACE_MS < now => {
-                        match self.streams.retire(voucher).await {
-                            Ok(true) => {
-                                run.summary.retired += 1;
-                                tracing::info!(%voucher, "sale over and drained: retired from the active set");
-                            }
-                            Ok(false) => {}
-                            Err(e) => run.record(&DrainError::store("retiring", Some(voucher), e)),
-                        }
+        let over: Vec<VoucherId> = run.with(|s| {
+            s.probes
+                .iter()
+                .filter(|(_, p)| {
+                    p.pending == 0
+                        && p.fully_delivered
+                        && p.ends_ms.is_some_and(|end| end + RETIRE_GRACE_MS < now)
+                })
+                .map(|(v, _)| *v)
+                .collect()
+        });
+        let end = tokio::time::sleep_until(run.deadline.into());
+        futures::stream::iter(over)
+            .map(|v| async move {
+                match self.streams.retire(v).await {
+                    Ok(true) => {
+                        run_ref.count(|s| s.retired += 1);
+                        tracing::info!(voucher = %v, "sale over and drained: retired from the active set");
                     }
-                    Ok(_) => {}
-                    Err(e) => run.record(&DrainError::store(
-                        "reading the sale window",
-                        Some(voucher),
-                        e,
-                    )),
+                    Ok(false) => {}
+                    Err(e) => run_ref.record(&DrainError::store("retiring", Some(v), e)),
                 }
+            })
+            .buffer_unordered(PROBES_IN_FLIGHT)
+            .take_until(end)
+            .for_each(|()| std::future::ready(()))
+            .await;
+
+        let mut summary = run.with(|s| {
+            let mut summary = std::mem::take(&mut s.summary);
+            summary.vouchers = s.probes.len();
+            for p in s.probes.values() {
+                summary.lag += p.undelivered;
+                summary.pending += p.pending;
+                summary.oldest_pending_ms =
+                    summary.oldest_pending_ms.max(p.oldest_idle_ms.unwrap_or(0));
             }
-        }
-        run.summary.vouchers = visited.len();
-        run.summary.elapsed_ms = run.started.elapsed().as_millis() as u64;
-        let s = &run.summary;
+            summary
+        });
+        summary.elapsed_ms = run.started.elapsed().as_millis() as u64;
+        let s = &summary;
         tracing::info!(
             consumer = %s.consumer,
             vouchers = s.vouchers,
+            probed = s.probed,
             claimed = s.claimed,
             read = s.read,
             inserted = s.inserted,
             duplicates = s.duplicates,
             rejected = s.rejected,
             dead_lettered = s.dead_lettered,
+            released = s.released,
+            aborted_transactions = s.aborted_transactions,
             trimmed = s.trimmed,
             retired = s.retired,
             lag = s.lag,
             pending = s.pending,
+            oldest_pending_ms = s.oldest_pending_ms,
             elapsed_ms = s.elapsed_ms,
             errors = s.errors,
             "drain summary"
         );
-        run.summary
+        summary
+    }
+
+    async fn trim(&self, run: &Run, voucher: VoucherId) {
+        failpoint::hit("before_trim");
+        match self.streams.trim(voucher).await {
+            Ok(t) => run.count(|s| s.trimmed += t.removed),
+            Err(e) => run.record(&DrainError::store("trimming", Some(voucher), e)),
+        }
+        failpoint::hit("after_trim");
     }
 }

@@ -26,6 +26,10 @@ pub use error::DrainError;
 /// The Lambda handler: drains until shortly before the invocation's deadline and returns
 /// the summary; an `Err` (carrying the summary's first error) when anything failed, so
 /// the scheduler's error metric and alarms see it.
+///
+/// Every invocation of one instance reads under the same consumer name
+/// ([`instance_consumer`]): a group then holds one consumer per instance that ever ran,
+/// not one per invocation, and the survey deletes spent ones a few at a time.
 pub async fn handle(
     drainer: &Drainer,
     request_id: &str,
@@ -39,13 +43,14 @@ pub async fn handle(
             .unwrap_or(""),
         "invoked"
     );
-    let consumer = format!("drainer-{}", sanitize(request_id));
+    tracing::debug!(request_id = %sanitize(request_id), "drain invocation");
+    let consumer = instance_consumer();
     let deadline = instant_of_epoch_ms(deadline_epoch_ms).unwrap_or_else(|| {
         // No usable deadline (a local invoke may send none): bound the run by the
         // settings alone.
         Instant::now() + drainer.config().max_run + drainer.config().safety_margin
     });
-    outcome(drainer.run(&consumer, deadline).await)
+    outcome(drainer.run(consumer, deadline).await)
 }
 
 /// `order-drainer --once`: one cycle without the Lambda runtime, deadline = now +
@@ -105,6 +110,12 @@ fn sanitize(s: &str) -> String {
     } else {
         cleaned
     }
+}
+
+/// The consumer name of this process: `drainer-<pid>-<start nanoseconds, hex>`.
+pub fn instance_consumer() -> &'static str {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| format!("drainer-{}", unique_suffix()))
 }
 
 /// `<pid>-<nanoseconds, hex>`: a consumer name no other process uses.

@@ -4,8 +4,10 @@
 //!
 //! 1. [`sort_entries`]: parse each entry of one voucher's stream into an
 //!    [`AdmittedOrder`], or set it aside for the dead-letter stream with a [`Reason`]
-//!    (malformed or missing fields, an order of another voucher, too many deliveries).
-//!    A bad entry only ever affects itself: the good ones of the batch go on.
+//!    (malformed or missing fields, an order of another voucher). A bad entry only ever
+//!    affects itself: the good ones of the batch go on. How often an entry was
+//!    delivered never matters: crashes, timeouts and outages redeliver entries that
+//!    are perfectly good (invariant 3).
 //! 2. [`split`]: given the database's view (the voucher's `stock_left` under lock and the
 //!    existing rows that collide with the batch), decide for each order whether it is
 //!    already recorded (a redelivery: nothing to do), new and `confirmed` (the first
@@ -30,8 +32,9 @@ pub enum Reason {
     BadFields(String),
     /// The entry names a voucher other than its stream's.
     VoucherMismatch,
-    /// Delivered more than `DRAINER_MAX_DELIVERIES` times.
-    TooManyDeliveries,
+    /// The database refused this order alone with a permanent error (the text), after
+    /// its batch was split down to it.
+    Refused(String),
     /// The database has no such voucher.
     UnknownVoucher,
     /// The buyer already holds another order of this voucher (Redis lost its buyers
@@ -48,18 +51,19 @@ impl Reason {
         match self {
             Reason::BadFields(detail) => format!("bad_fields: {detail}"),
             Reason::VoucherMismatch => "voucher_mismatch".into(),
-            Reason::TooManyDeliveries => "too_many_deliveries".into(),
+            Reason::Refused(detail) => format!("refused: {detail}"),
             Reason::UnknownVoucher => "unknown_voucher".into(),
             Reason::DuplicateBuyer => "duplicate_buyer".into(),
             Reason::OrderIdConflict => "order_id_conflict".into(),
         }
     }
 
-    /// Whether the order should also get a `rejected` row, so its buyer sees `rejected`
-    /// instead of `pending` forever. Not when the row's keys belong to another order
-    /// (the buyer's other order, or the id's other owner): the row cannot exist.
+    /// Whether the order must also get a `rejected` row (committed before its dead
+    /// letter), so its buyer sees `rejected` instead of `pending` forever. Not when the
+    /// row's keys belong to another order (the buyer's other order, or the id's other
+    /// owner), nor when the database refused this very row: the row cannot exist.
     pub fn records_rejected_row(&self) -> bool {
-        matches!(self, Reason::TooManyDeliveries | Reason::UnknownVoucher)
+        matches!(self, Reason::UnknownVoucher)
     }
 }
 
@@ -84,21 +88,11 @@ pub struct Sorted {
     pub dead: Vec<Dead>,
 }
 
-/// Parses the entries of `voucher`'s stream; entries delivered more than
-/// `max_deliveries` times are dead-lettered whatever they hold.
-pub fn sort_entries(voucher: VoucherId, entries: &[StreamEntry], max_deliveries: u64) -> Sorted {
+/// Parses the entries of `voucher`'s stream.
+pub fn sort_entries(voucher: VoucherId, entries: &[StreamEntry]) -> Sorted {
     let mut sorted = Sorted::default();
     for (index, entry) in entries.iter().enumerate() {
-        let parsed = parse_entry(voucher, entry);
-        if entry.deliveries > max_deliveries {
-            sorted.dead.push(Dead {
-                index,
-                reason: Reason::TooManyDeliveries,
-                order: parsed.ok(),
-            });
-            continue;
-        }
-        match parsed {
+        match parse_entry(voucher, entry) {
             Ok(order) => sorted.orders.push((index, order)),
             Err(reason) => sorted.dead.push(Dead {
                 index,
@@ -334,32 +328,26 @@ mod tests {
     }
 
     #[test]
-    fn bad_entries_never_block_their_neighbours() {
+    fn bad_entries_never_block_their_neighbours_and_deliveries_never_count() {
         let entries = vec![
             good(1, "a"),
             entry("2-0", &[("junk", "1")], 1),
             good(3, "c"),
             {
+                // Redelivered by a crash loop or an outage: still a good order.
                 let mut e = good(4, "d");
-                e.deliveries = 6;
+                e.deliveries = 1_000;
                 e
             },
             good(5, "e"),
         ];
-        let sorted = sort_entries(v(), &entries, 5);
+        let sorted = sort_entries(v(), &entries);
         let ids: Vec<usize> = sorted.orders.iter().map(|(i, _)| *i).collect();
-        assert_eq!(ids, vec![0, 2, 4]);
-        assert_eq!(sorted.dead.len(), 2);
+        assert_eq!(ids, vec![0, 2, 3, 4]);
+        assert_eq!(sorted.dead.len(), 1);
         assert_eq!(sorted.dead[0].index, 1);
         assert!(matches!(sorted.dead[0].reason, Reason::BadFields(_)));
         assert_eq!(sorted.dead[0].order, None);
-        assert_eq!(sorted.dead[1].reason, Reason::TooManyDeliveries);
-        // A valid order delivered too often keeps its order, for the rejected row.
-        assert_eq!(sorted.dead[1].order.as_ref().map(|o| o.id.get()), Some(4));
-        // Exactly max_deliveries is still fine.
-        let mut fifth = good(6, "f");
-        fifth.deliveries = 5;
-        assert_eq!(sort_entries(v(), &[fifth], 5).orders.len(), 1);
     }
 
     #[test]
@@ -449,14 +437,19 @@ mod tests {
         for r in [
             Reason::BadFields("missing user_id".into()),
             Reason::VoucherMismatch,
-            Reason::TooManyDeliveries,
+            Reason::Refused("Data too long for column 'user_id' at row 1".repeat(3)),
             Reason::UnknownVoucher,
             Reason::DuplicateBuyer,
             Reason::OrderIdConflict,
         ] {
-            assert!(r.text().len() <= 64, "{}", r.text());
+            assert!(
+                r.text().chars().count() <= 64 || matches!(r, Reason::Refused(_)),
+                "{}",
+                r.text()
+            );
         }
-        assert_eq!(Reason::TooManyDeliveries.text(), "too_many_deliveries");
+        assert!(Reason::UnknownVoucher.records_rejected_row());
+        assert!(!Reason::Refused("x".into()).records_rejected_row());
         assert_eq!(Reason::UnknownVoucher.text(), "unknown_voucher");
     }
 }

@@ -118,7 +118,15 @@ impl DataApi {
     /// Rolls back; errors are only logged, since the server also rolls back abandoned
     /// transactions on its own.
     pub async fn rollback(&self, transaction: &str) {
-        if let Err(err) = self
+        if let Err(err) = self.try_rollback(transaction).await {
+            tracing::warn!(error = %err, "rollback failed");
+        }
+    }
+
+    /// Rolls back and says how it went: `Ok(true)` rolled back, `Ok(false)` the server
+    /// no longer knew the transaction (committed, rolled back or expired already).
+    pub async fn try_rollback(&self, transaction: &str) -> Result<bool, StoreError> {
+        match self
             .client
             .rollback_transaction()
             .resource_arn(&self.cluster_arn)
@@ -127,7 +135,9 @@ impl DataApi {
             .send()
             .await
         {
-            tracing::warn!(error = %store_error(err), "rollback failed");
+            Ok(_) => Ok(true),
+            Err(err) if err.code() == Some("TransactionNotFoundException") => Ok(false),
+            Err(err) => Err(store_error(err)),
         }
     }
 
@@ -237,6 +247,12 @@ where
             let code = e.code().unwrap_or("Unknown");
             let message = e.message().unwrap_or("").to_string();
             match code {
+                "DatabaseErrorException" if is_transient_database_error(&message) => {
+                    StoreError::Unavailable {
+                        backend: "data api",
+                        detail: format!("{code}: {message}"),
+                    }
+                }
                 "DatabaseErrorException"
                 | "BadRequestException"
                 | "ForbiddenException"
@@ -251,6 +267,42 @@ where
             backend: "data api",
             detail: aws_smithy_types::error::display::DisplayErrorContext(&err).to_string(),
         },
+    }
+}
+
+/// MySQL errors that the Data API reports as `DatabaseErrorException` although a later
+/// retry can succeed: lock waits (including `NOWAIT`), deadlocks, a writer that turned
+/// read-only during an Aurora failover, a connection killed or lost mid-statement. Sorting
+/// them as permanent would make the drainer blame (and dead-letter) the orders of a batch
+/// for what is the database's passing state.
+pub fn is_transient_database_error(message: &str) -> bool {
+    const PASSING: &[&str] = &[
+        "lock wait timeout",
+        "deadlock found",
+        "nowait is set",
+        "try restarting transaction",
+        "read-only",
+        "read only",
+        "connection was killed",
+        "query execution was interrupted",
+        "server shutdown in progress",
+        "lost connection",
+        "server has gone away",
+        "too many connections",
+    ];
+    let lower = message.to_ascii_lowercase();
+    PASSING.iter().any(|p| lower.contains(p))
+}
+
+/// Whether `err` says a row lock was held by another transaction (`NOWAIT`, or a lock
+/// wait that timed out), as opposed to the database being unreachable.
+pub fn is_lock_conflict(err: &StoreError) -> bool {
+    match err {
+        StoreError::Unavailable { detail, .. } => {
+            let lower = detail.to_ascii_lowercase();
+            lower.contains("lock wait timeout") || lower.contains("nowait is set")
+        }
+        _ => false,
     }
 }
 
@@ -357,5 +409,26 @@ mod tests {
         assert_eq!(parse_datetime("2026-11-22 23:59:59"), Some(ms - 123));
         assert_eq!(parse_datetime("2026-11-22 23:59:59.1"), Some(ms - 23));
         assert_eq!(parse_datetime("garbage"), None);
+    }
+
+    #[test]
+    fn passing_database_states_are_transient_and_data_errors_are_not() {
+        for transient in [
+            "Lock wait timeout exceeded; try restarting transaction",
+            "Deadlock found when trying to get lock; try restarting transaction",
+            "Statement aborted because lock(s) could not be acquired immediately and NOWAIT is set.",
+            "The MySQL server is running with the --read-only option so it cannot execute this statement",
+            "Connection was killed",
+        ] {
+            assert!(is_transient_database_error(transient), "{transient}");
+        }
+        for permanent in [
+            "Duplicate entry '1' for key 'PRIMARY'",
+            "Data too long for column 'user_id' at row 1",
+            "CONSTRAINT `vouchers_stock_left_nonnegative` failed for `seckill`.`vouchers`",
+            "Table 'seckill.orders' doesn't exist",
+        ] {
+            assert!(!is_transient_database_error(permanent), "{permanent}");
+        }
     }
 }

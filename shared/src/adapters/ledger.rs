@@ -3,8 +3,8 @@
 //!
 //! The transaction ([`LedgerTx`]) is a sequence the drainer drives step by step (so it
 //! can decide between steps and crash tests can cut between them):
-//! [`lock_voucher`](LedgerTx::lock_voucher) (`SELECT ... FOR UPDATE`, which serialises
-//! concurrent drainers of one voucher), [`existing_orders`](LedgerTx::existing_orders),
+//! [`lock_voucher`](LedgerTx::lock_voucher) (`SELECT ... FOR UPDATE NOWAIT`, which
+//! serialises concurrent drainers of one voucher and never waits behind a lock), [`existing_orders`](LedgerTx::existing_orders),
 //! [`insert_orders`](LedgerTx::insert_orders), [`take_stock`](LedgerTx::take_stock),
 //! [`commit`](LedgerTx::commit).
 //!
@@ -69,6 +69,13 @@ impl Ledger {
         Ok(LedgerTx { api: &self.api, id })
     }
 
+    /// Rolls back a transaction this client did not begin (one a killed drainer left
+    /// open, holding its row locks until the server's 3-minute expiry). `Ok(false)` when
+    /// it had already ended.
+    pub async fn abort_abandoned(&self, transaction: &str) -> Result<bool, StoreError> {
+        self.api.try_rollback(transaction).await
+    }
+
     /// Records orders as `rejected` with `reason`, outside any batch transaction and
     /// idempotently (`INSERT IGNORE`: an order already in the database, confirmed or not,
     /// is left as it is). Returns the rows inserted.
@@ -94,13 +101,23 @@ pub struct LedgerTx<'a> {
 }
 
 impl LedgerTx<'_> {
+    /// The Data API transaction id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
     /// Locks the voucher row and reads its database stock; `None` when the voucher does
     /// not exist. Holding this lock until commit makes batches of one voucher serial.
+    ///
+    /// `NOWAIT`: when another transaction holds the row, fail at once (a transient
+    /// "lock wait" error) instead of waiting up to `innodb_lock_wait_timeout` (50 s).
+    /// The holder may be a killed drainer's transaction, which the Data API keeps open
+    /// for 3 minutes; the caller decides whether to wait a little or to roll it back.
     pub async fn lock_voucher(&self, voucher: VoucherId) -> Result<Option<i64>, StoreError> {
         let out = self
             .api
             .execute(
-                "SELECT stock_left FROM vouchers WHERE id = :v FOR UPDATE",
+                "SELECT stock_left FROM vouchers WHERE id = :v FOR UPDATE NOWAIT",
                 vec![param::long("v", voucher.get())],
                 Some(&self.id),
             )

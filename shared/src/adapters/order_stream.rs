@@ -32,8 +32,12 @@ static DEAD_LETTER: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/dead_letter.lua")));
 static TRIM: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/trim.lua")));
-static REAP_CONSUMERS: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/reap_consumers.lua")));
+static PROBE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/probe.lua")));
+
+/// Spent consumers one [`OrderStreams::probe`] deletes at most: a long backlog goes in
+/// small steps, never one long script.
+pub const REAP_PER_PROBE: u64 = 8;
 
 /// Field names of an orders-stream entry (written by `lua/admit.lua`).
 pub mod fields {
@@ -103,6 +107,37 @@ pub struct StreamStats {
     pub last_delivered: String,
 }
 
+/// What one voucher's stream needs from the drainer (`lua/probe.lua`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Probe {
+    /// XLEN.
+    pub length: u64,
+    /// Entries delivered and not yet acked.
+    pub pending: u64,
+    /// Entries not yet delivered to the group (exact, or the upper bound
+    /// `length - pending` when Redis cannot tell).
+    pub undelivered: u64,
+    /// True when the group was delivered the newest entry (or the stream is empty).
+    pub fully_delivered: bool,
+    /// True when a pending entry has been idle for the claim threshold.
+    pub claimable: bool,
+    /// Idle time of the oldest pending entry, in ms; `None` when nothing is pending.
+    pub oldest_idle_ms: Option<u64>,
+    /// The sale's end (unix ms); `None` when Redis has no sale hash.
+    pub ends_ms: Option<UnixMillis>,
+    /// The group's last-delivered id.
+    pub last_delivered: String,
+    /// Spent consumers this probe deleted.
+    pub reaped: u64,
+}
+
+impl Probe {
+    /// Whether the drainer has anything to do here: new entries, or idle ones to claim.
+    pub fn has_work(&self) -> bool {
+        self.undelivered > 0 || !self.fully_delivered || self.claimable
+    }
+}
+
 /// What [`OrderStreams::trim`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Trimmed {
@@ -166,6 +201,126 @@ impl OrderStreams {
             Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Probes one voucher's stream in one script call (`lua/probe.lua`): makes its drain
+    /// group if missing, reports what the drainer has to do there ([`Probe`]), and
+    /// deletes up to [`REAP_PER_PROBE`] spent consumers other than `consumer` (and
+    /// `consumer` itself if it holds nothing and `leaving`).
+    pub async fn probe(
+        &self,
+        voucher: VoucherId,
+        consumer: &str,
+        min_idle: Duration,
+        leaving: bool,
+    ) -> Result<Probe, StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let reply: Vec<Value> = PROBE
+            .key(&k.orders)
+            .key(&k.sale)
+            .arg(keys::DRAIN_GROUP)
+            .arg(min_idle.as_millis() as u64)
+            .arg(consumer)
+            .arg(REAP_PER_PROBE)
+            .arg(if leaving { "1" } else { "0" })
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let bad = || StoreError::Corrupt(format!("probe of voucher {voucher} replied {reply:?}"));
+        let int = |i: usize| match reply.get(i) {
+            Some(Value::Int(n)) => Ok(*n),
+            _ => Err(bad()),
+        };
+        let (length, pending, undelivered) = (int(0)?, int(1)?, int(2)?);
+        let (fully, claimable, oldest_idle, ends) = (int(3)?, int(4)?, int(5)?, int(6)?);
+        let last_delivered = reply.get(7).cloned().and_then(string_of).ok_or_else(bad)?;
+        let reaped = int(8)?;
+        let count = |n: i64| u64::try_from(n).map_err(|_| bad());
+        let (length, pending, undelivered) = (count(length)?, count(pending)?, count(undelivered)?);
+        Ok(Probe {
+            length,
+            pending,
+            undelivered,
+            fully_delivered: fully == 1,
+            claimable: claimable == 1,
+            oldest_idle_ms: u64::try_from(oldest_idle).ok(),
+            ends_ms: (ends >= 0).then_some(ends),
+            last_delivered,
+            reaped: count(reaped)?,
+        })
+    }
+
+    /// Gives pending entries back: they stay pending (never lost) but are marked idle for
+    /// `idle`, so the next drainer's XAUTOCLAIM takes them at once instead of after the
+    /// claim threshold. For entries a run read but will not finish (a transient failure,
+    /// or no time left). `JUSTID` leaves their delivery counts alone. Returns how many
+    /// were still pending.
+    pub async fn release(
+        &self,
+        voucher: VoucherId,
+        consumer: &str,
+        ids: &[&str],
+        idle: Duration,
+    ) -> Result<u64, StoreError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let k = VoucherKeys::new(voucher);
+        let released: Vec<String> = redis::cmd("XCLAIM")
+            .arg(&k.orders)
+            .arg(keys::DRAIN_GROUP)
+            .arg(consumer)
+            .arg(0)
+            .arg(ids)
+            .arg("IDLE")
+            .arg(idle.as_millis() as u64)
+            .arg("JUSTID")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(released.len() as u64)
+    }
+
+    /// Records an open drainer transaction of `voucher` (see [`VoucherKeys::drain_tx`]).
+    pub async fn register_tx(
+        &self,
+        voucher: VoucherId,
+        transaction: &str,
+        consumer: &str,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let _: i64 = self
+            .conn
+            .clone()
+            .hset(&k.drain_tx, transaction, format!("{consumer} {now}"))
+            .await?;
+        Ok(())
+    }
+
+    /// Forgets an ended transaction.
+    pub async fn unregister_tx(
+        &self,
+        voucher: VoucherId,
+        transaction: &str,
+    ) -> Result<(), StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let _: i64 = self.conn.clone().hdel(&k.drain_tx, transaction).await?;
+        Ok(())
+    }
+
+    /// The open drainer transactions recorded for `voucher`: (transaction id, consumer).
+    pub async fn registered_txs(
+        &self,
+        voucher: VoucherId,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let all: HashMap<String, String> = self.conn.clone().hgetall(&k.drain_tx).await?;
+        Ok(all
+            .into_iter()
+            .map(|(tx, v)| {
+                let consumer = v.split_once(' ').map(|(c, _)| c).unwrap_or(&v).to_string();
+                (tx, consumer)
+            })
+            .collect())
     }
 
     /// One page of `XAUTOCLAIM` from `cursor` (start with `"0-0"`): entries idle for at
@@ -350,25 +505,6 @@ impl OrderStreams {
             fully_delivered,
             last_delivered: group.last_delivered_id,
         }))
-    }
-
-    /// Deletes drain-group consumers with no pending entries: `consumer` itself, and
-    /// others idle for at least `min_idle` (`lua/reap_consumers.lua`). Returns how many.
-    pub async fn reap_consumers(
-        &self,
-        voucher: VoucherId,
-        consumer: &str,
-        min_idle: Duration,
-    ) -> Result<u64, StoreError> {
-        let k = VoucherKeys::new(voucher);
-        let deleted: u64 = REAP_CONSUMERS
-            .key(&k.orders)
-            .arg(keys::DRAIN_GROUP)
-            .arg(consumer)
-            .arg(min_idle.as_millis() as u64)
-            .invoke_async(&mut self.conn.clone())
-            .await?;
-        Ok(deleted)
     }
 
     /// When the voucher's sale ends (`ends_ms` of its sale hash), if Redis has the sale.

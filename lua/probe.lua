@@ -1,0 +1,103 @@
+-- Probe: what one voucher's orders stream needs from the drainer, in one round trip.
+--
+-- KEYS[1] orders stream seckill:{<voucher>}:orders
+-- KEYS[2] sale hash     seckill:{<voucher>}:sale
+-- ARGV[1] consumer group, ARGV[2] min idle (ms) before a pending entry may be claimed,
+-- ARGV[3] the caller's consumer name, ARGV[4] the most spent consumers to delete,
+-- ARGV[5] '1' to delete the caller's own consumer too when it holds nothing (its run
+-- is ending)
+--
+-- Returns {length, pending, undelivered, fully_delivered, claimable, oldest_idle_ms,
+--          ends_ms, last_delivered, reaped}:
+--   undelivered     entries not yet delivered to the group (XINFO lag; when Redis cannot
+--                   tell, 0 if the newest entry was delivered, else length - pending)
+--   fully_delivered 1 when the group was delivered the newest entry (or none exist)
+--   claimable       1 when some pending entry has been idle for at least ARGV[2]
+--   oldest_idle_ms  idle time of the oldest pending entry, -1 when none is pending
+--   ends_ms         the sale's end (unix ms), -1 when Redis has no sale hash
+--   reaped          spent consumers deleted
+--
+-- Consumer hygiene rides along: up to ARGV[4] other consumers that hold no pending entry
+-- and were idle for the claim threshold (killed or retired drainers) are deleted, so the
+-- group's consumer list never grows without bound, in small steps on a slot that also
+-- serves admissions. XGROUP DELCONSUMER drops a consumer's pending entries with it, so a
+-- consumer with any pending entry is never deleted, and the check and the delete happen
+-- in this one script.
+--
+-- The drainer probes every active voucher with this one script instead of ~7 commands,
+-- and only reads, claims or trims where the probe found work. It also makes the stream
+-- and the drain group when missing (MKSTREAM, from id 0 so nothing admitted before is
+-- skipped), so no other call is needed before a read. Both keys share the {<voucher>} tag.
+
+local function less(a, b)
+  local ams, aseq = string.match(a, '^(%d+)-(%d+)$')
+  local bms, bseq = string.match(b, '^(%d+)-(%d+)$')
+  if ams == nil or bms == nil then return a < b end
+  local function lt(x, y)
+    if #x ~= #y then return #x < #y end
+    return x < y
+  end
+  if ams ~= bms then return lt(ams, bms) end
+  return lt(aseq, bseq)
+end
+
+local group = ARGV[1]
+local ends = tonumber(redis.call('HGET', KEYS[2], 'ends_ms') or '-1') or -1
+
+local info = nil
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+    local t = {}
+    for i = 1, #g, 2 do t[g[i]] = g[i + 1] end
+    if t['name'] == group then info = t end
+  end
+end
+if info == nil then
+  redis.call('XGROUP', 'CREATE', KEYS[1], group, '0', 'MKSTREAM')
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+    local t = {}
+    for i = 1, #g, 2 do t[g[i]] = g[i + 1] end
+    if t['name'] == group then info = t end
+  end
+end
+
+local length = redis.call('XLEN', KEYS[1])
+local pending = tonumber(info['pending']) or 0
+local last_delivered = info['last-delivered-id'] or '0-0'
+local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+local fully = 1
+if #newest > 0 and less(last_delivered, newest[1][1]) then fully = 0 end
+local undelivered
+if type(info['lag']) == 'number' then
+  undelivered = info['lag']
+elseif fully == 1 then
+  undelivered = 0
+else
+  undelivered = length - pending
+end
+
+local claimable, oldest_idle = 0, -1
+if pending > 0 then
+  local oldest = redis.call('XPENDING', KEYS[1], group, '-', '+', 1)
+  if #oldest > 0 then oldest_idle = oldest[1][3] end
+  local idle = redis.call('XPENDING', KEYS[1], group, 'IDLE', ARGV[2], '-', '+', 1)
+  if #idle > 0 then claimable = 1 end
+end
+
+local reaped = 0
+local most = tonumber(ARGV[4]) or 0
+if most > 0 then
+  for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], group)) do
+    if reaped >= most then break end
+    local t = {}
+    for i = 1, #c, 2 do t[c[i]] = c[i + 1] end
+    local own = t['name'] == ARGV[3]
+    if tonumber(t['pending']) == 0
+      and ((own and ARGV[5] == '1') or (not own and tonumber(t['idle']) >= tonumber(ARGV[2]))) then
+      redis.call('XGROUP', 'DELCONSUMER', KEYS[1], group, t['name'])
+      reaped = reaped + 1
+    end
+  end
+end
+
+return {length, pending, undelivered, fully, claimable, oldest_idle, ends, last_delivered, reaped}
