@@ -765,3 +765,134 @@ async fn rows_carry_the_admitted_user_and_time_exactly() {
     assert_eq!(ctx.db_stock_left(v.id).await, 2);
     ctx.cleanup().await;
 }
+
+/// Makes `n` vouchers of `stock` units on sale now, straight in the database (one
+/// multi-row INSERT per thousand) and preloaded in Redis, ids from `first_id`.
+async fn many_vouchers(ctx: &DrainCtx, first_id: i64, n: i64, stock: i64) -> Vec<Voucher> {
+    use futures::StreamExt;
+    use mysql_async::prelude::Queryable;
+    let now = now_millis();
+    let window = SaleWindow::new(now - 60_000, now + 3_600_000).unwrap();
+    let mut conn = ctx.mysql().await;
+    let ids: Vec<i64> = (first_id..first_id + n).collect();
+    for chunk in ids.chunks(1_000) {
+        let values: Vec<String> = chunk
+            .iter()
+            .map(|id| {
+                format!(
+                    "({id}, 'scale', {stock}, {stock}, \
+                     NOW(3) - INTERVAL 1 MINUTE, NOW(3) + INTERVAL 1 HOUR)"
+                )
+            })
+            .collect();
+        conn.query_drop(format!(
+            "INSERT INTO vouchers (id, title, stock, stock_left, begins_at, ends_at) VALUES {}",
+            values.join(",")
+        ))
+        .await
+        .expect("vouchers inserted");
+    }
+    conn.disconnect().await.ok();
+    let vouchers: Vec<Voucher> = ids
+        .iter()
+        .map(|&id| Voucher {
+            id: VoucherId::new(id).unwrap(),
+            title: "scale".into(),
+            stock,
+            db_stock_left: stock,
+            window,
+        })
+        .collect();
+    futures::stream::iter(&vouchers)
+        .for_each_concurrent(64, |v| async move {
+            ctx.sales.preload(v).await.expect("preload");
+        })
+        .await;
+    vouchers
+}
+
+/// Ten thousand open sales with two orders each, and three hot sales of 500 at the top
+/// of the id range (the old drainer visited vouchers in id order and spent its run on
+/// per-voucher maintenance, so these waited for many runs). Every order must land within
+/// a few runs, the hot sales in the first, and no run may overrun its time budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_thousand_open_sales_drain_within_a_few_runs_hot_ones_first() {
+    use futures::StreamExt;
+    const SMALL: i64 = 10_000;
+    const PER_SMALL: usize = 2;
+    const HOT: i64 = 3;
+    const PER_HOT: usize = 500;
+    let ctx = DrainCtx::start().await;
+    let small = many_vouchers(&ctx, 1, SMALL, 10).await;
+    let hot = many_vouchers(&ctx, 1_000_000, HOT, PER_HOT as i64).await;
+    let hot_ids: Vec<OrderId> = futures::stream::iter(&hot)
+        .map(|v| ctx.admit(v.id, "hot", PER_HOT))
+        .buffer_unordered(3)
+        .collect::<Vec<_>>()
+        .await
+        .concat();
+    let small_ids: Vec<OrderId> = futures::stream::iter(&small)
+        .map(|v| ctx.admit(v.id, "u", PER_SMALL))
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await
+        .concat();
+    let total = hot_ids.len() + small_ids.len();
+
+    let mut cfg = ctx.drainer_config();
+    cfg.batch_size = 100;
+    cfg.concurrency = 8;
+    cfg.max_run = Duration::from_secs(8);
+    cfg.safety_margin = Duration::from_secs(1);
+    let budget = cfg.max_run + cfg.safety_margin;
+    let mut runs = Vec::new();
+    let db_count = |ctx: &DrainCtx| {
+        let url = crate_url(ctx);
+        async move {
+            use mysql_async::prelude::Queryable;
+            let mut conn = seckill_tests::mysql::connect(&url).await;
+            let n: Option<u64> = conn
+                .query_first("SELECT COUNT(*) FROM orders")
+                .await
+                .unwrap();
+            let hot_rows: Option<u64> = conn
+                .query_first("SELECT COUNT(*) FROM orders WHERE voucher_id >= 1000000")
+                .await
+                .unwrap();
+            conn.disconnect().await.ok();
+            (n.unwrap_or(0) as usize, hot_rows.unwrap_or(0) as usize)
+        }
+    };
+    for run in 1..=6 {
+        let started = Instant::now();
+        let s = ctx.drain(cfg.clone()).await;
+        let took = started.elapsed();
+        println!(
+            "run {run}: {took:?} probed {} read {} inserted {} errors {} lag {}",
+            s.probed, s.read, s.inserted, s.errors, s.lag
+        );
+        assert!(
+            took <= budget + Duration::from_millis(500),
+            "run {run} took {took:?}, over its budget {budget:?}: {s:?}"
+        );
+        assert_eq!((s.errors, s.dead_lettered), (0, 0), "run {run}: {s:?}");
+        let (rows, hot_rows) = db_count(&ctx).await;
+        if run == 1 {
+            assert_eq!(hot_rows, hot_ids.len(), "hot sales drain in the first run: {s:?}");
+        }
+        runs.push(s);
+        if rows == total {
+            break;
+        }
+    }
+    let (rows, _) = db_count(&ctx).await;
+    assert_eq!(rows, total, "every order within {} runs: {runs:#?}", runs.len());
+    assert!(runs.len() <= 4, "took {} runs", runs.len());
+    let inserted: u64 = runs.iter().map(|s| s.inserted).sum();
+    assert_eq!(inserted as usize, total);
+    ctx.cleanup().await;
+}
+
+fn crate_url(ctx: &DrainCtx) -> String {
+    seckill_tests::mysql::url_with_database(&ctx.mysql_url, &ctx.database)
+}
