@@ -878,7 +878,11 @@ async fn ten_thousand_open_sales_drain_within_a_few_runs_hot_ones_first() {
         assert_eq!((s.errors, s.dead_lettered), (0, 0), "run {run}: {s:?}");
         let (rows, hot_rows) = db_count(&ctx).await;
         if run == 1 {
-            assert_eq!(hot_rows, hot_ids.len(), "hot sales drain in the first run: {s:?}");
+            assert_eq!(
+                hot_rows,
+                hot_ids.len(),
+                "hot sales drain in the first run: {s:?}"
+            );
         }
         runs.push(s);
         if rows == total {
@@ -886,7 +890,12 @@ async fn ten_thousand_open_sales_drain_within_a_few_runs_hot_ones_first() {
         }
     }
     let (rows, _) = db_count(&ctx).await;
-    assert_eq!(rows, total, "every order within {} runs: {runs:#?}", runs.len());
+    assert_eq!(
+        rows,
+        total,
+        "every order within {} runs: {runs:#?}",
+        runs.len()
+    );
     assert!(runs.len() <= 4, "took {} runs", runs.len());
     let inserted: u64 = runs.iter().map(|s| s.inserted).sum();
     assert_eq!(inserted as usize, total);

@@ -4,12 +4,14 @@
 //! `seckill:{<vid>}:orders`; the drainer reads them through the consumer group
 //! [`keys::DRAIN_GROUP`]. This module keeps the stream invariants the drainer relies on:
 //!
-//! - the group exists before any read ([`OrderStreams::ensure_group`], `BUSYGROUP` is
-//!   fine), so `NOGROUP` never happens;
+//! - the group exists before any read: preloading a sale makes it, and
+//!   [`OrderStreams::probe`], the drainer's first call on every stream, makes it again
+//!   where it is missing, so `NOGROUP` never happens;
 //! - an entry leaves the pending list only by [`OrderStreams::ack`] (after its batch is
 //!   committed) or by [`OrderStreams::dead_letter`], which copies it to
 //!   `seckill:{<vid>}:dead` and acks it in one script (`lua/dead_letter.lua`), so an
 //!   entry is never acked without being either in the database or in the dead letters;
+//!   [`OrderStreams::release`] gives unfinished entries back without acking them;
 //! - [`OrderStreams::trim`] removes only entries every group has acked and that were
 //!   delivered (`lua/trim.lua`, `XTRIM MINID` below both bounds), never `MAXLEN`;
 //! - every script gets all its keys in `KEYS`, with the voucher's one hash tag.
@@ -182,25 +184,6 @@ impl OrderStreams {
             .srem(keys::ACTIVE_VOUCHERS, voucher.get())
             .await?;
         Ok(removed == 1)
-    }
-
-    /// Creates the drain group (and the stream) if missing. Reading from position `0`
-    /// means a group created after admissions began still sees every entry.
-    pub async fn ensure_group(&self, voucher: VoucherId) -> Result<(), StoreError> {
-        let k = VoucherKeys::new(voucher);
-        let created: Result<(), redis::RedisError> = redis::cmd("XGROUP")
-            .arg("CREATE")
-            .arg(&k.orders)
-            .arg(keys::DRAIN_GROUP)
-            .arg("0")
-            .arg("MKSTREAM")
-            .query_async(&mut self.conn.clone())
-            .await;
-        match created {
-            Ok(()) => Ok(()),
-            Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
-            Err(e) => Err(e.into()),
-        }
     }
 
     /// Probes one voucher's stream in one script call (`lua/probe.lua`): makes its drain
