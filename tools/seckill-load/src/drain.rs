@@ -12,6 +12,9 @@
 //!   stock_left > 0`, INSERT, commit), then XACK; one consumer, as in the tutorial.
 //! - **database floor**: multi-row INSERTs straight into MariaDB (mysql_async, no Data
 //!   API), one connection.
+//! - **spread**: the same N orders spread evenly over 1, 10 and 100 sales at once, one
+//!   invocation of ours (the sweep's best batch size, `DRAINER_CONCURRENCY` at its
+//!   default) draining them all: how the rate holds when many sales drain together.
 //!
 //! Every variant is checked afterwards: the database holds exactly the N orders, one per
 //! user, and the voucher's stock went down by N.
@@ -52,14 +55,20 @@ pub struct DrainOptions {
     pub floor_batch: usize,
     /// Run the tutorial consumer and the database floor too.
     pub baseline: bool,
+    /// Numbers of sales the N orders are spread over, each drained by one invocation.
+    #[serde(default)]
+    pub sales: Vec<usize>,
 }
 
 /// One drain run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DrainRun {
-    /// `ours`, `tutorial`, `db-floor`.
+    /// `ours`, `tutorial`, `db-floor`, `spread`.
     pub variant: String,
     pub batch_size: usize,
+    /// Sales the orders were spread over (1 but for `spread`).
+    #[serde(default = "one")]
+    pub sales: usize,
     pub orders: u64,
     pub elapsed_s: f64,
     pub orders_per_s: f64,
@@ -74,6 +83,13 @@ pub struct DrainReport {
     pub ours: Vec<DrainRun>,
     pub tutorial: Option<DrainRun>,
     pub db_floor: Option<DrainRun>,
+    /// Ours over 1, 10, 100 sales at once.
+    #[serde(default)]
+    pub spread: Vec<DrainRun>,
+}
+
+fn one() -> usize {
+    1
 }
 
 impl DrainReport {
@@ -89,6 +105,7 @@ impl DrainReport {
             .iter()
             .chain(self.tutorial.iter())
             .chain(self.db_floor.iter())
+            .chain(self.spread.iter())
     }
 }
 
@@ -145,6 +162,23 @@ pub async fn drain(bench: &Bench, o: &DrainOptions, ui: &Ui) -> anyhow::Result<D
         );
         ours.push(r);
     }
+    let best = ours
+        .iter()
+        .max_by(|a: &&DrainRun, b: &&DrainRun| a.orders_per_s.total_cmp(&b.orders_per_s))
+        .map(|r| r.batch_size)
+        .unwrap_or(order_drainer::config::defaults::BATCH_SIZE);
+    let mut spread = Vec::new();
+    for &k in &o.sales {
+        if ui.stopped() {
+            break;
+        }
+        let r = drain_spread(bench, o.orders, k, best, &tokens, ui).await?;
+        eprintln!(
+            "  drain  spread over {:>4} sales (batch {}): {:>7} orders in {:>6.2} s = {:>8.0} orders/s",
+            k, best, r.orders, r.elapsed_s, r.orders_per_s
+        );
+        spread.push(r);
+    }
     let (mut tutorial, mut db_floor) = (None, None);
     if o.baseline && !ui.stopped() {
         let t = drain_tutorial(bench, o.tutorial_orders, &tokens, ui).await?;
@@ -165,6 +199,7 @@ pub async fn drain(bench: &Bench, o: &DrainOptions, ui: &Ui) -> anyhow::Result<D
         ours,
         tutorial,
         db_floor,
+        spread,
     })
 }
 
@@ -172,6 +207,16 @@ pub async fn drain(bench: &Bench, o: &DrainOptions, ui: &Ui) -> anyhow::Result<D
 fn drainer_config(
     bench: &Bench,
     voucher: VoucherId,
+    batch: usize,
+    max_run: Duration,
+) -> anyhow::Result<DrainerConfig> {
+    drainer_config_for(bench, &[voucher], batch, max_run)
+}
+
+/// The drainer's configuration for the run's database, restricted to `vouchers`.
+fn drainer_config_for(
+    bench: &Bench,
+    vouchers: &[VoucherId],
     batch: usize,
     max_run: Duration,
 ) -> anyhow::Result<DrainerConfig> {
@@ -191,7 +236,8 @@ fn drainer_config(
     }
     vars.insert("DATA_API_TIMEOUT_MS".into(), "30000".into());
     vars.insert("DRAINER_BATCH_SIZE".into(), batch.to_string());
-    vars.insert("DRAINER_VOUCHERS".into(), voucher.to_string());
+    let list: Vec<String> = vouchers.iter().map(|v| v.to_string()).collect();
+    vars.insert("DRAINER_VOUCHERS".into(), list.join(","));
     vars.insert("DRAINER_MAX_RUN_MS".into(), max_run.as_millis().to_string());
     vars.insert(
         "DRAINER_MIN_IDLE_MS".into(),
@@ -210,7 +256,7 @@ async fn fill(
     tokens: &Arc<Tokens>,
     ui: &Ui,
 ) -> anyhow::Result<()> {
-    let callers = 16;
+    let callers = (n as usize).clamp(1, 16);
     let drivers = try_join_all(
         (0..callers).map(|_| AdapterCaller::new(&bench.http.redis, voucher.id, tokens.clone())),
     )
@@ -302,7 +348,90 @@ async fn drain_ours(
     }
     Ok(DrainRun {
         variant: "ours".into(),
+        sales: 1,
         batch_size: batch,
+        orders: n,
+        elapsed_s: elapsed.as_secs_f64(),
+        orders_per_s: n as f64 / elapsed.as_secs_f64().max(1e-9),
+        summary: summary.and_then(|s| serde_json::to_value(s).ok()),
+        checks,
+    })
+}
+
+/// `n` orders spread evenly over `sales` sales, drained together by one invocation.
+async fn drain_spread(
+    bench: &Bench,
+    n: u64,
+    sales: usize,
+    batch: usize,
+    tokens: &Arc<Tokens>,
+    ui: &Ui,
+) -> anyhow::Result<DrainRun> {
+    anyhow::ensure!(sales >= 1 && n >= sales as u64, "need at least one order per sale");
+    let per = n / sales as u64;
+    let n = per * sales as u64;
+    let mut vouchers = Vec::with_capacity(sales);
+    for i in 0..sales {
+        let v = bench
+            .voucher(&format!("bench drain spread {sales}/{i}"), per as i64, false)
+            .await?;
+        fill(bench, &v, per, tokens, ui).await?;
+        vouchers.push(v);
+    }
+    let ids: Vec<VoucherId> = vouchers.iter().map(|v| v.id).collect();
+    let max_run = ui.max_run;
+    let drainer = Drainer::connect(drainer_config_for(bench, &ids, batch, max_run)?)
+        .await
+        .map_err(|e| anyhow::anyhow!("connecting the drainer: {e}"))?;
+    let streams = OrderStreams::new(bench.redis.clone());
+    let bar = ui.bar(n, &format!("drain {sales} sales"));
+    let consumer = format!("bench-{}", bench.run_id);
+    let start = Instant::now();
+    let invocation = drainer.run(&consumer, start + max_run);
+    let watch = async {
+        // Only the sales not yet drained are asked again, so the watcher's own Redis
+        // calls shrink as the drain progresses.
+        let mut open: Vec<VoucherId> = ids.clone();
+        let mut done = 0;
+        loop {
+            let mut still = Vec::with_capacity(open.len());
+            for &v in &open {
+                match streams.stats(v).await? {
+                    Some(st) if st.pending == 0 && st.undelivered == 0 && st.lag_exact => {
+                        done += per;
+                    }
+                    _ => still.push(v),
+                }
+            }
+            open = still;
+            bar.set_position(done);
+            if open.is_empty() {
+                return anyhow::Ok(start.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let (elapsed, summary) = tokio::select! {
+        s = invocation => (start.elapsed(), Some(s)),
+        w = watch => (w?, None),
+    };
+    bar.finish_and_clear();
+    let mut checks = Vec::new();
+    for &v in &ids {
+        checks.extend(db_checks(bench, v, per, Some(0)).await?);
+        bench.release_voucher(v).await?;
+    }
+    if let Some(s) = &summary {
+        checks.push(Check::new(
+            "the invocation drained everything before its time was up",
+            false,
+            format!("{s:?}"),
+        ));
+    }
+    Ok(DrainRun {
+        variant: "spread".into(),
+        batch_size: batch,
+        sales,
         orders: n,
         elapsed_s: elapsed.as_secs_f64(),
         orders_per_s: n as f64 / elapsed.as_secs_f64().max(1e-9),
@@ -409,6 +538,7 @@ async fn drain_tutorial(
         .await?;
     Ok(DrainRun {
         variant: "tutorial".into(),
+        sales: 1,
         batch_size: 1,
         orders: done,
         elapsed_s: elapsed.as_secs_f64(),
@@ -529,6 +659,7 @@ async fn drain_floor(bench: &Bench, n: u64, batch: usize) -> anyhow::Result<Drai
     bench.release_voucher(voucher.id).await?;
     Ok(DrainRun {
         variant: "db-floor".into(),
+        sales: 1,
         batch_size: batch,
         orders: n,
         elapsed_s: elapsed.as_secs_f64(),

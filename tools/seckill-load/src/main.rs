@@ -151,6 +151,10 @@ struct DrainArgs {
     /// Rows per INSERT of the database floor
     #[arg(long, default_value_t = 1000)]
     floor_batch: usize,
+    /// Sales the orders are spread over, each count drained by one invocation
+    /// [default: 1,10,100]
+    #[arg(long, value_delimiter = ',')]
+    sales: Option<Vec<usize>>,
 }
 
 #[derive(Args, Clone, Default)]
@@ -304,6 +308,7 @@ impl Sizes {
             tutorial_orders: self.n(a.tutorial_orders, 3_000, 300),
             floor_batch: a.floor_batch.max(1),
             baseline,
+            sales: a.sales.clone().unwrap_or_else(|| vec![1, 10, 100]),
         }
     }
 

@@ -454,6 +454,20 @@ pub fn rows(r: &Results) -> Vec<Row> {
             "",
             None,
         ));
+        if let Some(single) = d.spread.iter().find(|r| r.sales == 1) {
+            for many in d.spread.iter().filter(|r| r.sales > 1) {
+                rows.push(ratio_row(
+                    &format!(
+                        "drain (N={}): {} sales at once vs 1 sale (batch {})",
+                        many.orders, many.sales, many.batch_size
+                    ),
+                    many.orders_per_s,
+                    single.orders_per_s,
+                    "orders/s",
+                    0.5,
+                ));
+            }
+        }
     }
     if let Some(l) = &r.commit_latency {
         rows.push(value_row(
@@ -637,13 +651,14 @@ pub fn results_markdown(r: &Results, rows: &[Row], svg_link: &str) -> String {
     if let Some(d) = &r.drain {
         let _ = writeln!(
             s,
-            "\n| drain | batch | orders | elapsed | orders/s |\n|---|---:|---:|---:|---:|"
+            "\n| drain | sales | batch | orders | elapsed | orders/s |\n|---|---:|---:|---:|---:|---:|"
         );
         for x in d.runs() {
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {:.2} s | {} |",
+                "| {} | {} | {} | {} | {:.2} s | {} |",
                 x.variant,
+                x.sales,
                 x.batch_size,
                 thousands(x.orders as f64),
                 x.elapsed_s,
