@@ -15,8 +15,11 @@ use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Script, Value};
 use crate::config::RedisConfig;
 use crate::domain::{Admission, OrderId, SaleWindow, UnixMillis, UserId, Voucher, VoucherId};
 use crate::error::StoreError;
-use crate::keys::{self, SequenceKeys, VoucherKeys};
-use crate::order_id::{self, BLOCK, DAY_KEY_TTL_SECS, IdBlocks, Take};
+use crate::keys::{self, IdKeys, VoucherKeys};
+use crate::order_id::{
+    self, CLOCK_BEHIND_JUMP_MS, DAY_KEY_TTL_SECS, EPOCH_UNIX_MS, IdBlocks, Lease, SLOTS_PER_MS,
+    Take,
+};
 
 static ADMIT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/admit.lua")));
@@ -218,31 +221,57 @@ impl RedisSales {
         Ok(held.and_then(OrderId::new))
     }
 
-    /// Leases a block of order-id sequence numbers of `day` for `voucher`; returns the
-    /// block's highest number.
-    pub async fn lease_block(&self, voucher: VoucherId, day: i64) -> Result<u32, StoreError> {
-        let k = SequenceKeys::for_day(&order_id::day_name(day));
-        let last: i64 = LEASE
-            .key(&k.seq)
-            .key(&k.blocks)
-            .arg(BLOCK)
-            .arg(voucher.get())
-            .arg(DAY_KEY_TTL_SECS)
-            .invoke_async(&mut self.conn.clone())
-            .await?;
-        u32::try_from(last).map_err(|_| StoreError::Corrupt(format!("lease returned {last}")))
+    /// Leases a block of order ids for `voucher` (`lua/lease.lua`): returns its stamp.
+    /// `day` is the caller's guess of the UTC day the lease falls on (the block map of
+    /// that day is the script's key); when the server's clock says otherwise the script
+    /// writes nothing and names the day, and the call is made once more with it.
+    pub async fn lease_block(&self, voucher: VoucherId, day: i64) -> Result<Lease, StoreError> {
+        let mut day = day;
+        for _ in 0..2 {
+            let k = IdKeys::for_day(&order_id::day_name(day));
+            // {ms, slot}, or {-1, day} when the lease falls on another day.
+            let (ms, slot_or_day): (i64, i64) = LEASE
+                .key(&k.clock)
+                .key(&k.blocks)
+                .arg(voucher.get())
+                .arg(day)
+                .arg(DAY_KEY_TTL_SECS)
+                .arg(EPOCH_UNIX_MS)
+                .arg(CLOCK_BEHIND_JUMP_MS)
+                .arg(SLOTS_PER_MS)
+                .invoke_async(&mut self.conn.clone())
+                .await?;
+            if ms == -1 {
+                day = slot_or_day;
+                continue;
+            }
+            return Lease::new(ms, slot_or_day).ok_or_else(|| {
+                StoreError::Corrupt(format!(
+                    "lease script returned the stamp {ms}:{slot_or_day}"
+                ))
+            });
+        }
+        Err(StoreError::Unavailable {
+            backend: "redis",
+            detail: "the lease script named another UTC day twice".into(),
+        })
     }
 
     /// The voucher an order id was issued for (see [`crate::order_id`]).
     pub async fn voucher_of_order(&self, id: OrderId) -> Result<Option<VoucherId>, StoreError> {
         let parts = order_id::OrderIdParts::of(id);
-        let k = SequenceKeys::for_day(&order_id::day_name(parts.day()));
-        let v: Option<i64> = self.conn.clone().hget(&k.blocks, parts.block()).await?;
+        let k = IdKeys::for_day(&order_id::day_name(parts.day()));
+        let v: Option<i64> = self
+            .conn
+            .clone()
+            .hget(&k.blocks, parts.block_field())
+            .await?;
         Ok(v.and_then(VoucherId::new))
     }
 }
 
 /// Issues order ids from leased blocks: on average 1/1024 of a Redis round trip each.
+/// One per instance; its blocks live in its memory only.
 #[derive(Debug, Default)]
 pub struct OrderIds {
     blocks: Mutex<IdBlocks>,
@@ -263,14 +292,9 @@ impl OrderIds {
             let take = self.lock().take(voucher, now);
             match take {
                 Take::Id(id) => return Ok(id),
-                Take::ClockOutOfRange => {
-                    return Err(StoreError::Corrupt(format!(
-                        "clock {now} ms is outside the order id epoch"
-                    )));
-                }
                 Take::Lease { day } => {
-                    let last = sales.lease_block(voucher, day).await?;
-                    self.lock().add(voucher, day, last);
+                    let lease = sales.lease_block(voucher, day).await?;
+                    self.lock().add(voucher, lease, now);
                 }
             }
         }
