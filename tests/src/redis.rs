@@ -183,6 +183,131 @@ impl Drop for RedisServer {
     }
 }
 
+/// A TCP proxy in front of a Redis node that can lose one reply: once [`Self::arm`]ed,
+/// the first command containing both `needles` is forwarded, and when Redis answers, the
+/// answer is thrown away and the client's connection is cut, as by a connection reset or
+/// a failover right after the server ran the command. Everything else passes through.
+///
+/// Cluster clients route by the addresses the node announces; point them here with
+/// [`Self::announce_through`].
+pub struct ReplyDropper {
+    pub port: u16,
+    armed: std::sync::Arc<std::sync::Mutex<Option<Vec<Vec<u8>>>>>,
+    dropped: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ReplyDropper {
+    /// Listens on a free loopback port and forwards to `upstream_port`.
+    pub async fn start(upstream_port: u16) -> ReplyDropper {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let armed = std::sync::Arc::new(std::sync::Mutex::new(None::<Vec<Vec<u8>>>));
+        let dropped = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (a, d) = (armed.clone(), dropped.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let (a, d) = (a.clone(), d.clone());
+                tokio::spawn(async move {
+                    if let Ok(up) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", upstream_port)).await
+                    {
+                        proxy(client, up, a, d).await;
+                    }
+                });
+            }
+        });
+        ReplyDropper {
+            port,
+            armed,
+            dropped,
+            task,
+        }
+    }
+
+    /// Makes the node announce this proxy's port in its cluster topology, so cluster
+    /// clients that connect here keep all their traffic here.
+    pub async fn announce_through(&self, node: &RedisServer) {
+        let client = redis::Client::open(node.url()).expect("node url");
+        let mut con = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to node");
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-announce-port")
+            .arg(self.port)
+            .query_async(&mut con)
+            .await
+            .expect("CONFIG SET cluster-announce-port");
+    }
+
+    /// The URL clients use to go through the proxy.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Loses the reply to the next command that contains every one of `needles`.
+    pub fn arm(&self, needles: &[&[u8]]) {
+        *self.armed.lock().unwrap() = Some(needles.iter().map(|n| n.to_vec()).collect());
+    }
+
+    /// How many replies were lost so far.
+    pub fn dropped(&self) -> usize {
+        self.dropped.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for ReplyDropper {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn proxy(
+    mut client: tokio::net::TcpStream,
+    mut up: tokio::net::TcpStream,
+    armed: std::sync::Arc<std::sync::Mutex<Option<Vec<Vec<u8>>>>>,
+    dropped: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut cbuf, mut ubuf) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
+    let mut doomed = false;
+    loop {
+        tokio::select! {
+            n = client.read(&mut cbuf) => {
+                let Ok(n @ 1..) = n else { return };
+                let chunk = &cbuf[..n];
+                {
+                    let mut armed = armed.lock().unwrap();
+                    if armed.as_ref().is_some_and(|needles| {
+                        needles.iter().all(|n| chunk.windows(n.len()).any(|w| w == n.as_slice()))
+                    }) {
+                        *armed = None;
+                        doomed = true;
+                    }
+                }
+                if up.write_all(chunk).await.is_err() {
+                    return;
+                }
+            }
+            n = up.read(&mut ubuf) => {
+                let Ok(n @ 1..) = n else { return };
+                if doomed {
+                    // The command ran; its answer is lost with the connection.
+                    dropped.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    return;
+                }
+                if client.write_all(&ubuf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
 /// Starts `redis-server` in cluster mode on `port`, keeping its files in `dir`. Nothing
 /// is saved by itself (`--save ""`, no AOF): only an explicit `SAVE` writes `dump.rdb`.
 fn spawn(port: u16, dir: &std::path::Path, tls: bool) -> Child {

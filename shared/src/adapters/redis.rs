@@ -157,27 +157,7 @@ impl RedisSales {
             .invoke_async(&mut self.conn.clone())
             .await?;
         let window = SaleWindow::new(begins, ends).ok();
-        let held = || {
-            detail.parse::<OrderId>().map_err(|_| {
-                StoreError::Corrupt(format!("buyers hash of voucher {voucher} holds {detail:?}"))
-            })
-        };
-        let admission = match code {
-            0 => Admission::Admitted {
-                order_id,
-                stock_after: left,
-            },
-            1 => Admission::NotLoaded,
-            2 => Admission::NotStarted,
-            3 => Admission::Ended,
-            4 => Admission::SoldOut,
-            5 => Admission::AlreadyPurchased { order_id: held()? },
-            other => {
-                return Err(StoreError::Corrupt(format!(
-                    "admission script answered code {other}"
-                )));
-            }
-        };
+        let admission = admission_of(voucher, order_id, code, &detail, left)?;
         Ok(AdmitReply { admission, window })
     }
 
@@ -270,6 +250,48 @@ impl RedisSales {
     }
 }
 
+/// What the admission script's reply means for the attempt that issued `order_id`.
+///
+/// Code 5 (already bought) naming this very attempt's `order_id` is a success: the
+/// script ran and admitted it, its reply was lost (connection reset, failover) and the
+/// same EVALSHA was sent again, which the cluster client does by itself after a dropped
+/// connection. Order ids are never issued twice, so no other attempt can hold that id.
+pub fn admission_of(
+    voucher: VoucherId,
+    order_id: OrderId,
+    code: i64,
+    detail: &str,
+    stock_after: i64,
+) -> Result<Admission, StoreError> {
+    let held = || {
+        detail.parse::<OrderId>().map_err(|_| {
+            StoreError::Corrupt(format!("buyers hash of voucher {voucher} holds {detail:?}"))
+        })
+    };
+    Ok(match code {
+        0 => Admission::Admitted {
+            order_id,
+            stock_after,
+        },
+        1 => Admission::NotLoaded,
+        2 => Admission::NotStarted,
+        3 => Admission::Ended,
+        4 => Admission::SoldOut,
+        5 => match held()? {
+            held if held == order_id => Admission::Admitted {
+                order_id,
+                stock_after,
+            },
+            held => Admission::AlreadyPurchased { order_id: held },
+        },
+        other => {
+            return Err(StoreError::Corrupt(format!(
+                "admission script answered code {other}"
+            )));
+        }
+    })
+}
+
 /// Issues order ids from leased blocks: on average 1/1024 of a Redis round trip each.
 /// One per instance; its blocks live in its memory only.
 #[derive(Debug, Default)]
@@ -308,5 +330,44 @@ impl OrderIds {
         // A poisoned lock only means another request panicked mid-update of a plain map;
         // the map itself is still consistent (each update is a single insert).
         self.blocks.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retried_admission_that_finds_its_own_order_is_admitted() {
+        let v = VoucherId::new(7).unwrap();
+        let mine = OrderId::new(41).unwrap();
+        let other = OrderId::new(42).unwrap();
+        assert_eq!(
+            admission_of(v, mine, 5, "41", 3).unwrap(),
+            Admission::Admitted {
+                order_id: mine,
+                stock_after: 3
+            }
+        );
+        assert_eq!(
+            admission_of(v, mine, 5, "42", 3).unwrap(),
+            Admission::AlreadyPurchased { order_id: other }
+        );
+        assert_eq!(
+            admission_of(v, mine, 0, "", 0).unwrap(),
+            Admission::Admitted {
+                order_id: mine,
+                stock_after: 0
+            }
+        );
+        assert_eq!(admission_of(v, mine, 4, "", 0).unwrap(), Admission::SoldOut);
+        assert!(matches!(
+            admission_of(v, mine, 5, "garbage", 0),
+            Err(StoreError::Corrupt(_))
+        ));
+        assert!(matches!(
+            admission_of(v, mine, 9, "", 0),
+            Err(StoreError::Corrupt(_))
+        ));
     }
 }
