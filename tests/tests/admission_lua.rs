@@ -360,7 +360,9 @@ async fn leases_redis_forgets_never_repeat_an_id() {
 
 /// The lease clock never goes back: a server whose clock reads earlier than the one that
 /// wrote the clock's state (a failover to a clock that is behind) jumps past the latest
-/// stamp it knows, once; and a wrong guess of the lease's day is corrected.
+/// stamp it knows, once; a millisecond's slots used up move it on a millisecond; it
+/// refuses to pass the end of the id epoch; and a wrong guess of the lease's day is
+/// corrected.
 #[tokio::test]
 async fn the_lease_clock_never_goes_back() {
     let redis = RedisServer::start();
@@ -388,6 +390,34 @@ async fn the_lease_clock_never_goes_back() {
     );
     let after = sales.lease_block(v, ahead_day).await.unwrap();
     assert_eq!((after.ms, after.slot), (jumped.ms, 1), "only one jump");
+
+    // The last slot of a millisecond used: the clock moves on a millisecond.
+    let last_slot = i64::from(order_id::SLOTS_PER_MS) - 1;
+    let _: () = sales
+        .conn()
+        .hset_multiple(&clock, &[("ms", ahead), ("slot", last_slot)])
+        .await
+        .unwrap();
+    let next = sales.lease_block(v, ahead_day).await.unwrap();
+    assert_eq!((next.ms, next.slot), (ahead + 1, 0));
+
+    // At the end of the id epoch (2094) leasing fails, and changes nothing.
+    let end = (1_i64 << 41) - 1;
+    let _: () = sales
+        .conn()
+        .hset_multiple(&clock, &[("ms", end), ("slot", last_slot)])
+        .await
+        .unwrap();
+    let end_day = order_id::day_of(order_id::EPOCH_UNIX_MS + end);
+    assert!(sales.lease_block(v, end_day).await.is_err());
+    let state: Vec<i64> = redis::cmd("HMGET")
+        .arg(&clock)
+        .arg("ms")
+        .arg("slot")
+        .query_async(&mut sales.conn())
+        .await
+        .unwrap();
+    assert_eq!(state, [end, last_slot]);
 
     // A guess of the day three days off still leases, in the right day's block map.
     let _: () = sales.conn().del(&clock).await.unwrap();
