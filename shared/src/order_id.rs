@@ -13,10 +13,10 @@
 //!
 //! - uniqueness: two leases the server remembers differ in `(lease_ms, slot)`. A lease the
 //!   server forgets (AOF `everysec`, a failover to a replica that had not received it) is
-//!   still held, and used, by its instance; the next lease after the loss is stamped
-//!   with the restarted or promoted server's clock, which is later than the forgotten
-//!   stamp by the restart or failover time (far more than a millisecond), and a clock
-//!   found behind the remembered stamps jumps ahead instead (see `lua/lease.lua`);
+//!   still held, and used, by its instance; stamps follow the server's clock (plus a
+//!   remembered skew), so the next lease after the loss is stamped later than the
+//!   forgotten one by the restart or failover time (far more than a millisecond), and a
+//!   clock found behind the remembered stamps jumps ahead instead (see `lua/lease.lua`);
 //! - 1/[`BLOCK`] extra round trips per admission on average;
 //! - an exact way back from an order id to its voucher ([`OrderIdParts::block_field`]),
 //!   which `GET /orders/{id}` needs while the order is still pending in Redis; a
@@ -48,8 +48,8 @@ pub const MAX_BLOCK_AGE_MS: i64 = 86_400_000;
 /// server's clock reads earlier than the clock that wrote that stamp (a failover to a
 /// server whose clock is behind, or a clock stepped back): past every stamp the lost
 /// writes can have used. Lost writes span at most a second or two (AOF `everysec`,
-/// replication lag); a minute leaves a wide margin and only makes ids run a minute ahead
-/// until the clock catches up.
+/// replication lag); a minute leaves a wide margin. Stamps then stay that far ahead of
+/// the server's clock (the clock's `skew`), which costs nothing: ids are not times.
 pub const CLOCK_BEHIND_JUMP_MS: i64 = 60_000;
 
 const OFFSET_BITS: u32 = 10;
