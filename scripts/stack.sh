@@ -9,7 +9,7 @@
 # All state lives under .dev/ (git-ignored): data in .dev/redis and .dev/mysql, pids in
 # .dev/pids, logs in .dev/logs, the function environment in .dev/functions.env and the
 # contract file .dev/stack.env (written last, once everything answers; see
-# ../shared/README.md §2).
+# README.md, "The local stack").
 #
 # Ports (override with these variables): Redis SECKILL_REDIS_PORT (16379; its cluster bus
 # uses that port + 10000, so 26379, which must be free too), MariaDB

@@ -41,19 +41,20 @@ impl VoucherKeys {
     }
 }
 
-/// The keys of the order-id sequence of one UTC day (`yyyymmdd`), in the slot of `{ids}`.
+/// The keys of order-id leasing (`lua/lease.lua`), all in the slot of `{ids}`: the lease
+/// clock, and the block map of the UTC day `yyyymmdd`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SequenceKeys {
-    /// String counter, INCRBY one block at a time.
-    pub seq: String,
-    /// Hash: block index → voucher id.
+pub struct IdKeys {
+    /// Hash: `ms`, `slot` (the latest lease stamp), `seen` (the server's clock then).
+    pub clock: String,
+    /// Hash: `<ms>:<slot>` (a lease stamp of that day) → voucher id.
     pub blocks: String,
 }
 
-impl SequenceKeys {
-    pub fn for_day(yyyymmdd: &str) -> SequenceKeys {
-        SequenceKeys {
-            seq: format!("seckill:{{ids}}:seq:{yyyymmdd}"),
+impl IdKeys {
+    pub fn for_day(yyyymmdd: &str) -> IdKeys {
+        IdKeys {
+            clock: "seckill:{ids}:clock".to_string(),
             blocks: format!("seckill:{{ids}}:blocks:{yyyymmdd}"),
         }
     }
@@ -81,8 +82,9 @@ mod tests {
             assert_eq!(hash_tag(key), "42", "{key}");
         }
         assert_eq!(k.orders, "seckill:{42}:orders");
-        let s = SequenceKeys::for_day("20261122");
-        assert_eq!(hash_tag(&s.seq), hash_tag(&s.blocks));
+        let s = IdKeys::for_day("20261122");
+        assert_eq!(hash_tag(&s.clock), hash_tag(&s.blocks));
+        assert_eq!(s.blocks, "seckill:{ids}:blocks:20261122");
     }
 
     #[test]

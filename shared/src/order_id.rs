@@ -1,71 +1,136 @@
-//! Order ids: 64-bit, positive, time-prefixed, unique across vouchers, instances and
-//! restarts, and cheap to issue.
+//! Order ids: 64-bit, positive, unique across vouchers, instances and restarts (also
+//! when Redis forgets its last writes), and cheap to issue.
 //!
-//! Layout: `seconds since 2026-01-01T00:00:00Z << 32 | seq`. The top bit stays 0 (31 bits
-//! of seconds last until 2094), so ids are positive `i64`s that sort by time.
+//! Layout: `lease_ms << 22 | slot << 10 | offset`, 41 + 12 + 10 bits, the top bit 0 (41
+//! bits of milliseconds since 2025-01-01 last until 2094), so ids are positive `i64`s.
 //!
-//! `seq` (1..=2^32-1) comes from a per-UTC-day counter in Redis. Instead of one INCR per
-//! order (the tutorial design), an instance leases a block of [`BLOCK`] numbers at a time
-//! for one (voucher, day) and records `block index → voucher` in the same atomic call
-//! (`lua/lease.lua`), which gives:
+//! An instance does not ask Redis for every id: it leases a block of [`BLOCK`] ids for
+//! one voucher with one call of `lua/lease.lua`, which stamps the lease with
+//! `(lease_ms, slot)` from a hybrid logical clock kept in Redis (the server's `TIME`,
+//! strictly increasing over every lease the server remembers) and records
+//! `<lease_ms>:<slot> → voucher` in the same atomic call. The instance then issues
+//! `offset` 0..1023 from memory. This gives:
 //!
-//! - uniqueness: ids with the same seconds share a day and so a counter; a block is used
-//!   only for ids whose seconds fall in the block's own day, so a day change or a clock
-//!   step onto another day makes the instance lease from that day's counter;
+//! - uniqueness: two leases the server remembers differ in `(lease_ms, slot)`. A lease the
+//!   server forgets (AOF `everysec`, a failover to a replica that had not received it) is
+//!   still held, and used, by its instance; stamps follow the server's clock (plus a
+//!   remembered skew), so the next lease after the loss is stamped later than the
+//!   forgotten one by the restart or failover time (far more than a millisecond), and a
+//!   clock found behind the remembered stamps jumps ahead instead (see `lua/lease.lua`);
 //! - 1/[`BLOCK`] extra round trips per admission on average;
-//! - an exact way back from an order id to its voucher (see [`OrderIdParts::block`]),
-//!   which `GET /orders/{id}` needs while the order is still pending in Redis.
+//! - an exact way back from an order id to its voucher ([`OrderIdParts::block_field`]),
+//!   which `GET /orders/{id}` needs while the order is still pending in Redis; a
+//!   forgotten lease cannot make an id resolve to another voucher, because the field
+//!   names the whole stamp, not a position in a counter that can be handed out again.
+//!
+//! The epoch is a year before the first layout's (`seconds since 2026-01-01 << 32 | seq`),
+//! so every id of this layout is larger than every id that layout issued before 2067:
+//! ids already in the database cannot be issued again after the switch.
 
 use std::collections::HashMap;
 
 use crate::domain::{OrderId, UnixMillis, VoucherId};
 
-/// Unix seconds of the id epoch, 2026-01-01T00:00:00Z.
-pub const EPOCH_UNIX_SECS: i64 = 1_767_225_600;
-/// Sequence numbers leased per call. Fixed: the block index math depends on it.
-pub const BLOCK: u32 = 1024;
-/// How long a day's counter and block map live, in seconds. A clock stepping back more
-/// than this onto an expired day could reuse numbers; a week is far beyond any NTP step.
+/// Unix milliseconds of the id epoch, 2025-01-01T00:00:00Z.
+pub const EPOCH_UNIX_MS: i64 = 1_735_689_600_000;
+/// Ids per leased block. Fixed: the layout's `offset` field is exactly this wide.
+pub const BLOCK: u32 = 1 << OFFSET_BITS;
+/// Leases one clock millisecond can stamp; the next lease moves the clock on a
+/// millisecond (`lua/lease.lua`).
+pub const SLOTS_PER_MS: u32 = 1 << SLOT_BITS;
+/// How long a day's block map lives after its latest lease, in seconds. Pending orders
+/// are found by id for at least this long minus [`MAX_BLOCK_AGE_MS`].
 pub const DAY_KEY_TTL_SECS: i64 = 8 * 86_400;
+/// An instance stops issuing from a block this long after it leased it, so that the
+/// block's map entry outlives every id issued from it by a week.
+pub const MAX_BLOCK_AGE_MS: i64 = 86_400_000;
+/// How far the lease clock jumps ahead of the latest stamp it remembers when the
+/// server's clock reads earlier than the clock that wrote that stamp (a failover to a
+/// server whose clock is behind, or a clock stepped back): past every stamp the lost
+/// writes can have used. Lost writes span at most a second or two (AOF `everysec`,
+/// replication lag); a minute leaves a wide margin. Stamps then stay that far ahead of
+/// the server's clock (the clock's `skew`), which costs nothing: ids are not times.
+pub const CLOCK_BEHIND_JUMP_MS: i64 = 60_000;
 
-const SEQ_BITS: u32 = 32;
-const SEQ_MASK: i64 = (1 << SEQ_BITS) - 1;
+const OFFSET_BITS: u32 = 10;
+const SLOT_BITS: u32 = 12;
+const MS_BITS: u32 = 41;
+const LOW_BITS: u32 = SLOT_BITS + OFFSET_BITS;
+const MAX_MS: i64 = (1 << MS_BITS) - 1;
+
+/// The stamp of one lease: the lease clock's millisecond (since [`EPOCH_UNIX_MS`]) and
+/// the lease's number within that millisecond.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    pub ms: i64,
+    pub slot: u32,
+}
+
+impl Lease {
+    /// Checks a stamp as the lease script returns it: `ms` in 1..2^41, `slot` below
+    /// [`SLOTS_PER_MS`].
+    pub fn new(ms: i64, slot: i64) -> Option<Lease> {
+        let slot = u32::try_from(slot).ok().filter(|s| *s < SLOTS_PER_MS)?;
+        (1..=MAX_MS).contains(&ms).then_some(Lease { ms, slot })
+    }
+
+    /// The block's id at `offset` (below [`BLOCK`]).
+    pub fn id(&self, offset: u32) -> Option<OrderId> {
+        OrderIdParts {
+            ms: self.ms,
+            slot: self.slot,
+            offset,
+        }
+        .compose()
+    }
+}
 
 /// The parts of an order id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OrderIdParts {
-    /// Seconds since [`EPOCH_UNIX_SECS`].
-    pub secs: u32,
-    /// Position in the day's sequence, from 1.
-    pub seq: u32,
+    /// The lease's millisecond, since [`EPOCH_UNIX_MS`].
+    pub ms: i64,
+    /// The lease's number within its millisecond.
+    pub slot: u32,
+    /// The id's position in its block.
+    pub offset: u32,
 }
 
 impl OrderIdParts {
-    /// Builds an id; `None` when the seconds are before the epoch or past 2^31, or `seq`
-    /// is 0.
-    pub fn compose(secs: i64, seq: u32) -> Option<OrderId> {
-        if !(0..(1i64 << 31)).contains(&secs) || seq == 0 {
+    /// Builds the id; `None` when a part does not fit its bits or the id would be 0.
+    pub fn compose(&self) -> Option<OrderId> {
+        if !(0..=MAX_MS).contains(&self.ms) || self.slot >= SLOTS_PER_MS || self.offset >= BLOCK {
             return None;
         }
-        OrderId::new((secs << SEQ_BITS) | i64::from(seq))
+        OrderId::new(
+            (self.ms << LOW_BITS) | (i64::from(self.slot) << OFFSET_BITS) | i64::from(self.offset),
+        )
     }
 
     pub fn of(id: OrderId) -> OrderIdParts {
+        let n = id.get();
         OrderIdParts {
-            secs: (id.get() >> SEQ_BITS) as u32,
-            seq: (id.get() & SEQ_MASK) as u32,
+            ms: n >> LOW_BITS,
+            slot: ((n >> OFFSET_BITS) & i64::from(SLOTS_PER_MS - 1)) as u32,
+            offset: (n & i64::from(BLOCK - 1)) as u32,
         }
     }
 
-    /// The UTC day (days since the Unix epoch) the id was issued on.
+    /// The UTC day (days since the Unix epoch) of the lease, which names the block map
+    /// that records it.
     pub fn day(&self) -> i64 {
-        (EPOCH_UNIX_SECS + i64::from(self.secs)).div_euclid(86_400)
+        (EPOCH_UNIX_MS + self.ms).div_euclid(86_400_000)
     }
 
-    /// The index of the leased block the id's `seq` came from.
-    pub fn block(&self) -> u32 {
-        (self.seq - 1) / BLOCK
+    /// The field of the day's block map that holds the voucher of this id's block.
+    pub fn block_field(&self) -> String {
+        block_field(self.ms, self.slot)
     }
+}
+
+/// The block-map field of a lease stamp, `<ms>:<slot>` (as `lua/lease.lua` writes it).
+pub fn block_field(ms: i64, slot: u32) -> String {
+    format!("{ms}:{slot}")
 }
 
 /// The `yyyymmdd` name of a UTC day given as days since the Unix epoch.
@@ -79,18 +144,18 @@ pub fn day_name(day: i64) -> String {
     )
 }
 
-/// The id clock reading for a moment: (seconds since the id epoch, UTC day).
-pub fn clock(now: UnixMillis) -> (i64, i64) {
-    let unix_secs = now.div_euclid(1000);
-    (unix_secs - EPOCH_UNIX_SECS, unix_secs.div_euclid(86_400))
+/// The UTC day (days since the Unix epoch) of a moment.
+pub fn day_of(now: UnixMillis) -> i64 {
+    now.div_euclid(86_400_000)
 }
 
-/// A leased range of sequence numbers of one day, `next..=last`.
+/// A leased block: ids `lease.id(next..BLOCK)` are still free.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Block {
-    day: i64,
+    lease: Lease,
     next: u32,
-    last: u32,
+    /// The instance's clock when it got the block.
+    leased_at: UnixMillis,
 }
 
 /// The blocks one instance holds, per voucher. Pure bookkeeping: the lease itself is a
@@ -104,44 +169,37 @@ pub struct IdBlocks {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Take {
     Id(OrderId),
-    /// Lease a block of this day, hand its highest number to [`IdBlocks::add`], try again.
+    /// Lease a block, hand it to [`IdBlocks::add`], try again. `day` is the instance's
+    /// guess of the lease's UTC day (the server's clock decides; the script says when the
+    /// guess is wrong).
     Lease {
         day: i64,
     },
-    /// The clock is outside the id epoch (before 2026 or after 2094).
-    ClockOutOfRange,
 }
 
 impl IdBlocks {
-    /// Issues the next id for `voucher` at `now` from a block of the same day, if any.
+    /// Issues the next id for `voucher` from the block held for it, unless the block is
+    /// used up or older than [`MAX_BLOCK_AGE_MS`] at `now`.
     pub fn take(&mut self, voucher: VoucherId, now: UnixMillis) -> Take {
-        let (secs, day) = clock(now);
-        if !(0..(1i64 << 31)).contains(&secs) {
-            return Take::ClockOutOfRange;
+        if let Some(b) = self.blocks.get_mut(&voucher)
+            && b.next < BLOCK
+            && (now - b.leased_at).abs() <= MAX_BLOCK_AGE_MS
+            && let Some(id) = b.lease.id(b.next)
+        {
+            b.next += 1;
+            return Take::Id(id);
         }
-        match self.blocks.get_mut(&voucher) {
-            Some(b) if b.day == day && b.next <= b.last => {
-                let seq = b.next;
-                b.next += 1;
-                match OrderIdParts::compose(secs, seq) {
-                    Some(id) => Take::Id(id),
-                    None => Take::ClockOutOfRange,
-                }
-            }
-            _ => Take::Lease { day },
-        }
+        Take::Lease { day: day_of(now) }
     }
 
-    /// Records a freshly leased block whose highest number is `last` (a multiple of
-    /// [`BLOCK`], as `lua/lease.lua` returns).
-    pub fn add(&mut self, voucher: VoucherId, day: i64, last: u32) {
-        let first = last.saturating_sub(BLOCK - 1).max(1);
+    /// Records a freshly leased block, replacing the voucher's previous one.
+    pub fn add(&mut self, voucher: VoucherId, lease: Lease, now: UnixMillis) {
         self.blocks.insert(
             voucher,
             Block {
-                day,
-                next: first,
-                last,
+                lease,
+                next: 0,
+                leased_at: now,
             },
         );
     }
@@ -152,80 +210,154 @@ mod tests {
     use super::*;
 
     #[test]
-    fn layout_puts_seconds_above_the_sequence() {
-        let id = OrderIdParts::compose(3, 7).unwrap();
-        assert_eq!(id.get(), (3 << 32) | 7);
-        assert_eq!(OrderIdParts::of(id), OrderIdParts { secs: 3, seq: 7 });
-        let max = OrderIdParts::compose((1 << 31) - 1, u32::MAX).unwrap();
-        assert_eq!(max.get(), i64::MAX);
-        assert!(OrderIdParts::compose(1 << 31, 1).is_none());
-        assert!(OrderIdParts::compose(-1, 1).is_none());
-        assert!(OrderIdParts::compose(5, 0).is_none());
-    }
-
-    #[test]
-    fn ids_sort_by_time_then_sequence() {
-        let a = OrderIdParts::compose(10, u32::MAX).unwrap();
-        let b = OrderIdParts::compose(11, 1).unwrap();
-        assert!(a < b);
-    }
-
-    #[test]
-    fn day_and_block_are_recoverable_from_an_id() {
-        // 2026-11-22T23:59:59Z
-        let now = 1_795_391_999_000;
-        let (secs, day) = clock(now);
-        assert_eq!(day_name(day), "20261122");
-        let id = OrderIdParts::compose(secs, BLOCK * 3 + 1).unwrap();
-        let parts = OrderIdParts::of(id);
-        assert_eq!(parts.day(), day);
-        assert_eq!(parts.block(), 3);
+    fn layout_puts_the_lease_stamp_above_the_offset() {
+        let id = OrderIdParts {
+            ms: 3,
+            slot: 5,
+            offset: 7,
+        }
+        .compose()
+        .unwrap();
+        assert_eq!(id.get(), (3 << 22) | (5 << 10) | 7);
         assert_eq!(
-            OrderIdParts::of(OrderIdParts::compose(secs, BLOCK * 3).unwrap()).block(),
-            2
+            OrderIdParts::of(id),
+            OrderIdParts {
+                ms: 3,
+                slot: 5,
+                offset: 7
+            }
         );
+        let max = OrderIdParts {
+            ms: MAX_MS,
+            slot: SLOTS_PER_MS - 1,
+            offset: BLOCK - 1,
+        };
+        assert_eq!(max.compose().unwrap().get(), i64::MAX);
+        assert_eq!(OrderIdParts::of(max.compose().unwrap()), max);
+        for bad in [
+            OrderIdParts {
+                ms: MAX_MS + 1,
+                slot: 0,
+                offset: 0,
+            },
+            OrderIdParts {
+                ms: -1,
+                slot: 0,
+                offset: 1,
+            },
+            OrderIdParts {
+                ms: 1,
+                slot: SLOTS_PER_MS,
+                offset: 0,
+            },
+            OrderIdParts {
+                ms: 1,
+                slot: 0,
+                offset: BLOCK,
+            },
+            OrderIdParts {
+                ms: 0,
+                slot: 0,
+                offset: 0,
+            },
+        ] {
+            assert_eq!(bad.compose(), None, "{bad:?}");
+        }
+        assert_eq!(Lease::new(0, 0), None);
+        assert_eq!(Lease::new(MAX_MS + 1, 0), None);
+        assert_eq!(Lease::new(1, i64::from(SLOTS_PER_MS)), None);
+        assert_eq!(Lease::new(1, -1), None);
+        assert_eq!(Lease::new(9, 2), Some(Lease { ms: 9, slot: 2 }));
+    }
+
+    #[test]
+    fn ids_sort_by_lease_stamp_then_offset() {
+        let a = Lease::new(10, SLOTS_PER_MS as i64 - 1).unwrap();
+        let b = Lease::new(11, 0).unwrap();
+        assert!(a.id(BLOCK - 1).unwrap() < b.id(0).unwrap());
+        assert!(a.id(1).unwrap() < a.id(2).unwrap());
+    }
+
+    #[test]
+    fn every_id_of_the_first_layout_is_below_every_id_of_this_one() {
+        // The first layout: seconds since 2026-01-01 << 32 | seq (seq < 2^32). Its
+        // largest id issued by a moment is below this layout's smallest id at that
+        // moment, for every moment from its start to 2067.
+        let old_epoch_secs = 1_767_225_600_i64;
+        let year = 365 * 86_400_i64;
+        for t in (old_epoch_secs..old_epoch_secs + 41 * year).step_by(86_400) {
+            let old_max = ((t - old_epoch_secs + 1) << 32) - 1;
+            let new_min = Lease::new(t * 1000 - EPOCH_UNIX_MS, 0)
+                .unwrap()
+                .id(0)
+                .unwrap()
+                .get();
+            assert!(old_max < new_min, "at unix {t}");
+        }
+    }
+
+    #[test]
+    fn day_and_block_field_are_recoverable_from_an_id() {
+        // 2026-11-22T23:59:59.999Z
+        let unix_ms = 1_795_391_999_999;
+        let lease = Lease::new(unix_ms - EPOCH_UNIX_MS, 3).unwrap();
+        let parts = OrderIdParts::of(lease.id(17).unwrap());
+        assert_eq!(day_name(parts.day()), "20261122");
+        assert_eq!(parts.day(), day_of(unix_ms));
+        assert_eq!(
+            parts.block_field(),
+            format!("{}:3", unix_ms - EPOCH_UNIX_MS)
+        );
+        let next_day = OrderIdParts::of(Lease::new(lease.ms + 1, 0).unwrap().id(0).unwrap());
+        assert_eq!(day_name(next_day.day()), "20261123");
         assert_eq!(day_name(0), "19700101");
     }
 
     #[test]
     fn blocks_are_used_up_then_leased_again() {
         let v = VoucherId::new(1).unwrap();
+        let w = VoucherId::new(2).unwrap();
         let now = 1_795_300_000_000;
-        let (_, day) = clock(now);
+        let day = day_of(now);
         let mut blocks = IdBlocks::default();
         assert_eq!(blocks.take(v, now), Take::Lease { day });
-        blocks.add(v, day, 2 * BLOCK);
-        let mut seqs = Vec::new();
+        let lease = Lease::new(1_000, 7).unwrap();
+        blocks.add(v, lease, now);
+        let mut ids = Vec::new();
         for _ in 0..BLOCK {
             match blocks.take(v, now) {
-                Take::Id(id) => seqs.push(OrderIdParts::of(id).seq),
+                Take::Id(id) => ids.push(id),
                 other => panic!("{other:?}"),
             }
         }
-        assert_eq!(seqs.first(), Some(&(BLOCK + 1)));
-        assert_eq!(seqs.last(), Some(&(2 * BLOCK)));
+        assert_eq!(ids.first(), lease.id(0).as_ref());
+        assert_eq!(ids.last(), lease.id(BLOCK - 1).as_ref());
+        assert!(ids.windows(2).all(|w| w[0] < w[1]));
         assert_eq!(blocks.take(v, now), Take::Lease { day });
+        // Each voucher has its own block.
+        assert_eq!(blocks.take(w, now), Take::Lease { day });
     }
 
     #[test]
-    fn a_block_is_never_used_on_another_day() {
+    fn an_old_block_is_not_used_any_more() {
         let v = VoucherId::new(1).unwrap();
-        let before_midnight = 1_795_391_999_000;
-        let after_midnight = before_midnight + 1_000;
+        let now = 1_795_300_000_000;
         let mut blocks = IdBlocks::default();
-        let (_, day) = clock(before_midnight);
-        blocks.add(v, day, BLOCK);
-        assert!(matches!(blocks.take(v, before_midnight), Take::Id(_)));
-        assert_eq!(blocks.take(v, after_midnight), Take::Lease { day: day + 1 });
-        // A clock stepping back onto the old day uses the old day's block again: its
-        // numbers are still unique within that day.
-        assert!(matches!(blocks.take(v, before_midnight), Take::Id(_)));
-    }
-
-    #[test]
-    fn clock_outside_the_epoch_is_refused() {
-        let v = VoucherId::new(1).unwrap();
-        let mut blocks = IdBlocks::default();
-        assert_eq!(blocks.take(v, 0), Take::ClockOutOfRange);
+        blocks.add(v, Lease::new(1_000, 0).unwrap(), now);
+        assert!(matches!(
+            blocks.take(v, now + MAX_BLOCK_AGE_MS),
+            Take::Id(_)
+        ));
+        assert_eq!(
+            blocks.take(v, now + MAX_BLOCK_AGE_MS + 1),
+            Take::Lease {
+                day: day_of(now + MAX_BLOCK_AGE_MS + 1)
+            }
+        );
+        // A clock stepped far back does not keep a block alive either.
+        assert!(matches!(
+            blocks.take(v, now - MAX_BLOCK_AGE_MS - 1),
+            Take::Lease { .. }
+        ));
     }
 }

@@ -1,4 +1,4 @@
-//! The local stack contract (`.dev/stack.env`, see `../shared/README.md` §2 and
+//! The local stack contract (`.dev/stack.env`, see README.md "The local stack" and
 //! `docs/design.md`).
 
 use std::collections::HashMap;

@@ -1,6 +1,7 @@
 //! The admission script (`lua/admit.lua`) and order-id leasing against a real
 //! cluster-mode redis-server: every outcome, races for the last units, one order per
-//! user under concurrency, and order-id uniqueness across concurrent leasers.
+//! user under concurrency, and order-id uniqueness across concurrent leasers and across
+//! leases Redis forgets.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -9,7 +10,8 @@ use proptest::prelude::*;
 use redis::AsyncCommands;
 use seckill_shared::adapters::redis::{OrderIds, RedisSales};
 use seckill_shared::domain::{Admission, SaleWindow, UserId, Voucher, VoucherId, now_millis};
-use seckill_shared::keys::{DRAIN_GROUP, VoucherKeys};
+use seckill_shared::keys::{DRAIN_GROUP, IdKeys, VoucherKeys};
+use seckill_shared::order_id;
 use seckill_tests::redis::RedisServer;
 
 const BEGINS: i64 = 1_800_000_000_000;
@@ -299,6 +301,183 @@ proptest! {
             assert_eq!(seen.len(), instances * per_instance);
         });
     }
+}
+
+/// Redis forgets leases: it is killed and restarted from a snapshot taken before them
+/// (as after a crash with AOF `everysec`, or a failover to a replica that had not got
+/// them), while instance A keeps issuing from the blocks it leased; instance B leases
+/// after each restart. Round after round, no id is issued twice and no id leads to the
+/// other instance's voucher. The same `now` for both makes the time in the ids equal
+/// wherever it comes from the instances' clocks.
+#[tokio::test]
+async fn leases_redis_forgets_never_repeat_an_id() {
+    let mut redis = RedisServer::start();
+    let (a, b) = (OrderIds::default(), OrderIds::default());
+    let (va, vb) = (VoucherId::new(41).unwrap(), VoucherId::new(42).unwrap());
+    let now = now_millis();
+    let mut issued = HashSet::new();
+    for round in 0..4 {
+        let sales = RedisSales::new(redis.connect().await);
+        let _: () = redis::cmd("SAVE")
+            .query_async(&mut sales.conn())
+            .await
+            .unwrap();
+        // 1,500 ids: the rest of an earlier block, then new leases Redis will forget.
+        let mut a_ids = Vec::new();
+        for _ in 0..1500 {
+            a_ids.push(a.next(&sales, va, now).await.unwrap());
+        }
+        assert_eq!(sales.voucher_of_order(a_ids[1499]).await.unwrap(), Some(va));
+        drop(sales);
+        redis.restart();
+        let sales = RedisSales::new(redis.connect().await);
+        let mut b_ids = Vec::new();
+        for _ in 0..1500 {
+            b_ids.push(b.next(&sales, vb, now).await.unwrap());
+        }
+        for id in a_ids.iter().chain(&b_ids) {
+            assert!(id.get() > 0);
+            assert!(
+                issued.insert(*id),
+                "round {round}: order id {id} issued twice"
+            );
+        }
+        for id in &b_ids {
+            assert_eq!(sales.voucher_of_order(*id).await.unwrap(), Some(vb));
+        }
+        for id in &a_ids {
+            // A forgotten lease is unknown (the order is found in the database once
+            // drained), never another voucher's.
+            let found = sales.voucher_of_order(*id).await.unwrap();
+            assert!(
+                found.is_none() || found == Some(va),
+                "round {round}: A's order {id} leads to voucher {found:?}"
+            );
+        }
+    }
+    assert_eq!(issued.len(), 4 * 3000);
+}
+
+/// A server whose clock is behind jumps its lease clock ahead; a loss after that (here:
+/// a restart from a snapshot taken after the jump) repeats no id either, because the
+/// stamps keep following the server's clock at that distance rather than counting slots
+/// of one millisecond that the restarted server would count again.
+#[tokio::test]
+async fn leases_lost_after_a_clock_jump_never_repeat_an_id() {
+    let mut redis = RedisServer::start();
+    let (a, b) = (OrderIds::default(), OrderIds::default());
+    let (va, vb) = (VoucherId::new(44).unwrap(), VoucherId::new(45).unwrap());
+    let now = now_millis();
+    let sales = RedisSales::new(redis.connect().await);
+    // The state as a clock ten minutes ahead of this server's left it (a failover).
+    let ahead = now - order_id::EPOCH_UNIX_MS + 600_000;
+    let clock = IdKeys::for_day("").clock;
+    let _: () = sales
+        .conn()
+        .hset_multiple(&clock, &[("ms", ahead), ("slot", 5), ("seen", ahead)])
+        .await
+        .unwrap();
+    let first = a.next(&sales, va, now).await.unwrap();
+    assert!(
+        order_id::OrderIdParts::of(first).ms >= ahead + order_id::CLOCK_BEHIND_JUMP_MS,
+        "jumped"
+    );
+    let _: () = redis::cmd("SAVE")
+        .query_async(&mut sales.conn())
+        .await
+        .unwrap();
+    let mut a_ids = vec![first];
+    for _ in 0..3000 {
+        a_ids.push(a.next(&sales, va, now).await.unwrap());
+    }
+    drop(sales);
+    redis.restart();
+    let sales = RedisSales::new(redis.connect().await);
+    let mut issued: HashSet<_> = a_ids.iter().copied().collect();
+    assert_eq!(issued.len(), a_ids.len());
+    for _ in 0..3000 {
+        let id = b.next(&sales, vb, now).await.unwrap();
+        assert!(issued.insert(id), "order id {id} issued twice");
+        assert_eq!(sales.voucher_of_order(id).await.unwrap(), Some(vb));
+    }
+}
+
+/// The lease clock never goes back: a server whose clock reads earlier than the one that
+/// wrote the clock's state (a failover to a clock that is behind) jumps past the latest
+/// stamp it knows, once; a millisecond's slots used up move it on a millisecond; it
+/// refuses to pass the end of the id epoch; and a wrong guess of the lease's day is
+/// corrected.
+#[tokio::test]
+async fn the_lease_clock_never_goes_back() {
+    let redis = RedisServer::start();
+    let sales = RedisSales::new(redis.connect().await);
+    let v = VoucherId::new(43).unwrap();
+    let now = now_millis();
+    let first = sales.lease_block(v, order_id::day_of(now)).await.unwrap();
+    let second = sales.lease_block(v, order_id::day_of(now)).await.unwrap();
+    assert!((second.ms, second.slot) > (first.ms, first.slot));
+
+    // The state as a clock ten minutes ahead of this server's left it.
+    let ahead = now - order_id::EPOCH_UNIX_MS + 600_000;
+    let clock = IdKeys::for_day("").clock;
+    let _: () = sales
+        .conn()
+        .hset_multiple(&clock, &[("ms", ahead), ("slot", 5), ("seen", ahead)])
+        .await
+        .unwrap();
+    let ahead_day = order_id::day_of(order_id::EPOCH_UNIX_MS + ahead);
+    let jumped = sales.lease_block(v, ahead_day).await.unwrap();
+    assert_eq!(
+        (jumped.ms, jumped.slot),
+        (ahead + order_id::CLOCK_BEHIND_JUMP_MS, 0),
+        "stamps the lost writes of the clock ahead may have used are skipped"
+    );
+    // Only one jump: then the stamps follow this server's clock, as far ahead.
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let after = sales.lease_block(v, ahead_day).await.unwrap();
+    assert!(
+        after.ms >= jumped.ms + 20 && after.ms < jumped.ms + 5_000,
+        "{jumped:?} then {after:?}"
+    );
+
+    // The last slot of a millisecond used: the clock moves on a millisecond.
+    let last_slot = i64::from(order_id::SLOTS_PER_MS) - 1;
+    let _: () = sales
+        .conn()
+        .hset_multiple(&clock, &[("ms", ahead), ("slot", last_slot), ("skew", 0)])
+        .await
+        .unwrap();
+    let next = sales.lease_block(v, ahead_day).await.unwrap();
+    assert_eq!((next.ms, next.slot), (ahead + 1, 0));
+
+    // At the end of the id epoch (2094) leasing fails, and changes nothing.
+    let end = (1_i64 << 41) - 1;
+    let _: () = sales
+        .conn()
+        .hset_multiple(&clock, &[("ms", end), ("slot", last_slot), ("skew", 0)])
+        .await
+        .unwrap();
+    let end_day = order_id::day_of(order_id::EPOCH_UNIX_MS + end);
+    assert!(sales.lease_block(v, end_day).await.is_err());
+    let state: Vec<i64> = redis::cmd("HMGET")
+        .arg(&clock)
+        .arg("ms")
+        .arg("slot")
+        .query_async(&mut sales.conn())
+        .await
+        .unwrap();
+    assert_eq!(state, [end, last_slot]);
+
+    // A guess of the day three days off still leases, in the right day's block map.
+    let _: () = sales.conn().del(&clock).await.unwrap();
+    let lease = sales
+        .lease_block(v, order_id::day_of(now) - 3)
+        .await
+        .unwrap();
+    assert_eq!(
+        sales.voucher_of_order(lease.id(9).unwrap()).await.unwrap(),
+        Some(v)
+    );
 }
 
 /// The production shape of the connection: TLS (`rediss://`) to a cluster, as on

@@ -116,8 +116,13 @@ async fn a_sale_over_http() {
         .call("POST", &buy, Some(api.token(&alice, false)), None)
         .await;
     assert_eq!(
-        (status, dup["code"].clone()),
-        (StatusCode::CONFLICT, json!("already_purchased"))
+        (status, dup["code"].clone(), dup["order_id"].clone()),
+        (
+            StatusCode::CONFLICT,
+            json!("already_purchased"),
+            json!(order_id)
+        ),
+        "a second purchase names the order the buyer holds"
     );
     let (status, _) = api
         .call(

@@ -1,6 +1,7 @@
 //! seckill-http's handler called directly with API Gateway v2 fixture events and
 //! `Context::default()`, against a private Redis and a fresh database behind a real
-//! Data API server: every route, every error code, every way a token can be wrong.
+//! Data API server: every route, every error code, every way a token can be wrong, and an
+//! admission whose reply from Redis is lost.
 
 use std::time::{Duration, Instant};
 
@@ -9,10 +10,11 @@ use seckill_http::{App, handle};
 use seckill_shared::adapters::data_api::param;
 use seckill_shared::auth::{mint_hs256, sign_hs256};
 use seckill_shared::domain::{
-    OrderId, SaleWindow, Voucher, VoucherId, format_rfc3339_millis, now_millis,
+    OrderId, SaleWindow, UserId, Voucher, VoucherId, format_rfc3339_millis, now_millis,
 };
 use seckill_shared::keys::VoucherKeys;
 use seckill_tests::harness::{Backends, TEST_JWT_SECRET, read, request, token};
+use seckill_tests::redis::ReplyDropper;
 use serde_json::{Value, json};
 
 fn iso(offset_ms: i64) -> String {
@@ -344,11 +346,18 @@ async fn a_sale_from_admission_to_sold_out() {
     let order_id = first["order_id"].as_str().unwrap();
     assert!(order_id.parse::<i64>().unwrap() > 0);
 
-    assert_error(buy(&app, &id, "alice").await, 409, "already_purchased");
+    // Again: 409, naming the order alice holds.
+    let again = buy(&app, &id, "alice").await;
+    assert_eq!(again.1["order_id"], order_id, "{}", again.1);
+    assert_error(again, 409, "already_purchased");
     assert_eq!(buy(&app, &id, "bob").await.0, 202);
     assert_error(buy(&app, &id, "carol").await, 409, "sold_out");
-    // A second instance, which has not seen the sale, hears sold_out from Redis.
+    // A second instance, which has not seen the sale, hears sold_out from Redis, and
+    // alice, once sold out, still hears which order she holds.
     let other = App::new(&b.http_config()).await;
+    let again = buy(&other, &id, "alice").await;
+    assert_eq!(again.1["order_id"], order_id, "{}", again.1);
+    assert_error(again, 409, "already_purchased");
     assert_error(buy(&other, &id, "dave").await, 409, "sold_out");
 
     // Once this instance has seen sold out, it answers without Redis: take Redis away
@@ -361,6 +370,53 @@ async fn a_sale_from_admission_to_sold_out() {
         .await
         .unwrap();
     assert_error(buy(&app, &id, "erin").await, 409, "sold_out");
+    b.cleanup().await;
+}
+
+/// The admission script runs but its reply is lost (the connection is cut right after
+/// Redis answered, as by a reset or a failover): the cluster client sends the same
+/// EVALSHA again, the script finds the buyer holding this very attempt's order id, and
+/// the answer is that attempt's 202, not a 409. A later purchase is 409 naming it.
+#[tokio::test]
+async fn an_admission_whose_reply_is_lost_is_still_admitted() {
+    let b = Backends::start().await;
+    let proxy = ReplyDropper::start(b.redis.port).await;
+    proxy.announce_through(&b.redis).await;
+    let mut cfg = b.http_config();
+    cfg.redis.url = proxy.url();
+    let app = App::new(&cfg).await;
+    let id = create(&app, 5, -1_000, 3_600_000).await;
+    // A first purchase loads the admission script, so the next EVALSHA runs it.
+    assert_eq!(buy(&app, &id, "warmup").await.0, 202);
+
+    proxy.arm(&[b"EVALSHA", b":buyers"]);
+    let (status, body) = buy(&app, &id, "alice").await;
+    assert_eq!(proxy.dropped(), 1, "the admission's reply was lost");
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["status"], "pending");
+    let order_id: OrderId = body["order_id"].as_str().unwrap().parse().unwrap();
+
+    // Admitted once: alice holds that order, one unit and one stream entry taken.
+    let voucher: VoucherId = id.parse().unwrap();
+    assert_eq!(
+        b.sales
+            .order_of_buyer(voucher, &UserId::parse("alice").unwrap())
+            .await
+            .unwrap(),
+        Some(order_id)
+    );
+    assert_eq!(b.sales.stock_left(voucher).await.unwrap(), Some(3));
+    let queued: usize = b
+        .sales
+        .conn()
+        .xlen(VoucherKeys::new(voucher).orders)
+        .await
+        .unwrap();
+    assert_eq!(queued, 2);
+
+    let again = buy(&app, &id, "alice").await;
+    assert_eq!(again.1["order_id"], order_id.to_string(), "{}", again.1);
+    assert_error(again, 409, "already_purchased");
     b.cleanup().await;
 }
 

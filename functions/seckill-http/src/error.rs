@@ -1,13 +1,13 @@
 //! The errors of the HTTP layer and the one place they become responses.
 //!
 //! Every failure a caller can see is an [`ApiError`]; [`ApiError::into_response`] is the
-//! only mapping to a status and a stable `code` (`../shared/README.md` §1). Infrastructure
-//! failures become `503 unavailable` with a generic message; their detail goes to the log
-//! only.
+//! only mapping to a status and a stable `code` (the README's "The HTTP API"). The body is
+//! `{"code","message"}`, plus `order_id` on `already_purchased`. Infrastructure failures
+//! become `503 unavailable` with a generic message; their detail goes to the log only.
 
 use http::StatusCode;
 use lambda_http::{Body, Response};
-use seckill_shared::domain::ValidationError;
+use seckill_shared::domain::{OrderId, ValidationError};
 use seckill_shared::error::StoreError;
 
 /// A failure as the caller sees it.
@@ -27,8 +27,9 @@ pub enum ApiError {
     Ended,
     #[error("sold out")]
     SoldOut,
+    /// The caller holds `order_id` for this voucher (the body names it).
     #[error("you already hold an order for this voucher")]
-    AlreadyPurchased,
+    AlreadyPurchased { order_id: OrderId },
     #[error("too many attempts, slow down")]
     RateLimited,
     #[error("the service is unavailable, retry shortly")]
@@ -46,7 +47,7 @@ impl ApiError {
             ApiError::NotStarted => (StatusCode::CONFLICT, "not_started"),
             ApiError::Ended => (StatusCode::CONFLICT, "ended"),
             ApiError::SoldOut => (StatusCode::CONFLICT, "sold_out"),
-            ApiError::AlreadyPurchased => (StatusCode::CONFLICT, "already_purchased"),
+            ApiError::AlreadyPurchased { .. } => (StatusCode::CONFLICT, "already_purchased"),
             ApiError::RateLimited => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
         }
@@ -75,13 +76,21 @@ impl ApiError {
         struct ErrorBody<'a> {
             code: &'a str,
             message: &'a str,
+            /// `already_purchased` only: the order the caller holds, as a decimal string.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            order_id: Option<String>,
         }
         let message = self.to_string();
+        let order_id = match &self {
+            ApiError::AlreadyPurchased { order_id } => Some(order_id.to_string()),
+            _ => None,
+        };
         let body = serde_json::to_string(&ErrorBody {
             code,
             message: &message,
+            order_id,
         })
-        .expect("two strings serialise");
+        .expect("strings serialise");
         json_text_response(status, body)
     }
 }
@@ -113,4 +122,32 @@ fn json_text_response(status: StatusCode, body: String) -> Response<Body> {
         http::HeaderValue::from_static("application/json"),
     );
     res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(err: ApiError) -> (u16, serde_json::Value) {
+        let res = err.into_response();
+        let status = res.status().as_u16();
+        (status, serde_json::from_slice(res.body().as_ref()).unwrap())
+    }
+
+    #[test]
+    fn already_purchased_names_the_held_order_and_other_errors_do_not() {
+        let order_id = OrderId::new(9_007_199_254_740_993).unwrap();
+        let (status, b) = body(ApiError::AlreadyPurchased { order_id });
+        assert_eq!(status, 409);
+        assert_eq!(b["code"], "already_purchased");
+        assert!(b["message"].as_str().is_some_and(|m| !m.is_empty()));
+        // A decimal string: 2^53 + 1 would lose its last digit as a JSON number.
+        assert_eq!(b["order_id"], "9007199254740993");
+        let (status, b) = body(ApiError::SoldOut);
+        assert_eq!(status, 409);
+        assert_eq!(
+            b.as_object().unwrap().keys().collect::<Vec<_>>(),
+            ["code", "message"]
+        );
+    }
 }

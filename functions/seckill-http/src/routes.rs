@@ -1,4 +1,4 @@
-//! The routes of the public HTTP contract (`../shared/README.md` §1) and their handlers.
+//! The routes of the public HTTP contract (the README's "The HTTP API") and their handlers.
 //!
 //! [`handle`] is the whole function: tests call it with API Gateway v2 fixture events,
 //! `main` hands it to `lambda_http::run`. Each handler returns `Result<_, ApiError>`; the
@@ -255,7 +255,7 @@ async fn seckill(app: &App, req: &Request, id: VoucherId) -> Result<Response<Bod
         Admission::SoldOut => Err(ApiError::SoldOut),
         Admission::NotStarted => Err(ApiError::NotStarted),
         Admission::Ended => Err(ApiError::Ended),
-        Admission::AlreadyPurchased { .. } => Err(ApiError::AlreadyPurchased),
+        Admission::AlreadyPurchased { order_id } => Err(ApiError::AlreadyPurchased { order_id }),
         // Still not loaded right after a preload: Redis lost it again; let the caller retry.
         Admission::NotLoaded => Err(ApiError::Unavailable(
             seckill_shared::error::StoreError::Unavailable {

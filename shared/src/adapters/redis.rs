@@ -15,8 +15,11 @@ use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Script, Value};
 use crate::config::RedisConfig;
 use crate::domain::{Admission, OrderId, SaleWindow, UnixMillis, UserId, Voucher, VoucherId};
 use crate::error::StoreError;
-use crate::keys::{self, SequenceKeys, VoucherKeys};
-use crate::order_id::{self, BLOCK, DAY_KEY_TTL_SECS, IdBlocks, Take};
+use crate::keys::{self, IdKeys, VoucherKeys};
+use crate::order_id::{
+    self, CLOCK_BEHIND_JUMP_MS, DAY_KEY_TTL_SECS, EPOCH_UNIX_MS, IdBlocks, Lease, SLOTS_PER_MS,
+    Take,
+};
 
 static ADMIT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/admit.lua")));
@@ -154,27 +157,7 @@ impl RedisSales {
             .invoke_async(&mut self.conn.clone())
             .await?;
         let window = SaleWindow::new(begins, ends).ok();
-        let held = || {
-            detail.parse::<OrderId>().map_err(|_| {
-                StoreError::Corrupt(format!("buyers hash of voucher {voucher} holds {detail:?}"))
-            })
-        };
-        let admission = match code {
-            0 => Admission::Admitted {
-                order_id,
-                stock_after: left,
-            },
-            1 => Admission::NotLoaded,
-            2 => Admission::NotStarted,
-            3 => Admission::Ended,
-            4 => Admission::SoldOut,
-            5 => Admission::AlreadyPurchased { order_id: held()? },
-            other => {
-                return Err(StoreError::Corrupt(format!(
-                    "admission script answered code {other}"
-                )));
-            }
-        };
+        let admission = admission_of(voucher, order_id, code, &detail, left)?;
         Ok(AdmitReply { admission, window })
     }
 
@@ -218,31 +201,99 @@ impl RedisSales {
         Ok(held.and_then(OrderId::new))
     }
 
-    /// Leases a block of order-id sequence numbers of `day` for `voucher`; returns the
-    /// block's highest number.
-    pub async fn lease_block(&self, voucher: VoucherId, day: i64) -> Result<u32, StoreError> {
-        let k = SequenceKeys::for_day(&order_id::day_name(day));
-        let last: i64 = LEASE
-            .key(&k.seq)
-            .key(&k.blocks)
-            .arg(BLOCK)
-            .arg(voucher.get())
-            .arg(DAY_KEY_TTL_SECS)
-            .invoke_async(&mut self.conn.clone())
-            .await?;
-        u32::try_from(last).map_err(|_| StoreError::Corrupt(format!("lease returned {last}")))
+    /// Leases a block of order ids for `voucher` (`lua/lease.lua`): returns its stamp.
+    /// `day` is the caller's guess of the UTC day the lease falls on (the block map of
+    /// that day is the script's key); when the server's clock says otherwise the script
+    /// writes nothing and names the day, and the call is made once more with it.
+    pub async fn lease_block(&self, voucher: VoucherId, day: i64) -> Result<Lease, StoreError> {
+        let mut day = day;
+        for _ in 0..2 {
+            let k = IdKeys::for_day(&order_id::day_name(day));
+            // {ms, slot}, or {-1, day} when the lease falls on another day.
+            let (ms, slot_or_day): (i64, i64) = LEASE
+                .key(&k.clock)
+                .key(&k.blocks)
+                .arg(voucher.get())
+                .arg(day)
+                .arg(DAY_KEY_TTL_SECS)
+                .arg(EPOCH_UNIX_MS)
+                .arg(CLOCK_BEHIND_JUMP_MS)
+                .arg(SLOTS_PER_MS)
+                .invoke_async(&mut self.conn.clone())
+                .await?;
+            if ms == -1 {
+                day = slot_or_day;
+                continue;
+            }
+            return Lease::new(ms, slot_or_day).ok_or_else(|| {
+                StoreError::Corrupt(format!(
+                    "lease script returned the stamp {ms}:{slot_or_day}"
+                ))
+            });
+        }
+        Err(StoreError::Unavailable {
+            backend: "redis",
+            detail: "the lease script named another UTC day twice".into(),
+        })
     }
 
     /// The voucher an order id was issued for (see [`crate::order_id`]).
     pub async fn voucher_of_order(&self, id: OrderId) -> Result<Option<VoucherId>, StoreError> {
         let parts = order_id::OrderIdParts::of(id);
-        let k = SequenceKeys::for_day(&order_id::day_name(parts.day()));
-        let v: Option<i64> = self.conn.clone().hget(&k.blocks, parts.block()).await?;
+        let k = IdKeys::for_day(&order_id::day_name(parts.day()));
+        let v: Option<i64> = self
+            .conn
+            .clone()
+            .hget(&k.blocks, parts.block_field())
+            .await?;
         Ok(v.and_then(VoucherId::new))
     }
 }
 
+/// What the admission script's reply means for the attempt that issued `order_id`.
+///
+/// Code 5 (already bought) naming this very attempt's `order_id` is a success: the
+/// script ran and admitted it, its reply was lost (connection reset, failover) and the
+/// same EVALSHA was sent again, which the cluster client does by itself after a dropped
+/// connection. Order ids are never issued twice, so no other attempt can hold that id.
+pub fn admission_of(
+    voucher: VoucherId,
+    order_id: OrderId,
+    code: i64,
+    detail: &str,
+    stock_after: i64,
+) -> Result<Admission, StoreError> {
+    let held = || {
+        detail.parse::<OrderId>().map_err(|_| {
+            StoreError::Corrupt(format!("buyers hash of voucher {voucher} holds {detail:?}"))
+        })
+    };
+    Ok(match code {
+        0 => Admission::Admitted {
+            order_id,
+            stock_after,
+        },
+        1 => Admission::NotLoaded,
+        2 => Admission::NotStarted,
+        3 => Admission::Ended,
+        4 => Admission::SoldOut,
+        5 => match held()? {
+            held if held == order_id => Admission::Admitted {
+                order_id,
+                stock_after,
+            },
+            held => Admission::AlreadyPurchased { order_id: held },
+        },
+        other => {
+            return Err(StoreError::Corrupt(format!(
+                "admission script answered code {other}"
+            )));
+        }
+    })
+}
+
 /// Issues order ids from leased blocks: on average 1/1024 of a Redis round trip each.
+/// One per instance; its blocks live in its memory only.
 #[derive(Debug, Default)]
 pub struct OrderIds {
     blocks: Mutex<IdBlocks>,
@@ -263,14 +314,9 @@ impl OrderIds {
             let take = self.lock().take(voucher, now);
             match take {
                 Take::Id(id) => return Ok(id),
-                Take::ClockOutOfRange => {
-                    return Err(StoreError::Corrupt(format!(
-                        "clock {now} ms is outside the order id epoch"
-                    )));
-                }
                 Take::Lease { day } => {
-                    let last = sales.lease_block(voucher, day).await?;
-                    self.lock().add(voucher, day, last);
+                    let lease = sales.lease_block(voucher, day).await?;
+                    self.lock().add(voucher, lease, now);
                 }
             }
         }
@@ -284,5 +330,44 @@ impl OrderIds {
         // A poisoned lock only means another request panicked mid-update of a plain map;
         // the map itself is still consistent (each update is a single insert).
         self.blocks.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retried_admission_that_finds_its_own_order_is_admitted() {
+        let v = VoucherId::new(7).unwrap();
+        let mine = OrderId::new(41).unwrap();
+        let other = OrderId::new(42).unwrap();
+        assert_eq!(
+            admission_of(v, mine, 5, "41", 3).unwrap(),
+            Admission::Admitted {
+                order_id: mine,
+                stock_after: 3
+            }
+        );
+        assert_eq!(
+            admission_of(v, mine, 5, "42", 3).unwrap(),
+            Admission::AlreadyPurchased { order_id: other }
+        );
+        assert_eq!(
+            admission_of(v, mine, 0, "", 0).unwrap(),
+            Admission::Admitted {
+                order_id: mine,
+                stock_after: 0
+            }
+        );
+        assert_eq!(admission_of(v, mine, 4, "", 0).unwrap(), Admission::SoldOut);
+        assert!(matches!(
+            admission_of(v, mine, 5, "garbage", 0),
+            Err(StoreError::Corrupt(_))
+        ));
+        assert!(matches!(
+            admission_of(v, mine, 9, "", 0),
+            Err(StoreError::Corrupt(_))
+        ));
     }
 }

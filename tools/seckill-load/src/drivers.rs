@@ -328,7 +328,7 @@ impl FloorCaller {
     }
 }
 
-/// The codes of the HTTP contract (`../shared/README.md` §1).
+/// The codes of the HTTP contract (README.md, "The HTTP API").
 const CODES: &[&str] = &[
     "invalid_request",
     "unauthorized",
