@@ -81,12 +81,17 @@ async fn a_small_drain_commits_every_order_once() {
         tutorial_orders: 60,
         floor_batch: 250,
         baseline: true,
+        sales: vec![1, 3],
     };
     let r = drain::drain(&bench, &o, &Ui::quiet())
         .await
         .expect("the drain runs");
     assert_eq!(r.ours.len(), 2);
     assert!(r.tutorial.is_some() && r.db_floor.is_some());
+    assert_eq!(
+        r.spread.iter().map(|s| (s.sales, s.orders)).collect::<Vec<_>>(),
+        vec![(1, 600), (3, 600)]
+    );
     for run in r.runs() {
         assert!(!run.checks.is_empty());
         for c in &run.checks {
