@@ -234,19 +234,21 @@ async fn seckill(app: &App, req: &Request, id: VoucherId) -> Result<Response<Bod
     }
     let sales = app.sales().await?;
     let order_id = app.ids.next(sales, id, now).await?;
-    let mut reply = sales.admit(id, &caller.user, order_id, now).await?;
+    let mut reply = sales.admit(id, &caller.user, order_id).await?;
     if reply.admission == Admission::NotLoaded {
         if !repair(app, id, now).await? {
             return Err(not_found_voucher(id));
         }
-        reply = sales.admit(id, &caller.user, order_id, now).await?;
+        reply = sales.admit(id, &caller.user, order_id).await?;
     }
     let sold_out = match reply.admission {
         Admission::Admitted { stock_after, .. } => stock_after <= 0,
         Admission::SoldOut => true,
         _ => false,
     };
-    app.cache.learn_sale(id, reply.window, sold_out);
+    // The clock offset is measured against the time the answer arrived.
+    app.cache
+        .learn_sale(id, reply.window, sold_out, reply.server_ms, now_millis());
     match reply.admission {
         Admission::Admitted { order_id, .. } => Ok(json_response(
             StatusCode::ACCEPTED,

@@ -112,12 +112,30 @@ impl ConnectionLike for RedisConn {
 }
 
 /// What the admission script answered, with the sale window when Redis knows it (so
-/// the instance can answer `not_started` / `ended` later without calling Redis).
+/// the instance can answer `not_started` / `ended` later without calling Redis) and the
+/// Redis server's clock that decided it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdmitReply {
     pub admission: Admission,
     pub window: Option<SaleWindow>,
+    /// The server time (`TIME`, unix ms) the script judged the window by.
+    pub server_ms: UnixMillis,
 }
+
+/// What [`RedisSales::reopen`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reopen {
+    /// The sale hash was created now, with this stock.
+    Created,
+    /// The sale was already there (live stock, left as it is).
+    AlreadyLive,
+    /// The buyers hash holds fewer buyers than the database settled: Redis lost data
+    /// again during the repair. Nothing was written; repair again.
+    BuyersLost,
+}
+
+/// Orders stream entries per page when buyers are restored from the stream.
+pub const RESTORE_STREAM_PAGE: usize = 1_000;
 
 /// The sale state of vouchers in Redis.
 #[derive(Clone)]
@@ -134,25 +152,25 @@ impl RedisSales {
         self.conn.clone()
     }
 
-    /// Runs the admission script (`lua/admit.lua`): one round trip, atomic.
+    /// Runs the admission script (`lua/admit.lua`): one round trip, atomic. The sale
+    /// window is judged by the Redis server's clock, never the caller's.
     pub async fn admit(
         &self,
         voucher: VoucherId,
         user: &UserId,
         order_id: OrderId,
-        now: UnixMillis,
     ) -> Result<AdmitReply, StoreError> {
         let k = VoucherKeys::new(voucher);
-        let (code, detail, begins, ends, left): (i64, String, i64, i64, i64) = ADMIT
-            .key(&k.sale)
-            .key(&k.buyers)
-            .key(&k.orders)
-            .arg(user.as_str())
-            .arg(order_id.get())
-            .arg(now)
-            .arg(voucher.get())
-            .invoke_async(&mut self.conn.clone())
-            .await?;
+        let (code, detail, begins, ends, left, server_ms): (i64, String, i64, i64, i64, i64) =
+            ADMIT
+                .key(&k.sale)
+                .key(&k.buyers)
+                .key(&k.orders)
+                .arg(user.as_str())
+                .arg(order_id.get())
+                .arg(voucher.get())
+                .invoke_async(&mut self.conn.clone())
+                .await?;
         let window = SaleWindow::new(begins, ends).ok();
         let held = || {
             detail.parse::<OrderId>().map_err(|_| {
