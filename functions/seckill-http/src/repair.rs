@@ -11,8 +11,9 @@
 //!    database read, so an entry trimmed in the meantime was committed before that read
 //!    and is counted there instead;
 //! 2. reads the voucher row and all its orders in one consistent snapshot (one read-only
-//!    Data API transaction, pages of [`SNAPSHOT_PAGE_ROWS`] rows, each well within the
-//!    1 MiB response limit), recording each page's buyers in Redis as it goes (`HSETNX`);
+//!    Data API transaction, pages of `data_api::SNAPSHOT_PAGE_ROWS` rows, each well within
+//!    the 1 MiB response limit), recording each page's buyers in Redis as it goes
+//!    (`HSETNX`);
 //! 3. reopens the sale only if it is still missing, with stock = `stock_left` of the
 //!    snapshot minus the buyers the snapshot had not settled (admitted, not yet drained,
 //!    so not yet taken from `stock_left`), never more, never below 0
@@ -29,8 +30,6 @@
 //! "Promises", states that window.
 
 use seckill_shared::adapters::redis::Reopen;
-#[allow(unused_imports)] // for the module documentation's link
-use seckill_shared::adapters::data_api::SNAPSHOT_PAGE_ROWS;
 use seckill_shared::domain::{UnixMillis, VoucherId};
 use seckill_shared::error::StoreError;
 
