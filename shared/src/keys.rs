@@ -23,6 +23,8 @@ pub struct VoucherKeys {
     pub orders: String,
     /// Stream of dead letters.
     pub dead: String,
+    /// String: held (SET NX PX) by the one instance repairing a lost sale.
+    pub repair: String,
 }
 
 impl VoucherKeys {
@@ -33,6 +35,7 @@ impl VoucherKeys {
             buyers: format!("{tag}:buyers"),
             orders: format!("{tag}:orders"),
             dead: format!("{tag}:dead"),
+            repair: format!("{tag}:repair"),
         }
     }
 }
@@ -73,7 +76,7 @@ mod tests {
     #[test]
     fn all_keys_of_a_voucher_share_one_hash_tag() {
         let k = VoucherKeys::new(VoucherId::new(42).unwrap());
-        for key in [&k.sale, &k.buyers, &k.orders, &k.dead] {
+        for key in [&k.sale, &k.buyers, &k.orders, &k.dead, &k.repair] {
             assert_eq!(hash_tag(key), "42", "{key}");
         }
         assert_eq!(k.orders, "seckill:{42}:orders");

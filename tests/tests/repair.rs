@@ -453,3 +453,53 @@ async fn repair_reads_thousands_of_orders_in_pages_within_the_response_limit() {
     assert_eq!(ctx.sales.stock_left(v.id).await.unwrap(), Some(500));
     ctx.cleanup().await;
 }
+
+/// One instance repairs at a time (a lock in Redis); the others wait for it and then go
+/// on. A lock left by a repairer that died only delays: requests answer a quick `503`
+/// until it expires.
+#[tokio::test]
+async fn requests_wait_for_the_instance_that_repairs_and_a_dead_repairer_only_delays() {
+    let ctx = DrainCtx::start().await;
+    let v = ctx.voucher(5, 5).await;
+    let (one, two) = (
+        App::new(&http_config(&ctx)).await,
+        App::new(&http_config(&ctx)).await,
+    );
+    let first = admitted(&one, v.id, "first").await;
+    lose(&ctx, v.id, &["sale", "buyers"]).await;
+    let k = VoucherKeys::new(v.id);
+    let _: () = ctx
+        .conn()
+        .set(&k.repair, "a repairer that died")
+        .await
+        .unwrap();
+
+    let started = std::time::Instant::now();
+    assert_code(buy(&one, v.id, "early").await, 503, "unavailable", "early");
+    let waited = started.elapsed().as_millis() as i64;
+    assert!(
+        (seckill_http::repair::REPAIR_WAIT_MS..seckill_http::repair::REPAIR_WAIT_MS + 2_000)
+            .contains(&waited),
+        "waited {waited} ms"
+    );
+    assert_eq!(
+        ctx.sales.stock_left(v.id).await.unwrap(),
+        None,
+        "no repair ran"
+    );
+
+    // The lock expires while a request waits; another instance repairs; the waiting
+    // request sees the sale come back and is admitted.
+    let (waiting, repairing) = tokio::join!(buy(&one, v.id, "patient"), async {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let _: i64 = ctx.conn().del(&k.repair).await.unwrap();
+        buy(&two, v.id, "first").await
+    });
+    assert_eq!(waiting.0, 202, "{}", waiting.1);
+    assert_code(repairing, 409, "already_purchased", "first");
+    assert_eq!(order_of(&two, v.id, "first").await.unwrap().0, first);
+    let lock: bool = ctx.conn().exists(&k.repair).await.unwrap();
+    assert!(!lock, "the repairer released its lock");
+    assert_eq!(ctx.sales.stock_left(v.id).await.unwrap(), Some(3));
+    ctx.cleanup().await;
+}

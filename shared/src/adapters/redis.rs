@@ -291,6 +291,36 @@ impl RedisSales {
         }
     }
 
+    /// Takes the voucher's repair lock for `ttl_ms` unless another holder has it; true
+    /// when taken. The lock only spares the database a repair per instance when a hot
+    /// sale is lost: repairs are idempotent, so two at once are merely wasteful.
+    pub async fn try_lock_repair(
+        &self,
+        voucher: VoucherId,
+        holder: &str,
+        ttl_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let set: Option<String> = redis::cmd("SET")
+            .arg(&k.repair)
+            .arg(holder)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(set.is_some())
+    }
+
+    /// Releases the repair lock. A plain DEL: if this holder's lock had expired and
+    /// another took it, a third repair may start early, which is safe (see
+    /// [`Self::try_lock_repair`]).
+    pub async fn unlock_repair(&self, voucher: VoucherId) -> Result<(), StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let _: i64 = self.conn.clone().del(&k.repair).await?;
+        Ok(())
+    }
+
     /// Units left in Redis, `None` when the sale is not loaded.
     pub async fn stock_left(&self, voucher: VoucherId) -> Result<Option<i64>, StoreError> {
         let k = VoucherKeys::new(voucher);
