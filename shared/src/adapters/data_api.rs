@@ -321,15 +321,19 @@ impl SaleSnapshot<'_> {
         let Some(after) = self.after.take() else {
             return Ok(None);
         };
+        // The page size is a constant of this build, not input: written into the SQL,
+        // since not every driver binds a LIMIT.
+        let sql = format!(
+            "SELECT user_id, id FROM orders WHERE voucher_id = :v AND user_id > :after \
+             ORDER BY user_id LIMIT {SNAPSHOT_PAGE_ROWS}"
+        );
         let out = self
             .api
             .execute(
-                "SELECT user_id, id FROM orders WHERE voucher_id = :v AND user_id > :after \
-                 ORDER BY user_id LIMIT :n",
+                &sql,
                 vec![
                     param::long("v", self.voucher.get()),
                     param::string("after", &after),
-                    param::long("n", SNAPSHOT_PAGE_ROWS as i64),
                 ],
                 Some(&self.transaction),
             )
