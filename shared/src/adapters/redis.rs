@@ -127,7 +127,7 @@ pub struct AdmitReply {
 /// What [`RedisSales::reopen`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reopen {
-    /// The sale hash was created now, with this stock.
+    /// The sale hash was created now.
     Created,
     /// The sale was already there (live stock, left as it is).
     AlreadyLive,
