@@ -1,22 +1,48 @@
--- Preload: make a voucher sellable in Redis. Idempotent, never overwrites.
+-- Preload: make a voucher sellable in Redis, at creation or after Redis lost the sale.
+-- Idempotent, never overwrites a live sale.
 --
--- KEYS[1] sale hash seckill:{<voucher>}:sale, KEYS[2] orders stream seckill:{<voucher>}:orders
--- ARGV[1] stock left, ARGV[2] total stock, ARGV[3] begins_ms, ARGV[4] ends_ms,
--- ARGV[5] consumer group name
+-- KEYS[1] sale hash     seckill:{<voucher>}:sale
+-- KEYS[2] buyers hash   seckill:{<voucher>}:buyers
+-- KEYS[3] orders stream seckill:{<voucher>}:orders
+-- ARGV[1] the database's stock_left, ARGV[2] total stock, ARGV[3] begins_ms,
+-- ARGV[4] ends_ms, ARGV[5] consumer group name,
+-- ARGV[6] settled: how many orders of this voucher the database held when stock_left was
+--         read (their buyers are already in the buyers hash: the caller merged them)
+--
+-- Stock = stock_left - pending, where pending = buyers the database had not settled
+-- (HLEN(buyers) - settled): orders admitted but not yet drained, whose units the
+-- database has not taken yet. Never more than stock_left, never below 0.
 --
 -- Returns 1 when it created the sale, 0 when the sale was already there (its stock is
--- live and must not be reset: a repair after admissions began would oversell).
+-- live and must not be reset: a repair after admissions began would oversell), -1 when
+-- the buyers hash holds fewer buyers than the database settled (Redis lost it again
+-- while the caller was merging): nothing written, the caller retries.
 
-local created = 0
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('HSET', KEYS[1], 'stock', ARGV[1], 'total', ARGV[2],
-    'begins_ms', ARGV[3], 'ends_ms', ARGV[4])
-  created = 1
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  -- The group may still be missing (a stream lost on its own); BUSYGROUP is fine.
+  local ok, err = pcall(redis.call, 'XGROUP', 'CREATE', KEYS[3], ARGV[5], '0', 'MKSTREAM')
+  if not ok and not string.find(tostring(err), 'BUSYGROUP', 1, true) then
+    return redis.error_reply(tostring(err))
+  end
+  return 0
 end
 
--- The drainers' group, from the very first entry. BUSYGROUP (already there) is fine.
-local ok, err = pcall(redis.call, 'XGROUP', 'CREATE', KEYS[2], ARGV[5], '0', 'MKSTREAM')
+local buyers = redis.call('HLEN', KEYS[2])
+local settled = tonumber(ARGV[6])
+if buyers < settled then
+  return -1
+end
+local stock = tonumber(ARGV[1]) - (buyers - settled)
+if stock < 0 then
+  stock = 0
+end
+
+-- The drainers' group first (from the very first entry), the sale hash last: if the
+-- group cannot be made, no sale opens whose orders nobody could drain.
+local ok, err = pcall(redis.call, 'XGROUP', 'CREATE', KEYS[3], ARGV[5], '0', 'MKSTREAM')
 if not ok and not string.find(tostring(err), 'BUSYGROUP', 1, true) then
   return redis.error_reply(tostring(err))
 end
-return created
+redis.call('HSET', KEYS[1], 'stock', string.format('%.0f', stock), 'total', ARGV[2],
+  'begins_ms', ARGV[3], 'ends_ms', ARGV[4])
+return 1

@@ -26,6 +26,8 @@ pub struct VoucherKeys {
     /// Hash: open drainer transaction id → `<consumer> <begun unix ms>`, so a drainer
     /// can roll back the transaction (and free the row lock) of a run that was killed.
     pub drain_tx: String,
+    /// String: held (SET NX PX) by the one instance repairing a lost sale.
+    pub repair: String,
 }
 
 impl VoucherKeys {
@@ -37,6 +39,7 @@ impl VoucherKeys {
             orders: format!("{tag}:orders"),
             dead: format!("{tag}:dead"),
             drain_tx: format!("{tag}:drain_tx"),
+            repair: format!("{tag}:repair"),
         }
     }
 }
@@ -78,7 +81,7 @@ mod tests {
     #[test]
     fn all_keys_of_a_voucher_share_one_hash_tag() {
         let k = VoucherKeys::new(VoucherId::new(42).unwrap());
-        for key in [&k.sale, &k.buyers, &k.orders, &k.dead, &k.drain_tx] {
+        for key in [&k.sale, &k.buyers, &k.orders, &k.dead, &k.drain_tx, &k.repair] {
             assert_eq!(hash_tag(key), "42", "{key}");
         }
         assert_eq!(k.orders, "seckill:{42}:orders");

@@ -54,59 +54,75 @@ pub fn embedded() -> Vec<Migration> {
 }
 
 /// Every file of `migrations/`. A test checks this list against the folder.
-pub const EMBEDDED: &[(&str, &str)] = &[(
-    "0001_schema.sql",
-    include_str!("../../migrations/0001_schema.sql"),
-)];
+pub const EMBEDDED: &[(&str, &str)] = &[
+    (
+        "0001_schema.sql",
+        include_str!("../../migrations/0001_schema.sql"),
+    ),
+    (
+        "0002_voucher_delete_guard.sql",
+        include_str!("../../migrations/0002_voucher_delete_guard.sql"),
+    ),
+];
 
-/// Splits SQL text into statements at `;` outside quotes and comments; drops comments
-/// and empty statements.
+/// Splits SQL text into statements at the delimiter (`;`) outside quotes and comments;
+/// drops comments and empty statements.
+///
+/// A line `DELIMITER <text>` between statements changes the delimiter, as in the mysql
+/// client, so a statement whose body holds `;` (a trigger's `BEGIN ... END`) stays
+/// whole: `DELIMITER //`, the statement ending in `//`, then `DELIMITER ;`. The
+/// directive itself is not a statement.
 pub fn split_statements(sql: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut cur = String::new();
-    let mut chars = sql.chars().peekable();
+    let mut delimiter = ";".to_string();
     let mut quote: Option<char> = None;
-    while let Some(c) = chars.next() {
+    let mut rest = sql;
+    while let Some(c) = rest.chars().next() {
         if let Some(q) = quote {
-            cur.push(c);
+            let mut len = c.len_utf8();
             if c == '\\' {
-                if let Some(n) = chars.next() {
-                    cur.push(n);
-                }
+                len += rest[len..].chars().next().map_or(0, char::len_utf8);
             } else if c == q {
                 quote = None;
             }
+            cur.push_str(&rest[..len]);
+            rest = &rest[len..];
             continue;
         }
-        match c {
-            '\'' | '"' | '`' => {
-                quote = Some(c);
-                cur.push(c);
-            }
-            '-' if chars.peek() == Some(&'-') => {
-                for n in chars.by_ref() {
-                    if n == '\n' {
-                        cur.push('\n');
-                        break;
-                    }
-                }
-            }
-            '#' => {
-                for n in chars.by_ref() {
-                    if n == '\n' {
-                        cur.push('\n');
-                        break;
-                    }
-                }
-            }
-            ';' => {
-                if !cur.trim().is_empty() {
-                    out.push(cur.trim().to_string());
+        if cur.trim().is_empty() {
+            let line_start = rest.trim_start_matches([' ', '\t', '\r', '\n']);
+            let word = line_start.get(..10);
+            if word.is_some_and(|w| w.eq_ignore_ascii_case("DELIMITER ")) {
+                let end = line_start.find('\n').unwrap_or(line_start.len());
+                let new = line_start[10..end].trim();
+                if !new.is_empty() {
+                    delimiter = new.to_string();
                 }
                 cur.clear();
+                rest = &line_start[end..];
+                continue;
             }
-            _ => cur.push(c),
         }
+        if rest.starts_with(delimiter.as_str()) {
+            if !cur.trim().is_empty() {
+                out.push(cur.trim().to_string());
+            }
+            cur.clear();
+            rest = &rest[delimiter.len()..];
+            continue;
+        }
+        if rest.starts_with("--") || c == '#' {
+            // A comment runs to the end of the line; the newline stays.
+            let end = rest.find('\n').unwrap_or(rest.len());
+            rest = &rest[end..];
+            continue;
+        }
+        if matches!(c, '\'' | '"' | '`') {
+            quote = Some(c);
+        }
+        cur.push(c);
+        rest = &rest[c.len_utf8()..];
     }
     if !cur.trim().is_empty() {
         out.push(cur.trim().to_string());
@@ -196,6 +212,29 @@ mod tests {
                 "INSERT INTO a VALUES ('it''s; fine', \"q;\")"
             ]
         );
+    }
+
+    #[test]
+    fn a_delimiter_line_keeps_a_compound_statement_whole() {
+        let sql = "DROP TRIGGER IF EXISTS t;\n\ndelimiter //\nCREATE TRIGGER t BEFORE DELETE ON v FOR EACH ROW\nBEGIN\n  -- why; not a statement\n  IF OLD.a = ';' THEN\n    SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'no // way';\n  END IF;\nEND//\nDELIMITER ;\nSELECT 1;";
+        assert_eq!(
+            split_statements(sql),
+            vec![
+                "DROP TRIGGER IF EXISTS t",
+                "CREATE TRIGGER t BEFORE DELETE ON v FOR EACH ROW\nBEGIN\n  \n  IF OLD.a = ';' THEN\n    SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'no // way';\n  END IF;\nEND",
+                "SELECT 1",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_delete_guard_is_one_trigger_statement() {
+        let m = &embedded()[1];
+        let s = m.statements();
+        assert_eq!(s.len(), 2, "{s:#?}");
+        assert!(s[0].starts_with("DROP TRIGGER IF EXISTS vouchers_delete_guard"));
+        assert!(s[1].starts_with("CREATE TRIGGER vouchers_delete_guard"));
+        assert!(s[1].ends_with("END"), "{}", s[1]);
     }
 
     #[test]

@@ -196,11 +196,7 @@ impl DrainCtx {
             futures::stream::iter(ids.iter().copied().enumerate())
                 .map(|(i, id)| async move {
                     let user = UserId::parse(&format!("{prefix}-{i}")).expect("user id");
-                    let reply = self
-                        .sales
-                        .admit(voucher, &user, id, now_millis())
-                        .await
-                        .expect("admit");
+                    let reply = self.sales.admit(voucher, &user, id).await.expect("admit");
                     assert!(
                         matches!(reply.admission, Admission::Admitted { .. }),
                         "admission of {user} refused: {:?}",

@@ -14,18 +14,36 @@ use seckill_shared::keys::{DRAIN_GROUP, IdKeys, VoucherKeys};
 use seckill_shared::order_id;
 use seckill_tests::redis::RedisServer;
 
-const BEGINS: i64 = 1_800_000_000_000;
-const ENDS: i64 = BEGINS + 3_600_000;
-const DURING: i64 = BEGINS + 1_000;
+const HOUR: i64 = 3_600_000;
 
+/// A voucher on sale from a minute ago for an hour. The script judges the window by the
+/// Redis server's clock (`TIME`), which is this machine's.
 fn voucher(id: i64, stock: i64) -> Voucher {
+    let now = now_millis();
+    voucher_in(
+        id,
+        stock,
+        SaleWindow::new(now - 60_000, now + HOUR).unwrap(),
+    )
+}
+
+fn voucher_in(id: i64, stock: i64, window: SaleWindow) -> Voucher {
     Voucher {
         id: VoucherId::new(id).unwrap(),
         title: "test".into(),
         stock,
         db_stock_left: stock,
-        window: SaleWindow::new(BEGINS, ENDS).unwrap(),
+        window,
     }
+}
+
+/// The Redis server's clock, unix ms.
+async fn redis_time(sales: &RedisSales) -> i64 {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME")
+        .query_async(&mut sales.conn())
+        .await
+        .unwrap();
+    secs * 1000 + micros / 1000
 }
 
 fn user(name: &str) -> UserId {
@@ -43,32 +61,36 @@ async fn every_outcome_of_the_script() {
     let ids = OrderIds::default();
     let v = voucher(11, 1);
     let alice = user("alice");
-    let id = ids.next(&sales, v.id, DURING).await.unwrap();
+    let id = ids.next(&sales, v.id, now_millis()).await.unwrap();
 
     // Not loaded: no sale hash at all.
     assert_eq!(
-        sales
-            .admit(v.id, &alice, id, DURING)
-            .await
-            .unwrap()
-            .admission,
+        sales.admit(v.id, &alice, id).await.unwrap().admission,
         Admission::NotLoaded
     );
 
-    assert!(sales.preload(&v).await.unwrap());
-    let early = sales.admit(v.id, &alice, id, BEGINS - 1).await.unwrap();
+    // Not started and ended, by the server's clock.
+    let now = now_millis();
+    let future = voucher_in(16, 1, SaleWindow::new(now + HOUR, now + 2 * HOUR).unwrap());
+    assert!(sales.preload(&future).await.unwrap());
+    let early = sales.admit(future.id, &alice, id).await.unwrap();
     assert_eq!(early.admission, Admission::NotStarted);
     assert_eq!(
         early.window,
-        Some(v.window),
+        Some(future.window),
         "the window comes back for caching"
     );
+    let past = voucher_in(17, 1, SaleWindow::new(now - 2 * HOUR, now - HOUR).unwrap());
+    assert!(sales.preload(&past).await.unwrap());
     assert_eq!(
-        sales.admit(v.id, &alice, id, ENDS).await.unwrap().admission,
+        sales.admit(past.id, &alice, id).await.unwrap().admission,
         Admission::Ended
     );
 
-    let ok = sales.admit(v.id, &alice, id, DURING).await.unwrap();
+    assert!(sales.preload(&v).await.unwrap());
+    let before = redis_time(&sales).await;
+    let ok = sales.admit(v.id, &alice, id).await.unwrap();
+    let after = redis_time(&sales).await;
     assert_eq!(
         ok.admission,
         Admission::Admitted {
@@ -76,20 +98,21 @@ async fn every_outcome_of_the_script() {
             stock_after: 0
         }
     );
+    assert!(
+        (before..=after).contains(&ok.server_ms),
+        "{before} <= {} <= {after}",
+        ok.server_ms
+    );
 
     // Same user again: already purchased, and told which order they hold.
-    let id2 = ids.next(&sales, v.id, DURING).await.unwrap();
+    let id2 = ids.next(&sales, v.id, now_millis()).await.unwrap();
     assert_eq!(
-        sales
-            .admit(v.id, &alice, id2, DURING)
-            .await
-            .unwrap()
-            .admission,
+        sales.admit(v.id, &alice, id2).await.unwrap().admission,
         Admission::AlreadyPurchased { order_id: id }
     );
     assert_eq!(
         sales
-            .admit(v.id, &user("bob"), id2, DURING)
+            .admit(v.id, &user("bob"), id2)
             .await
             .unwrap()
             .admission,
@@ -99,7 +122,7 @@ async fn every_outcome_of_the_script() {
     assert_eq!(stream_len(&sales, v.id).await, 1);
     assert_eq!(sales.order_of_buyer(v.id, &alice).await.unwrap(), Some(id));
 
-    // The stream entry carries the order.
+    // The stream entry carries the order, admitted at the server's time.
     let k = VoucherKeys::new(v.id);
     let entries: redis::streams::StreamRangeReply =
         sales.conn().xrange_all(&k.orders).await.unwrap();
@@ -107,7 +130,40 @@ async fn every_outcome_of_the_script() {
     assert_eq!(e.get::<String>("order_id"), Some(id.to_string()));
     assert_eq!(e.get::<String>("user_id"), Some("alice".into()));
     assert_eq!(e.get::<String>("voucher_id"), Some("11".into()));
-    assert_eq!(e.get::<i64>("admitted_ms"), Some(DURING));
+    assert_eq!(
+        e.get::<String>("admitted_ms"),
+        Some(ok.server_ms.to_string())
+    );
+}
+
+/// The window is the Redis server's: a sale that opens in a moment is refused until the
+/// server's clock reaches it and admitted right after, with no clock from the caller.
+#[tokio::test]
+async fn the_window_is_judged_by_the_redis_server_clock() {
+    let redis = RedisServer::start();
+    let sales = RedisSales::new(redis.connect().await);
+    let ids = OrderIds::default();
+    let begins = redis_time(&sales).await + 700;
+    let v = voucher_in(18, 5, SaleWindow::new(begins, begins + 1_000).unwrap());
+    sales.preload(&v).await.unwrap();
+    let id = ids.next(&sales, v.id, now_millis()).await.unwrap();
+    let early = sales.admit(v.id, &user("a"), id).await.unwrap();
+    assert_eq!(early.admission, Admission::NotStarted);
+    assert!(early.server_ms < begins);
+    while redis_time(&sales).await < begins {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let on_time = sales.admit(v.id, &user("a"), id).await.unwrap();
+    assert!(matches!(on_time.admission, Admission::Admitted { .. }));
+    assert!(on_time.server_ms >= begins);
+    while redis_time(&sales).await < begins + 1_000 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let id2 = ids.next(&sales, v.id, now_millis()).await.unwrap();
+    assert_eq!(
+        sales.admit(v.id, &user("b"), id2).await.unwrap().admission,
+        Admission::Ended
+    );
 }
 
 #[tokio::test]
@@ -119,16 +175,15 @@ async fn a_missing_or_partial_sale_is_not_loaded_and_writes_nothing() {
     let mut conn = sales.conn();
     // A sale hash without its stock field (e.g. half-written by hand).
     let _: () = conn
-        .hset_multiple(&k.sale, &[("begins_ms", BEGINS), ("ends_ms", ENDS)])
+        .hset_multiple(&k.sale, &[("begins_ms", 0), ("ends_ms", i64::MAX)])
         .await
         .unwrap();
-    let id = OrderIds::default().next(&sales, v, DURING).await.unwrap();
+    let id = OrderIds::default()
+        .next(&sales, v, now_millis())
+        .await
+        .unwrap();
     assert_eq!(
-        sales
-            .admit(v, &user("a"), id, DURING)
-            .await
-            .unwrap()
-            .admission,
+        sales.admit(v, &user("a"), id).await.unwrap().admission,
         Admission::NotLoaded
     );
     let buyers: usize = conn.hlen(&k.buyers).await.unwrap();
@@ -143,10 +198,10 @@ async fn preload_is_idempotent_and_never_resets_live_stock() {
     let v = voucher(13, 3);
     assert!(sales.preload(&v).await.unwrap());
     let id = OrderIds::default()
-        .next(&sales, v.id, DURING)
+        .next(&sales, v.id, now_millis())
         .await
         .unwrap();
-    sales.admit(v.id, &user("a"), id, DURING).await.unwrap();
+    sales.admit(v.id, &user("a"), id).await.unwrap();
     assert!(
         !sales.preload(&v).await.unwrap(),
         "second preload creates nothing"
@@ -177,9 +232,9 @@ async fn two_hundred_buyers_race_for_the_last_five_units() {
         let sales = RedisSales::new(redis.connect().await);
         let ids = ids.clone();
         tasks.push(tokio::spawn(async move {
-            let id = ids.next(&sales, v.id, DURING).await.unwrap();
+            let id = ids.next(&sales, v.id, now_millis()).await.unwrap();
             sales
-                .admit(v.id, &user(&format!("u{i}")), id, DURING)
+                .admit(v.id, &user(&format!("u{i}")), id)
                 .await
                 .unwrap()
                 .admission
@@ -217,12 +272,8 @@ async fn one_user_racing_fifty_times_is_admitted_once() {
         let sales = sales.clone();
         let ids = ids.clone();
         tasks.push(tokio::spawn(async move {
-            let id = ids.next(&sales, v.id, DURING).await.unwrap();
-            sales
-                .admit(v.id, &user("eve"), id, DURING)
-                .await
-                .unwrap()
-                .admission
+            let id = ids.next(&sales, v.id, now_millis()).await.unwrap();
+            sales.admit(v.id, &user("eve"), id).await.unwrap().admission
         }));
     }
     let mut admitted = Vec::new();
@@ -491,10 +542,10 @@ async fn admission_over_tls_to_a_cluster() {
     let v = voucher(31, 1);
     sales.preload(&v).await.unwrap();
     let id = OrderIds::default()
-        .next(&sales, v.id, DURING)
+        .next(&sales, v.id, now_millis())
         .await
         .unwrap();
-    let reply = sales.admit(v.id, &user("tls"), id, DURING).await.unwrap();
+    let reply = sales.admit(v.id, &user("tls"), id).await.unwrap();
     assert_eq!(
         reply.admission,
         Admission::Admitted {

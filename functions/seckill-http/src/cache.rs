@@ -1,26 +1,61 @@
 //! What one function instance remembers about vouchers, to answer without Redis.
 //!
 //! A voucher's title, stock and window never change after creation, so once seen they
-//! are kept for the life of the instance. Stock never comes back either (no order is
-//! ever cancelled back into Redis), so a voucher seen sold out stays sold out until its
-//! sale ends: later attempts are answered `sold_out` without a round trip. A voucher id
-//! that the database does not know is remembered for [`MISSING_TTL_MS`] only, since it
-//! may be created any moment.
+//! are kept for the life of the instance. Two things are remembered only briefly,
+//! because they can stop being true:
+//!
+//! - sold out, for [`SOLD_OUT_TTL_MS`]: stock can come back (a repair after Redis lost
+//!   the sale, an operator adding stock), and a flag that never expired would refuse it
+//!   forever. During a sell-out flood this costs one Redis call per instance per TTL;
+//! - an unknown voucher id, for [`MISSING_TTL_MS`], since it may be created any moment.
+//!
+//! The sale window is decided by Redis's clock (`TIME` in `lua/admit.lua`), not this
+//! instance's. To answer `not_started` / `ended` from memory the instance estimates the
+//! Redis clock as its own plus the offset measured on the last admission reply, and
+//! short-circuits only when the sale's edge is more than [`SKEW_BOUND_MS`] away from that
+//! estimate; closer to the edge, or before any reply was seen, or when the last reply is
+//! older than [`CLOCK_OFFSET_TTL_MS`], Redis decides. A skewed instance clock therefore
+//! refuses no buyer Redis would admit (beyond the bound's error of one round trip).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use seckill_shared::domain::{Phase, SaleWindow, UnixMillis, Voucher, VoucherId};
+use seckill_shared::domain::{SaleWindow, UnixMillis, Voucher, VoucherId};
 
 /// How long an unknown voucher id is answered `not_found` from memory.
 pub const MISSING_TTL_MS: i64 = 1_000;
+
+/// How long a sold-out answer from Redis is repeated from memory.
+pub const SOLD_OUT_TTL_MS: i64 = 1_000;
+
+/// How close (in estimated Redis time) to the start or end of a sale the instance stops
+/// answering from memory and lets Redis decide. Covers the error of the offset estimate
+/// (one round trip) and clock drift since it was measured.
+pub const SKEW_BOUND_MS: i64 = 1_000;
+
+/// How long a measured clock offset is trusted (the instance's clock may be stepped).
+pub const CLOCK_OFFSET_TTL_MS: i64 = 60_000;
 
 #[derive(Debug, Clone, Default)]
 struct Entry {
     window: Option<SaleWindow>,
     voucher: Option<Voucher>,
-    sold_out: bool,
+    /// Instance time until which the voucher is answered sold out.
+    sold_out_until: Option<UnixMillis>,
     missing_until: Option<UnixMillis>,
+}
+
+/// The Redis clock minus this instance's, as measured at `measured_at` (instance time).
+#[derive(Debug, Clone, Copy)]
+struct ClockOffset {
+    offset: i64,
+    measured_at: UnixMillis,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    entries: HashMap<VoucherId, Entry>,
+    clock: Option<ClockOffset>,
 }
 
 /// The answer the cache can give on its own.
@@ -35,54 +70,89 @@ pub enum Known {
 /// Per-instance voucher memory.
 #[derive(Debug, Default)]
 pub struct VoucherCache {
-    entries: Mutex<HashMap<VoucherId, Entry>>,
+    state: Mutex<State>,
+}
+
+/// Whether `now` lies in `[until - ttl, until)`: a deadline set at most `ttl` ago. A
+/// deadline further in the future means the clock was stepped back; it is not trusted.
+fn within(until: Option<UnixMillis>, ttl: i64, now: UnixMillis) -> bool {
+    until.is_some_and(|t| t - ttl <= now && now < t)
 }
 
 impl VoucherCache {
-    fn with<R>(&self, f: impl FnOnce(&mut HashMap<VoucherId, Entry>) -> R) -> R {
+    fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
         // A poisoned map is still a consistent map: each update is one field write.
-        let mut map = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut map)
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut state)
     }
 
-    /// An answer for an admission attempt at `now` that needs no Redis call, if any.
+    /// An answer for an admission attempt at `now` (this instance's clock) that needs
+    /// no Redis call, if any.
     pub fn short_circuit(&self, voucher: VoucherId, now: UnixMillis) -> Option<Known> {
-        self.with(|m| {
-            let e = m.get(&voucher)?;
-            if e.missing_until.is_some_and(|t| now < t) {
+        self.with(|s| {
+            let e = s.entries.get(&voucher)?;
+            if within(e.missing_until, MISSING_TTL_MS, now) {
                 return Some(Known::Missing);
             }
-            match e.window.map(|w| w.phase(now)) {
-                Some(Phase::NotStarted) => Some(Known::NotStarted),
-                Some(Phase::Ended) => Some(Known::Ended),
-                _ if e.sold_out => Some(Known::SoldOut),
-                _ => None,
+            let redis_now = s
+                .clock
+                .filter(|c| (now - c.measured_at).abs() < CLOCK_OFFSET_TTL_MS)
+                .map(|c| now + c.offset);
+            if let (Some(w), Some(t)) = (e.window, redis_now) {
+                if t < w.begins_ms() - SKEW_BOUND_MS {
+                    return Some(Known::NotStarted);
+                }
+                if t >= w.ends_ms() + SKEW_BOUND_MS {
+                    return Some(Known::Ended);
+                }
             }
+            if within(e.sold_out_until, SOLD_OUT_TTL_MS, now) {
+                // Sold out is only ever learned from Redis, whose window then was open or
+                // closed: an ended sale that sold out is still `ended` (checked above once
+                // clearly past; near the edge Redis answers).
+                return Some(Known::SoldOut);
+            }
+            None
         })
     }
 
     /// Remembers what an admission script's answer says about a sale: its window, when
-    /// Redis knows it, and whether the stock is gone. One lock per answer.
-    pub fn learn_sale(&self, voucher: VoucherId, window: Option<SaleWindow>, sold_out: bool) {
-        self.with(|m| {
-            let e = m.entry(voucher).or_default();
+    /// Redis knows it, whether the stock is gone (for [`SOLD_OUT_TTL_MS`]), and the
+    /// offset of Redis's clock (`server_ms`) from this instance's (`now`, read when the
+    /// answer arrived). One lock per answer.
+    pub fn learn_sale(
+        &self,
+        voucher: VoucherId,
+        window: Option<SaleWindow>,
+        sold_out: bool,
+        server_ms: UnixMillis,
+        now: UnixMillis,
+    ) {
+        self.with(|s| {
+            s.clock = Some(ClockOffset {
+                offset: server_ms - now,
+                measured_at: now,
+            });
+            let e = s.entries.entry(voucher).or_default();
             if let Some(w) = window {
                 e.window = Some(w);
                 e.missing_until = None;
             }
-            e.sold_out |= sold_out;
+            e.sold_out_until = sold_out.then_some(now + SOLD_OUT_TTL_MS);
         });
     }
 
     /// Remembers that the database does not know `voucher`, until `now + MISSING_TTL_MS`.
     pub fn learn_missing(&self, voucher: VoucherId, now: UnixMillis) {
-        self.with(|m| m.entry(voucher).or_default().missing_until = Some(now + MISSING_TTL_MS));
+        self.with(|s| {
+            s.entries.entry(voucher).or_default().missing_until = Some(now + MISSING_TTL_MS)
+        });
     }
 
     /// Remembers a voucher's immutable description.
     pub fn learn_voucher(&self, v: &Voucher) {
-        self.with(|m| {
-            let e = m.entry(v.id).or_default();
+        self.with(|s| {
+            let e = s.entries.entry(v.id).or_default();
             e.window = Some(v.window);
             e.voucher = Some(v.clone());
             e.missing_until = None;
@@ -91,7 +161,7 @@ impl VoucherCache {
 
     /// The voucher's description, if seen. Its `db_stock_left` is as of when it was seen.
     pub fn voucher(&self, voucher: VoucherId) -> Option<Voucher> {
-        self.with(|m| m.get(&voucher)?.voucher.clone())
+        self.with(|s| s.entries.get(&voucher)?.voucher.clone())
     }
 }
 
@@ -99,19 +169,98 @@ impl VoucherCache {
 mod tests {
     use super::*;
 
+    const HOUR: i64 = 3_600_000;
+
     #[test]
     fn answers_from_the_window_and_sold_out_flag() {
         let c = VoucherCache::default();
         let v = VoucherId::new(7).unwrap();
+        let w = SaleWindow::new(100_000, 130_000).unwrap();
         assert_eq!(c.short_circuit(v, 0), None);
-        c.learn_sale(v, Some(SaleWindow::new(100, 200).unwrap()), false);
-        assert_eq!(c.short_circuit(v, 99), Some(Known::NotStarted));
-        assert_eq!(c.short_circuit(v, 150), None);
-        assert_eq!(c.short_circuit(v, 200), Some(Known::Ended));
-        c.learn_sale(v, None, true);
-        assert_eq!(c.short_circuit(v, 150), Some(Known::SoldOut));
-        // Ended wins over sold out once the window has closed.
-        assert_eq!(c.short_circuit(v, 250), Some(Known::Ended));
+        // The instance's clock agrees with Redis's.
+        c.learn_sale(v, Some(w), false, 50_000, 50_000);
+        assert_eq!(c.short_circuit(v, 50_000), Some(Known::NotStarted));
+        assert_eq!(c.short_circuit(v, 105_000), None);
+        c.learn_sale(v, None, true, 120_000, 120_000);
+        assert_eq!(c.short_circuit(v, 120_000), Some(Known::SoldOut));
+        // Ended wins over sold out once the window has clearly closed.
+        c.learn_sale(v, None, true, 129_900, 129_900);
+        assert_eq!(
+            c.short_circuit(v, 130_000 + SKEW_BOUND_MS),
+            Some(Known::Ended)
+        );
+    }
+
+    #[test]
+    fn sold_out_is_forgotten_after_its_ttl() {
+        let c = VoucherCache::default();
+        let v = VoucherId::new(9).unwrap();
+        let w = SaleWindow::new(0, 10 * HOUR).unwrap();
+        c.learn_sale(v, Some(w), true, HOUR, HOUR);
+        assert_eq!(c.short_circuit(v, HOUR), Some(Known::SoldOut));
+        assert_eq!(
+            c.short_circuit(v, HOUR + SOLD_OUT_TTL_MS - 1),
+            Some(Known::SoldOut)
+        );
+        // Stock may have come back: ask Redis again.
+        assert_eq!(c.short_circuit(v, HOUR + SOLD_OUT_TTL_MS), None);
+        // A clock stepped back does not stretch the flag either.
+        assert_eq!(c.short_circuit(v, HOUR - HOUR / 2), None);
+        // An answer with stock left clears it at once.
+        c.learn_sale(v, Some(w), true, 2 * HOUR, 2 * HOUR);
+        c.learn_sale(v, Some(w), false, 2 * HOUR + 1, 2 * HOUR + 1);
+        assert_eq!(c.short_circuit(v, 2 * HOUR + 2), None);
+    }
+
+    #[test]
+    fn a_skewed_instance_clock_refuses_no_buyer_redis_would_admit() {
+        let v = VoucherId::new(10).unwrap();
+        let begins = 10 * HOUR;
+        let w = SaleWindow::new(begins, begins + HOUR).unwrap();
+        for skew in [-HOUR, -30_000, -1_500, 1_500, 30_000, HOUR] {
+            let c = VoucherCache::default();
+            // Seen in the database only, no Redis answer yet: no window answers at all,
+            // whatever the instance's clock says.
+            c.learn_voucher(&Voucher {
+                id: v,
+                title: "t".into(),
+                stock: 1,
+                db_stock_left: 1,
+                window: w,
+            });
+            assert_eq!(c.short_circuit(v, begins - HOUR + skew), None, "{skew}");
+            // Redis answered not started 10 s early; the instance's clock is `skew` off
+            // Redis's.
+            let local = |redis: i64| redis + skew;
+            c.learn_sale(v, Some(w), false, begins - 10_000, local(begins - 10_000));
+            assert_eq!(
+                c.short_circuit(v, local(begins - 2 * SKEW_BOUND_MS)),
+                Some(Known::NotStarted),
+                "{skew}"
+            );
+            // From the bound before the start on, Redis decides.
+            for at in [begins - SKEW_BOUND_MS, begins, begins + 5_000] {
+                assert_eq!(c.short_circuit(v, local(at)), None, "{skew} {at}");
+            }
+            // Same at the end: an admission 5 s before it, then Redis decides until the
+            // bound after it.
+            let ends = w.ends_ms();
+            c.learn_sale(v, Some(w), false, ends - 5_000, local(ends - 5_000));
+            for at in [ends - 1, ends, ends + SKEW_BOUND_MS - 1] {
+                assert_eq!(c.short_circuit(v, local(at)), None, "{skew} {at}");
+            }
+            assert_eq!(
+                c.short_circuit(v, local(ends + SKEW_BOUND_MS)),
+                Some(Known::Ended),
+                "{skew}"
+            );
+            // An offset measured long ago is not trusted (the clock may have been stepped).
+            assert_eq!(
+                c.short_circuit(v, local(ends - 5_000) + CLOCK_OFFSET_TTL_MS),
+                None,
+                "{skew}"
+            );
+        }
     }
 
     #[test]

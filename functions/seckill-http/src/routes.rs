@@ -7,7 +7,7 @@
 use http::{Method, StatusCode};
 use lambda_http::{Body, Request, RequestExt, Response};
 use seckill_shared::domain::{
-    Admission, NewVoucher, OrderId, OrderStatus, UnixMillis, Voucher, VoucherId,
+    Admission, NewVoucher, OrderId, OrderStatus, UnixMillis, UserId, Voucher, VoucherId,
     format_rfc3339_millis, now_millis,
 };
 use serde::Deserialize;
@@ -17,6 +17,7 @@ use crate::app::App;
 use crate::cache::Known;
 use crate::error::{ApiError, json_response};
 use crate::identity::{identify, require_admin};
+use crate::repair::repair;
 
 /// Every route: method, path pattern, whether it needs a token. The SAM template must
 /// declare exactly these (a test compares them).
@@ -25,6 +26,7 @@ pub const ROUTES: &[(&str, &str, bool)] = &[
     ("GET", "/vouchers/{id}", false),
     ("POST", "/vouchers/{id}/seckill", true),
     ("GET", "/orders/{order_id}", true),
+    ("GET", "/vouchers/{id}/order", true),
 ];
 
 /// The largest request body accepted (a voucher is a few hundred bytes).
@@ -37,6 +39,8 @@ pub enum Route<'a> {
     GetVoucher(&'a str),
     Seckill(&'a str),
     GetOrder(&'a str),
+    /// The caller's order for a voucher.
+    BuyerOrder(&'a str),
 }
 
 impl<'a> Route<'a> {
@@ -51,6 +55,9 @@ impl<'a> Route<'a> {
             ("POST", [Some("vouchers"), Some(id), Some("seckill"), None]) => {
                 Some(Route::Seckill(id))
             }
+            ("GET", [Some("vouchers"), Some(id), Some("order"), None]) => {
+                Some(Route::BuyerOrder(id))
+            }
             ("GET", [Some("orders"), Some(id), None, _]) => Some(Route::GetOrder(id)),
             _ => None,
         }
@@ -63,14 +70,14 @@ impl Route<'_> {
         match self {
             Route::CreateVoucher => "created",
             Route::Seckill(_) => "admitted",
-            Route::GetVoucher(_) | Route::GetOrder(_) => "ok",
+            Route::GetVoucher(_) | Route::GetOrder(_) | Route::BuyerOrder(_) => "ok",
         }
     }
 
     /// The voucher id as it appears in the path, for the request log.
     fn voucher_param(&self) -> &str {
         match self {
-            Route::GetVoucher(id) | Route::Seckill(id) => id,
+            Route::GetVoucher(id) | Route::Seckill(id) | Route::BuyerOrder(id) => id,
             Route::CreateVoucher | Route::GetOrder(_) => "",
         }
     }
@@ -122,6 +129,7 @@ async fn dispatch(app: &App, req: &Request, route: &Route<'_>) -> Result<Respons
         Route::GetVoucher(id) => get_voucher(app, id.parse()?).await,
         Route::Seckill(id) => seckill(app, req, id.parse()?).await,
         Route::GetOrder(id) => get_order(app, req, id.parse()?).await,
+        Route::BuyerOrder(id) => buyer_order(app, req, id.parse()?).await,
     }
 }
 
@@ -234,19 +242,21 @@ async fn seckill(app: &App, req: &Request, id: VoucherId) -> Result<Response<Bod
     }
     let sales = app.sales().await?;
     let order_id = app.ids.next(sales, id, now).await?;
-    let mut reply = sales.admit(id, &caller.user, order_id, now).await?;
+    let mut reply = sales.admit(id, &caller.user, order_id).await?;
     if reply.admission == Admission::NotLoaded {
         if !repair(app, id, now).await? {
             return Err(not_found_voucher(id));
         }
-        reply = sales.admit(id, &caller.user, order_id, now).await?;
+        reply = sales.admit(id, &caller.user, order_id).await?;
     }
     let sold_out = match reply.admission {
         Admission::Admitted { stock_after, .. } => stock_after <= 0,
         Admission::SoldOut => true,
         _ => false,
     };
-    app.cache.learn_sale(id, reply.window, sold_out);
+    // The clock offset is measured against the time the answer arrived.
+    app.cache
+        .learn_sale(id, reply.window, sold_out, reply.server_ms, now_millis());
     match reply.admission {
         Admission::Admitted { order_id, .. } => Ok(json_response(
             StatusCode::ACCEPTED,
@@ -268,45 +278,70 @@ async fn seckill(app: &App, req: &Request, id: VoucherId) -> Result<Response<Bod
 
 /// `GET /orders/{order_id}` (the buyer): `confirmed`/`rejected` from the database,
 /// `pending` while admitted in Redis and not yet drained. Another user's order is 404.
+///
+/// A pending order is found through its id, which names the voucher it was issued for
+/// (the lease's `block → voucher` record), and then the caller's order for that voucher
+/// ([`caller_order`]). If Redis lost the lease record the voucher cannot be named from
+/// the id alone: the answer is 404 with a pointer to `GET /vouchers/{id}/order`, which
+/// needs no such record.
 async fn get_order(app: &App, req: &Request, id: OrderId) -> Result<Response<Body>, ApiError> {
     let now = now_millis();
     let caller = identify(req, app.dev_secret.as_deref(), now_secs(now))?;
-    let not_found = || ApiError::NotFound(format!("order {id} not found"));
+    let not_found = || {
+        ApiError::NotFound(format!(
+            "order {id} not found (GET /vouchers/{{voucher_id}}/order finds your order for a voucher)"
+        ))
+    };
     if let Some((voucher, buyer, status)) = app.db.order(id).await? {
         if buyer != caller.user {
             return Err(not_found());
         }
         return Ok(order_json(id, voucher, status));
     }
-    // Not drained yet: the id says which voucher it was issued for; the voucher's buyers
-    // hash says whether this caller holds it.
-    let sales = app.sales().await?;
-    let Some(voucher) = sales.voucher_of_order(id).await? else {
+    let Some(voucher) = app.sales().await?.voucher_of_order(id).await? else {
         return Err(not_found());
     };
-    if sales.order_of_buyer(voucher, &caller.user).await? != Some(id) {
-        return Err(not_found());
+    match caller_order(app, voucher, &caller.user).await? {
+        Some((held, status)) if held == id => Ok(order_json(id, voucher, status)),
+        _ => Err(not_found()),
     }
-    // The drainer may have committed between the two reads.
-    let status = match app.db.order(id).await? {
-        Some((_, _, status)) => status,
-        None => OrderStatus::Pending,
-    };
-    Ok(order_json(id, voucher, status))
 }
 
-/// Preloads a voucher that Redis does not have, from the database. Returns false when
-/// the database does not know it either.
-async fn repair(app: &App, id: VoucherId, now: UnixMillis) -> Result<bool, ApiError> {
-    let Some(voucher) = app.db.voucher(id).await? else {
-        app.cache.learn_missing(id, now);
-        return Ok(false);
-    };
-    app.cache.learn_voucher(&voucher);
-    if app.sales().await?.preload(&voucher).await? {
-        tracing::warn!("voucher was missing in redis; preloaded from the database");
+/// `GET /vouchers/{id}/order` (the buyer): the caller's order for a voucher, found by
+/// (voucher, user): from the database once drained, else from the voucher's buyers hash
+/// in Redis (`pending`). 404 when the caller holds none.
+async fn buyer_order(app: &App, req: &Request, id: VoucherId) -> Result<Response<Body>, ApiError> {
+    let now = now_millis();
+    let caller = identify(req, app.dev_secret.as_deref(), now_secs(now))?;
+    match caller_order(app, id, &caller.user).await? {
+        Some((order, status)) => Ok(order_json(order, id, status)),
+        None => Err(ApiError::NotFound(format!(
+            "you hold no order for voucher {id}"
+        ))),
     }
-    Ok(true)
+}
+
+/// The order `user` holds for `voucher` and its status. The database first (a drained
+/// order, confirmed or rejected, even if Redis lost it), then the buyers hash (admitted,
+/// `pending`), then the database again: the drainer may have committed between the two
+/// reads, and a drained order's status is the database's.
+async fn caller_order(
+    app: &App,
+    voucher: VoucherId,
+    user: &UserId,
+) -> Result<Option<(OrderId, OrderStatus)>, ApiError> {
+    if let Some(found) = app.db.order_of_buyer(voucher, user).await? {
+        return Ok(Some(found));
+    }
+    let Some(held) = app.sales().await?.order_of_buyer(voucher, user).await? else {
+        return Ok(None);
+    };
+    Ok(Some(
+        app.db
+            .order_of_buyer(voucher, user)
+            .await?
+            .unwrap_or((held, OrderStatus::Pending)),
+    ))
 }
 
 fn not_found_voucher(id: VoucherId) -> ApiError {
@@ -339,6 +374,7 @@ mod tests {
     fn every_declared_route_dispatches() {
         for (method, pattern, _) in ROUTES {
             let path = pattern.replace("{id}", "12").replace("{order_id}", "34");
+            assert!(!path.contains('{'), "{pattern} has an unknown parameter");
             let method: Method = method.parse().unwrap();
             assert!(Route::parse(&method, &path).is_some(), "{method} {path}");
         }
@@ -353,6 +389,12 @@ mod tests {
         assert_eq!(Route::parse(&Method::POST, "/vouchers/12/seckill/x"), None);
         assert_eq!(Route::parse(&Method::GET, "/vouchers/12/x"), None);
         assert_eq!(Route::parse(&Method::GET, "/orders/34/x/y"), None);
+        assert_eq!(
+            Route::parse(&Method::GET, "/vouchers/12/order"),
+            Some(Route::BuyerOrder("12"))
+        );
+        assert_eq!(Route::parse(&Method::POST, "/vouchers/12/order"), None);
+        assert_eq!(Route::parse(&Method::GET, "/vouchers/12/order/1"), None);
         assert_eq!(Route::parse(&Method::POST, "/vouchers/x"), None);
         assert_eq!(
             Route::parse(&Method::POST, "/vouchers/12/seckill/"),

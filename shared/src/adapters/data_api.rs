@@ -172,11 +172,20 @@ impl DataApi {
 
     /// A voucher by id.
     pub async fn voucher(&self, id: VoucherId) -> Result<Option<Voucher>, StoreError> {
+        self.voucher_in(id, None).await
+    }
+
+    /// A voucher by id, inside `transaction` when given.
+    async fn voucher_in(
+        &self,
+        id: VoucherId,
+        transaction: Option<&str>,
+    ) -> Result<Option<Voucher>, StoreError> {
         let out = self
             .execute(
                 "SELECT id, title, stock, stock_left, begins_at, ends_at FROM vouchers WHERE id = :id",
                 vec![param::long("id", id.get())],
-                None,
+                transaction,
             )
             .await?;
         let Some(row) = out.records().first() else {
@@ -198,6 +207,71 @@ impl DataApi {
             db_stock_left: field::long(left).ok_or_else(bad)?,
             window,
         }))
+    }
+
+    /// Opens a consistent read of one voucher's sale: its row (with `stock_left`) now,
+    /// and then, page by page ([`SaleSnapshot::next_page`]), every order of it as of the
+    /// same instant. `None` when the voucher does not exist.
+    ///
+    /// It is one read-only transaction (InnoDB's REPEATABLE READ: every read sees the
+    /// snapshot taken at the first), so a drainer committing meanwhile changes neither
+    /// the stock nor the orders it reports. Plain reads take no locks.
+    pub async fn sale_snapshot(
+        &self,
+        id: VoucherId,
+    ) -> Result<Option<(Voucher, SaleSnapshot<'_>)>, StoreError> {
+        let transaction = self.begin().await?;
+        match self.voucher_in(id, Some(&transaction)).await {
+            Ok(Some(v)) => Ok(Some((
+                v,
+                SaleSnapshot {
+                    api: self,
+                    transaction,
+                    voucher: id,
+                    after: Some(String::new()),
+                },
+            ))),
+            Ok(None) => {
+                self.rollback(&transaction).await;
+                Ok(None)
+            }
+            Err(e) => {
+                self.rollback(&transaction).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The order `user` holds for `voucher` in the database: (order id, status).
+    pub async fn order_of_buyer(
+        &self,
+        voucher: VoucherId,
+        user: &UserId,
+    ) -> Result<Option<(OrderId, OrderStatus)>, StoreError> {
+        let out = self
+            .execute(
+                "SELECT id, status FROM orders WHERE voucher_id = :v AND user_id = :u",
+                vec![
+                    param::long("v", voucher.get()),
+                    param::string("u", user.as_str()),
+                ],
+                None,
+            )
+            .await?;
+        let Some(row) = out.records().first() else {
+            return Ok(None);
+        };
+        let bad = || {
+            StoreError::Corrupt(format!(
+                "order of {user} for voucher {voucher} has an unexpected shape"
+            ))
+        };
+        let [id, status] = row.as_slice() else {
+            return Err(bad());
+        };
+        let id = field::long(id).and_then(OrderId::new).ok_or_else(bad)?;
+        let status = parse_status(status).ok_or_else(bad)?;
+        Ok(Some((id, status)))
     }
 
     /// An order as the database has it: (voucher, buyer, status).
@@ -225,12 +299,85 @@ impl DataApi {
         let user = field::string(user)
             .and_then(|u| UserId::parse(&u).ok())
             .ok_or_else(bad)?;
-        let status = match field::string(status).as_deref() {
-            Some("confirmed") => OrderStatus::Confirmed,
-            Some("rejected") => OrderStatus::Rejected,
-            _ => return Err(bad()),
-        };
+        let status = parse_status(status).ok_or_else(bad)?;
         Ok(Some((voucher, user, status)))
+    }
+}
+
+/// Rows per page of [`SaleSnapshot::next_page`]. A row of the response is a user id
+/// (at most 64 bytes, at most 128 once JSON escapes quotes and backslashes) and an order
+/// id, with about 80 bytes of JSON around them: at most ~210 bytes, so a page stays
+/// under ~420 KiB, well within the Data API's 1 MiB response limit.
+pub const SNAPSHOT_PAGE_ROWS: usize = 2_000;
+
+/// An open consistent read of one voucher's orders (see [`DataApi::sale_snapshot`]).
+/// Call [`finish`](Self::finish) when done (the server would roll an abandoned one back
+/// after 3 idle minutes).
+#[derive(Debug)]
+pub struct SaleSnapshot<'a> {
+    api: &'a DataApi,
+    transaction: String,
+    voucher: VoucherId,
+    /// The last user id read (keyset pagination in the order of the unique
+    /// `(voucher_id, user_id)` index); `None` once the last page was read.
+    after: Option<String>,
+}
+
+impl SaleSnapshot<'_> {
+    /// The next page of (user id, order id) of the voucher's orders, confirmed or
+    /// rejected (either way the buyer holds an order), in user id order; `None` after the
+    /// last.
+    pub async fn next_page(&mut self) -> Result<Option<Vec<(String, OrderId)>>, StoreError> {
+        let Some(after) = self.after.take() else {
+            return Ok(None);
+        };
+        // The page size is a constant of this build, not input: written into the SQL,
+        // since not every driver binds a LIMIT.
+        let sql = format!(
+            "SELECT user_id, id FROM orders WHERE voucher_id = :v AND user_id > :after \
+             ORDER BY user_id LIMIT {SNAPSHOT_PAGE_ROWS}"
+        );
+        let out = self
+            .api
+            .execute(
+                &sql,
+                vec![
+                    param::long("v", self.voucher.get()),
+                    param::string("after", &after),
+                ],
+                Some(&self.transaction),
+            )
+            .await?;
+        let bad = || StoreError::Corrupt("orders page returned an unexpected row".into());
+        let mut page = Vec::with_capacity(out.records().len());
+        for row in out.records() {
+            let [user, id] = row.as_slice() else {
+                return Err(bad());
+            };
+            page.push((
+                field::string(user).ok_or_else(bad)?,
+                field::long(id).and_then(OrderId::new).ok_or_else(bad)?,
+            ));
+        }
+        if page.len() == SNAPSHOT_PAGE_ROWS {
+            self.after = page.last().map(|(user, _)| user.clone());
+        }
+        Ok(Some(page).filter(|p| !p.is_empty()))
+    }
+
+    /// Ends the read (read-only: a commit releases nothing but the snapshot).
+    pub async fn finish(self) {
+        if let Err(error) = self.api.commit(&self.transaction).await {
+            tracing::warn!(%error, "ending a read-only snapshot failed");
+        }
+    }
+}
+
+fn parse_status(f: &Field) -> Option<OrderStatus> {
+    match field::string(f).as_deref() {
+        Some("confirmed") => Some(OrderStatus::Confirmed),
+        Some("rejected") => Some(OrderStatus::Rejected),
+        _ => None,
     }
 }
 

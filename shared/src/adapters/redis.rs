@@ -25,6 +25,8 @@ static ADMIT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/admit.lua")));
 static PRELOAD: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/preload.lua")));
+static RESTORE_BUYERS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/restore_buyers.lua")));
 static LEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/lease.lua")));
 
@@ -115,12 +117,30 @@ impl ConnectionLike for RedisConn {
 }
 
 /// What the admission script answered, with the sale window when Redis knows it (so
-/// the instance can answer `not_started` / `ended` later without calling Redis).
+/// the instance can answer `not_started` / `ended` later without calling Redis) and the
+/// Redis server's clock that decided it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdmitReply {
     pub admission: Admission,
     pub window: Option<SaleWindow>,
+    /// The server time (`TIME`, unix ms) the script judged the window by.
+    pub server_ms: UnixMillis,
 }
+
+/// What [`RedisSales::reopen`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reopen {
+    /// The sale hash was created now.
+    Created,
+    /// The sale was already there (live stock, left as it is).
+    AlreadyLive,
+    /// The buyers hash holds fewer buyers than the database settled: Redis lost data
+    /// again during the repair. Nothing was written; repair again.
+    BuyersLost,
+}
+
+/// Orders stream entries per page when buyers are restored from the stream.
+pub const RESTORE_STREAM_PAGE: usize = 1_000;
 
 /// The sale state of vouchers in Redis.
 #[derive(Clone)]
@@ -137,51 +157,151 @@ impl RedisSales {
         self.conn.clone()
     }
 
-    /// Runs the admission script (`lua/admit.lua`): one round trip, atomic.
+    /// Runs the admission script (`lua/admit.lua`): one round trip, atomic. The sale
+    /// window is judged by the Redis server's clock, never the caller's.
     pub async fn admit(
         &self,
         voucher: VoucherId,
         user: &UserId,
         order_id: OrderId,
-        now: UnixMillis,
     ) -> Result<AdmitReply, StoreError> {
         let k = VoucherKeys::new(voucher);
-        let (code, detail, begins, ends, left): (i64, String, i64, i64, i64) = ADMIT
-            .key(&k.sale)
-            .key(&k.buyers)
-            .key(&k.orders)
-            .arg(user.as_str())
-            .arg(order_id.get())
-            .arg(now)
-            .arg(voucher.get())
-            .invoke_async(&mut self.conn.clone())
-            .await?;
+        let (code, detail, begins, ends, left, server_ms): (i64, String, i64, i64, i64, i64) =
+            ADMIT
+                .key(&k.sale)
+                .key(&k.buyers)
+                .key(&k.orders)
+                .arg(user.as_str())
+                .arg(order_id.get())
+                .arg(voucher.get())
+                .invoke_async(&mut self.conn.clone())
+                .await?;
         let window = SaleWindow::new(begins, ends).ok();
         let admission = admission_of(voucher, order_id, code, &detail, left)?;
-        Ok(AdmitReply { admission, window })
+        Ok(AdmitReply {
+            admission,
+            window,
+            server_ms,
+        })
     }
 
-    /// Makes a voucher sellable: registers it for the drainer, then creates its sale hash
-    /// (only if absent) and its consumer group. Idempotent; returns true when the sale
-    /// hash was created now.
+    /// Makes a new voucher sellable: registers it for the drainer, then creates its sale
+    /// hash (only if absent) and its consumer group. Idempotent; returns true when the
+    /// sale hash was created now.
+    pub async fn preload(&self, voucher: &Voucher) -> Result<bool, StoreError> {
+        // A new voucher has no orders in the database.
+        Ok(self.reopen(voucher, 0).await? == Reopen::Created)
+    }
+
+    /// Makes a voucher sellable again after Redis lost its sale hash (`lua/preload.lua`):
+    /// registers it for the drainer, then, only if the sale hash is absent, creates it
+    /// with `voucher.db_stock_left` minus the buyers the database had not settled.
+    ///
+    /// `settled` is the number of the voucher's orders in the database when
+    /// `db_stock_left` was read (one consistent read), and every one of their buyers must
+    /// already be in the buyers hash ([`Self::restore_buyers`]); the buyers beyond those
+    /// are admitted orders the database has not taken stock for yet.
     ///
     /// The active-set write comes first: if the second step fails, the drainer merely
     /// visits an empty stream, while the reverse order could leave orders undrained.
-    pub async fn preload(&self, voucher: &Voucher) -> Result<bool, StoreError> {
+    pub async fn reopen(&self, voucher: &Voucher, settled: u64) -> Result<Reopen, StoreError> {
         let mut conn = self.conn.clone();
         let _: i64 = conn.sadd(keys::ACTIVE_VOUCHERS, voucher.id.get()).await?;
         let k = VoucherKeys::new(voucher.id);
         let created: i64 = PRELOAD
             .key(&k.sale)
+            .key(&k.buyers)
             .key(&k.orders)
             .arg(voucher.db_stock_left)
             .arg(voucher.stock)
             .arg(voucher.window.begins_ms())
             .arg(voucher.window.ends_ms())
             .arg(keys::DRAIN_GROUP)
+            .arg(settled)
             .invoke_async(&mut conn)
             .await?;
-        Ok(created == 1)
+        match created {
+            1 => Ok(Reopen::Created),
+            0 => Ok(Reopen::AlreadyLive),
+            -1 => Ok(Reopen::BuyersLost),
+            other => Err(StoreError::Corrupt(format!(
+                "preload script answered {other}"
+            ))),
+        }
+    }
+
+    /// Records buyers the buyers hash lost (`lua/restore_buyers.lua`, HSETNX: a buyer it
+    /// still has is never overwritten). Returns how many were added.
+    pub async fn restore_buyers(
+        &self,
+        voucher: VoucherId,
+        buyers: &[(String, OrderId)],
+    ) -> Result<u64, StoreError> {
+        if buyers.is_empty() {
+            return Ok(0);
+        }
+        let k = VoucherKeys::new(voucher);
+        let mut call = RESTORE_BUYERS.key(&k.buyers);
+        call.key(&k.orders).arg("pairs");
+        for (user, order) in buyers {
+            call.arg(user.as_str()).arg(order.get());
+        }
+        let (_, added): (String, u64) = call.invoke_async(&mut self.conn.clone()).await?;
+        Ok(added)
+    }
+
+    /// Records the buyer of every order still in the voucher's orders stream that the
+    /// buyers hash lost, a page of [`RESTORE_STREAM_PAGE`] entries per call. Returns how
+    /// many were added.
+    pub async fn restore_buyers_from_stream(&self, voucher: VoucherId) -> Result<u64, StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let mut start = "-".to_string();
+        let mut added = 0;
+        loop {
+            let (last, n): (String, u64) = RESTORE_BUYERS
+                .key(&k.buyers)
+                .key(&k.orders)
+                .arg("stream")
+                .arg(&start)
+                .arg(RESTORE_STREAM_PAGE)
+                .invoke_async(&mut self.conn.clone())
+                .await?;
+            added += n;
+            if last.is_empty() {
+                return Ok(added);
+            }
+            start = format!("({last}");
+        }
+    }
+
+    /// Takes the voucher's repair lock for `ttl_ms` unless another holder has it; true
+    /// when taken. The lock only spares the database a repair per instance when a hot
+    /// sale is lost: repairs are idempotent, so two at once are merely wasteful.
+    pub async fn try_lock_repair(
+        &self,
+        voucher: VoucherId,
+        holder: &str,
+        ttl_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let set: Option<String> = redis::cmd("SET")
+            .arg(&k.repair)
+            .arg(holder)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(set.is_some())
+    }
+
+    /// Releases the repair lock. A plain DEL: if this holder's lock had expired and
+    /// another took it, a third repair may start early, which is safe (see
+    /// [`Self::try_lock_repair`]).
+    pub async fn unlock_repair(&self, voucher: VoucherId) -> Result<(), StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let _: i64 = self.conn.clone().del(&k.repair).await?;
+        Ok(())
     }
 
     /// Units left in Redis, `None` when the sale is not loaded.

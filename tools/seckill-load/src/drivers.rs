@@ -216,7 +216,7 @@ impl AdapterCaller {
             Ok(id) => id,
             Err(e) => return Outcome::Failed(e.to_string()),
         };
-        match self.sales.admit(self.voucher, &user, id, now).await {
+        match self.sales.admit(self.voucher, &user, id).await {
             Ok(reply) => match reply.admission {
                 Admission::Admitted { order_id, .. } => Outcome::Admitted(order_id.get()),
                 Admission::SoldOut => Outcome::Code("sold_out"),

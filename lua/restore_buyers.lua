@@ -1,0 +1,44 @@
+-- Restore buyers: part of a repair after Redis lost a voucher's sale. Records buyers
+-- that the buyers hash lost, never overwriting one it still has (HSETNX), so it is safe
+-- to run while the sale is live and as often as wanted.
+--
+-- KEYS[1] buyers hash   seckill:{<voucher>}:buyers
+-- KEYS[2] orders stream seckill:{<voucher>}:orders
+-- ARGV[1] 'pairs': ARGV[2..] are user id, order id, user id, order id, ... (orders the
+--         database holds). Returns {'', added}.
+-- ARGV[1] 'stream': ARGV[2] the start of an XRANGE page ('-', or '(<id>' exclusive),
+--         ARGV[3] its COUNT. Records the buyer of every admitted order still in the
+--         stream (undrained, or drained and not yet trimmed). Returns {last id of the
+--         page or '' when the page was empty, added}.
+
+local added = 0
+if ARGV[1] == 'pairs' then
+  for i = 2, #ARGV - 1, 2 do
+    added = added + redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+  return {'', added}
+end
+if ARGV[1] ~= 'stream' then
+  return redis.error_reply('restore_buyers: unknown mode ' .. tostring(ARGV[1]))
+end
+
+local entries = redis.call('XRANGE', KEYS[2], ARGV[2], '+', 'COUNT', ARGV[3])
+for _, entry in ipairs(entries) do
+  local fields, user, order = entry[2], nil, nil
+  for i = 1, #fields - 1, 2 do
+    if fields[i] == 'user_id' then
+      user = fields[i + 1]
+    elseif fields[i] == 'order_id' then
+      order = fields[i + 1]
+    end
+  end
+  -- A malformed entry (the drainer dead-letters it) names no buyer.
+  if user and order then
+    added = added + redis.call('HSETNX', KEYS[1], user, order)
+  end
+end
+local last = ''
+if #entries > 0 then
+  last = entries[#entries][1]
+end
+return {last, added}
