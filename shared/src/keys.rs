@@ -81,7 +81,14 @@ mod tests {
     #[test]
     fn all_keys_of_a_voucher_share_one_hash_tag() {
         let k = VoucherKeys::new(VoucherId::new(42).unwrap());
-        for key in [&k.sale, &k.buyers, &k.orders, &k.dead, &k.drain_tx, &k.repair] {
+        for key in [
+            &k.sale,
+            &k.buyers,
+            &k.orders,
+            &k.dead,
+            &k.drain_tx,
+            &k.repair,
+        ] {
             assert_eq!(hash_tag(key), "42", "{key}");
         }
         assert_eq!(k.orders, "seckill:{42}:orders");

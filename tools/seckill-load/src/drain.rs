@@ -367,13 +367,20 @@ async fn drain_spread(
     tokens: &Arc<Tokens>,
     ui: &Ui,
 ) -> anyhow::Result<DrainRun> {
-    anyhow::ensure!(sales >= 1 && n >= sales as u64, "need at least one order per sale");
+    anyhow::ensure!(
+        sales >= 1 && n >= sales as u64,
+        "need at least one order per sale"
+    );
     let per = n / sales as u64;
     let n = per * sales as u64;
     let mut vouchers = Vec::with_capacity(sales);
     for i in 0..sales {
         let v = bench
-            .voucher(&format!("bench drain spread {sales}/{i}"), per as i64, false)
+            .voucher(
+                &format!("bench drain spread {sales}/{i}"),
+                per as i64,
+                false,
+            )
             .await?;
         fill(bench, &v, per, tokens, ui).await?;
         vouchers.push(v);

@@ -89,7 +89,10 @@ async fn a_small_drain_commits_every_order_once() {
     assert_eq!(r.ours.len(), 2);
     assert!(r.tutorial.is_some() && r.db_floor.is_some());
     assert_eq!(
-        r.spread.iter().map(|s| (s.sales, s.orders)).collect::<Vec<_>>(),
+        r.spread
+            .iter()
+            .map(|s| (s.sales, s.orders))
+            .collect::<Vec<_>>(),
         vec![(1, 600), (3, 600)]
     );
     for run in r.runs() {
