@@ -845,8 +845,10 @@ async fn ten_thousand_open_sales_drain_within_a_few_runs_hot_ones_first() {
     let mut cfg = ctx.drainer_config();
     cfg.batch_size = 100;
     cfg.concurrency = 8;
-    cfg.max_run = Duration::from_secs(8);
-    cfg.safety_margin = Duration::from_secs(1);
+    cfg.max_run = Duration::from_secs(10);
+    cfg.safety_margin = Duration::from_secs(2);
+    // The deadline each run is given (`--once`: max run + safety margin): no batch may
+    // start that would not end before it, and the finish step stops there.
     let budget = cfg.max_run + cfg.safety_margin;
     let mut runs = Vec::new();
     let db_count = |ctx: &DrainCtx| {
@@ -866,7 +868,7 @@ async fn ten_thousand_open_sales_drain_within_a_few_runs_hot_ones_first() {
             (n.unwrap_or(0) as usize, hot_rows.unwrap_or(0) as usize)
         }
     };
-    for run in 1..=6 {
+    for run in 1..=8 {
         let started = Instant::now();
         let s = ctx.drain(cfg.clone()).await;
         let took = started.elapsed();
@@ -875,7 +877,7 @@ async fn ten_thousand_open_sales_drain_within_a_few_runs_hot_ones_first() {
             s.probed, s.read, s.inserted, s.errors, s.lag
         );
         assert!(
-            took <= budget + Duration::from_millis(500),
+            took <= budget,
             "run {run} took {took:?}, over its budget {budget:?}: {s:?}"
         );
         assert_eq!((s.errors, s.dead_lettered), (0, 0), "run {run}: {s:?}");
@@ -899,7 +901,9 @@ async fn ten_thousand_open_sales_drain_within_a_few_runs_hot_ones_first() {
         "every order within {} runs: {runs:#?}",
         runs.len()
     );
-    assert!(runs.len() <= 4, "took {} runs", runs.len());
+    // Some 4,000 Data API transactions a run here (one per small sale); a loaded CI
+    // machine may need a run or two more, never many.
+    assert!(runs.len() <= 6, "took {} runs", runs.len());
     let inserted: u64 = runs.iter().map(|s| s.inserted).sum();
     assert_eq!(inserted as usize, total);
     ctx.cleanup().await;
