@@ -17,7 +17,8 @@
 --   ends_ms         the sale's end (unix ms), -1 when Redis has no sale hash
 --   reaped          spent consumers deleted
 --
--- Consumer hygiene rides along: up to ARGV[4] other consumers that hold no pending entry
+-- Consumer hygiene rides along (the drainer asks for it on its last look at a stream,
+-- ARGV[4] > 0; its survey passes 0): up to ARGV[4] other consumers that hold no pending entry
 -- and were idle for the claim threshold (killed or retired drainers) are deleted, so the
 -- group's consumer list never grows without bound, in small steps on a slot that also
 -- serves admissions. XGROUP DELCONSUMER drops a consumer's pending entries with it, so a
@@ -73,7 +74,8 @@ if type(info['lag']) == 'number' then
 elseif fully == 1 then
   undelivered = 0
 else
-  undelivered = length - pending
+  -- Pending entries deleted from the stream (XDEL) can make this negative.
+  undelivered = math.max(0, length - pending)
 end
 
 local claimable, oldest_idle = 0, -1

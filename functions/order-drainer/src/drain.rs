@@ -149,8 +149,9 @@ struct Run {
     started: Instant,
     /// No batch starts unless it is expected to end before this.
     stop_at: Instant,
-    /// The invocation's own deadline: the finish step stops here.
-    deadline: Instant,
+    /// The finish step stops here: the invocation's deadline less a reserve to log and
+    /// return the summary (half the safety margin, at most a second).
+    finish_by: Instant,
     /// Recent batch duration (ms), rising at once, falling slowly.
     batch_ms: AtomicU64,
     state: Mutex<RunState>,
@@ -245,6 +246,16 @@ enum Attempt {
     Locked(StoreError),
 }
 
+/// Feeds a batch's duration into the run's estimate however the batch ends (a slow
+/// failure must raise the estimate as much as a slow success).
+struct BatchTimer<'a>(&'a Run, Instant);
+
+impl Drop for BatchTimer<'_> {
+    fn drop(&mut self) {
+        self.0.observe_batch(self.1.elapsed());
+    }
+}
+
 /// What became of a batch's orders, with their indexes into the batch's orders.
 #[derive(Default)]
 struct Isolated {
@@ -254,6 +265,8 @@ struct Isolated {
     unknown: Vec<usize>,
     /// Refused alone with a permanent error: (index, error text).
     refused: Vec<(usize, String)>,
+    /// Parts left untried because the run's time was up (still pending).
+    unfinished: bool,
 }
 
 impl Isolated {
@@ -303,7 +316,10 @@ impl Drainer {
             consumer: consumer.to_string(),
             started,
             stop_at,
-            deadline: deadline.max(stop_at),
+            finish_by: deadline
+                .checked_sub((self.cfg.safety_margin / 2).min(Duration::from_secs(1)))
+                .unwrap_or(deadline)
+                .max(stop_at),
             batch_ms: AtomicU64::new(FIRST_BATCH_ESTIMATE.as_millis() as u64),
             state: Mutex::new(RunState {
                 summary: Summary {
@@ -406,6 +422,10 @@ impl Drainer {
         }
         let min_idle = self.cfg.min_idle;
         let consumer = run.consumer.as_str();
+        // Position in this run's rotated order: the tie-break between equal backlogs, so
+        // that it too changes from run to run.
+        let position: BTreeMap<VoucherId, usize> =
+            vouchers.iter().enumerate().map(|(i, v)| (*v, i)).collect();
         let probes: Vec<(VoucherId, Result<Probe, StoreError>)> = futures::stream::iter(vouchers)
             .filter(|v| std::future::ready(!run.failed(*v)))
             .map(|v| async move { (v, self.streams.probe(v, consumer, min_idle, false).await) })
@@ -449,7 +469,8 @@ impl Drainer {
             .for_each_concurrent(self.cfg.concurrency, |v| self.recover(run, v))
             .await;
 
-        with_work.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        with_work
+            .sort_by_key(|(backlog, v)| (std::cmp::Reverse(*backlog), position.get(v).copied()));
         let mut poll: Vec<VoucherId> = with_work.into_iter().map(|(_, v)| v).collect();
         if open.len() <= POLL_OPEN_SALES {
             poll.extend(open);
@@ -573,9 +594,11 @@ impl Drainer {
     }
 
     /// One batch of one voucher: dead-letter what can never be written, commit the rest,
-    /// ack. `first_delivery`: the entries come from XREADGROUP `>`, so no earlier run can
-    /// have committed them (a run that committed and then died leaves them pending, and
-    /// they come back through XAUTOCLAIM).
+    /// ack. `first_delivery`: the entries come from XREADGROUP `>`, so no earlier run
+    /// should have committed them (a run that committed and then died leaves them
+    /// pending, and they come back through XAUTOCLAIM); when one did after all (a group
+    /// made again, a failover that lost the group's last-delivered id), the exact insert
+    /// counts catch it and the batch is planned again with a lookup.
     async fn process(
         &self,
         run: &Run,
@@ -583,7 +606,7 @@ impl Drainer {
         entries: Vec<StreamEntry>,
         first_delivery: bool,
     ) {
-        let started = Instant::now();
+        let _timer = BatchTimer(run, Instant::now());
         let sorted = plan::sort_entries(voucher, &entries);
         let dead: Vec<(usize, Reason, Option<AdmittedOrder>)> = sorted
             .dead
@@ -660,19 +683,23 @@ impl Drainer {
         if let Some(err) = failure {
             self.fail(run, voucher, err);
         }
-        if failed || !dead_ok {
+        if failed || !dead_ok || isolated.unfinished {
             // Whatever is still pending of this batch goes back for the next run; the
             // entries acked above are no longer pending and XCLAIM skips them.
             self.release(run, voucher, &entries).await;
         }
-        run.observe_batch(started.elapsed());
     }
 
-    /// Commits a batch's orders; when the database refuses it permanently, splits it in
-    /// halves (in stream order) until each refused order stands alone. Returns what was
-    /// decided and, if a transient failure (or a refusal of every single order: the
-    /// database refusing everything, not these orders) stopped it, that failure. Parts
-    /// not tried yet stay pending with the failure.
+    /// Commits a batch's orders; when the database refuses its rows (an insert failing
+    /// with a permanent error, or row counts that keep differing from the plan), splits
+    /// it in halves, in stream order, until each refused order stands alone. Returns what
+    /// was decided and, when something else stopped it, that failure: any failure that
+    /// is not a refusal (the database unreachable, a lock held, a commit lost, a refusal
+    /// of the lock or the stock update) is the database's state, not an order's, and
+    /// leaves the untried parts pending. So does a refusal of every order on its own, and
+    /// a lone refusal when the database also refuses an ordinary made-up row (then the
+    /// schema, rights or a trigger are at fault). Parts are only started while a batch
+    /// still fits in the run's time; the rest stay pending (`unfinished`).
     async fn commit_isolating(
         &self,
         run: &Run,
@@ -684,14 +711,22 @@ impl Drainer {
         let mut parts: Vec<Range<usize>> = Vec::with_capacity(8);
         parts.push(0..orders.len());
         let mut refusals = Vec::new();
+        let mut tried = 0;
         while let Some(part) = parts.pop() {
+            if tried > 0 && !run.fits(1) {
+                out.unfinished = true;
+                break;
+            }
+            tried += 1;
             let result = self
                 .commit_batch(run, voucher, &orders[part.clone()], first_delivery)
                 .await;
             match result {
                 Ok(BatchOutcome::Committed(split)) => out.merge(part.start, split),
                 Ok(BatchOutcome::UnknownVoucher) => out.unknown.extend(part),
-                Err(e) if e.is_transient() => return (out, Some(e)),
+                Err(e) if !(e.is_refusal() || matches!(e, DrainError::Raced { .. })) => {
+                    return (out, Some(e));
+                }
                 Err(e) if part.len() > 1 => {
                     tracing::warn!(%voucher, orders = part.len(), error = %e, "batch refused; splitting it to find the order the database refuses");
                     let mid = part.start + part.len() / 2;
@@ -702,9 +737,27 @@ impl Drainer {
                 Err(e) => refusals.push((part.start, e)),
             }
         }
-        if refusals.len() == orders.len() && orders.len() > 1 {
-            // Every order refused on its own: the statement, schema or rights are wrong,
-            // not the orders. Keep them all pending; the error alarms.
+        if refusals.is_empty() {
+            return (out, None);
+        }
+        let blame_orders = refusals.len() < orders.len() || orders.len() == 1;
+        let healthy = blame_orders
+            && match self.ledger.accepts_an_ordinary_row(voucher).await {
+                Ok(ok) => ok,
+                Err(e) => {
+                    return (
+                        out,
+                        Some(DrainError::store(
+                            "checking the orders table",
+                            Some(voucher),
+                            e,
+                        )),
+                    );
+                }
+            };
+        if !healthy {
+            // The database refuses everything, not these orders. Keep them all pending;
+            // the error alarms.
             let (_, first) = refusals.swap_remove(0);
             return (out, Some(first));
         }
@@ -837,6 +890,11 @@ impl Drainer {
 
     /// One attempt: begin, record the transaction, plan and write, commit (or roll back
     /// when there is nothing to commit or the plan did not hold).
+    ///
+    /// The record of the transaction is removed only once the transaction is known to
+    /// be over (committed, rolled back, or unknown to the server): a transaction whose
+    /// commit or rollback failed may still hold the voucher's row, and its record is
+    /// what lets a later run roll it back.
     async fn attempt(
         &self,
         run: &Run,
@@ -857,71 +915,90 @@ impl Drainer {
             .register_tx(voucher, &id, &run.consumer, now_millis())
             .await
         {
+            // Unrecorded: it must not stay open. It holds no lock yet.
             tx.rollback().await;
             return Err(db("recording the transaction", e));
         }
-        let outcome = match self.plan_and_write(&tx, voucher, orders, look_up).await {
-            Ok(Attempt::Planned(split)) if split.writes() == 0 => {
-                // Only redeliveries or dead letters: nothing to commit.
-                tx.rollback().await;
-                Ok(Attempt::Planned(split))
-            }
-            Ok(Attempt::Planned(split)) => {
+        let planned = self.plan_and_write(&tx, voucher, orders, look_up).await;
+        let (outcome, over) = match planned {
+            Ok(Attempt::Planned(split)) if split.writes() > 0 => {
                 failpoint::hit("before_commit");
                 match tx.commit().await {
                     Ok(()) => {
                         failpoint::hit("after_commit");
-                        Ok(Attempt::Planned(split))
+                        (Ok(Attempt::Planned(split)), true)
                     }
-                    Err(e) => Err(db("committing", e)),
+                    Err(e) => {
+                        // The commit may not have reached the server: end it for sure.
+                        let ended = tx.try_rollback().await.is_ok();
+                        (Err(db("committing", e)), ended)
+                    }
                 }
             }
-            Ok(other) => {
-                tx.rollback().await;
-                Ok(other)
-            }
-            Err(e) => {
-                tx.rollback().await;
-                Err(e)
+            // Only redeliveries or dead letters (nothing to commit), another plan, or a
+            // failure: roll back.
+            other => {
+                let ended = match tx.try_rollback().await {
+                    Ok(_) => true,
+                    Err(e) => {
+                        tracing::warn!(%voucher, error = %e, "rollback failed; the transaction stays recorded");
+                        false
+                    }
+                };
+                (other, ended)
             }
         };
-        if let Err(e) = self.streams.unregister_tx(voucher, &id).await {
+        if over && let Err(e) = self.streams.unregister_tx(voucher, &id).await {
             // A stale record costs a later run one rollback of an unknown transaction.
             tracing::warn!(%voucher, error = %e, "could not forget an ended transaction");
         }
         outcome
     }
 
-    /// Rolls back the recorded open transactions of other consumers on `voucher`: after
-    /// a kill they would hold the voucher's row for the Data API's 3 idle minutes. A live
-    /// run's transaction rolled back here fails its commit and leaves its entries
-    /// pending: nothing is lost.
-    async fn abort_abandoned(&self, run: &Run, voucher: VoucherId) -> Result<(), DrainError> {
-        let db = |step, e| DrainError::store(step, Some(voucher), e);
+    /// Rolls back the recorded open transactions of other runs on `voucher` that began
+    /// at least [`abandoned_after`](Drainer::abandoned_after) ago: after a kill they
+    /// would hold the voucher's row for the Data API's 3 idle minutes. A younger one is
+    /// left alone (a live batch of an overlapping run; it ends within seconds). A live
+    /// transaction rolled back here fails its commit and leaves its entries pending:
+    /// nothing is lost. Each record is handled on its own; a failure is logged and the
+    /// next one tried. Returns how many were rolled back.
+    async fn abort_abandoned(&self, run: &Run, voucher: VoucherId) -> Result<u64, DrainError> {
         let open = self
             .streams
             .registered_txs(voucher)
             .await
-            .map_err(|e| db("listing open transactions", e))?;
-        for (tx, consumer) in open {
-            if consumer == run.consumer {
+            .map_err(|e| DrainError::store("listing open transactions", Some(voucher), e))?;
+        let now = now_millis();
+        let old_enough = self.abandoned_after().as_millis() as i64;
+        let mut aborted = 0;
+        for (tx, consumer, begun) in open {
+            if consumer == run.consumer || now - begun < old_enough {
                 continue;
             }
-            let aborted = self
-                .ledger
-                .abort_abandoned(&tx)
-                .await
-                .map_err(|e| db("rolling back an abandoned transaction", e))?;
-            if aborted {
-                run.count(|s| s.aborted_transactions += 1);
-                tracing::warn!(%voucher, transaction = %tx, %consumer, "rolled back a transaction another run left open");
+            match self.ledger.abort_abandoned(&tx).await {
+                Ok(rolled_back) => {
+                    if rolled_back {
+                        aborted += 1;
+                        run.count(|s| s.aborted_transactions += 1);
+                        tracing::warn!(%voucher, transaction = %tx, %consumer, age_ms = now - begun, "rolled back a transaction another run left open");
+                    }
+                    if let Err(e) = self.streams.unregister_tx(voucher, &tx).await {
+                        tracing::warn!(%voucher, error = %e, "could not forget an abandoned transaction");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(%voucher, transaction = %tx, error = %e, "could not roll back an abandoned transaction");
+                }
             }
-            self.streams
-                .unregister_tx(voucher, &tx)
-                .await
-                .map_err(|e| db("forgetting an abandoned transaction", e))?;
         }
-        Ok(())
+        Ok(aborted)
+    }
+
+    /// How old another run's open transaction must be to count as abandoned: the claim
+    /// threshold (after which its entries are taken over anyway), at most 10 s (a live
+    /// batch transaction lasts well under a second; production runs never overlap).
+    fn abandoned_after(&self) -> Duration {
+        self.cfg.min_idle.min(Duration::from_secs(10))
     }
 
     /// The statements of one attempt, up to (not including) the commit; without
@@ -1015,11 +1092,11 @@ impl Drainer {
 
     /// Trims and measures what this run touched (the last probe also deletes this run's
     /// consumer where it holds nothing), retires sales that are over and drained, logs
-    /// and returns the summary. Stops at the invocation's deadline: what
-    /// it skips, a later run does.
+    /// and returns the summary. Stops shortly before the invocation's deadline: what it
+    /// skips, a later run does.
     async fn finish(&self, run: Run) -> Summary {
         let touched: Vec<VoucherId> = run.with(|s| s.touched.iter().copied().collect());
-        let end = tokio::time::sleep_until(run.deadline.into());
+        let end = tokio::time::sleep_until(run.finish_by.into());
         let consumer = run.consumer.as_str();
         let min_idle = self.cfg.min_idle;
         let run_ref = &run;
@@ -1054,7 +1131,7 @@ impl Drainer {
                 .map(|(v, _)| *v)
                 .collect()
         });
-        let end = tokio::time::sleep_until(run.deadline.into());
+        let end = tokio::time::sleep_until(run.finish_by.into());
         futures::stream::iter(over)
             .map(|v| async move {
                 match self.streams.retire(v).await {

@@ -1,12 +1,19 @@
 //! The drainer's one error type.
 //!
-//! What matters downstream is whether a failure is transient (leave the entries pending,
-//! stop the voucher for this invocation, retry on a later one) or permanent (leave them
-//! pending too: their delivery count grows until they are dead-lettered). Either way the
-//! invocation reports failure at the end so the scheduler's metrics and alarms see it.
+//! What matters downstream is whether a failure is transient (the backend was unavailable,
+//! a lock was held: retry later) or permanent, and whether it is a *refusal*: the database
+//! rejecting the rows of one insert, which may be one order's fault. A refusal makes the
+//! drainer split the batch to find the order; any other failure leaves the whole batch
+//! pending (released for the next run), however often it happens: no failure ever counts
+//! against an entry. Either way the invocation reports failure at the end so the
+//! scheduler's metrics and alarms see it.
 
 use seckill_shared::domain::VoucherId;
 use seckill_shared::error::StoreError;
+
+/// The step name of the insert statements, the only step whose refusals can be an
+/// order's fault.
+pub const INSERTING: &str = "inserting orders";
 
 /// A failure of the drainer.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +48,20 @@ impl DrainError {
             voucher,
             source,
         }
+    }
+
+    /// True when the database refused the rows of an insert with a permanent error: the
+    /// refusal may be one order's fault (too long a value, a constraint, a trigger), so
+    /// the batch is worth splitting. Refusals of any other statement are the database's.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            DrainError::Store {
+                step: INSERTING,
+                source: StoreError::Database(_),
+                ..
+            }
+        )
     }
 
     /// True when retrying later can help (the backend was unavailable, or a race).

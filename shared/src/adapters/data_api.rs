@@ -136,7 +136,14 @@ impl DataApi {
             .await
         {
             Ok(_) => Ok(true),
-            Err(err) if err.code() == Some("TransactionNotFoundException") => Ok(false),
+            Err(err)
+                if matches!(
+                    err.code(),
+                    Some("TransactionNotFoundException" | "NotFoundException")
+                ) =>
+            {
+                Ok(false)
+            }
             Err(err) => Err(store_error(err)),
         }
     }
@@ -394,7 +401,11 @@ where
             let code = e.code().unwrap_or("Unknown");
             let message = e.message().unwrap_or("").to_string();
             match code {
-                "DatabaseErrorException" if is_transient_database_error(&message) => {
+                // Aurora also reports a lost or failing-over connection as a bad request
+                // ("Communications link failure"): sorted by its text, not its name.
+                "DatabaseErrorException" | "BadRequestException"
+                    if is_transient_database_error(&message) =>
+                {
                     StoreError::Unavailable {
                         backend: "data api",
                         detail: format!("{code}: {message}"),
@@ -436,6 +447,8 @@ pub fn is_transient_database_error(message: &str) -> bool {
         "lost connection",
         "server has gone away",
         "too many connections",
+        "communications link failure",
+        "database is resuming",
     ];
     let lower = message.to_ascii_lowercase();
     PASSING.iter().any(|p| lower.contains(p))
@@ -566,6 +579,7 @@ mod tests {
             "Statement aborted because lock(s) could not be acquired immediately and NOWAIT is set.",
             "The MySQL server is running with the --read-only option so it cannot execute this statement",
             "Connection was killed",
+            "Communications link failure\n\nThe last packet sent successfully to the server was 0 milliseconds ago.",
         ] {
             assert!(is_transient_database_error(transient), "{transient}");
         }

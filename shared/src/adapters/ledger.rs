@@ -76,6 +76,36 @@ impl Ledger {
         self.api.try_rollback(transaction).await
     }
 
+    /// Whether the `orders` table accepts an ordinary row: inserts a made-up `rejected`
+    /// order (a fresh id near the top of the range, a user id no buyer has) in a
+    /// transaction and rolls it back, so nothing stays. The drainer asks this before it
+    /// blames one order for a refusal: when the database refuses this row too, the fault
+    /// is the database's (schema, rights, a trigger), not the order's.
+    pub async fn accepts_an_ordinary_row(&self, voucher: VoucherId) -> Result<bool, StoreError> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .subsec_nanos();
+        let probe = AdmittedOrder {
+            id: OrderId::new(i64::MAX - i64::from(nanos)).expect("positive"),
+            voucher,
+            user: UserId::parse("seckill-canary").expect("a valid user id"),
+            admitted_ms: crate::domain::now_millis(),
+        };
+        let tx = self.begin().await?;
+        let (sql, params) = insert_statement(&[probe], OrderStatus::Rejected, Some("canary"));
+        let outcome = self.api.execute(&sql, params, Some(&tx.id)).await;
+        tx.rollback().await;
+        match outcome {
+            Ok(_) => Ok(true),
+            Err(StoreError::Database(detail)) => {
+                tracing::warn!(%voucher, detail, "the orders table refuses an ordinary row");
+                Ok(false)
+            }
+            Err(other) => Err(other),
+        }
+    }
+
     /// Records orders as `rejected` with `reason`, outside any batch transaction and
     /// idempotently (`INSERT IGNORE`: an order already in the database, confirmed or not,
     /// is left as it is). Returns the rows inserted.
@@ -193,8 +223,14 @@ impl LedgerTx<'_> {
         Ok(out.number_of_records_updated() == 1)
     }
 
-    pub async fn commit(self) -> Result<(), StoreError> {
+    pub async fn commit(&self) -> Result<(), StoreError> {
         self.api.commit(&self.id).await
+    }
+
+    /// Rolls back and says how it went: `Ok(true)` rolled back, `Ok(false)` the server
+    /// no longer knew it; an error when the server may still hold it open.
+    pub async fn try_rollback(&self) -> Result<bool, StoreError> {
+        self.api.try_rollback(&self.id).await
     }
 
     /// Rolls back; failures are logged only (the server rolls back on its own).

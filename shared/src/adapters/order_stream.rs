@@ -187,9 +187,10 @@ impl OrderStreams {
     }
 
     /// Probes one voucher's stream in one script call (`lua/probe.lua`): makes its drain
-    /// group if missing, reports what the drainer has to do there ([`Probe`]), and
-    /// deletes up to [`REAP_PER_PROBE`] spent consumers other than `consumer` (and
-    /// `consumer` itself if it holds nothing and `leaving`).
+    /// group if missing and reports what the drainer has to do there ([`Probe`]). When
+    /// `leaving` (the run's last look at the stream), it also deletes up to
+    /// [`REAP_PER_PROBE`] spent consumers other than `consumer`, and `consumer` itself
+    /// if it holds nothing.
     pub async fn probe(
         &self,
         voucher: VoucherId,
@@ -204,7 +205,7 @@ impl OrderStreams {
             .arg(keys::DRAIN_GROUP)
             .arg(min_idle.as_millis() as u64)
             .arg(consumer)
-            .arg(REAP_PER_PROBE)
+            .arg(if leaving { REAP_PER_PROBE } else { 0 })
             .arg(if leaving { "1" } else { "0" })
             .invoke_async(&mut self.conn.clone())
             .await?;
@@ -263,6 +264,8 @@ impl OrderStreams {
     }
 
     /// Records an open drainer transaction of `voucher` (see [`VoucherKeys::drain_tx`]).
+    /// The record expires an hour after the voucher's latest transaction: entries left
+    /// by killed runs do not pile up on a sale nobody drains any more.
     pub async fn register_tx(
         &self,
         voucher: VoucherId,
@@ -271,10 +274,12 @@ impl OrderStreams {
         now: UnixMillis,
     ) -> Result<(), StoreError> {
         let k = VoucherKeys::new(voucher);
-        let _: i64 = self
-            .conn
-            .clone()
+        let _: () = redis::pipe()
             .hset(&k.drain_tx, transaction, format!("{consumer} {now}"))
+            .ignore()
+            .expire(&k.drain_tx, 3_600)
+            .ignore()
+            .query_async(&mut self.conn.clone())
             .await?;
         Ok(())
     }
@@ -290,18 +295,19 @@ impl OrderStreams {
         Ok(())
     }
 
-    /// The open drainer transactions recorded for `voucher`: (transaction id, consumer).
+    /// The open drainer transactions recorded for `voucher`: (transaction id, consumer,
+    /// when it began; 0 when the record does not say).
     pub async fn registered_txs(
         &self,
         voucher: VoucherId,
-    ) -> Result<Vec<(String, String)>, StoreError> {
+    ) -> Result<Vec<(String, String, UnixMillis)>, StoreError> {
         let k = VoucherKeys::new(voucher);
         let all: HashMap<String, String> = self.conn.clone().hgetall(&k.drain_tx).await?;
         Ok(all
             .into_iter()
             .map(|(tx, v)| {
-                let consumer = v.split_once(' ').map(|(c, _)| c).unwrap_or(&v).to_string();
-                (tx, consumer)
+                let (consumer, begun) = v.split_once(' ').unwrap_or((&v, "0"));
+                (tx, consumer.to_string(), begun.parse().unwrap_or(0))
             })
             .collect())
     }
