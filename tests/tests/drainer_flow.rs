@@ -967,3 +967,117 @@ async fn ten_thousand_open_sales_drain_within_a_few_runs_hot_ones_first() {
 fn crate_url(ctx: &DrainCtx) -> String {
     seckill_tests::mysql::url_with_database(&ctx.mysql_url, &ctx.database)
 }
+
+/// Another run's open transaction holding the voucher's row, as a killed run leaves it:
+/// begun through the Data API, the row locked, recorded under `consumer` as begun at
+/// `begun_ms` (or not recorded at all). Returns its id.
+async fn hold_the_voucher_row(ctx: &DrainCtx, v: VoucherId, record: Option<(&str, i64)>) -> String {
+    use seckill_shared::adapters::data_api::param;
+    let db = ctx.db().await;
+    let tx = db.begin().await.expect("begin");
+    db.execute(
+        "SELECT stock_left FROM vouchers WHERE id = :v FOR UPDATE",
+        vec![param::long("v", v.get())],
+        Some(&tx),
+    )
+    .await
+    .expect("row locked");
+    if let Some((consumer, begun)) = record {
+        ctx.streams
+            .register_tx(v, &tx, consumer, begun)
+            .await
+            .expect("recorded");
+    }
+    tx
+}
+
+#[tokio::test]
+async fn a_killed_runs_transaction_is_rolled_back_once_old_and_a_live_one_is_waited_for() {
+    let ctx = DrainCtx::start().await;
+    let mut cfg = ctx.drainer_config();
+    cfg.min_idle = Duration::from_secs(2);
+
+    // Recorded a minute ago by a run that is gone: rolled back at once, the sale drains.
+    let v = ctx.voucher(100, 100).await;
+    let admitted = ctx.admit(v.id, "u", 10).await;
+    hold_the_voucher_row(&ctx, v.id, Some(("ghost", now_millis() - 60_000))).await;
+    let s = ctx.drain(cfg.clone()).await;
+    assert_eq!(
+        (s.aborted_transactions, s.inserted, s.errors),
+        (1, 10, 0),
+        "{s:?}"
+    );
+    assert_eq!(ctx.orders_in_db(v.id).await.len(), admitted.len());
+    assert_eq!(
+        ctx.conn()
+            .hlen::<_, u64>(VoucherKeys::new(v.id).drain_tx)
+            .await
+            .unwrap(),
+        0,
+        "the abandoned transaction's record is gone"
+    );
+
+    // Recorded just now (a live batch of an overlapping run): left alone; this run gives
+    // its entries back and fails, losing nothing; once the holder is old, it goes.
+    let w = ctx.voucher(100, 100).await;
+    let admitted = ctx.admit(w.id, "u", 10).await;
+    hold_the_voucher_row(&ctx, w.id, Some(("live", now_millis()))).await;
+    let s = ctx.drain(cfg.clone()).await;
+    assert!(s.errors >= 1, "{s:?}");
+    assert_eq!(
+        (s.aborted_transactions, s.inserted, s.dead_lettered),
+        (0, 0, 0),
+        "{s:?}"
+    );
+    assert_eq!(s.released, 10, "{s:?}");
+    tokio::time::sleep(cfg.min_idle).await;
+    let s = ctx.drain(cfg.clone()).await;
+    assert_eq!(
+        (s.aborted_transactions, s.inserted, s.errors),
+        (1, 10, 0),
+        "{s:?}"
+    );
+    assert_eq!(ctx.orders_in_db(w.id).await.len(), admitted.len());
+    assert_eq!(ctx.pending(w.id).await, 0);
+    ctx.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_refused_order_leaves_the_stock_to_its_neighbours_in_stream_order() {
+    let ctx = DrainCtx::start().await;
+    // Five units in the database for eleven admitted orders, one of them refused.
+    let v = ctx.voucher(100, 5).await;
+    refuse_users(&ctx, "poison").await;
+    let mut in_order = Vec::new();
+    for (prefix, n) in [("a", 2), ("poison", 1), ("b", 8)] {
+        for id in ctx.admit(v.id, prefix, n).await {
+            in_order.push(id);
+        }
+    }
+    // Stream order, not admission-call order, decides who gets the units (read before
+    // the drain trims the stream).
+    let stream: Vec<i64> = stream_orders(&ctx, v.id)
+        .await
+        .into_iter()
+        .map(|(_, o)| o)
+        .collect();
+    let s = ctx.drain(ctx.drainer_config()).await;
+    assert_eq!(
+        (s.inserted, s.rejected, s.dead_lettered, s.errors),
+        (5, 5, 1, 0),
+        "{s:?}"
+    );
+    let rows = ctx.orders_in_db(v.id).await;
+    let dead = ctx.dead_letters(v.id).await;
+    let poison: i64 = dead[0]["order_id"].parse().unwrap();
+    let good: Vec<i64> = stream.into_iter().filter(|o| *o != poison).collect();
+    assert_eq!(good.len(), 10);
+    for (i, o) in good.iter().enumerate() {
+        let want = if i < 5 { "confirmed" } else { "rejected" };
+        assert_eq!(rows[o].0, want, "order {i} of the stream: {rows:?}");
+    }
+    assert!(!rows.contains_key(&poison));
+    assert_eq!(ctx.db_stock_left(v.id).await, 0);
+    assert_eq!(in_order.len(), 11);
+    ctx.cleanup().await;
+}
