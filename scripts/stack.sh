@@ -355,7 +355,8 @@ GRANT ALL PRIVILEGES ON \`seckill%\`.* TO 'seckill'@'%';
 DROP USER IF EXISTS ''@'localhost';
 FLUSH PRIVILEGES;
 SQL
-    mariadb --no-defaults -useckill -pseckill -h127.0.0.1 -P"$MYSQL_PORT" "$DB_NAME" -e 'SELECT 1' >/dev/null ||
+    # The password through the environment, never on a command line (`ps` shows those).
+    MYSQL_PWD=seckill mariadb --no-defaults -useckill -h127.0.0.1 -P"$MYSQL_PORT" "$DB_NAME" -e 'SELECT 1' >/dev/null ||
         fail mysql "user seckill cannot log in over TCP at 127.0.0.1:$MYSQL_PORT"
     ok "mariadb   $MYSQL_URL"
 }
@@ -587,7 +588,11 @@ cmd_up() {
         esac
     done
     t0=$(now_s)
+    # .dev holds the local secrets (the dev JWT secret, passwords in URLs): readable by
+    # this user alone, whatever the caller's umask; files made earlier are narrowed too.
+    umask 077
     mkdir -p "$DEV_DIR" "$PID_DIR" "$LOG_DIR"
+    chmod -R go-rwx "$DEV_DIR"
     [[ -f $EVENT_FIXTURE ]] || die "missing $EVENT_FIXTURE"
     "$SECKILL_ROOT/scripts/setup.sh"
     lock_stack

@@ -1001,3 +1001,58 @@ async fn the_database_member_picks_the_database() {
     drop_database(&ctx.mysql_url, &other).await;
     ctx.cleanup().await;
 }
+
+/// The server has no authentication, so what a web page in the developer's browser can
+/// send must be refused: a cross-origin `text/plain` POST (no preflight), any request
+/// carrying an `Origin`, and a rebound DNS name (its own name in `Host`). The same call
+/// as the SDK makes it passes.
+#[tokio::test]
+async fn requests_a_browser_could_send_are_refused() {
+    let ctx = Ctx::new().await;
+    let url = format!("{}/Execute", ctx.api.server.url());
+    let body = serde_json::json!({
+        "resourceArn": ctx.api.resource_arn,
+        "secretArn": ctx.api.secret_arn,
+        "database": ctx.database,
+        "sql": "SELECT 1",
+    })
+    .to_string();
+    let http = reqwest::Client::new();
+    let send = |content_type: &'static str, extra: Option<(&'static str, &'static str)>| {
+        let mut req = http
+            .post(&url)
+            .header("content-type", content_type)
+            .body(body.clone());
+        if let Some((k, v)) = extra {
+            req = req.header(k, v);
+        }
+        async move {
+            let res = req.send().await.expect("the server answers");
+            let status = res.status().as_u16();
+            let kind = res
+                .headers()
+                .get("x-amzn-errortype")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            (status, kind)
+        }
+    };
+    // The SDK's shape passes (the control: the refusals below are about the headers).
+    assert_eq!(send("application/json", None).await.0, 200);
+    for (content_type, extra) in [
+        ("text/plain", None),
+        ("application/x-www-form-urlencoded", None),
+        ("application/json", Some(("origin", "http://evil.example"))),
+        ("application/json", Some(("origin", "null"))),
+        ("application/json", Some(("host", "evil.example:18080"))),
+        ("application/json", Some(("host", "127.0.0.1.evil.example"))),
+    ] {
+        assert_eq!(
+            send(content_type, extra).await,
+            (403, "ForbiddenException".to_string()),
+            "{content_type} {extra:?}"
+        );
+    }
+    ctx.cleanup().await;
+}

@@ -219,3 +219,29 @@ fn dev_jwt_secret_is_set() {
         secret.len()
     );
 }
+
+/// The local secrets (the dev JWT secret, passwords inside URLs) are this user's alone:
+/// `.dev` and the files the stack wrote into it are not readable by group or others.
+#[test]
+fn local_secrets_are_readable_by_their_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dev = seckill_tests::stack::workspace_root().join(".dev");
+    for path in [
+        dev.clone(),
+        dev.join("stack.env"),
+        dev.join("functions.env"),
+        dev.join("jwt-secret"),
+    ] {
+        let mode = std::fs::metadata(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .permissions()
+            .mode();
+        assert_eq!(
+            mode & 0o077,
+            0,
+            "{} is mode {:o}",
+            path.display(),
+            mode & 0o777
+        );
+    }
+}

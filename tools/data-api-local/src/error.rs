@@ -35,6 +35,9 @@ pub enum ApiError {
     /// A defect of this server, never caused by request data.
     #[error("{0}")]
     Internal(String),
+    /// Not a local SDK client (a browser page, a rebound DNS name).
+    #[error("{0}")]
+    Forbidden(String),
 }
 
 impl ApiError {
@@ -52,6 +55,7 @@ impl ApiError {
             ApiError::UnsupportedResult(_) => "UnsupportedResultException",
             ApiError::DatabaseUnavailable(_) => "DatabaseUnavailableException",
             ApiError::Internal(_) => "InternalServerErrorException",
+            ApiError::Forbidden(_) => "ForbiddenException",
         }
     }
 
@@ -64,6 +68,7 @@ impl ApiError {
             ApiError::TransactionNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::DatabaseUnavailable(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
         }
     }
 

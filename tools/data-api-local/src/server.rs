@@ -4,6 +4,13 @@
 //! `BadRequestException` in the API's format rather than axum's plain-text rejection),
 //! checks the ARNs, validates everything it can before touching MariaDB, and answers
 //! with the JSON body or an [`ApiError`].
+//!
+//! Every request first passes [`only_local_clients`]: the server has no authentication
+//! (it accepts any SigV4 signature), so it must not be drivable from a web page in the
+//! developer's browser: no `Origin` (browsers send it on cross-origin and on every
+//! `POST`; the SDK never does), the SDK's `application/json` body (a page can send
+//! `text/plain` without a preflight), and a loopback `Host` (a rebound DNS name pointing
+//! at 127.0.0.1 keeps its own name in `Host`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,8 +18,9 @@ use std::time::Instant;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use mysql_async::Value;
@@ -51,7 +59,53 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/ExecuteSql", post(execute_sql))
         // One byte over the limit is enough to tell that the body is too large.
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES + 1))
+        .layer(middleware::from_fn(only_local_clients))
         .with_state(state)
+}
+
+/// Refuses what a browser could send (see the module header); passes the SDK's calls.
+async fn only_local_clients(request: Request, next: Next) -> Response {
+    match local_client_problem(request.headers()) {
+        None => next.run(request).await,
+        Some(problem) => {
+            tracing::warn!(
+                problem,
+                "refused a request that did not come from a local SDK client"
+            );
+            ApiError::Forbidden(problem.to_string()).into_response()
+        }
+    }
+}
+
+/// Why a request's headers are not those of a local SDK client, if they are not.
+pub fn local_client_problem(headers: &HeaderMap) -> Option<&'static str> {
+    if headers.contains_key(header::ORIGIN) {
+        return Some("requests with an Origin header (from a browser) are refused");
+    }
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+    if !json {
+        return Some("the body must be application/json");
+    }
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    let loopback = name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if !loopback {
+        return Some("the Host must be a loopback address or localhost");
+    }
+    None
 }
 
 type Body = Result<Bytes, BytesRejection>;
