@@ -138,6 +138,7 @@ impl DrainCtx {
             batch_size: 50,
             min_idle: Duration::from_millis(1_000),
             concurrency: 4,
+            retention: Some(Duration::from_secs(7 * 24 * 3_600)),
             safety_margin: Duration::from_millis(100),
             max_run: Duration::from_millis(1_500),
             idle_poll: Duration::from_millis(50),
@@ -314,6 +315,10 @@ impl DrainCtx {
             ("DRAINER_BATCH_SIZE".into(), cfg.batch_size.to_string()),
             ("DRAINER_MIN_IDLE_MS".into(), ms(cfg.min_idle)),
             ("DRAINER_CONCURRENCY".into(), cfg.concurrency.to_string()),
+            (
+                "DRAINER_RETENTION_S".into(),
+                cfg.retention.map_or(0, |r| r.as_secs()).to_string(),
+            ),
             ("DRAINER_SAFETY_MARGIN_MS".into(), ms(cfg.safety_margin)),
             ("DRAINER_MAX_RUN_MS".into(), ms(cfg.max_run)),
             ("DRAINER_IDLE_POLL_MS".into(), ms(cfg.idle_poll)),

@@ -734,6 +734,84 @@ async fn ended_and_drained_sales_are_retired_and_missing_groups_recreated() {
     );
     let active: BTreeSet<i64> = ctx.conn().smembers(ACTIVE_VOUCHERS).await.unwrap();
     assert_eq!(active, BTreeSet::from([open.id.get(), stuck.id.get()]));
+
+    // The retired sale's keys expire after the retention period (7 days here); the open
+    // sale's and the stuck one's (an undrained order) never get an expiry.
+    let ttl = |key: String| {
+        let mut conn = ctx.conn();
+        async move { conn.pttl::<_, i64>(key).await.unwrap() }
+    };
+    let week_ms = 7 * 24 * 3_600 * 1_000;
+    let k = VoucherKeys::new(ended.id);
+    for key in [k.sale.clone(), k.buyers.clone(), k.orders.clone()] {
+        let left = ttl(key.clone()).await;
+        assert!(
+            left > week_ms - 60_000 && left <= week_ms,
+            "{key} expires in {left} ms"
+        );
+    }
+    // Asked directly, the script itself refuses a stream with an undrained order.
+    assert!(
+        !ctx.streams
+            .expire_finished(stuck.id, Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
+    for v in [open.id, stuck.id] {
+        let k = VoucherKeys::new(v);
+        for key in [k.sale, k.buyers, k.orders] {
+            assert_eq!(ttl(key.clone()).await, -1, "{key} must not expire");
+        }
+    }
+    ctx.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_finished_sale_keeps_its_dead_letters_and_expires_only_once_drained() {
+    let ctx = DrainCtx::start().await;
+    let v = ctx.voucher(10, 10).await;
+    ctx.admit(v.id, "u", 2).await;
+    ctx.xadd_raw(v.id, &[("junk", "1")]).await;
+    let _: () = ctx
+        .conn()
+        .hset(
+            VoucherKeys::new(v.id).sale,
+            "ends_ms",
+            now_millis() - 120_000,
+        )
+        .await
+        .unwrap();
+    let mut cfg = ctx.drainer_config();
+    cfg.retention = Some(Duration::from_secs(60));
+    let s = ctx.drain(cfg.clone()).await;
+    assert_eq!((s.inserted, s.dead_lettered, s.retired), (2, 1, 1), "{s:?}");
+    let k = VoucherKeys::new(v.id);
+    let mut conn = ctx.conn();
+    let orders_ttl: i64 = conn.pttl(&k.orders).await.unwrap();
+    assert!(orders_ttl > 0 && orders_ttl <= 60_000, "{orders_ttl}");
+    // The dead letter waits for an operator: no expiry.
+    assert_eq!(conn.pttl::<_, i64>(&k.dead).await.unwrap(), -1);
+
+    // Retention 0 keeps everything.
+    let w = ctx.voucher(10, 10).await;
+    ctx.admit(w.id, "u", 1).await;
+    let _: () = conn
+        .hset(
+            VoucherKeys::new(w.id).sale,
+            "ends_ms",
+            now_millis() - 120_000,
+        )
+        .await
+        .unwrap();
+    cfg.retention = None;
+    let s = ctx.drain(cfg).await;
+    assert_eq!((s.inserted, s.retired), (1, 1), "{s:?}");
+    assert_eq!(
+        conn.pttl::<_, i64>(&VoucherKeys::new(w.id).orders)
+            .await
+            .unwrap(),
+        -1
+    );
     ctx.cleanup().await;
 }
 

@@ -15,6 +15,8 @@ pub mod defaults {
     pub const MIN_IDLE_MS: u64 = 120_000;
     /// Vouchers drained at once (each has at most one batch in flight).
     pub const CONCURRENCY: usize = 8;
+    /// How long a finished, drained sale's Redis keys are kept (7 days).
+    pub const RETENTION_S: u64 = 7 * 24 * 3_600;
     /// Stop starting work this long before the Lambda deadline.
     pub const SAFETY_MARGIN_MS: u64 = 5_000;
     /// The longest one invocation drains (50 s of a one-minute schedule period).
@@ -46,6 +48,7 @@ pub const ENV_VARS: &[&str] = &[
     "DRAINER_BATCH_SIZE",
     "DRAINER_MIN_IDLE_MS",
     "DRAINER_CONCURRENCY",
+    "DRAINER_RETENTION_S",
     "DRAINER_SAFETY_MARGIN_MS",
     "DRAINER_MAX_RUN_MS",
     "DRAINER_IDLE_POLL_MS",
@@ -66,6 +69,9 @@ pub struct Config {
     /// `DRAINER_CONCURRENCY`: vouchers drained at once. One voucher's batches stay
     /// serial (its row lock), so this is what lets many small sales drain together.
     pub concurrency: usize,
+    /// `DRAINER_RETENTION_S`: how long a retired sale's Redis keys are kept (buyers,
+    /// stream, sale; not a non-empty dead-letter stream); 0 keeps them forever.
+    pub retention: Option<Duration>,
     /// `DRAINER_SAFETY_MARGIN_MS`: no new batch starts closer than this to the deadline.
     pub safety_margin: Duration,
     /// `DRAINER_MAX_RUN_MS`: the longest one invocation keeps draining.
@@ -102,6 +108,7 @@ impl Config {
                 "DRAINER_CONCURRENCY must be between 1 and {MAX_CONCURRENCY}"
             ));
         }
+        let retention_s = env.parse_or("DRAINER_RETENTION_S", defaults::RETENTION_S);
         let safety_margin = env.parse_or("DRAINER_SAFETY_MARGIN_MS", defaults::SAFETY_MARGIN_MS);
         let max_run = env.parse_or("DRAINER_MAX_RUN_MS", defaults::MAX_RUN_MS);
         let idle_poll = env.parse_or("DRAINER_IDLE_POLL_MS", defaults::IDLE_POLL_MS);
@@ -121,6 +128,7 @@ impl Config {
             batch_size,
             min_idle: Duration::from_millis(min_idle_ms),
             concurrency,
+            retention: (retention_s > 0).then(|| Duration::from_secs(retention_s)),
             safety_margin: Duration::from_millis(safety_margin),
             max_run: Duration::from_millis(max_run),
             idle_poll: Duration::from_millis(idle_poll),
@@ -166,6 +174,9 @@ mod tests {
         assert_eq!(c.batch_size, 1_000);
         assert_eq!(c.min_idle, Duration::from_secs(120));
         assert_eq!(c.concurrency, 8);
+        assert_eq!(c.retention, Some(Duration::from_secs(7 * 24 * 3_600)));
+        let keep = Config::read(reader(&[("DRAINER_RETENTION_S", "0")])).unwrap();
+        assert_eq!(keep.retention, None);
         assert_eq!(c.safety_margin, Duration::from_secs(5));
         assert_eq!(c.max_run, Duration::from_secs(50));
         assert_eq!(c.idle_poll, Duration::from_millis(200));

@@ -16,7 +16,8 @@
 //!    when there are few, are polled every `DRAINER_IDLE_POLL_MS`; every
 //!    [`MAINTENANCE_EVERY`] the whole set is surveyed again.
 //! 4. **Finish**: trim the streams it acked, measure what is left, retire sales that are
-//!    over and drained, and return the [`Summary`].
+//!    over and drained (their keys expire after `DRAINER_RETENTION_S`; a non-empty
+//!    dead-letter stream stays), and return the [`Summary`].
 //!
 //! A batch ([`Drainer::process`]): parse ([`plan::sort_entries`]); dead-letter what can
 //! never be written; one Data API transaction for the rest: lock the voucher row
@@ -1134,6 +1135,17 @@ impl Drainer {
         let end = tokio::time::sleep_until(run.finish_by.into());
         futures::stream::iter(over)
             .map(|v| async move {
+                if let Some(retention) = self.cfg.retention {
+                    match self.streams.expire_finished(v, retention).await {
+                        Ok(true) => {}
+                        // Not drained after all (checked again in the script): stays.
+                        Ok(false) => return,
+                        Err(e) => {
+                            run_ref.record(&DrainError::store("expiring a finished sale", Some(v), e));
+                            return;
+                        }
+                    }
+                }
                 match self.streams.retire(v).await {
                     Ok(true) => {
                         run_ref.count(|s| s.retired += 1);

@@ -36,6 +36,8 @@ static TRIM: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/trim.lua")));
 static PROBE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/probe.lua")));
+static EXPIRE_SALE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/expire_sale.lua")));
 
 /// Spent consumers one [`OrderStreams::probe`] deletes at most: a long backlog goes in
 /// small steps, never one long script.
@@ -174,6 +176,29 @@ impl OrderStreams {
         }
         ids.sort();
         Ok((ids, bad))
+    }
+
+    /// Gives a finished sale's keys an expiry of `retention` (`lua/expire_sale.lua`),
+    /// unless its stream still holds undrained orders (then false, nothing changed). A
+    /// non-empty dead-letter stream is kept.
+    pub async fn expire_finished(
+        &self,
+        voucher: VoucherId,
+        retention: Duration,
+    ) -> Result<bool, StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let done: i64 = EXPIRE_SALE
+            .key(&k.sale)
+            .key(&k.buyers)
+            .key(&k.orders)
+            .key(&k.dead)
+            .key(&k.drain_tx)
+            .key(&k.repair)
+            .arg(keys::DRAIN_GROUP)
+            .arg(retention.as_millis() as u64)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(done == 1)
     }
 
     /// Removes a voucher from the active set; true when it was there.

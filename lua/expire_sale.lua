@@ -1,0 +1,57 @@
+-- Retention: give a finished, fully drained sale's keys an expiry.
+--
+-- KEYS[1] sale hash     seckill:{<voucher>}:sale
+-- KEYS[2] buyers hash   seckill:{<voucher>}:buyers
+-- KEYS[3] orders stream seckill:{<voucher>}:orders
+-- KEYS[4] dead letters  seckill:{<voucher>}:dead
+-- KEYS[5] transactions  seckill:{<voucher>}:drain_tx
+-- KEYS[6] repair lock   seckill:{<voucher>}:repair
+-- ARGV[1] consumer group, ARGV[2] retention (ms)
+--
+-- Returns 1 when the keys now expire, 0 when the stream still holds undrained orders
+-- (something pending, or an entry never delivered to the group): then nothing changes.
+--
+-- The drainer calls it when it retires a sale (over for a minute, its stream drained).
+-- The check is made again here, in the same script as the expiries, so no order can be
+-- admitted or left pending in between (admission is closed by the server's clock
+-- anyway). A non-empty dead-letter stream never expires: it holds orders an operator
+-- still has to look at. Every key shares the {<voucher>} tag.
+
+local function less(a, b)
+  local ams, aseq = string.match(a, '^(%d+)-(%d+)$')
+  local bms, bseq = string.match(b, '^(%d+)-(%d+)$')
+  if ams == nil or bms == nil then return a < b end
+  local function lt(x, y)
+    if #x ~= #y then return #x < #y end
+    return x < y
+  end
+  if ams ~= bms then return lt(ams, bms) end
+  return lt(aseq, bseq)
+end
+
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  local newest = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
+  local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', KEYS[3])
+  if not ok then groups = {} end
+  local found = false
+  for _, g in ipairs(groups) do
+    local t = {}
+    for i = 1, #g, 2 do t[g[i]] = g[i + 1] end
+    if t['name'] == ARGV[1] then
+      found = true
+      if tonumber(t['pending']) > 0 then return 0 end
+      if #newest > 0 and less(t['last-delivered-id'], newest[1][1]) then return 0 end
+    end
+  end
+  if not found and #newest > 0 then
+    return 0
+  end
+end
+
+local ttl = tonumber(ARGV[2])
+for i = 1, 6 do
+  if i ~= 4 or redis.call('XLEN', KEYS[4]) == 0 then
+    redis.call('PEXPIRE', KEYS[i], ttl)
+  end
+end
+return 1
