@@ -28,6 +28,13 @@ impl Identity {
     /// Builds an identity from verified claims.
     pub fn from_claims(sub: Option<&str>, scope: Option<&str>) -> Result<Identity, AuthError> {
         let sub = sub.ok_or(AuthError::Invalid("token has no sub claim"))?;
+        // `alice` and `alice ` must not be two buyers: the database's unique key (PAD
+        // SPACE) would see one. Control characters are refused by `UserId::parse`.
+        if sub.trim() != sub {
+            return Err(AuthError::Invalid(
+                "token sub claim has leading or trailing whitespace",
+            ));
+        }
         let user = UserId::parse(sub)
             .map_err(|_| AuthError::Invalid("token sub claim is not a valid user id"))?;
         let admin = scope.is_some_and(|s| s.split(' ').any(|s| s == ADMIN_SCOPE));
@@ -131,6 +138,25 @@ mod tests {
     use super::*;
 
     const SECRET: &[u8] = b"test-secret";
+
+    #[test]
+    fn a_sub_with_surrounding_whitespace_or_control_characters_is_refused() {
+        for sub in [
+            "alice ",
+            " alice",
+            "alice\t",
+            "\u{a0}alice",
+            "al\u{7}ice",
+            "al\nice",
+        ] {
+            let t = mint_hs256(SECRET, sub, None, 2_000);
+            assert!(
+                matches!(verify_hs256(&t, SECRET, 1_000), Err(AuthError::Invalid(_))),
+                "{sub:?}"
+            );
+        }
+        assert!(verify_hs256(&mint_hs256(SECRET, "al ice", None, 2_000), SECRET, 1_000).is_ok());
+    }
 
     #[test]
     fn a_minted_token_verifies() {

@@ -179,10 +179,26 @@ async fn every_way_a_token_can_be_wrong_is_401_or_403() {
         TEST_JWT_SECRET.as_bytes(),
         &json!({ "sub": "root", "scope": "seckill/admin" }),
     );
+    // A sub the database's unique key would confuse with another buyer's ("root" and
+    // "root "), or with control characters.
+    let padded = mint_hs256(
+        TEST_JWT_SECRET.as_bytes(),
+        "root ",
+        Some("seckill/admin"),
+        now + 60,
+    );
+    let control = mint_hs256(
+        TEST_JWT_SECRET.as_bytes(),
+        "ro\u{7}ot",
+        Some("seckill/admin"),
+        now + 60,
+    );
     for t in [
         expired.as_str(),
         wrong_key.as_str(),
         no_exp.as_str(),
+        padded.as_str(),
+        control.as_str(),
         "garbage",
         "",
     ] {
