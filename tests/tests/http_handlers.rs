@@ -470,6 +470,20 @@ async fn unknown_vouchers_orders_and_routes_are_404_and_bad_ids_400() {
         "not_found",
     );
     assert_error(buy(&app, "424243", "alice").await, 404, "not_found");
+    // Made-up voucher ids lease no order ids: the lease clock was never written.
+    for id in 500_000..500_020 {
+        assert_error(buy(&app, &id.to_string(), "alice").await, 404, "not_found");
+    }
+    let clock: bool = redis::AsyncCommands::exists(
+        &mut b.sales.conn(),
+        seckill_shared::keys::IdKeys::for_day("20260101").clock,
+    )
+    .await
+    .unwrap();
+    assert!(
+        !clock,
+        "an order id was leased for a voucher that does not exist"
+    );
     assert_error(
         read(
             handle(

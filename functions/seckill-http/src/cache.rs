@@ -67,6 +67,31 @@ pub enum Known {
     Missing,
 }
 
+/// Vouchers remembered at most. Unknown ids come from callers (anyone can ask for
+/// `GET /vouchers/<any id>`), so the memory is bounded: when full, the notes about
+/// unknown ids go first, then, if it is still full, an arbitrary half. Forgetting costs
+/// only a Redis or database read later; no answer depends on being remembered.
+pub const MAX_VOUCHERS: usize = 10_000;
+
+/// Makes room for `voucher` when it is new and the memory is full.
+fn make_room(entries: &mut HashMap<VoucherId, Entry>, voucher: VoucherId) {
+    if entries.len() < MAX_VOUCHERS || entries.contains_key(&voucher) {
+        return;
+    }
+    entries.retain(|_, e| e.window.is_some() || e.voucher.is_some());
+    if entries.len() >= MAX_VOUCHERS {
+        let mut drop = entries.len() / 2;
+        entries.retain(|_, _| {
+            if drop > 0 {
+                drop -= 1;
+                false
+            } else {
+                true
+            }
+        });
+    }
+}
+
 /// Per-instance voucher memory.
 #[derive(Debug, Default)]
 pub struct VoucherCache {
@@ -133,6 +158,7 @@ impl VoucherCache {
                 offset: server_ms - now,
                 measured_at: now,
             });
+            make_room(&mut s.entries, voucher);
             let e = s.entries.entry(voucher).or_default();
             if let Some(w) = window {
                 e.window = Some(w);
@@ -145,6 +171,7 @@ impl VoucherCache {
     /// Remembers that the database does not know `voucher`, until `now + MISSING_TTL_MS`.
     pub fn learn_missing(&self, voucher: VoucherId, now: UnixMillis) {
         self.with(|s| {
+            make_room(&mut s.entries, voucher);
             s.entries.entry(voucher).or_default().missing_until = Some(now + MISSING_TTL_MS)
         });
     }
@@ -152,11 +179,22 @@ impl VoucherCache {
     /// Remembers a voucher's immutable description.
     pub fn learn_voucher(&self, v: &Voucher) {
         self.with(|s| {
+            make_room(&mut s.entries, v.id);
             let e = s.entries.entry(v.id).or_default();
             e.window = Some(v.window);
             e.voucher = Some(v.clone());
             e.missing_until = None;
         });
+    }
+
+    /// Whether this instance has seen the voucher exist (its description, or a sale
+    /// answer from Redis).
+    pub fn knows(&self, voucher: VoucherId) -> bool {
+        self.with(|s| {
+            s.entries
+                .get(&voucher)
+                .is_some_and(|e| e.window.is_some() || e.voucher.is_some())
+        })
     }
 
     /// The voucher's description, if seen. Its `db_stock_left` is as of when it was seen.
@@ -189,6 +227,31 @@ mod tests {
             c.short_circuit(v, 130_000 + SKEW_BOUND_MS),
             Some(Known::Ended)
         );
+    }
+
+    #[test]
+    fn the_memory_is_bounded_whatever_ids_callers_make_up() {
+        let c = VoucherCache::default();
+        let real = VoucherId::new(1).unwrap();
+        c.learn_sale(real, Some(SaleWindow::new(0, HOUR).unwrap()), false, 0, 0);
+        for id in 2..(3 * MAX_VOUCHERS as i64) {
+            c.learn_missing(VoucherId::new(id).unwrap(), 0);
+        }
+        let len = c.with(|s| s.entries.len());
+        assert!(len <= MAX_VOUCHERS, "{len} entries");
+        // Unknown ids are forgotten first: the real sale is still known.
+        assert!(c.knows(real));
+        // Full of real vouchers, it still stays within the bound.
+        for id in 100_000..(100_000 + 2 * MAX_VOUCHERS as i64) {
+            c.learn_sale(
+                VoucherId::new(id).unwrap(),
+                Some(SaleWindow::new(0, HOUR).unwrap()),
+                false,
+                0,
+                0,
+            );
+        }
+        assert!(c.with(|s| s.entries.len()) <= MAX_VOUCHERS);
     }
 
     #[test]

@@ -241,6 +241,15 @@ async fn seckill(app: &App, req: &Request, id: VoucherId) -> Result<Response<Bod
         return Err(ApiError::RateLimited);
     }
     let sales = app.sales().await?;
+    // Order ids are leased only for a voucher that exists: a voucher this instance has
+    // not seen yet is first looked up in Redis (then, if Redis lacks it, the database),
+    // so requests for made-up voucher ids lease nothing and write nothing.
+    if !app.cache.knows(id)
+        && sales.stock_left(id).await?.is_none()
+        && !repair(app, id, now).await?
+    {
+        return Err(not_found_voucher(id));
+    }
     let order_id = app.ids.next(sales, id, now).await?;
     let mut reply = sales.admit(id, &caller.user, order_id).await?;
     if reply.admission == Admission::NotLoaded {
