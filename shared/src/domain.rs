@@ -315,6 +315,29 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        // Any path segment a caller can send: parsing never panics, and what parses is
+        // exactly the positive i64 it spells.
+        #[test]
+        fn any_string_parses_to_a_positive_id_or_an_error(s in "\\PC{0,24}|[0-9+-]{0,21}") {
+            match s.parse::<OrderId>() {
+                Ok(id) => {
+                    proptest::prop_assert!(id.get() > 0);
+                    proptest::prop_assert_eq!(id.get().to_string(), s.trim_start_matches('0'));
+                }
+                Err(e) => proptest::prop_assert!(!e.0.is_empty()),
+            }
+            proptest::prop_assert_eq!(s.parse::<VoucherId>().is_ok(), s.parse::<OrderId>().is_ok());
+        }
+
+        #[test]
+        fn every_i64_spelled_in_decimal_parses_iff_positive(n in proptest::num::i64::ANY) {
+            proptest::prop_assert_eq!(n.to_string().parse::<OrderId>().ok().map(OrderId::get), (n > 0).then_some(n));
+            let wider = i128::from(n) + i128::from(u64::MAX);
+            proptest::prop_assert!(wider.to_string().parse::<OrderId>().is_err() || wider <= i128::from(i64::MAX));
+        }
+    }
+
     #[test]
     fn user_ids_are_bounded_and_printable() {
         assert!(UserId::parse("alice").is_ok());
