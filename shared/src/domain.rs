@@ -189,6 +189,11 @@ pub const MAX_STOCK: i64 = 10_000_000;
 /// The longest title, in characters.
 pub const MAX_TITLE_CHARS: usize = 200;
 
+/// The latest moment a sale window may name, 9999-12-31T23:59:59.999Z: the last the
+/// database's `DATETIME(3)` holds. An RFC 3339 time with a negative offset on
+/// 9999-12-31 is later in UTC and parses, and the database would refuse its row.
+pub const MAX_SALE_TIME_MS: UnixMillis = 253_402_300_799_999;
+
 /// A voucher as an admin asks to create it, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewVoucher {
@@ -224,6 +229,15 @@ impl NewVoucher {
         }
         let begins = parse_rfc3339_millis(begins_at, "begins_at")?;
         let ends = parse_rfc3339_millis(ends_at, "ends_at")?;
+        // From the Unix epoch (no sale starts earlier, and the database's DATETIME has
+        // no year 0) to the last moment the database holds.
+        for (t, what) in [(begins, "begins_at"), (ends, "ends_at")] {
+            if !(0..=MAX_SALE_TIME_MS).contains(&t) {
+                return Err(invalid(format!(
+                    "{what} must be between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59.999Z"
+                )));
+            }
+        }
         let window = SaleWindow::new(begins, ends)?;
         if ends <= now {
             return Err(invalid("ends_at must be in the future"));
@@ -315,6 +329,29 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        // Any path segment a caller can send: parsing never panics, and what parses is
+        // exactly the positive i64 it spells.
+        #[test]
+        fn any_string_parses_to_a_positive_id_or_an_error(s in "\\PC{0,24}|[0-9+-]{0,21}") {
+            match s.parse::<OrderId>() {
+                Ok(id) => {
+                    proptest::prop_assert!(id.get() > 0);
+                    proptest::prop_assert_eq!(id.get().to_string(), s.trim_start_matches('0'));
+                }
+                Err(e) => proptest::prop_assert!(!e.0.is_empty()),
+            }
+            proptest::prop_assert_eq!(s.parse::<VoucherId>().is_ok(), s.parse::<OrderId>().is_ok());
+        }
+
+        #[test]
+        fn every_i64_spelled_in_decimal_parses_iff_positive(n in proptest::num::i64::ANY) {
+            proptest::prop_assert_eq!(n.to_string().parse::<OrderId>().ok().map(OrderId::get), (n > 0).then_some(n));
+            let wider = i128::from(n) + i128::from(u64::MAX);
+            proptest::prop_assert!(wider.to_string().parse::<OrderId>().is_err() || wider <= i128::from(i64::MAX));
+        }
+    }
+
     #[test]
     fn user_ids_are_bounded_and_printable() {
         assert!(UserId::parse("alice").is_ok());
@@ -350,6 +387,10 @@ mod tests {
             ("t", 1, "2026-11-22T11:00:00Z", "2026-11-22T10:00:00Z"),
             ("t", 1, "2026-11-21T10:00:00Z", "2026-11-21T11:00:00Z"),
             ("t", 1, "yesterday", "2026-11-22T11:00:00Z"),
+            // Later than 9999-12-31 in UTC, which the database cannot store (was a 503).
+            ("t", 1, "2026-11-22T10:00:00Z", "9999-12-31T23:59:59-23:59"),
+            ("t", 1, "1969-12-31T23:59:59.999Z", "2026-11-22T11:00:00Z"),
+            ("t", 1, "0000-01-01T00:00:00Z", "2026-11-22T11:00:00Z"),
         ];
         for (title, stock, b, e) in cases {
             assert!(
@@ -366,6 +407,23 @@ mod tests {
                 now
             )
             .is_err()
+        );
+    }
+
+    #[test]
+    fn the_widest_window_the_database_holds_is_accepted() {
+        let v = NewVoucher::parse(
+            "t",
+            1,
+            "1970-01-01T00:00:00Z",
+            "9999-12-31T23:59:59.999Z",
+            0,
+        )
+        .unwrap();
+        assert_eq!(v.window.ends_ms(), MAX_SALE_TIME_MS);
+        assert_eq!(
+            format_rfc3339_millis(MAX_SALE_TIME_MS),
+            "9999-12-31T23:59:59.999Z"
         );
     }
 

@@ -118,8 +118,11 @@ impl OrderIdParts {
 
     /// The UTC day (days since the Unix epoch) of the lease, which names the block map
     /// that records it.
+    ///
+    /// Saturating: the parts of a real id (`ms` below 2^41) are far from the bounds, but
+    /// the fields are public and a day is only ever a lookup key, never a reason to panic.
     pub fn day(&self) -> i64 {
-        (EPOCH_UNIX_MS + self.ms).div_euclid(86_400_000)
+        day_of(EPOCH_UNIX_MS.saturating_add(self.ms))
     }
 
     /// The field of the day's block map that holds the voucher of this id's block.
@@ -133,9 +136,24 @@ pub fn block_field(ms: i64, slot: u32) -> String {
     format!("{ms}:{slot}")
 }
 
+/// The Julian day number of 1970-01-01.
+const UNIX_EPOCH_JULIAN_DAY: i32 = 2_440_588;
+
 /// The `yyyymmdd` name of a UTC day given as days since the Unix epoch.
+///
+/// A day outside what `time` can represent (years -9999..=9999) names the nearest day it
+/// can: such a day can come only from a corrupt reply (the lease script's day) or a
+/// hand-built [`OrderIdParts`], and names a map that holds nothing. Checked, because a
+/// plain `as i32` wraps and the addition can overflow (a panic in debug builds).
 pub fn day_name(day: i64) -> String {
-    let date = time::Date::from_julian_day(2_440_588 + day as i32).unwrap_or(time::Date::MIN);
+    let julian = i32::try_from(day)
+        .ok()
+        .and_then(|d| d.checked_add(UNIX_EPOCH_JULIAN_DAY));
+    let date = match julian.map(time::Date::from_julian_day) {
+        Some(Ok(date)) => date,
+        _ if day < 0 => time::Date::MIN,
+        _ => time::Date::MAX,
+    };
     format!(
         "{:04}{:02}{:02}",
         date.year(),
@@ -183,7 +201,8 @@ impl IdBlocks {
     pub fn take(&mut self, voucher: VoucherId, now: UnixMillis) -> Take {
         if let Some(b) = self.blocks.get_mut(&voucher)
             && b.next < BLOCK
-            && (now - b.leased_at).abs() <= MAX_BLOCK_AGE_MS
+            // `abs_diff`: a difference of two clock readings cannot overflow this way.
+            && now.abs_diff(b.leased_at) <= MAX_BLOCK_AGE_MS.unsigned_abs()
             && let Some(id) = b.lease.id(b.next)
         {
             b.next += 1;
@@ -311,6 +330,73 @@ mod tests {
         let next_day = OrderIdParts::of(Lease::new(lease.ms + 1, 0).unwrap().id(0).unwrap());
         assert_eq!(day_name(next_day.day()), "20261123");
         assert_eq!(day_name(0), "19700101");
+    }
+
+    #[test]
+    fn sequence_zero_of_a_block_and_other_boundaries_decompose() {
+        // 4294967296 = 2^32 was sequence 0 of a block in the first layout, where it
+        // underflowed; in this one it is ms 1024, slot 0, offset 0.
+        for (n, ms, slot, offset) in [
+            (1_i64, 0, 0, 1),
+            (1 << 10, 0, 1, 0),
+            (1 << 22, 1, 0, 0),
+            (1 << 32, 1 << 10, 0, 0),
+            ((1 << 32) - 1, (1 << 10) - 1, SLOTS_PER_MS - 1, BLOCK - 1),
+            (i64::MAX, MAX_MS, SLOTS_PER_MS - 1, BLOCK - 1),
+        ] {
+            let parts = OrderIdParts::of(OrderId::new(n).unwrap());
+            assert_eq!(parts, OrderIdParts { ms, slot, offset }, "{n}");
+            assert_eq!(parts.block_field(), format!("{ms}:{slot}"));
+            assert_eq!(day_name(parts.day()).len(), 8, "{n}");
+        }
+        assert_eq!(day_name(i64::MAX), "99991231");
+        assert_eq!(day_name(i64::MIN), "-99990101");
+        assert_eq!(day_name(i64::from(i32::MAX)), "99991231");
+    }
+
+    proptest::proptest! {
+        // Every positive i64 is an id a caller can send (`GET /orders/{id}`): its
+        // decomposition, day, day name and block field never panic, and the parts
+        // compose back to the same id.
+        #[test]
+        fn every_id_decomposes_and_composes_back(n in 1..=i64::MAX) {
+            let id = OrderId::new(n).unwrap();
+            let parts = OrderIdParts::of(id);
+            proptest::prop_assert_eq!(parts.compose(), Some(id));
+            proptest::prop_assert!((0..=MAX_MS).contains(&parts.ms));
+            let name = day_name(parts.day());
+            proptest::prop_assert_eq!(name.len(), 8);
+            let _ = parts.block_field();
+        }
+
+        // Parts built by hand, a day from a corrupt lease reply, clocks anywhere: no
+        // panic, and only parts that fit compose.
+        #[test]
+        fn any_parts_days_and_clocks_are_handled(
+            ms in proptest::num::i64::ANY,
+            slot in proptest::num::u32::ANY,
+            offset in proptest::num::u32::ANY,
+            day in proptest::num::i64::ANY,
+            now in proptest::num::i64::ANY,
+            leased_at in proptest::num::i64::ANY,
+            lease_slot in proptest::num::i64::ANY,
+        ) {
+            let parts = OrderIdParts { ms, slot, offset };
+            let fits = (0..=MAX_MS).contains(&ms) && slot < SLOTS_PER_MS && offset < BLOCK;
+            let composed = parts.compose();
+            proptest::prop_assert_eq!(composed.is_some(), fits && (ms, slot, offset) != (0, 0, 0));
+            if let Some(id) = composed {
+                proptest::prop_assert_eq!(OrderIdParts::of(id), parts);
+            }
+            let _ = day_name(parts.day());
+            let _ = day_name(day);
+            let _ = day_of(now);
+            let _ = Lease::new(ms, lease_slot);
+            let v = VoucherId::new(1).unwrap();
+            let mut blocks = IdBlocks::default();
+            blocks.add(v, Lease::new(1, 0).unwrap(), leased_at);
+            let _ = blocks.take(v, now);
+        }
     }
 
     #[test]

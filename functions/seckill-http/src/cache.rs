@@ -101,7 +101,7 @@ pub struct VoucherCache {
 /// Whether `now` lies in `[until - ttl, until)`: a deadline set at most `ttl` ago. A
 /// deadline further in the future means the clock was stepped back; it is not trusted.
 fn within(until: Option<UnixMillis>, ttl: i64, now: UnixMillis) -> bool {
-    until.is_some_and(|t| t - ttl <= now && now < t)
+    until.is_some_and(|t| t.saturating_sub(ttl) <= now && now < t)
 }
 
 impl VoucherCache {
@@ -121,13 +121,15 @@ impl VoucherCache {
             }
             let redis_now = s
                 .clock
-                .filter(|c| (now - c.measured_at).abs() < CLOCK_OFFSET_TTL_MS)
-                .map(|c| now + c.offset);
+                .filter(|c| now.abs_diff(c.measured_at) < CLOCK_OFFSET_TTL_MS.unsigned_abs())
+                .map(|c| now.saturating_add(c.offset));
             if let (Some(w), Some(t)) = (e.window, redis_now) {
-                if t < w.begins_ms() - SKEW_BOUND_MS {
+                // Saturating: a window read back from Redis is whatever its hash holds, and
+                // a corrupt one must not panic here (debug) or wrap (release).
+                if t < w.begins_ms().saturating_sub(SKEW_BOUND_MS) {
                     return Some(Known::NotStarted);
                 }
-                if t >= w.ends_ms() + SKEW_BOUND_MS {
+                if t >= w.ends_ms().saturating_add(SKEW_BOUND_MS) {
                     return Some(Known::Ended);
                 }
             }
@@ -155,7 +157,7 @@ impl VoucherCache {
     ) {
         self.with(|s| {
             s.clock = Some(ClockOffset {
-                offset: server_ms - now,
+                offset: server_ms.saturating_sub(now),
                 measured_at: now,
             });
             make_room(&mut s.entries, voucher);
@@ -164,7 +166,7 @@ impl VoucherCache {
                 e.window = Some(w);
                 e.missing_until = None;
             }
-            e.sold_out_until = sold_out.then_some(now + SOLD_OUT_TTL_MS);
+            e.sold_out_until = sold_out.then_some(now.saturating_add(SOLD_OUT_TTL_MS));
         });
     }
 
@@ -172,7 +174,8 @@ impl VoucherCache {
     pub fn learn_missing(&self, voucher: VoucherId, now: UnixMillis) {
         self.with(|s| {
             make_room(&mut s.entries, voucher);
-            s.entries.entry(voucher).or_default().missing_until = Some(now + MISSING_TTL_MS)
+            s.entries.entry(voucher).or_default().missing_until =
+                Some(now.saturating_add(MISSING_TTL_MS))
         });
     }
 
@@ -323,6 +326,27 @@ mod tests {
                 None,
                 "{skew}"
             );
+        }
+    }
+
+    proptest::proptest! {
+        // Windows and server clocks as a corrupt Redis hash or reply could name them, and
+        // instance clocks anywhere: never a panic.
+        #[test]
+        fn any_window_and_clock_is_handled(
+            a in proptest::num::i64::ANY,
+            b in proptest::num::i64::ANY,
+            server_ms in proptest::num::i64::ANY,
+            now in proptest::num::i64::ANY,
+            later in proptest::num::i64::ANY,
+        ) {
+            let c = VoucherCache::default();
+            let v = VoucherId::new(1).unwrap();
+            let w = SaleWindow::new(a.min(b), a.max(b)).ok();
+            c.learn_sale(v, w, true, server_ms, now);
+            c.learn_missing(v, now);
+            let _ = c.short_circuit(v, later);
+            let _ = c.short_circuit(v, now);
         }
     }
 
