@@ -1062,3 +1062,74 @@ fn order_drainer_starts_with_exactly_the_template_environment() {
         );
     }
 }
+
+/// Hardening the template keeps (issue #13): the database cannot be deleted by accident,
+/// an existing cache is reached over TLS and its URL (which may hold a password) is never
+/// echoed, and the admin route asks API Gateway for the admin scope too.
+#[test]
+fn the_database_is_protected_the_cache_is_tls_and_admin_routes_need_the_scope() {
+    let t = template();
+    let cluster = resources_of_type(&t, "AWS::RDS::DBCluster");
+    assert_eq!(cluster.len(), 1);
+    assert_eq!(
+        get(at(cluster[0].1, &["Properties"]), "DeletionProtection").and_then(Value::as_bool),
+        Some(true),
+        "DeletionProtection on the Aurora cluster"
+    );
+
+    let redis = at(&t, &["Parameters", "ExistingRedisUrl"]);
+    assert_eq!(get(redis, "NoEcho").and_then(Value::as_bool), Some(true));
+    let pattern = regex_lite_like(str_of(at(redis, &["AllowedPattern"])));
+    assert!(pattern("rediss://cache.example:6379") && pattern(""));
+    assert!(
+        !pattern("redis://cache.example:6379"),
+        "plain redis:// must be refused"
+    );
+    // No output shows the parameter back.
+    for (name, o) in at(&t, &["Outputs"]).as_mapping().unwrap() {
+        let text = serde_yaml::to_string(at(o, &["Value"])).unwrap();
+        assert!(
+            !text.contains("Ref: ExistingRedisUrl") && !text.contains("!Ref ExistingRedisUrl"),
+            "output {} echoes ExistingRedisUrl: {text}",
+            str_of(name)
+        );
+    }
+
+    let (_, http) = function_for_binary(&t, "seckill-http");
+    let events = at(http, &["Properties", "Events"]).as_mapping().unwrap();
+    let admin_routes: Vec<&Value> = events
+        .values()
+        .filter(|e| {
+            let p = at(e, &["Properties"]);
+            get(p, "Method").map(str_of).map(str::to_ascii_uppercase) == Some("POST".into())
+                && get(p, "Path").map(str_of) == Some("/vouchers")
+        })
+        .collect();
+    assert_eq!(admin_routes.len(), 1, "POST /vouchers is declared once");
+    let scopes: Vec<&str> = at(
+        admin_routes[0],
+        &["Properties", "Auth", "AuthorizationScopes"],
+    )
+    .as_sequence()
+    .expect("AuthorizationScopes is a list")
+    .iter()
+    .map(str_of)
+    .collect();
+    assert_eq!(scopes, vec![seckill_shared::auth::ADMIN_SCOPE]);
+}
+
+/// The template's `AllowedPattern` as CloudFormation applies it (the whole value must
+/// match); the patterns here are anchored alternations of literal prefixes and `.+`.
+fn regex_lite_like(pattern: &str) -> impl Fn(&str) -> bool + '_ {
+    move |value: &str| {
+        pattern
+            .trim_start_matches('^')
+            .trim_end_matches('$')
+            .split('|')
+            .map(|alt| alt.trim_start_matches('^').trim_end_matches('$'))
+            .any(|alt| match alt.strip_suffix(".+") {
+                Some(prefix) => value.starts_with(prefix) && value.len() > prefix.len(),
+                None => value == alt,
+            })
+    }
+}
