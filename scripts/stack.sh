@@ -433,6 +433,9 @@ write_functions_env() {
         echo "AWS_ACCESS_KEY_ID=local"
         echo "AWS_SECRET_ACCESS_KEY=local"
         echo "SECKILL_DEV_JWT_SECRET=$(jwt_secret)"
+        # cargo lambda watch emulates Lambda (AWS_LAMBDA_FUNCTION_NAME is set), where the
+        # function refuses a dev secret unless told this is a local emulator.
+        echo "SECKILL_DEV_JWT_IN_LAMBDA=allow"
         echo "RUST_LOG=${SECKILL_FUNCTIONS_RUST_LOG:-info}"
         # Locally one drainer invocation drains for 2 s, not the 50 s of a one-minute
         # schedule in AWS, so an invoke (the tests', the demo's, yours) returns quickly.

@@ -17,6 +17,8 @@ pub const ENV_VARS: &[&str] = &[
     "DATA_API_URL",
     "DATA_API_TIMEOUT_MS",
     "SECKILL_DEV_JWT_SECRET",
+    "SECKILL_DEV_JWT_IN_LAMBDA",
+    "AWS_LAMBDA_FUNCTION_NAME",
     "SECKILL_USER_RATE_PER_SEC",
     "SECKILL_USER_RATE_BURST",
 ];
@@ -33,6 +35,8 @@ pub struct Config {
     /// limit), and the burst allowed above that rate.
     pub user_rate_per_sec: u32,
     pub user_rate_burst: u32,
+    /// Running inside AWS Lambda or an emulator of it (`AWS_LAMBDA_FUNCTION_NAME` set).
+    pub in_lambda: bool,
 }
 
 impl Config {
@@ -42,12 +46,34 @@ impl Config {
     }
 
     pub fn read(mut env: EnvReader) -> Result<Config, ConfigError> {
+        let dev_jwt_secret = env.optional("SECKILL_DEV_JWT_SECRET");
+        // Lambda sets AWS_LAMBDA_FUNCTION_NAME. A dev secret there would let anyone who
+        // learns it mint any identity, bypassing the API's JWT authorizer, so it is
+        // refused unless explicitly allowed (the local stack under `cargo lambda watch`,
+        // which emulates Lambda, allows it).
+        let in_lambda = env.optional("AWS_LAMBDA_FUNCTION_NAME").is_some();
+        let allowed = match env.optional("SECKILL_DEV_JWT_IN_LAMBDA").as_deref() {
+            None => false,
+            Some("allow") => true,
+            Some(_) => {
+                env.problem("SECKILL_DEV_JWT_IN_LAMBDA must be `allow` or unset");
+                false
+            }
+        };
+        if dev_jwt_secret.is_some() && in_lambda && !allowed {
+            env.problem(
+                "SECKILL_DEV_JWT_SECRET is set inside AWS Lambda: remove it (API Gateway's JWT \
+                 authorizer verifies tokens there), or set SECKILL_DEV_JWT_IN_LAMBDA=allow \
+                 for a local emulator",
+            );
+        }
         let cfg = Config {
             redis: RedisConfig::read(&mut env),
             data_api: DataApiConfig::read(&mut env),
-            dev_jwt_secret: env.optional("SECKILL_DEV_JWT_SECRET"),
+            dev_jwt_secret,
             user_rate_per_sec: env.parse_or("SECKILL_USER_RATE_PER_SEC", 5),
             user_rate_burst: env.parse_or("SECKILL_USER_RATE_BURST", 10),
+            in_lambda,
         };
         env.finish()?;
         Ok(cfg)
@@ -57,6 +83,37 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_dev_secret_is_refused_inside_lambda_unless_allowed() {
+        let read = |pairs: &[(&str, &str)]| {
+            let mut vars: std::collections::HashMap<String, String> = [
+                ("REDIS_URL", "redis://x"),
+                ("DB_CLUSTER_ARN", "a"),
+                ("DB_SECRET_ARN", "s"),
+                ("DB_NAME", "d"),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+            for (k, v) in pairs {
+                vars.insert(k.to_string(), v.to_string());
+            }
+            Config::read(EnvReader::from_map(vars))
+        };
+        let secret = ("SECKILL_DEV_JWT_SECRET", "s3cret");
+        let lambda = ("AWS_LAMBDA_FUNCTION_NAME", "seckill-http");
+        assert!(read(&[secret]).unwrap().dev_jwt_secret.is_some());
+        assert!(read(&[lambda]).unwrap().dev_jwt_secret.is_none());
+        let err = read(&[secret, lambda]).unwrap_err();
+        assert!(err.to_string().contains("SECKILL_DEV_JWT_SECRET"), "{err}");
+        assert!(
+            read(&[secret, lambda, ("SECKILL_DEV_JWT_IN_LAMBDA", "allow")])
+                .unwrap()
+                .dev_jwt_secret
+                .is_some()
+        );
+    }
 
     #[test]
     fn env_vars_lists_exactly_what_read_reads() {
