@@ -132,6 +132,16 @@ const MINIMAL_ENV: &[(&str, &str)] = &[
     ("DB_NAME", "seckill"),
 ];
 
+/// Test support: a reader of the minimal valid environment plus `extra` (which wins).
+pub fn minimal_env_with(extra: &[(&str, &str)]) -> EnvReader {
+    let vars: HashMap<String, String> = MINIMAL_ENV
+        .iter()
+        .chain(extra)
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    EnvReader::from_map(vars)
+}
+
 /// Test support for each function's config: checks its list of variables (`listed`, the
 /// names the SAM template may set) against its loader `read`. Panics unless `read`, given
 /// the minimal valid environment, asks for exactly the listed names, and unless changing

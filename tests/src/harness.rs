@@ -145,3 +145,19 @@ pub fn read(res: Response<Body>) -> (u16, Value) {
     let body: Value = serde_json::from_slice(res.body().as_ref()).expect("body is JSON");
     (status, body)
 }
+
+/// `POST /vouchers/{voucher}/seckill` as `user` (a valid token), through the handler.
+pub async fn buy(
+    app: &seckill_http::App,
+    voucher: impl std::fmt::Display,
+    user: &str,
+) -> (u16, Value) {
+    let path = format!("/vouchers/{voucher}/seckill");
+    read(
+        seckill_http::handle(
+            app,
+            request("POST", &path, Some(&token(user, false)), None, None),
+        )
+        .await,
+    )
+}

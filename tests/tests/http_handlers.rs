@@ -13,7 +13,7 @@ use seckill_shared::domain::{
     OrderId, SaleWindow, UserId, Voucher, VoucherId, format_rfc3339_millis, now_millis,
 };
 use seckill_shared::keys::VoucherKeys;
-use seckill_tests::harness::{Backends, TEST_JWT_SECRET, read, request, token};
+use seckill_tests::harness::{Backends, TEST_JWT_SECRET, buy, read, request, token};
 use seckill_tests::redis::ReplyDropper;
 use serde_json::{Value, json};
 
@@ -43,23 +43,6 @@ async fn create(app: &App, stock: i64, begins: i64, ends: i64) -> String {
     );
     assert_eq!(status, 201, "{body}");
     body["id"].as_str().expect("id is a string").to_string()
-}
-
-async fn buy(app: &App, voucher: &str, user: &str) -> (u16, Value) {
-    let t = token(user, false);
-    read(
-        handle(
-            app,
-            request(
-                "POST",
-                &format!("/vouchers/{voucher}/seckill"),
-                Some(&t),
-                None,
-                None,
-            ),
-        )
-        .await,
-    )
 }
 
 fn assert_error(res: (u16, Value), status: u16, code: &str) {

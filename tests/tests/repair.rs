@@ -19,7 +19,7 @@ use seckill_http::{App, handle};
 use seckill_shared::domain::{OrderId, Voucher, VoucherId};
 use seckill_shared::keys::VoucherKeys;
 use seckill_tests::drainer::DrainCtx;
-use seckill_tests::harness::{TEST_JWT_SECRET, read, request, token};
+use seckill_tests::harness::{TEST_JWT_SECRET, buy, read, request, token};
 use serde_json::Value;
 
 fn http_config(ctx: &DrainCtx) -> seckill_http::Config {
@@ -31,22 +31,6 @@ fn http_config(ctx: &DrainCtx) -> seckill_http::Config {
         user_rate_burst: 0,
         in_lambda: false,
     }
-}
-
-async fn buy(app: &App, voucher: VoucherId, user: &str) -> (u16, Value) {
-    read(
-        handle(
-            app,
-            request(
-                "POST",
-                &format!("/vouchers/{voucher}/seckill"),
-                Some(&token(user, false)),
-                None,
-                None,
-            ),
-        )
-        .await,
-    )
 }
 
 /// Buys as `user` and expects a 202; returns the order id.

@@ -8,29 +8,12 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 use seckill_http::cache::SOLD_OUT_TTL_MS;
-use seckill_http::{App, handle};
+use seckill_http::App;
 use seckill_shared::adapters::data_api::{DataApi, param};
 use seckill_shared::domain::{NewVoucher, SaleWindow, VoucherId, now_millis};
 use seckill_shared::error::StoreError;
 use seckill_shared::keys::VoucherKeys;
-use seckill_tests::harness::{Backends, read, request, token};
-use serde_json::Value;
-
-async fn buy(app: &App, voucher: VoucherId, user: &str) -> (u16, Value) {
-    read(
-        handle(
-            app,
-            request(
-                "POST",
-                &format!("/vouchers/{voucher}/seckill"),
-                Some(&token(user, false)),
-                None,
-                None,
-            ),
-        )
-        .await,
-    )
-}
+use seckill_tests::harness::{Backends, buy};
 
 async fn voucher(db: &DataApi, begins_offset_ms: i64) -> VoucherId {
     let now = now_millis();

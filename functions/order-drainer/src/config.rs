@@ -153,19 +153,7 @@ mod tests {
     use super::*;
 
     fn reader(pairs: &[(&str, &str)]) -> EnvReader {
-        let mut base: std::collections::HashMap<String, String> = [
-            ("REDIS_URL", "redis://x"),
-            ("DB_CLUSTER_ARN", "a"),
-            ("DB_SECRET_ARN", "s"),
-            ("DB_NAME", "d"),
-        ]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        for (k, v) in pairs {
-            base.insert(k.to_string(), v.to_string());
-        }
-        EnvReader::from_map(base)
+        seckill_shared::config::minimal_env_with(pairs)
     }
 
     #[test]

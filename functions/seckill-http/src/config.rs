@@ -86,21 +86,8 @@ mod tests {
 
     #[test]
     fn the_dev_secret_is_refused_inside_lambda_unless_allowed() {
-        let read = |pairs: &[(&str, &str)]| {
-            let mut vars: std::collections::HashMap<String, String> = [
-                ("REDIS_URL", "redis://x"),
-                ("DB_CLUSTER_ARN", "a"),
-                ("DB_SECRET_ARN", "s"),
-                ("DB_NAME", "d"),
-            ]
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-            for (k, v) in pairs {
-                vars.insert(k.to_string(), v.to_string());
-            }
-            Config::read(EnvReader::from_map(vars))
-        };
+        let read =
+            |pairs: &[(&str, &str)]| Config::read(seckill_shared::config::minimal_env_with(pairs));
         let secret = ("SECKILL_DEV_JWT_SECRET", "s3cret");
         let lambda = ("AWS_LAMBDA_FUNCTION_NAME", "seckill-http");
         assert!(read(&[secret]).unwrap().dev_jwt_secret.is_some());
