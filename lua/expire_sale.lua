@@ -15,35 +15,16 @@
 -- The check is made again here, in the same script as the expiries, so no order can be
 -- admitted or left pending in between (admission is closed by the server's clock
 -- anyway). A non-empty dead-letter stream never expires: it holds orders an operator
--- still has to look at. Every key shares the {<voucher>} tag.
-
-local function less(a, b)
-  local ams, aseq = string.match(a, '^(%d+)-(%d+)$')
-  local bms, bseq = string.match(b, '^(%d+)-(%d+)$')
-  if ams == nil or bms == nil then return a < b end
-  local function lt(x, y)
-    if #x ~= #y then return #x < #y end
-    return x < y
-  end
-  if ams ~= bms then return lt(ams, bms) end
-  return lt(aseq, bseq)
-end
+-- still has to look at. Every key shares the {<voucher>} tag. Loaded after
+-- lua/lib/streams.lua (id_less, stream_group).
 
 if redis.call('EXISTS', KEYS[3]) == 1 then
   local newest = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
-  local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', KEYS[3])
-  if not ok then groups = {} end
-  local found = false
-  for _, g in ipairs(groups) do
-    local t = {}
-    for i = 1, #g, 2 do t[g[i]] = g[i + 1] end
-    if t['name'] == ARGV[1] then
-      found = true
-      if tonumber(t['pending']) > 0 then return 0 end
-      if #newest > 0 and less(t['last-delivered-id'], newest[1][1]) then return 0 end
-    end
-  end
-  if not found and #newest > 0 then
+  local g = stream_group(KEYS[3], ARGV[1])
+  if g == nil then
+    if #newest > 0 then return 0 end
+  elseif tonumber(g['pending']) > 0
+    or (#newest > 0 and id_less(g['last-delivered-id'], newest[1][1])) then
     return 0
   end
 end

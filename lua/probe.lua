@@ -29,37 +29,15 @@
 -- and only reads, claims or trims where the probe found work. It also makes the stream
 -- and the drain group when missing (MKSTREAM, from id 0 so nothing admitted before is
 -- skipped), so no other call is needed before a read. Both keys share the {<voucher>} tag.
-
-local function less(a, b)
-  local ams, aseq = string.match(a, '^(%d+)-(%d+)$')
-  local bms, bseq = string.match(b, '^(%d+)-(%d+)$')
-  if ams == nil or bms == nil then return a < b end
-  local function lt(x, y)
-    if #x ~= #y then return #x < #y end
-    return x < y
-  end
-  if ams ~= bms then return lt(ams, bms) end
-  return lt(aseq, bseq)
-end
+-- Loaded after lua/lib/streams.lua (id_less, stream_group).
 
 local group = ARGV[1]
 local ends = tonumber(redis.call('HGET', KEYS[2], 'ends_ms') or '-1') or -1
 
-local info = nil
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
-    local t = {}
-    for i = 1, #g, 2 do t[g[i]] = g[i + 1] end
-    if t['name'] == group then info = t end
-  end
-end
+local info = stream_group(KEYS[1], group)
 if info == nil then
   redis.call('XGROUP', 'CREATE', KEYS[1], group, '0', 'MKSTREAM')
-  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
-    local t = {}
-    for i = 1, #g, 2 do t[g[i]] = g[i + 1] end
-    if t['name'] == group then info = t end
-  end
+  info = stream_group(KEYS[1], group)
 end
 
 local length = redis.call('XLEN', KEYS[1])
@@ -67,7 +45,7 @@ local pending = tonumber(info['pending']) or 0
 local last_delivered = info['last-delivered-id'] or '0-0'
 local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 local fully = 1
-if #newest > 0 and less(last_delivered, newest[1][1]) then fully = 0 end
+if #newest > 0 and id_less(last_delivered, newest[1][1]) then fully = 0 end
 local undelivered
 if type(info['lag']) == 'number' then
   undelivered = info['lag']

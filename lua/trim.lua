@@ -12,43 +12,24 @@
 -- groups is never trimmed (nothing says its entries were delivered). Reading the bounds
 -- and trimming in one script means no delivery or claim can slip in between.
 -- (XADD/XTRIM MAXLEN would ignore the groups and could drop undrained orders.)
+-- Loaded after lua/lib/streams.lua (id_less, stream_groups).
 
--- Compares two stream ids "ms-seq" numerically without floating point: both parts are
--- decimal integers without leading zeros, so a shorter string is a smaller number.
-local function less(a, b)
-  local ams, aseq = string.match(a, '^(%d+)-(%d+)$')
-  local bms, bseq = string.match(b, '^(%d+)-(%d+)$')
-  local function lt(x, y)
-    if #x ~= #y then return #x < #y end
-    return x < y
-  end
-  if ams ~= bms then return lt(ams, bms) end
-  return lt(aseq, bseq)
-end
-
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  return {0, ''}
-end
-local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
+local groups = stream_groups(KEYS[1])
 if #groups == 0 then
   return {0, ''}
 end
 
 local minid = nil
-for _, g in ipairs(groups) do
-  local info = {}
-  for i = 1, #g, 2 do
-    info[g[i]] = g[i + 1]
-  end
+for _, info in ipairs(groups) do
   local bound = info['last-delivered-id']
   if tonumber(info['pending']) > 0 then
     local summary = redis.call('XPENDING', KEYS[1], info['name'])
     local oldest = summary[2]
-    if oldest and less(oldest, bound) then
+    if oldest and id_less(oldest, bound) then
       bound = oldest
     end
   end
-  if minid == nil or less(bound, minid) then
+  if minid == nil or id_less(bound, minid) then
     minid = bound
   end
 end

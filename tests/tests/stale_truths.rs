@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use redis::AsyncCommands;
-use seckill_http::cache::SOLD_OUT_TTL_MS;
 use seckill_http::App;
+use seckill_http::cache::SOLD_OUT_TTL_MS;
 use seckill_shared::adapters::data_api::{DataApi, param};
 use seckill_shared::domain::{NewVoucher, SaleWindow, VoucherId, now_millis};
 use seckill_shared::error::StoreError;

@@ -30,14 +30,21 @@ use crate::domain::{UnixMillis, VoucherId};
 use crate::error::StoreError;
 use crate::keys::{self, VoucherKeys};
 
+/// A stream script with `lua/lib/streams.lua` (helpers it shares) in front of it.
+macro_rules! stream_script {
+    ($name:literal) => {
+        Script::new(concat!(
+            include_str!("../../../lua/lib/streams.lua"),
+            include_str!(concat!("../../../lua/", $name, ".lua"))
+        ))
+    };
+}
+
 static DEAD_LETTER: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/dead_letter.lua")));
-static TRIM: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/trim.lua")));
-static PROBE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/probe.lua")));
-static EXPIRE_SALE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/expire_sale.lua")));
+static TRIM: LazyLock<Script> = LazyLock::new(|| stream_script!("trim"));
+static PROBE: LazyLock<Script> = LazyLock::new(|| stream_script!("probe"));
+static EXPIRE_SALE: LazyLock<Script> = LazyLock::new(|| stream_script!("expire_sale"));
 
 /// Spent consumers one [`OrderStreams::probe`] deletes at most: a long backlog goes in
 /// small steps, never one long script.
