@@ -114,33 +114,46 @@ impl VoucherCache {
     /// An answer for an admission attempt at `now` (this instance's clock) that needs
     /// no Redis call, if any.
     pub fn short_circuit(&self, voucher: VoucherId, now: UnixMillis) -> Option<Known> {
+        self.look(voucher, now).0
+    }
+
+    /// [`short_circuit`](Self::short_circuit)'s answer, and whether this instance has
+    /// seen the voucher exist (its description, or a sale answer from Redis), under one
+    /// lock: the admission path asks both.
+    pub fn look(&self, voucher: VoucherId, now: UnixMillis) -> (Option<Known>, bool) {
         self.with(|s| {
-            let e = s.entries.get(&voucher)?;
-            if within(e.missing_until, MISSING_TTL_MS, now) {
-                return Some(Known::Missing);
-            }
-            let redis_now = s
-                .clock
-                .filter(|c| now.abs_diff(c.measured_at) < CLOCK_OFFSET_TTL_MS.unsigned_abs())
-                .map(|c| now.saturating_add(c.offset));
-            if let (Some(w), Some(t)) = (e.window, redis_now) {
-                // Saturating: a window read back from Redis is whatever its hash holds, and
-                // a corrupt one must not panic here (debug) or wrap (release).
-                if t < w.begins_ms().saturating_sub(SKEW_BOUND_MS) {
-                    return Some(Known::NotStarted);
-                }
-                if t >= w.ends_ms().saturating_add(SKEW_BOUND_MS) {
-                    return Some(Known::Ended);
-                }
-            }
-            if within(e.sold_out_until, SOLD_OUT_TTL_MS, now) {
-                // Sold out is only ever learned from Redis, whose window then was open or
-                // closed: an ended sale that sold out is still `ended` (checked above once
-                // clearly past; near the edge Redis answers).
-                return Some(Known::SoldOut);
-            }
-            None
+            let Some(e) = s.entries.get(&voucher) else {
+                return (None, false);
+            };
+            let seen = e.window.is_some() || e.voucher.is_some();
+            (Self::answer(e, s.clock, now), seen)
         })
+    }
+
+    fn answer(e: &Entry, clock: Option<ClockOffset>, now: UnixMillis) -> Option<Known> {
+        if within(e.missing_until, MISSING_TTL_MS, now) {
+            return Some(Known::Missing);
+        }
+        let redis_now = clock
+            .filter(|c| now.abs_diff(c.measured_at) < CLOCK_OFFSET_TTL_MS.unsigned_abs())
+            .map(|c| now.saturating_add(c.offset));
+        if let (Some(w), Some(t)) = (e.window, redis_now) {
+            // Saturating: a window read back from Redis is whatever its hash holds, and
+            // a corrupt one must not panic here (debug) or wrap (release).
+            if t < w.begins_ms().saturating_sub(SKEW_BOUND_MS) {
+                return Some(Known::NotStarted);
+            }
+            if t >= w.ends_ms().saturating_add(SKEW_BOUND_MS) {
+                return Some(Known::Ended);
+            }
+        }
+        if within(e.sold_out_until, SOLD_OUT_TTL_MS, now) {
+            // Sold out is only ever learned from Redis, whose window then was open or
+            // closed: an ended sale that sold out is still `ended` (checked above once
+            // clearly past; near the edge Redis answers).
+            return Some(Known::SoldOut);
+        }
+        None
     }
 
     /// Remembers what an admission script's answer says about a sale: its window, when
@@ -190,16 +203,6 @@ impl VoucherCache {
         });
     }
 
-    /// Whether this instance has seen the voucher exist (its description, or a sale
-    /// answer from Redis).
-    pub fn knows(&self, voucher: VoucherId) -> bool {
-        self.with(|s| {
-            s.entries
-                .get(&voucher)
-                .is_some_and(|e| e.window.is_some() || e.voucher.is_some())
-        })
-    }
-
     /// The voucher's description, if seen. Its `db_stock_left` is as of when it was seen.
     pub fn voucher(&self, voucher: VoucherId) -> Option<Voucher> {
         self.with(|s| s.entries.get(&voucher)?.voucher.clone())
@@ -243,7 +246,7 @@ mod tests {
         let len = c.with(|s| s.entries.len());
         assert!(len <= MAX_VOUCHERS, "{len} entries");
         // Unknown ids are forgotten first: the real sale is still known.
-        assert!(c.knows(real));
+        assert!(c.look(real, 0).1);
         // Full of real vouchers, it still stays within the bound.
         for id in 100_000..(100_000 + 2 * MAX_VOUCHERS as i64) {
             c.learn_sale(

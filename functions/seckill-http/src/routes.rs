@@ -230,7 +230,8 @@ async fn seckill(app: &App, req: &Request, id: VoucherId) -> Result<Response<Bod
     let now = now_millis();
     let caller = identify(req, app.dev_secret.as_deref(), now_secs(now))?;
     // Answers this instance already knows cost no Redis call.
-    match app.cache.short_circuit(id, now) {
+    let (known, seen) = app.cache.look(id, now);
+    match known {
         Some(Known::NotStarted) => return Err(ApiError::NotStarted),
         Some(Known::Ended) => return Err(ApiError::Ended),
         Some(Known::SoldOut) => return Err(ApiError::SoldOut),
@@ -244,10 +245,7 @@ async fn seckill(app: &App, req: &Request, id: VoucherId) -> Result<Response<Bod
     // Order ids are leased only for a voucher that exists: a voucher this instance has
     // not seen yet is first looked up in Redis (then, if Redis lacks it, the database),
     // so requests for made-up voucher ids lease nothing and write nothing.
-    if !app.cache.knows(id)
-        && sales.stock_left(id).await?.is_none()
-        && !repair(app, id, now).await?
-    {
+    if !seen && sales.stock_left(id).await?.is_none() && !repair(app, id, now).await? {
         return Err(not_found_voucher(id));
     }
     let order_id = app.ids.next(sales, id, now).await?;
