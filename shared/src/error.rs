@@ -13,6 +13,13 @@ pub enum StoreError {
         backend: &'static str,
         detail: String,
     },
+    /// A row was locked by another transaction (`NOWAIT`, or a lock wait that timed out):
+    /// retrying later can help, and the holder may be worth looking for.
+    #[error("{backend} row locked: {detail}")]
+    Locked {
+        backend: &'static str,
+        detail: String,
+    },
     /// The database refused a statement (constraint, syntax): retrying will not help.
     #[error("database refused the statement: {0}")]
     Database(String),
@@ -31,7 +38,10 @@ impl StoreError {
 
     /// True when a later retry may succeed.
     pub fn is_transient(&self) -> bool {
-        matches!(self, StoreError::Unavailable { .. })
+        matches!(
+            self,
+            StoreError::Unavailable { .. } | StoreError::Locked { .. }
+        )
     }
 }
 

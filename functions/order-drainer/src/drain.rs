@@ -51,7 +51,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use seckill_shared::adapters::data_api::{DataApi, is_lock_conflict};
+use seckill_shared::adapters::data_api::DataApi;
 use seckill_shared::adapters::ledger::{AdmittedOrder, Ledger, LedgerTx};
 use seckill_shared::adapters::order_stream::{OrderStreams, Probe, StreamEntry};
 use seckill_shared::adapters::redis::RedisConn;
@@ -1015,7 +1015,7 @@ impl Drainer {
         let stock_left = match tx.lock_voucher(voucher).await {
             Ok(Some(left)) => left,
             Ok(None) => return Ok(Attempt::UnknownVoucher),
-            Err(e) if is_lock_conflict(&e) => return Ok(Attempt::Locked(e)),
+            Err(e @ StoreError::Locked { .. }) => return Ok(Attempt::Locked(e)),
             Err(e) => return Err(db("locking the voucher", e)),
         };
         failpoint::hit("after_lock");

@@ -401,6 +401,10 @@ where
             let code = e.code().unwrap_or("Unknown");
             let message = e.message().unwrap_or("").to_string();
             match code {
+                "DatabaseErrorException" if is_lock_conflict(&message) => StoreError::Locked {
+                    backend: "data api",
+                    detail: format!("{code}: {message}"),
+                },
                 // Aurora also reports a lost or failing-over connection as a bad request
                 // ("Communications link failure"): sorted by its text, not its name.
                 "DatabaseErrorException" | "BadRequestException"
@@ -454,16 +458,12 @@ pub fn is_transient_database_error(message: &str) -> bool {
     PASSING.iter().any(|p| lower.contains(p))
 }
 
-/// Whether `err` says a row lock was held by another transaction (`NOWAIT`, or a lock
-/// wait that timed out), as opposed to the database being unreachable.
-pub fn is_lock_conflict(err: &StoreError) -> bool {
-    match err {
-        StoreError::Unavailable { detail, .. } => {
-            let lower = detail.to_ascii_lowercase();
-            lower.contains("lock wait timeout") || lower.contains("nowait is set")
-        }
-        _ => false,
-    }
+/// Whether a database error's text says a row lock was held by another transaction
+/// (`NOWAIT`, or a lock wait that timed out), as opposed to the database being
+/// unreachable.
+fn is_lock_conflict(message: &str) -> bool {
+    let lower = message.to_ascii_lowercase();
+    lower.contains("lock wait timeout") || lower.contains("nowait is set")
 }
 
 /// Named parameters.
@@ -569,6 +569,18 @@ mod tests {
         assert_eq!(parse_datetime("2026-11-22 23:59:59"), Some(ms - 123));
         assert_eq!(parse_datetime("2026-11-22 23:59:59.1"), Some(ms - 23));
         assert_eq!(parse_datetime("garbage"), None);
+    }
+
+    #[test]
+    fn a_held_row_lock_is_told_apart_from_an_unreachable_database() {
+        assert!(is_lock_conflict(
+            "Lock wait timeout exceeded; try restarting transaction"
+        ));
+        assert!(is_lock_conflict(
+            "Statement aborted because lock(s) could not be acquired immediately and NOWAIT is set."
+        ));
+        assert!(!is_lock_conflict("Communications link failure"));
+        assert!(!is_lock_conflict("Duplicate entry '1' for key 'PRIMARY'"));
     }
 
     #[test]
