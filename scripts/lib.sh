@@ -122,3 +122,43 @@ load_env_file() {
         export "$k=$v"
     done <"$1"
 }
+
+# --- Redis engine and topology of the local stack -----------------------------------------
+# SECKILL_REDIS_ENGINE=redis|valkey (default redis: Debian's redis-server),
+# SECKILL_REDIS_TOPOLOGY=single|cluster (default single: one cluster-mode node owning all
+# slots), SECKILL_VALKEY_VERSION=9.1|8.1 (default 9.1; only for the valkey engine).
+# Sets REDIS_ENGINE, REDIS_TOPOLOGY and VALKEY_VERSION, or dies naming the bad value.
+redis_selection() {
+    REDIS_ENGINE=${SECKILL_REDIS_ENGINE:-redis}
+    REDIS_TOPOLOGY=${SECKILL_REDIS_TOPOLOGY:-single}
+    VALKEY_VERSION=${SECKILL_VALKEY_VERSION:-9.1}
+    case $REDIS_ENGINE in
+    redis | valkey) ;;
+    *) die "SECKILL_REDIS_ENGINE=$REDIS_ENGINE: expected redis (Debian's redis-server, the default) or valkey" ;;
+    esac
+    case $REDIS_TOPOLOGY in
+    single | cluster) ;;
+    *) die "SECKILL_REDIS_TOPOLOGY=$REDIS_TOPOLOGY: expected single (one node owning all slots, the default) or cluster (3 primaries with 1 replica each)" ;;
+    esac
+    valkey_full_version "$VALKEY_VERSION" >/dev/null ||
+        die "SECKILL_VALKEY_VERSION=$VALKEY_VERSION: expected 9.1 (the default) or 8.1"
+}
+
+# The exact Valkey release installed for a version the stack knows (9.1 or 8.1).
+valkey_full_version() {
+    case $1 in
+    9.1) echo 9.1.2 ;;
+    8.1) echo 8.1.8 ;;
+    *) return 1 ;;
+    esac
+}
+
+# Where scripts/setup.sh installs valkey-server of version $1 (9.1 or 8.1).
+valkey_server_path() {
+    printf '%s/seckill/valkey-%s/valkey-server\n' "${XDG_CACHE_HOME:-$HOME/.cache}" "$(valkey_full_version "$1")"
+}
+
+# Is $1 an executable server printing version $2 (e.g. 9.1.2) in its --version line?
+server_has_version() {
+    [[ -x $1 ]] && "$1" --version 2>/dev/null | grep -q " v=$2 "
+}

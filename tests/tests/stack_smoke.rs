@@ -95,6 +95,135 @@ async fn redis_url_answers_ping_and_cluster_is_ok() {
     assert_eq!(got, "1");
 }
 
+/// `REDIS_NODES` are the whole of the selected topology, run by the selected engine:
+/// one node owning every slot (`single`), or 3 primaries each with one replica online
+/// (`cluster`); the first node (`REDIS_URL`) a primary; every node the server that
+/// `SECKILL_REDIS_SERVER` names.
+#[tokio::test]
+async fn redis_nodes_are_the_selected_engine_and_topology() {
+    let env = StackEnv::load();
+    let (engine, topology) = (env.redis_engine(), env.redis_topology());
+    let nodes = env.redis_nodes();
+    // Nodes, and replicas of each primary.
+    let (want_nodes, per_primary) = match topology.as_str() {
+        "single" => (1, 0),
+        "cluster" => (6, 1),
+        other => panic!("SECKILL_REDIS_TOPOLOGY={other}: expected single or cluster"),
+    };
+    assert_eq!(
+        nodes.len(),
+        want_nodes,
+        "REDIS_NODES for {topology}: {nodes:?}"
+    );
+    let seed = env.redis_url();
+    assert!(
+        seed.ends_with(&format!("//{}", nodes[0])),
+        "REDIS_URL {seed} is not the first of REDIS_NODES {nodes:?}"
+    );
+    let server = env.redis_server_bin();
+    let version = std::process::Command::new(&server)
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|e| panic!("SECKILL_REDIS_SERVER {server} --version: {e}"));
+    let version = String::from_utf8_lossy(&version.stdout).to_string();
+    let version = version
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("v="))
+        .unwrap_or_else(|| panic!("{server} --version names no version: {version}"))
+        .to_string();
+    let field = |text: &str, key: &str| {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(key)?.strip_prefix(':'))
+            .map(str::to_string)
+    };
+    let (mut primaries, mut replicas) = (0, 0);
+    for node in &nodes {
+        let client = redis::Client::open(format!("redis://{node}"))
+            .unwrap_or_else(|e| panic!("client for {node}: {e}"));
+        let mut conn = within(node, client.get_multiplexed_async_connection())
+            .await
+            .unwrap_or_else(|e| panic!("connecting to {node}: {e}"));
+        let info: String = within(
+            node,
+            redis::cmd("INFO").arg("server").query_async(&mut conn),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("INFO server on {node}: {e}"));
+        let (name, node_version) = match field(&info, "server_name").as_deref() {
+            Some("valkey") => ("valkey", field(&info, "valkey_version")),
+            _ => ("redis", field(&info, "redis_version")),
+        };
+        assert_eq!(
+            name, engine,
+            "{node} runs {name}, SECKILL_REDIS_ENGINE is {engine}"
+        );
+        assert_eq!(
+            node_version.as_deref(),
+            Some(version.as_str()),
+            "{node} runs another version than SECKILL_REDIS_SERVER {server}"
+        );
+        let cluster: String = within(
+            node,
+            redis::cmd("CLUSTER").arg("INFO").query_async(&mut conn),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("CLUSTER INFO on {node}: {e}"));
+        assert_eq!(
+            field(&cluster, "cluster_state").as_deref(),
+            Some("ok"),
+            "{node}:\n{cluster}"
+        );
+        assert_eq!(
+            field(&cluster, "cluster_known_nodes"),
+            Some(want_nodes.to_string()),
+            "{node}:\n{cluster}"
+        );
+        let repl: String = within(
+            node,
+            redis::cmd("INFO").arg("replication").query_async(&mut conn),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("INFO replication on {node}: {e}"));
+        match field(&repl, "role").as_deref() {
+            Some("master") => {
+                primaries += 1;
+                let replicas_online = repl
+                    .lines()
+                    .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+                    .count();
+                assert_eq!(
+                    replicas_online, per_primary,
+                    "primary {node} should have {per_primary} replica(s) online:\n{repl}"
+                );
+            }
+            Some("slave") => {
+                replicas += 1;
+                assert_eq!(
+                    field(&repl, "master_link_status").as_deref(),
+                    Some("up"),
+                    "{node}:\n{repl}"
+                );
+            }
+            other => panic!("{node} has role {other:?}"),
+        }
+        if node == &nodes[0] {
+            assert_eq!(
+                field(&repl, "role").as_deref(),
+                Some("master"),
+                "REDIS_URL {seed} is not a primary"
+            );
+        }
+    }
+    assert_eq!(
+        (primaries, replicas),
+        (
+            want_nodes / (per_primary + 1),
+            want_nodes - want_nodes / (per_primary + 1)
+        ),
+        "primaries and replicas of {nodes:?}"
+    );
+}
+
 #[tokio::test]
 async fn mysql_url_connects_and_has_the_schema() {
     let env = StackEnv::load();
