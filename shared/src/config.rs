@@ -190,6 +190,20 @@ pub struct RedisConfig {
     /// PEM file of the CA that signed the server's certificate, for `rediss://` servers
     /// with a private CA. Unset: the public web PKI roots (what ElastiCache needs).
     pub tls_ca_file: Option<String>,
+    /// Durable admissions (opt-in): seckill-http answers 202 only once this many
+    /// replicas hold the admission, and the drainer writes to the database only entries
+    /// that many replicas hold. `None`: asynchronous replication, the default.
+    pub durable: Option<Durable>,
+}
+
+/// How long an admission waits for replicas before it is reported unconfirmed (see
+/// README "Durable admissions").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Durable {
+    /// Replicas that must acknowledge the admission's write (`WAIT replicas timeout`).
+    pub replicas: u32,
+    /// How long to wait for them.
+    pub timeout: Duration,
 }
 
 impl RedisConfig {
@@ -199,7 +213,30 @@ impl RedisConfig {
             cluster: env.flag_or("REDIS_CLUSTER", false),
             timeout: Duration::from_millis(env.parse_or("REDIS_TIMEOUT_MS", 250)),
             tls_ca_file: env.optional("REDIS_TLS_CA_FILE"),
+            durable: Durable::read(env),
         }
+    }
+}
+
+impl Durable {
+    /// `WAIT replicas timeout`: sent right after a write, on the same connection, it
+    /// answers how many replicas acknowledged everything written there so far.
+    pub fn wait_cmd(&self) -> redis::Cmd {
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(self.replicas).arg(self.timeout.as_millis() as u64);
+        wait
+    }
+
+    /// Whether `acked` replicas (a `WAIT` answer) are enough.
+    pub fn held_by(&self, acked: u32) -> bool {
+        acked >= self.replicas
+    }
+
+    /// `REDIS_DURABLE_REPLICAS` (0 or unset: off) and `REDIS_DURABLE_TIMEOUT_MS` (100).
+    fn read(env: &mut EnvReader) -> Option<Durable> {
+        let replicas: u32 = env.parse_or("REDIS_DURABLE_REPLICAS", 0);
+        let timeout = Duration::from_millis(env.parse_or("REDIS_DURABLE_TIMEOUT_MS", 100));
+        (replicas > 0).then_some(Durable { replicas, timeout })
     }
 }
 
@@ -258,6 +295,26 @@ mod tests {
     }
 
     #[test]
+    fn durable_admissions_are_opt_in() {
+        let base = [
+            ("REDIS_URL", "redis://x"),
+            ("REDIS_DURABLE_REPLICAS", "1"),
+            ("REDIS_DURABLE_TIMEOUT_MS", "40"),
+        ];
+        let mut env = reader(&base);
+        assert_eq!(
+            RedisConfig::read(&mut env).durable,
+            Some(Durable {
+                replicas: 1,
+                timeout: Duration::from_millis(40)
+            })
+        );
+        env.finish().unwrap();
+        let mut env = reader(&[("REDIS_URL", "redis://x"), ("REDIS_DURABLE_REPLICAS", "0")]);
+        assert_eq!(RedisConfig::read(&mut env).durable, None);
+    }
+
+    #[test]
     fn defaults_apply_when_optional_variables_are_absent() {
         let mut env = reader(&[
             ("REDIS_URL", "redis://x"),
@@ -270,6 +327,7 @@ mod tests {
         env.finish().unwrap();
         assert!(!r.cluster);
         assert_eq!(r.timeout, Duration::from_millis(250));
+        assert_eq!(r.durable, None);
         assert_eq!(d.endpoint, None);
     }
 }

@@ -20,6 +20,14 @@ pub enum StoreError {
         backend: &'static str,
         detail: String,
     },
+    /// Durable mode: the admission script admitted `order_id`, but fewer replicas than
+    /// required acknowledged the write in time, so a failover could still lose it. Not
+    /// a refusal: the order exists on the primary and may well survive.
+    #[error("admission of order {order_id} not confirmed by replicas: {detail}")]
+    Unconfirmed {
+        order_id: crate::domain::OrderId,
+        detail: String,
+    },
     /// The database refused a statement (constraint, syntax): retrying will not help.
     #[error("database refused the statement: {0}")]
     Database(String),
@@ -40,7 +48,9 @@ impl StoreError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            StoreError::Unavailable { .. } | StoreError::Locked { .. }
+            StoreError::Unavailable { .. }
+                | StoreError::Locked { .. }
+                | StoreError::Unconfirmed { .. }
         )
     }
 }

@@ -289,7 +289,8 @@ impl Drainer {
             .await
             .map_err(|e| DrainError::store("connecting to redis", None, e))?;
         let api = DataApi::connect(&cfg.data_api).await;
-        Ok(Drainer::new(cfg, OrderStreams::new(conn), Ledger::new(api)))
+        let streams = OrderStreams::new(conn).with_durability(cfg.redis.durable);
+        Ok(Drainer::new(cfg, streams, Ledger::new(api)))
     }
 
     pub fn new(cfg: Config, streams: OrderStreams, ledger: Ledger) -> Drainer {

@@ -48,7 +48,7 @@ impl App {
             .get_or_try_init(|| async {
                 RedisConn::connect(&self.redis_cfg)
                     .await
-                    .map(RedisSales::new)
+                    .map(|conn| RedisSales::new(conn).with_durability(self.redis_cfg.durable))
             })
             .await
     }

@@ -11,6 +11,8 @@ pub const ENV_VARS: &[&str] = &[
     "REDIS_CLUSTER",
     "REDIS_TIMEOUT_MS",
     "REDIS_TLS_CA_FILE",
+    "REDIS_DURABLE_REPLICAS",
+    "REDIS_DURABLE_TIMEOUT_MS",
     "DB_CLUSTER_ARN",
     "DB_SECRET_ARN",
     "DB_NAME",

@@ -32,6 +32,15 @@ pub enum ApiError {
     AlreadyPurchased { order_id: OrderId },
     #[error("too many attempts, slow down")]
     RateLimited,
+    /// Durable mode: admitted on the Redis primary, but not yet held by enough replicas
+    /// to survive a failover, so no promise is made. The body names the order: a lookup
+    /// or a retry (409 `already_purchased` with this id) tells whether it survived.
+    #[error("your order {order_id} is not confirmed yet: look it up or retry shortly")]
+    Unconfirmed {
+        order_id: OrderId,
+        #[source]
+        source: StoreError,
+    },
     #[error("the service is unavailable, retry shortly")]
     Unavailable(#[source] StoreError),
 }
@@ -49,7 +58,9 @@ impl ApiError {
             ApiError::SoldOut => (StatusCode::CONFLICT, "sold_out"),
             ApiError::AlreadyPurchased { .. } => (StatusCode::CONFLICT, "already_purchased"),
             ApiError::RateLimited => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
-            ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            ApiError::Unavailable(_) | ApiError::Unconfirmed { .. } => {
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+            }
         }
     }
 
@@ -68,21 +79,30 @@ impl ApiError {
 
     pub fn into_response(self) -> Response<Body> {
         let (status, code) = self.status_and_code();
-        if let ApiError::Unavailable(source) = &self {
-            tracing::error!(error = %source, "backend unavailable");
+        match &self {
+            ApiError::Unavailable(source) => {
+                tracing::error!(error = %source, "backend unavailable")
+            }
+            ApiError::Unconfirmed { source, .. } => {
+                tracing::warn!(error = %source, "admission not confirmed by replicas")
+            }
+            _ => {}
         }
         // A struct, not a `json!` map: this is the body of every refusal of a sale.
         #[derive(serde::Serialize)]
         struct ErrorBody<'a> {
             code: &'a str,
             message: &'a str,
-            /// `already_purchased` only: the order the caller holds, as a decimal string.
+            /// `already_purchased`: the order the caller holds; `unavailable` after an
+            /// unconfirmed durable admission: the order that may survive. Decimal string.
             #[serde(skip_serializing_if = "Option::is_none")]
             order_id: Option<String>,
         }
         let message = self.to_string();
         let order_id = match &self {
-            ApiError::AlreadyPurchased { order_id } => Some(order_id.to_string()),
+            ApiError::AlreadyPurchased { order_id } | ApiError::Unconfirmed { order_id, .. } => {
+                Some(order_id.to_string())
+            }
             _ => None,
         };
         let body = serde_json::to_string(&ErrorBody {
@@ -104,7 +124,13 @@ impl From<ValidationError> for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> ApiError {
-        ApiError::Unavailable(err)
+        match err {
+            StoreError::Unconfirmed { order_id, .. } => ApiError::Unconfirmed {
+                order_id,
+                source: err,
+            },
+            err => ApiError::Unavailable(err),
+        }
     }
 }
 
@@ -149,5 +175,27 @@ mod tests {
             b.as_object().unwrap().keys().collect::<Vec<_>>(),
             ["code", "message"]
         );
+    }
+
+    #[test]
+    fn an_unconfirmed_admission_is_a_503_naming_the_order_and_other_outages_are_not() {
+        let order_id = OrderId::new(42).unwrap();
+        let (status, b) = body(ApiError::from(StoreError::Unconfirmed {
+            order_id,
+            detail: "0 of 1 replica(s) acknowledged within 100 ms".into(),
+        }));
+        assert_eq!(status, 503);
+        assert_eq!(b["code"], "unavailable");
+        assert_eq!(b["order_id"], "42");
+        assert!(
+            !b["message"].as_str().unwrap().contains("replica"),
+            "the detail stays in the log"
+        );
+        let (status, b) = body(ApiError::from(StoreError::Unavailable {
+            backend: "redis",
+            detail: "connection refused".into(),
+        }));
+        assert_eq!(status, 503);
+        assert!(b.get("order_id").is_none());
     }
 }

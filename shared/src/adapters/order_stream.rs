@@ -23,9 +23,10 @@ use std::collections::HashMap;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{AsyncCommands, Script, Value};
+use redis::{AsyncCommands, Cmd, Script, Value};
 
 use super::redis::RedisConn;
+use crate::config::Durable;
 use crate::domain::{UnixMillis, VoucherId};
 use crate::error::StoreError;
 use crate::keys::{self, VoucherKeys};
@@ -162,11 +163,71 @@ pub struct Trimmed {
 #[derive(Clone)]
 pub struct OrderStreams {
     conn: RedisConn,
+    durable: Option<Durable>,
 }
 
 impl OrderStreams {
     pub fn new(conn: RedisConn) -> OrderStreams {
-        OrderStreams { conn }
+        OrderStreams {
+            conn,
+            durable: None,
+        }
+    }
+
+    /// Entries are handed out only once `durable.replicas` replicas hold them (see
+    /// [`Self::read_new`]); `None`: as soon as the primary has them.
+    pub fn with_durability(mut self, durable: Option<Durable>) -> OrderStreams {
+        self.durable = durable;
+        self
+    }
+
+    /// Runs a command that hands out entries (XREADGROUP, XAUTOCLAIM) and, in durable
+    /// mode, a `WAIT` in the same pipeline to the same primary. The reply and whether
+    /// enough replicas acknowledged: the command's own write (the group's new state)
+    /// follows the entries' admissions in the replication stream, so an acknowledgement
+    /// covers the entries too.
+    async fn handing_out(&self, cmd: &Cmd) -> Result<(Value, bool), StoreError> {
+        let mut conn = self.conn.clone();
+        match self.durable {
+            None => Ok((cmd.query_async(&mut conn).await?, true)),
+            Some(d) => {
+                let (reply, acked): (Value, u32) = redis::pipe()
+                    .add_command(cmd.clone())
+                    .add_command(d.wait_cmd())
+                    .query_async(&mut conn)
+                    .await?;
+                Ok((reply, d.held_by(acked)))
+            }
+        }
+    }
+
+    /// Durable mode: entries just handed out that the replicas do not hold yet. They
+    /// must not reach the database (a failover now would forget their admissions, and
+    /// their buyers could be admitted again with another order): they are given back,
+    /// claimable at once, and the caller sees a transient error.
+    async fn not_yet_replicated(
+        &self,
+        voucher: VoucherId,
+        consumer: &str,
+        ids: &[&str],
+    ) -> StoreError {
+        // Idle "forever": any drainer's XAUTOCLAIM takes them at once.
+        let given_back = self
+            .release(
+                voucher,
+                consumer,
+                ids,
+                Duration::from_secs(365 * 24 * 3_600),
+            )
+            .await;
+        StoreError::Unavailable {
+            backend: "redis",
+            detail: format!(
+                "{} entries of voucher {voucher} not yet held by {} replica(s); given back: {given_back:?}",
+                ids.len(),
+                self.durable.map_or(0, |d| d.replicas),
+            ),
+        }
     }
 
     /// The vouchers the drainer should visit (`SMEMBERS seckill:active`), sorted, and the
@@ -356,18 +417,20 @@ impl OrderStreams {
         count: usize,
     ) -> Result<ClaimPage, StoreError> {
         let k = VoucherKeys::new(voucher);
-        let mut conn = self.conn.clone();
-        let reply: Value = redis::cmd("XAUTOCLAIM")
-            .arg(&k.orders)
+        let mut cmd = redis::cmd("XAUTOCLAIM");
+        cmd.arg(&k.orders)
             .arg(keys::DRAIN_GROUP)
             .arg(consumer)
             .arg(min_idle.as_millis() as u64)
             .arg(cursor)
             .arg("COUNT")
-            .arg(count.max(1))
-            .query_async(&mut conn)
-            .await?;
+            .arg(count.max(1));
+        let (reply, replicated) = self.handing_out(&cmd).await?;
         let mut page = parse_autoclaim(reply)?;
+        if !replicated && !page.entries.is_empty() {
+            let ids: Vec<&str> = page.entries.iter().map(|e| e.id.as_str()).collect();
+            return Err(self.not_yet_replicated(voucher, consumer, &ids).await);
+        }
         if let (Some(first), Some(last)) = (page.entries.first(), page.entries.last()) {
             let counts = self
                 .delivery_counts(voucher, &first.id, &last.id, page.entries.len(), consumer)
@@ -405,7 +468,9 @@ impl OrderStreams {
     }
 
     /// Up to `count` entries never delivered to the group (`XREADGROUP ... >`), now
-    /// pending for `consumer`. Does not block: the caller decides how long to wait.
+    /// pending for `consumer`. Does not block: the caller decides how long to wait. In
+    /// durable mode, entries the replicas do not hold yet are given back and reported as
+    /// a transient error (see [`Self::with_durability`]).
     pub async fn read_new(
         &self,
         voucher: VoucherId,
@@ -413,18 +478,21 @@ impl OrderStreams {
         count: usize,
     ) -> Result<Vec<StreamEntry>, StoreError> {
         let k = VoucherKeys::new(voucher);
-        let reply: Value = redis::cmd("XREADGROUP")
-            .arg("GROUP")
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
             .arg(keys::DRAIN_GROUP)
             .arg(consumer)
             .arg("COUNT")
             .arg(count.max(1))
             .arg("STREAMS")
             .arg(&k.orders)
-            .arg(">")
-            .query_async(&mut self.conn.clone())
-            .await?;
+            .arg(">");
+        let (reply, replicated) = self.handing_out(&cmd).await?;
         let mut entries = parse_read_reply(reply)?;
+        if !replicated && !entries.is_empty() {
+            let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+            return Err(self.not_yet_replicated(voucher, consumer, &ids).await);
+        }
         for e in &mut entries {
             e.deliveries = 1;
         }

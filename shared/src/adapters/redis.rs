@@ -6,13 +6,15 @@
 //! script on NOSCRIPT by itself. Every script receives all its keys in `KEYS`, built by
 //! [`crate::keys`] with one hash tag per call (invariant 4).
 
-use std::sync::{LazyLock, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Script, Value};
 
-use crate::config::RedisConfig;
+use crate::config::{Durable, RedisConfig};
 use crate::domain::{Admission, OrderId, SaleWindow, UnixMillis, UserId, Voucher, VoucherId};
 use crate::error::StoreError;
 use crate::keys::{self, IdKeys, VoucherKeys};
@@ -30,12 +32,106 @@ static RESTORE_BUYERS: LazyLock<Script> =
 static LEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/lease.lua")));
 
+/// How the cluster client rides out a slot that moves or a primary that fails over.
+///
+/// MOVED (the slot has a new owner) and ASK (the slot is migrating and this key already
+/// left) are followed at once; TRYAGAIN (a multi-key script during a migration, while
+/// some of its keys have moved and others not), CLUSTERDOWN and a lost connection wait
+/// first. The waits grow from 2 ms to at most 100 ms, so the 10 retries span about
+/// 0.6 s: long enough for a slot's keys to finish moving or a replica to be promoted,
+/// short enough to stay well inside an admission's budget. The library's defaults (16
+/// retries, waits from 1.28 s) would hold a buyer for minutes; two retries with them
+/// surfaced `MOVED` to buyers as 503s while a slot moved.
+const REDIRECT_RETRIES: u32 = 10;
+const REDIRECT_MIN_WAIT_MS: u64 = 2;
+const REDIRECT_MAX_WAIT_MS: u64 = 100;
+/// The n-th wait is drawn from `min .. min(max, factor * 2^n)` ms.
+const REDIRECT_WAIT_FACTOR_MS: u64 = 5;
+
 /// A multiplexed, self-reconnecting connection to a single node or a cluster. Cheap to
 /// clone: clones share the underlying connections.
 #[derive(Clone)]
 pub enum RedisConn {
     Single(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(Cluster),
+}
+
+/// The cluster client of an instance, rebuilt from scratch when it stops answering.
+///
+/// Seen in the failover tests: after a failover the library's client can get into a
+/// state where every request times out, for minutes, while every node answers at once
+/// (it no longer sends to the new primary at all). A client that only times out for
+/// [`WEDGED_AFTER`] (no answer of any kind in between) is replaced by a new one built
+/// from the seed address, which reads the topology afresh. Answers, errors included,
+/// prove the client alive and reset the count.
+#[derive(Clone)]
+pub struct Cluster {
+    client: Arc<redis::cluster::ClusterClient>,
+    conn: Arc<RwLock<ClusterConnection>>,
+    health: Arc<Health>,
+}
+
+/// How the client's recent requests ended. Atomics: every request updates it, and an
+/// answered one costs a single load.
+#[derive(Default)]
+struct Health {
+    /// Milliseconds since `BORN` (plus one) when the current run of timeouts began; 0
+    /// while the last request was answered.
+    timing_out_since: AtomicU64,
+    /// One rebuild at a time.
+    rebuilding: AtomicBool,
+}
+
+/// The clock [`Health`] counts from.
+static BORN: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+/// How long a cluster client may answer nothing but timeouts before it is rebuilt.
+pub const WEDGED_AFTER: Duration = Duration::from_secs(3);
+
+impl Cluster {
+    fn conn(&self) -> ClusterConnection {
+        self.conn.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Notes how a request ended; rebuilds the client when it has only timed out for
+    /// [`WEDGED_AFTER`].
+    async fn observe<T>(&self, result: &redis::RedisResult<T>) {
+        let h = &self.health;
+        if !matches!(result, Err(e) if e.is_timeout()) {
+            if h.timing_out_since.load(Ordering::Relaxed) != 0 {
+                h.timing_out_since.store(0, Ordering::Relaxed);
+            }
+            return;
+        }
+        let now = BORN.elapsed().as_millis() as u64 + 1;
+        let since =
+            match h
+                .timing_out_since
+                .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return, // the first timeout of a run
+                Err(since) => since,
+            };
+        if now - since < WEDGED_AFTER.as_millis() as u64
+            || h.rebuilding.swap(true, Ordering::AcqRel)
+        {
+            return; // not long enough, or another request is rebuilding it
+        }
+        match self.client.get_async_connection().await {
+            Ok(fresh) => {
+                *self.conn.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+                h.timing_out_since.store(0, Ordering::Relaxed);
+                tracing::warn!(
+                    after = ?WEDGED_AFTER,
+                    "redis cluster client answered only timeouts; replaced it with a new one"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "redis cluster client wedged; rebuilding it failed")
+            }
+        }
+        h.rebuilding.store(false, Ordering::Release);
+    }
 }
 
 impl RedisConn {
@@ -57,13 +153,20 @@ impl RedisConn {
             let mut builder = redis::cluster::ClusterClientBuilder::new(vec![cfg.url.as_str()])
                 .connection_timeout(cfg.timeout)
                 .response_timeout(cfg.timeout)
-                .retries(2);
+                .retries(REDIRECT_RETRIES)
+                .min_retry_wait(REDIRECT_MIN_WAIT_MS)
+                .max_retry_wait(REDIRECT_MAX_WAIT_MS)
+                .retry_wait_formula(REDIRECT_WAIT_FACTOR_MS, 2);
             if let Some(certs) = certs {
                 builder = builder.certs(certs);
             }
-            Ok(RedisConn::Cluster(
-                builder.build()?.get_async_connection().await?,
-            ))
+            let client = builder.build()?;
+            let conn = client.get_async_connection().await?;
+            Ok(RedisConn::Cluster(Cluster {
+                client: Arc::new(client),
+                conn: Arc::new(RwLock::new(conn)),
+                health: Arc::default(),
+            }))
         } else {
             let client = match certs {
                 Some(certs) => redis::Client::build_with_tls(cfg.url.as_str(), certs)?,
@@ -92,7 +195,11 @@ impl ConnectionLike for RedisConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             RedisConn::Single(c) => c.req_packed_command(cmd),
-            RedisConn::Cluster(c) => c.req_packed_command(cmd),
+            RedisConn::Cluster(c) => Box::pin(async move {
+                let result = redirected(&mut c.conn(), Request::Command(cmd)).await;
+                c.observe(&result).await;
+                result
+            }),
         }
     }
 
@@ -104,14 +211,112 @@ impl ConnectionLike for RedisConn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             RedisConn::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            RedisConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConn::Cluster(c) => Box::pin(async move {
+                let result =
+                    redirected(&mut c.conn(), Request::Pipeline(pipeline, offset, count)).await;
+                c.observe(&result).await;
+                result.map(|v| match v {
+                    Value::Array(items) => items,
+                    other => vec![other],
+                })
+            }),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             RedisConn::Single(c) => c.get_db(),
-            RedisConn::Cluster(c) => c.get_db(),
+            RedisConn::Cluster(c) => c.conn().get_db(),
+        }
+    }
+}
+
+/// Rounds of redirection this adapter adds on top of the cluster client's own.
+const ASK_ROUNDS: usize = 5;
+
+/// A command or a pipeline (with the reply offset and count the caller wants).
+#[derive(Clone, Copy)]
+enum Request<'a> {
+    Command(&'a Cmd),
+    Pipeline(&'a Pipeline, usize, usize),
+}
+
+/// Sends `request` through the cluster client and finishes the redirections it gave
+/// up on.
+///
+/// An ASK (the slot is migrating and this key already left) must reach the target
+/// node right after an `ASKING` on the same connection. The client sends `ASKING` as a
+/// request of its own on the node's multiplexed connection, so under concurrency
+/// another request's command can slip in between: the target then answers MOVED back
+/// to the source, which answers ASK again, until the client's retries run out (seen as
+/// 503s while a slot moved). Here `ASKING` and the request travel as one pipeline, which
+/// the connection writes contiguously. A pipeline's reply comes back as one array.
+async fn redirected(c: &mut ClusterConnection, request: Request<'_>) -> redis::RedisResult<Value> {
+    let mut result = send(c, request, None).await;
+    for _ in 0..ASK_ROUNDS {
+        let Err(err) = &result else { break };
+        result = match err.kind() {
+            redis::ErrorKind::Server(redis::ServerErrorKind::Ask) => {
+                let Some((host, port)) = err
+                    .redirect_node()
+                    .and_then(|(addr, _slot)| addr.rsplit_once(':'))
+                    .and_then(|(h, p)| Some((h.to_string(), p.parse::<u16>().ok()?)))
+                else {
+                    break;
+                };
+                send(c, request, Some((host, port))).await
+            }
+            // The slot map is refreshed by now (the client does so on MOVED).
+            redis::ErrorKind::Server(redis::ServerErrorKind::Moved) => send(c, request, None).await,
+            _ => break,
+        };
+    }
+    result
+}
+
+/// One attempt: routed by the client, or to `asking` with `ASKING` in front.
+async fn send(
+    c: &mut ClusterConnection,
+    request: Request<'_>,
+    asking: Option<(String, u16)>,
+) -> redis::RedisResult<Value> {
+    use redis::cluster_routing::SingleNodeRoutingInfo;
+    match (request, asking) {
+        (Request::Command(cmd), None) => c.req_packed_command(cmd).await,
+        (Request::Pipeline(p, offset, count), None) => c
+            .req_packed_commands(p, offset, count)
+            .await
+            .map(Value::Array),
+        (request, Some((host, port))) => {
+            // `ASKING` lets only the next command in: one in front of each.
+            let mut p = redis::pipe();
+            let (offset, count) = match request {
+                Request::Command(cmd) => {
+                    p.cmd("ASKING").add_command(cmd.clone());
+                    (0, 1)
+                }
+                Request::Pipeline(original, offset, count) => {
+                    for cmd in original.cmd_iter() {
+                        p.cmd("ASKING").add_command(cmd.clone());
+                    }
+                    (offset, count)
+                }
+            };
+            let route = SingleNodeRoutingInfo::ByAddress { host, port };
+            let n = p.len();
+            let all = c.route_pipeline(p, 0, n, route).await?;
+            // Every second reply is a command's; the others are the `ASKING`s' OKs.
+            let mut replies: Vec<Value> = all
+                .into_iter()
+                .skip(1)
+                .step_by(2)
+                .skip(offset)
+                .take(count)
+                .collect();
+            Ok(match request {
+                Request::Command(_) => replies.pop().unwrap_or(Value::Nil),
+                Request::Pipeline(..) => Value::Array(replies),
+            })
         }
     }
 }
@@ -126,6 +331,9 @@ pub struct AdmitReply {
     /// The server time (`TIME`, unix ms) the script judged the window by.
     pub server_ms: UnixMillis,
 }
+
+/// The admission script's reply: code, detail, window begins/ends, stock left, server ms.
+type AdmitTuple = (i64, String, i64, i64, i64, i64);
 
 /// What [`RedisSales::reopen`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,11 +354,22 @@ pub const RESTORE_STREAM_PAGE: usize = 1_000;
 #[derive(Clone)]
 pub struct RedisSales {
     conn: RedisConn,
+    durable: Option<Durable>,
 }
 
 impl RedisSales {
     pub fn new(conn: RedisConn) -> RedisSales {
-        RedisSales { conn }
+        RedisSales {
+            conn,
+            durable: None,
+        }
+    }
+
+    /// Admissions wait for `durable.replicas` replicas to hold their write before they
+    /// count as admitted (see [`Self::admit`]); `None` keeps replication asynchronous.
+    pub fn with_durability(mut self, durable: Option<Durable>) -> RedisSales {
+        self.durable = durable;
+        self
     }
 
     pub fn conn(&self) -> RedisConn {
@@ -159,6 +378,15 @@ impl RedisSales {
 
     /// Runs the admission script (`lua/admit.lua`): one round trip, atomic. The sale
     /// window is judged by the Redis server's clock, never the caller's.
+    ///
+    /// In durable mode the script and a `WAIT replicas timeout` travel in one pipeline,
+    /// so the wait runs on the very node and connection that ran the script, and a
+    /// pipeline the client sends again (a lost connection, a redirect) sends both again.
+    /// (A `WAIT` sent on its own, routed to the slot's primary, can reach a newly promoted
+    /// primary that never saw the script and answer at once: the failover test lost a
+    /// 202 that way.) An admission fewer replicas acknowledged in time is reported
+    /// [`StoreError::Unconfirmed`]: the caller must not promise it, because a failover now
+    /// could lose it.
     pub async fn admit(
         &self,
         voucher: VoucherId,
@@ -166,18 +394,50 @@ impl RedisSales {
         order_id: OrderId,
     ) -> Result<AdmitReply, StoreError> {
         let k = VoucherKeys::new(voucher);
-        let (code, detail, begins, ends, left, server_ms): (i64, String, i64, i64, i64, i64) =
-            ADMIT
-                .key(&k.sale)
-                .key(&k.buyers)
-                .key(&k.orders)
-                .arg(user.as_str())
-                .arg(order_id.get())
-                .arg(voucher.get())
-                .invoke_async(&mut self.conn.clone())
-                .await?;
+        let mut call = ADMIT.key(&k.sale);
+        call.key(&k.buyers)
+            .key(&k.orders)
+            .arg(user.as_str())
+            .arg(order_id.get())
+            .arg(voucher.get());
+        let mut conn = self.conn.clone();
+        let ((code, detail, begins, ends, left, server_ms), acked): (AdmitTuple, Option<u32>) =
+            match self.durable {
+                None => (call.invoke_async(&mut conn).await?, None),
+                Some(d) => {
+                    let mut pipe = redis::pipe();
+                    pipe.invoke_script(&call).add_command(d.wait_cmd());
+                    let reply = match pipe.query_async(&mut conn).await {
+                        Err(e)
+                            if e.kind()
+                                == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                        {
+                            // A primary that never ran the script (new, or promoted):
+                            // load it on every primary, then send the pipeline again.
+                            call.load_async(&mut conn).await?;
+                            pipe.query_async(&mut conn).await?
+                        }
+                        other => other?,
+                    };
+                    let (tuple, acked): (AdmitTuple, u32) = reply;
+                    (tuple, Some(acked))
+                }
+            };
         let window = SaleWindow::new(begins, ends).ok();
         let admission = admission_of(voucher, order_id, code, &detail, left)?;
+        if let (Some(d), Some(acked), Admission::Admitted { .. }) =
+            (self.durable, acked, &admission)
+            && !d.held_by(acked)
+        {
+            return Err(StoreError::Unconfirmed {
+                order_id,
+                detail: format!(
+                    "{acked} of {} replica(s) acknowledged within {} ms",
+                    d.replicas,
+                    d.timeout.as_millis()
+                ),
+            });
+        }
         Ok(AdmitReply {
             admission,
             window,
