@@ -56,9 +56,14 @@ pub struct DrainCtx {
 impl DrainCtx {
     /// Starts Redis, a fresh migrated database and a Data API server for it.
     pub async fn start() -> DrainCtx {
+        DrainCtx::start_with(RedisServer::start()).await
+    }
+
+    /// The same with a Redis of the test's choosing (e.g. a cluster with replicas).
+    pub async fn start_with(redis: RedisServer) -> DrainCtx {
         let mysql_url = StackEnv::load().mysql_url();
         let database = fresh_database(&mysql_url).await;
-        let (redis, conn) = private_redis().await;
+        let conn = redis.connect().await;
         let mut ctx = DrainCtx {
             redis,
             data_api: None,
@@ -336,14 +341,6 @@ impl DrainCtx {
         }
         env
     }
-}
-
-/// A redis-server of this test alone (`RedisServer::start` makes sure the server it
-/// reports is its own process) and a connection to it.
-async fn private_redis() -> (RedisServer, RedisConn) {
-    let redis = RedisServer::start();
-    let conn = redis.connect().await;
-    (redis, conn)
 }
 
 /// The `order-drainer` binary of this workspace.

@@ -369,10 +369,7 @@ async fn leases_redis_forgets_never_repeat_an_id() {
     let mut issued = HashSet::new();
     for round in 0..4 {
         let sales = RedisSales::new(redis.connect().await);
-        let _: () = redis::cmd("SAVE")
-            .query_async(&mut sales.conn())
-            .await
-            .unwrap();
+        redis.save();
         // 1,500 ids: the rest of an earlier block, then new leases Redis will forget.
         let mut a_ids = Vec::new();
         for _ in 0..1500 {
@@ -433,10 +430,7 @@ async fn leases_lost_after_a_clock_jump_never_repeat_an_id() {
         order_id::OrderIdParts::of(first).ms >= ahead + order_id::CLOCK_BEHIND_JUMP_MS,
         "jumped"
     );
-    let _: () = redis::cmd("SAVE")
-        .query_async(&mut sales.conn())
-        .await
-        .unwrap();
+    redis.save();
     let mut a_ids = vec![first];
     for _ in 0..3000 {
         a_ids.push(a.next(&sales, va, now).await.unwrap());

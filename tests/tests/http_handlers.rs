@@ -379,8 +379,7 @@ async fn a_sale_from_admission_to_sold_out() {
 #[tokio::test]
 async fn an_admission_whose_reply_is_lost_is_still_admitted() {
     let b = Backends::start().await;
-    let proxy = ReplyDropper::start(b.redis.port).await;
-    proxy.announce_through(&b.redis).await;
+    let proxy = ReplyDropper::start(&b.redis).await;
     let mut cfg = b.http_config();
     cfg.redis.url = proxy.url();
     let app = App::new(&cfg).await;

@@ -1,0 +1,924 @@
+//! Sales on a sharded cluster while its topology changes (issue: "prove it where it will
+//! run"): the voucher's slot moves between primaries mid-sale, and its primary fails over
+//! (gracefully, then by being killed). Each test runs a real sale through the HTTP
+//! handler with concurrent buyers, drains it meanwhile with one long-lived drainer, and
+//! then checks the promises exactly: no 5xx while a slot moves, no oversell, no
+//! duplicate, every 202 in the database exactly once, and connections reused across the
+//! slot-map refreshes. The figures of each run are printed (`--nocapture`).
+//!
+//! The cluster is private to each test: 3 primaries, each with a replica
+//! ([`RedisServer::cluster`]), of the engine the stack runs (Valkey or Redis).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use seckill_shared::config::Durable;
+use seckill_shared::domain::VoucherId;
+use seckill_shared::keys::VoucherKeys;
+use seckill_tests::drainer::DrainCtx;
+use seckill_tests::harness::{TEST_JWT_SECRET, buy};
+
+use seckill_tests::redis::RedisServer;
+use tokio::sync::Mutex;
+
+/// Longer than any one call may take (every backend call is bounded by seconds): a
+/// purchase or a drainer run taking this long is stuck.
+const HANG: Duration = Duration::from_secs(30);
+
+/// One node as `CLUSTER NODES` describes it.
+#[derive(Debug, Clone)]
+struct Node {
+    id: String,
+    port: u16,
+    primary: bool,
+    /// The primary this replica follows.
+    follows: Option<String>,
+    failed: bool,
+    slots: Vec<(u16, u16)>,
+}
+
+/// Ports of the live valkey/redis nodes of this process's clusters (diagnosis only).
+fn ports_alive() -> Vec<u16> {
+    let out = std::process::Command::new("ps")
+        .args(["-eo", "ppid,args"])
+        .output()
+        .unwrap();
+    let me = std::process::id().to_string();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.trim_start().starts_with(&format!("{me} ")))
+        .filter_map(|l| {
+            l.split("127.0.0.1:")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// Connections [`admin`] opened, per node port: the nodes count them too, and the
+/// connection figure of a sale leaves them out.
+static ADMIN_CONNECTIONS: std::sync::Mutex<BTreeMap<u16, u64>> =
+    std::sync::Mutex::new(BTreeMap::new());
+
+/// A plain (non-cluster) connection to one node, for administration.
+fn admin(port: u16) -> redis::Connection {
+    *ADMIN_CONNECTIONS.lock().unwrap().entry(port).or_default() += 1;
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .expect("node url")
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .unwrap_or_else(|e| panic!("connect to node {port}: {e}"))
+}
+
+/// The topology as node `port` sees it.
+fn topology(port: u16) -> Vec<Node> {
+    let text: String = redis::cmd("CLUSTER")
+        .arg("NODES")
+        .query(&mut admin(port))
+        .expect("CLUSTER NODES");
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // <id> <ip:port@bus[,host]> <flags> <primary> <ping> <pong> <epoch> <link> <slot>...
+            let port = f[1]
+                .split(['@', ','])
+                .next()
+                .and_then(|a| a.rsplit(':').next())
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0);
+            let flags = f[2];
+            let slots = f[8..]
+                .iter()
+                .filter(|s| !s.starts_with('['))
+                .map(|s| match s.split_once('-') {
+                    Some((a, b)) => (a.parse().unwrap(), b.parse().unwrap()),
+                    None => (s.parse().unwrap(), s.parse().unwrap()),
+                })
+                .collect();
+            Node {
+                id: f[0].to_string(),
+                port,
+                primary: flags.contains("master"),
+                follows: (f[3] != "-").then(|| f[3].to_string()),
+                failed: flags.split(',').any(|f| f == "fail"),
+                slots,
+            }
+        })
+        .collect()
+}
+
+/// The primary serving `slot`, as node `port` sees it.
+fn owner_of(port: u16, slot: u16) -> Node {
+    topology(port)
+        .into_iter()
+        .find(|n| n.primary && n.slots.iter().any(|&(a, b)| a <= slot && slot <= b))
+        .unwrap_or_else(|| panic!("no primary serves slot {slot}"))
+}
+
+fn key_slot(port: u16, key: &str) -> u16 {
+    redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(key)
+        .query(&mut admin(port))
+        .expect("CLUSTER KEYSLOT")
+}
+
+/// Moves `slot` to the primary on `to` the way `redis-cli --cluster reshard` does
+/// (IMPORTING / MIGRATING, MIGRATE key by key, SETSLOT NODE everywhere), one key per
+/// `pace`, so buyers meet ASK and TRYAGAIN for a while. Returns how long it took.
+fn move_slot(seed: u16, slot: u16, to: u16, pace: Duration) -> Duration {
+    let t0 = Instant::now();
+    let from = owner_of(seed, slot);
+    let nodes = topology(seed);
+    let dst = nodes.iter().find(|n| n.port == to).expect("target node");
+    assert!(dst.primary && from.port != to, "move to another primary");
+    let (mut src_conn, mut dst_conn) = (admin(from.port), admin(to));
+    let setslot = |conn: &mut redis::Connection, how: &str, id: &str| {
+        let _: () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(how)
+            .arg(id)
+            .query(conn)
+            .unwrap_or_else(|e| panic!("CLUSTER SETSLOT {slot} {how}: {e}"));
+    };
+    setslot(&mut dst_conn, "IMPORTING", &from.id);
+    setslot(&mut src_conn, "MIGRATING", &dst.id);
+    loop {
+        let keys: Vec<String> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(1)
+            .query(&mut src_conn)
+            .expect("GETKEYSINSLOT");
+        let Some(key) = keys.first() else { break };
+        let _: redis::Value = redis::cmd("MIGRATE")
+            .arg("127.0.0.1")
+            .arg(to)
+            .arg("")
+            .arg(0)
+            .arg(10_000)
+            .arg("KEYS")
+            .arg(key)
+            .query(&mut src_conn)
+            .unwrap_or_else(|e| panic!("MIGRATE {key}: {e}"));
+        std::thread::sleep(pace);
+    }
+    setslot(&mut dst_conn, "NODE", &dst.id);
+    setslot(&mut src_conn, "NODE", &dst.id);
+    for n in nodes
+        .iter()
+        .filter(|n| n.primary && n.port != to && n.port != from.port)
+    {
+        setslot(&mut admin(n.port), "NODE", &dst.id);
+    }
+    t0.elapsed()
+}
+
+/// Connections every node accepted so far (`INFO stats`), summed, less those the test's
+/// own administration opened (this call's included).
+fn connections_received(seed: u16) -> u64 {
+    let received: Vec<(u16, u64)> = topology(seed)
+        .iter()
+        .filter(|n| !n.failed)
+        .filter_map(|n| {
+            let info: String = redis::cmd("INFO")
+                .arg("stats")
+                .query(&mut admin(n.port))
+                .ok()?;
+            let total = info
+                .lines()
+                .find_map(|l| l.strip_prefix("total_connections_received:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())?;
+            Some((n.port, total))
+        })
+        .collect();
+    let admin = ADMIN_CONNECTIONS.lock().unwrap();
+    received
+        .into_iter()
+        .map(|(port, total)| total.saturating_sub(admin.get(&port).copied().unwrap_or(0)))
+        .sum()
+}
+
+/// What the buyers saw.
+#[derive(Default)]
+struct Outcomes {
+    /// Order ids answered with 202, by user.
+    accepted: HashMap<String, String>,
+    /// Durable mode: order ids answered 503 as not confirmed (may or may not survive).
+    unconfirmed: HashMap<String, String>,
+    /// Orders named by `409 already_purchased` (the buyer learns the order that way).
+    held: HashMap<String, String>,
+    statuses: BTreeMap<u16, u64>,
+    /// Every answer each buyer got, in order (for diagnosis).
+    history: HashMap<String, Vec<String>>,
+    /// A sample of 5xx bodies.
+    errors: Vec<String>,
+}
+
+/// A sale of `stock` units: `buyers` distinct users, `concurrency` at a time, each
+/// retrying a 503 up to `retries` times (as a client would), through the handler.
+struct Sale {
+    app: Arc<seckill_http::App>,
+    voucher: VoucherId,
+    outcomes: Arc<Mutex<Outcomes>>,
+    admitted: Arc<AtomicU64>,
+    /// Every buyer has had its last answer: nothing more will be admitted.
+    over: Arc<AtomicBool>,
+}
+
+impl Sale {
+    async fn new(ctx: &DrainCtx, voucher: VoucherId, durable: Option<Durable>) -> Sale {
+        let mut redis = ctx.redis.config();
+        redis.durable = durable;
+        let app = seckill_http::App::new(&seckill_http::Config {
+            redis,
+            data_api: ctx.data_api_config(),
+            dev_jwt_secret: Some(TEST_JWT_SECRET.to_string()),
+            user_rate_per_sec: 0,
+            user_rate_burst: 0,
+            in_lambda: false,
+        })
+        .await;
+        Sale {
+            app: Arc::new(app),
+            voucher,
+            outcomes: Arc::default(),
+            admitted: Arc::default(),
+            over: Arc::default(),
+        }
+    }
+
+    async fn run(&self, buyers: usize, concurrency: usize, retries: usize) {
+        futures::stream::iter(0..buyers)
+            .for_each_concurrent(concurrency, |i| async move {
+                let user = format!("buyer-{i}");
+                for attempt in 0..=retries {
+                    let (status, body) =
+                        tokio::time::timeout(HANG, buy(&self.app, self.voucher, &user))
+                            .await
+                            .unwrap_or_else(|_| panic!("a purchase of {user} hung for {HANG:?}"));
+                    let mut o = self.outcomes.lock().await;
+                    *o.statuses.entry(status).or_default() += 1;
+                    o.history
+                        .entry(user.clone())
+                        .or_default()
+                        .push(format!("{status} {body}"));
+                    let order = body["order_id"].as_str().map(str::to_string);
+                    match status {
+                        202 => {
+                            self.admitted.fetch_add(1, Ordering::Relaxed);
+                            o.accepted
+                                .insert(user.clone(), order.expect("202 names the order"));
+                            return;
+                        }
+                        503 => {
+                            if let Some(order) = order {
+                                o.unconfirmed.insert(user.clone(), order);
+                            }
+                            if o.errors.len() >= 5 {
+                                o.errors.remove(0);
+                            }
+                            o.errors.push(body.to_string());
+                            drop(o);
+                            if attempt < retries {
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                            }
+                        }
+                        s if s >= 500 => {
+                            if o.errors.len() < 5 {
+                                o.errors.push(format!("{s} {body}"));
+                            }
+                            return;
+                        }
+                        // 409: sold out, or already holds an order, which the answer
+                        // names (a retry after an admission whose answer was a 503).
+                        _ => {
+                            if let Some(order) = order {
+                                o.held.insert(user.clone(), order);
+                            }
+                            return;
+                        }
+                    }
+                }
+            })
+            .await;
+        self.over.store(true, Ordering::Relaxed);
+    }
+
+    /// Waits until `n` buyers were admitted, or every buyer has had its last answer (a
+    /// sale whose answers a failover turned into 503-then-409 can end below `n`).
+    async fn until_admitted(&self, n: u64) {
+        let t0 = Instant::now();
+        while self.admitted.load(Ordering::Relaxed) < n && !self.over.load(Ordering::Relaxed) {
+            if t0.elapsed() > Duration::from_secs(60) {
+                let o = self.outcomes.lock().await;
+                let nodes: Vec<String> = ports_alive()
+                    .into_iter()
+                    .map(|p| {
+                        let mut c = admin(p);
+                        let info: String = redis::cmd("INFO")
+                            .arg("replication")
+                            .query(&mut c)
+                            .unwrap_or_default();
+                        let wait: redis::RedisResult<i64> =
+                            redis::cmd("WAIT").arg(1).arg(100).query(&mut c);
+                        let keep = |l: &&str| {
+                            l.starts_with("role")
+                                || l.starts_with("master_port")
+                                || l.starts_with("master_link_status")
+                                || l.starts_with("slave")
+                                || l.starts_with("master_repl_offset")
+                                || l.starts_with("connected_slaves")
+                        };
+                        let clients: String = redis::cmd("CLIENT")
+                            .arg("LIST")
+                            .query(&mut c)
+                            .unwrap_or_default();
+                        let clients: Vec<String> = clients
+                            .lines()
+                            .filter(|l| !l.contains("flags=S") && !l.contains("flags=M"))
+                            .map(|l| {
+                                l.split_whitespace()
+                                    .filter(|f| {
+                                        [
+                                            "flags=", "cmd=", "qbuf=", "idle=", "age=", "multi=",
+                                            "obl=", "oll=",
+                                        ]
+                                        .iter()
+                                        .any(|k| f.starts_with(k))
+                                    })
+                                    .collect::<Vec<_>>()
+                                    .join(",")
+                            })
+                            .collect();
+                        format!(
+                            "{p}: {} WAIT={wait:?}\n   clients: {clients:?}",
+                            info.lines().filter(keep).collect::<Vec<_>>().join(" ")
+                        )
+                    })
+                    .collect();
+                panic!(
+                    "the sale stalled at {} admissions: answers {:?}, last errors {:?}\n{}",
+                    self.admitted.load(Ordering::Relaxed),
+                    o.statuses,
+                    o.errors,
+                    nodes.join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// `GET /vouchers/{id}`: reads Redis, so the instance connects to the cluster.
+    async fn look(&self) -> u16 {
+        let path = format!("/vouchers/{}", self.voucher);
+        let req = seckill_tests::harness::request("GET", &path, None, None, None);
+        seckill_http::handle(&self.app, req).await.status().as_u16()
+    }
+}
+
+/// Drains with one long-lived drainer (as a warm Lambda instance) until `stop` is set,
+/// then until the voucher's stream has nothing unread or pending; returns the runs'
+/// error count.
+async fn drain_until(
+    ctx: &DrainCtx,
+    voucher: VoucherId,
+    durable: Option<Durable>,
+    stop: &AtomicBool,
+) -> u64 {
+    let mut cfg = ctx.drainer_config();
+    cfg.redis.durable = durable;
+    let drainer = order_drainer::Drainer::connect(cfg)
+        .await
+        .expect("drainer connects");
+    let mut errors = 0;
+    let deadline_after_stop = Duration::from_secs(60);
+    let mut stopped_at = None;
+    loop {
+        let (summary, ok) = tokio::time::timeout(HANG, order_drainer::run_once(&drainer))
+            .await
+            .unwrap_or_else(|_| panic!("a drainer run hung for {HANG:?}"));
+        if !ok {
+            errors += summary.errors;
+        }
+        if stop.load(Ordering::Relaxed) {
+            let t = *stopped_at.get_or_insert_with(Instant::now);
+            // Done when a clean run found nothing to read or claim and nothing is
+            // pending. (Not "lag 0": after a failover that lost writes, Redis 7.0 may
+            // report a stream's lag as unknown for good, which the drainer counts as
+            // work left; it costs an idle probe per run, nothing more.)
+            let idle = summary.read == 0 && summary.claimed == 0;
+            if ok && idle && summary.pending == 0 && ctx.pending(voucher).await == 0 {
+                return errors;
+            }
+            assert!(
+                t.elapsed() < deadline_after_stop,
+                "the drain did not finish in 60 s: {summary:?}"
+            );
+        }
+    }
+}
+
+/// What a sale left behind, beyond the invariants [`settle`] asserts.
+struct Settled {
+    /// 202s whose order is not in the database.
+    lost: Vec<String>,
+    /// Orders in the database no buyer was told about (not a 202, an unconfirmed 503 or
+    /// a 409 naming it), each with what its buyer was told.
+    untold: Vec<String>,
+}
+
+/// The exact end state: no oversell, database stock equal to its orders, no order
+/// answered twice. Returns the 202s the database lacks and the orders it holds that no
+/// buyer was told about.
+async fn settle(ctx: &DrainCtx, sale: &Sale, stock: i64) -> Settled {
+    let o = sale.outcomes.lock().await;
+    let in_db = ctx.orders_in_db(sale.voucher).await;
+    let confirmed = in_db.values().filter(|(s, _)| s == "confirmed").count() as i64;
+    assert!(
+        confirmed <= stock,
+        "oversold: {confirmed} confirmed of {stock}"
+    );
+    assert_eq!(
+        ctx.db_stock_left(sale.voucher).await,
+        stock - confirmed,
+        "database stock matches the confirmed orders"
+    );
+    let mut seen = HashSet::new();
+    for order in o.accepted.values() {
+        assert!(seen.insert(order.clone()), "order {order} answered twice");
+    }
+    let lost = o
+        .accepted
+        .values()
+        .filter(|id| !in_db.contains_key(&id.parse::<i64>().unwrap()))
+        .cloned()
+        .collect();
+    let told: HashSet<i64> = o
+        .accepted
+        .values()
+        .chain(o.unconfirmed.values())
+        .chain(o.held.values())
+        .map(|id| id.parse().unwrap())
+        .collect();
+    let mut untold = Vec::new();
+    let mut mysql = ctx.mysql().await;
+    for (id, (status, _)) in in_db.iter().filter(|(id, _)| !told.contains(id)) {
+        let user: Option<String> = mysql_async::prelude::Queryable::exec_first(
+            &mut mysql,
+            "SELECT user_id FROM orders WHERE id = ?",
+            (id,),
+        )
+        .await
+        .unwrap();
+        let user = user.unwrap_or_default();
+        untold.push(format!(
+            "order {id} ({status}) of {user}, who was told {:?}",
+            o.history.get(&user)
+        ));
+    }
+    Settled { lost, untold }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_moving_twice_mid_sale_costs_no_buyer_a_5xx_and_no_order() {
+    const STOCK: i64 = 2_000;
+    if std::env::var_os("RUST_LOG").is_some() {
+        seckill_shared::telemetry::init();
+    }
+    let redis = RedisServer::cluster(3, 1);
+    let seed = redis.port();
+    let ctx = DrainCtx::start_with(redis).await;
+    let sale = Sale::new(&ctx, ctx.voucher(STOCK, STOCK).await.id, None).await;
+    let slot = key_slot(seed, &VoucherKeys::new(sale.voucher).sale);
+    // Warm: the instance has its connections before counting.
+    assert_eq!(sale.look().await, 200);
+    let conns_before = connections_received(seed);
+
+    let stop = AtomicBool::new(false);
+    let mover = async {
+        let mut moves = Vec::new();
+        for at in [400, 1_200] {
+            sale.until_admitted(at).await;
+            let from = owner_of(seed, slot).port;
+            let to = topology(seed)
+                .into_iter()
+                .find(|n| n.primary && n.port != from)
+                .expect("another primary")
+                .port;
+            let took = tokio::task::spawn_blocking(move || {
+                move_slot(seed, slot, to, Duration::from_millis(30))
+            })
+            .await
+            .expect("slot moved");
+            moves.push((from, to, took));
+        }
+        moves
+    };
+    let buyers = async {
+        sale.run(3_000, 48, 0).await;
+        stop.store(true, Ordering::Relaxed);
+    };
+    let (moves, (), drain_errors) =
+        tokio::join!(mover, buyers, drain_until(&ctx, sale.voucher, None, &stop));
+    let conns_during = connections_received(seed) - conns_before;
+    let Settled { lost, untold } = settle(&ctx, &sale, STOCK).await;
+    let o = sale.outcomes.lock().await;
+    println!(
+        "reshard mid-sale: slot {slot} moved {moves:?}; answers {:?}; 202s {}; lost {}; \
+         drainer run errors {drain_errors}; connections opened during the sale {conns_during}",
+        o.statuses,
+        o.accepted.len(),
+        lost.len()
+    );
+    assert!(
+        o.statuses.keys().all(|&s| s < 500),
+        "buyers saw 5xx while the slot moved: {:?} {:?}",
+        o.statuses,
+        o.errors
+    );
+    assert_eq!(
+        o.accepted.len() as i64,
+        STOCK,
+        "every unit sold, none twice"
+    );
+    assert!(lost.is_empty(), "202s lost: {lost:?}");
+    assert!(
+        untold.is_empty(),
+        "orders nobody was told about: {untold:?}"
+    );
+    assert_eq!(moves.len(), 2);
+    assert_eq!(drain_errors, 0, "drainer runs failed while the slot moved");
+    // One client per instance: connections are opened per node, when the slot map is
+    // refreshed after a MOVED (the library may reconnect to each of the 6 nodes then),
+    // or when a wedged client is replaced; never per request. Seen: 6 to 45 for the
+    // 3,000 requests, a drainer and two moves; a client reconnecting per request would
+    // open thousands.
+    let requests: u64 = o.statuses.values().sum();
+    assert!(
+        conns_during <= requests / 20,
+        "{conns_during} connections opened for {requests} requests during the sale: \
+         the client reconnects per request?"
+    );
+    drop(o);
+    ctx.cleanup().await;
+}
+
+/// The replica following the primary on `port`.
+fn replica_of(seed: u16, port: u16) -> Node {
+    let nodes = topology(seed);
+    let primary = nodes
+        .iter()
+        .find(|n| n.port == port)
+        .expect("primary")
+        .id
+        .clone();
+    nodes
+        .into_iter()
+        .find(|n| !n.primary && !n.failed && n.follows.as_deref() == Some(&primary))
+        .unwrap_or_else(|| panic!("the primary on {port} has no live replica"))
+}
+
+/// The process id of the node behind `conn`.
+fn pid_of(conn: &mut redis::Connection) -> String {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query(conn)
+        .expect("INFO server");
+    info.lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .expect("process_id")
+        .trim()
+        .to_string()
+}
+
+/// SIGKILL: nothing is saved, nothing said to the cluster.
+fn kill_pid(pid: &str) {
+    let ok = std::process::Command::new("kill")
+        .args(["-KILL", pid])
+        .status()
+        .expect("kill")
+        .success();
+    assert!(ok, "kill -KILL {pid}");
+}
+
+/// Waits until the primary on `port` serves `slot` (seen from node `seed`).
+async fn until_owner(seed: u16, slot: u16, port: u16, what: &str) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        let owner = tokio::task::spawn_blocking(move || owner_of(seed, slot))
+            .await
+            .unwrap();
+        if owner.port == port {
+            return t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "{what}: no new owner after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A sale whose primary fails over twice: a graceful `CLUSTER FAILOVER` to its replica,
+/// then, after the new primary lost its replication link for 200 ms, a SIGKILL of it (the
+/// cluster promotes a replica). Returns what [`settle`] found and prints the figures.
+async fn failover_mid_sale(durable: Option<Durable>) -> Settled {
+    const STOCK: i64 = 2_000;
+    if std::env::var_os("RUST_LOG").is_some() {
+        seckill_shared::telemetry::init();
+    }
+    let mode = if durable.is_some() {
+        "durable"
+    } else {
+        "asynchronous"
+    };
+    // Two replicas per primary: after the kill, the promoted replica still has one, so
+    // durable admissions can go on.
+    let redis = RedisServer::cluster(3, 2);
+    let ctx = DrainCtx::start_with(redis).await;
+    // The clients' seed node must survive the kill: a voucher another primary serves.
+    let voucher = loop {
+        let v = ctx.voucher(STOCK, STOCK).await.id;
+        let slot = key_slot(ctx.redis.port(), &VoucherKeys::new(v).sale);
+        if owner_of(ctx.redis.port(), slot).port != ctx.redis.port() {
+            break v;
+        }
+    };
+    let sale = Sale::new(&ctx, voucher, durable).await;
+    let slot = key_slot(ctx.redis.port(), &VoucherKeys::new(voucher).sale);
+    // The node the test asks must survive too: any primary not serving the slot.
+    let seed = topology(ctx.redis.port())
+        .into_iter()
+        .find(|n| n.primary && !n.slots.iter().any(|&(a, b)| a <= slot && slot <= b))
+        .expect("a primary not serving the slot")
+        .port;
+    assert_eq!(sale.look().await, 200);
+
+    let stop = AtomicBool::new(false);
+    let events = async {
+        sale.until_admitted(400).await;
+        let first = owner_of(seed, slot).port;
+        let replica = replica_of(seed, first).port;
+        let _: () = redis::cmd("CLUSTER")
+            .arg("FAILOVER")
+            .query(&mut admin(replica))
+            .expect("CLUSTER FAILOVER");
+        let graceful = until_owner(seed, slot, replica, "graceful failover").await;
+
+        sale.until_admitted(900).await;
+        let doomed = replica;
+        // The replicas lose their link and cannot come back (the primary now wants a
+        // password they do not know; the clients' connections are already in): what
+        // the primary admits from now on lives only there.
+        let mut conn = admin(doomed);
+        let pid = pid_of(&mut conn);
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("requirepass")
+            .arg("cut-off")
+            .query(&mut conn)
+            .expect("CONFIG SET requirepass");
+        let _: redis::Value = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("replica")
+            .query(&mut conn)
+            .expect("CLIENT KILL TYPE replica");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        kill_pid(&pid);
+        let t0 = Instant::now();
+        let heir = loop {
+            let owner = tokio::task::spawn_blocking(move || owner_of(seed, slot))
+                .await
+                .unwrap();
+            if owner.port != doomed {
+                break owner.port;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "no replica promoted after 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let promoted = t0.elapsed();
+        // The sale goes on after the promotion (not stuck behind the lost node): the
+        // voucher's slot answers, and admissions go on unless the sale is already over.
+        let t1 = Instant::now();
+        while sale.look().await != 200 {
+            assert!(
+                t1.elapsed() < Duration::from_secs(30),
+                "the voucher does not answer 30 s after the promotion"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let so_far = sale.admitted.load(Ordering::Relaxed);
+        sale.until_admitted((so_far + 100).min(STOCK as u64)).await;
+        (first, replica, graceful, heir, promoted)
+    };
+    let buyers = async {
+        sale.run(3_000, 48, 80).await;
+        stop.store(true, Ordering::Relaxed);
+    };
+    let (events, (), drain_errors) = tokio::join!(
+        events,
+        buyers,
+        drain_until(&ctx, sale.voucher, durable, &stop)
+    );
+    let settled = settle(&ctx, &sale, STOCK).await;
+    let o = sale.outcomes.lock().await;
+    let survived = {
+        let in_db = ctx.orders_in_db(sale.voucher).await;
+        o.unconfirmed
+            .values()
+            .filter(|id| in_db.contains_key(&id.parse::<i64>().unwrap()))
+            .count()
+    };
+    let (first, graceful_to, graceful, heir, promoted) = events;
+    println!(
+        "failover mid-sale ({mode} replication): primary {first} -> {graceful_to} \
+         (CLUSTER FAILOVER, {graceful:?}) -> killed after its replicas were cut off for \
+         200 ms, {heir} promoted after {promoted:?}; answers {:?}; 202s {}; lost 202s {}; \
+         orders in the database nobody was told about {}; unconfirmed 503s {} ({survived} \
+         of them in the database); drainer run errors {drain_errors}",
+        o.statuses,
+        o.accepted.len(),
+        settled.lost.len(),
+        settled.untold.len(),
+        o.unconfirmed.len(),
+    );
+    drop(o);
+    ctx.cleanup().await;
+    settled
+}
+
+/// The figure durable admissions exist for: with asynchronous replication, the 202s
+/// given while the replicas were cut off are lost with the primary (about 1,000 of
+/// 2,000 here). The invariants still hold (`settle`): no oversell, the database's stock
+/// equal to its orders.
+///
+/// Both failover tests also meet the cluster client's wedge: in some runs, after the
+/// failover, the library's client only times out while every node is healthy; the
+/// adapter replaces it after 3 s of nothing but timeouts (`adapters::redis::Cluster`,
+/// the log says "replaced it with a new one"), and the sale goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failover_with_asynchronous_replication_reports_the_202s_it_loses() {
+    // Invariants hold either way (settle checks them); the lost count is the figure the
+    // durable mode exists for.
+    let settled = failover_mid_sale(None).await;
+    println!(
+        "asynchronous replication: {} 202s lost, {} orders in the database nobody was told about",
+        settled.lost.len(),
+        settled.untold.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failover_with_durable_admissions_loses_no_202() {
+    let settled = failover_mid_sale(Some(Durable {
+        replicas: 1,
+        timeout: Duration::from_millis(100),
+    }))
+    .await;
+    assert!(
+        settled.lost.is_empty(),
+        "durable mode lost 202s: {:?}",
+        settled.lost
+    );
+    assert!(
+        settled.untold.is_empty(),
+        "durable mode wrote orders nobody was told about: {:?}",
+        settled.untold
+    );
+}
+
+/// A TCP proxy in front of one node whose connections can be frozen: after
+/// [`Freezer::freeze`], the connections it had stop carrying anything either way (as a
+/// wedged client's would), while new connections work.
+struct Freezer {
+    port: u16,
+    generation: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Freezer {
+    async fn start(upstream: u16) -> Freezer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let generation = Arc::new(AtomicU64::new(0));
+        let g = generation.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let born = g.load(Ordering::SeqCst);
+                let g = g.clone();
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let Ok(mut up) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                    else {
+                        return;
+                    };
+                    let (mut a, mut b) = (vec![0u8; 16 * 1024], vec![0u8; 16 * 1024]);
+                    loop {
+                        let alive = || g.load(Ordering::SeqCst) == born;
+                        tokio::select! {
+                            n = client.read(&mut a) => {
+                                let Ok(n @ 1..) = n else { return };
+                                if !alive() { std::future::pending::<()>().await }
+                                if up.write_all(&a[..n]).await.is_err() { return }
+                            }
+                            n = up.read(&mut b) => {
+                                let Ok(n @ 1..) = n else { return };
+                                if !alive() { std::future::pending::<()>().await }
+                                if client.write_all(&b[..n]).await.is_err() { return }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        Freezer {
+            port,
+            generation,
+            task,
+        }
+    }
+
+    fn freeze(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Freezer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The self-healing of the cluster client, without a failover's luck: every connection
+/// it has stops answering (as after the wedge the failover tests met), new ones work. It
+/// times out for a while, then a new client takes over and commands succeed again.
+#[tokio::test]
+async fn a_cluster_client_that_only_times_out_is_replaced() {
+    let redis = RedisServer::single();
+    let node = redis.port();
+    let proxy = Freezer::start(node).await;
+    // The node tells clients to reach it through the proxy.
+    let _: () = redis
+        .query(
+            node,
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("cluster-announce-port")
+                .arg(proxy.port),
+        )
+        .expect("CONFIG SET cluster-announce-port");
+    let mut cfg = redis.config();
+    cfg.url = format!("redis://127.0.0.1:{}", proxy.port);
+    cfg.timeout = Duration::from_millis(200);
+    let conn = seckill_shared::adapters::redis::RedisConn::connect(&cfg)
+        .await
+        .expect("connect through the proxy");
+    let get = || {
+        let mut c = conn.clone();
+        async move {
+            redis::cmd("GET")
+                .arg("{v1}:probe")
+                .query_async::<Option<String>>(&mut c)
+                .await
+        }
+    };
+    get().await.expect("answers before the freeze");
+    proxy.freeze();
+    let t0 = Instant::now();
+    let mut timeouts = 0;
+    let healed = loop {
+        match get().await {
+            Ok(_) => break t0.elapsed(),
+            Err(e) => {
+                assert!(e.is_timeout(), "only timeouts while frozen, got {e}");
+                timeouts += 1;
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "the client was not replaced within 15 s ({timeouts} timeouts)"
+        );
+    };
+    println!("frozen client: {timeouts} timeouts, answering again after {healed:?}");
+    assert!(
+        timeouts > 0,
+        "the frozen connections must have timed out first"
+    );
+    assert!(
+        healed >= seckill_shared::adapters::redis::WEDGED_AFTER,
+        "replaced only after {:?} of timeouts",
+        seckill_shared::adapters::redis::WEDGED_AFTER
+    );
+}
