@@ -6,22 +6,28 @@
 //! - `admit`: the stock never runs out and every attempt is a new user, so every attempt
 //!   is an admission. Ours, ours without the handler, the tutorial's admission and the
 //!   no-op floor, in `rounds` rounds whose order rotates; the round with the median rate
-//!   stands for each variant.
+//!   stands for each variant. When Redis's primaries have replicas, also ours with
+//!   durable admissions (`ours-durable`: `REDIS_DURABLE_REPLICAS=1`, in process).
 //!
 //! After each variant the invariants are checked against Redis: nobody admitted beyond
-//! the stock, nobody admitted twice, Redis stock + admitted = initial stock.
+//! the stock, nobody admitted twice, Redis stock + admitted = initial stock. A baseline
+//! whose commands the server refuses (the tutorial's script on a cluster of several
+//! shards) is not checked: it FAILED, with the server's error ([`RunResult::error`]).
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use futures::future::try_join_all;
 use redis::AsyncCommands;
+use seckill_http::Config;
+use seckill_shared::config::{EnvReader, RedisConfig};
 use seckill_shared::domain::{Voucher, VoucherId, now_millis};
 use seckill_shared::keys::VoucherKeys;
 use serde::{Deserialize, Serialize};
 
-use crate::backends::Bench;
+use crate::backends::{Bench, replicas_per_primary};
 use crate::drivers::{
     AdapterCaller, Driver, FloorCaller, HttpCaller, InProcess, TutorialCaller, TutorialKeys,
 };
@@ -97,6 +103,12 @@ pub struct AdmitReport {
     pub ours_adapter: Option<RunResult>,
     pub tutorial: Option<RunResult>,
     pub floor: Option<RunResult>,
+    /// Ours with durable admissions (`REDIS_DURABLE_REPLICAS=1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ours_durable: Option<RunResult>,
+    /// Why `ours_durable` did not run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durable_skipped: Option<String>,
     /// Attempts per second of every round, per variant.
     pub rounds: Vec<Vec<(String, f64)>>,
 }
@@ -140,7 +152,9 @@ pub async fn sale(
             let drivers = tutorial_drivers(bench, &keys, &prepared.tokens, o.callers).await?;
             let before = queued(bench, &keys).await?;
             let mut t = run(drivers, plan.clone(), meta("tutorial", "redis"), None, ui).await?;
-            check_tutorial(bench, &keys, o.stock, before, &mut t).await?;
+            if t.error.is_none() {
+                check_tutorial(bench, &keys, o.stock, before, &mut t).await?;
+            }
             bench
                 .release_keys(&[keys.stock(), keys.buyers(), keys.stream()])
                 .await?;
@@ -180,6 +194,11 @@ pub async fn admit(
             variants.retain(|v| *v != "ours-adapter");
         }
     }
+    let durable = durable_config(bench, target).await;
+    match &durable {
+        Ok(_) => variants.push("ours-durable"),
+        Err(why) => eprintln!("  admit: ours-durable skipped: {why}"),
+    }
     let mut results: Vec<Vec<RunResult>> = vec![Vec::new(); variants.len()];
     let mut tokens: Option<Arc<Tokens>> = None;
     for round in 0..o.rounds as usize {
@@ -192,7 +211,7 @@ pub async fn admit(
             let meta = RunMeta {
                 variant: variant.into(),
                 target: match variant {
-                    "ours" => target.name().into(),
+                    "ours" | "ours-durable" => target.name().into(),
                     _ => "redis".into(),
                 },
                 scenario: "admit".into(),
@@ -202,7 +221,7 @@ pub async fn admit(
                 stock: Some(stock),
             };
             let r = match variant {
-                "ours" => {
+                "ours" | "ours-durable" => {
                     let p = prepare(
                         bench,
                         target,
@@ -213,7 +232,10 @@ pub async fn admit(
                     )
                     .await?;
                     tokens = Some(p.tokens.clone());
-                    let drivers = ours_drivers(bench, &p, o.callers).await?;
+                    let drivers = match (&durable, variant) {
+                        (Ok(cfg), "ours-durable") => in_process_drivers(cfg, &p, o.callers).await?,
+                        _ => ours_drivers(bench, &p, o.callers).await?,
+                    };
                     let mut r = run(drivers, plan.clone(), meta, None, ui).await?;
                     check_ours(bench, &p, &mut r).await?;
                     release(bench, &p).await?;
@@ -248,7 +270,9 @@ pub async fn admit(
                     let drivers = tutorial_drivers(bench, &keys, &tokens, o.callers).await?;
                     let before = queued(bench, &keys).await?;
                     let mut r = run(drivers, plan.clone(), meta, None, ui).await?;
-                    check_tutorial(bench, &keys, stock, before, &mut r).await?;
+                    if r.error.is_none() {
+                        check_tutorial(bench, &keys, stock, before, &mut r).await?;
+                    }
                     bench
                         .release_keys(&[keys.stock(), keys.buyers(), keys.stream()])
                         .await?;
@@ -284,44 +308,67 @@ pub async fn admit(
                 .collect()
         })
         .collect();
-    let mut medians = results.into_iter().map(median_round);
-    let ours = medians
-        .next()
-        .flatten()
-        .context("the run was stopped before ours ran")?;
-    let (ours_adapter, tutorial, floor) = if o.baseline && variants.len() == 4 {
-        (
-            medians.next().flatten(),
-            medians.next().flatten(),
-            medians.next().flatten(),
-        )
-    } else if o.baseline {
-        (None, medians.next().flatten(), medians.next().flatten())
-    } else {
-        (None, None, None)
-    };
+    let mut medians: HashMap<&str, RunResult> = variants
+        .iter()
+        .zip(results)
+        .filter_map(|(v, rs)| Some((*v, median_round(rs)?)))
+        .collect();
     Ok(AdmitReport {
         options: o.clone(),
-        ours,
-        ours_adapter,
-        tutorial,
-        floor,
+        ours: medians
+            .remove("ours")
+            .context("the run was stopped before ours ran")?,
+        ours_adapter: medians.remove("ours-adapter"),
+        tutorial: medians.remove("tutorial"),
+        floor: medians.remove("floor"),
+        ours_durable: medians.remove("ours-durable"),
+        durable_skipped: durable.err(),
         rounds,
     })
 }
 
+/// seckill-http's configuration with durable admissions (`REDIS_DURABLE_REPLICAS=1`, the
+/// function's default timeout), or why `ours-durable` cannot run here.
+async fn durable_config(bench: Option<&Bench>, target: &Target) -> Result<Config, String> {
+    let Some(bench) = bench.filter(|_| matches!(target, Target::InProcess)) else {
+        return Err(
+            "it runs the handler in this process; a deployment's REDIS_DURABLE_REPLICAS is its own"
+                .into(),
+        );
+    };
+    match replicas_per_primary(&bench.redis).await {
+        Some(n) if n >= 1 => {}
+        n => {
+            return Err(format!(
+                "it needs a replica per Redis primary (WAIT 1) and the primaries have {} (the cluster stack has one: SECKILL_REDIS_TOPOLOGY=cluster)",
+                n.map_or("an unknown number".into(), |n| n.to_string())
+            ));
+        }
+    }
+    let mut cfg = bench.http.clone();
+    let env = [
+        ("REDIS_URL", cfg.redis.url.as_str()),
+        ("REDIS_DURABLE_REPLICAS", "1"),
+    ]
+    .map(|(k, v)| (k.to_string(), v.to_string()));
+    cfg.redis.durable = RedisConfig::read(&mut EnvReader::from_map(env.into())).durable;
+    Ok(cfg)
+}
+
 /// The round with the median rate (the lower middle of an even count). Every round's
-/// checks are kept on it, so a violation in any round is reported.
+/// failed checks and first refusal are kept on it, so they are reported.
 fn median_round(mut rs: Vec<RunResult>) -> Option<RunResult> {
     if rs.is_empty() {
         return None;
     }
+    let error = rs.iter().find_map(|r| r.error.clone());
     let failed: Vec<Check> = rs
         .iter()
         .flat_map(|r| r.checks.iter().filter(|c| !c.ok).cloned())
         .collect();
     rs.sort_by(|a, b| a.attempts_per_s.total_cmp(&b.attempts_per_s));
     let mut m = rs.swap_remove((rs.len() - 1) / 2);
+    m.error = m.error.or(error);
     for c in failed {
         if !m
             .checks
@@ -479,19 +526,27 @@ pub(crate) async fn ours_drivers(
     match &p.url {
         None => {
             let bench = bench.context("--in-process needs the local stack")?;
-            let apps = try_join_all(
-                (0..callers).map(|_| InProcess::new(&bench.http, p.voucher.id, p.tokens.clone())),
-            )
-            .await?;
-            Ok(apps
-                .into_iter()
-                .map(|a| Driver::InProcess(Box::new(a)))
-                .collect())
+            in_process_drivers(&bench.http, p, callers).await
         }
         Some(u) => (0..callers)
             .map(|_| HttpCaller::new(&u.base, p.voucher.id, p.tokens.clone()).map(Driver::Http))
             .collect(),
     }
+}
+
+/// `callers` handlers in this process, each an instance of its own configured by `cfg`.
+async fn in_process_drivers(
+    cfg: &Config,
+    p: &Prepared,
+    callers: usize,
+) -> anyhow::Result<Vec<Driver>> {
+    let apps =
+        try_join_all((0..callers).map(|_| InProcess::new(cfg, p.voucher.id, p.tokens.clone())))
+            .await?;
+    Ok(apps
+        .into_iter()
+        .map(|a| Driver::InProcess(Box::new(a)))
+        .collect())
 }
 
 pub(crate) async fn tutorial_keys(
@@ -524,7 +579,7 @@ pub(crate) async fn tutorial_keys_in(
     ] {
         bench.track_key(key);
     }
-    let _: () = bench.redis.clone().set(keys.stock(), stock).await?;
+    let _: () = bench.tutorial.clone().set(keys.stock(), stock).await?;
     Ok(Arc::new(keys))
 }
 
@@ -535,7 +590,8 @@ pub(crate) async fn tutorial_drivers(
     callers: usize,
 ) -> anyhow::Result<Vec<Driver>> {
     Ok(try_join_all(
-        (0..callers).map(|_| TutorialCaller::new(&bench.http.redis, keys.clone(), tokens.clone())),
+        (0..callers)
+            .map(|_| TutorialCaller::new(&bench.tutorial_redis, keys.clone(), tokens.clone())),
     )
     .await?
     .into_iter()
@@ -572,7 +628,7 @@ async fn check_ours(bench: Option<&Bench>, p: &Prepared, r: &mut RunResult) -> a
 
 /// Entries in the tutorial's one global stream (shared by every voucher of the run).
 async fn queued(bench: &Bench, keys: &TutorialKeys) -> anyhow::Result<i64> {
-    Ok(bench.redis.clone().xlen(keys.stream()).await?)
+    Ok(bench.tutorial.clone().xlen(keys.stream()).await?)
 }
 
 /// The tutorial's invariants; `queued_before`: the global stream's length before the run.
@@ -583,7 +639,7 @@ async fn check_tutorial(
     queued_before: i64,
     r: &mut RunResult,
 ) -> anyhow::Result<()> {
-    let mut c = bench.redis.clone();
+    let mut c = bench.tutorial.clone();
     let left: Option<i64> = c.get(keys.stock()).await?;
     let buyers: i64 = c.scard(keys.buyers()).await?;
     let queued = queued(bench, keys).await? - queued_before;

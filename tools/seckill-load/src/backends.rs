@@ -14,7 +14,7 @@ use mysql_async::prelude::Queryable;
 use seckill_http::Config;
 use seckill_shared::adapters::data_api::DataApi;
 use seckill_shared::adapters::redis::{RedisConn, RedisSales};
-use seckill_shared::config::EnvReader;
+use seckill_shared::config::{EnvReader, RedisConfig};
 use seckill_shared::domain::{NewVoucher, SaleWindow, Voucher, VoucherId, now_millis};
 use seckill_shared::keys::{self, VoucherKeys};
 use seckill_shared::migrate;
@@ -43,6 +43,11 @@ pub struct Bench {
     pub mysql_url: Option<String>,
     /// A connection for setup and checks.
     pub redis: RedisConn,
+    /// Where the tutorial baseline runs: the functions' Redis unless
+    /// [`Bench::use_tutorial_redis`] named another.
+    pub tutorial_redis: RedisConfig,
+    /// A connection to [`Self::tutorial_redis`].
+    pub tutorial: RedisConn,
     /// A random hex id, used in key prefixes.
     pub run_id: String,
     /// The database to drop at cleanup: (admin URL, name).
@@ -147,6 +152,8 @@ impl Bench {
             .await
             .with_context(|| format!("cannot connect to Redis at {}", http.redis.url))?;
         Ok(Bench {
+            tutorial_redis: http.redis.clone(),
+            tutorial: redis.clone(),
             http,
             db,
             mysql_url,
@@ -158,6 +165,18 @@ impl Bench {
             extra_keys: Mutex::new(Vec::new()),
             keep: false,
         })
+    }
+
+    /// Runs the tutorial baseline on another Redis. Its script builds its keys inside
+    /// Lua, in slots it does not declare (`lua/bench/tutorial_seckill.lua`): a cluster of
+    /// several shards refuses it ("Script attempted to access a non local key"), so there
+    /// the tutorial needs a Redis whose one node owns every slot, as the local stack's.
+    pub async fn use_tutorial_redis(&mut self, cfg: RedisConfig) -> anyhow::Result<()> {
+        self.tutorial = RedisConn::connect(&cfg)
+            .await
+            .with_context(|| format!("cannot connect to Redis at {}", cfg.url))?;
+        self.tutorial_redis = cfg;
+        Ok(())
     }
 
     /// The database's name.
@@ -231,16 +250,17 @@ impl Bench {
         Ok(())
     }
 
-    /// Deletes keys now (they stay listed for cleanup, where deleting again is harmless).
+    /// Deletes keys of the tutorial baseline now (they stay listed for cleanup, where
+    /// deleting again is harmless).
     pub async fn release_keys(&self, keys: &[String]) -> anyhow::Result<()> {
-        let mut conn = self.redis.clone();
+        let mut conn = self.tutorial.clone();
         for key in keys {
             let _: i64 = redis::cmd("UNLINK").arg(key).query_async(&mut conn).await?;
         }
         Ok(())
     }
 
-    /// Remembers a key to delete at cleanup.
+    /// Remembers a key of the tutorial baseline to delete at cleanup.
     pub fn track_key(&self, key: impl Into<String>) {
         self.extra_keys
             .lock()
@@ -316,26 +336,45 @@ pub async fn drop_leftovers(stack: &StackEnv) -> anyhow::Result<Vec<String>> {
     Ok(names)
 }
 
-/// The text of `INFO <section>` (the cluster client asks every primary; the first answer
-/// is taken: the local cluster has one node).
+/// The text of `INFO <section>` of the first primary that answers.
 pub async fn redis_info(conn: &RedisConn, section: &str) -> Option<String> {
-    let v: redis::Value = redis::cmd("INFO")
-        .arg(section)
-        .query_async(&mut conn.clone())
-        .await
-        .ok()?;
-    first_text(v)
+    redis_infos(conn, section).await.into_iter().next()
 }
 
-fn first_text(v: redis::Value) -> Option<String> {
-    match v {
-        redis::Value::BulkString(b) => String::from_utf8(b).ok(),
-        redis::Value::SimpleString(s) => Some(s),
-        redis::Value::VerbatimString { text, .. } => Some(text),
-        redis::Value::Map(pairs) => pairs.into_iter().find_map(|(_, v)| first_text(v)),
-        redis::Value::Array(items) => items.into_iter().find_map(first_text),
-        _ => None,
+/// The text of `INFO <section>` of every primary (the cluster client sends INFO to each
+/// primary and answers with a map of their replies; a plain connection has one).
+pub async fn redis_infos(conn: &RedisConn, section: &str) -> Vec<String> {
+    let v: Result<redis::Value, _> = redis::cmd("INFO")
+        .arg(section)
+        .query_async(&mut conn.clone())
+        .await;
+    let mut out = Vec::new();
+    if let Ok(v) = v {
+        texts(v, &mut out);
     }
+    out
+}
+
+fn texts(v: redis::Value, out: &mut Vec<String>) {
+    match v {
+        redis::Value::BulkString(b) => out.extend(String::from_utf8(b).ok()),
+        redis::Value::SimpleString(s) => out.push(s),
+        redis::Value::VerbatimString { text, .. } => out.push(text),
+        redis::Value::Map(pairs) => pairs.into_iter().for_each(|(_, v)| texts(v, out)),
+        redis::Value::Array(items) => items.into_iter().for_each(|v| texts(v, out)),
+        _ => {}
+    }
+}
+
+/// The fewest replicas connected to a primary (`INFO replication`), `None` when no
+/// primary answered: durable admissions (`WAIT n`) need at least `n`.
+pub async fn replicas_per_primary(conn: &RedisConn) -> Option<u32> {
+    redis_infos(conn, "replication")
+        .await
+        .iter()
+        .map(|i| info_field(i, "connected_slaves").and_then(|n| n.parse().ok()))
+        .min()
+        .flatten()
 }
 
 /// A field of INFO text.

@@ -75,6 +75,10 @@ pub struct DrainRun {
     /// The drainer's own summary of the invocation (ours).
     pub summary: Option<serde_json::Value>,
     pub checks: Vec<Check>,
+    /// Why the variant FAILED on this server (the tutorial consumer, when the server
+    /// refused the tutorial's admission script that fills its stream).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -182,10 +186,13 @@ pub async fn drain(bench: &Bench, o: &DrainOptions, ui: &Ui) -> anyhow::Result<D
     let (mut tutorial, mut db_floor) = (None, None);
     if o.baseline && !ui.stopped() {
         let t = drain_tutorial(bench, o.tutorial_orders, &tokens, ui).await?;
-        eprintln!(
-            "  drain  tutorial consumer: {:>7} orders in {:>6.2} s = {:>8.0} orders/s",
-            t.orders, t.elapsed_s, t.orders_per_s
-        );
+        match &t.error {
+            Some(e) => eprintln!("  drain  tutorial consumer: FAILED: {e}"),
+            None => eprintln!(
+                "  drain  tutorial consumer: {:>7} orders in {:>6.2} s = {:>8.0} orders/s",
+                t.orders, t.elapsed_s, t.orders_per_s
+            ),
+        }
         tutorial = Some(t);
         let f = drain_floor(bench, o.orders, o.floor_batch).await?;
         eprintln!(
@@ -412,6 +419,7 @@ async fn drain_sales(
         orders_per_s: n as f64 / elapsed.as_secs_f64().max(1e-9),
         summary: summary.and_then(|s| serde_json::to_value(s).ok()),
         checks,
+        error: None,
     })
 }
 
@@ -487,12 +495,31 @@ async fn drain_tutorial(
         stock: Some(n as i64),
     };
     let filled = run(drivers, Arc::new(Plan::distinct(n)), meta, None, ui).await?;
+    if let Some(e) = filled.error {
+        bench.release_voucher(voucher.id).await?;
+        bench
+            .release_keys(&[keys.stock(), keys.buyers(), keys.stream()])
+            .await?;
+        return Ok(DrainRun {
+            variant: "tutorial".into(),
+            sales: 1,
+            batch_size: 1,
+            orders: 0,
+            elapsed_s: 0.0,
+            orders_per_s: 0.0,
+            summary: None,
+            checks: Vec::new(),
+            error: Some(format!(
+                "filling its stream with the tutorial's admission: {e}"
+            )),
+        });
+    }
     anyhow::ensure!(
         filled.admitted == n,
         "the tutorial admitted {} of {n}",
         filled.admitted
     );
-    let mut conn = bench.redis.clone();
+    let mut conn = bench.tutorial.clone();
     let _: () = redis::cmd("XGROUP")
         .arg("CREATE")
         .arg(keys.stream())
@@ -520,6 +547,7 @@ async fn drain_tutorial(
         orders_per_s: done as f64 / elapsed.as_secs_f64().max(1e-9),
         summary: None,
         checks,
+        error: None,
     })
 }
 
@@ -530,7 +558,7 @@ async fn tutorial_consume(
     bar: &indicatif::ProgressBar,
     deadline: Instant,
 ) -> anyhow::Result<u64> {
-    let mut conn = bench.redis.clone();
+    let mut conn = bench.tutorial.clone();
     let db = &bench.db;
     let opts = redis::streams::StreamReadOptions::default()
         .group("g1", "c1")
@@ -641,6 +669,7 @@ async fn drain_floor(bench: &Bench, n: u64, batch: usize) -> anyhow::Result<Drai
         orders_per_s: n as f64 / elapsed.as_secs_f64().max(1e-9),
         summary: None,
         checks,
+        error: None,
     })
 }
 

@@ -8,7 +8,7 @@
 //! - [`AdapterCaller`]: our engine without the handler (order-id block + `lua/admit.lua`),
 //!   to show what the handler itself costs;
 //! - [`TutorialCaller`]: the tutorial's admission (INCR per-day id key, then EVALSHA of
-//!   `lua/bench/tutorial_seckill.lua`);
+//!   `lua/bench/tutorial_seckill.lua`; an error reply of the server is a refusal);
 //! - [`FloorCaller`]: one EVALSHA of `lua/bench/noop.lua`.
 
 use std::sync::{Arc, LazyLock};
@@ -17,7 +17,7 @@ use std::time::Duration;
 use anyhow::Context;
 use http::header::AUTHORIZATION;
 use lambda_http::{Body, Request, RequestExt};
-use redis::{AsyncCommands, Script};
+use redis::{AsyncCommands, ErrorKind, Script};
 use seckill_http::{App, Config};
 use seckill_shared::adapters::redis::{OrderIds, RedisConn, RedisSales};
 use seckill_shared::domain::{Admission, UserId, VoucherId, now_millis};
@@ -298,6 +298,14 @@ impl TutorialCaller {
             Ok(1) => Outcome::Code("sold_out"),
             Ok(2) => Outcome::Code("already_purchased"),
             Ok(other) => Outcome::Failed(format!("tutorial script answered {other}")),
+            // A cluster of several shards refuses the script's undeclared keys: the
+            // server's words (code and message), not the client's rendering of them.
+            Err(e) if matches!(e.kind(), ErrorKind::Server(_) | ErrorKind::Extension) => {
+                Outcome::Refused(match (e.code(), e.detail()) {
+                    (Some(code), Some(detail)) => format!("{code} {detail}"),
+                    _ => e.to_string(),
+                })
+            }
             Err(e) => Outcome::Failed(e.to_string()),
         }
     }

@@ -19,7 +19,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use seckill_shared::adapters::redis::RedisConn;
 
-use crate::backends::redis_info;
+use crate::backends::redis_infos;
 use crate::drivers::Driver;
 use crate::record::{CpuSample, Outcome, Recorder, RunMeta, RunResult, merge};
 use crate::workload::Plan;
@@ -32,7 +32,7 @@ pub struct Ui {
     pub stop: Arc<AtomicBool>,
     /// No run lasts longer than this.
     pub max_run: Duration,
-    /// Where to read Redis's CPU time before and after each run.
+    /// Where to read Redis's CPU time before and after each run (every primary's).
     pub redis_probe: Option<RedisConn>,
 }
 
@@ -159,13 +159,11 @@ pub async fn run(
 }
 
 async fn cpu_sample(ui: &Ui) -> CpuSample {
-    let info = match &ui.redis_probe {
-        Some(conn) => {
-            let cpu = redis_info(conn, "cpu").await;
-            let cmds = redis_info(conn, "commandstats").await;
-            cpu.map(|c| format!("{c}\n{}", cmds.unwrap_or_default()))
-        }
-        None => None,
-    };
-    CpuSample::take(info.as_deref())
+    match &ui.redis_probe {
+        Some(conn) => CpuSample::take(
+            &redis_infos(conn, "cpu").await,
+            &redis_infos(conn, "commandstats").await,
+        ),
+        None => CpuSample::take(&[], &[]),
+    }
 }

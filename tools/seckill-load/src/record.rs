@@ -32,6 +32,9 @@ pub enum Outcome {
     Code(&'static str),
     /// An unexpected answer or a transport failure.
     Failed(String),
+    /// An error reply of the server refusing the command (a cluster node refusing a
+    /// script's undeclared keys): the variant cannot run on this server.
+    Refused(String),
 }
 
 /// One caller's record.
@@ -46,6 +49,7 @@ pub struct Recorder {
     first_sold_out: Option<Duration>,
     failures: u64,
     failure_samples: Vec<String>,
+    refusal: Option<String>,
 }
 
 impl Default for Recorder {
@@ -67,6 +71,7 @@ impl Recorder {
             first_sold_out: None,
             failures: 0,
             failure_samples: Vec::new(),
+            refusal: None,
         }
     }
 
@@ -97,6 +102,10 @@ impl Recorder {
                 if self.failure_samples.len() < 3 {
                     self.failure_samples.push(why);
                 }
+            }
+            Outcome::Refused(why) => {
+                *self.outcomes.entry("refused").or_default() += 1;
+                self.refusal.get_or_insert(why);
             }
         }
     }
@@ -170,6 +179,10 @@ pub struct RunResult {
     /// CPU the run cost Redis and this process (callers and in-process handlers).
     pub cpu: Option<CpuUse>,
     pub checks: Vec<Check>,
+    /// The server's first refusal ([`Outcome::Refused`]): the variant FAILED on this
+    /// server, and its figures and checks measure nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
     /// Users admitted, sorted (not serialised).
     #[serde(skip)]
     pub admitted_users: Vec<u32>,
@@ -181,14 +194,15 @@ pub struct RunResult {
 /// CPU time spent during a run.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct CpuUse {
-    /// Redis's own `used_cpu_user + used_cpu_sys` (INFO cpu); `None` when unknown.
+    /// Redis's own `used_cpu_user + used_cpu_sys` (INFO cpu), summed over every primary;
+    /// `None` when unknown.
     pub redis_s: Option<f64>,
     /// This process (the callers, and the handlers when in process).
     pub process_s: f64,
     pub redis_us_per_attempt: Option<f64>,
     pub process_us_per_attempt: f64,
-    /// Time Redis spent executing commands (INFO commandstats `usec`, all commands, so
-    /// without its network I/O) per attempt.
+    /// Time Redis spent executing commands (INFO commandstats `usec`, all commands of
+    /// every primary, so without their network I/O) per attempt.
     #[serde(default)]
     pub redis_command_us_per_attempt: Option<f64>,
 }
@@ -203,8 +217,9 @@ pub struct CpuSample {
 
 impl CpuSample {
     /// Reads this process's CPU time (`/proc/self/stat`, in USER_HZ = 100 ticks per
-    /// second) and Redis's from its INFO text.
-    pub fn take(redis_info: Option<&str>) -> CpuSample {
+    /// second) and the server's, summed over the `INFO cpu` and `INFO commandstats`
+    /// texts of every primary.
+    pub fn take(cpu: &[String], commandstats: &[String]) -> CpuSample {
         let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
         // Fields after the command name (which may hold spaces) start at state (3).
         let after = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
@@ -212,13 +227,22 @@ impl CpuSample {
         let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
         // utime is field 14 and stime 15 of the whole line: 11 and 12 after the name.
         let process_s = (ticks(11) + ticks(12)) / 100.0;
-        let redis_s = redis_info.and_then(|info| {
-            let get = |k: &str| crate::backends::info_field(info, k)?.parse::<f64>().ok();
-            Some(get("used_cpu_user")? + get("used_cpu_sys")?)
-        });
+        let redis_s = (!cpu.is_empty())
+            .then(|| {
+                cpu.iter()
+                    .map(|info| {
+                        let get =
+                            |k: &str| crate::backends::info_field(info, k)?.parse::<f64>().ok();
+                        Some(get("used_cpu_user")? + get("used_cpu_sys")?)
+                    })
+                    .sum::<Option<f64>>()
+            })
+            .flatten();
         // cmdstat_<name>:calls=N,usec=N,usec_per_call=...
-        let redis_command_us = redis_info.map(|info| {
-            info.lines()
+        let redis_command_us = (!commandstats.is_empty()).then(|| {
+            commandstats
+                .iter()
+                .flat_map(|info| info.lines())
                 .filter(|l| l.starts_with("cmdstat_"))
                 .filter_map(|l| {
                     l.split(',')
@@ -278,7 +302,9 @@ pub fn merge(meta: RunMeta, recorders: Vec<Recorder>, elapsed: Duration) -> RunR
     let mut failure_samples = Vec::new();
     let mut last_admit: Option<Duration> = None;
     let mut first_sold_out: Option<Duration> = None;
+    let mut error = None;
     for r in recorders {
+        error = error.or(r.refusal);
         hist.add(&r.hist).ok();
         events.extend(r.events);
         for (k, v) in r.outcomes {
@@ -328,6 +354,7 @@ pub fn merge(meta: RunMeta, recorders: Vec<Recorder>, elapsed: Duration) -> RunR
         timeline: timeline(events, elapsed),
         cpu: None,
         checks: Vec::new(),
+        error,
         admitted_users,
         order_ids,
     }
@@ -419,6 +446,19 @@ mod tests {
         assert!(e.windows(2).all(|w| w[0] < w[1]), "{e:?}");
         assert_eq!(*e.last().unwrap(), 60.0);
         assert_eq!(bin_edges(0.001), vec![0.0, 0.001]);
+    }
+
+    #[test]
+    fn server_time_is_summed_over_every_primary() {
+        let cpu =
+            |s: f64| format!("used_cpu_sys:{s}\nused_cpu_user:{s}\nused_cpu_sys_children:9\n");
+        let cmds = |us: u64| format!("cmdstat_evalsha:calls=1,usec={us},usec_per_call=1\n");
+        let before = CpuSample::take(&[cpu(1.0), cpu(2.0)], &[cmds(100), cmds(200)]);
+        let after = CpuSample::take(&[cpu(1.5), cpu(2.5)], &[cmds(300), cmds(600)]);
+        let used = before.until(&after, 10);
+        assert!((used.redis_s.unwrap() - 2.0).abs() < 1e-9, "{used:?}");
+        assert!((used.redis_command_us_per_attempt.unwrap() - 60.0).abs() < 1e-9);
+        assert!(CpuSample::take(&[], &[]).redis_s.is_none());
     }
 
     #[test]

@@ -40,6 +40,7 @@ impl Results {
             runs.extend(a.ours_adapter.iter());
             runs.extend(a.tutorial.iter());
             runs.extend(a.floor.iter());
+            runs.extend(a.ours_durable.iter());
         }
         if let Some(l) = &self.commit_latency {
             runs.push(&l.admissions);
@@ -73,6 +74,33 @@ impl Results {
     /// True when every invariant held.
     pub fn all_ok(&self) -> bool {
         self.checks().iter().all(|(_, c)| c.ok)
+    }
+
+    /// The baselines that FAILED on this server, with the server's error.
+    pub fn failed(&self) -> Vec<(String, String)> {
+        let sale = self.sale.as_ref().and_then(|s| s.tutorial.as_ref());
+        let admit = self.admit.as_ref().and_then(|a| a.tutorial.as_ref());
+        let drain = self.drain.as_ref().and_then(|d| d.tutorial.as_ref());
+        [
+            ("sale tutorial", sale.and_then(|r| r.error.clone())),
+            ("admit tutorial", admit.and_then(|r| r.error.clone())),
+            ("drain tutorial", drain.and_then(|r| r.error.clone())),
+        ]
+        .into_iter()
+        .filter_map(|(run, e)| Some((run.to_string(), e?)))
+        .collect()
+    }
+
+    /// The process's exit status: 2 when an invariant was violated, else 3 when a
+    /// baseline FAILED on this server, else 0.
+    pub fn exit_status(&self) -> u8 {
+        if !self.all_ok() {
+            2
+        } else if !self.failed().is_empty() {
+            3
+        } else {
+            0
+        }
     }
 }
 
@@ -277,6 +305,31 @@ fn ratio_row(what: &str, ours: f64, base: f64, unit: &str, target: f64) -> Row {
     }
 }
 
+/// A comparison whose baseline FAILED on this server: its error instead of a figure.
+fn failed_row(what: &str, ours: String, error: &str, target: &str) -> Row {
+    Row {
+        what: what.into(),
+        ours,
+        baseline: format!("FAILED: {error}"),
+        ratio: "FAILED".into(),
+        target: target.into(),
+        met: None,
+    }
+}
+
+/// `ratio_row`, or `failed_row` when the baseline run has an error.
+fn compare_row(what: &str, ours: f64, base: &RunResult, unit: &str, target: f64) -> Row {
+    match &base.error {
+        Some(e) => failed_row(
+            what,
+            format!("{} {unit}", thousands(ours)),
+            e,
+            &format!("≥ {target}×"),
+        ),
+        None => ratio_row(what, ours, base.attempts_per_s, unit, target),
+    }
+}
+
 fn value_row(what: &str, value: String, target: &str, met: Option<bool>) -> Row {
     Row {
         what: what.into(),
@@ -293,13 +346,13 @@ pub fn rows(r: &Results) -> Vec<Row> {
     let mut rows = Vec::new();
     if let Some(s) = &r.sale {
         if let Some(t) = &s.tutorial {
-            rows.push(ratio_row(
+            rows.push(compare_row(
                 &format!(
                     "sale mix (S={}, A={}, U={}, C={}): ours vs tutorial admission",
                     s.options.stock, s.options.attempts, s.options.users, s.options.callers
                 ),
                 s.ours.attempts_per_s,
-                t.attempts_per_s,
+                t,
                 "attempts/s",
                 5.0,
             ));
@@ -322,6 +375,7 @@ pub fn rows(r: &Results) -> Vec<Row> {
                     t,
                     s.tutorial
                         .as_ref()
+                        .filter(|t| t.error.is_none())
                         .and_then(|t| t.sell_out_s)
                         .map_or(String::new(), |tt| format!(" (tutorial {tt:.3} s)"))
                 ),
@@ -338,10 +392,10 @@ pub fn rows(r: &Results) -> Vec<Row> {
             )
         };
         if let Some(t) = &a.tutorial {
-            rows.push(ratio_row(
+            rows.push(compare_row(
                 &title("tutorial admission"),
                 a.ours.attempts_per_s,
-                t.attempts_per_s,
+                t,
                 "admissions/s",
                 1.0,
             ));
@@ -358,11 +412,14 @@ pub fn rows(r: &Results) -> Vec<Row> {
         let redis_us = |r: &RunResult| r.cpu.as_ref().and_then(|c| c.redis_command_us_per_attempt);
         if let Some(ours_us) = redis_us(&a.ours) {
             for (name, other) in [("tutorial admission", &a.tutorial), ("floor", &a.floor)] {
-                if let Some(base_us) = other.as_ref().and_then(redis_us) {
+                let what = format!(
+                    "admit path, Redis command time per admission (INFO commandstats): ours vs {name}; the ratio is how many more admissions one Redis core executes with ours"
+                );
+                if let Some(e) = other.as_ref().and_then(|r| r.error.as_deref()) {
+                    rows.push(failed_row(&what, format!("{ours_us:.1} µs"), e, ""));
+                } else if let Some(base_us) = other.as_ref().and_then(redis_us) {
                     rows.push(Row {
-                        what: format!(
-                            "admit path, Redis command time per admission (INFO commandstats): ours vs {name}; the ratio is how many more admissions one Redis core executes with ours"
-                        ),
+                        what,
                         ours: format!("{ours_us:.1} µs"),
                         baseline: format!("{base_us:.1} µs"),
                         ratio: format!("{:.2}×", base_us / ours_us.max(1e-9)),
@@ -379,9 +436,11 @@ pub fn rows(r: &Results) -> Vec<Row> {
                     .map(|r| ("ours without the handler", r)),
                 a.tutorial.as_ref().map(|r| ("tutorial", r)),
                 a.floor.as_ref().map(|r| ("floor", r)),
+                a.ours_durable.as_ref().map(|r| ("ours durable", r)),
             ]
             .into_iter()
             .flatten()
+            .filter(|(_, r)| r.error.is_none())
             .filter_map(|(n, r)| proc_us(r).map(|u| format!("{n} {u:.1} µs")))
             .collect();
             rows.push(value_row(
@@ -415,21 +474,27 @@ pub fn rows(r: &Results) -> Vec<Row> {
             "p99 ≤ 5 ms",
             Some(a.ours.latency.p99_us <= 5_000),
         ));
+        if let Some(d) = &a.ours_durable {
+            durable_rows(&mut rows, &a.ours, d);
+        }
     }
     if let Some(d) = &r.drain
         && let Some(best) = d.best()
     {
         if let Some(t) = &d.tutorial {
-            rows.push(ratio_row(
-                &format!(
-                    "drain (N={}): ours (batch {}) vs tutorial consumer",
-                    d.options.orders, best.batch_size
+            let what = format!(
+                "drain (N={}): ours (batch {}) vs tutorial consumer",
+                d.options.orders, best.batch_size
+            );
+            rows.push(match &t.error {
+                Some(e) => failed_row(
+                    &what,
+                    format!("{} orders/s", thousands(best.orders_per_s)),
+                    e,
+                    "≥ 20×",
                 ),
-                best.orders_per_s,
-                t.orders_per_s,
-                "orders/s",
-                20.0,
-            ));
+                None => ratio_row(&what, best.orders_per_s, t.orders_per_s, "orders/s", 20.0),
+            });
         }
         if let Some(f) = &d.db_floor {
             rows.push(ratio_row(
@@ -501,6 +566,54 @@ pub fn rows(r: &Results) -> Vec<Row> {
         }
     }
     rows
+}
+
+/// Durable admissions (`ours-durable`) against ours in the same run: the ratios are
+/// durable / asynchronous, so a throughput ratio below 1 and latency ratios above 1 are
+/// what waiting for a replica costs.
+fn durable_rows(rows: &mut Vec<Row>, ours: &RunResult, d: &RunResult) {
+    let what = |m: &str| {
+        format!("admit path, {m}: ours with durable admissions (REDIS_DURABLE_REPLICAS=1) vs ours")
+    };
+    rows.push(Row {
+        what: what("throughput"),
+        ours: format!("{} admissions/s", thousands(d.attempts_per_s)),
+        baseline: format!("{} admissions/s", thousands(ours.attempts_per_s)),
+        ratio: format!("{:.2}×", d.attempts_per_s / ours.attempts_per_s.max(1e-9)),
+        target: String::new(),
+        met: None,
+    });
+    let (dl, ol) = (&d.latency, &ours.latency);
+    rows.push(Row {
+        what: what("latency p50 / p99"),
+        ours: format!("{:.2} / {:.2} ms", ms(dl.p50_us), ms(dl.p99_us)),
+        baseline: format!("{:.2} / {:.2} ms", ms(ol.p50_us), ms(ol.p99_us)),
+        ratio: format!(
+            "{:.2}× / {:.2}×",
+            dl.p50_us as f64 / ol.p50_us.max(1) as f64,
+            dl.p99_us as f64 / ol.p99_us.max(1) as f64
+        ),
+        target: String::new(),
+        met: None,
+    });
+    let redis_us = |r: &RunResult| r.cpu.as_ref().and_then(|c| c.redis_command_us_per_attempt);
+    if let (Some(du), Some(ou)) = (redis_us(d), redis_us(ours)) {
+        rows.push(Row {
+            what: what("Redis command time per admission (INFO commandstats, every primary)"),
+            ours: format!("{du:.1} µs"),
+            baseline: format!("{ou:.1} µs"),
+            ratio: format!("{:.2}×", du / ou.max(1e-9)),
+            target: String::new(),
+            met: None,
+        });
+    }
+    let unconfirmed = d.outcomes.get("unavailable").copied().unwrap_or(0);
+    rows.push(value_row(
+        "admit path, ours with durable admissions: answered 503 unavailable (a replica did not acknowledge in time)",
+        format!("{} of {}", thousands(unconfirmed as f64), thousands(d.completed as f64)),
+        "",
+        None,
+    ));
 }
 
 /// The ratio table as Markdown.
@@ -612,6 +725,7 @@ pub fn results_markdown(r: &Results, rows: &[Row], svg_link: &str) -> String {
         runs.extend(x.ours_adapter.iter());
         runs.extend(x.tutorial.iter());
         runs.extend(x.floor.iter());
+        runs.extend(x.ours_durable.iter());
     }
     if let Some(x) = &r.commit_latency {
         runs.push(&x.admissions);
@@ -720,6 +834,9 @@ pub fn results_markdown(r: &Results, rows: &[Row], svg_link: &str) -> String {
     for (run, c) in bad {
         let _ = writeln!(s, "- **violated** in {run}: {}: {}", c.name, c.detail);
     }
+    for (run, e) in r.failed() {
+        let _ = writeln!(s, "\nBaseline **FAILED** on this server: {run}: {e}");
+    }
     let _ = writeln!(s, "\n</details>");
     s
 }
@@ -733,6 +850,54 @@ mod tests {
         assert_eq!(thousands(1234567.4), "1,234,567");
         assert_eq!(thousands(999.0), "999");
         assert_eq!(thousands(-1000.0), "-1,000");
+    }
+
+    #[test]
+    fn a_refused_baseline_reads_failed_with_the_servers_error_and_exits_3() {
+        use crate::admission::SaleOptions;
+        use crate::record::{Outcome, Recorder, RunMeta, merge};
+        use std::time::Duration;
+        let run = |variant: &str, outcome: Outcome| {
+            let mut rec = Recorder::new();
+            let ms = Duration::from_millis(1);
+            rec.record(1, outcome, ms, ms);
+            let meta = RunMeta {
+                variant: variant.into(),
+                target: "redis".into(),
+                scenario: "sale".into(),
+                callers: 1,
+                planned: 1,
+                users: 1,
+                stock: Some(1),
+            };
+            merge(meta, vec![rec], ms)
+        };
+        let refused = "ERR Attempted to access a non local key in a cluster node script";
+        let mut r = Results {
+            sale: Some(SaleReport {
+                options: SaleOptions {
+                    stock: 1,
+                    attempts: 1,
+                    users: 1,
+                    callers: 1,
+                    seed: 1,
+                    baseline: true,
+                },
+                ours: run("ours", Outcome::Admitted(7)),
+                tutorial: Some(run("tutorial", Outcome::Refused(refused.into()))),
+            }),
+            ..Results::default()
+        };
+        let row = &rows(&r)[0];
+        assert_eq!(row.ratio, "FAILED");
+        assert_eq!(row.baseline, format!("FAILED: {refused}"));
+        assert_eq!(r.failed().len(), 1);
+        assert_eq!(r.exit_status(), 3);
+        if let Some(s) = r.sale.as_mut() {
+            s.tutorial = Some(run("tutorial", Outcome::Admitted(8)));
+        }
+        assert!(rows(&r)[0].ratio.ends_with('×'));
+        assert_eq!(r.exit_status(), 0);
     }
 
     #[test]

@@ -1,7 +1,7 @@
-//! CI smoke of the load tool: the quick sale, in process, against a private Redis
-//! (cluster mode, one node) and a fresh database behind an in-process Data API server,
-//! with the tutorial baseline; the same sale over real HTTP (`--url`); then a small drain
-//! with its baselines. Asserts the invariants and that every attempt was answered —
+//! CI smoke of the load tool: the quick sale, in process, against a private Redis (the
+//! tests' `RedisServer`: one node or a cluster, as the run's settings say) and a fresh
+//! database behind an in-process Data API server, with the tutorial baseline; the same
+//! sale over real HTTP (`--url`); then a small drain with its baselines. Asserts the invariants and that every attempt was answered —
 //! never a speed.
 
 use seckill_load::admission::{self, SaleOptions, Target, UrlTarget};
@@ -11,12 +11,25 @@ use seckill_load::engine::Ui;
 use seckill_load::record::RunResult;
 use seckill_tests::harness::{Backends, TEST_JWT_SECRET};
 use seckill_tests::mysql::url_with_database;
+use seckill_tests::redis::RedisServer;
 
-async fn bench_on(b: &Backends, run_id: &str) -> Bench {
+/// The benchmark on the test's backends. The tutorial baseline only runs on a Redis
+/// whose one node owns every slot (see `Bench::use_tutorial_redis`): when the test's
+/// Redis is a cluster of several nodes, the tutorial gets a node of its own, returned to
+/// be kept as long as the benchmark.
+async fn bench_on(b: &Backends, run_id: &str) -> (Bench, Option<RedisServer>) {
     let mysql = url_with_database(&b.mysql_url, &b.database);
-    Bench::attach(b.http_config(), Some(mysql), run_id.to_string())
+    let mut bench = Bench::attach(b.http_config(), Some(mysql), run_id.to_string())
         .await
-        .expect("the benchmark attaches to the test backends")
+        .expect("the benchmark attaches to the test backends");
+    let tutorial = (b.redis.nodes().len() > 1).then(RedisServer::single);
+    if let Some(single) = &tutorial {
+        bench
+            .use_tutorial_redis(single.config())
+            .await
+            .expect("the tutorial's Redis answers");
+    }
+    (bench, tutorial)
 }
 
 fn assert_invariants(r: &RunResult) {
@@ -33,7 +46,7 @@ fn assert_invariants(r: &RunResult) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_quick_sale_keeps_every_invariant() {
     let backends = Backends::start().await;
-    let bench = bench_on(&backends, "smoke-sale").await;
+    let (bench, _tutorial) = bench_on(&backends, "smoke-sale").await;
     let o = SaleOptions {
         stock: 100,
         attempts: 20_000,
@@ -74,7 +87,7 @@ async fn the_quick_sale_keeps_every_invariant() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_drain_commits_every_order_once() {
     let backends = Backends::start().await;
-    let bench = bench_on(&backends, "smoke-drain").await;
+    let (bench, _tutorial) = bench_on(&backends, "smoke-drain").await;
     let o = DrainOptions {
         orders: 600,
         batch_sizes: vec![100, 1000],
@@ -134,7 +147,7 @@ async fn serve_http(config: seckill_http::Config) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sale_over_http_keeps_every_invariant() {
     let backends = Backends::start().await;
-    let bench = bench_on(&backends, "smoke-url").await;
+    let (bench, _tutorial) = bench_on(&backends, "smoke-url").await;
     let target = Target::Url(UrlTarget {
         base: serve_http(backends.http_config()).await,
         tokens: None,
