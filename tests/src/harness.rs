@@ -68,6 +68,8 @@ impl Backends {
             dev_jwt_secret: Some(TEST_JWT_SECRET.to_string()),
             user_rate_per_sec: 0,
             user_rate_burst: 0,
+            source_rate_per_sec: 0,
+            source_rate_burst: 0,
             in_lambda: false,
         }
     }
@@ -118,6 +120,17 @@ pub fn request(
     event["rawPath"] = json!(path);
     event["requestContext"]["http"]["method"] = json!(method);
     event["requestContext"]["http"]["path"] = json!(path);
+    // As API Gateway sends it: the route it matched and that route's path parameters
+    // (a path matching no route keeps the fixture's `$default`).
+    let parsed = method.parse().ok();
+    if let Some(route) = parsed.and_then(|m| seckill_http::routes::Route::parse(&m, path)) {
+        let (key, param) = route.key();
+        event["routeKey"] = json!(key);
+        event["requestContext"]["routeKey"] = json!(key);
+        if let Some((name, value)) = param {
+            event["pathParameters"] = json!({ name: value });
+        }
+    }
     if let Some(t) = bearer {
         event["headers"]["authorization"] = json!(format!("Bearer {t}"));
     }

@@ -243,6 +243,8 @@ impl Sale {
             dev_jwt_secret: Some(TEST_JWT_SECRET.to_string()),
             user_rate_per_sec: 0,
             user_rate_burst: 0,
+            source_rate_per_sec: 0,
+            source_rate_burst: 0,
             in_lambda: false,
         })
         .await;

@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use lambda_http::RequestExt;
 use redis::AsyncCommands;
 use seckill_http::{App, handle};
 use seckill_shared::adapters::data_api::param;
@@ -523,6 +524,83 @@ async fn unknown_vouchers_orders_and_routes_are_404_and_bad_ids_400() {
     b.cleanup().await;
 }
 
+/// Behind API Gateway the function answers the route API Gateway matched (and checked the
+/// authorizer and scopes of), named by `routeKey` with its `pathParameters`, never a route
+/// read from the raw path; `$default` (cargo lambda watch, a Function URL) falls back to
+/// the path.
+#[tokio::test]
+async fn requests_are_dispatched_on_api_gateways_route_key_not_the_raw_path() {
+    let b = Backends::start().await;
+    let app = App::new(&b.http_config()).await;
+    let voucher = create(&app, 5, -1_000, 60_000).await;
+    let event = |method: &str, raw_path: &str, route_key: &str, params: Value| {
+        let mut e = seckill_tests::harness::fixture_event();
+        e["rawPath"] = json!(raw_path);
+        e["requestContext"]["http"]["method"] = json!(method);
+        e["requestContext"]["http"]["path"] = json!(raw_path);
+        e["routeKey"] = json!(route_key);
+        e["requestContext"]["routeKey"] = json!(route_key);
+        e["pathParameters"] = params;
+        e["headers"]["authorization"] = json!(format!("Bearer {}", token("alice", false)));
+        lambda_http::request::from_str(&e.to_string())
+            .expect("an API Gateway v2 event")
+            .with_lambda_context(lambda_http::Context::default())
+    };
+    // The raw path says "buy"; API Gateway matched "read the voucher": a read it is, and
+    // nothing was bought.
+    let raw = format!("/vouchers/{voucher}/seckill");
+    let (status, body) = read(
+        handle(
+            &app,
+            event("POST", &raw, "GET /vouchers/{id}", json!({ "id": voucher })),
+        )
+        .await,
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["id"], voucher.as_str(), "{body}");
+    assert_eq!(body["stock_left"], 5, "nothing was admitted: {body}");
+    // The parameter comes from pathParameters, not from the path.
+    let (status, body) = read(
+        handle(
+            &app,
+            event(
+                "GET",
+                "/vouchers/1",
+                "GET /vouchers/{id}",
+                json!({ "id": voucher }),
+            ),
+        )
+        .await,
+    );
+    assert_eq!(
+        (status, body["id"].as_str()),
+        (200, Some(voucher.as_str())),
+        "{body}"
+    );
+    // A route key the function does not declare, or one without its parameter, is 404.
+    for (key, params) in [
+        ("ANY /{proxy+}", json!({ "proxy": "vouchers" })),
+        ("GET /vouchers/{id}", Value::Null),
+        ("POST /vouchers/{id}/refund", json!({ "id": voucher })),
+    ] {
+        assert_error(
+            read(
+                handle(
+                    &app,
+                    event("GET", &format!("/vouchers/{voucher}"), key, params),
+                )
+                .await,
+            ),
+            404,
+            "not_found",
+        );
+    }
+    // $default: the method and path decide (as under cargo lambda watch).
+    let (status, body) = read(handle(&app, event("POST", &raw, "$default", Value::Null)).await);
+    assert_eq!(status, 202, "{body}");
+    b.cleanup().await;
+}
+
 #[tokio::test]
 async fn order_status_is_pending_then_what_the_database_says_and_only_for_the_buyer() {
     let b = Backends::start().await;
@@ -669,6 +747,68 @@ async fn one_user_hammering_one_instance_is_rate_limited() {
     // Other users are not affected.
     assert_eq!(buy(&app, &id, "human").await.0, 202);
     b.cleanup().await;
+}
+
+/// `GET /vouchers/{id}` needs no token, so its callers are counted by source address
+/// (an IPv6 /64): past the burst a source gets 429 before anything is looked up, even
+/// for made-up ids (which would otherwise each cost a database read); other sources are
+/// not affected, and the limit refills.
+#[tokio::test]
+async fn anonymous_reads_are_rate_limited_per_source_address() {
+    let b = Backends::start().await;
+    let mut cfg = b.http_config();
+    cfg.source_rate_per_sec = 2;
+    cfg.source_rate_burst = 4;
+    let app = App::new(&cfg).await;
+    let id = create(&app, 10, -1_000, 3_600_000).await;
+    let voucher = format!("/vouchers/{id}");
+    assert_eq!(statuses(&app, &voucher, "198.51.100.1", 4).await, [200; 4]);
+    assert_error(
+        read(handle(&app, anonymous_get(&voucher, "198.51.100.1")).await),
+        429,
+        "rate_limited",
+    );
+    // Made-up ids from the limited source are refused before any lookup (a lookup would
+    // have answered 404).
+    assert_eq!(
+        statuses(&app, "/vouchers/777777", "198.51.100.1", 20).await,
+        [429; 20]
+    );
+    // Another address is not affected; one IPv6 /64 is one source.
+    assert_eq!(statuses(&app, &voucher, "198.51.100.2", 1).await, [200]);
+    assert_eq!(
+        statuses(&app, &voucher, "2001:db8:7:7::1", 4).await,
+        [200; 4]
+    );
+    assert_eq!(
+        statuses(&app, &voucher, "2001:db8:7:7:ffff::9", 1).await,
+        [429]
+    );
+    assert_eq!(statuses(&app, &voucher, "2001:db8:7:8::1", 1).await, [200]);
+    // Two tokens a second: the limited source gets one through after 600 ms.
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    assert_eq!(statuses(&app, &voucher, "198.51.100.1", 1).await, [200]);
+    b.cleanup().await;
+}
+
+/// `GET path` without a token from source address `ip`.
+fn anonymous_get(path: &str, ip: &str) -> lambda_http::Request {
+    let mut e = seckill_tests::harness::fixture_event();
+    e["rawPath"] = json!(path);
+    e["requestContext"]["http"]["path"] = json!(path);
+    e["requestContext"]["http"]["sourceIp"] = json!(ip);
+    lambda_http::request::from_str(&e.to_string())
+        .expect("an API Gateway v2 event")
+        .with_lambda_context(lambda_http::Context::default())
+}
+
+/// The statuses of `n` anonymous `GET path` from `ip`, one after the other.
+async fn statuses(app: &App, path: &str, ip: &str, n: usize) -> Vec<u16> {
+    let mut v = Vec::new();
+    for _ in 0..n {
+        v.push(handle(app, anonymous_get(path, ip)).await.status().as_u16());
+    }
+    v
 }
 
 #[tokio::test]

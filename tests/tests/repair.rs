@@ -29,6 +29,8 @@ fn http_config(ctx: &DrainCtx) -> seckill_http::Config {
         dev_jwt_secret: Some(TEST_JWT_SECRET.to_string()),
         user_rate_per_sec: 0,
         user_rate_burst: 0,
+        source_rate_per_sec: 0,
+        source_rate_burst: 0,
         in_lambda: false,
     }
 }

@@ -8,7 +8,7 @@ use tokio::sync::OnceCell;
 
 use crate::cache::VoucherCache;
 use crate::config::Config;
-use crate::limiter::RateLimiter;
+use crate::limiter::{RateLimiter, Source};
 
 /// Clients and per-instance memory.
 pub struct App {
@@ -20,7 +20,10 @@ pub struct App {
     pub(crate) ids: OrderIds,
     pub(crate) cache: VoucherCache,
     pub(crate) dev_secret: Option<Vec<u8>>,
+    /// Admissions per user.
     pub(crate) limiter: RateLimiter,
+    /// Anonymous reads per source address.
+    pub(crate) source_limiter: RateLimiter<Source>,
 }
 
 impl App {
@@ -35,6 +38,7 @@ impl App {
             cache: VoucherCache::default(),
             dev_secret: cfg.dev_jwt_secret.as_ref().map(|s| s.as_bytes().to_vec()),
             limiter: RateLimiter::new(cfg.user_rate_per_sec, cfg.user_rate_burst),
+            source_limiter: RateLimiter::new(cfg.source_rate_per_sec, cfg.source_rate_burst),
         };
         if let Err(err) = app.sales().await {
             tracing::warn!(error = %err, "redis not reachable at start; will retry per request");

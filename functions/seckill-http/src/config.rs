@@ -23,6 +23,8 @@ pub const ENV_VARS: &[&str] = &[
     "AWS_LAMBDA_FUNCTION_NAME",
     "SECKILL_USER_RATE_PER_SEC",
     "SECKILL_USER_RATE_BURST",
+    "SECKILL_SOURCE_RATE_PER_SEC",
+    "SECKILL_SOURCE_RATE_BURST",
 ];
 
 /// Everything the function needs from its environment.
@@ -37,6 +39,10 @@ pub struct Config {
     /// limit), and the burst allowed above that rate.
     pub user_rate_per_sec: u32,
     pub user_rate_burst: u32,
+    /// Anonymous reads (`GET /vouchers/{id}`) per second one source address (an IPv6
+    /// /64) may send through one instance (0: no limit), and the burst above that rate.
+    pub source_rate_per_sec: u32,
+    pub source_rate_burst: u32,
     /// Running inside AWS Lambda or an emulator of it (`AWS_LAMBDA_FUNCTION_NAME` set).
     pub in_lambda: bool,
 }
@@ -75,6 +81,8 @@ impl Config {
             dev_jwt_secret,
             user_rate_per_sec: env.parse_or("SECKILL_USER_RATE_PER_SEC", 5),
             user_rate_burst: env.parse_or("SECKILL_USER_RATE_BURST", 10),
+            source_rate_per_sec: env.parse_or("SECKILL_SOURCE_RATE_PER_SEC", 50),
+            source_rate_burst: env.parse_or("SECKILL_SOURCE_RATE_BURST", 100),
             in_lambda,
         };
         env.finish()?;

@@ -1,17 +1,29 @@
-//! Per-instance, per-user admission rate limit: a token bucket per user.
+//! Per-instance rate limits: token buckets per caller.
 //!
-//! It protects Redis from one client hammering "buy" in a loop through a warm instance:
-//! answers this instance already knows (sold out, not started, ended) are free and come
-//! first; only attempts that would reach Redis spend a token. API Gateway's stage
-//! throttling is the global limit; this one is per caller.
+//! Two are kept, both in this instance's memory:
+//! - per user, on admissions: it protects Redis from one client hammering "buy" in a
+//!   loop through a warm instance. Answers this instance already knows (sold out, not
+//!   started, ended) are free and come first; only attempts that would reach Redis spend
+//!   a token.
+//! - per source address, on the one route that needs no token (`GET /vouchers/{id}`): a
+//!   made-up voucher id costs a database read, so anonymous callers are held to a rate
+//!   before anything is looked up. IPv6 sources are counted per /64 (what one customer
+//!   usually holds), so rotating addresses within one's own prefix gains nothing.
+//!
+//! API Gateway's stage and route throttling (template.yaml) is the global limit; these
+//! are per caller. Memory is bounded: past a cap, buckets that are full again (idle
+//! callers) are forgotten, and if that frees nothing every bucket is (a flood of
+//! distinct callers then gets one fresh burst each, never unbounded memory).
 
 use std::collections::HashMap;
+use std::hash::Hash;
+use std::net::IpAddr;
 use std::sync::Mutex;
 
 use seckill_shared::domain::{UnixMillis, UserId};
 
-/// Users remembered at most; past it, buckets that are full again are forgotten.
-const MAX_TRACKED_USERS: usize = 100_000;
+/// Callers remembered at most per limiter.
+pub const MAX_TRACKED: usize = 100_000;
 
 #[derive(Debug, Clone, Copy)]
 struct Bucket {
@@ -19,39 +31,51 @@ struct Bucket {
     at: UnixMillis,
 }
 
-/// Token buckets of `per_sec` tokens per second, holding at most `burst`.
+/// Token buckets of `per_sec` tokens per second, holding at most `burst`, one per key.
 #[derive(Debug)]
-pub struct RateLimiter {
+pub struct RateLimiter<K = UserId> {
     per_sec: f64,
     burst: f64,
-    buckets: Mutex<HashMap<UserId, Bucket>>,
+    cap: usize,
+    buckets: Mutex<HashMap<K, Bucket>>,
 }
 
-impl RateLimiter {
+impl<K: Hash + Eq + Clone> RateLimiter<K> {
     /// `per_sec == 0` disables the limit.
-    pub fn new(per_sec: u32, burst: u32) -> RateLimiter {
+    pub fn new(per_sec: u32, burst: u32) -> RateLimiter<K> {
+        RateLimiter::with_cap(per_sec, burst, MAX_TRACKED)
+    }
+
+    /// A limiter remembering at most `cap` callers.
+    pub fn with_cap(per_sec: u32, burst: u32, cap: usize) -> RateLimiter<K> {
         RateLimiter {
             per_sec: f64::from(per_sec),
             burst: f64::from(burst.max(1)),
+            cap: cap.max(1),
             buckets: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Takes a token for `user` at `now`; false when the user is over the limit.
-    pub fn allow(&self, user: &UserId, now: UnixMillis) -> bool {
+    /// Takes a token for `key` at `now`; false when the caller is over the limit.
+    pub fn allow(&self, key: &K, now: UnixMillis) -> bool {
         if self.per_sec <= 0.0 {
             return true;
         }
         let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
-        if buckets.len() >= MAX_TRACKED_USERS {
+        if buckets.len() >= self.cap && !buckets.contains_key(key) {
             let (per_sec, burst) = (self.per_sec, self.burst);
-            buckets.retain(|_, b| b.tokens + (now - b.at) as f64 / 1000.0 * per_sec < burst);
+            buckets.retain(|_, b| {
+                b.tokens + now.saturating_sub(b.at).max(0) as f64 / 1000.0 * per_sec < burst
+            });
+            if buckets.len() >= self.cap {
+                buckets.clear();
+            }
         }
-        let b = buckets.entry(user.clone()).or_insert(Bucket {
+        let b = buckets.entry(key.clone()).or_insert(Bucket {
             tokens: self.burst,
             at: now,
         });
-        let elapsed = (now - b.at).max(0) as f64 / 1000.0;
+        let elapsed = now.saturating_sub(b.at).max(0) as f64 / 1000.0;
         b.tokens = (b.tokens + elapsed * self.per_sec).min(self.burst);
         b.at = now;
         if b.tokens >= 1.0 {
@@ -60,6 +84,30 @@ impl RateLimiter {
         } else {
             false
         }
+    }
+
+    /// Callers remembered now.
+    pub fn tracked(&self) -> usize {
+        self.buckets.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+/// The caller an anonymous request is counted against: its IPv4 address, or the /64
+/// prefix of its IPv6 address; one shared key when API Gateway named no valid address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Source(Option<IpAddr>);
+
+impl Source {
+    /// From API Gateway's `requestContext.http.sourceIp`.
+    pub fn of(source_ip: Option<&str>) -> Source {
+        Source(source_ip.and_then(|s| s.parse().ok()).map(|ip| match ip {
+            IpAddr::V4(_) => ip,
+            IpAddr::V6(v6) => {
+                let mut octets = v6.octets();
+                octets[8..].fill(0);
+                IpAddr::from(octets)
+            }
+        }))
     }
 }
 
@@ -85,5 +133,48 @@ mod tests {
         let l = RateLimiter::new(0, 0);
         let u = UserId::parse("u").unwrap();
         assert!((0..1000).all(|_| l.allow(&u, 0)));
+    }
+
+    #[test]
+    fn memory_stays_bounded_whatever_callers_come() {
+        // Every caller spends its whole burst, so no bucket is idle when the cap is hit.
+        let l = RateLimiter::<u64>::with_cap(1, 2, 100);
+        for caller in 0..10_000u64 {
+            assert!(l.allow(&caller, 0));
+            assert!(l.allow(&caller, 0));
+            assert!(!l.allow(&caller, 0));
+            assert!(l.tracked() <= 100, "{} tracked", l.tracked());
+        }
+        // Idle callers are what is forgotten first: a full bucket carries no state.
+        let l = RateLimiter::<u64>::with_cap(1, 1, 10);
+        for caller in 0..9u64 {
+            assert!(l.allow(&caller, 0));
+        }
+        assert!(l.allow(&100, 4_500));
+        assert!(!l.allow(&100, 4_500), "the limited caller is limited");
+        assert!(l.allow(&200, 5_000), "the cap frees the refilled buckets");
+        assert!(!l.allow(&100, 5_000), "and keeps the one still draining");
+        assert_eq!(l.tracked(), 2);
+    }
+
+    #[test]
+    fn sources_are_addresses_and_ipv6_counts_per_64() {
+        assert_eq!(
+            Source::of(Some("203.0.113.7")),
+            Source::of(Some("203.0.113.7"))
+        );
+        assert_ne!(
+            Source::of(Some("203.0.113.7")),
+            Source::of(Some("203.0.113.8"))
+        );
+        assert_eq!(
+            Source::of(Some("2001:db8:1:2:aaaa::1")),
+            Source::of(Some("2001:db8:1:2:ffff:1:2:3"))
+        );
+        assert_ne!(
+            Source::of(Some("2001:db8:1:2::1")),
+            Source::of(Some("2001:db8:1:3::1"))
+        );
+        assert_eq!(Source::of(None), Source::of(Some("not an address")));
     }
 }

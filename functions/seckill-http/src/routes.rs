@@ -5,6 +5,8 @@
 //! error becomes a response in exactly one place ([`ApiError::into_response`]).
 
 use http::{Method, StatusCode};
+use lambda_http::aws_lambda_events::query_map::QueryMap;
+use lambda_http::request::RequestContext;
 use lambda_http::{Body, Request, RequestExt, Response};
 use seckill_shared::domain::{
     Admission, NewVoucher, OrderId, OrderStatus, UnixMillis, UserId, Voucher, VoucherId,
@@ -17,6 +19,7 @@ use crate::app::App;
 use crate::cache::Known;
 use crate::error::{ApiError, json_response};
 use crate::identity::{identify, require_admin};
+use crate::limiter::Source;
 use crate::repair::repair;
 
 /// Every route: method, path pattern, whether it needs a token. The SAM template must
@@ -44,6 +47,49 @@ pub enum Route<'a> {
 }
 
 impl<'a> Route<'a> {
+    /// The route of a request. Behind API Gateway that is the route it matched
+    /// (`routeKey`, with its `pathParameters`): the one whose authorizer and scopes it
+    /// enforced, so the function never answers a route other than the one API Gateway
+    /// checked, whatever the raw path says. Without one (`$default`: `cargo lambda
+    /// watch`, a Function URL) the method and path are matched ([`Route::parse`]).
+    pub fn of(req: &'a Request) -> Option<Route<'a>> {
+        let key = match req.request_context_ref() {
+            Some(RequestContext::ApiGatewayV2(ctx)) => ctx.route_key.as_deref(),
+            _ => None,
+        };
+        match key {
+            Some(key) if key != "$default" => Route::from_key(key, req.path_parameters_ref()),
+            _ => Route::parse(req.method(), req.uri().path()),
+        }
+    }
+
+    /// The route named by an API Gateway route key (`"GET /vouchers/{id}"`, as in
+    /// [`ROUTES`]), its parameter taken from `params`; `None` for any other key or a
+    /// missing parameter.
+    pub fn from_key(key: &str, params: Option<&'a QueryMap>) -> Option<Route<'a>> {
+        let param = |name: &str| params.and_then(|p| p.first(name));
+        Some(match key {
+            "POST /vouchers" => Route::CreateVoucher,
+            "GET /vouchers/{id}" => Route::GetVoucher(param("id")?),
+            "POST /vouchers/{id}/seckill" => Route::Seckill(param("id")?),
+            "GET /orders/{order_id}" => Route::GetOrder(param("order_id")?),
+            "GET /vouchers/{id}/order" => Route::BuyerOrder(param("id")?),
+            _ => return None,
+        })
+    }
+
+    /// The API Gateway route key of this route and its path parameter (name, value):
+    /// what API Gateway sends for it (test fixtures build their events with this).
+    pub fn key(&self) -> (&'static str, Option<(&'static str, &'a str)>) {
+        match *self {
+            Route::CreateVoucher => ("POST /vouchers", None),
+            Route::GetVoucher(id) => ("GET /vouchers/{id}", Some(("id", id))),
+            Route::Seckill(id) => ("POST /vouchers/{id}/seckill", Some(("id", id))),
+            Route::GetOrder(id) => ("GET /orders/{order_id}", Some(("order_id", id))),
+            Route::BuyerOrder(id) => ("GET /vouchers/{id}/order", Some(("id", id))),
+        }
+    }
+
     /// Matches a method and path; a trailing slash is ignored.
     pub fn parse(method: &Method, path: &'a str) -> Option<Route<'a>> {
         // Up to four segments without allocating; a fourth means no route matches.
@@ -92,7 +138,7 @@ impl Route<'_> {
 /// formatting a log line would cost more than the answer and CloudWatch would bill a
 /// line for each of a million refusals. Everything else is logged at INFO.
 pub async fn handle(app: &App, req: Request) -> Response<Body> {
-    let route = Route::parse(req.method(), req.uri().path());
+    let route = Route::of(&req);
     let result = match &route {
         Some(route) => dispatch(app, &req, route).await,
         None => Err(ApiError::NotFound(format!(
@@ -126,11 +172,19 @@ pub async fn handle(app: &App, req: Request) -> Response<Body> {
 async fn dispatch(app: &App, req: &Request, route: &Route<'_>) -> Result<Response<Body>, ApiError> {
     match *route {
         Route::CreateVoucher => create_voucher(app, req).await,
-        Route::GetVoucher(id) => get_voucher(app, id.parse()?).await,
+        Route::GetVoucher(id) => get_voucher(app, req, id.parse()?).await,
         Route::Seckill(id) => seckill(app, req, id.parse()?).await,
         Route::GetOrder(id) => get_order(app, req, id.parse()?).await,
         Route::BuyerOrder(id) => buyer_order(app, req, id.parse()?).await,
     }
+}
+
+/// The address API Gateway saw the request come from.
+fn source_of(req: &Request) -> Source {
+    Source::of(match req.request_context_ref() {
+        Some(RequestContext::ApiGatewayV2(ctx)) => ctx.http.source_ip.as_deref(),
+        _ => None,
+    })
 }
 
 fn now_secs(now: UnixMillis) -> i64 {
@@ -193,8 +247,13 @@ async fn create_voucher(app: &App, req: &Request) -> Result<Response<Body>, ApiE
 }
 
 /// `GET /vouchers/{id}` (anyone): the voucher with its live stock from Redis.
-async fn get_voucher(app: &App, id: VoucherId) -> Result<Response<Body>, ApiError> {
+async fn get_voucher(app: &App, req: &Request, id: VoucherId) -> Result<Response<Body>, ApiError> {
     let now = now_millis();
+    // No token here: the caller is its source address, held to a rate before anything
+    // (even this instance's memory of unknown ids) is looked up.
+    if !app.source_limiter.allow(&source_of(req), now) {
+        return Err(ApiError::RateLimited);
+    }
     if app.cache.short_circuit(id, now) == Some(Known::Missing) {
         return Err(not_found_voucher(id));
     }
@@ -407,5 +466,30 @@ mod tests {
             Route::parse(&Method::POST, "/vouchers/12/seckill/"),
             Some(Route::Seckill("12"))
         );
+    }
+
+    #[test]
+    fn every_declared_route_key_dispatches_with_its_parameter() {
+        for (method, pattern, _) in ROUTES {
+            let key = format!("{method} {pattern}");
+            let params: QueryMap = [("id", "12"), ("order_id", "34")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<std::collections::HashMap<_, _>>()
+                .into();
+            let route = Route::from_key(&key, Some(&params))
+                .unwrap_or_else(|| panic!("{key} is declared but not dispatched"));
+            assert_eq!(route.key().0, key, "key() names the route it came from");
+            // The path API Gateway would have matched gives the same route.
+            let path = pattern.replace("{id}", "12").replace("{order_id}", "34");
+            assert_eq!(Route::parse(&method.parse().unwrap(), &path), Some(route));
+            // A route key without its parameter matches nothing.
+            if pattern.contains('{') {
+                assert_eq!(Route::from_key(&key, None), None, "{key}");
+            }
+        }
+        assert_eq!(Route::from_key("GET /vouchers", None), None);
+        assert_eq!(Route::from_key("$default", None), None);
+        assert_eq!(Route::from_key("ANY /{proxy+}", None), None);
     }
 }
