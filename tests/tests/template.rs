@@ -1133,3 +1133,135 @@ fn regex_lite_like(pattern: &str) -> impl Fn(&str) -> bool + '_ {
             })
     }
 }
+
+/// The functions' security group lets out only Redis (6379) and HTTPS (443), each to the
+/// group of what they talk to whenever the stack knows that group; an address range only
+/// where no group can be named (an existing cache given without its group, the Data API
+/// through a NAT gateway). AWS's default allow-all egress is replaced.
+#[test]
+fn function_egress_is_only_the_cache_and_the_data_api() {
+    let t = template();
+    let mut scenarios = Scenario::all(&t);
+    scenarios.push(Scenario::new(
+        &t,
+        "existing cache without its group",
+        &[
+            (
+                "ExistingRedisUrl",
+                "rediss://existing.serverless.use1.cache.amazonaws.com:6379",
+            ),
+            ("ExistingRedisSecurityGroupId", ""),
+        ],
+    ));
+    let placeholder = |r: &Value| {
+        get(r, "IpProtocol").map(scalar_string).as_deref() == Some("-1")
+            && get(r, "CidrIp").map(str_of) == Some("127.0.0.1/32")
+    };
+    for s in &scenarios {
+        let e = Eval { t: &t, s };
+        let group = at(resource(&t, "FunctionSecurityGroup"), &["Properties"]);
+        let inline = at(group, &["SecurityGroupEgress"]).as_sequence().unwrap();
+        assert!(
+            inline.len() == 1 && placeholder(&inline[0]),
+            "the inline egress is only the placeholder that removes the default rule"
+        );
+        // (port, destination): a group's name, or an address range.
+        let mut rules: Vec<(String, String)> = Vec::new();
+        for (name, r) in resources_of_type(&t, "AWS::EC2::SecurityGroupEgress") {
+            if get(r, "Condition").is_some_and(|c| !e.condition(str_of(c))) {
+                continue;
+            }
+            let p = at(r, &["Properties"]);
+            let group_ref = intrinsic(at(p, &["GroupId"])).map(|(n, a)| (n, str_of(a).to_string()));
+            assert_eq!(
+                group_ref,
+                Some(("Ref".into(), "FunctionSecurityGroup".into())),
+                "{name}"
+            );
+            let from = scalar_string(at(p, &["FromPort"]));
+            assert_eq!(from, scalar_string(at(p, &["ToPort"])), "{name}: one port");
+            assert_eq!(scalar_string(at(p, &["IpProtocol"])), "tcp", "{name}");
+            let to = match (get(p, "DestinationSecurityGroupId"), get(p, "CidrIp")) {
+                (Some(g), None) => scalar_string(&e.value(g)),
+                (None, Some(c)) => str_of(c).to_string(),
+                other => panic!("{name}: one destination, found {other:?}"),
+            };
+            rules.push((from, to));
+        }
+        rules.sort();
+        let want: Vec<(String, String)> = match s.name {
+            "existing resources" => vec![
+                ("443".into(), "0.0.0.0/0".into()),
+                ("6379".into(), "sg-0123456789abcdef0".into()),
+            ],
+            "existing cache without its group" => vec![
+                (
+                    "443".into(),
+                    scalar_string(&e.reference("DataApiEndpointSecurityGroup")),
+                ),
+                ("6379".into(), "0.0.0.0/0".into()),
+            ],
+            _ => {
+                let mut v = vec![
+                    (
+                        "443".to_string(),
+                        scalar_string(&e.reference("DataApiEndpointSecurityGroup")),
+                    ),
+                    (
+                        "6379".to_string(),
+                        scalar_string(&e.reference("CacheSecurityGroup")),
+                    ),
+                ];
+                v.sort();
+                v
+            }
+        };
+        assert_eq!(rules, want, "{}: the functions' egress", s.name);
+        if s.name != "existing resources" && s.name != "existing cache without its group" {
+            assert!(
+                rules.iter().all(|(_, to)| to != "0.0.0.0/0"),
+                "{}: with the stack's own cache and endpoint nothing goes to any address",
+                s.name
+            );
+        }
+    }
+}
+
+/// The only route without a token (GET /vouchers/{id}) has its own route throttling,
+/// below the stage's, and the function's per-source limit is configured from the
+/// template.
+#[test]
+fn the_anonymous_route_has_its_own_lower_throttle() {
+    let t = template();
+    let (_, api) = resources_of_type(&t, "AWS::Serverless::HttpApi")[0];
+    let settings = at(api, &["Properties", "RouteSettings"])
+        .as_mapping()
+        .unwrap();
+    let anonymous: Vec<String> = seckill_http::routes::ROUTES
+        .iter()
+        .filter(|(_, _, token)| !token)
+        .map(|(m, p, _)| format!("{m} {p}"))
+        .collect();
+    let keys: Vec<String> = settings.keys().map(|k| str_of(k).to_string()).collect();
+    assert_eq!(
+        keys, anonymous,
+        "route settings exactly for the routes without a token"
+    );
+    for s in Scenario::all(&t) {
+        let e = Eval { t: &t, s: &s };
+        let number = |v: &Value| scalar_string(&e.value(v)).parse::<f64>().unwrap();
+        let stage = at(api, &["Properties", "DefaultRouteSettings"]);
+        for route in settings.values() {
+            for key in ["ThrottlingRateLimit", "ThrottlingBurstLimit"] {
+                assert!(number(at(route, &[key])) > 0.0, "{}: {key}", s.name);
+                if s.name == "created resources" {
+                    assert!(
+                        number(at(route, &[key])) < number(at(stage, &[key])),
+                        "{}: the anonymous route's {key} is below the stage's",
+                        s.name
+                    );
+                }
+            }
+        }
+    }
+}
