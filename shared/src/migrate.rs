@@ -63,6 +63,10 @@ pub const EMBEDDED: &[(&str, &str)] = &[
         "0002_voucher_delete_guard.sql",
         include_str!("../../migrations/0002_voucher_delete_guard.sql"),
     ),
+    (
+        "0003_user_id_binary.sql",
+        include_str!("../../migrations/0003_user_id_binary.sql"),
+    ),
 ];
 
 /// Splits SQL text into statements at the delimiter (`;`) outside quotes and comments;

@@ -288,7 +288,7 @@ impl DataApi {
     ) -> Result<Option<(VoucherId, UserId, OrderStatus)>, StoreError> {
         let out = self
             .execute(
-                "SELECT voucher_id, user_id, status FROM orders WHERE id = :id",
+                &format!("SELECT voucher_id, {USER_ID_TEXT}, status FROM orders WHERE id = :id"),
                 vec![param::long("id", id.get())],
                 None,
             )
@@ -310,6 +310,11 @@ impl DataApi {
         Ok(Some((voucher, user, status)))
     }
 }
+
+/// `orders.user_id` as text in a select list. The column is binary (compared byte for
+/// byte, as Redis does: migrations/0003_user_id_binary.sql), and the Data API returns a
+/// binary column as a blob; converted, it comes back as the string it was written from.
+pub const USER_ID_TEXT: &str = "CONVERT(user_id USING utf8mb4)";
 
 /// Rows per page of [`SaleSnapshot::next_page`]. A row of the response is a user id
 /// (at most 64 bytes, at most 128 once JSON escapes quotes and backslashes) and an order
@@ -341,7 +346,7 @@ impl SaleSnapshot<'_> {
         // The page size is a constant of this build, not input: written into the SQL,
         // since not every driver binds a LIMIT.
         let sql = format!(
-            "SELECT user_id, id FROM orders WHERE voucher_id = :v AND user_id > :after \
+            "SELECT {USER_ID_TEXT}, id FROM orders WHERE voucher_id = :v AND user_id > :after \
              ORDER BY user_id LIMIT {SNAPSHOT_PAGE_ROWS}"
         );
         let out = self

@@ -20,7 +20,7 @@
 
 use aws_sdk_rdsdata::types::SqlParameter;
 
-use super::data_api::{DataApi, field, format_datetime, param};
+use super::data_api::{DataApi, USER_ID_TEXT, field, format_datetime, param};
 use crate::domain::{OrderId, OrderStatus, UnixMillis, UserId, VoucherId};
 use crate::error::StoreError;
 
@@ -315,8 +315,8 @@ pub fn existing_query(voucher: VoucherId, chunk: &[AdmittedOrder]) -> (String, V
     // A UNION rather than `OR`: each half is a range on its own index (primary key;
     // unique (voucher, user)) whatever the optimizer thinks of the table's size.
     let sql = format!(
-        "SELECT id, voucher_id, user_id FROM orders WHERE id IN ({}) \
-         UNION SELECT id, voucher_id, user_id FROM orders WHERE voucher_id = :v AND user_id IN ({})",
+        "SELECT id, voucher_id, {USER_ID_TEXT} FROM orders WHERE id IN ({}) \
+         UNION SELECT id, voucher_id, {USER_ID_TEXT} FROM orders WHERE voucher_id = :v AND user_id IN ({})",
         ids.join(","),
         users.join(",")
     );
