@@ -176,6 +176,12 @@ struct Block {
     leased_at: UnixMillis,
 }
 
+/// Vouchers one instance holds a block for, at most. Blocks are leased only for vouchers
+/// that exist, but a warm instance can see many sales over its life; past this, used-up
+/// and expired blocks are dropped, then the oldest (its unused ids are simply never
+/// issued).
+pub const MAX_HELD_BLOCKS: usize = 10_000;
+
 /// The blocks one instance holds, per voucher. Pure bookkeeping: the lease itself is a
 /// Redis call made by the caller when [`IdBlocks::take`] says so.
 #[derive(Debug, Default)]
@@ -213,6 +219,20 @@ impl IdBlocks {
 
     /// Records a freshly leased block, replacing the voucher's previous one.
     pub fn add(&mut self, voucher: VoucherId, lease: Lease, now: UnixMillis) {
+        if self.blocks.len() >= MAX_HELD_BLOCKS && !self.blocks.contains_key(&voucher) {
+            self.blocks.retain(|_, b| {
+                b.next < BLOCK && now.abs_diff(b.leased_at) <= MAX_BLOCK_AGE_MS.unsigned_abs()
+            });
+            if self.blocks.len() >= MAX_HELD_BLOCKS
+                && let Some(oldest) = self
+                    .blocks
+                    .iter()
+                    .min_by_key(|(_, b)| b.leased_at)
+                    .map(|(v, _)| *v)
+            {
+                self.blocks.remove(&oldest);
+            }
+        }
         self.blocks.insert(
             voucher,
             Block {
@@ -445,5 +465,40 @@ mod tests {
             blocks.take(v, now - MAX_BLOCK_AGE_MS - 1),
             Take::Lease { .. }
         ));
+    }
+
+    #[test]
+    fn the_blocks_held_stay_bounded_oldest_dropped_first() {
+        let now = 1_795_300_000_000;
+        let v = |n: i64| VoucherId::new(n).unwrap();
+        let mut blocks = IdBlocks::default();
+        for n in 1..=MAX_HELD_BLOCKS as i64 {
+            blocks.add(v(n), Lease::new(1_000, 0).unwrap(), now + n);
+        }
+        assert_eq!(blocks.blocks.len(), MAX_HELD_BLOCKS);
+        // Voucher 7's block is used up: it goes first, and nobody else's.
+        for _ in 0..BLOCK {
+            assert!(matches!(blocks.take(v(7), now + 7), Take::Id(_)));
+        }
+        blocks.add(v(100_000), Lease::new(1_000, 1).unwrap(), now + 100_000);
+        assert_eq!(blocks.blocks.len(), MAX_HELD_BLOCKS);
+        assert!(matches!(blocks.take(v(1), now), Take::Id(_)));
+        // All live: the oldest lease (voucher 1) makes room.
+        blocks.add(v(100_001), Lease::new(1_000, 2).unwrap(), now + 100_001);
+        assert_eq!(blocks.blocks.len(), MAX_HELD_BLOCKS);
+        assert!(matches!(blocks.take(v(1), now), Take::Lease { .. }));
+        assert!(matches!(blocks.take(v(2), now), Take::Id(_)));
+        assert!(matches!(blocks.take(v(100_001), now), Take::Id(_)));
+        // Replacing a voucher's own block never evicts another.
+        blocks.add(v(2), Lease::new(1_000, 3).unwrap(), now + 200_000);
+        assert!(matches!(blocks.take(v(3), now), Take::Id(_)));
+        for n in 0..2_000 {
+            blocks.add(
+                v(200_000 + n),
+                Lease::new(1_000, 4).unwrap(),
+                now + 300_000 + n,
+            );
+            assert!(blocks.blocks.len() <= MAX_HELD_BLOCKS);
+        }
     }
 }
