@@ -14,6 +14,7 @@ pub mod config;
 pub mod domain;
 pub mod error;
 pub mod keys;
+pub mod metrics;
 pub mod migrate;
 pub mod order_id;
 pub mod telemetry;

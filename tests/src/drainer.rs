@@ -162,10 +162,25 @@ impl DrainCtx {
     /// units (so Redis may admit more than the database holds).
     pub async fn voucher(&self, stock: i64, db_stock_left: i64) -> Voucher {
         let now = now_millis();
+        self.voucher_in(
+            stock,
+            db_stock_left,
+            SaleWindow::new(now - 60_000, now + 3_600_000).expect("window"),
+        )
+        .await
+    }
+
+    /// A voucher of `stock` units whose sale begins at `begins_ms` and lasts an hour.
+    pub async fn voucher_at(&self, stock: i64, begins_ms: i64) -> Voucher {
+        let window = SaleWindow::new(begins_ms, begins_ms + 3_600_000).expect("window");
+        self.voucher_in(stock, stock, window).await
+    }
+
+    async fn voucher_in(&self, stock: i64, db_stock_left: i64, window: SaleWindow) -> Voucher {
         let new = seckill_shared::domain::NewVoucher {
             title: "drainer test".into(),
             stock,
-            window: SaleWindow::new(now - 60_000, now + 3_600_000).expect("window"),
+            window,
         };
         let db = self.db().await;
         let mut v = db.create_voucher(&new).await.expect("voucher created");

@@ -327,6 +327,10 @@ async fn drainer_invoke_url_accepts_a_scheduled_event() {
         seckill_tests::stack::workspace_root().join("tests/fixtures/eventbridge-scheduled.json"),
     )
     .expect("tests/fixtures/eventbridge-scheduled.json");
+    // The functions write their EMF metrics to stdout, which lands in the emulator's log
+    // as it lands in CloudWatch Logs in AWS: a run adds its document there.
+    let log = seckill_tests::stack::workspace_root().join(".dev/logs/lambda.log");
+    let log_len = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
     let resp = http()
         .post(&url)
         .header(reqwest::header::CONTENT_TYPE, "application/json")
@@ -337,6 +341,30 @@ async fn drainer_invoke_url_accepts_a_scheduled_event() {
     let status = resp.status();
     let text = resp.text().await.unwrap_or_default();
     assert_eq!(status.as_u16(), 200, "POST {url}: {text}");
+    let t0 = std::time::Instant::now();
+    let document = loop {
+        let bytes = std::fs::read(&log).unwrap_or_default();
+        let new = String::from_utf8_lossy(bytes.get(log_len as usize..).unwrap_or(&[]));
+        let found = new.lines().find_map(|l| {
+            let doc: serde_json::Value = serde_json::from_str(&l[l.find("{\"_aws\"")?..]).ok()?;
+            doc.get(seckill_shared::metrics::names::DRAIN_RUN_TIME)?;
+            Some(doc)
+        });
+        if let Some(doc) = found {
+            break doc;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "no EMF document of the drainer run in {}",
+            log.display()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        document["_aws"]["CloudWatchMetrics"][0]["Namespace"],
+        seckill_shared::metrics::NAMESPACE,
+        "{document}"
+    );
 }
 
 #[test]

@@ -114,6 +114,8 @@ pub struct Summary {
     pub rejected: u64,
     /// Entries moved to a dead-letter stream.
     pub dead_lettered: u64,
+    /// Batches committed (one Data API transaction each).
+    pub batches: u64,
     /// Entries this run read but gave back unfinished (pending, claimable at once).
     pub released: u64,
     /// Transactions of other (killed) runs rolled back to free a voucher's row.
@@ -650,6 +652,7 @@ impl Drainer {
             failpoint::hit("after_ack");
         }
         run.count(|s| {
+            s.batches += 1;
             s.inserted += split.confirmed.len() as u64;
             s.rejected += split.rejected.len() as u64;
             s.duplicates += split.duplicates.len() as u64;
@@ -1195,6 +1198,7 @@ impl Drainer {
             errors = s.errors,
             "drain summary"
         );
+        record_metrics(s);
         summary
     }
 
@@ -1206,4 +1210,26 @@ impl Drainer {
         }
         failpoint::hit("after_trim");
     }
+}
+
+/// The run's figures as EMF metrics (`seckill_shared::metrics`), flushed at once: one
+/// document per run.
+fn record_metrics(s: &Summary) {
+    use seckill_shared::metrics::names::*;
+    for (name, value) in [
+        (DRAIN_CLAIMED, s.claimed),
+        (DRAIN_READ, s.read),
+        (DRAIN_INSERTED, s.inserted),
+        (DRAIN_DUPLICATES, s.duplicates),
+        (DRAIN_REJECTED, s.rejected),
+        (DRAIN_DEAD_LETTERED, s.dead_lettered),
+        (DRAIN_BATCHES, s.batches),
+        (DRAIN_ERRORS, s.errors),
+        (DRAIN_RUN_TIME, s.elapsed_ms),
+        (DRAIN_LAG, s.lag + s.pending),
+        (DRAIN_OLDEST_PENDING_AGE, s.oldest_pending_ms),
+    ] {
+        metrics::gauge!(name).set(value as f64);
+    }
+    seckill_shared::metrics::flush();
 }

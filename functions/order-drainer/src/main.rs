@@ -18,6 +18,7 @@ const USAGE: &str = "usage: order-drainer [--once]\n\
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     seckill_shared::telemetry::init();
+    seckill_shared::metrics::install_from_env();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let once = match args
         .iter()

@@ -6,6 +6,7 @@ use seckill_http::{App, Config, handle};
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     seckill_shared::telemetry::init();
+    seckill_shared::metrics::install_from_env();
     let config = Config::from_env()?;
     let app: &'static App = Box::leak(Box::new(App::new(&config).await));
     run(service_fn(move |req: Request| async move {

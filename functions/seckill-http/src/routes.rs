@@ -156,6 +156,7 @@ pub async fn handle(app: &App, req: Request) -> Response<Body> {
     };
     let voucher_id = route.as_ref().map_or("", Route::voucher_param);
     let status = res.status().as_u16();
+    record_metrics(route.as_ref(), outcome, status);
     if refusal {
         tracing::debug!(status, outcome, voucher_id, "handled");
     } else {
@@ -167,6 +168,19 @@ pub async fn handle(app: &App, req: Request) -> Response<Body> {
         tracing::info!(status, outcome, voucher_id, method, request_id, "handled");
     }
     res
+}
+
+/// The request in the EMF metrics (`seckill_shared::metrics`): admissions by outcome, 5xx
+/// answers; flushed every few requests.
+fn record_metrics(route: Option<&Route<'_>>, outcome: &'static str, status: u16) {
+    use seckill_shared::metrics::names::{ADMISSIONS, HTTP_5XX};
+    if matches!(route, Some(Route::Seckill(_))) {
+        metrics::counter!(ADMISSIONS, "outcome" => outcome).increment(1);
+    }
+    if status >= 500 {
+        metrics::counter!(HTTP_5XX).increment(1);
+    }
+    seckill_shared::metrics::request_done();
 }
 
 async fn dispatch(app: &App, req: &Request, route: &Route<'_>) -> Result<Response<Body>, ApiError> {
@@ -308,7 +322,11 @@ async fn seckill(app: &App, req: &Request, id: VoucherId) -> Result<Response<Bod
         return Err(not_found_voucher(id));
     }
     let order_id = app.ids.next(sales, id, now).await?;
-    let mut reply = sales.admit(id, &caller.user, order_id).await?;
+    let asked = std::time::Instant::now();
+    let answer = sales.admit(id, &caller.user, order_id).await;
+    metrics::histogram!(seckill_shared::metrics::names::REDIS_LATENCY)
+        .record(asked.elapsed().as_secs_f64() * 1000.0);
+    let mut reply = answer?;
     if reply.admission == Admission::NotLoaded {
         if !repair(app, id, now).await? {
             return Err(not_found_voucher(id));
