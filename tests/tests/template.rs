@@ -1265,3 +1265,128 @@ fn the_anonymous_route_has_its_own_lower_throttle() {
         }
     }
 }
+
+/// The sale's alarms and dashboard read metrics the functions really write (the names of
+/// shared/src/metrics.rs, namespace `seckill`), and the ones the operator needs exist.
+#[test]
+fn alarms_and_dashboard_use_the_metrics_the_functions_write() {
+    use seckill_shared::metrics::{NAMESPACE, names};
+    let t = template();
+    // Alarms: (namespace, metric) of each, plain or inside metric math.
+    let mut alarmed = Vec::new();
+    for (name, alarm) in resources_of_type(&t, "AWS::CloudWatch::Alarm") {
+        let p = at(alarm, &["Properties"]);
+        let mut pairs = Vec::new();
+        if let Some(m) = get(p, "MetricName") {
+            pairs.push((
+                str_of(at(p, &["Namespace"])).to_string(),
+                str_of(m).to_string(),
+            ));
+        }
+        for q in get(p, "Metrics")
+            .and_then(Value::as_sequence)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(stat) = get(q, "MetricStat") {
+                let m = at(stat, &["Metric"]);
+                pairs.push((
+                    str_of(at(m, &["Namespace"])).to_string(),
+                    str_of(at(m, &["MetricName"])).to_string(),
+                ));
+            }
+        }
+        assert!(!pairs.is_empty(), "{name} watches no metric");
+        for (ns, metric) in pairs {
+            if ns == NAMESPACE {
+                assert!(
+                    names::ALL.contains(&metric.as_str()),
+                    "{name}: no metric {metric}"
+                );
+                alarmed.push(metric);
+            }
+        }
+    }
+    for want in [
+        names::DRAIN_OLDEST_PENDING_AGE,
+        names::DRAIN_DEAD_LETTERED,
+        names::HTTP_5XX,
+        names::DRAIN_LAG,
+    ] {
+        assert!(alarmed.iter().any(|m| m == want), "no alarm on {want}");
+    }
+
+    // The dashboard: its body (a Fn::Sub) is JSON once substituted, every ${...} names
+    // something that exists, and every seckill metric it shows is written.
+    let dashboards = resources_of_type(&t, "AWS::CloudWatch::Dashboard");
+    assert_eq!(dashboards.len(), 1);
+    let (_, arg) = intrinsic(at(dashboards[0].1, &["Properties", "DashboardBody"]))
+        .expect("DashboardBody is a Fn::Sub");
+    let parts = arg.as_sequence().expect("Fn::Sub [body, variables]");
+    let (body, vars) = (str_of(&parts[0]), &parts[1]);
+    let mut substituted = String::new();
+    let mut rest = body;
+    while let Some(i) = rest.find("${") {
+        substituted.push_str(&rest[..i]);
+        let end = rest[i..].find('}').unwrap() + i;
+        let var = &rest[i + 2..end];
+        assert!(
+            var.starts_with("AWS::")
+                || get(vars, var).is_some()
+                || get(at(&t, &["Parameters"]), var).is_some()
+                || get(at(&t, &["Resources"]), var).is_some(),
+            "the dashboard names ${{{var}}}, which does not exist"
+        );
+        substituted.push('1');
+        rest = &rest[end + 1..];
+    }
+    substituted.push_str(rest);
+    let body: serde_json::Value =
+        serde_json::from_str(&substituted).expect("the dashboard body is JSON");
+    let mut shown = Vec::new();
+    let mut services = Vec::new();
+    for w in body["widgets"].as_array().expect("widgets") {
+        for row in w["properties"]["metrics"].as_array().into_iter().flatten() {
+            let row = row.as_array().expect("a metric row");
+            match (row[0].as_str(), row.get(1).and_then(|v| v.as_str())) {
+                (Some(ns), Some(metric)) if ns == NAMESPACE => shown.push(metric.to_string()),
+                (Some(ns), Some(_)) => services.push(ns.to_string()),
+                _ => {
+                    let expr = row[0]["expression"].as_str().expect("an expression");
+                    let metric = expr
+                        .split("MetricName=\"")
+                        .nth(1)
+                        .and_then(|r| r.split('"').next())
+                        .expect("a SEARCH naming its metric");
+                    assert!(expr.contains(&format!("{{{NAMESPACE},outcome}}")), "{expr}");
+                    shown.push(metric.to_string());
+                }
+            }
+        }
+    }
+    for m in &shown {
+        assert!(
+            names::ALL.contains(&m.as_str()),
+            "the dashboard shows unknown metric {m}"
+        );
+    }
+    for want in [
+        names::ADMISSIONS,
+        names::DRAIN_INSERTED,
+        names::DRAIN_LAG,
+        names::DRAIN_OLDEST_PENDING_AGE,
+        names::DRAIN_DEAD_LETTERED,
+        names::REDIS_LATENCY,
+    ] {
+        assert!(
+            shown.iter().any(|m| m == want),
+            "the dashboard lacks {want}"
+        );
+    }
+    for want in ["AWS/Lambda", "AWS/ElastiCache", "AWS/RDS"] {
+        assert!(
+            services.iter().any(|s| s == want),
+            "the dashboard lacks {want}"
+        );
+    }
+}
