@@ -68,6 +68,11 @@ impl DataApi {
         }
     }
 
+    /// The database this client works in.
+    pub fn database(&self) -> &str {
+        &self.database
+    }
+
     /// Runs one statement, inside `transaction` when given.
     pub async fn execute(
         &self,
