@@ -341,6 +341,11 @@ pub async fn ensure_app_user(db: &DataApi, user: &AppUser) -> Result<Vec<String>
                 .iter()
                 .filter_map(|r| r.first().and_then(field::string))
             {
+                // MariaDB shows the password hash: never print it.
+                let grant = match grant.find(" IDENTIFIED BY") {
+                    Some(at) => &grant[..at],
+                    None => &grant,
+                };
                 done.push(format!("  {grant}"));
             }
         }
