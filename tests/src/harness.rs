@@ -72,6 +72,11 @@ impl Backends {
         }
     }
 
+    /// This database with the master secret (every right on it: DDL, fixtures).
+    pub fn master_data_api_config(&self) -> DataApiConfig {
+        data_api_config(&self.data_api, &self.data_api.secret_arn, &self.database)
+    }
+
     /// How a function reaches this database: as the application user.
     pub fn data_api_config(&self) -> DataApiConfig {
         data_api_config(&self.data_api, &self.app_secret_arn, &self.database)
