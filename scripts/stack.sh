@@ -57,7 +57,14 @@ LAMBDA_TIMEOUT=${SECKILL_LAMBDA_TIMEOUT:-}
 WARMUP_TIMEOUT=${SECKILL_WARMUP_TIMEOUT:-900}
 
 DB_CLUSTER_ARN=arn:aws:rds:us-east-1:000000000000:cluster:seckill-local
-DB_SECRET_ARN=arn:aws:secretsmanager:us-east-1:000000000000:secret:seckill-local
+# Two secrets, as in AWS (README.md, "Security model"): the master secret (MariaDB's
+# `seckill` user of MYSQL_URL), used by `seckill migrate` only, and the application
+# user's secret (seckill_app, SELECT/INSERT/UPDATE on the two tables), which the
+# functions use. data-api-local serves both, and answers GetSecretValue for them.
+DB_MASTER_SECRET_ARN=arn:aws:secretsmanager:us-east-1:000000000000:secret:seckill-local
+DB_APP_SECRET_ARN=arn:aws:secretsmanager:us-east-1:000000000000:secret:seckill-local-app
+DB_SECRET_ARN=$DB_APP_SECRET_ARN
+DB_APP_USER=seckill_app
 DB_NAME=seckill
 AWS_REGION_LOCAL=us-east-1
 
@@ -69,6 +76,10 @@ MYSQL_DATA=$MYSQL_DIR/data
 STACK_ENV=$DEV_DIR/stack.env
 FUNCTIONS_ENV=$DEV_DIR/functions.env
 JWT_FILE=$DEV_DIR/jwt-secret
+# The application user's password (letters and digits, made once; change it and run `up`
+# again to rotate it) and data-api-local's secrets file made from it.
+APP_PASSWORD_FILE=$DEV_DIR/app-db-password
+DATA_API_SECRETS=$DEV_DIR/data-api-secrets
 EVENT_FIXTURE=$SECKILL_ROOT/tests/fixtures/eventbridge-scheduled.json
 
 BIN_DIR=${CARGO_TARGET_DIR:-$SECKILL_ROOT/target}/debug
@@ -713,9 +724,13 @@ CREATE USER IF NOT EXISTS 'seckill'@'%' IDENTIFIED BY 'seckill';
 ALTER USER 'seckill'@'localhost' IDENTIFIED BY 'seckill';
 ALTER USER 'seckill'@'127.0.0.1' IDENTIFIED BY 'seckill';
 ALTER USER 'seckill'@'%' IDENTIFIED BY 'seckill';
-GRANT ALL PRIVILEGES ON \`seckill%\`.* TO 'seckill'@'localhost';
-GRANT ALL PRIVILEGES ON \`seckill%\`.* TO 'seckill'@'127.0.0.1';
-GRANT ALL PRIVILEGES ON \`seckill%\`.* TO 'seckill'@'%';
+GRANT ALL PRIVILEGES ON \`seckill%\`.* TO 'seckill'@'localhost' WITH GRANT OPTION;
+GRANT ALL PRIVILEGES ON \`seckill%\`.* TO 'seckill'@'127.0.0.1' WITH GRANT OPTION;
+GRANT ALL PRIVILEGES ON \`seckill%\`.* TO 'seckill'@'%' WITH GRANT OPTION;
+-- Like Aurora's master user: it makes the application user (seckill migrate) and the
+-- tests' users, and may read their grants.
+GRANT CREATE USER ON *.* TO 'seckill'@'localhost', 'seckill'@'127.0.0.1', 'seckill'@'%';
+GRANT SELECT ON mysql.* TO 'seckill'@'localhost', 'seckill'@'127.0.0.1', 'seckill'@'%';
 DROP USER IF EXISTS ''@'localhost';
 FLUSH PRIVILEGES;
 SQL
@@ -726,20 +741,44 @@ SQL
 }
 
 # -------------------------------------------------------------------------- data-api
+# The application user's password, made once (letters and digits, as the template's
+# secret: seckill migrate writes it into CREATE USER).
+app_password() {
+    if [[ ! -s $APP_PASSWORD_FILE ]]; then
+        (umask 077 && head -c 96 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' | head -c 32 >"$APP_PASSWORD_FILE.tmp" &&
+            mv "$APP_PASSWORD_FILE.tmp" "$APP_PASSWORD_FILE")
+    fi
+    tr -d ' \n' <"$APP_PASSWORD_FILE"
+}
+
+# data-api-local's secrets file (ARN USERNAME PASSWORD, mode 0600): the application
+# user's secret. The master secret is --secret-arn, the user of MYSQL_URL.
+write_data_api_secrets() {
+    local pw tmp=$DATA_API_SECRETS.tmp
+    pw=$(app_password)
+    [[ $pw =~ ^[A-Za-z0-9]{8,128}$ ]] ||
+        die "$(rel "$APP_PASSWORD_FILE") must hold 8 to 128 letters and digits (delete it to get a new one)"
+    (umask 077 && printf '%s %s %s\n' "$DB_APP_SECRET_ARN" "$DB_APP_USER" "$pw" >"$tmp")
+    mv -f "$tmp" "$DATA_API_SECRETS"
+}
+
 up_data_api() {
     local bin=$BIN_DIR/data-api-local stamp
     [[ -x $bin ]] || die "$bin is missing: the workspace build did not produce it"
-    stamp="$(file_stamp "$bin") $MYSQL_URL"
+    write_data_api_secrets
+    # A changed application password (a rotation) restarts the server with it.
+    stamp="$(file_stamp "$bin") $MYSQL_URL secrets=$(cksum <"$DATA_API_SECRETS")"
     if running_ok data-api "$stamp"; then
         ok "data-api  already running (pid $(svc_pid data-api), port $DATA_API_PORT)"
     else
         check_port_free data-api
         log "starting data-api-local on 127.0.0.1:$DATA_API_PORT"
-        start_bg data-api "$stamp" env RUST_LOG="${RUST_LOG:-info}" "$bin" \
+        # MYSQL_URL (with the admin password) through the environment, not the command line.
+        start_bg data-api "$stamp" env RUST_LOG="${RUST_LOG:-info}" MYSQL_URL="$MYSQL_URL" "$bin" \
             --listen "127.0.0.1:$DATA_API_PORT" \
-            --mysql-url "$MYSQL_URL" \
             --resource-arn "$DB_CLUSTER_ARN" \
-            --secret-arn "$DB_SECRET_ARN"
+            --secret-arn "$DB_MASTER_SECRET_ARN" \
+            --secrets-file "$DATA_API_SECRETS"
         wait_port data-api 60 "data-api-local must listen on --listen (tools/data-api-local)"
     fi
     ok "data-api  $DATA_API_URL"
@@ -752,8 +791,11 @@ migrate() {
     files=(migrations/*.sql)
     want=${#files[@]}
     log "applying migrations/*.sql ($want files) with target/debug/seckill migrate"
-    if ! env DATA_API_URL="$DATA_API_URL" DB_CLUSTER_ARN="$DB_CLUSTER_ARN" \
-        DB_SECRET_ARN="$DB_SECRET_ARN" DB_NAME="$DB_NAME" AWS_REGION="$AWS_REGION_LOCAL" \
+    # With the master secret; the application user's secret is read through Secrets
+    # Manager (data-api-local answers GetSecretValue), exactly as in AWS.
+    if ! env DATA_API_URL="$DATA_API_URL" SECRETS_MANAGER_URL="$DATA_API_URL" \
+        DB_CLUSTER_ARN="$DB_CLUSTER_ARN" DB_MASTER_SECRET_ARN="$DB_MASTER_SECRET_ARN" \
+        DB_APP_SECRET_ARN="$DB_APP_SECRET_ARN" DB_NAME="$DB_NAME" AWS_REGION="$AWS_REGION_LOCAL" \
         AWS_ACCESS_KEY_ID=local AWS_SECRET_ACCESS_KEY=local RUST_LOG="${RUST_LOG:-info}" \
         "$bin" migrate >"$log" 2>&1 </dev/null; then
         err "seckill migrate failed; last lines of $log:"
@@ -773,6 +815,11 @@ migrate() {
         exit 1
     fi
     ok "migrations: $have recorded in $DB_NAME.schema_migrations"
+    # The functions' user signs in with its secret's password and reads its tables.
+    MYSQL_PWD=$(app_password) mariadb --no-defaults -u"$DB_APP_USER" -h127.0.0.1 -P"$MYSQL_PORT" "$DB_NAME" \
+        -e 'SELECT COUNT(*) FROM vouchers; SELECT COUNT(*) FROM orders' >/dev/null ||
+        fail mysql "the application user $DB_APP_USER cannot read $DB_NAME.vouchers and orders after seckill migrate"
+    ok "app user: $DB_APP_USER (SELECT, INSERT, UPDATE on $DB_NAME.vouchers and orders), the functions' DB_SECRET_ARN"
 }
 
 # ---------------------------------------------------------------------------- lambda
@@ -928,6 +975,9 @@ SECKILL_DEV_JWT_SECRET=$(jwt_secret)
 REDIS_CLUSTER=true
 DB_CLUSTER_ARN=$DB_CLUSTER_ARN
 DB_SECRET_ARN=$DB_SECRET_ARN
+DB_MASTER_SECRET_ARN=$DB_MASTER_SECRET_ARN
+DB_APP_SECRET_ARN=$DB_APP_SECRET_ARN
+SECRETS_MANAGER_URL=$DATA_API_URL
 DB_NAME=$DB_NAME
 AWS_REGION=$AWS_REGION_LOCAL
 AWS_ACCESS_KEY_ID=local

@@ -7,6 +7,12 @@
 //! `schema_migrations`; an edited, already-applied file is an error, not a silent skip.
 //! MySQL commits DDL implicitly, so statements are written to be re-runnable
 //! (`IF NOT EXISTS`), which makes a run interrupted half-way safe to repeat.
+//!
+//! [`ensure_app_user`] then makes the functions' database user (README.md, "Security
+//! model"): a user of its own with only the statements the functions run, SELECT,
+//! INSERT and UPDATE on `vouchers` and `orders` (the drainer's `SELECT ... FOR UPDATE`
+//! needs nothing more), with the password of its own secret. Migrations run with the
+//! master secret, the functions with the application user's.
 
 use sha2::{Digest, Sha256};
 
@@ -139,6 +145,9 @@ pub fn split_statements(sql: &str) -> Vec<String> {
 pub enum MigrateError {
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The application user's secret or name cannot be used (see [`AppUser::parse`]).
+    #[error("application user: {0}")]
+    AppUser(String),
     #[error(
         "migration {version} was changed after it was applied (checksum {applied} in the database, {file} in this build)"
     )]
@@ -202,6 +211,153 @@ pub async fn apply(db: &DataApi, migrations: &[Migration]) -> Result<Vec<u32>, M
     Ok(done)
 }
 
+/// The tables the functions use and the statements they run on them: all the
+/// application user is granted.
+pub const APP_GRANTS: &[(&str, &str)] = &[
+    ("vouchers", "SELECT, INSERT, UPDATE"),
+    ("orders", "SELECT, INSERT, UPDATE"),
+];
+
+/// The application user, from its secret. The name and password are written into
+/// `CREATE USER` / `ALTER USER` (MySQL binds no parameters there), so both are limited
+/// to characters that need no quoting: the name `[A-Za-z0-9_]{1,32}`, the password
+/// letters and digits only (8 to 128 of them; the template's secret excludes
+/// punctuation for this reason).
+#[derive(Clone, PartialEq, Eq)]
+pub struct AppUser {
+    pub username: String,
+    password: String,
+}
+
+impl std::fmt::Debug for AppUser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppUser")
+            .field("username", &self.username)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AppUser {
+    /// Checks a name and password (see the type's documentation).
+    pub fn new(username: &str, password: &str) -> Result<AppUser, MigrateError> {
+        let bad = |m: String| Err(MigrateError::AppUser(m));
+        if !valid_identifier(username, 32) {
+            return bad(format!(
+                "username {username:?} must be 1 to 32 of A-Z, a-z, 0-9, _"
+            ));
+        }
+        if !(8..=128).contains(&password.len())
+            || !password.bytes().all(|b| b.is_ascii_alphanumeric())
+        {
+            return bad(format!(
+                "the password of {username} must be 8 to 128 letters and digits (no punctuation: it is written into CREATE USER); regenerate the secret with punctuation excluded"
+            ));
+        }
+        Ok(AppUser {
+            username: username.to_string(),
+            password: password.to_string(),
+        })
+    }
+
+    /// From a secret's `SecretString`: `{"username": ..., "password": ...}`.
+    pub fn from_secret_string(secret: &str) -> Result<AppUser, MigrateError> {
+        let value: serde_json::Value = serde_json::from_str(secret).map_err(|_| {
+            MigrateError::AppUser("the secret is not JSON with username and password".into())
+        })?;
+        let field = |k: &str| {
+            value
+                .get(k)
+                .and_then(serde_json::Value::as_str)
+                .ok_or_else(|| MigrateError::AppUser(format!("the secret has no string {k:?}")))
+        };
+        AppUser::new(field("username")?, field("password")?)
+    }
+}
+
+fn valid_identifier(s: &str, max: usize) -> bool {
+    (1..=max).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Makes sure the application user exists with the secret's password and holds exactly
+/// the [`APP_GRANTS`] on `db`'s database (run through `db`, signed in as the master
+/// user). Idempotent: re-running it after the secret's password changed sets the new
+/// one. Returns what it did, one line each (no password).
+pub async fn ensure_app_user(db: &DataApi, user: &AppUser) -> Result<Vec<String>, MigrateError> {
+    let database = db.database();
+    if !valid_identifier(database, 64) {
+        return Err(MigrateError::AppUser(format!(
+            "database name {database:?} must be 1 to 64 of A-Z, a-z, 0-9, _"
+        )));
+    }
+    // The master secret's user must never be handed to the functions (or have its
+    // password changed here).
+    let me = db
+        .execute("SELECT CURRENT_USER()", vec![], None)
+        .await?
+        .records()
+        .first()
+        .and_then(|r| r.first())
+        .and_then(field::string)
+        .unwrap_or_default();
+    if me.split('@').next() == Some(user.username.as_str()) {
+        return Err(MigrateError::AppUser(format!(
+            "the application secret names {}, the user migrations run as: give the functions a user of their own",
+            user.username
+        )));
+    }
+    let account = format!("'{}'@'%'", user.username);
+    let mut done = Vec::new();
+    db.execute(
+        &format!(
+            "CREATE USER IF NOT EXISTS {account} IDENTIFIED BY '{}'",
+            user.password
+        ),
+        vec![],
+        None,
+    )
+    .await?;
+    done.push(format!("user {account}: created unless it existed"));
+    db.execute(
+        &format!("ALTER USER {account} IDENTIFIED BY '{}'", user.password),
+        vec![],
+        None,
+    )
+    .await?;
+    done.push(format!("user {account}: password set from its secret"));
+    for (table, privileges) in APP_GRANTS {
+        db.execute(
+            &format!("GRANT {privileges} ON `{database}`.`{table}` TO {account}"),
+            vec![],
+            None,
+        )
+        .await?;
+        done.push(format!("granted {privileges} on {database}.{table}"));
+    }
+    // What the user may do now, as the server says (needs the right to read the grant
+    // tables, which Aurora's master user has).
+    match db
+        .execute(&format!("SHOW GRANTS FOR {account}"), vec![], None)
+        .await
+    {
+        Ok(out) => {
+            for grant in out
+                .records()
+                .iter()
+                .filter_map(|r| r.first().and_then(field::string))
+            {
+                // MariaDB shows the password hash: never print it.
+                let grant = match grant.find(" IDENTIFIED BY") {
+                    Some(at) => &grant[..at],
+                    None => &grant,
+                };
+                done.push(format!("  {grant}"));
+            }
+        }
+        Err(err) => done.push(format!("(SHOW GRANTS FOR {account} failed: {err})")),
+    }
+    Ok(done)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,6 +410,28 @@ mod tests {
         assert_eq!(files, names, "add the new file to migrate::EMBEDDED");
         let versions: Vec<u32> = embedded().iter().map(|m| m.version).collect();
         assert!(versions.windows(2).all(|w| w[0] < w[1]) && versions[0] == 1);
+    }
+
+    #[test]
+    fn app_users_need_plain_names_and_passwords() {
+        let u = AppUser::from_secret_string(
+            r#"{"username":"seckill_app","password":"Ab3dEf6hIj9kLm2n"}"#,
+        )
+        .unwrap();
+        assert_eq!(u.username, "seckill_app");
+        assert!(!format!("{u:?}").contains("Ab3d"));
+        for (name, pw) in [
+            ("seckill_app", "short1"),
+            ("seckill_app", "with'quote1234"),
+            ("seckill_app", "with space 1234"),
+            ("seckill-app", "Ab3dEf6hIj9kLm2n"),
+            ("", "Ab3dEf6hIj9kLm2n"),
+            ("a_name_that_is_far_too_long_for_mysql", "Ab3dEf6hIj9kLm2n"),
+        ] {
+            assert!(AppUser::new(name, pw).is_err(), "{name:?} {pw:?}");
+        }
+        assert!(AppUser::from_secret_string("{}").is_err());
+        assert!(AppUser::from_secret_string("not json").is_err());
     }
 
     #[test]

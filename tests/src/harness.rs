@@ -1,6 +1,11 @@
 //! Backends of one's own for a test: a private Redis, a fresh database with the schema
 //! applied through the Data API, and an in-process `data-api-local` in front of it; and
 //! API Gateway v2 fixture requests for calling the handlers directly.
+//!
+//! As in AWS, the schema is applied with the master secret (the stack's admin user) and
+//! the functions under test sign in as an application user of their own (made by
+//! `migrate::ensure_app_user`, named like the database, with only the functions' grants
+//! on it); the test's own fixture client [`Backends::db`] keeps the master secret.
 
 use std::time::Duration;
 
@@ -13,7 +18,8 @@ use seckill_shared::migrate;
 use serde_json::{Value, json};
 
 use crate::mysql::{
-    LocalDataApi, drop_database, fresh_database, start_data_api, url_with_database,
+    LocalDataApi, app_secret, drop_database, drop_user, fresh_database, start_data_api,
+    url_with_database,
 };
 use crate::redis::RedisServer;
 use crate::stack::StackEnv;
@@ -27,7 +33,10 @@ pub struct Backends {
     pub data_api: LocalDataApi,
     pub mysql_url: String,
     pub database: String,
+    /// The fixture client: master secret, every right on the database.
     pub db: DataApi,
+    /// The application user's secret, which the functions under test use.
+    pub app_secret_arn: String,
     pub sales: RedisSales,
 }
 
@@ -36,14 +45,21 @@ impl Backends {
     pub async fn start() -> Backends {
         let mysql_url = StackEnv::load().mysql_url();
         let database = fresh_database(&mysql_url).await;
-        let data_api =
-            start_data_api(ServerConfig::new(url_with_database(&mysql_url, &database))).await;
+        // The user is named like the database: one of its own per test.
+        let app = app_secret(&database);
+        let mut config = ServerConfig::new(url_with_database(&mysql_url, &database));
+        config.secrets.push(app.clone());
+        let data_api = start_data_api(config).await;
         let redis = RedisServer::start();
-        let cfg = data_api_config(&data_api, &database);
+        let cfg = data_api_config(&data_api, &data_api.secret_arn, &database);
         let db = DataApi::connect(&cfg).await;
         migrate::apply(&db, &migrate::embedded())
             .await
             .expect("migrations apply to a fresh database");
+        let user = migrate::AppUser::new(&app.username, &app.password).expect("a valid app user");
+        migrate::ensure_app_user(&db, &user)
+            .await
+            .expect("the application user is made");
         let sales = RedisSales::new(redis.connect().await);
         Backends {
             redis,
@@ -51,13 +67,19 @@ impl Backends {
             mysql_url,
             database,
             db,
+            app_secret_arn: app.arn,
             sales,
         }
     }
 
-    /// How a function reaches this database.
+    /// This database with the master secret (every right on it: DDL, fixtures).
+    pub fn master_data_api_config(&self) -> DataApiConfig {
+        data_api_config(&self.data_api, &self.data_api.secret_arn, &self.database)
+    }
+
+    /// How a function reaches this database: as the application user.
     pub fn data_api_config(&self) -> DataApiConfig {
-        data_api_config(&self.data_api, &self.database)
+        data_api_config(&self.data_api, &self.app_secret_arn, &self.database)
     }
 
     /// seckill-http's configuration for these backends.
@@ -74,16 +96,18 @@ impl Backends {
         }
     }
 
-    /// Drops the database (Redis and the server stop when dropped).
+    /// Drops the database and its application user (Redis and the server stop when
+    /// dropped).
     pub async fn cleanup(self) {
         drop_database(&self.mysql_url, &self.database).await;
+        drop_user(&self.mysql_url, &self.database).await;
     }
 }
 
-fn data_api_config(data_api: &LocalDataApi, database: &str) -> DataApiConfig {
+fn data_api_config(data_api: &LocalDataApi, secret_arn: &str, database: &str) -> DataApiConfig {
     DataApiConfig {
         cluster_arn: data_api.resource_arn.clone(),
-        secret_arn: data_api.secret_arn.clone(),
+        secret_arn: secret_arn.to_string(),
         database: database.to_string(),
         endpoint: Some(data_api.server.url()),
         timeout: Duration::from_secs(10),

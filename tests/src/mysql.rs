@@ -34,6 +34,40 @@ pub async fn drop_database(mysql_url: &str, name: &str) {
     conn.disconnect().await.ok();
 }
 
+/// An application user's secret for the local Data API server: the ARN
+/// `...:secret:<username>-app`, the user `username`, a random password of letters and
+/// digits (what `migrate::AppUser` accepts).
+pub fn app_secret(username: &str) -> data_api_local::secrets::SecretCredentials {
+    data_api_local::secrets::SecretCredentials {
+        arn: format!("arn:aws:secretsmanager:us-east-1:000000000000:secret:{username}-app"),
+        username: username.to_string(),
+        password: random_password(),
+    }
+}
+
+/// 32 random letters and digits.
+pub fn random_password() -> String {
+    use rand::Rng as _;
+    rand::rng()
+        .sample_iter(rand::distr::Alphanumeric)
+        .take(32)
+        .map(char::from)
+        .collect()
+}
+
+/// Drops the user `name`@`%` made for a database of [`fresh_database`] (if it exists).
+pub async fn drop_user(mysql_url: &str, name: &str) {
+    assert!(
+        name.starts_with("seckill_t_"),
+        "refusing to drop user {name}"
+    );
+    let mut conn = connect(mysql_url).await;
+    conn.query_drop(format!("DROP USER IF EXISTS '{name}'@'%'"))
+        .await
+        .unwrap_or_else(|e| panic!("DROP USER {name} failed: {e}"));
+    conn.disconnect().await.ok();
+}
+
 /// `mysql_url` with its database replaced by `database`.
 ///
 /// # Panics

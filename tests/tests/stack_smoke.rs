@@ -402,3 +402,72 @@ fn local_secrets_are_readable_by_their_owner_only() {
         );
     }
 }
+
+/// Least privilege (issue #13): `DB_SECRET_ARN`, the secret the functions under the
+/// watch are given, is the application user's, not the master secret that `seckill
+/// migrate` uses; through the Data API it signs in as `seckill_app`, which may not
+/// drop or delete, and Secrets Manager (`SECRETS_MANAGER_URL`) hands out its password.
+#[tokio::test]
+async fn the_functions_sign_in_as_the_application_user() {
+    use seckill_shared::adapters::data_api::{DataApi, field};
+    use seckill_shared::config::DataApiConfig;
+    use seckill_shared::error::StoreError;
+
+    let env = StackEnv::load();
+    let app = env.get("DB_SECRET_ARN");
+    let master = env.get("DB_MASTER_SECRET_ARN");
+    assert_ne!(app, master, "the functions must not get the master secret");
+    assert_eq!(env.get("DB_APP_SECRET_ARN"), app);
+    let functions_env = seckill_tests::stack::workspace_root().join(".dev/functions.env");
+    let functions_env = std::fs::read_to_string(&functions_env)
+        .unwrap_or_else(|e| panic!("{}: {e}", functions_env.display()));
+    assert!(
+        functions_env
+            .lines()
+            .any(|l| l == format!("DB_SECRET_ARN={app}")),
+        "the functions under cargo lambda watch get DB_SECRET_ARN={app}"
+    );
+    assert!(
+        !functions_env
+            .lines()
+            .any(|l| l.split_once('=').is_some_and(|(_, v)| v == master)),
+        "no function sees the master secret"
+    );
+
+    let db = DataApi::connect(&DataApiConfig {
+        cluster_arn: env.get("DB_CLUSTER_ARN"),
+        secret_arn: app.clone(),
+        database: env.get("DB_NAME"),
+        endpoint: Some(env.data_api_url()),
+        timeout: TIMEOUT,
+    })
+    .await;
+    let out = within(
+        "SELECT CURRENT_USER()",
+        db.execute("SELECT CURRENT_USER()", vec![], None),
+    )
+    .await
+    .expect("the application user signs in");
+    let user = field::string(&out.records()[0][0]).unwrap();
+    assert!(user.starts_with("seckill_app@"), "signed in as {user}");
+    within(
+        "SELECT FROM orders",
+        db.execute("SELECT COUNT(*) FROM orders", vec![], None),
+    )
+    .await
+    .expect("it reads orders");
+    // Statements that would change nothing if allowed; refused for lack of a privilege.
+    for sql in [
+        "DROP TABLE IF EXISTS no_such_table_for_smoke",
+        "DELETE FROM orders WHERE 1 = 0",
+    ] {
+        match within(sql, db.execute(sql, vec![], None)).await {
+            Err(StoreError::Database(m)) if m.to_ascii_lowercase().contains("denied") => {}
+            other => panic!("{sql}: the application user must be refused, got {other:?}"),
+        }
+    }
+    let secret = seckill_cli::migrate::read_app_user(&app, Some(&env.get("SECRETS_MANAGER_URL")))
+        .await
+        .expect("GetSecretValue for the application user's secret");
+    assert_eq!(secret.username, "seckill_app");
+}

@@ -6,7 +6,10 @@
 //! - the drainer's timing is consistent: XAUTOCLAIM min-idle > its timeout > its max run,
 //!   one run at a time, a small retry budget, an alarm on its errors;
 //! - every IAM statement names scoped resources — the very cluster and secret the
-//!   functions are configured with — and grants the Data API calls the code makes;
+//!   functions are configured with — and grants each function exactly the Data API
+//!   calls its code makes;
+//! - the functions use the application user's secret, never the master secret, which
+//!   only `seckill migrate` uses (an output says which it is);
 //! - each function's configuration loads from exactly the environment the template gives
 //!   it (with placeholders for what only exists once deployed), in both shapes of the
 //!   stack (resources created by it, or existing ones passed as parameters), and the
@@ -307,6 +310,13 @@ impl Eval<'_> {
         }
         let r = resource(self.t, name);
         self.assert_exists(name, r);
+        if get(r, "Type").and_then(Value::as_str) == Some("AWS::SecretsManager::Secret") {
+            // A secret's Ref is its ARN.
+            return Value::String(format!(
+                "arn:aws:secretsmanager:us-east-1:123456789012:secret:{}-placeholder",
+                name.to_ascii_lowercase()
+            ));
+        }
         Value::String(format!("{}-placeholder-id", name.to_ascii_lowercase()))
     }
 
@@ -803,6 +813,112 @@ fn strings(v: &Value) -> Vec<String> {
     }
 }
 
+/// The Data API calls each entry point of the shared crate's database adapters makes
+/// (`DataApi`, `SaleSnapshot` in `data_api.rs`; `Ledger`, `LedgerTx` in `ledger.rs`),
+/// as IAM actions. Every `pub async fn` of those files must be listed (checked below),
+/// so a new one is classified before a function can use it.
+const ENTRY_POINTS: &[(&str, &[&str])] = &[
+    // data_api.rs
+    ("connect", &[]),
+    ("execute", &["ExecuteStatement"]),
+    ("begin", &["BeginTransaction"]),
+    ("commit", &["CommitTransaction"]),
+    ("rollback", &["RollbackTransaction"]),
+    ("try_rollback", &["RollbackTransaction"]),
+    ("create_voucher", &["ExecuteStatement"]),
+    ("voucher", &["ExecuteStatement"]),
+    (
+        "sale_snapshot",
+        &[
+            "BeginTransaction",
+            "ExecuteStatement",
+            "RollbackTransaction",
+        ],
+    ),
+    ("order_of_buyer", &["ExecuteStatement"]),
+    ("order", &["ExecuteStatement"]),
+    ("next_page", &["ExecuteStatement"]),
+    // SaleSnapshot::finish ends the read-only transaction with a rollback.
+    ("finish", &["RollbackTransaction"]),
+    // ledger.rs (begin, commit, rollback, try_rollback as above)
+    ("abort_abandoned", &["RollbackTransaction"]),
+    (
+        "accepts_an_ordinary_row",
+        &[
+            "BeginTransaction",
+            "ExecuteStatement",
+            "RollbackTransaction",
+        ],
+    ),
+    ("record_rejected", &["ExecuteStatement"]),
+    ("lock_voucher", &["ExecuteStatement"]),
+    ("existing_orders", &["ExecuteStatement"]),
+    ("insert_orders", &["ExecuteStatement"]),
+    ("take_stock", &["ExecuteStatement"]),
+];
+
+fn rust_sources(dir: &Path, out: &mut Vec<String>) {
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = entry.path();
+        if p.is_dir() {
+            rust_sources(&p, out);
+        } else if p.extension().is_some_and(|e| e == "rs") {
+            out.push(std::fs::read_to_string(&p).unwrap());
+        }
+    }
+}
+
+/// The Data API actions the function crate in `functions/<dir>` can make: the entry
+/// points its sources call (`.name(`), mapped through [`ENTRY_POINTS`]. A name shared
+/// with an unrelated method (`finish`) can only add an action, never hide one.
+fn data_api_actions_of(dir: &str) -> BTreeSet<String> {
+    let root = workspace_root();
+    for file in [
+        "shared/src/adapters/data_api.rs",
+        "shared/src/adapters/ledger.rs",
+    ] {
+        let src = std::fs::read_to_string(root.join(file)).unwrap();
+        for line in src.lines() {
+            if let Some(rest) = line.trim().strip_prefix("pub async fn ") {
+                let name = rest.split(['(', '<']).next().unwrap();
+                assert!(
+                    ENTRY_POINTS.iter().any(|(n, _)| *n == name),
+                    "{file}: `{name}` is not in ENTRY_POINTS: list the Data API calls it makes"
+                );
+            }
+        }
+    }
+    let mut sources = Vec::new();
+    rust_sources(&root.join("functions").join(dir), &mut sources);
+    assert!(!sources.is_empty(), "no sources in functions/{dir}");
+    let mut used = BTreeSet::new();
+    for (name, actions) in ENTRY_POINTS {
+        let call = format!(".{name}(");
+        if sources.iter().any(|s| s.contains(&call)) {
+            used.extend(actions.iter().map(|a| format!("rds-data:{a}")));
+        }
+    }
+    assert!(
+        used.contains("rds-data:ExecuteStatement"),
+        "the scan finds the Data API calls of functions/{dir}"
+    );
+    used
+}
+
+/// The Data API actions each database-using function's code makes, by resource name.
+fn data_api_actions_by_function(t: &Value) -> BTreeMap<String, BTreeSet<String>> {
+    [
+        ("seckill-http", "seckill-http"),
+        ("order-drainer", "order-drainer"),
+    ]
+    .into_iter()
+    .map(|(binary, dir)| {
+        let (name, _) = function_for_binary(t, binary);
+        (name.to_string(), data_api_actions_of(dir))
+    })
+    .collect()
+}
+
 /// The Data API operations the code calls (SDK method → IAM action), found in the
 /// sources of the shared crate and the functions.
 fn data_api_actions_used() -> BTreeSet<String> {
@@ -859,6 +975,10 @@ fn every_iam_statement_is_scoped_to_the_configured_cluster_and_secret() {
     ]
     .into();
     let used = data_api_actions_used();
+    let by_function = data_api_actions_by_function(&t);
+    for actions in by_function.values() {
+        assert!(actions.is_subset(&used), "{actions:?} ⊄ {used:?}");
+    }
     for s in Scenario::all(&t) {
         let eval = Eval { t: &t, s: &s };
         let mut granted: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
@@ -903,19 +1023,29 @@ fn every_iam_statement_is_scoped_to_the_configured_cluster_and_secret() {
                 granted.entry(owner.clone()).or_default().insert(a.clone());
             }
         }
-        // Every function that talks to the database may make the calls the code makes.
+        // Every function that talks to the database may make exactly the calls its code
+        // makes, and read its secret: nothing it never uses.
         for (name, f) in resources_of_type(&t, "AWS::Serverless::Function") {
             if !environment(&t, f, &s).contains_key("DB_CLUSTER_ARN") {
                 continue;
             }
             let g = granted.get(name).cloned().unwrap_or_default();
-            for action in used
-                .iter()
-                .chain(["secretsmanager:GetSecretValue".to_string()].iter())
-            {
+            let mut wanted = by_function
+                .get(name)
+                .unwrap_or_else(|| panic!("{name}: which binary is it?"))
+                .clone();
+            wanted.insert("secretsmanager:GetSecretValue".to_string());
+            for action in &wanted {
                 assert!(
                     g.contains(action),
                     "{name} calls {action} but is not allowed to"
+                );
+            }
+            for action in &g {
+                assert!(
+                    wanted.contains(action),
+                    "{} / {name} is allowed {action}, which its code never calls",
+                    s.name
                 );
             }
         }
@@ -1388,5 +1518,108 @@ fn alarms_and_dashboard_use_the_metrics_the_functions_write() {
             services.iter().any(|s| s == want),
             "the dashboard lacks {want}"
         );
+    }
+}
+
+/// Least privilege for the database (issue #13): the template makes the application
+/// user's secret (username seckill_app, a password `seckill migrate` can write into
+/// CREATE USER), both functions sign in with it (or with ExistingDbSecretArn, then the
+/// application user's secret too) and may read only it; no function mentions the master
+/// secret, which is an output for `seckill migrate` alone. seckill-http, which makes no
+/// transaction but a read-only one, may not commit one.
+#[test]
+fn functions_use_the_application_user_secret_never_the_master_secret() {
+    let t = template();
+    let secret = resource(&t, "AppDbSecret");
+    assert_eq!(str_of(at(secret, &["Type"])), "AWS::SecretsManager::Secret");
+    assert_eq!(
+        str_of(at(secret, &["Condition"])),
+        "CreateDatabase",
+        "made with the database it is for"
+    );
+    let generate = at(secret, &["Properties", "GenerateSecretString"]);
+    let template_json: serde_json::Value =
+        serde_json::from_str(str_of(at(generate, &["SecretStringTemplate"]))).unwrap();
+    assert_eq!(
+        template_json,
+        serde_json::json!({"username": "seckill_app"})
+    );
+    assert_eq!(str_of(at(generate, &["GenerateStringKey"])), "password");
+    assert!(at(generate, &["PasswordLength"]).as_u64().unwrap() >= 32);
+    assert_eq!(
+        at(generate, &["ExcludePunctuation"]).as_bool(),
+        Some(true),
+        "seckill migrate accepts letters and digits only"
+    );
+    seckill_shared::migrate::AppUser::new("seckill_app", &"aZ9".repeat(11))
+        .expect("a generated password is accepted by seckill migrate");
+
+    // No function's definition names the master secret.
+    for (name, f) in resources_of_type(&t, "AWS::Serverless::Function") {
+        let text = serde_yaml::to_string(f).unwrap();
+        assert!(
+            !text.contains("MasterUserSecret"),
+            "{name} references the master secret:\n{text}"
+        );
+    }
+    let master = Eval {
+        t: &t,
+        s: &Scenario::new(&t, "created resources", &[]),
+    }
+    .attribute("DbCluster", "MasterUserSecret.SecretArn");
+
+    let by_function = data_api_actions_by_function(&t);
+    assert!(
+        !by_function["SeckillHttpFunction"].contains("rds-data:CommitTransaction"),
+        "seckill-http ends its read-only snapshot with a rollback"
+    );
+    assert!(by_function["OrderDrainerFunction"].contains("rds-data:CommitTransaction"));
+    let statements = policy_statements(&t);
+    for s in Scenario::all(&t) {
+        let eval = Eval { t: &t, s: &s };
+        let app_secret = if s.name == "existing resources" {
+            s.params["ExistingDbSecretArn"].clone()
+        } else {
+            scalar_string(&eval.reference("AppDbSecret"))
+        };
+        assert_ne!(app_secret, master);
+        for binary in ["seckill-http", "order-drainer"] {
+            let (name, f) = function_for_binary(&t, binary);
+            let env = environment(&t, f, &s);
+            assert_eq!(env["DB_SECRET_ARN"], app_secret, "{} / {name}", s.name);
+            let secret_resources: Vec<String> = statements
+                .iter()
+                .filter(|(owner, _)| owner == name)
+                .map(|(_, st)| eval.value(st))
+                .filter(|st| {
+                    strings(at(st, &["Action"]))
+                        .iter()
+                        .any(|a| a.starts_with("secretsmanager:"))
+                })
+                .flat_map(|st| strings(at(&st, &["Resource"])))
+                .collect();
+            assert_eq!(
+                secret_resources,
+                vec![app_secret.clone()],
+                "{} / {name}",
+                s.name
+            );
+        }
+        // The outputs name both secrets for `seckill migrate` (ARNs, never values).
+        let outputs = at(&t, &["Outputs"]);
+        let app_out = eval.string(at(outputs, &["DbAppSecretArn", "Value"]));
+        assert_eq!(app_out, app_secret, "{}", s.name);
+        if s.name != "existing resources" {
+            let master_out = eval.string(at(outputs, &["DbMasterSecretArn", "Value"]));
+            assert_eq!(master_out, master);
+        }
+        for (name, o) in outputs.as_mapping().unwrap() {
+            let text = serde_yaml::to_string(at(o, &["Value"])).unwrap();
+            assert!(
+                !text.contains("SecretString") && !text.contains("resolve:secretsmanager"),
+                "output {} shows a secret's value",
+                str_of(name)
+            );
+        }
     }
 }

@@ -68,6 +68,11 @@ impl DataApi {
         }
     }
 
+    /// The database this client works in.
+    pub fn database(&self) -> &str {
+        &self.database
+    }
+
     /// Runs one statement, inside `transaction` when given.
     pub async fn execute(
         &self,
@@ -377,9 +382,11 @@ impl SaleSnapshot<'_> {
         Ok(Some(page).filter(|p| !p.is_empty()))
     }
 
-    /// Ends the read (read-only: a commit releases nothing but the snapshot).
+    /// Ends the read. It wrote nothing, so a rollback ends it as a commit would; and
+    /// seckill-http, whose only transaction this is, is then not allowed to commit any
+    /// (template.yaml grants it no rds-data:CommitTransaction).
     pub async fn finish(self) {
-        if let Err(error) = self.api.commit(&self.transaction).await {
+        if let Err(error) = self.api.try_rollback(&self.transaction).await {
             tracing::warn!(%error, "ending a read-only snapshot failed");
         }
     }

@@ -1,4 +1,5 @@
-//! MariaDB access: one connection pool per database name (created on first use), running
+//! MariaDB access: one connection pool per user and database name (created on first use,
+//! signing in with the credentials of the call's secret), running
 //! one statement and reading its result, and the statement timeout (cancelled with
 //! `KILL QUERY` from another connection, as Aurora cancels a timed-out call).
 
@@ -12,6 +13,7 @@ use mysql_async::prelude::{Protocol, Queryable};
 use mysql_async::{Column, Conn, Opts, OptsBuilder, Params, Pool, QueryResult, Value};
 
 use crate::error::ApiError;
+use crate::secrets::Credentials;
 use crate::sql::PlaceholderSql;
 use crate::values::{self, ResultOptions};
 use crate::wire::Field;
@@ -25,7 +27,8 @@ const SESSION_SETUP: &str = "SET time_zone = '+00:00'";
 pub struct Database {
     base: Opts,
     default_database: Option<String>,
-    pools: Mutex<HashMap<String, Pool>>,
+    /// Keyed by the credentials too: a changed password makes a new pool.
+    pools: Mutex<HashMap<(Credentials, String), Pool>>,
 }
 
 impl Database {
@@ -40,8 +43,17 @@ impl Database {
         })
     }
 
-    /// The pool for `database` (the request's `database`, else the URL's).
-    fn pool(&self, database: Option<&str>) -> Result<Pool, ApiError> {
+    /// The user and password of the MySQL URL.
+    pub fn url_credentials(&self) -> Credentials {
+        Credentials {
+            username: self.base.user().unwrap_or_default().to_string(),
+            password: self.base.pass().unwrap_or_default().to_string(),
+        }
+    }
+
+    /// The pool for `database` (the request's `database`, else the URL's), signed in as
+    /// `creds`.
+    fn pool(&self, creds: &Credentials, database: Option<&str>) -> Result<Pool, ApiError> {
         let name = database
             .filter(|d| !d.is_empty())
             .or(self.default_database.as_deref())
@@ -54,28 +66,46 @@ impl Database {
         // A poisoned lock only means another request panicked while inserting; the map
         // itself is still usable.
         let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
-        let pool = pools.entry(name.to_string()).or_insert_with(|| {
-            let db_name = (!name.is_empty()).then(|| name.to_string());
-            Pool::new(
-                OptsBuilder::from_opts(self.base.clone())
-                    .db_name(db_name)
-                    .setup(vec![SESSION_SETUP]),
-            )
-        });
+        let pool = pools
+            .entry((creds.clone(), name.to_string()))
+            .or_insert_with(|| {
+                let db_name = (!name.is_empty()).then(|| name.to_string());
+                Pool::new(
+                    OptsBuilder::from_opts(self.base.clone())
+                        .user(Some(creds.username.clone()))
+                        .pass(Some(creds.password.clone()))
+                        .db_name(db_name)
+                        .setup(vec![SESSION_SETUP]),
+                )
+            });
         Ok(pool.clone())
     }
 
     /// A pooled connection. Returned to the pool on drop, where mysql_async resets it
     /// (`COM_RESET_CONNECTION`), so an abandoned transaction never leaks to the next user.
-    pub async fn conn(&self, database: Option<&str>) -> Result<Conn, ApiError> {
-        Ok(self.pool(database)?.get_conn().await?)
+    pub async fn conn(
+        &self,
+        creds: &Credentials,
+        database: Option<&str>,
+    ) -> Result<Conn, ApiError> {
+        Ok(self.pool(creds, database)?.get_conn().await?)
     }
 
-    /// Cancels the statement running on connection `id`.
-    pub async fn kill_query(&self, id: u32) {
+    /// Cancels the statement running on connection `id` (which `creds` signed in: a
+    /// user may always cancel its own statements).
+    pub async fn kill_query(&self, creds: &Credentials, id: u32) {
         let killed = async {
-            let mut admin = self.conn(None).await?;
+            // Its own connection, in no database: the user may have rights on none but
+            // the call's.
+            let mut admin = Conn::new(
+                OptsBuilder::from_opts(self.base.clone())
+                    .user(Some(creds.username.clone()))
+                    .pass(Some(creds.password.clone()))
+                    .db_name(None::<String>),
+            )
+            .await?;
             admin.query_drop(format!("KILL QUERY {id}")).await?;
+            admin.disconnect().await.ok();
             Ok::<_, ApiError>(())
         };
         if let Err(err) = killed.await {
@@ -235,6 +265,7 @@ impl Database {
     /// release its connection, so the connection is usable again when this returns.
     pub async fn with_timeout<T, F, Fut>(
         &self,
+        creds: &Credentials,
         connection_id: u32,
         timeout: Duration,
         continue_after_timeout: bool,
@@ -260,7 +291,7 @@ impl Database {
                     task.await
                 } else {
                     if !continue_after_timeout {
-                        self.kill_query(connection_id).await;
+                        self.kill_query(creds, connection_id).await;
                         // The work sees the timeout and rolls back; wait for it.
                         let _ = task.await;
                     }

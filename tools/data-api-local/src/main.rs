@@ -23,9 +23,14 @@ struct Cli {
     #[arg(long, env = "DB_CLUSTER_ARN", default_value = DEFAULT_RESOURCE_ARN)]
     resource_arn: String,
 
-    /// The secret ARN callers must send as secretArn.
+    /// The secret ARN whose calls sign in as the user of --mysql-url (the master secret).
     #[arg(long, env = "DB_SECRET_ARN", default_value = DEFAULT_SECRET_ARN)]
     secret_arn: String,
+
+    /// More secrets: a file of `ARN USERNAME PASSWORD` lines, readable by its owner
+    /// only. Calls carrying such an ARN sign in as that user (same host and port).
+    #[arg(long)]
+    secrets_file: Option<std::path::PathBuf>,
 
     /// Roll back a transaction after this many seconds without a call.
     #[arg(long, default_value_t = 180)]
@@ -54,10 +59,15 @@ async fn main() -> anyhow::Result<()> {
         "--listen {} is not a loopback address: this server accepts any credentials",
         cli.listen
     );
+    let secrets = match &cli.secrets_file {
+        Some(path) => data_api_local::secrets::read_secrets_file(path)?,
+        None => Vec::new(),
+    };
     let config = ServerConfig {
         mysql_url: cli.mysql_url,
         resource_arn: cli.resource_arn,
         secret_arn: cli.secret_arn,
+        secrets,
         transaction_idle_timeout: Duration::from_secs(cli.transaction_timeout_secs),
         statement_timeout: Duration::from_secs(cli.statement_timeout_secs),
     };

@@ -10,7 +10,13 @@
 //! developer's browser: no `Origin` (browsers send it on cross-origin and on every
 //! `POST`; the SDK never does), the SDK's `application/json` body (a page can send
 //! `text/plain` without a preflight), and a loopback `Host` (a rebound DNS name pointing
-//! at 127.0.0.1 keeps its own name in `Host`).
+//! at 127.0.0.1 keeps its own name in `Host`). Secrets Manager's route (`POST /`) takes
+//! the SDK's `application/x-amz-json-1.1` instead, which a page cannot send without a
+//! preflight either (and this server answers no preflight).
+//!
+//! `POST /` with `X-Amz-Target: secretsmanager.GetSecretValue` answers Secrets Manager's
+//! GetSecretValue (the JSON 1.1 protocol `aws-sdk-secretsmanager` speaks) for the secrets
+//! this server knows: `{"username": ..., "password": ...}` as `SecretString`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -31,6 +37,7 @@ use serde::de::DeserializeOwned;
 use crate::ServerConfig;
 use crate::database::{self, Database, Outcome, response_too_large};
 use crate::error::ApiError;
+use crate::secrets::{Credentials, SecretStore};
 use crate::sql::{self, PlaceholderSql};
 use crate::transactions::Registry;
 use crate::values::{self, ResultOptions};
@@ -46,6 +53,7 @@ pub const MAX_SQL_CHARS: usize = 65_536;
 pub struct AppState {
     pub config: ServerConfig,
     pub db: Database,
+    pub secrets: Arc<SecretStore>,
     pub transactions: Arc<Registry>,
 }
 
@@ -57,6 +65,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/CommitTransaction", post(commit_transaction))
         .route("/RollbackTransaction", post(rollback_transaction))
         .route("/ExecuteSql", post(execute_sql))
+        .route("/", post(secrets_manager))
         // One byte over the limit is enough to tell that the body is too large.
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES + 1))
         .layer(middleware::from_fn(only_local_clients))
@@ -65,7 +74,12 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 /// Refuses what a browser could send (see the module header); passes the SDK's calls.
 async fn only_local_clients(request: Request, next: Next) -> Response {
-    match local_client_problem(request.headers()) {
+    let content_type = if request.uri().path() == "/" {
+        SECRETS_MANAGER_CONTENT_TYPE
+    } else {
+        "application/json"
+    };
+    match local_client_problem_for(request.headers(), content_type) {
         None => next.run(request).await,
         Some(problem) => {
             tracing::warn!(
@@ -79,6 +93,11 @@ async fn only_local_clients(request: Request, next: Next) -> Response {
 
 /// Why a request's headers are not those of a local SDK client, if they are not.
 pub fn local_client_problem(headers: &HeaderMap) -> Option<&'static str> {
+    local_client_problem_for(headers, "application/json")
+}
+
+/// Like [`local_client_problem`], for a route whose body is of `content_type`.
+pub fn local_client_problem_for(headers: &HeaderMap, content_type: &str) -> Option<&'static str> {
     if headers.contains_key(header::ORIGIN) {
         return Some("requests with an Origin header (from a browser) are refused");
     }
@@ -86,9 +105,13 @@ pub fn local_client_problem(headers: &HeaderMap) -> Option<&'static str> {
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(';').next())
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case(content_type));
     if !json {
-        return Some("the body must be application/json");
+        return Some(if content_type == "application/json" {
+            "the body must be application/json"
+        } else {
+            "the body must be application/x-amz-json-1.1"
+        });
     }
     let host = headers
         .get(header::HOST)
@@ -224,13 +247,15 @@ fn respond<T: Serialize>(body: &T) -> Result<Vec<u8>, ApiError> {
     Ok(json)
 }
 
-/// Both ARNs must be the ones this server was started with: a caller configured for
-/// another cluster or secret must fail here as it would against AWS.
+/// The resource ARN must be the one this server was started with and the secret one it
+/// knows: a caller configured for another cluster or secret must fail here as it would
+/// against AWS. Returns the secret's credentials, the user the call signs in as.
 fn check_arns(
     config: &ServerConfig,
+    secrets: &SecretStore,
     resource_arn: Option<&str>,
     secret_arn: Option<&str>,
-) -> Result<(), ApiError> {
+) -> Result<Credentials, ApiError> {
     let resource_arn =
         resource_arn.ok_or_else(|| ApiError::bad_request("resourceArn is required"))?;
     let secret_arn = secret_arn.ok_or_else(|| ApiError::bad_request("secretArn is required"))?;
@@ -240,13 +265,12 @@ fn check_arns(
             config.resource_arn
         )));
     }
-    if secret_arn != config.secret_arn {
-        return Err(ApiError::bad_request(format!(
+    secrets.get(secret_arn).ok_or_else(|| {
+        ApiError::bad_request(format!(
             "Invalid secretArn {secret_arn}: this server accepts {}",
-            config.secret_arn
-        )));
-    }
-    Ok(())
+            secrets.arns().join(", ")
+        ))
+    })
 }
 
 fn check_sql(sql: Option<String>) -> Result<PlaceholderSql, ApiError> {
@@ -301,8 +325,9 @@ fn generated_fields(outcome: &Outcome) -> Result<Vec<Field>, ApiError> {
 
 async fn execute(app: &AppState, body: Body) -> Result<Vec<u8>, ApiError> {
     let req: ExecuteStatementRequest = parse(body)?;
-    check_arns(
+    let creds = check_arns(
         &app.config,
+        &app.secrets,
         req.resource_arn.as_deref(),
         req.secret_arn.as_deref(),
     )?;
@@ -331,6 +356,7 @@ async fn execute(app: &AppState, body: Body) -> Result<Vec<u8>, ApiError> {
             let result = app
                 .db
                 .with_timeout(
+                    &creds,
                     connection_id,
                     timeout,
                     continue_after_timeout,
@@ -361,10 +387,11 @@ async fn execute(app: &AppState, body: Body) -> Result<Vec<u8>, ApiError> {
             result?
         }
         None => {
-            let mut conn = app.db.conn(req.database.as_deref()).await?;
+            let mut conn = app.db.conn(&creds, req.database.as_deref()).await?;
             let connection_id = conn.id();
             app.db
                 .with_timeout(
+                    &creds,
                     connection_id,
                     timeout,
                     continue_after_timeout,
@@ -422,8 +449,9 @@ fn format_json(columns: &[mysql_async::Column], rows: &[Vec<Field>]) -> Result<S
 
 async fn batch_execute(app: &AppState, body: Body) -> Result<Vec<u8>, ApiError> {
     let req: BatchExecuteStatementRequest = parse(body)?;
-    check_arns(
+    let creds = check_arns(
         &app.config,
+        &app.secrets,
         req.resource_arn.as_deref(),
         req.secret_arn.as_deref(),
     )?;
@@ -451,44 +479,56 @@ async fn batch_execute(app: &AppState, body: Body) -> Result<Vec<u8>, ApiError> 
             let tx_id = tx.id.clone();
             let result = app
                 .db
-                .with_timeout(connection_id, timeout, false, |deadline| async move {
-                    let result = match slot.as_mut() {
-                        Some(conn) => run_sets(conn, &sql, sets).await,
-                        None => Err(crate::transactions::not_found(&tx_id)),
-                    };
-                    let in_time = deadline.finish();
-                    if !in_time || result.as_ref().is_err_and(ApiError::aborts_transaction) {
-                        registry.abort(&tx_id, &mut slot).await;
-                    }
-                    result
-                })
+                .with_timeout(
+                    &creds,
+                    connection_id,
+                    timeout,
+                    false,
+                    |deadline| async move {
+                        let result = match slot.as_mut() {
+                            Some(conn) => run_sets(conn, &sql, sets).await,
+                            None => Err(crate::transactions::not_found(&tx_id)),
+                        };
+                        let in_time = deadline.finish();
+                        if !in_time || result.as_ref().is_err_and(ApiError::aborts_transaction) {
+                            registry.abort(&tx_id, &mut slot).await;
+                        }
+                        result
+                    },
+                )
                 .await;
             tx.touch();
             result?
         }
         None => {
-            let mut conn = app.db.conn(req.database.as_deref()).await?;
+            let mut conn = app.db.conn(&creds, req.database.as_deref()).await?;
             let connection_id = conn.id();
             app.db
-                .with_timeout(connection_id, timeout, false, |deadline| async move {
-                    // All sets or none: one implicit transaction.
-                    conn.query_drop("START TRANSACTION").await?;
-                    let result = run_sets(&mut conn, &sql, sets).await;
-                    let in_time = deadline.finish();
-                    match result {
-                        Ok(results) if in_time => {
-                            conn.query_drop("COMMIT").await?;
-                            Ok(results)
+                .with_timeout(
+                    &creds,
+                    connection_id,
+                    timeout,
+                    false,
+                    |deadline| async move {
+                        // All sets or none: one implicit transaction.
+                        conn.query_drop("START TRANSACTION").await?;
+                        let result = run_sets(&mut conn, &sql, sets).await;
+                        let in_time = deadline.finish();
+                        match result {
+                            Ok(results) if in_time => {
+                                conn.query_drop("COMMIT").await?;
+                                Ok(results)
+                            }
+                            other => {
+                                // Failed, or too late (the caller already got the timeout
+                                // error and ignores this result). Were ROLLBACK to fail, the
+                                // pool's reset of the connection would roll back as well.
+                                let _ = conn.query_drop("ROLLBACK").await;
+                                other
+                            }
                         }
-                        other => {
-                            // Failed, or too late (the caller already got the timeout
-                            // error and ignores this result). Were ROLLBACK to fail, the
-                            // pool's reset of the connection would roll back as well.
-                            let _ = conn.query_drop("ROLLBACK").await;
-                            other
-                        }
-                    }
-                })
+                    },
+                )
                 .await?
         }
     };
@@ -521,12 +561,13 @@ async fn run_sets(
 
 async fn begin(app: &AppState, body: Body) -> Result<Vec<u8>, ApiError> {
     let req: BeginTransactionRequest = parse(body)?;
-    check_arns(
+    let creds = check_arns(
         &app.config,
+        &app.secrets,
         req.resource_arn.as_deref(),
         req.secret_arn.as_deref(),
     )?;
-    let mut conn = app.db.conn(req.database.as_deref()).await?;
+    let mut conn = app.db.conn(&creds, req.database.as_deref()).await?;
     conn.query_drop("START TRANSACTION").await?;
     let transaction_id = app.transactions.insert(conn);
     tracing::debug!(%transaction_id, "transaction started");
@@ -541,8 +582,10 @@ enum End {
 
 async fn end(app: &AppState, body: Body, how: End) -> Result<Vec<u8>, ApiError> {
     let req: EndTransactionRequest = parse(body)?;
-    check_arns(
+    // The transaction's connection is signed in already; the secret must still be known.
+    let _creds = check_arns(
         &app.config,
+        &app.secrets,
         req.resource_arn.as_deref(),
         req.secret_arn.as_deref(),
     )?;
@@ -561,4 +604,81 @@ async fn end(app: &AppState, body: Body, how: End) -> Result<Vec<u8>, ApiError> 
     respond(&EndTransactionResponse {
         transaction_status: status.to_string(),
     })
+}
+
+/// The content type of Secrets Manager's JSON 1.1 protocol.
+pub const SECRETS_MANAGER_CONTENT_TYPE: &str = "application/x-amz-json-1.1";
+
+/// `POST /` with `X-Amz-Target: secretsmanager.<Operation>`: only GetSecretValue, for the
+/// secrets this server knows (by ARN). Errors in the JSON 1.1 form (`__type`).
+async fn secrets_manager(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let target = headers
+        .get("x-amz-target")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let result = match target {
+        "secretsmanager.GetSecretValue" => get_secret_value(&app, body),
+        other => Err((
+            "UnknownOperationException",
+            format!("X-Amz-Target {other:?} is not supported: only secretsmanager.GetSecretValue"),
+        )),
+    };
+    let (status, json) = match result {
+        Ok(json) => {
+            tracing::info!(operation = "GetSecretValue", status = 200, "ok");
+            (StatusCode::OK, json)
+        }
+        Err((code, message)) => {
+            tracing::info!(operation = target, status = 400, error = code, "failed");
+            let body = serde_json::json!({ "__type": code, "message": message });
+            (StatusCode::BAD_REQUEST, body.to_string().into_bytes())
+        }
+    };
+    let mut response = (status, json).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(SECRETS_MANAGER_CONTENT_TYPE),
+    );
+    response
+}
+
+fn get_secret_value(app: &AppState, body: Body) -> Result<Vec<u8>, (&'static str, String)> {
+    #[derive(serde::Deserialize)]
+    struct GetSecretValueRequest {
+        #[serde(rename = "SecretId")]
+        secret_id: Option<String>,
+    }
+    let invalid = |m: String| ("InvalidParameterException", m);
+    let bytes = body.map_err(|e| invalid(format!("Could not read the request body: {e}")))?;
+    let req: GetSecretValueRequest = serde_json::from_slice(&bytes)
+        .map_err(|e| invalid(format!("Malformed request body: {e}")))?;
+    let id = req
+        .secret_id
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| invalid("SecretId is required".to_string()))?;
+    let creds = app.secrets.get(&id).ok_or_else(|| {
+        (
+            "ResourceNotFoundException",
+            "Secrets Manager can't find the specified secret.".to_string(),
+        )
+    })?;
+    let secret_string = serde_json::json!({
+        "username": creds.username,
+        "password": creds.password,
+    })
+    .to_string();
+    let name = id.rsplit(':').next().unwrap_or(&id).to_string();
+    let out = serde_json::json!({
+        "ARN": id,
+        "Name": name,
+        "VersionId": "00000000-0000-0000-0000-000000000000",
+        "SecretString": secret_string,
+        "VersionStages": ["AWSCURRENT"],
+        "CreatedDate": 0.0,
+    });
+    Ok(out.to_string().into_bytes())
 }

@@ -9,11 +9,10 @@ mod demo;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
-use seckill_shared::adapters::data_api::DataApi;
-use seckill_shared::config::{DataApiConfig, EnvReader};
-use seckill_shared::{auth, migrate};
+use seckill_cli::migrate::{self, MigrateConfig};
+use seckill_shared::auth;
+use seckill_shared::config::EnvReader;
 
 #[derive(Parser)]
 #[command(
@@ -29,12 +28,18 @@ struct Cli {
 enum Command {
     /// Run a small flash sale end to end over the HTTP API and check the invariants.
     Demo(demo::DemoArgs),
-    /// Apply pending migrations through the Data API (reads DB_CLUSTER_ARN, DB_SECRET_ARN,
-    /// DB_NAME, optional DATA_API_URL, and the standard AWS credentials and region).
+    /// Apply pending migrations through the Data API with the master secret, then make the
+    /// functions' database user from its own secret (reads DB_CLUSTER_ARN, DB_NAME, the
+    /// master secret DB_MASTER_SECRET_ARN, else DB_SECRET_ARN, the application user's
+    /// secret DB_APP_SECRET_ARN, optional DATA_API_URL and SECRETS_MANAGER_URL, and the
+    /// standard AWS credentials and region).
     Migrate {
         /// Apply to this database instead of DB_NAME.
         #[arg(long)]
         database: Option<String>,
+        /// The application user's secret, instead of DB_APP_SECRET_ARN.
+        #[arg(long)]
+        app_secret_arn: Option<String>,
     },
     /// Print a signed dev token (HS256 with SECKILL_DEV_JWT_SECRET) for local calls.
     Token {
@@ -57,22 +62,20 @@ async fn main() -> anyhow::Result<()> {
     seckill_shared::telemetry::init();
     match Cli::parse().command {
         Command::Demo(args) => demo::run(args).await?,
-        Command::Migrate { database } => {
+        Command::Migrate {
+            database,
+            app_secret_arn,
+        } => {
             let mut env = EnvReader::from_env();
-            let mut cfg = DataApiConfig::read(&mut env);
+            let mut cfg = MigrateConfig::read(&mut env);
             if let Some(db) = database {
-                cfg.database = db;
+                cfg.data_api.database = db;
+            }
+            if app_secret_arn.is_some() {
+                cfg.app_secret_arn = app_secret_arn;
             }
             env.finish()?;
-            let db = DataApi::connect(&cfg).await;
-            let applied = migrate::apply(&db, &migrate::embedded())
-                .await
-                .with_context(|| format!("migrating database {}", cfg.database))?;
-            if applied.is_empty() {
-                println!("schema of {} is up to date", cfg.database);
-            } else {
-                println!("applied migrations {applied:?} to {}", cfg.database);
-            }
+            print!("{}", migrate::run(&cfg).await?);
         }
         Command::Token {
             sub,

@@ -75,10 +75,16 @@ impl Bench {
             })?;
         conn.disconnect().await.ok();
         let mysql_url = url_with_database(&admin_url, &database)?;
+        // A database of the benchmark's own: the application user of the stack has no
+        // rights on it, so everything here signs in with the master secret (the stack's
+        // admin user; DB_SECRET_ARN on a stack from before the application user).
+        let secret_arn = stack
+            .optional("DB_MASTER_SECRET_ARN")
+            .map_or_else(|| stack.get("DB_SECRET_ARN"), Ok)?;
         let server = if knobs.own_data_api {
             let mut cfg = data_api_local::ServerConfig::new(mysql_url.clone());
             cfg.resource_arn = stack.get("DB_CLUSTER_ARN")?;
-            cfg.secret_arn = stack.get("DB_SECRET_ARN")?;
+            cfg.secret_arn = secret_arn.clone();
             Some(
                 data_api_local::spawn(cfg)
                     .await
@@ -90,7 +96,7 @@ impl Bench {
         let mut vars = vec![
             ("REDIS_URL".to_string(), stack.get("REDIS_URL")?),
             ("DB_CLUSTER_ARN".to_string(), stack.get("DB_CLUSTER_ARN")?),
-            ("DB_SECRET_ARN".to_string(), stack.get("DB_SECRET_ARN")?),
+            ("DB_SECRET_ARN".to_string(), secret_arn),
             ("DB_NAME".to_string(), database.clone()),
             (
                 "SECKILL_DEV_JWT_SECRET".to_string(),

@@ -21,6 +21,9 @@ const KEYS: &[&str] = &[
     "SECKILL_DEV_JWT_SECRET",
     "DB_CLUSTER_ARN",
     "DB_SECRET_ARN",
+    "DB_MASTER_SECRET_ARN",
+    "DB_APP_SECRET_ARN",
+    "SECRETS_MANAGER_URL",
     "DB_NAME",
     "AWS_REGION",
 ];

@@ -19,7 +19,13 @@ use seckill_tests::redis::RedisServer;
 /// be kept as long as the benchmark.
 async fn bench_on(b: &Backends, run_id: &str) -> (Bench, Option<RedisServer>) {
     let mysql = url_with_database(&b.mysql_url, &b.database);
-    let mut bench = Bench::attach(b.http_config(), Some(mysql), run_id.to_string())
+    // The benchmark applies the schema itself (DDL): the master secret, not the
+    // application user the handler tests use.
+    let http = seckill_http::Config {
+        data_api: b.master_data_api_config(),
+        ..b.http_config()
+    };
+    let mut bench = Bench::attach(http, Some(mysql), run_id.to_string())
         .await
         .expect("the benchmark attaches to the test backends");
     let tutorial = (b.redis.nodes().len() > 1).then(RedisServer::single);
