@@ -27,7 +27,8 @@ async fn sql(ctx: &DrainCtx, statement: &str) {
 async fn status_numbers_match_the_database_after_a_sale() {
     let ctx = DrainCtx::start().await;
     let b = backends(&ctx).await;
-    let v = ctx.voucher(50, 50).await;
+    // The database holds 25 units of the 50 Redis sells: 5 of 30 orders end rejected.
+    let v = ctx.voucher(50, 25).await;
     ctx.admit(v.id, "buyer", 30).await;
 
     let before = status::voucher_status(&b, v.id).await.unwrap();
@@ -41,18 +42,25 @@ async fn status_numbers_match_the_database_after_a_sale() {
     let s = &all[0];
     let rows = ctx.orders_in_db(v.id).await;
     let confirmed = rows.values().filter(|(s, _)| s == "confirmed").count() as u64;
+    let rejected = rows.values().filter(|(s, _)| s == "rejected").count() as u64;
     assert_eq!(s.voucher, v.id.get());
-    assert_eq!((s.admitted, s.confirmed, s.rejected), (30, confirmed, 0));
-    assert_eq!(confirmed, 30);
+    assert_eq!(
+        (s.admitted, s.confirmed, s.rejected),
+        (30, confirmed, rejected)
+    );
+    assert_eq!((confirmed, rejected), (25, 5));
     assert_eq!(s.stock_left_db, Some(ctx.db_stock_left(v.id).await));
     assert_eq!(s.stock_left_redis, Some(20));
     assert_eq!((s.pending, s.lag, s.dead_letters), (0, 0, 0));
     assert!(s.drained && s.active && s.oldest_unfinished_ms.is_none());
     assert_eq!(s.phase, "open");
     let text = status::render(&all);
-    assert!(text.contains("admitted 30, confirmed 30"), "{text}");
+    assert!(
+        text.contains("admitted 30, confirmed 25, rejected 5"),
+        "{text}"
+    );
     let json = serde_json::to_value(&all).unwrap();
-    assert_eq!(json[0]["confirmed"], 30);
+    assert_eq!(json[0]["confirmed"], 25);
 
     let missing = status::voucher_status(&b, VoucherId::new(999_999).unwrap()).await;
     let err = format!("{:#}", missing.unwrap_err());
