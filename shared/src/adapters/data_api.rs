@@ -314,6 +314,32 @@ impl DataApi {
         let status = parse_status(status).ok_or_else(bad)?;
         Ok(Some((voucher, user, status)))
     }
+
+    /// How many orders of the voucher the database holds: (confirmed, rejected).
+    pub async fn order_counts(&self, voucher: VoucherId) -> Result<(u64, u64), StoreError> {
+        let out = self
+            .execute(
+                "SELECT status, COUNT(*) FROM orders WHERE voucher_id = :v GROUP BY status",
+                vec![param::long("v", voucher.get())],
+                None,
+            )
+            .await?;
+        let (mut confirmed, mut rejected) = (0, 0);
+        for row in out.records() {
+            let [status, n] = row.as_slice() else {
+                return Err(StoreError::Corrupt("order counts: unexpected row".into()));
+            };
+            let n = field::long(n)
+                .and_then(|n| u64::try_from(n).ok())
+                .unwrap_or(0);
+            match parse_status(status) {
+                Some(OrderStatus::Confirmed) => confirmed = n,
+                Some(OrderStatus::Rejected) => rejected = n,
+                Some(OrderStatus::Pending) | None => {}
+            }
+        }
+        Ok((confirmed, rejected))
+    }
 }
 
 /// `orders.user_id` as text in a select list. The column is binary (compared byte for

@@ -6,6 +6,7 @@
 //! script on NOSCRIPT by itself. Every script receives all its keys in `KEYS`, built by
 //! [`crate::keys`] with one hash tag per call (invariant 4).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -347,6 +348,16 @@ pub enum Reopen {
     BuyersLost,
 }
 
+/// A sale hash's numbers (`lua/preload.lua` writes them); `None` for a field that is
+/// missing or not a number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SaleState {
+    pub stock: Option<i64>,
+    pub total: Option<i64>,
+    pub begins_ms: Option<UnixMillis>,
+    pub ends_ms: Option<UnixMillis>,
+}
+
 /// Orders stream entries per page when buyers are restored from the stream.
 pub const RESTORE_STREAM_PAGE: usize = 1_000;
 
@@ -562,6 +573,60 @@ impl RedisSales {
         let k = VoucherKeys::new(voucher);
         let _: i64 = self.conn.clone().del(&k.repair).await?;
         Ok(())
+    }
+
+    /// The sale hash as Redis holds it, `None` when the sale is not loaded.
+    pub async fn sale_state(&self, voucher: VoucherId) -> Result<Option<SaleState>, StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let all: HashMap<String, String> = self.conn.clone().hgetall(&k.sale).await?;
+        if all.is_empty() {
+            return Ok(None);
+        }
+        let num = |name: &str| all.get(name).and_then(|v| v.parse::<i64>().ok());
+        Ok(Some(SaleState {
+            stock: num("stock"),
+            total: num("total"),
+            begins_ms: num("begins_ms"),
+            ends_ms: num("ends_ms"),
+        }))
+    }
+
+    /// How many buyers the buyers hash holds (HLEN).
+    pub async fn buyer_count(&self, voucher: VoucherId) -> Result<u64, StoreError> {
+        Ok(self
+            .conn
+            .clone()
+            .hlen(VoucherKeys::new(voucher).buyers)
+            .await?)
+    }
+
+    /// Every (user id, order id) of the buyers hash (HSCAN). A value that is not an order
+    /// id comes back as `None`.
+    pub async fn buyers(
+        &self,
+        voucher: VoucherId,
+    ) -> Result<Vec<(String, Option<OrderId>)>, StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let mut cursor = 0u64;
+        let mut out = Vec::new();
+        loop {
+            let (next, flat): (u64, Vec<String>) = redis::cmd("HSCAN")
+                .arg(&k.buyers)
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(RESTORE_STREAM_PAGE)
+                .query_async(&mut self.conn.clone())
+                .await?;
+            for pair in flat.chunks(2) {
+                if let [user, order] = pair {
+                    out.push((user.clone(), order.parse().ok().and_then(OrderId::new)));
+                }
+            }
+            if next == 0 {
+                return Ok(out);
+            }
+            cursor = next;
+        }
     }
 
     /// Units left in Redis, `None` when the sale is not loaded.

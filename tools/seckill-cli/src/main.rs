@@ -3,14 +3,18 @@
 //! - `seckill migrate`: applies `migrations/` through the RDS Data API, locally (against
 //!   `tools/data-api-local`) and in AWS (against the Aurora cluster) alike;
 //! - `seckill token`: mints an HS256 token with the local dev secret;
-//! - `seckill demo`: runs a small sale over HTTP against the local stack.
+//! - `seckill demo`: runs a small sale over HTTP against the local stack;
+//! - `seckill status`, `seckill dead-letters`, `seckill reconcile`: operating a sale
+//!   (`seckill_cli::ops`).
 
 mod demo;
 
+use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand};
 use seckill_cli::migrate::{self, MigrateConfig};
+use seckill_cli::ops::cli;
 use seckill_shared::auth;
 use seckill_shared::config::EnvReader;
 
@@ -55,12 +59,23 @@ enum Command {
         #[arg(long, env = "SECKILL_DEV_JWT_SECRET", hide_env_values = true)]
         secret: String,
     },
+    /// Per voucher: stock in Redis and the database, admitted, confirmed, rejected,
+    /// pending, dead letters, window (every active voucher when none is named).
+    Status(cli::StatusArgs),
+    /// List dead letters and why they failed, or replay them through the drainer.
+    #[command(subcommand)]
+    DeadLetters(cli::DeadLettersCommand),
+    /// Compare buyers, stream, dead letters and orders table; `--repair` the safe classes.
+    Reconcile(cli::ReconcileArgs),
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> anyhow::Result<ExitCode> {
     seckill_shared::telemetry::init();
     match Cli::parse().command {
+        Command::Status(args) => return cli::run_status(args).await,
+        Command::DeadLetters(cmd) => return cli::run_dead_letters(cmd).await,
+        Command::Reconcile(args) => return cli::run_reconcile(args).await,
         Command::Demo(args) => demo::run(args).await?,
         Command::Migrate {
             database,
@@ -91,5 +106,5 @@ async fn main() -> anyhow::Result<()> {
             );
         }
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }

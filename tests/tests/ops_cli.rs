@@ -1,0 +1,254 @@
+//! The operator commands (`seckill status`, `dead-letters`, `reconcile`) through their
+//! library functions, against a private Redis, a fresh database and the real drainer.
+
+use mysql_async::prelude::Queryable;
+use redis::AsyncCommands;
+use seckill_cli::ops::Backends;
+use seckill_cli::ops::dead_letters::{self, Replay};
+use seckill_cli::ops::reconcile::{self, class};
+use seckill_cli::ops::status;
+use seckill_shared::domain::VoucherId;
+use seckill_shared::keys::VoucherKeys;
+use seckill_tests::drainer::DrainCtx;
+
+async fn backends(ctx: &DrainCtx) -> Backends {
+    Backends::connect(&ctx.redis.config(), &ctx.data_api_config())
+        .await
+        .expect("backends")
+}
+
+async fn sql(ctx: &DrainCtx, statement: &str) {
+    let mut conn = ctx.mysql().await;
+    conn.query_drop(statement).await.expect(statement);
+    conn.disconnect().await.ok();
+}
+
+#[tokio::test]
+async fn status_numbers_match_the_database_after_a_sale() {
+    let ctx = DrainCtx::start().await;
+    let b = backends(&ctx).await;
+    // The database holds 25 units of the 50 Redis sells: 5 of 30 orders end rejected.
+    let v = ctx.voucher(50, 25).await;
+    ctx.admit(v.id, "buyer", 30).await;
+
+    let before = status::voucher_status(&b, v.id).await.unwrap();
+    assert_eq!((before.admitted, before.confirmed, before.lag), (30, 0, 30));
+    assert_eq!(before.stock_left_redis, Some(20));
+    assert!(!before.drained && before.oldest_unfinished_ms.is_some());
+
+    ctx.drain(ctx.drainer_config()).await;
+    let all = status::status(&b, &[]).await.unwrap();
+    assert_eq!(all.len(), 1, "every active voucher: {all:?}");
+    let s = &all[0];
+    let rows = ctx.orders_in_db(v.id).await;
+    let confirmed = rows.values().filter(|(s, _)| s == "confirmed").count() as u64;
+    let rejected = rows.values().filter(|(s, _)| s == "rejected").count() as u64;
+    assert_eq!(s.voucher, v.id.get());
+    assert_eq!(
+        (s.admitted, s.confirmed, s.rejected),
+        (30, confirmed, rejected)
+    );
+    assert_eq!((confirmed, rejected), (25, 5));
+    assert_eq!(s.stock_left_db, Some(ctx.db_stock_left(v.id).await));
+    assert_eq!(s.stock_left_redis, Some(20));
+    assert_eq!((s.pending, s.lag, s.dead_letters), (0, 0, 0));
+    assert!(s.drained && s.active && s.oldest_unfinished_ms.is_none());
+    assert_eq!(s.phase, "open");
+    let text = status::render(&all);
+    assert!(
+        text.contains("admitted 30, confirmed 25, rejected 5"),
+        "{text}"
+    );
+    let json = serde_json::to_value(&all).unwrap();
+    assert_eq!(json[0]["confirmed"], 25);
+
+    let missing = status::voucher_status(&b, VoucherId::new(999_999).unwrap()).await;
+    let err = format!("{:#}", missing.unwrap_err());
+    assert!(err.contains("voucher 999999 does not exist"), "{err}");
+    ctx.cleanup().await;
+}
+
+#[tokio::test]
+async fn unreachable_backends_are_named() {
+    let ctx = DrainCtx::start().await;
+    let mut redis = ctx.redis.config();
+    redis.url = format!("redis://127.0.0.1:{}", seckill_tests::redis::free_port());
+    let err = Backends::connect(&redis, &ctx.data_api_config())
+        .await
+        .err()
+        .unwrap();
+    assert!(format!("{err:#}").contains("Redis"), "{err:#}");
+    let mut data = ctx.data_api_config();
+    data.database = "no_such_database_here".into();
+    let err = Backends::connect(&ctx.redis.config(), &data)
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        format!("{err:#}").contains("database no_such_database_here"),
+        "{err:#}"
+    );
+    ctx.cleanup().await;
+}
+
+/// A dead letter replayed after its cause is fixed is committed once, with its own
+/// order id and buyer, also when two replays race and when the first replay fails again.
+#[tokio::test]
+async fn a_replayed_dead_letter_is_committed_exactly_once() {
+    let ctx = DrainCtx::start().await;
+    let b = backends(&ctx).await;
+    let v = ctx.voucher(100, 100).await;
+    sql(
+        &ctx,
+        "CREATE TRIGGER refuse_poison BEFORE INSERT ON orders FOR EACH ROW \
+         IF NEW.user_id LIKE 'poison%' THEN \
+         SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused by a test trigger'; END IF",
+    )
+    .await;
+    ctx.admit(v.id, "a", 5).await;
+    let poison = ctx.admit(v.id, "poison", 1).await[0];
+    ctx.xadd_raw(v.id, &[("order_id", "x")]).await;
+    ctx.drain(ctx.drainer_config()).await;
+
+    let listed = dead_letters::list(&b, v.id).await.unwrap();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    let refused = listed
+        .iter()
+        .find(|d| d.reason.starts_with("refused: "))
+        .unwrap();
+    assert_eq!(
+        refused.order_id.as_deref(),
+        Some(poison.to_string().as_str())
+    );
+    assert_eq!(refused.user_id.as_deref(), Some("poison-0"));
+    assert_eq!(refused.not_replayable, None);
+    let bad = listed
+        .iter()
+        .find(|d| d.reason.starts_with("bad_fields"))
+        .unwrap();
+    assert!(
+        bad.not_replayable
+            .as_deref()
+            .unwrap()
+            .contains("would fail again")
+    );
+
+    // Not fixed yet: the replayed entry fails again and comes back with the same order.
+    let done = dead_letters::replay(&b, v.id, std::slice::from_ref(&refused.id))
+        .await
+        .unwrap();
+    assert!(matches!(done[..], [Replay::Replayed { .. }]), "{done:?}");
+    ctx.drain(ctx.drainer_config()).await;
+    let again = dead_letters::list(&b, v.id).await.unwrap();
+    let back = again
+        .iter()
+        .find(|d| d.reason.starts_with("refused: "))
+        .unwrap();
+    assert_ne!(back.id, refused.id);
+    assert_eq!(back.order_id, refused.order_id);
+
+    // Fixed: two replays race, one wins; the bad-fields letter is refused and stays.
+    sql(&ctx, "DROP TRIGGER refuse_poison").await;
+    let (r1, r2) = tokio::join!(
+        dead_letters::replay(&b, v.id, &[]),
+        dead_letters::replay(&b, v.id, &[])
+    );
+    let replayed = r1
+        .unwrap()
+        .into_iter()
+        .chain(r2.unwrap())
+        .filter(|r| matches!(r, Replay::Replayed { .. }))
+        .count();
+    assert_eq!(replayed, 1);
+    // Replaying the same id once more finds nothing.
+    let third = dead_letters::replay(&b, v.id, std::slice::from_ref(&back.id))
+        .await
+        .unwrap();
+    assert!(matches!(third[..], [Replay::Missing { .. }]), "{third:?}");
+    ctx.drain(ctx.drainer_config()).await;
+
+    let rows = ctx.orders_in_db(v.id).await;
+    assert_eq!(
+        rows.get(&poison.get()).map(|r| r.0.as_str()),
+        Some("confirmed")
+    );
+    assert_eq!(rows.len(), 6);
+    assert_eq!(ctx.db_stock_left(v.id).await, 94);
+    let left = dead_letters::list(&b, v.id).await.unwrap();
+    assert_eq!(left.len(), 1, "only the unparseable one stays: {left:?}");
+    assert_eq!(ctx.pending(v.id).await, 0);
+    ctx.cleanup().await;
+}
+
+async fn reconcile_twice(ctx: &DrainCtx, b: &Backends, v: VoucherId, expect: &str) {
+    let found = reconcile::reconcile(b, v, false).await.unwrap();
+    assert!(
+        found.class(expect).is_some(),
+        "{expect} not found: {found:#?}"
+    );
+    assert!(!found.clean_after());
+    let fixed = reconcile::reconcile(b, v, true).await.unwrap();
+    assert!(fixed.clean_after(), "{fixed:#?}");
+    ctx.drain(ctx.drainer_config()).await;
+    let after = reconcile::reconcile(b, v, false).await.unwrap();
+    assert!(after.discrepancies.is_empty(), "{after:#?}");
+}
+
+#[tokio::test]
+async fn reconcile_finds_and_repairs_each_seeded_discrepancy() {
+    let ctx = DrainCtx::start().await;
+    let b = backends(&ctx).await;
+    let v = ctx.voucher(50, 50).await;
+    let k = VoucherKeys::new(v.id);
+    ctx.admit(v.id, "buyer", 20).await;
+    let clean = reconcile::reconcile(&b, v.id, false).await.unwrap();
+    assert!(clean.discrepancies.is_empty(), "{clean:#?}");
+
+    // A stream entry deleted before it was drained.
+    let first = ctx.stream_ids(v.id).await[0].clone();
+    let _: i64 = ctx.conn().xdel(&k.orders, &[&first]).await.unwrap();
+    reconcile_twice(&ctx, &b, v.id, class::ADMITTED_LOST).await;
+    assert_eq!(ctx.orders_in_db(v.id).await.len(), 20);
+
+    // A row deleted from the database (its unit given back, as a restore would).
+    let (id, _) = ctx.orders_in_db(v.id).await.into_iter().next().unwrap();
+    sql(&ctx, &format!("DELETE FROM orders WHERE id = {id}")).await;
+    sql(
+        &ctx,
+        &format!(
+            "UPDATE vouchers SET stock_left = stock_left + 1 WHERE id = {}",
+            v.id
+        ),
+    )
+    .await;
+    reconcile_twice(&ctx, &b, v.id, class::ADMITTED_LOST).await;
+    assert!(ctx.orders_in_db(v.id).await.contains_key(&id));
+
+    // A buyer lost from the buyers hash.
+    let _: i64 = ctx.conn().hdel(&k.buyers, "buyer-3").await.unwrap();
+    reconcile_twice(&ctx, &b, v.id, class::DB_NOT_IN_REDIS).await;
+
+    // Stock changed by hand: found, not repaired.
+    let _: i64 = ctx.conn().hincr(&k.sale, "stock", 5).await.unwrap();
+    let r = reconcile::reconcile(&b, v.id, true).await.unwrap();
+    assert!(
+        r.class(class::REDIS_STOCK).is_some() && !r.clean_after(),
+        "{r:#?}"
+    );
+    let _: i64 = ctx.conn().hincr(&k.sale, "stock", -5).await.unwrap();
+
+    // A corrupt entry: found while undrained, then as a dead letter; never "repaired".
+    ctx.xadd_raw(v.id, &[("order_id", "1"), ("voucher_id", "x")])
+        .await;
+    let r = reconcile::reconcile(&b, v.id, true).await.unwrap();
+    assert!(
+        r.class(class::UNPARSEABLE).is_some() && !r.clean_after(),
+        "{r:#?}"
+    );
+    ctx.drain(ctx.drainer_config()).await;
+    let r = reconcile::reconcile(&b, v.id, false).await.unwrap();
+    assert_eq!(r.discrepancies.len(), 1, "{r:#?}");
+    assert_eq!(r.class(class::DEAD_LETTERED).map(|d| d.count), Some(1));
+    assert_eq!(ctx.orders_in_db(v.id).await.len(), 20);
+    ctx.cleanup().await;
+}

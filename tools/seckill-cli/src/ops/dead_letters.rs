@@ -1,0 +1,196 @@
+//! `seckill dead-letters list|replay VOUCHER`: why entries could not be written, and
+//! putting them back through the normal drain path once the cause is fixed.
+//!
+//! A replay appends the dead letter's original fields (same order id, buyer, admission
+//! time) to the orders stream and deletes the dead letter in one Redis script, so each
+//! dead letter is replayed at most once however many replays race. The drainer then
+//! treats the entry like any admission: an order already in the database is a duplicate
+//! by its id (acked, not written again), and one that fails again is dead-lettered again
+//! with its new reason. Entries that would certainly fail again (fields that do not
+//! parse, a voucher the database does not know) are refused, with the reason.
+
+use order_drainer::plan::parse_entry;
+use seckill_shared::adapters::order_stream::{DeadLetter, fields};
+use seckill_shared::domain::VoucherId;
+use serde::Serialize;
+
+use super::{Backends, db_error, redis_error};
+
+/// One dead letter, for people and for `--json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeadLetterView {
+    /// Its id in the dead-letter stream (what `replay --id` takes).
+    pub id: String,
+    /// Its id in the orders stream when it was dead-lettered.
+    pub source_id: String,
+    pub reason: String,
+    pub deliveries: u64,
+    pub order_id: Option<String>,
+    pub user_id: Option<String>,
+    pub admitted_ms: Option<String>,
+    /// The order's row, when the database has one: `confirmed` or `rejected`.
+    pub in_database: Option<String>,
+    /// Why a replay would be refused; `None`: it can be replayed.
+    pub not_replayable: Option<String>,
+}
+
+fn text(dead: &DeadLetter, name: &str) -> Option<String> {
+    dead.entry
+        .field(name)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+async fn view(
+    b: &Backends,
+    voucher: VoucherId,
+    dead: &DeadLetter,
+) -> anyhow::Result<DeadLetterView> {
+    let (in_database, not_replayable) = match parse_entry(voucher, &dead.entry) {
+        Err(reason) => (None, Some(format!("would fail again: {}", reason.text()))),
+        Ok(order) => {
+            let row = b.db.order(order.id).await.map_err(db_error)?;
+            let holder =
+                b.db.order_of_buyer(voucher, &order.user)
+                    .await
+                    .map_err(db_error)?;
+            let refusal = match (&row, holder) {
+                (Some((v, u, _)), _) if *v != voucher || *u != order.user => {
+                    Some("its order id belongs to another order in the database".to_string())
+                }
+                (None, Some((other, _))) => Some(format!(
+                    "the buyer already holds order {other} in the database"
+                )),
+                _ => None,
+            };
+            (row.map(|(_, _, s)| s.as_str().to_string()), refusal)
+        }
+    };
+    Ok(DeadLetterView {
+        id: dead.id.clone(),
+        source_id: dead.entry.id.clone(),
+        reason: dead.reason.clone(),
+        deliveries: dead.deliveries,
+        order_id: text(dead, fields::ORDER_ID),
+        user_id: text(dead, fields::USER_ID),
+        admitted_ms: text(dead, fields::ADMITTED_MS),
+        in_database,
+        not_replayable,
+    })
+}
+
+/// Every dead letter of the voucher, with why it failed and whether it can be replayed.
+pub async fn list(b: &Backends, voucher: VoucherId) -> anyhow::Result<Vec<DeadLetterView>> {
+    let db_voucher = b.voucher(voucher).await?;
+    let all = b.streams.dead_letters(voucher).await.map_err(redis_error)?;
+    let mut out = Vec::with_capacity(all.len());
+    for dead in &all {
+        let mut v = view(b, voucher, dead).await?;
+        if db_voucher.is_none() && v.not_replayable.is_none() {
+            v.not_replayable = Some("the database has no such voucher".into());
+        }
+        out.push(v);
+    }
+    Ok(out)
+}
+
+/// What a replay did with one dead letter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Replay {
+    /// Back on the orders stream under `entry_id`; the dead letter is gone.
+    Replayed {
+        id: String,
+        entry_id: String,
+        order_id: Option<String>,
+    },
+    /// Left where it is: it would fail again.
+    Refused { id: String, why: String },
+    /// No such dead letter (never existed, or replayed already).
+    Missing { id: String },
+}
+
+/// Replays the dead letters `ids` of the voucher (all of them when empty).
+pub async fn replay(
+    b: &Backends,
+    voucher: VoucherId,
+    ids: &[String],
+) -> anyhow::Result<Vec<Replay>> {
+    let listed = list(b, voucher).await?;
+    let all = b.streams.dead_letters(voucher).await.map_err(redis_error)?;
+    let wanted: Vec<String> = if ids.is_empty() {
+        listed.iter().map(|v| v.id.clone()).collect()
+    } else {
+        ids.to_vec()
+    };
+    let mut out = Vec::with_capacity(wanted.len());
+    for id in wanted {
+        let (Some(v), Some(dead)) = (
+            listed.iter().find(|v| v.id == id),
+            all.iter().find(|d| d.id == id),
+        ) else {
+            out.push(Replay::Missing { id });
+            continue;
+        };
+        if let Some(why) = &v.not_replayable {
+            out.push(Replay::Refused {
+                id,
+                why: why.clone(),
+            });
+            continue;
+        }
+        match b
+            .streams
+            .replay_dead_letter(voucher, dead)
+            .await
+            .map_err(redis_error)?
+        {
+            Some(entry_id) => out.push(Replay::Replayed {
+                id,
+                entry_id,
+                order_id: v.order_id.clone(),
+            }),
+            None => out.push(Replay::Missing { id }),
+        }
+    }
+    Ok(out)
+}
+
+/// The text form of `list`.
+pub fn render_list(voucher: VoucherId, all: &[DeadLetterView]) -> String {
+    let mut out = format!("voucher {voucher}: {} dead letter(s)\n", all.len());
+    for v in all {
+        let dash = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".into());
+        out.push_str(&format!(
+            "  {}  order {}  user {}  reason {:?}  deliveries {}  database {}  {}\n",
+            v.id,
+            dash(&v.order_id),
+            dash(&v.user_id),
+            v.reason,
+            v.deliveries,
+            dash(&v.in_database),
+            v.not_replayable
+                .as_deref()
+                .map_or("replayable".to_string(), |w| format!("not replayable: {w}")),
+        ));
+    }
+    out
+}
+
+/// The text form of `replay`.
+pub fn render_replay(all: &[Replay]) -> String {
+    let mut out = String::new();
+    for r in all {
+        out.push_str(&match r {
+            Replay::Replayed { id, entry_id, order_id } => format!(
+                "{id}: replayed as orders entry {entry_id} (order {}); the drainer writes it once\n",
+                order_id.as_deref().unwrap_or("-")
+            ),
+            Replay::Refused { id, why } => format!("{id}: not replayed: {why}\n"),
+            Replay::Missing { id } => format!("{id}: no such dead letter (replayed already?)\n"),
+        });
+    }
+    if all.is_empty() {
+        out.push_str("nothing to replay\n");
+    }
+    out
+}

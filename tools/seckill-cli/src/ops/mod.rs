@@ -1,0 +1,152 @@
+//! Operator commands over a sale's Redis state and its database: `seckill status`,
+//! `seckill dead-letters`, `seckill reconcile`.
+//!
+//! They read their configuration like the functions do ([`RedisConfig::read`],
+//! [`DataApiConfig::read`]), from the environment and, for what it does not set, the
+//! local stack's `.dev/stack.env`; every missing variable is reported at once. All Redis
+//! and database access goes through the shared adapters.
+
+pub mod cli;
+pub mod dead_letters;
+pub mod reconcile;
+pub mod status;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, anyhow, bail};
+use seckill_shared::adapters::data_api::DataApi;
+use seckill_shared::adapters::order_stream::OrderStreams;
+use seckill_shared::adapters::redis::{RedisConn, RedisSales};
+use seckill_shared::config::{DataApiConfig, EnvReader, RedisConfig};
+use seckill_shared::domain::{Voucher, VoucherId};
+use seckill_shared::error::StoreError;
+
+/// Redis and the database, as the functions reach them.
+#[derive(Clone)]
+pub struct Backends {
+    pub sales: RedisSales,
+    pub streams: OrderStreams,
+    pub db: DataApi,
+}
+
+/// The variables the commands read: the process environment, completed by the local
+/// stack's `.dev/stack.env` (found from the current directory upwards) where present.
+pub fn environment() -> EnvReader {
+    let mut vars: HashMap<String, String> = HashMap::new();
+    if let Some(file) = find_upwards(Path::new(".dev/stack.env")) {
+        vars.extend(read_env_file(&file));
+    }
+    vars.extend(std::env::vars());
+    EnvReader::from_map(vars)
+}
+
+fn find_upwards(relative: &Path) -> Option<PathBuf> {
+    let mut dir = std::env::current_dir().ok()?;
+    loop {
+        let candidate = dir.join(relative);
+        if candidate.is_file() {
+            return Some(candidate);
+        }
+        if !dir.pop() {
+            return None;
+        }
+    }
+}
+
+fn read_env_file(path: &Path) -> HashMap<String, String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect()
+}
+
+/// A Redis URL without its password, for messages.
+fn redacted(url: &str) -> String {
+    match (url.split_once("://"), url.rsplit_once('@')) {
+        (Some((scheme, _)), Some((_, host))) => format!("{scheme}://***@{host}"),
+        _ => url.to_string(),
+    }
+}
+
+impl Backends {
+    /// Reads the configuration (every problem at once) and connects.
+    pub async fn from_env() -> anyhow::Result<Backends> {
+        let mut env = environment();
+        let redis = RedisConfig::read(&mut env);
+        let data = DataApiConfig::read(&mut env);
+        env.finish()?;
+        Backends::connect(&redis, &data).await
+    }
+
+    /// Connects to both and proves each answers, with a message that says which failed.
+    pub async fn connect(redis: &RedisConfig, data: &DataApiConfig) -> anyhow::Result<Backends> {
+        let conn = RedisConn::connect(redis)
+            .await
+            .map_err(|e| anyhow!("cannot reach Redis at {}: {e}", redacted(&redis.url)))?;
+        let streams = OrderStreams::new(conn.clone());
+        streams
+            .is_active(VoucherId::new(1).expect("1 is an id"))
+            .await
+            .map_err(|e| anyhow!("Redis at {} does not answer: {e}", redacted(&redis.url)))?;
+        let db = DataApi::connect(data).await;
+        let where_ = data
+            .endpoint
+            .clone()
+            .unwrap_or_else(|| data.cluster_arn.clone());
+        match db.execute("SELECT 1", vec![], None).await {
+            Ok(_) => {}
+            Err(e) if e.is_transient() => {
+                bail!(
+                    "cannot reach the database {} through the Data API at {where_}: {e}",
+                    data.database
+                )
+            }
+            Err(e) => bail!(
+                "the database {} at {where_} refused the connection: {e} \
+                 (check DB_CLUSTER_ARN, DB_SECRET_ARN, DB_NAME and the AWS credentials)",
+                data.database
+            ),
+        }
+        Ok(Backends {
+            sales: RedisSales::new(conn.clone()),
+            streams,
+            db,
+        })
+    }
+
+    /// The voucher as the database has it; an error naming it when neither the
+    /// database nor Redis knows it.
+    pub async fn voucher(&self, id: VoucherId) -> anyhow::Result<Option<Voucher>> {
+        let v = self.db.voucher(id).await.map_err(db_error)?;
+        if v.is_none()
+            && self
+                .sales
+                .sale_state(id)
+                .await
+                .map_err(redis_error)?
+                .is_none()
+        {
+            bail!("voucher {id} does not exist (neither the database nor Redis has it)");
+        }
+        Ok(v)
+    }
+}
+
+pub(crate) fn db_error(e: StoreError) -> anyhow::Error {
+    anyhow::Error::new(e).context("database")
+}
+
+pub(crate) fn redis_error(e: StoreError) -> anyhow::Error {
+    anyhow::Error::new(e).context("redis")
+}
+
+/// Parses a voucher id argument.
+pub fn voucher_arg(s: &str) -> anyhow::Result<VoucherId> {
+    s.parse::<VoucherId>()
+        .ok()
+        .with_context(|| format!("{s:?} is not a voucher id (a positive integer)"))
+}

@@ -1,0 +1,396 @@
+//! `seckill reconcile VOUCHER`: compares the buyers hash, the orders stream, the dead
+//! letters and the orders table, and names each discrepancy by class.
+//!
+//! Read order matters while drainers run: buyers first, then the stream, then the dead
+//! letters, then the database (one consistent snapshot). An order moves only forward
+//! (stream → database or dead letters), so an order seen nowhere was not merely in
+//! flight. Buyers admitted after the first read are checked again before they are
+//! reported.
+//!
+//! `--repair` fixes only what cannot oversell or duplicate: an admitted order found
+//! nowhere else is re-enqueued with its own order id and buyer (the drainer's duplicate
+//! detection by order id makes a repeat harmless, and its unit was taken in Redis at
+//! admission); buyers the database or the stream hold but the buyers hash lost are
+//! restored with HSETNX (never overwriting); a voucher with undrained entries is added
+//! back to the active set. Stock mismatches, dead letters, unparseable entries and
+//! buyers holding two different orders are reported for an operator to decide.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use order_drainer::plan::parse_entry;
+use seckill_shared::adapters::ledger::AdmittedOrder;
+use seckill_shared::adapters::order_stream::{RANGE_PAGE, id_less};
+use seckill_shared::domain::{OrderId, UserId, VoucherId};
+use seckill_shared::order_id::{EPOCH_UNIX_MS, OrderIdParts};
+use serde::Serialize;
+
+use super::{Backends, db_error, redis_error};
+
+/// Examples shown per class.
+pub const EXAMPLES: usize = 5;
+
+/// The classes of discrepancy.
+pub mod class {
+    /// In the buyers hash, but in neither the stream (unacked), the dead letters nor
+    /// the database. Repaired: re-enqueued.
+    pub const ADMITTED_LOST: &str = "admitted_but_nowhere";
+    /// In the database, not in the buyers hash. Repaired: buyer restored.
+    pub const DB_NOT_IN_REDIS: &str = "in_database_not_in_redis";
+    /// An undrained stream entry whose buyer the buyers hash lost. Repaired: restored.
+    pub const STREAM_NOT_IN_BUYERS: &str = "in_stream_not_in_buyers";
+    /// The buyers hash and the database name different orders for one buyer.
+    pub const BUYER_MISMATCH: &str = "buyer_order_mismatch";
+    /// Redis stock differs from what the database can still cover.
+    pub const REDIS_STOCK: &str = "redis_stock_mismatch";
+    /// `stock - stock_left` differs from the confirmed orders.
+    pub const DB_STOCK: &str = "database_stock_mismatch";
+    /// Dead letters waiting for an operator (`seckill dead-letters`).
+    pub const DEAD_LETTERED: &str = "dead_lettered";
+    /// An undrained stream entry that does not parse as an order.
+    pub const UNPARSEABLE: &str = "unparseable_entry";
+    /// Undrained entries, but the drainer does not visit the voucher. Repaired.
+    pub const INACTIVE: &str = "undrained_but_inactive";
+}
+
+/// One class found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Discrepancy {
+    pub class: String,
+    pub count: u64,
+    pub examples: Vec<String>,
+    /// Whether `--repair` fixes it.
+    pub repairable: bool,
+    /// What `--repair` did (empty without it).
+    pub repaired: Vec<String>,
+}
+
+/// What reconcile found (and did).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Report {
+    pub voucher: i64,
+    pub buyers: u64,
+    pub stream_entries: u64,
+    pub undrained: u64,
+    pub dead_letters: u64,
+    pub db_orders: u64,
+    pub discrepancies: Vec<Discrepancy>,
+    pub repaired: bool,
+}
+
+impl Report {
+    /// True when nothing is left to fix: no discrepancy, or `--repair` fixed each one.
+    pub fn clean_after(&self) -> bool {
+        self.discrepancies
+            .iter()
+            .all(|d| self.repaired && d.repairable && !d.repaired.is_empty())
+    }
+
+    /// The class named `class`, if found.
+    pub fn class(&self, class: &str) -> Option<&Discrepancy> {
+        self.discrepancies.iter().find(|d| d.class == class)
+    }
+
+    fn add(&mut self, class: &str, repairable: bool, items: Vec<String>) {
+        if items.is_empty() {
+            return;
+        }
+        self.discrepancies.push(Discrepancy {
+            class: class.to_string(),
+            count: items.len() as u64,
+            examples: items.into_iter().take(EXAMPLES).collect(),
+            repairable,
+            repaired: Vec::new(),
+        });
+    }
+
+    fn repaired(&mut self, class: &str, what: String) {
+        if let Some(d) = self.discrepancies.iter_mut().find(|d| d.class == class) {
+            d.repaired.push(what);
+        }
+    }
+}
+
+/// When an order id's block was leased: no later than its admission.
+fn leased_ms(id: OrderId) -> i64 {
+    EPOCH_UNIX_MS + OrderIdParts::of(id).ms
+}
+
+/// Compares the four records of `voucher`; with `repair`, fixes the safe classes.
+pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow::Result<Report> {
+    let db_voucher = b.voucher(voucher).await?;
+    // 1. Buyers.
+    let buyers = b.sales.buyers(voucher).await.map_err(redis_error)?;
+    let buyer_of: HashMap<&str, Option<OrderId>> =
+        buyers.iter().map(|(u, o)| (u.as_str(), *o)).collect();
+    // 2. The stream: every entry, and which are not acked yet.
+    let stats = b.streams.stats(voucher).await.map_err(redis_error)?;
+    let pending: HashSet<String> = b
+        .streams
+        .pending_ids(voucher)
+        .await
+        .map_err(redis_error)?
+        .into_iter()
+        .collect();
+    let mut entries = Vec::new();
+    loop {
+        let after = entries
+            .last()
+            .map(|e: &seckill_shared::adapters::order_stream::StreamEntry| e.id.clone());
+        let page = b
+            .streams
+            .entries(voucher, after.as_deref(), RANGE_PAGE)
+            .await
+            .map_err(redis_error)?;
+        let full = page.len() == RANGE_PAGE;
+        entries.extend(page);
+        if !full {
+            break;
+        }
+    }
+    let last_delivered = stats
+        .as_ref()
+        .map_or("0-0".to_string(), |s| s.last_delivered.clone());
+    let unacked = |id: &str| pending.contains(id) || id_less(&last_delivered, id);
+    // 3. Dead letters.
+    let dead = b.streams.dead_letters(voucher).await.map_err(redis_error)?;
+    // 4. The database, one snapshot.
+    let mut db_orders: BTreeMap<String, OrderId> = BTreeMap::new();
+    let mut db_left = None;
+    if let Some((v, mut snap)) = b.db.sale_snapshot(voucher).await.map_err(db_error)? {
+        db_left = Some(v.db_stock_left);
+        while let Some(page) = snap.next_page().await.map_err(db_error)? {
+            db_orders.extend(page);
+        }
+        snap.finish().await;
+    }
+    let (confirmed, _rejected) = b.db.order_counts(voucher).await.map_err(db_error)?;
+    let db_ids: HashSet<OrderId> = db_orders.values().copied().collect();
+
+    let mut report = Report {
+        voucher: voucher.get(),
+        buyers: buyers.len() as u64,
+        stream_entries: entries.len() as u64,
+        dead_letters: dead.len() as u64,
+        db_orders: db_orders.len() as u64,
+        repaired: repair,
+        ..Report::default()
+    };
+
+    let mut in_stream: HashMap<OrderId, AdmittedOrder> = HashMap::new();
+    let mut undrained_orders: HashSet<OrderId> = HashSet::new();
+    let mut unparseable = Vec::new();
+    let mut stream_lost_buyers = Vec::new();
+    for e in &entries {
+        let open = unacked(&e.id);
+        match parse_entry(voucher, e) {
+            Ok(order) => {
+                if open {
+                    undrained_orders.insert(order.id);
+                    if !buyer_of.contains_key(order.user.as_str()) {
+                        stream_lost_buyers.push((order.user.as_str().to_string(), order.id));
+                    }
+                }
+                in_stream.insert(order.id, order);
+            }
+            Err(reason) if open => unparseable.push(format!("entry {}: {}", e.id, reason.text())),
+            Err(_) => {}
+        }
+    }
+    report.undrained = entries.iter().filter(|e| unacked(&e.id)).count() as u64;
+    let dead_orders: HashSet<OrderId> = dead
+        .iter()
+        .filter_map(|d| parse_entry(voucher, &d.entry).ok().map(|o| o.id))
+        .collect();
+
+    // Admitted, but nowhere else.
+    let mut lost: Vec<AdmittedOrder> = Vec::new();
+    let mut mismatched = Vec::new();
+    for (user, order) in &buyers {
+        let Some(order) = *order else {
+            mismatched.push(format!("buyer {user:?} holds {:?}, not an order id", "?"));
+            continue;
+        };
+        if let Some(db_order) = db_orders.get(user)
+            && *db_order != order
+        {
+            mismatched.push(format!(
+                "buyer {user:?}: redis order {order}, database order {db_order}"
+            ));
+            continue;
+        }
+        if db_ids.contains(&order)
+            || undrained_orders.contains(&order)
+            || dead_orders.contains(&order)
+        {
+            continue;
+        }
+        let Ok(user_id) = UserId::parse(user) else {
+            mismatched.push(format!("buyer {user:?} is not a valid user id"));
+            continue;
+        };
+        let admitted_ms = in_stream
+            .get(&order)
+            .map_or_else(|| leased_ms(order), |o| o.admitted_ms);
+        lost.push(AdmittedOrder {
+            id: order,
+            voucher,
+            user: user_id,
+            admitted_ms,
+        });
+    }
+    let mut not_in_buyers: Vec<(String, OrderId)> = db_orders
+        .iter()
+        .filter(|(u, _)| !buyer_of.contains_key(u.as_str()))
+        .map(|(u, o)| (u.clone(), *o))
+        .collect();
+    // Admissions since the buyers were read are no discrepancy: look again.
+    let recheck = b.sales.buyers(voucher).await.map_err(redis_error)?;
+    let now_buyers: HashSet<&str> = recheck.iter().map(|(u, _)| u.as_str()).collect();
+    not_in_buyers.retain(|(u, _)| !now_buyers.contains(u.as_str()));
+    stream_lost_buyers.retain(|(u, _)| !now_buyers.contains(u.as_str()));
+
+    report.add(
+        class::ADMITTED_LOST,
+        true,
+        lost.iter()
+            .map(|o| format!("order {} of {:?}", o.id, o.user.as_str()))
+            .collect(),
+    );
+    report.add(
+        class::DB_NOT_IN_REDIS,
+        true,
+        not_in_buyers
+            .iter()
+            .map(|(u, o)| format!("order {o} of {u:?}"))
+            .collect(),
+    );
+    report.add(
+        class::STREAM_NOT_IN_BUYERS,
+        true,
+        stream_lost_buyers
+            .iter()
+            .map(|(u, o)| format!("order {o} of {u:?}"))
+            .collect(),
+    );
+    report.add(class::BUYER_MISMATCH, false, mismatched);
+    report.add(class::UNPARSEABLE, false, unparseable);
+    report.add(
+        class::DEAD_LETTERED,
+        false,
+        dead.iter()
+            .map(|d| format!("{} ({})", d.id, d.reason))
+            .collect(),
+    );
+    // Stock. Units the database still has to cover: undrained orders, lost ones, and
+    // dead letters whose order is not in the database (they may be replayed).
+    let owed = undrained_orders
+        .iter()
+        .filter(|o| !db_ids.contains(o))
+        .count()
+        + lost.len()
+        + dead_orders.iter().filter(|o| !db_ids.contains(o)).count();
+    let sale = b.sales.sale_state(voucher).await.map_err(redis_error)?;
+    if let (Some(left), Some(redis_stock)) = (db_left, sale.and_then(|s| s.stock)) {
+        let expected = (left - owed as i64).max(0);
+        if redis_stock != expected {
+            let what = if redis_stock > expected {
+                "later admissions will be rejected by the database"
+            } else {
+                "units will stay unsold"
+            };
+            report.add(
+                class::REDIS_STOCK,
+                false,
+                vec![format!(
+                    "redis stock {redis_stock}, database can still cover {expected} \
+                     (stock_left {left} minus {owed} admitted orders not in it): {what}"
+                )],
+            );
+        }
+    }
+    if let Some(v) = &db_voucher
+        && v.stock - v.db_stock_left != confirmed as i64
+    {
+        report.add(
+            class::DB_STOCK,
+            false,
+            vec![format!(
+                "stock {} - stock_left {} = {}, but {confirmed} orders are confirmed",
+                v.stock,
+                v.db_stock_left,
+                v.stock - v.db_stock_left
+            )],
+        );
+    }
+    let active = b.streams.is_active(voucher).await.map_err(redis_error)?;
+    if !active && (report.undrained > 0 || !lost.is_empty()) {
+        report.add(
+            class::INACTIVE,
+            true,
+            vec![format!("{} undrained entries", report.undrained)],
+        );
+    }
+
+    if repair {
+        for o in &lost {
+            let id = b.streams.requeue(o).await.map_err(redis_error)?;
+            report.repaired(
+                class::ADMITTED_LOST,
+                format!(
+                    "re-enqueued order {} of {:?} as entry {id}",
+                    o.id,
+                    o.user.as_str()
+                ),
+            );
+        }
+        for (class, pairs) in [
+            (class::DB_NOT_IN_REDIS, &not_in_buyers),
+            (class::STREAM_NOT_IN_BUYERS, &stream_lost_buyers),
+        ] {
+            if pairs.is_empty() {
+                continue;
+            }
+            let added = b
+                .sales
+                .restore_buyers(voucher, pairs)
+                .await
+                .map_err(redis_error)?;
+            report.repaired(class, format!("restored {added} buyer(s) (HSETNX)"));
+        }
+        if report.class(class::INACTIVE).is_some() {
+            b.streams.activate(voucher).await.map_err(redis_error)?;
+            report.repaired(class::INACTIVE, "added to the active set".into());
+        }
+    }
+    Ok(report)
+}
+
+/// The text form.
+pub fn render(r: &Report) -> String {
+    let mut out = format!(
+        "voucher {}: {} buyers in redis, {} stream entries ({} undrained), {} dead letters, {} orders in the database\n",
+        r.voucher, r.buyers, r.stream_entries, r.undrained, r.dead_letters, r.db_orders
+    );
+    if r.discrepancies.is_empty() {
+        out.push_str("clean: no discrepancy\n");
+    }
+    for d in &r.discrepancies {
+        out.push_str(&format!(
+            "{}: {}{}\n",
+            d.class,
+            d.count,
+            if d.repairable {
+                ""
+            } else {
+                "  (not repaired automatically)"
+            }
+        ));
+        for e in &d.examples {
+            out.push_str(&format!("    e.g. {e}\n"));
+        }
+        for done in &d.repaired {
+            out.push_str(&format!("    repaired: {done}\n"));
+        }
+    }
+    out
+}

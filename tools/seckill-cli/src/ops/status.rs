@@ -1,0 +1,252 @@
+//! `seckill status [VOUCHER]`: each sale's numbers in Redis and in the database.
+
+use std::fmt::Write as _;
+
+use seckill_shared::domain::{Phase, VoucherId, now_millis};
+use serde::Serialize;
+
+use super::{Backends, db_error, redis_error};
+
+/// One voucher's sale, as Redis and the database see it now.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct VoucherStatus {
+    pub voucher: i64,
+    /// From the database (`None`: the database has no such voucher).
+    pub title: Option<String>,
+    /// `not_started`, `open`, `ended` (by this machine's clock), or `unknown`.
+    pub phase: String,
+    pub begins_ms: Option<i64>,
+    pub ends_ms: Option<i64>,
+    /// Units on sale (database `stock`, else Redis `total`).
+    pub stock: Option<i64>,
+    /// Units Redis can still admit (`None`: Redis has no sale hash).
+    pub stock_left_redis: Option<i64>,
+    /// Units the database can still confirm.
+    pub stock_left_db: Option<i64>,
+    /// Buyers Redis admitted (its buyers hash).
+    pub admitted: u64,
+    /// Orders in the database.
+    pub confirmed: u64,
+    pub rejected: u64,
+    /// Stream entries not yet acked: delivered to a drainer (`pending`) or not yet read
+    /// (`lag`).
+    pub pending: u64,
+    pub lag: u64,
+    /// Entries in the orders stream (acked ones stay until trimmed).
+    pub stream_length: u64,
+    /// Age of the oldest entry not yet acked, by its stream id (admission time).
+    pub oldest_unfinished_ms: Option<u64>,
+    pub dead_letters: u64,
+    /// In the set the drainer visits.
+    pub active: bool,
+    /// Nothing waits in the stream.
+    pub drained: bool,
+}
+
+/// The status of `voucher` (an error when nothing knows it).
+pub async fn voucher_status(b: &Backends, voucher: VoucherId) -> anyhow::Result<VoucherStatus> {
+    let db_voucher = b.voucher(voucher).await?;
+    let sale = b.sales.sale_state(voucher).await.map_err(redis_error)?;
+    let admitted = b.sales.buyer_count(voucher).await.map_err(redis_error)?;
+    let stats = b.streams.stats(voucher).await.map_err(redis_error)?;
+    let oldest = b
+        .streams
+        .oldest_unfinished(voucher)
+        .await
+        .map_err(redis_error)?;
+    let dead_letters = b
+        .streams
+        .dead_letter_count(voucher)
+        .await
+        .map_err(redis_error)?;
+    let active = b.streams.is_active(voucher).await.map_err(redis_error)?;
+    let (confirmed, rejected) = b.db.order_counts(voucher).await.map_err(db_error)?;
+    let now = now_millis();
+    let window = db_voucher.as_ref().map(|v| v.window);
+    let (begins_ms, ends_ms) = match (window, sale) {
+        (Some(w), _) => (Some(w.begins_ms()), Some(w.ends_ms())),
+        (None, Some(s)) => (s.begins_ms, s.ends_ms),
+        (None, None) => (None, None),
+    };
+    let phase = match (begins_ms, ends_ms) {
+        (Some(b), Some(e)) => match seckill_shared::domain::SaleWindow::new(b, e) {
+            Ok(w) => match w.phase(now) {
+                Phase::NotStarted => "not_started",
+                Phase::Open => "open",
+                Phase::Ended => "ended",
+            },
+            Err(_) => "unknown",
+        },
+        _ => "unknown",
+    };
+    let stats = stats.unwrap_or_default();
+    Ok(VoucherStatus {
+        voucher: voucher.get(),
+        title: db_voucher.as_ref().map(|v| v.title.clone()),
+        phase: phase.to_string(),
+        begins_ms,
+        ends_ms,
+        stock: db_voucher
+            .as_ref()
+            .map(|v| v.stock)
+            .or(sale.and_then(|s| s.total)),
+        stock_left_redis: sale.and_then(|s| s.stock),
+        stock_left_db: db_voucher.as_ref().map(|v| v.db_stock_left),
+        admitted,
+        confirmed,
+        rejected,
+        pending: stats.pending,
+        lag: stats.undelivered,
+        stream_length: stats.length,
+        oldest_unfinished_ms: oldest.map(|id| age_of(&id, now)),
+        dead_letters,
+        active,
+        drained: stats.pending == 0 && stats.undelivered == 0 && stats.fully_delivered,
+    })
+}
+
+/// How long ago a stream id (`<ms>-<seq>`) was written.
+fn age_of(id: &str, now: i64) -> u64 {
+    let ms: i64 = id
+        .split('-')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(now);
+    u64::try_from(now - ms).unwrap_or(0)
+}
+
+/// The vouchers `status` shows without an argument: every active one.
+pub async fn active_vouchers(b: &Backends) -> anyhow::Result<Vec<VoucherId>> {
+    let (ids, _bad) = b.streams.active_vouchers().await.map_err(redis_error)?;
+    Ok(ids)
+}
+
+/// The status of `vouchers`, or of every active voucher when empty.
+pub async fn status(b: &Backends, vouchers: &[VoucherId]) -> anyhow::Result<Vec<VoucherStatus>> {
+    let ids = if vouchers.is_empty() {
+        active_vouchers(b).await?
+    } else {
+        vouchers.to_vec()
+    };
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        out.push(voucher_status(b, id).await?);
+    }
+    Ok(out)
+}
+
+fn or_dash<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| v.to_string())
+}
+
+/// A duration in ms, for people: `850ms`, `12.3s`, `4m05s`, `2h03m`.
+pub fn human_ms(ms: u64) -> String {
+    match ms {
+        0..1_000 => format!("{ms}ms"),
+        1_000..60_000 => format!("{:.1}s", ms as f64 / 1000.0),
+        60_000..3_600_000 => format!("{}m{:02}s", ms / 60_000, ms / 1000 % 60),
+        _ => format!("{}h{:02}m", ms / 3_600_000, ms / 60_000 % 60),
+    }
+}
+
+/// The text form: a few lines per voucher.
+pub fn render(all: &[VoucherStatus]) -> String {
+    let mut out = String::new();
+    if all.is_empty() {
+        out.push_str("no active vouchers\n");
+    }
+    for s in all {
+        let title = s
+            .title
+            .as_deref()
+            .map_or("(not in the database)".to_string(), |t| format!("{t:?}"));
+        let _ = writeln!(
+            out,
+            "voucher {}  {title}  {}{}",
+            s.voucher,
+            s.phase,
+            if s.active {
+                ""
+            } else {
+                "  (not active: the drainer does not visit it)"
+            }
+        );
+        let _ = writeln!(
+            out,
+            "  stock     {} on sale; left in redis {}, in database {}",
+            or_dash(s.stock),
+            or_dash(s.stock_left_redis),
+            or_dash(s.stock_left_db)
+        );
+        let _ = writeln!(
+            out,
+            "  orders    admitted {}, confirmed {}, rejected {}, dead letters {}",
+            s.admitted, s.confirmed, s.rejected, s.dead_letters
+        );
+        let _ = writeln!(
+            out,
+            "  stream    pending {}, lag {}, oldest unfinished {}, length {}{}",
+            s.pending,
+            s.lag,
+            s.oldest_unfinished_ms.map_or("-".to_string(), human_ms),
+            s.stream_length,
+            if s.drained { "  (drained)" } else { "" }
+        );
+    }
+    out
+}
+
+/// `--watch`: refreshes the status with a progress bar per voucher (orders settled in
+/// the database, confirmed + rejected + dead letters, out of those admitted or the
+/// stock) until every watched sale is over or sold out and drained.
+pub async fn watch(
+    b: &Backends,
+    vouchers: &[VoucherId],
+    every: std::time::Duration,
+) -> anyhow::Result<()> {
+    use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+    let style =
+        ProgressStyle::with_template("voucher {prefix:>6} [{bar:40}] {pos}/{len} settled  {msg}")?
+            .progress_chars("=> ");
+    let multi = MultiProgress::new();
+    let mut bars: Vec<(VoucherId, ProgressBar)> = Vec::new();
+    loop {
+        let all = status(b, vouchers).await?;
+        let mut done = !all.is_empty();
+        for s in &all {
+            let id = VoucherId::new(s.voucher).expect("a voucher id");
+            let bar = match bars.iter().find(|(v, _)| *v == id) {
+                Some((_, bar)) => bar.clone(),
+                None => {
+                    let bar = multi.add(ProgressBar::new(0).with_style(style.clone()));
+                    bar.set_prefix(id.to_string());
+                    bars.push((id, bar.clone()));
+                    bar
+                }
+            };
+            let settled = s.confirmed + s.rejected + s.dead_letters;
+            bar.set_length(s.admitted.max(settled).max(1));
+            bar.set_position(settled);
+            bar.set_message(format!(
+                "admitted {}, confirmed {}, rejected {}, dead {}, pending {}, lag {}, stock left {} ({})",
+                s.admitted,
+                s.confirmed,
+                s.rejected,
+                s.dead_letters,
+                s.pending,
+                s.lag,
+                or_dash(s.stock_left_redis),
+                s.phase
+            ));
+            let over = s.phase == "ended" || s.stock_left_redis == Some(0);
+            done &= over && s.drained;
+        }
+        if done {
+            for (_, bar) in &bars {
+                bar.finish();
+            }
+            return Ok(());
+        }
+        tokio::time::sleep(every).await;
+    }
+}
