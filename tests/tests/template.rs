@@ -837,6 +837,8 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
     ),
     ("order_of_buyer", &["ExecuteStatement"]),
     ("order", &["ExecuteStatement"]),
+    // Used by the operator commands (seckill status), no function.
+    ("order_counts", &["ExecuteStatement"]),
     ("next_page", &["ExecuteStatement"]),
     // SaleSnapshot::finish ends the read-only transaction with a rollback.
     ("finish", &["RollbackTransaction"]),
