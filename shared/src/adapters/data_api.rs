@@ -30,28 +30,33 @@ pub struct DataApi {
     database: String,
 }
 
+/// The AWS SDK's shared configuration for a client of this project. Against a local
+/// endpoint (`local`: data-api-local, which also answers Secrets Manager) it needs no AWS
+/// credentials or region: the local server accepts any signature.
+pub async fn sdk_config(local: bool) -> aws_config::SdkConfig {
+    let mut loader = aws_config::defaults(BehaviorVersion::latest());
+    if local {
+        loader = loader.credentials_provider(Credentials::new(
+            "local",
+            "local",
+            None,
+            None,
+            "seckill-local",
+        ));
+        if std::env::var_os("AWS_REGION").is_none()
+            && std::env::var_os("AWS_DEFAULT_REGION").is_none()
+        {
+            loader = loader.region(Region::new("us-east-1"));
+        }
+    }
+    loader.load().await
+}
+
 impl DataApi {
     /// Builds the client once per cold start: region and credentials from the standard
     /// AWS environment, a bound on each call (retries included).
     pub async fn connect(cfg: &DataApiConfig) -> DataApi {
-        let mut loader = aws_config::defaults(BehaviorVersion::latest());
-        if cfg.endpoint.is_some() {
-            // The local Data API server accepts any signature: a developer machine needs
-            // no AWS credentials or region to run the stack.
-            loader = loader.credentials_provider(Credentials::new(
-                "local",
-                "local",
-                None,
-                None,
-                "seckill-local",
-            ));
-            if std::env::var_os("AWS_REGION").is_none()
-                && std::env::var_os("AWS_DEFAULT_REGION").is_none()
-            {
-                loader = loader.region(Region::new("us-east-1"));
-            }
-        }
-        let shared = loader.load().await;
+        let shared = sdk_config(cfg.endpoint.is_some()).await;
         let mut builder = aws_sdk_rdsdata::config::Builder::from(&shared).timeout_config(
             TimeoutConfig::builder()
                 .operation_timeout(cfg.timeout)

@@ -10,10 +10,8 @@
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, ensure};
-use aws_config::BehaviorVersion;
-use aws_sdk_secretsmanager::config::{Credentials, Region};
 use aws_sdk_secretsmanager::error::DisplayErrorContext;
-use seckill_shared::adapters::data_api::DataApi;
+use seckill_shared::adapters::data_api::{self, DataApi};
 use seckill_shared::config::{DataApiConfig, EnvReader};
 use seckill_shared::migrate::{self, AppUser};
 
@@ -110,23 +108,7 @@ pub async fn run(cfg: &MigrateConfig) -> anyhow::Result<Report> {
 /// The application user of a secret (`{"username", "password"}`), read with Secrets
 /// Manager's GetSecretValue.
 pub async fn read_app_user(secret_arn: &str, endpoint: Option<&str>) -> anyhow::Result<AppUser> {
-    let mut loader = aws_config::defaults(BehaviorVersion::latest());
-    if endpoint.is_some() {
-        // The local server accepts any signature (as for the Data API client).
-        loader = loader.credentials_provider(Credentials::new(
-            "local",
-            "local",
-            None,
-            None,
-            "seckill-local",
-        ));
-        if std::env::var_os("AWS_REGION").is_none()
-            && std::env::var_os("AWS_DEFAULT_REGION").is_none()
-        {
-            loader = loader.region(Region::new("us-east-1"));
-        }
-    }
-    let shared = loader.load().await;
+    let shared = data_api::sdk_config(endpoint.is_some()).await;
     let mut builder = aws_sdk_secretsmanager::config::Builder::from(&shared).timeout_config(
         aws_sdk_secretsmanager::config::timeout::TimeoutConfig::builder()
             .operation_timeout(Duration::from_secs(10))
