@@ -142,25 +142,17 @@ pub fn install_from_env() {
 
 fn describe() {
     use names::*;
-    for name in [ADMISSIONS, HTTP_5XX] {
-        metrics::describe_counter!(name, Unit::Count, "");
-    }
-    metrics::describe_histogram!(REDIS_LATENCY, Unit::Milliseconds, "");
-    for name in [
-        DRAIN_CLAIMED,
-        DRAIN_READ,
-        DRAIN_INSERTED,
-        DRAIN_DUPLICATES,
-        DRAIN_REJECTED,
-        DRAIN_DEAD_LETTERED,
-        DRAIN_BATCHES,
-        DRAIN_ERRORS,
-        DRAIN_LAG,
-    ] {
-        metrics::describe_gauge!(name, Unit::Count, "");
-    }
-    for name in [DRAIN_RUN_TIME, DRAIN_OLDEST_PENDING_AGE] {
-        metrics::describe_gauge!(name, Unit::Milliseconds, "");
+    for &name in ALL {
+        let unit = match name {
+            REDIS_LATENCY | DRAIN_RUN_TIME | DRAIN_OLDEST_PENDING_AGE => Unit::Milliseconds,
+            _ => Unit::Count,
+        };
+        match name {
+            ADMISSIONS | HTTP_5XX => metrics::describe_counter!(name, unit, ""),
+            REDIS_LATENCY => metrics::describe_histogram!(name, unit, ""),
+            // The drainer's figures are per run: the last run's value.
+            _ => metrics::describe_gauge!(name, unit, ""),
+        }
     }
 }
 
