@@ -820,6 +820,8 @@ fn strings(v: &Value) -> Vec<String> {
 const ENTRY_POINTS: &[(&str, &[&str])] = &[
     // data_api.rs
     ("connect", &[]),
+    // Builds the SDK configuration (also for the Secrets Manager client); calls nothing.
+    ("sdk_config", &[]),
     ("execute", &["ExecuteStatement"]),
     ("begin", &["BeginTransaction"]),
     ("commit", &["CommitTransaction"]),
