@@ -28,7 +28,7 @@ use std::io::Write;
 use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use metrics::Unit;
+use metrics::{Counter, Histogram, Unit};
 use metrics_cloudwatch_embedded::{Builder, Collector};
 
 use crate::domain::now_millis;
@@ -102,6 +102,12 @@ struct Emf {
     sink: Sink,
     since_flush: AtomicU32,
     flushed_at: AtomicI64,
+    /// Registered handles, kept so a request does not build a key and look it up in the
+    /// recorder's registry each time (the `counter!` macro does). One entry per outcome
+    /// code: the codes are `&'static str` from a fixed set, so this stays small.
+    admissions: Mutex<Vec<(&'static str, Counter)>>,
+    http_5xx: OnceLock<Counter>,
+    redis_latency: OnceLock<Histogram>,
 }
 
 static EMF: OnceLock<Emf> = OnceLock::new();
@@ -122,6 +128,9 @@ pub fn install(sink: Sink) -> bool {
             sink,
             since_flush: AtomicU32::new(0),
             flushed_at: AtomicI64::new(now_millis()),
+            admissions: Mutex::new(Vec::new()),
+            http_5xx: OnceLock::new(),
+            redis_latency: OnceLock::new(),
         }
     });
     installed
@@ -154,6 +163,36 @@ fn describe() {
             _ => metrics::describe_gauge!(name, unit, ""),
         }
     }
+}
+
+/// seckill-http: one admission answered with `outcome` ([`names::ADMISSIONS`]).
+pub fn admission(outcome: &'static str) {
+    let Some(emf) = EMF.get() else { return };
+    let mut cached = emf.admissions.lock().unwrap_or_else(|e| e.into_inner());
+    match cached.iter().find(|(o, _)| *o == outcome) {
+        Some((_, counter)) => counter.increment(1),
+        None => {
+            let counter = metrics::counter!(names::ADMISSIONS, "outcome" => outcome);
+            counter.increment(1);
+            cached.push((outcome, counter));
+        }
+    }
+}
+
+/// seckill-http: one answer with a 5xx status ([`names::HTTP_5XX`]).
+pub fn http_5xx() {
+    let Some(emf) = EMF.get() else { return };
+    emf.http_5xx
+        .get_or_init(|| metrics::counter!(names::HTTP_5XX))
+        .increment(1);
+}
+
+/// seckill-http: one admission's Redis round trip ([`names::REDIS_LATENCY`]).
+pub fn redis_latency(took: std::time::Duration) {
+    let Some(emf) = EMF.get() else { return };
+    emf.redis_latency
+        .get_or_init(|| metrics::histogram!(names::REDIS_LATENCY))
+        .record(took.as_secs_f64() * 1000.0);
 }
 
 /// Writes what was recorded since the last flush.

@@ -173,14 +173,14 @@ pub async fn handle(app: &App, req: Request) -> Response<Body> {
 /// The request in the EMF metrics (`seckill_shared::metrics`): admissions by outcome, 5xx
 /// answers; flushed every few requests.
 fn record_metrics(route: Option<&Route<'_>>, outcome: &'static str, status: u16) {
-    use seckill_shared::metrics::names::{ADMISSIONS, HTTP_5XX};
+    use seckill_shared::metrics;
     if matches!(route, Some(Route::Seckill(_))) {
-        metrics::counter!(ADMISSIONS, "outcome" => outcome).increment(1);
+        metrics::admission(outcome);
     }
     if status >= 500 {
-        metrics::counter!(HTTP_5XX).increment(1);
+        metrics::http_5xx();
     }
-    seckill_shared::metrics::request_done();
+    metrics::request_done();
 }
 
 async fn dispatch(app: &App, req: &Request, route: &Route<'_>) -> Result<Response<Body>, ApiError> {
@@ -324,8 +324,7 @@ async fn seckill(app: &App, req: &Request, id: VoucherId) -> Result<Response<Bod
     let order_id = app.ids.next(sales, id, now).await?;
     let asked = std::time::Instant::now();
     let answer = sales.admit(id, &caller.user, order_id).await;
-    metrics::histogram!(seckill_shared::metrics::names::REDIS_LATENCY)
-        .record(asked.elapsed().as_secs_f64() * 1000.0);
+    seckill_shared::metrics::redis_latency(asked.elapsed());
     let mut reply = answer?;
     if reply.admission == Admission::NotLoaded {
         if !repair(app, id, now).await? {
