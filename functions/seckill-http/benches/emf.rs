@@ -7,8 +7,14 @@
 //! is an upper bound of what the metrics cost an admission.
 //!
 //! The recorder is process-wide and cannot be removed, so the baseline runs first, then
-//! the recorder is installed and the same requests run again; both phases alternate in
-//! rounds of fresh requests and the medians are compared.
+//! the recorder is installed and the same requests run again, in rounds of fresh
+//! requests, and the medians are compared.
+//!
+//! Cold start: the bench also starts itself [`COLD_RUNS`] times per variant as a fresh
+//! process (alternating with and without the recorder) that does what the function's
+//! `main` does before answering (read the config, build the clients, install the
+//! recorder or not) and answers one request; each child reports the time from its
+//! first instruction to that answer, and the medians are compared.
 //!
 //! `cargo bench -p seckill-http --bench emf`
 
@@ -22,6 +28,9 @@ use seckill_shared::metrics::{self, Sink};
 
 const REQUESTS: usize = 200_000;
 const ROUNDS: usize = 5;
+const COLD_RUNS: usize = 40;
+/// Set in a child process: `on` or `off` (the recorder), see the module header.
+const CHILD: &str = "SECKILL_EMF_BENCH_CHILD";
 
 fn request() -> Request {
     let event = serde_json::json!({
@@ -60,15 +69,71 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() {
+async fn app() -> App {
     // Nothing listens on port 1: Redis and the Data API are never reached by this request.
     let env = minimal_env_with(&[
         ("REDIS_URL", "redis://127.0.0.1:1"),
         ("REDIS_TIMEOUT_MS", "50"),
     ]);
     let cfg = Config::read(env).expect("config");
-    let app = App::new(&cfg).await;
+    App::new(&cfg).await
+}
+
+/// A child process: start as the function does, answer one request, print two times
+/// in nanoseconds: start to first answer, and the part the recorder can touch (from
+/// the clients being built to the first answer, installing the recorder included).
+async fn cold_child(recorder: bool) {
+    let t0 = Instant::now();
+    let app = app().await;
+    let t1 = Instant::now();
+    if recorder {
+        metrics::install(Sink::Buffer(Arc::new(Mutex::new(Vec::new()))));
+    }
+    let res = handle(&app, request()).await;
+    assert_eq!(res.status(), 400);
+    metrics::flush();
+    println!("{} {}", t0.elapsed().as_nanos(), t1.elapsed().as_nanos());
+}
+
+/// Medians over fresh processes, `[total, recorder part]`, without and with the recorder.
+fn cold_starts() -> ([f64; 2], [f64; 2]) {
+    let exe = std::env::current_exe().expect("the bench binary");
+    let run = |variant: &str| -> [f64; 2] {
+        let out = std::process::Command::new(&exe)
+            .env(CHILD, variant)
+            .output()
+            .expect("start a child");
+        assert!(out.status.success(), "child failed: {out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut times = text
+            .split_whitespace()
+            .map(|t| t.parse().expect("nanoseconds"));
+        [times.next().unwrap(), times.next().unwrap()]
+    };
+    let (mut off, mut on) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
+    run("off"); // warm the page cache
+    for _ in 0..COLD_RUNS {
+        for (variant, into) in [("off", &mut off), ("on", &mut on)] {
+            let [total, part] = run(variant);
+            into[0].push(total);
+            into[1].push(part);
+        }
+    }
+    let [off_total, off_part] = off;
+    let [on_total, on_part] = on;
+    (
+        [median(off_total), median(off_part)],
+        [median(on_total), median(on_part)],
+    )
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    if let Ok(variant) = std::env::var(CHILD) {
+        return cold_child(variant == "on").await;
+    }
+    let (cold_off, cold_on) = cold_starts();
+    let app = app().await;
     round(&app).await; // warm-up
     let mut off = Vec::new();
     for _ in 0..ROUNDS {
@@ -91,5 +156,24 @@ async fn main() {
         "  ratio {:.3}x; added {:.0} ns/request (an admission adds a Redis round trip to both)",
         on / off,
         on - off
+    );
+    println!(
+        "Cold start, medians of {COLD_RUNS} fresh processes each (start to first answer; the\n\
+         clients' part is mostly the first Redis connect, which fails here: nothing listens):"
+    );
+    println!(
+        "  without recorder  {:>9.0} us total, {:>6.0} us from clients built to first answer",
+        cold_off[0] / 1000.0,
+        cold_off[1] / 1000.0
+    );
+    println!(
+        "  with recorder     {:>9.0} us total, {:>6.0} us from clients built to first answer",
+        cold_on[0] / 1000.0,
+        cold_on[1] / 1000.0
+    );
+    println!(
+        "  recorder adds {:.0} us to a cold start ({:.3}x of that last part)",
+        (cold_on[1] - cold_off[1]) / 1000.0,
+        cold_on[1] / cold_off[1]
     );
 }
