@@ -68,6 +68,47 @@ async fn status_numbers_match_the_database_after_a_sale() {
     ctx.cleanup().await;
 }
 
+/// `status --watch` keeps refreshing while the sale still has orders to settle and
+/// returns by itself once it is sold out and drained.
+#[tokio::test]
+async fn watch_returns_once_the_sale_is_sold_out_and_drained() {
+    let ctx = DrainCtx::start().await;
+    let b = backends(&ctx).await;
+    let v = ctx.voucher(20, 20).await;
+    ctx.admit(v.id, "watched", 20).await; // sold out in Redis, nothing in the database
+    let every = std::time::Duration::from_millis(50);
+    let watching = {
+        let b = backends(&ctx).await;
+        tokio::spawn(async move { status::watch(&b, &[v.id], every).await })
+    };
+    // Many refreshes later it is still watching: 20 orders wait for the drainer.
+    tokio::time::sleep(std::time::Duration::from_millis(1_000)).await;
+    assert!(
+        !watching.is_finished(),
+        "watch returned before the orders were drained"
+    );
+    ctx.drain(ctx.drainer_config()).await;
+    let s = status::voucher_status(&b, v.id).await.unwrap();
+    assert_eq!((s.confirmed, s.lag, s.stock_left_redis), (20, 0, Some(0)));
+    tokio::time::timeout(std::time::Duration::from_secs(10), watching)
+        .await
+        .expect("watch returns once the sale is drained")
+        .unwrap()
+        .expect("watch succeeds");
+
+    // A voucher that does not exist is an error, not an endless watch.
+    let missing = VoucherId::new(999_998).unwrap();
+    let err = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        status::watch(&b, &[missing], every),
+    )
+    .await
+    .expect("watch of a missing voucher returns")
+    .unwrap_err();
+    assert!(format!("{err:#}").contains("does not exist"), "{err:#}");
+    ctx.cleanup().await;
+}
+
 #[tokio::test]
 async fn unreachable_backends_are_named() {
     let ctx = DrainCtx::start().await;
