@@ -110,7 +110,7 @@ async fn watch_returns_once_the_sale_is_sold_out_and_drained() {
 }
 
 #[tokio::test]
-async fn unreachable_backends_are_named() {
+async fn unreachable_backends_and_wrong_credentials_are_named() {
     let ctx = DrainCtx::start().await;
     let mut redis = ctx.redis.config();
     redis.url = format!("redis://127.0.0.1:{}", seckill_tests::redis::free_port());
@@ -129,6 +129,31 @@ async fn unreachable_backends_are_named() {
         format!("{err:#}").contains("database no_such_database_here"),
         "{err:#}"
     );
+
+    // Wrong credentials: a Redis password the server does not take, a secret the Data
+    // API does not know. Each error names the backend and what to check, and never
+    // prints the password.
+    let mut redis = ctx.redis.config();
+    redis.url = redis.url.replacen("redis://", "redis://nobody:wrong@", 1);
+    let err = Backends::connect(&redis, &ctx.data_api_config())
+        .await
+        .err()
+        .unwrap();
+    let text = format!("{err:#}");
+    assert!(text.contains("cannot reach Redis"), "{text}");
+    assert!(
+        text.contains("AuthenticationFailed") && !text.contains("wrong"),
+        "{text}"
+    );
+    let mut data = ctx.data_api_config();
+    data.secret_arn = format!("{}-not-this-one", data.secret_arn);
+    let err = Backends::connect(&ctx.redis.config(), &data)
+        .await
+        .err()
+        .unwrap();
+    let text = format!("{err:#}");
+    assert!(text.contains("refused the connection"), "{text}");
+    assert!(text.contains("DB_SECRET_ARN"), "{text}");
     ctx.cleanup().await;
 }
 
