@@ -2,7 +2,7 @@
 # Offline checks of the deployment, no AWS account needed:
 #
 #   1. cfn-lint on template.yaml: no errors (warnings are printed, not fatal);
-#   2. tests/tests/template.rs: routes = seckill-http's ROUTES, the JWT authorizer on the
+#   2. tests/tests/it/template.rs: routes = seckill-http's ROUTES, the JWT authorizer on the
 #      protected ones, drainer timing (min-idle > timeout > max run, one run at a time,
 #      an alarm), every IAM statement scoped to the configured cluster and secret, each
 #      function's Config loading from exactly the template's environment;
@@ -49,7 +49,7 @@ else
 fi
 
 log "template tests and ENV_VARS unit tests"
-if cargo test -q -p seckill-tests --test template &&
+if cargo test -q -p seckill-tests --test it -- template:: &&
     cargo test -q -p seckill-http -p order-drainer --lib env_vars; then
     ok "template tests"
 else

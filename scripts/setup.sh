@@ -170,7 +170,7 @@ is on PATH (cargo finds subcommands as cargo-<name> on PATH)."
     ok "cargo-lambda installed: $(cargo lambda --version 2>/dev/null)"
 fi
 
-# --- cfn-lint (tests/tests/template.rs lints template.yaml offline) ----------------------
+# --- cfn-lint (tests/tests/it/template.rs lints template.yaml offline) ----------------------
 # Pinned (CFN_LINT_VERSION above): newer releases change their lists of valid engine
 # versions and could fail CI on their own.
 if ((!have_cfn_lint)); then

@@ -103,10 +103,14 @@ for a in "$@"; do
     selection=1
     case $a in -p | --package | -p* | --package=*) test_args=() ;; esac
 done
-cluster_args=()
+# The cluster pass selects its suites by name within the one integration binary
+# (tests/tests/it: a test's name starts with its suite); the caller's arguments after
+# `--` follow the filters.
+cluster_args=("$@")
 if ((!selection)); then
-    cluster_args=(-p seckill-tests)
-    for t in $CLUSTER_SUITES; do cluster_args+=(--test "$t"); done
+    cluster_args=(-p seckill-tests --test it --)
+    for t in $CLUSTER_SUITES; do cluster_args+=("$t::"); done
+    [[ ${1:-} == -- ]] && cluster_args+=("${@:2}")
 fi
 
 # The stack and the tests see the same selection (tests read it from .dev/stack.env,
@@ -132,7 +136,7 @@ if ((run_cluster)); then
         "${cluster_env[@]}" SECKILL_LAMBDA_RELOAD=0 scripts/stack.sh up --restart-functions
     }
     if phase "stack up (valkey cluster)" stack_down_then_up_as_valkey_cluster; then
-        phase "cargo test (valkey cluster)" "${cluster_env[@]}" cargo test --no-fail-fast "${cluster_args[@]}" "$@" || true
+        phase "cargo test (valkey cluster)" "${cluster_env[@]}" cargo test --no-fail-fast "${cluster_args[@]}" || true
     fi
 fi
 phase "cargo fmt --check" cargo fmt --all --check || true

@@ -33,7 +33,7 @@ pub const MAX_CONCURRENCY: usize = 64;
 
 /// Every environment variable [`Config::read`] reads (its own and those of
 /// [`RedisConfig`] and [`DataApiConfig`]). The SAM template may set only these (and
-/// `RUST_LOG`, read by the logging setup); `tests/tests/template.rs` checks that, and the
+/// `RUST_LOG`, read by the logging setup); `tests/tests/it/template.rs` checks that, and the
 /// `env_vars` test below keeps this list equal to what `read` really reads.
 pub const ENV_VARS: &[&str] = &[
     "REDIS_URL",
