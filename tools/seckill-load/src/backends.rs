@@ -19,7 +19,7 @@ use seckill_shared::domain::{NewVoucher, SaleWindow, Voucher, VoucherId, now_mil
 use seckill_shared::keys::{self, VoucherKeys};
 use seckill_shared::migrate;
 
-use crate::stack::{StackEnv, url_with_database};
+use seckill_cli::stack_env::{StackEnv, url_with_database};
 
 /// Options of the function under test that a run may change.
 #[derive(Debug, Clone, Default)]
@@ -64,7 +64,7 @@ impl Bench {
     /// A fresh database on the stack's MariaDB, its schema applied through the stack's
     /// Data API server, and the stack's Redis.
     pub async fn on_stack(stack: &StackEnv, knobs: &FunctionKnobs) -> anyhow::Result<Bench> {
-        let admin_url = stack.mysql_url()?;
+        let admin_url = stack.get("MYSQL_URL")?;
         let run_id = format!("{:012x}", rand::random::<u64>() >> 16);
         let database = format!("seckill_b_{run_id}");
         let mut conn = mysql(&admin_url).await?;
@@ -330,7 +330,7 @@ async fn drop_database(admin_url: &str, name: &str) -> anyhow::Result<()> {
 
 /// Drops every `seckill_b_%` database left by runs that were killed before cleanup.
 pub async fn drop_leftovers(stack: &StackEnv) -> anyhow::Result<Vec<String>> {
-    let admin = stack.mysql_url()?;
+    let admin = stack.get("MYSQL_URL")?;
     let mut conn = mysql(&admin).await?;
     let names: Vec<String> = conn
         .query("SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE 'seckill\\_b\\_%'")

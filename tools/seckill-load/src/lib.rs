@@ -26,6 +26,5 @@ pub mod engine;
 pub mod footprint;
 pub mod record;
 pub mod report;
-pub mod stack;
 pub mod svg;
 pub mod workload;

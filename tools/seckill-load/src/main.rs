@@ -19,13 +19,13 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
+use seckill_cli::stack_env::StackEnv;
 use seckill_load::admission::{self, AdmitOptions, SaleOptions, Target, UrlTarget};
 use seckill_load::backends::{self, Bench, FunctionKnobs};
 use seckill_load::drain::{self, CommitLatencyOptions, DrainOptions};
 use seckill_load::engine::Ui;
 use seckill_load::footprint::{self, FootprintOptions};
 use seckill_load::report::{self, Machine, Results};
-use seckill_load::stack::StackEnv;
 use seckill_load::svg;
 
 #[derive(Parser)]

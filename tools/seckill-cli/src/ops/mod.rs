@@ -12,7 +12,6 @@ pub mod reconcile;
 pub mod status;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 
 use anyhow::{Context, anyhow, bail};
 use seckill_shared::adapters::data_api::DataApi;
@@ -21,6 +20,8 @@ use seckill_shared::adapters::redis::{RedisConn, RedisSales};
 use seckill_shared::config::{DataApiConfig, EnvReader, RedisConfig};
 use seckill_shared::domain::{Voucher, VoucherId};
 use seckill_shared::error::StoreError;
+
+use crate::stack_env::StackEnv;
 
 /// Redis and the database, as the functions reach them.
 #[derive(Clone)]
@@ -31,37 +32,13 @@ pub struct Backends {
 }
 
 /// The variables the commands read: the process environment, completed by the local
-/// stack's `.dev/stack.env` (found from the current directory upwards) where present.
+/// stack's `.dev/stack.env` ([`crate::stack_env`]) where one is found.
 pub fn environment() -> EnvReader {
-    let mut vars: HashMap<String, String> = HashMap::new();
-    if let Some(file) = find_upwards(Path::new(".dev/stack.env")) {
-        vars.extend(read_env_file(&file));
-    }
+    let mut vars: HashMap<String, String> = StackEnv::load(None)
+        .map(|stack| stack.vars().clone())
+        .unwrap_or_default();
     vars.extend(std::env::vars());
     EnvReader::from_map(vars)
-}
-
-fn find_upwards(relative: &Path) -> Option<PathBuf> {
-    let mut dir = std::env::current_dir().ok()?;
-    loop {
-        let candidate = dir.join(relative);
-        if candidate.is_file() {
-            return Some(candidate);
-        }
-        if !dir.pop() {
-            return None;
-        }
-    }
-}
-
-fn read_env_file(path: &Path) -> HashMap<String, String> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| !l.trim_start().starts_with('#'))
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .collect()
 }
 
 /// A Redis URL without its password, for messages.

@@ -1,0 +1,251 @@
+//! The one reader of the local stack's `.dev/stack.env` (README.md, "The local stack"):
+//! the `KEY=VALUE` file `scripts/stack.sh up` writes, with the addresses of Redis, the
+//! database, the Data API and the functions. The operator commands, the load tool and
+//! the test fixtures all read it through here.
+//!
+//! Which file: the one named explicitly (`--stack-env`), else `$SECKILL_STACK_ENV`,
+//! else `.dev/stack.env` in the current folder or the nearest parent that has one. A
+//! variable of the same name set (non-empty) in the process environment wins over the
+//! file, for the keys in [`KEYS`].
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+
+/// The keys an environment variable of the same name overrides.
+pub const KEYS: &[&str] = &[
+    "SECKILL_HTTP_URL",
+    "DRAINER_INVOKE_URL",
+    "REDIS_URL",
+    "REDIS_CLUSTER",
+    "REDIS_TIMEOUT_MS",
+    "REDIS_NODES",
+    "MYSQL_URL",
+    "DATA_API_URL",
+    "SECKILL_DEV_JWT_SECRET",
+    "DB_CLUSTER_ARN",
+    "DB_SECRET_ARN",
+    "DB_MASTER_SECRET_ARN",
+    "DB_APP_SECRET_ARN",
+    "SECRETS_MANAGER_URL",
+    "DB_NAME",
+    "AWS_REGION",
+    "SECKILL_REDIS_ENGINE",
+    "SECKILL_REDIS_TOPOLOGY",
+    "SECKILL_REDIS_SERVER",
+];
+
+/// The addresses of the running local stack.
+#[derive(Debug, Clone)]
+pub struct StackEnv {
+    /// The file read, if one was found.
+    path: Option<PathBuf>,
+    vars: HashMap<String, String>,
+}
+
+impl StackEnv {
+    /// Reads the stack file and the environment. No file found is not an error (every
+    /// [`get`](Self::get) then says how to start the stack); a file named explicitly
+    /// that cannot be read is.
+    pub fn load(explicit: Option<&Path>) -> anyhow::Result<StackEnv> {
+        let path = match explicit {
+            Some(p) => Some(p.to_path_buf()),
+            None => match std::env::var_os("SECKILL_STACK_ENV") {
+                Some(p) => Some(PathBuf::from(p)),
+                None => find_upwards(Path::new(".dev/stack.env")),
+            },
+        };
+        let mut vars = HashMap::new();
+        if let Some(p) = &path {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read the stack file {}", p.display()))?;
+            vars = parse(&text);
+        }
+        for key in KEYS {
+            if let Ok(v) = std::env::var(key)
+                && !v.trim().is_empty()
+            {
+                vars.insert(key.to_string(), v);
+            }
+        }
+        Ok(StackEnv { path, vars })
+    }
+
+    /// A stack made of the given pairs (tests).
+    pub fn from_pairs(pairs: &[(&str, &str)]) -> StackEnv {
+        StackEnv {
+            path: None,
+            vars: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    /// Every key and value read.
+    pub fn vars(&self) -> &HashMap<String, String> {
+        &self.vars
+    }
+
+    /// One value; the error names the file and how to start the stack.
+    pub fn get(&self, key: &str) -> anyhow::Result<String> {
+        match self.optional(key) {
+            Some(v) => Ok(v),
+            None => bail!(
+                "{key} is not set: is the local stack running? ({}). Start it with \
+                 `scripts/stack.sh up`, or run the whole suite with `scripts/test.sh`.",
+                match &self.path {
+                    Some(p) => format!("read {}", p.display()),
+                    None => "no .dev/stack.env found".to_string(),
+                }
+            ),
+        }
+    }
+
+    /// One value, `None` when missing or empty.
+    pub fn optional(&self, key: &str) -> Option<String> {
+        self.vars
+            .get(key)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    }
+
+    /// The Redis engine, `SECKILL_REDIS_ENGINE`: `redis` or `valkey` (`redis` when
+    /// absent, as written by a stack before engines could be picked).
+    pub fn redis_engine(&self) -> String {
+        self.optional("SECKILL_REDIS_ENGINE")
+            .unwrap_or_else(|| "redis".into())
+    }
+
+    /// The Redis topology, `SECKILL_REDIS_TOPOLOGY`: `single` (one cluster-mode node
+    /// owning all slots) or `cluster` (3 primaries with a replica each); `single` when
+    /// absent.
+    pub fn redis_topology(&self) -> String {
+        self.optional("SECKILL_REDIS_TOPOLOGY")
+            .unwrap_or_else(|| "single".into())
+    }
+
+    /// The server binary the stack's Redis runs, `SECKILL_REDIS_SERVER` (an absolute
+    /// path); `redis-server` (found on `PATH`) when absent.
+    pub fn redis_server_bin(&self) -> String {
+        self.optional("SECKILL_REDIS_SERVER")
+            .unwrap_or_else(|| "redis-server".into())
+    }
+
+    /// `host:port` of every node of the stack's Redis, `REDIS_NODES` (comma-separated);
+    /// when absent, the one node of `REDIS_URL`.
+    pub fn redis_nodes(&self) -> anyhow::Result<Vec<String>> {
+        match self.optional("REDIS_NODES") {
+            Some(nodes) => Ok(nodes
+                .split(',')
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .map(str::to_string)
+                .collect()),
+            None => Ok(vec![host_port(&self.get("REDIS_URL")?)]),
+        }
+    }
+}
+
+fn parse(text: &str) -> HashMap<String, String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect()
+}
+
+fn find_upwards(relative: &Path) -> Option<PathBuf> {
+    let mut dir = std::env::current_dir().ok()?;
+    loop {
+        let candidate = dir.join(relative);
+        if candidate.is_file() {
+            return Some(candidate);
+        }
+        if !dir.pop() {
+            return None;
+        }
+    }
+}
+
+/// `host:port` of a `redis://[user:password@]host:port[/db]` URL.
+pub fn host_port(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    rest.split(['/', '?']).next().unwrap_or(rest).to_string()
+}
+
+/// `mysql_url` with its database replaced by `database`.
+pub fn url_with_database(mysql_url: &str, database: &str) -> anyhow::Result<String> {
+    let rest = mysql_url
+        .strip_prefix("mysql://")
+        .with_context(|| format!("MYSQL_URL {mysql_url:?} is not a mysql:// URL"))?;
+    let authority = rest.split(['/', '?']).next().unwrap_or(rest);
+    Ok(format!("mysql://{authority}/{database}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stack_files_parse_and_urls_swap_databases() {
+        let vars = parse("# c\nREDIS_URL=redis://x:1\n\nMYSQL_URL = mysql://u:p@h:3/seckill\n");
+        assert_eq!(vars["REDIS_URL"], "redis://x:1");
+        assert_eq!(
+            url_with_database(&vars["MYSQL_URL"], "seckill_b_1").unwrap(),
+            "mysql://u:p@h:3/seckill_b_1"
+        );
+        assert!(url_with_database("postgres://x", "d").is_err());
+    }
+
+    #[test]
+    fn missing_keys_say_how_to_start_the_stack() {
+        let s = StackEnv::from_pairs(&[("REDIS_URL", "redis://a"), ("DB_NAME", " ")]);
+        let err = s.get("MYSQL_URL").unwrap_err().to_string();
+        assert!(err.contains("scripts/stack.sh up"), "{err}");
+        assert!(s.get("DB_NAME").is_err(), "an empty value is missing");
+    }
+
+    #[test]
+    fn redis_settings_default_to_one_redis_server_node_at_redis_url() {
+        let env = StackEnv::from_pairs(&[("REDIS_URL", "redis://127.0.0.1:16379")]);
+        assert_eq!(env.redis_engine(), "redis");
+        assert_eq!(env.redis_topology(), "single");
+        assert_eq!(env.redis_server_bin(), "redis-server");
+        assert_eq!(env.redis_nodes().unwrap(), vec!["127.0.0.1:16379"]);
+    }
+
+    #[test]
+    fn redis_settings_come_from_the_stack_file() {
+        let env = StackEnv::from_pairs(&[
+            ("REDIS_URL", "redis://127.0.0.1:26400"),
+            ("SECKILL_REDIS_ENGINE", "valkey"),
+            ("SECKILL_REDIS_TOPOLOGY", "cluster"),
+            ("SECKILL_REDIS_SERVER", "/opt/valkey-9.1.2/valkey-server"),
+            (
+                "REDIS_NODES",
+                "127.0.0.1:26400,127.0.0.1:26401, 127.0.0.1:26402,",
+            ),
+        ]);
+        assert_eq!(env.redis_engine(), "valkey");
+        assert_eq!(env.redis_topology(), "cluster");
+        assert_eq!(env.redis_server_bin(), "/opt/valkey-9.1.2/valkey-server");
+        assert_eq!(
+            env.redis_nodes().unwrap(),
+            vec!["127.0.0.1:26400", "127.0.0.1:26401", "127.0.0.1:26402"]
+        );
+    }
+
+    #[test]
+    fn host_port_of_redis_urls() {
+        assert_eq!(host_port("redis://127.0.0.1:16379"), "127.0.0.1:16379");
+        assert_eq!(
+            host_port("rediss://u:p@cache.local:6379/0"),
+            "cache.local:6379"
+        );
+        assert_eq!(host_port("127.0.0.1:6379"), "127.0.0.1:6379");
+    }
+}
