@@ -6,7 +6,7 @@
 #      protected ones, drainer timing (min-idle > timeout > max run, one run at a time,
 #      an alarm), every IAM statement scoped to the configured cluster and secret, each
 #      function's Config loading from exactly the template's environment;
-#   3. the ENV_VARS unit tests of both functions (the names the template may set);
+#   3. the env_vars unit tests of both functions (the names the template may set);
 #   4. `sam validate --lint`, when the SAM CLI is installed (it runs offline).
 #
 # `cargo test --workspace` (scripts/test.sh, CI) runs 1-3 too; this script is the quick
@@ -48,7 +48,7 @@ else
     ok "cfn-lint: clean"
 fi
 
-log "template tests and ENV_VARS unit tests"
+log "template tests and env_vars unit tests"
 if cargo test -q -p seckill-tests --test it -- template:: &&
     cargo test -q -p seckill-http -p order-drainer --lib env_vars; then
     ok "template tests"

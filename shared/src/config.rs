@@ -178,6 +178,22 @@ pub fn check_env_vars<T: Debug, E: Debug>(
     }
 }
 
+/// The environment variables [`RedisConfig::read`] and [`DataApiConfig::read`] read: the
+/// backends of both functions (each function's `env_vars` adds its own).
+pub const BACKEND_ENV_VARS: &[&str] = &[
+    "REDIS_URL",
+    "REDIS_CLUSTER",
+    "REDIS_TIMEOUT_MS",
+    "REDIS_TLS_CA_FILE",
+    "REDIS_DURABLE_REPLICAS",
+    "REDIS_DURABLE_TIMEOUT_MS",
+    "DB_CLUSTER_ARN",
+    "DB_SECRET_ARN",
+    "DB_NAME",
+    "DATA_API_URL",
+    "DATA_API_TIMEOUT_MS",
+];
+
 /// Where Redis is and how long to wait for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisConfig {

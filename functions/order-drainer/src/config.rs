@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use seckill_shared::config::{ConfigError, DataApiConfig, EnvReader, RedisConfig};
+use seckill_shared::config::{
+    BACKEND_ENV_VARS, ConfigError, DataApiConfig, EnvReader, RedisConfig,
+};
 use seckill_shared::domain::VoucherId;
 
 /// Defaults, chosen for a 60 s function timeout on a one-minute schedule.
@@ -31,22 +33,9 @@ pub const MAX_BATCH_SIZE: usize = 10_000;
 /// The most vouchers drained at once: each holds a Data API transaction while it commits.
 pub const MAX_CONCURRENCY: usize = 64;
 
-/// Every environment variable [`Config::read`] reads (its own and those of
-/// [`RedisConfig`] and [`DataApiConfig`]). The SAM template may set only these (and
-/// `RUST_LOG`, read by the logging setup); `tests/tests/it/template.rs` checks that, and the
-/// `env_vars` test below keeps this list equal to what `read` really reads.
-pub const ENV_VARS: &[&str] = &[
-    "REDIS_URL",
-    "REDIS_CLUSTER",
-    "REDIS_TIMEOUT_MS",
-    "REDIS_TLS_CA_FILE",
-    "REDIS_DURABLE_REPLICAS",
-    "REDIS_DURABLE_TIMEOUT_MS",
-    "DB_CLUSTER_ARN",
-    "DB_SECRET_ARN",
-    "DB_NAME",
-    "DATA_API_URL",
-    "DATA_API_TIMEOUT_MS",
+/// The environment variables [`Config::read`] reads itself, besides the backends'
+/// ([`BACKEND_ENV_VARS`]); [`env_vars`] is all of them.
+const OWN_ENV_VARS: &[&str] = &[
     "DRAINER_BATCH_SIZE",
     "DRAINER_MIN_IDLE_MS",
     "DRAINER_CONCURRENCY",
@@ -56,6 +45,18 @@ pub const ENV_VARS: &[&str] = &[
     "DRAINER_IDLE_POLL_MS",
     "DRAINER_VOUCHERS",
 ];
+
+/// Every environment variable [`Config::read`] reads (the backends' and its own). The SAM
+/// template may set only these (and `RUST_LOG`, read by the logging setup);
+/// `tests/tests/it/template.rs` checks that, and the `env_vars` unit test keeps this list
+/// equal to what `read` really reads.
+pub fn env_vars() -> Vec<&'static str> {
+    BACKEND_ENV_VARS
+        .iter()
+        .chain(OWN_ENV_VARS)
+        .copied()
+        .collect()
+}
 
 /// Everything the function needs from its environment.
 #[derive(Debug, Clone)]
@@ -193,13 +194,13 @@ mod tests {
     }
 }
 
-/// Keeps [`ENV_VARS`] equal to what [`Config::read`] reads.
+/// Keeps [`env_vars`] equal to what [`Config::read`] reads.
 #[cfg(test)]
 mod env_vars {
     use super::*;
 
     #[test]
     fn env_vars_lists_exactly_what_read_reads() {
-        seckill_shared::config::check_env_vars(ENV_VARS, Config::read);
+        seckill_shared::config::check_env_vars(&env_vars(), Config::read);
     }
 }

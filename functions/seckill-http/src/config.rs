@@ -1,23 +1,12 @@
 //! Configuration of seckill-http, read once per cold start.
 
-use seckill_shared::config::{ConfigError, DataApiConfig, EnvReader, RedisConfig};
+use seckill_shared::config::{
+    BACKEND_ENV_VARS, ConfigError, DataApiConfig, EnvReader, RedisConfig,
+};
 
-/// Every environment variable [`Config::read`] reads (its own and those of
-/// [`RedisConfig`] and [`DataApiConfig`]). The SAM template may set only these (and
-/// `RUST_LOG`, read by the logging setup); `tests/tests/it/template.rs` checks that, and the
-/// unit test below keeps this list equal to what `read` really reads.
-pub const ENV_VARS: &[&str] = &[
-    "REDIS_URL",
-    "REDIS_CLUSTER",
-    "REDIS_TIMEOUT_MS",
-    "REDIS_TLS_CA_FILE",
-    "REDIS_DURABLE_REPLICAS",
-    "REDIS_DURABLE_TIMEOUT_MS",
-    "DB_CLUSTER_ARN",
-    "DB_SECRET_ARN",
-    "DB_NAME",
-    "DATA_API_URL",
-    "DATA_API_TIMEOUT_MS",
+/// The environment variables [`Config::read`] reads itself, besides the backends'
+/// ([`BACKEND_ENV_VARS`]); [`env_vars`] is all of them.
+const OWN_ENV_VARS: &[&str] = &[
     "SECKILL_DEV_JWT_SECRET",
     "SECKILL_DEV_JWT_IN_LAMBDA",
     "AWS_LAMBDA_FUNCTION_NAME",
@@ -26,6 +15,18 @@ pub const ENV_VARS: &[&str] = &[
     "SECKILL_SOURCE_RATE_PER_SEC",
     "SECKILL_SOURCE_RATE_BURST",
 ];
+
+/// Every environment variable [`Config::read`] reads (the backends' and its own). The SAM
+/// template may set only these (and `RUST_LOG`, read by the logging setup);
+/// `tests/tests/it/template.rs` checks that, and the `env_vars` unit test keeps this list
+/// equal to what `read` really reads.
+pub fn env_vars() -> Vec<&'static str> {
+    BACKEND_ENV_VARS
+        .iter()
+        .chain(OWN_ENV_VARS)
+        .copied()
+        .collect()
+}
 
 /// Everything the function needs from its environment.
 #[derive(Debug, Clone)]
@@ -114,6 +115,6 @@ mod tests {
 
     #[test]
     fn env_vars_lists_exactly_what_read_reads() {
-        seckill_shared::config::check_env_vars(ENV_VARS, Config::read);
+        seckill_shared::config::check_env_vars(&env_vars(), Config::read);
     }
 }

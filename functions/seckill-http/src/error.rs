@@ -10,6 +10,21 @@ use lambda_http::{Body, Response};
 use seckill_shared::domain::{OrderId, ValidationError};
 use seckill_shared::error::StoreError;
 
+/// Every `code` an error body can carry: the contract's list (`docs/openapi.yaml`,
+/// `ErrorCode`). A unit test keeps it equal to what [`ApiError::status_and_code`] maps.
+pub const CODES: &[&str] = &[
+    "invalid_request",
+    "unauthorized",
+    "forbidden",
+    "not_found",
+    "not_started",
+    "ended",
+    "sold_out",
+    "already_purchased",
+    "rate_limited",
+    "unavailable",
+];
+
 /// A failure as the caller sees it.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -153,6 +168,50 @@ fn json_text_response(status: StatusCode, body: String) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn codes_are_exactly_the_codes_of_the_variants() {
+        let down = || StoreError::Unavailable {
+            backend: "redis",
+            detail: String::new(),
+        };
+        let order_id = OrderId::new(1).unwrap();
+        // One of each variant (the match below stops compiling when a variant is added).
+        let all = [
+            ApiError::InvalidRequest(String::new()),
+            ApiError::Unauthorized(String::new()),
+            ApiError::Forbidden(String::new()),
+            ApiError::NotFound(String::new()),
+            ApiError::NotStarted,
+            ApiError::Ended,
+            ApiError::SoldOut,
+            ApiError::AlreadyPurchased { order_id },
+            ApiError::RateLimited,
+            ApiError::Unconfirmed {
+                order_id,
+                source: down(),
+            },
+            ApiError::Unavailable(down()),
+        ];
+        for e in &all {
+            match e {
+                ApiError::InvalidRequest(_)
+                | ApiError::Unauthorized(_)
+                | ApiError::Forbidden(_)
+                | ApiError::NotFound(_)
+                | ApiError::NotStarted
+                | ApiError::Ended
+                | ApiError::SoldOut
+                | ApiError::AlreadyPurchased { .. }
+                | ApiError::RateLimited
+                | ApiError::Unconfirmed { .. }
+                | ApiError::Unavailable(_) => {}
+            }
+        }
+        let mut codes: Vec<&str> = all.iter().map(ApiError::code).collect();
+        codes.dedup();
+        assert_eq!(codes, CODES);
+    }
 
     fn body(err: ApiError) -> (u16, serde_json::Value) {
         let res = err.into_response();

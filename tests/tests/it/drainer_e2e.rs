@@ -97,8 +97,9 @@ async fn an_order_bought_over_http_is_confirmed_after_a_drainer_invocation() {
     }
 
     // The scheduler's call.
-    let event: Value = serde_json::from_str(include_str!("../../fixtures/eventbridge-scheduled.json"))
-        .expect("fixture is JSON");
+    let event: Value =
+        serde_json::from_str(include_str!("../../fixtures/eventbridge-scheduled.json"))
+            .expect("fixture is JSON");
     let started = Instant::now();
     let res = stack
         .http

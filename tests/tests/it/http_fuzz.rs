@@ -24,6 +24,7 @@ use futures::FutureExt;
 use lambda_http::{Body, Request, RequestExt, Response};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+use seckill_http::error::CODES;
 use seckill_http::{App, handle};
 use seckill_shared::auth::{ADMIN_SCOPE, mint_hs256, sign_hs256};
 use seckill_shared::domain::{format_rfc3339_millis, now_millis};
@@ -39,20 +40,6 @@ const TOTAL_CASES: u32 = 10_000;
 /// The seed of every runner: the same requests on every run. Failure persistence is off
 /// for the same reason (a regression file would change what the next run sends).
 const SEED: [u8; 32] = *b"seckill-http-fuzz-issue-13-item4";
-
-/// Every `code` the contract (README, "The HTTP API") allows in an error body.
-const CODES: &[&str] = &[
-    "invalid_request",
-    "unauthorized",
-    "forbidden",
-    "not_found",
-    "not_started",
-    "ended",
-    "sold_out",
-    "already_purchased",
-    "rate_limited",
-    "unavailable",
-];
 
 /// What the requests can aim at: real ids, so valid paths reach Redis and the database.
 #[derive(Debug, Clone)]

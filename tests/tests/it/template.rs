@@ -1117,14 +1117,14 @@ fn check_redis(name: &str, s: &Scenario, env: &HashMap<String, String>) {
 
 #[test]
 fn seckill_http_starts_with_exactly_the_template_environment() {
-    use seckill_http::config::{Config, ENV_VARS};
+    use seckill_http::config::{Config, env_vars};
     use seckill_shared::config::EnvReader;
 
     let t = template();
     let (name, f) = function_for_binary(&t, "seckill-http");
     for s in Scenario::all(&t) {
         let env = environment(&t, f, &s);
-        check_names(name, &env, ENV_VARS);
+        check_names(name, &env, &env_vars());
         check_redis(name, &s, &env);
         let cfg = Config::read(EnvReader::from_map(env.clone()))
             .unwrap_or_else(|e| panic!("{} / {name}: {e}", s.name));
@@ -1148,7 +1148,7 @@ fn seckill_http_starts_with_exactly_the_template_environment() {
 
 #[test]
 fn order_drainer_starts_with_exactly_the_template_environment() {
-    use order_drainer::config::{Config, ENV_VARS, MAX_BATCH_SIZE};
+    use order_drainer::config::{Config, MAX_BATCH_SIZE, env_vars};
     use seckill_shared::config::EnvReader;
 
     let t = template();
@@ -1160,7 +1160,7 @@ fn order_drainer_starts_with_exactly_the_template_environment() {
     );
     for s in Scenario::all(&t) {
         let env = environment(&t, f, &s);
-        check_names(name, &env, ENV_VARS);
+        check_names(name, &env, &env_vars());
         check_redis(name, &s, &env);
         assert!(
             !env.contains_key("DRAINER_VOUCHERS"),

@@ -18,6 +18,7 @@ use anyhow::Context;
 use http::header::AUTHORIZATION;
 use lambda_http::{Body, Request, RequestExt};
 use redis::{AsyncCommands, ErrorKind, Script};
+use seckill_http::error::CODES;
 use seckill_http::{App, Config};
 use seckill_shared::adapters::redis::{OrderIds, RedisConn, RedisSales};
 use seckill_shared::domain::{Admission, UserId, VoucherId, now_millis};
@@ -335,20 +336,6 @@ impl FloorCaller {
         }
     }
 }
-
-/// The codes of the HTTP contract (README.md, "The HTTP API").
-const CODES: &[&str] = &[
-    "invalid_request",
-    "unauthorized",
-    "forbidden",
-    "not_found",
-    "not_started",
-    "ended",
-    "sold_out",
-    "already_purchased",
-    "rate_limited",
-    "unavailable",
-];
 
 #[derive(Deserialize)]
 struct Reply {
