@@ -194,6 +194,11 @@ pub const BACKEND_ENV_VARS: &[&str] = &[
     "DATA_API_TIMEOUT_MS",
 ];
 
+/// [`BACKEND_ENV_VARS`] followed by a function's own variables.
+pub fn backend_env_vars_and(own: &[&'static str]) -> Vec<&'static str> {
+    BACKEND_ENV_VARS.iter().chain(own).copied().collect()
+}
+
 /// Where Redis is and how long to wait for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisConfig {

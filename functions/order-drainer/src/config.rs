@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use seckill_shared::config::{
-    BACKEND_ENV_VARS, ConfigError, DataApiConfig, EnvReader, RedisConfig,
+    ConfigError, DataApiConfig, EnvReader, RedisConfig, backend_env_vars_and,
 };
 use seckill_shared::domain::VoucherId;
 
@@ -34,7 +34,7 @@ pub const MAX_BATCH_SIZE: usize = 10_000;
 pub const MAX_CONCURRENCY: usize = 64;
 
 /// The environment variables [`Config::read`] reads itself, besides the backends'
-/// ([`BACKEND_ENV_VARS`]); [`env_vars`] is all of them.
+/// ([`seckill_shared::config::BACKEND_ENV_VARS`]); [`env_vars`] is all of them.
 const OWN_ENV_VARS: &[&str] = &[
     "DRAINER_BATCH_SIZE",
     "DRAINER_MIN_IDLE_MS",
@@ -51,11 +51,7 @@ const OWN_ENV_VARS: &[&str] = &[
 /// `tests/tests/it/template.rs` checks that, and the `env_vars` unit test keeps this list
 /// equal to what `read` really reads.
 pub fn env_vars() -> Vec<&'static str> {
-    BACKEND_ENV_VARS
-        .iter()
-        .chain(OWN_ENV_VARS)
-        .copied()
-        .collect()
+    backend_env_vars_and(OWN_ENV_VARS)
 }
 
 /// Everything the function needs from its environment.

@@ -1,11 +1,11 @@
 //! Configuration of seckill-http, read once per cold start.
 
 use seckill_shared::config::{
-    BACKEND_ENV_VARS, ConfigError, DataApiConfig, EnvReader, RedisConfig,
+    ConfigError, DataApiConfig, EnvReader, RedisConfig, backend_env_vars_and,
 };
 
 /// The environment variables [`Config::read`] reads itself, besides the backends'
-/// ([`BACKEND_ENV_VARS`]); [`env_vars`] is all of them.
+/// ([`seckill_shared::config::BACKEND_ENV_VARS`]); [`env_vars`] is all of them.
 const OWN_ENV_VARS: &[&str] = &[
     "SECKILL_DEV_JWT_SECRET",
     "SECKILL_DEV_JWT_IN_LAMBDA",
@@ -21,11 +21,7 @@ const OWN_ENV_VARS: &[&str] = &[
 /// `tests/tests/it/template.rs` checks that, and the `env_vars` unit test keeps this list
 /// equal to what `read` really reads.
 pub fn env_vars() -> Vec<&'static str> {
-    BACKEND_ENV_VARS
-        .iter()
-        .chain(OWN_ENV_VARS)
-        .copied()
-        .collect()
+    backend_env_vars_and(OWN_ENV_VARS)
 }
 
 /// Everything the function needs from its environment.
