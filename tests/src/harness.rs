@@ -183,6 +183,15 @@ pub fn read(res: Response<Body>) -> (u16, Value) {
     (status, body)
 }
 
+/// The handler's answer to `req`: status and JSON body, checked against the contract
+/// (`docs/openapi.yaml`, [`crate::contract`]).
+pub async fn call(app: &seckill_http::App, req: Request) -> (u16, Value) {
+    let route = crate::contract::route_key_of(&req);
+    let (status, body) = read(seckill_http::handle(app, req).await);
+    crate::contract::contract().assert(route.as_deref(), status, &body);
+    (status, body)
+}
+
 /// `POST /vouchers/{voucher}/seckill` as `user` (a valid token), through the handler.
 pub async fn buy(
     app: &seckill_http::App,
@@ -190,11 +199,9 @@ pub async fn buy(
     user: &str,
 ) -> (u16, Value) {
     let path = format!("/vouchers/{voucher}/seckill");
-    read(
-        seckill_http::handle(
-            app,
-            request("POST", &path, Some(&token(user, false)), None, None),
-        )
-        .await,
+    call(
+        app,
+        request("POST", &path, Some(&token(user, false)), None, None),
     )
+    .await
 }

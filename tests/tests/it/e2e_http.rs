@@ -61,7 +61,14 @@ impl Api {
             Some("application/json"),
             "{method} {path}"
         );
-        (status, res.json().await.expect("JSON body"))
+        let body: Value = res.json().await.expect("JSON body");
+        // Every answer of the sale is checked against the contract (docs/openapi.yaml).
+        seckill_tests::contract::contract().assert(
+            seckill_tests::contract::route_key(method, path),
+            status.as_u16(),
+            &body,
+        );
+        (status, body)
     }
 }
 

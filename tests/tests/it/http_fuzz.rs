@@ -564,6 +564,7 @@ fn check(
     let req: Request = lambda_http::request::from_str(&event)
         .map_err(|e| TestCaseError::fail(format!("not an event lambda_http accepts: {e}")))?
         .with_lambda_context(lambda_http::Context::default());
+    let route = seckill_tests::contract::route_key_of(&req);
     let res: Response<Body> = rt
         .block_on(AssertUnwindSafe(handle(app, req)).catch_unwind())
         .map_err(|panic| {
@@ -589,6 +590,11 @@ fn check(
     let json: Value = serde_json::from_str(&body)
         .map_err(|e| TestCaseError::fail(format!("{status}: body is not JSON ({e}): {body}")))?;
     prop_assert!(json.is_object(), "{status} {body}");
+    // The answer as the contract (docs/openapi.yaml) describes it: a listed status for
+    // the route, a body of that status's schema (which holds the codes allowed).
+    if let Err(e) = seckill_tests::contract::contract().check(route.as_deref(), status, &json) {
+        return Err(TestCaseError::fail(e));
+    }
     if status >= 400 {
         let code = json["code"].as_str().unwrap_or_default();
         prop_assert!(

@@ -7,14 +7,14 @@ use std::time::{Duration, Instant};
 
 use lambda_http::RequestExt;
 use redis::AsyncCommands;
-use seckill_http::{App, handle};
+use seckill_http::App;
 use seckill_shared::adapters::data_api::param;
 use seckill_shared::auth::{mint_hs256, sign_hs256};
 use seckill_shared::domain::{
     OrderId, SaleWindow, UserId, Voucher, VoucherId, format_rfc3339_millis, now_millis,
 };
 use seckill_shared::keys::VoucherKeys;
-use seckill_tests::harness::{Backends, TEST_JWT_SECRET, buy, read, request, token};
+use seckill_tests::harness::{Backends, TEST_JWT_SECRET, buy, call, request, token};
 use seckill_tests::redis::ReplyDropper;
 use serde_json::{Value, json};
 
@@ -29,19 +29,17 @@ fn voucher_body(stock: i64, begins_offset_ms: i64, ends_offset_ms: i64) -> Strin
 
 async fn create(app: &App, stock: i64, begins: i64, ends: i64) -> String {
     let admin = token("admin", true);
-    let (status, body) = read(
-        handle(
-            app,
-            request(
-                "POST",
-                "/vouchers",
-                Some(&admin),
-                Some(&voucher_body(stock, begins, ends)),
-                None,
-            ),
-        )
-        .await,
-    );
+    let (status, body) = call(
+        app,
+        request(
+            "POST",
+            "/vouchers",
+            Some(&admin),
+            Some(&voucher_body(stock, begins, ends)),
+            None,
+        ),
+    )
+    .await;
     assert_eq!(status, 201, "{body}");
     body["id"].as_str().expect("id is a string").to_string()
 }
@@ -64,19 +62,17 @@ async fn create_and_read_a_voucher() {
     let ends = iso(3_600_000);
     let body = json!({ "title": "  Coffee  ", "stock": 3, "begins_at": begins, "ends_at": ends })
         .to_string();
-    let (status, created) = read(
-        handle(
-            &app,
-            request(
-                "POST",
-                "/vouchers",
-                Some(&token("root", true)),
-                Some(&body),
-                None,
-            ),
-        )
-        .await,
-    );
+    let (status, created) = call(
+        &app,
+        request(
+            "POST",
+            "/vouchers",
+            Some(&token("root", true)),
+            Some(&body),
+            None,
+        ),
+    )
+    .await;
     assert_eq!(status, 201, "{created}");
     let id = created["id"].as_str().unwrap();
     assert!(id.parse::<i64>().unwrap() > 0);
@@ -88,13 +84,11 @@ async fn create_and_read_a_voucher() {
 
     // Anyone may read it, no token needed; stock_left comes from Redis.
     buy(&app, id, "alice").await;
-    let (status, got) = read(
-        handle(
-            &app,
-            request("GET", &format!("/vouchers/{id}"), None, None, None),
-        )
-        .await,
-    );
+    let (status, got) = call(
+        &app,
+        request("GET", &format!("/vouchers/{id}"), None, None, None),
+    )
+    .await;
     assert_eq!(status, 200);
     assert_eq!(got["id"], id);
     assert_eq!(got["stock_left"], 2);
@@ -125,13 +119,11 @@ async fn voucher_creation_refuses_bad_input_with_400() {
         format!("{{\"title\": \"{}\"}}", "x".repeat(20_000)),
     ];
     for body in bad_bodies {
-        let res = read(
-            handle(
-                &app,
-                request("POST", "/vouchers", Some(&admin), Some(&body), None),
-            )
-            .await,
-        );
+        let res = call(
+            &app,
+            request("POST", "/vouchers", Some(&admin), Some(&body), None),
+        )
+        .await;
         assert_error(res, 400, "invalid_request");
     }
     let rows =
@@ -186,58 +178,50 @@ async fn every_way_a_token_can_be_wrong_is_401_or_403() {
         "garbage",
         "",
     ] {
-        let res = read(
-            handle(
-                &app,
-                request("POST", "/vouchers", Some(t), Some(&body), None),
-            )
-            .await,
-        );
+        let res = call(
+            &app,
+            request("POST", "/vouchers", Some(t), Some(&body), None),
+        )
+        .await;
         assert_error(res, 401, "unauthorized");
     }
     assert_error(
-        read(handle(&app, request("POST", "/vouchers", None, Some(&body), None)).await),
+        call(&app, request("POST", "/vouchers", None, Some(&body), None)).await,
         401,
         "unauthorized",
     );
     // A valid user token without the admin scope.
     let user = token("bob", false);
     assert_error(
-        read(
-            handle(
-                &app,
-                request("POST", "/vouchers", Some(&user), Some(&body), None),
-            )
-            .await,
-        ),
+        call(
+            &app,
+            request("POST", "/vouchers", Some(&user), Some(&body), None),
+        )
+        .await,
         403,
         "forbidden",
     );
     // The buyer routes need a token too.
     assert_error(
-        read(
-            handle(
-                &app,
-                request("POST", "/vouchers/1/seckill", None, None, None),
-            )
-            .await,
-        ),
+        call(
+            &app,
+            request("POST", "/vouchers/1/seckill", None, None, None),
+        )
+        .await,
         401,
         "unauthorized",
     );
     assert_error(
-        read(handle(&app, request("GET", "/orders/1", None, None, None)).await),
+        call(&app, request("GET", "/orders/1", None, None, None)).await,
         401,
         "unauthorized",
     );
     assert_error(
-        read(
-            handle(
-                &app,
-                request("POST", "/vouchers/1/seckill", Some(&expired), None, None),
-            )
-            .await,
-        ),
+        call(
+            &app,
+            request("POST", "/vouchers/1/seckill", Some(&expired), None, None),
+        )
+        .await,
         401,
         "unauthorized",
     );
@@ -252,36 +236,32 @@ async fn identity_comes_from_authorizer_claims_and_never_from_the_body() {
     cfg.dev_jwt_secret = None;
     let app = App::new(&cfg).await;
     let admin = json!({ "sub": "ops", "scope": "openid seckill/admin" });
-    let (status, v) = read(
-        handle(
-            &app,
-            request(
-                "POST",
-                "/vouchers",
-                None,
-                Some(&voucher_body(5, -1_000, 60_000)),
-                Some(admin),
-            ),
-        )
-        .await,
-    );
+    let (status, v) = call(
+        &app,
+        request(
+            "POST",
+            "/vouchers",
+            None,
+            Some(&voucher_body(5, -1_000, 60_000)),
+            Some(admin),
+        ),
+    )
+    .await;
     assert_eq!(status, 201, "{v}");
     let id = v["id"].as_str().unwrap();
     // A body naming another user changes nothing: the buyer is the claims' sub.
     let sneaky = json!({ "user_id": "mallory", "sub": "mallory" }).to_string();
-    let (status, order) = read(
-        handle(
-            &app,
-            request(
-                "POST",
-                &format!("/vouchers/{id}/seckill"),
-                None,
-                Some(&sneaky),
-                Some(json!({ "sub": "carol" })),
-            ),
-        )
-        .await,
-    );
+    let (status, order) = call(
+        &app,
+        request(
+            "POST",
+            &format!("/vouchers/{id}/seckill"),
+            None,
+            Some(&sneaky),
+            Some(json!({ "sub": "carol" })),
+        ),
+    )
+    .await;
     assert_eq!(status, 202, "{order}");
     let vid: VoucherId = id.parse().unwrap();
     let carol = seckill_shared::domain::UserId::parse("carol").unwrap();
@@ -297,37 +277,33 @@ async fn identity_comes_from_authorizer_claims_and_never_from_the_body() {
     // A bearer token is not enough without the dev secret: only verified claims count.
     let forged = mint_hs256(b"anything", "mallory", None, now_millis() / 1000 + 60);
     assert_error(
-        read(
-            handle(
-                &app,
-                request(
-                    "POST",
-                    &format!("/vouchers/{id}/seckill"),
-                    Some(&forged),
-                    None,
-                    None,
-                ),
-            )
-            .await,
-        ),
+        call(
+            &app,
+            request(
+                "POST",
+                &format!("/vouchers/{id}/seckill"),
+                Some(&forged),
+                None,
+                None,
+            ),
+        )
+        .await,
         401,
         "unauthorized",
     );
     // Claims without the admin scope cannot create vouchers.
     assert_error(
-        read(
-            handle(
-                &app,
-                request(
-                    "POST",
-                    "/vouchers",
-                    None,
-                    Some(&voucher_body(5, 0, 60_000)),
-                    Some(json!({ "sub": "carol" })),
-                ),
-            )
-            .await,
-        ),
+        call(
+            &app,
+            request(
+                "POST",
+                "/vouchers",
+                None,
+                Some(&voucher_body(5, 0, 60_000)),
+                Some(json!({ "sub": "carol" })),
+            ),
+        )
+        .await,
         403,
         "forbidden",
     );
@@ -448,7 +424,7 @@ async fn unknown_vouchers_orders_and_routes_are_404_and_bad_ids_400() {
     let app = App::new(&b.http_config()).await;
     let user = token("alice", false);
     assert_error(
-        read(handle(&app, request("GET", "/vouchers/424242", None, None, None)).await),
+        call(&app, request("GET", "/vouchers/424242", None, None, None)).await,
         404,
         "not_found",
     );
@@ -468,55 +444,47 @@ async fn unknown_vouchers_orders_and_routes_are_404_and_bad_ids_400() {
         "an order id was leased for a voucher that does not exist"
     );
     assert_error(
-        read(
-            handle(
-                &app,
-                request("GET", "/orders/424242", Some(&user), None, None),
-            )
-            .await,
-        ),
+        call(
+            &app,
+            request("GET", "/orders/424242", Some(&user), None, None),
+        )
+        .await,
         404,
         "not_found",
     );
     for path in ["/", "/nope", "/vouchers/1/refund", "/orders"] {
         assert_error(
-            read(handle(&app, request("GET", path, Some(&user), None, None)).await),
+            call(&app, request("GET", path, Some(&user), None, None)).await,
             404,
             "not_found",
         );
     }
     assert_error(
-        read(
-            handle(
-                &app,
-                request("DELETE", "/vouchers/1", Some(&user), None, None),
-            )
-            .await,
-        ),
+        call(
+            &app,
+            request("DELETE", "/vouchers/1", Some(&user), None, None),
+        )
+        .await,
         404,
         "not_found",
     );
     for bad in ["abc", "0", "-1", "1.5", "99999999999999999999", "%20"] {
         assert_error(
-            read(
-                handle(
-                    &app,
-                    request("GET", &format!("/vouchers/{bad}"), None, None, None),
-                )
-                .await,
-            ),
+            call(
+                &app,
+                request("GET", &format!("/vouchers/{bad}"), None, None, None),
+            )
+            .await,
             400,
             "invalid_request",
         );
         assert_error(buy(&app, bad, "alice").await, 400, "invalid_request");
         assert_error(
-            read(
-                handle(
-                    &app,
-                    request("GET", &format!("/orders/{bad}"), Some(&user), None, None),
-                )
-                .await,
-            ),
+            call(
+                &app,
+                request("GET", &format!("/orders/{bad}"), Some(&user), None, None),
+            )
+            .await,
             400,
             "invalid_request",
         );
@@ -549,29 +517,25 @@ async fn requests_are_dispatched_on_api_gateways_route_key_not_the_raw_path() {
     // The raw path says "buy"; API Gateway matched "read the voucher": a read it is, and
     // nothing was bought.
     let raw = format!("/vouchers/{voucher}/seckill");
-    let (status, body) = read(
-        handle(
-            &app,
-            event("POST", &raw, "GET /vouchers/{id}", json!({ "id": voucher })),
-        )
-        .await,
-    );
+    let (status, body) = call(
+        &app,
+        event("POST", &raw, "GET /vouchers/{id}", json!({ "id": voucher })),
+    )
+    .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["id"], voucher.as_str(), "{body}");
     assert_eq!(body["stock_left"], 5, "nothing was admitted: {body}");
     // The parameter comes from pathParameters, not from the path.
-    let (status, body) = read(
-        handle(
-            &app,
-            event(
-                "GET",
-                "/vouchers/1",
-                "GET /vouchers/{id}",
-                json!({ "id": voucher }),
-            ),
-        )
-        .await,
-    );
+    let (status, body) = call(
+        &app,
+        event(
+            "GET",
+            "/vouchers/1",
+            "GET /vouchers/{id}",
+            json!({ "id": voucher }),
+        ),
+    )
+    .await;
     assert_eq!(
         (status, body["id"].as_str()),
         (200, Some(voucher.as_str())),
@@ -584,19 +548,17 @@ async fn requests_are_dispatched_on_api_gateways_route_key_not_the_raw_path() {
         ("POST /vouchers/{id}/refund", json!({ "id": voucher })),
     ] {
         assert_error(
-            read(
-                handle(
-                    &app,
-                    event("GET", &format!("/vouchers/{voucher}"), key, params),
-                )
-                .await,
-            ),
+            call(
+                &app,
+                event("GET", &format!("/vouchers/{voucher}"), key, params),
+            )
+            .await,
             404,
             "not_found",
         );
     }
     // $default: the method and path decide (as under cargo lambda watch).
-    let (status, body) = read(handle(&app, event("POST", &raw, "$default", Value::Null)).await);
+    let (status, body) = call(&app, event("POST", &raw, "$default", Value::Null)).await;
     assert_eq!(status, 202, "{body}");
     b.cleanup().await;
 }
@@ -610,13 +572,11 @@ async fn order_status_is_pending_then_what_the_database_says_and_only_for_the_bu
     let order_id = admitted["order_id"].as_str().unwrap().to_string();
     let path = format!("/orders/{order_id}");
 
-    let (status, pending) = read(
-        handle(
-            &app,
-            request("GET", &path, Some(&token("alice", false)), None, None),
-        )
-        .await,
-    );
+    let (status, pending) = call(
+        &app,
+        request("GET", &path, Some(&token("alice", false)), None, None),
+    )
+    .await;
     assert_eq!(status, 200, "{pending}");
     assert_eq!(
         pending,
@@ -624,13 +584,11 @@ async fn order_status_is_pending_then_what_the_database_says_and_only_for_the_bu
     );
     // Another user's order does not exist for them.
     assert_error(
-        read(
-            handle(
-                &app,
-                request("GET", &path, Some(&token("bob", false)), None, None),
-            )
-            .await,
-        ),
+        call(
+            &app,
+            request("GET", &path, Some(&token("bob", false)), None, None),
+        )
+        .await,
         404,
         "not_found",
     );
@@ -643,22 +601,18 @@ async fn order_status_is_pending_then_what_the_database_says_and_only_for_the_bu
     )
     .await
     .unwrap();
-    let (_, confirmed) = read(
-        handle(
-            &app,
-            request("GET", &path, Some(&token("alice", false)), None, None),
-        )
-        .await,
-    );
+    let (_, confirmed) = call(
+        &app,
+        request("GET", &path, Some(&token("alice", false)), None, None),
+    )
+    .await;
     assert_eq!(confirmed["status"], "confirmed");
     assert_error(
-        read(
-            handle(
-                &app,
-                request("GET", &path, Some(&token("bob", false)), None, None),
-            )
-            .await,
-        ),
+        call(
+            &app,
+            request("GET", &path, Some(&token("bob", false)), None, None),
+        )
+        .await,
         404,
         "not_found",
     );
@@ -672,19 +626,17 @@ async fn order_status_is_pending_then_what_the_database_says_and_only_for_the_bu
     )
     .await
     .unwrap();
-    let (_, rejected) = read(
-        handle(
-            &app,
-            request(
-                "GET",
-                &format!("/orders/{bob_order}"),
-                Some(&token("bob", false)),
-                None,
-                None,
-            ),
-        )
-        .await,
-    );
+    let (_, rejected) = call(
+        &app,
+        request(
+            "GET",
+            &format!("/orders/{bob_order}"),
+            Some(&token("bob", false)),
+            None,
+            None,
+        ),
+    )
+    .await;
     assert_eq!(rejected["status"], "rejected");
     b.cleanup().await;
 }
@@ -714,13 +666,11 @@ async fn a_voucher_missing_in_redis_is_repaired_from_the_database() {
 
     // Same through GET /vouchers/{id} on another voucher.
     let w = b.db.create_voucher(&new).await.unwrap();
-    let (status, got) = read(
-        handle(
-            &app,
-            request("GET", &format!("/vouchers/{}", w.id), None, None, None),
-        )
-        .await,
-    );
+    let (status, got) = call(
+        &app,
+        request("GET", &format!("/vouchers/{}", w.id), None, None, None),
+    )
+    .await;
     assert_eq!((status, got["stock_left"].clone()), (200, json!(4)));
     assert_eq!(b.sales.stock_left(w.id).await.unwrap(), Some(4));
     b.cleanup().await;
@@ -764,7 +714,7 @@ async fn anonymous_reads_are_rate_limited_per_source_address() {
     let voucher = format!("/vouchers/{id}");
     assert_eq!(statuses(&app, &voucher, "198.51.100.1", 4).await, [200; 4]);
     assert_error(
-        read(handle(&app, anonymous_get(&voucher, "198.51.100.1")).await),
+        call(&app, anonymous_get(&voucher, "198.51.100.1")).await,
         429,
         "rate_limited",
     );
@@ -806,7 +756,7 @@ fn anonymous_get(path: &str, ip: &str) -> lambda_http::Request {
 async fn statuses(app: &App, path: &str, ip: &str, n: usize) -> Vec<u16> {
     let mut v = Vec::new();
     for _ in 0..n {
-        v.push(handle(app, anonymous_get(path, ip)).await.status().as_u16());
+        v.push(call(app, anonymous_get(path, ip)).await.0);
     }
     v
 }
@@ -839,13 +789,11 @@ async fn backends_down_is_a_quick_503() {
     cfg.data_api.timeout = Duration::from_millis(500);
     let no_db = App::new(&cfg).await;
     let started = Instant::now();
-    let res = read(
-        handle(
-            &no_db,
-            request("GET", &format!("/vouchers/{id}"), None, None, None),
-        )
-        .await,
-    );
+    let res = call(
+        &no_db,
+        request("GET", &format!("/vouchers/{id}"), None, None, None),
+    )
+    .await;
     assert_error(res.clone(), 503, "unavailable");
     assert!(
         !res.1.to_string().contains("127.0.0.1"),

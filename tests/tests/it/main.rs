@@ -14,6 +14,7 @@
 mod admission_lua;
 mod app_user;
 mod cluster_topology;
+mod contract;
 mod data_api;
 mod drainer_crash;
 mod drainer_e2e;
