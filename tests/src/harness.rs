@@ -84,16 +84,7 @@ impl Backends {
 
     /// seckill-http's configuration for these backends.
     pub fn http_config(&self) -> seckill_http::Config {
-        seckill_http::Config {
-            redis: self.redis.config(),
-            data_api: self.data_api_config(),
-            dev_jwt_secret: Some(TEST_JWT_SECRET.to_string()),
-            user_rate_per_sec: 0,
-            user_rate_burst: 0,
-            source_rate_per_sec: 0,
-            source_rate_burst: 0,
-            in_lambda: false,
-        }
+        test_http_config(self.redis.config(), self.data_api_config())
     }
 
     /// Drops the database and its application user (Redis and the server stop when
@@ -123,6 +114,24 @@ pub fn token(sub: &str, admin: bool) -> String {
         admin.then_some(seckill_shared::auth::ADMIN_SCOPE),
         exp,
     )
+}
+
+/// seckill-http's configuration for tests on these backends: tokens signed with
+/// [`TEST_JWT_SECRET`], no rate limits (suites that test limits set their own).
+pub fn test_http_config(
+    redis: seckill_shared::config::RedisConfig,
+    data_api: DataApiConfig,
+) -> seckill_http::Config {
+    seckill_http::Config {
+        redis,
+        data_api,
+        dev_jwt_secret: Some(TEST_JWT_SECRET.to_string()),
+        user_rate_per_sec: 0,
+        user_rate_burst: 0,
+        source_rate_per_sec: 0,
+        source_rate_burst: 0,
+        in_lambda: false,
+    }
 }
 
 /// The API Gateway v2 event fixture, as API Gateway would send it for this call.

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use seckill_shared::domain::now_millis;
 use seckill_shared::metrics::{self, FLUSH_EVERY_REQUESTS, NAMESPACE, Sink, names};
 use seckill_tests::drainer::DrainCtx;
-use seckill_tests::harness::{TEST_JWT_SECRET, buy, request};
+use seckill_tests::harness::{buy, request, test_http_config};
 use serde_json::Value;
 
 /// One EMF document: its dimensions (name -> value) and metrics (name -> values).
@@ -71,14 +71,9 @@ async fn a_small_sale_shows_in_the_emf_lines_as_it_was_answered_and_drained() {
 
     let ctx = DrainCtx::start().await;
     let app = seckill_http::App::new(&seckill_http::Config {
-        redis: ctx.redis.config(),
-        data_api: ctx.data_api_config(),
-        dev_jwt_secret: Some(TEST_JWT_SECRET.to_string()),
         user_rate_per_sec: 1,
         user_rate_burst: 3,
-        source_rate_per_sec: 0,
-        source_rate_burst: 0,
-        in_lambda: false,
+        ..test_http_config(ctx.redis.config(), ctx.data_api_config())
     })
     .await;
     let open = ctx.voucher(3, 3).await.id;

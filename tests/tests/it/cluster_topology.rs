@@ -19,7 +19,7 @@ use seckill_shared::config::Durable;
 use seckill_shared::domain::VoucherId;
 use seckill_shared::keys::VoucherKeys;
 use seckill_tests::drainer::DrainCtx;
-use seckill_tests::harness::{TEST_JWT_SECRET, buy};
+use seckill_tests::harness::{buy, test_http_config};
 
 use seckill_tests::redis::RedisServer;
 use tokio::sync::Mutex;
@@ -237,17 +237,7 @@ impl Sale {
     async fn new(ctx: &DrainCtx, voucher: VoucherId, durable: Option<Durable>) -> Sale {
         let mut redis = ctx.redis.config();
         redis.durable = durable;
-        let app = seckill_http::App::new(&seckill_http::Config {
-            redis,
-            data_api: ctx.data_api_config(),
-            dev_jwt_secret: Some(TEST_JWT_SECRET.to_string()),
-            user_rate_per_sec: 0,
-            user_rate_burst: 0,
-            source_rate_per_sec: 0,
-            source_rate_burst: 0,
-            in_lambda: false,
-        })
-        .await;
+        let app = seckill_http::App::new(&test_http_config(redis, ctx.data_api_config())).await;
         Sale {
             app: Arc::new(app),
             voucher,
@@ -382,7 +372,7 @@ impl Sale {
     async fn look(&self) -> u16 {
         let path = format!("/vouchers/{}", self.voucher);
         let req = seckill_tests::harness::request("GET", &path, None, None, None);
-        seckill_http::handle(&self.app, req).await.status().as_u16()
+        seckill_tests::harness::call(&self.app, req).await.0
     }
 }
 

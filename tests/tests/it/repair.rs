@@ -15,24 +15,15 @@ use std::collections::BTreeMap;
 use futures::StreamExt;
 use mysql_async::prelude::Queryable;
 use redis::AsyncCommands;
-use seckill_http::{App, handle};
+use seckill_http::App;
 use seckill_shared::domain::{OrderId, Voucher, VoucherId};
 use seckill_shared::keys::VoucherKeys;
 use seckill_tests::drainer::DrainCtx;
-use seckill_tests::harness::{TEST_JWT_SECRET, buy, read, request, token};
+use seckill_tests::harness::{buy, call, request, test_http_config, token};
 use serde_json::Value;
 
 fn http_config(ctx: &DrainCtx) -> seckill_http::Config {
-    seckill_http::Config {
-        redis: ctx.redis.config(),
-        data_api: ctx.data_api_config(),
-        dev_jwt_secret: Some(TEST_JWT_SECRET.to_string()),
-        user_rate_per_sec: 0,
-        user_rate_burst: 0,
-        source_rate_per_sec: 0,
-        source_rate_burst: 0,
-        in_lambda: false,
-    }
+    test_http_config(ctx.redis.config(), ctx.data_api_config())
 }
 
 /// Buys as `user` and expects a 202; returns the order id.
@@ -43,13 +34,11 @@ async fn admitted(app: &App, voucher: VoucherId, user: &str) -> OrderId {
 }
 
 async fn get(app: &App, path: &str, user: &str) -> (u16, Value) {
-    read(
-        handle(
-            app,
-            request("GET", path, Some(&token(user, false)), None, None),
-        )
-        .await,
+    call(
+        app,
+        request("GET", path, Some(&token(user, false)), None, None),
     )
+    .await
 }
 
 /// `GET /vouchers/{id}/order` as `user`: (order id, status), or None on 404.
@@ -235,13 +224,11 @@ async fn a_lost_sale_hash_alone_never_reopens_more_than_the_database_stock_minus
     lose(&ctx, v.id, &["sale"]).await;
 
     // GET /vouchers/{id} repairs too, and shows the live stock.
-    let (status, body) = read(
-        handle(
-            &app,
-            request("GET", &format!("/vouchers/{}", v.id), None, None, None),
-        )
-        .await,
-    );
+    let (status, body) = call(
+        &app,
+        request("GET", &format!("/vouchers/{}", v.id), None, None, None),
+    )
+    .await;
     assert_eq!(
         (status, body["stock_left"].as_i64()),
         (200, Some(2)),
