@@ -22,7 +22,8 @@
 use std::collections::{HashMap, HashSet};
 
 use seckill_shared::adapters::ledger::{AdmittedOrder, ExistingOrder};
-use seckill_shared::adapters::order_stream::{StreamEntry, fields};
+use seckill_shared::adapters::order_stream::StreamEntry;
+use seckill_shared::protocol::fields;
 use seckill_shared::domain::{OrderId, UserId, VoucherId};
 
 /// Why an entry goes to the dead-letter stream (its `reason` field).

@@ -31,6 +31,7 @@ use crate::config::Durable;
 use crate::domain::{UnixMillis, VoucherId};
 use crate::error::StoreError;
 use crate::keys::{self, VoucherKeys};
+use crate::protocol::{self, fields, sale_fields};
 
 /// A stream script with `lua/lib/streams.lua` (helpers it shares) in front of it.
 macro_rules! stream_script {
@@ -56,20 +57,6 @@ pub const RANGE_PAGE: usize = 1_000;
 /// Spent consumers one [`OrderStreams::probe`] deletes at most: a long backlog goes in
 /// small steps, never one long script.
 pub const REAP_PER_PROBE: u64 = 8;
-
-/// Field names of an orders-stream entry (written by `lua/admit.lua`).
-pub mod fields {
-    pub const ORDER_ID: &str = "order_id";
-    pub const VOUCHER_ID: &str = "voucher_id";
-    pub const USER_ID: &str = "user_id";
-    pub const ADMITTED_MS: &str = "admitted_ms";
-    /// Added to a dead letter: the id of the entry in the orders stream.
-    pub const SOURCE_ID: &str = "source_id";
-    /// Added to a dead letter: why it was dead-lettered.
-    pub const REASON: &str = "reason";
-    /// Added to a dead letter: how many times the entry had been delivered.
-    pub const DELIVERIES: &str = "deliveries";
-}
 
 /// One entry of an orders stream as Redis holds it, not yet parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -312,7 +299,7 @@ impl OrderStreams {
             .arg(retention.as_millis() as u64)
             .invoke_async(&mut self.conn.clone())
             .await?;
-        Ok(done == 1)
+        Ok(done == protocol::expire_sale::EXPIRING)
     }
 
     /// Removes a voucher from the active set; true when it was there.
@@ -578,7 +565,7 @@ impl OrderStreams {
             call.arg(f.as_slice()).arg(v.as_slice());
         }
         let written: i64 = call.invoke_async(&mut self.conn.clone()).await?;
-        Ok(written == 1)
+        Ok(written == protocol::dead_letter::WRITTEN)
     }
 
     /// Trims the orders stream below every group's oldest pending entry and
@@ -822,7 +809,7 @@ impl OrderStreams {
     /// When the voucher's sale ends (`ends_ms` of its sale hash), if Redis has the sale.
     pub async fn sale_ends_ms(&self, voucher: VoucherId) -> Result<Option<UnixMillis>, StoreError> {
         let k = VoucherKeys::new(voucher);
-        let ends: Option<String> = self.conn.clone().hget(&k.sale, "ends_ms").await?;
+        let ends: Option<String> = self.conn.clone().hget(&k.sale, sale_fields::ENDS_MS).await?;
         Ok(ends.and_then(|s| s.parse().ok()))
     }
 }

@@ -19,6 +19,7 @@ use crate::config::{Durable, RedisConfig};
 use crate::domain::{Admission, OrderId, SaleWindow, UnixMillis, UserId, Voucher, VoucherId};
 use crate::error::StoreError;
 use crate::keys::{self, IdKeys, VoucherKeys};
+use crate::protocol::{self, admit, preload, sale_fields};
 use crate::order_id::{
     self, CLOCK_BEHIND_JUMP_MS, DAY_KEY_TTL_SECS, EPOCH_UNIX_MS, IdBlocks, Lease, SLOTS_PER_MS,
     Take,
@@ -492,9 +493,9 @@ impl RedisSales {
             .invoke_async(&mut conn)
             .await?;
         match created {
-            1 => Ok(Reopen::Created),
-            0 => Ok(Reopen::AlreadyLive),
-            -1 => Ok(Reopen::BuyersLost),
+            preload::CREATED => Ok(Reopen::Created),
+            preload::ALREADY_LIVE => Ok(Reopen::AlreadyLive),
+            preload::BUYERS_LOST => Ok(Reopen::BuyersLost),
             other => Err(StoreError::Corrupt(format!(
                 "preload script answered {other}"
             ))),
@@ -513,7 +514,7 @@ impl RedisSales {
         }
         let k = VoucherKeys::new(voucher);
         let mut call = RESTORE_BUYERS.key(&k.buyers);
-        call.key(&k.orders).arg("pairs");
+        call.key(&k.orders).arg(protocol::restore_buyers::PAIRS);
         for (user, order) in buyers {
             call.arg(user.as_str()).arg(order.get());
         }
@@ -532,7 +533,7 @@ impl RedisSales {
             let (last, n): (String, u64) = RESTORE_BUYERS
                 .key(&k.buyers)
                 .key(&k.orders)
-                .arg("stream")
+                .arg(protocol::restore_buyers::STREAM)
                 .arg(&start)
                 .arg(RESTORE_STREAM_PAGE)
                 .invoke_async(&mut self.conn.clone())
@@ -584,10 +585,10 @@ impl RedisSales {
         }
         let num = |name: &str| all.get(name).and_then(|v| v.parse::<i64>().ok());
         Ok(Some(SaleState {
-            stock: num("stock"),
-            total: num("total"),
-            begins_ms: num("begins_ms"),
-            ends_ms: num("ends_ms"),
+            stock: num(sale_fields::STOCK),
+            total: num(sale_fields::TOTAL),
+            begins_ms: num(sale_fields::BEGINS_MS),
+            ends_ms: num(sale_fields::ENDS_MS),
         }))
     }
 
@@ -632,7 +633,7 @@ impl RedisSales {
     /// Units left in Redis, `None` when the sale is not loaded.
     pub async fn stock_left(&self, voucher: VoucherId) -> Result<Option<i64>, StoreError> {
         let k = VoucherKeys::new(voucher);
-        Ok(self.conn.clone().hget(&k.sale, "stock").await?)
+        Ok(self.conn.clone().hget(&k.sale, sale_fields::STOCK).await?)
     }
 
     /// The order id `user` holds for `voucher`, if admitted.
@@ -654,7 +655,7 @@ impl RedisSales {
         let mut day = day;
         for _ in 0..2 {
             let k = IdKeys::for_day(&order_id::day_name(day));
-            // {ms, slot}, or {-1, day} when the lease falls on another day.
+            // {ms, slot}, or {OTHER_DAY, day} when the lease falls on another day.
             let (ms, slot_or_day): (i64, i64) = LEASE
                 .key(&k.clock)
                 .key(&k.blocks)
@@ -666,7 +667,7 @@ impl RedisSales {
                 .arg(SLOTS_PER_MS)
                 .invoke_async(&mut self.conn.clone())
                 .await?;
-            if ms == -1 {
+            if ms == protocol::lease::OTHER_DAY {
                 day = slot_or_day;
                 continue;
             }
@@ -697,7 +698,7 @@ impl RedisSales {
 
 /// What the admission script's reply means for the attempt that issued `order_id`.
 ///
-/// Code 5 (already bought) naming this very attempt's `order_id` is a success: the
+/// [`admit::ALREADY_BOUGHT`] naming this very attempt's `order_id` is a success: the
 /// script ran and admitted it, its reply was lost (connection reset, failover) and the
 /// same EVALSHA was sent again, which the cluster client does by itself after a dropped
 /// connection. Order ids are never issued twice, so no other attempt can hold that id.
@@ -714,15 +715,15 @@ pub fn admission_of(
         })
     };
     Ok(match code {
-        0 => Admission::Admitted {
+        admit::ADMITTED => Admission::Admitted {
             order_id,
             stock_after,
         },
-        1 => Admission::NotLoaded,
-        2 => Admission::NotStarted,
-        3 => Admission::Ended,
-        4 => Admission::SoldOut,
-        5 => match held()? {
+        admit::NOT_LOADED => Admission::NotLoaded,
+        admit::NOT_STARTED => Admission::NotStarted,
+        admit::ENDED => Admission::Ended,
+        admit::SOLD_OUT => Admission::SoldOut,
+        admit::ALREADY_BOUGHT => match held()? {
             held if held == order_id => Admission::Admitted {
                 order_id,
                 stock_after,
