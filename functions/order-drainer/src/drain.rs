@@ -52,10 +52,10 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use seckill_shared::adapters::data_api::DataApi;
-use seckill_shared::adapters::ledger::{AdmittedOrder, Ledger, LedgerTx};
-use seckill_shared::adapters::order_stream::{OrderStreams, Probe, StreamEntry};
+use seckill_shared::adapters::ledger::{Ledger, LedgerTx};
+use seckill_shared::adapters::order_stream::{OrderStreams, Probe};
 use seckill_shared::adapters::redis::RedisConn;
-use seckill_shared::domain::{OrderStatus, VoucherId, now_millis};
+use seckill_shared::domain::{AdmittedOrder, OrderStatus, StreamEntry, VoucherId, now_millis};
 use seckill_shared::error::StoreError;
 use serde::{Deserialize, Serialize};
 

@@ -21,7 +21,7 @@
 use aws_sdk_rdsdata::types::SqlParameter;
 
 use super::data_api::{DataApi, USER_ID_TEXT, field, format_datetime, param};
-use crate::domain::{OrderId, OrderStatus, UnixMillis, UserId, VoucherId};
+use crate::domain::{AdmittedOrder, ExistingOrder, OrderId, OrderStatus, UserId, VoucherId};
 use crate::error::StoreError;
 
 /// Rows (or ids) per statement. At most ~45 characters of SQL and ~400 bytes of request
@@ -31,24 +31,6 @@ pub const MAX_ROWS_PER_STATEMENT: usize = 1_000;
 
 /// The longest `reason` the `orders` table holds.
 pub const MAX_REASON_CHARS: usize = 64;
-
-/// An order admitted by Redis, parsed from its stream entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AdmittedOrder {
-    pub id: OrderId,
-    pub voucher: VoucherId,
-    pub user: UserId,
-    pub admitted_ms: UnixMillis,
-}
-
-/// An order row that already exists and collides with an order of the batch, by id or
-/// by (voucher, user).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExistingOrder {
-    pub id: OrderId,
-    pub voucher: VoucherId,
-    pub user: String,
-}
 
 /// The ledger of orders, over one Data API client.
 #[derive(Clone, Debug)]

@@ -16,14 +16,17 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Script, Value};
 
 use crate::config::{Durable, RedisConfig};
-use crate::domain::{Admission, OrderId, SaleWindow, UnixMillis, UserId, Voucher, VoucherId};
+use crate::domain::{
+    Admission, AdmitReply, OrderId, Reopen, SaleState, SaleWindow, UnixMillis, UserId, Voucher,
+    VoucherId,
+};
 use crate::error::StoreError;
 use crate::keys::{self, IdKeys, VoucherKeys};
-use crate::protocol::{self, admit, preload, sale_fields};
 use crate::order_id::{
     self, CLOCK_BEHIND_JUMP_MS, DAY_KEY_TTL_SECS, EPOCH_UNIX_MS, IdBlocks, Lease, SLOTS_PER_MS,
     Take,
 };
+use crate::protocol::{self, admit, preload, sale_fields};
 
 static ADMIT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/admit.lua")));
@@ -323,41 +326,8 @@ async fn send(
     }
 }
 
-/// What the admission script answered, with the sale window when Redis knows it (so
-/// the instance can answer `not_started` / `ended` later without calling Redis) and the
-/// Redis server's clock that decided it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AdmitReply {
-    pub admission: Admission,
-    pub window: Option<SaleWindow>,
-    /// The server time (`TIME`, unix ms) the script judged the window by.
-    pub server_ms: UnixMillis,
-}
-
 /// The admission script's reply: code, detail, window begins/ends, stock left, server ms.
 type AdmitTuple = (i64, String, i64, i64, i64, i64);
-
-/// What [`RedisSales::reopen`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reopen {
-    /// The sale hash was created now.
-    Created,
-    /// The sale was already there (live stock, left as it is).
-    AlreadyLive,
-    /// The buyers hash holds fewer buyers than the database settled: Redis lost data
-    /// again during the repair. Nothing was written; repair again.
-    BuyersLost,
-}
-
-/// A sale hash's numbers (`lua/preload.lua` writes them); `None` for a field that is
-/// missing or not a number.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SaleState {
-    pub stock: Option<i64>,
-    pub total: Option<i64>,
-    pub begins_ms: Option<UnixMillis>,
-    pub ends_ms: Option<UnixMillis>,
-}
 
 /// Orders stream entries per page when buyers are restored from the stream.
 pub const RESTORE_STREAM_PAGE: usize = 1_000;
