@@ -83,8 +83,8 @@ pub(super) struct Run {
     /// return the summary (half the safety margin, at most a second).
     pub(super) finish_by: Instant,
     /// Recent batch duration (ms), rising at once, falling slowly.
-    pub(super) batch_ms: AtomicU64,
-    pub(super) state: Mutex<RunState>,
+    batch_ms: AtomicU64,
+    state: Mutex<RunState>,
 }
 
 #[derive(Default)]
