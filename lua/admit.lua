@@ -9,11 +9,11 @@
 -- same window whatever its own clock says. Redis >= 5 replicates a script's effects,
 -- not the script, so a non-deterministic TIME is allowed before writes.
 --
--- Returns {code, detail, begins_ms, ends_ms, stock_after, now_ms}:
---   0 admitted         detail = ''
---   1 not loaded       (no sale hash: never preloaded, or lost)
---   2 not started, 3 ended, 4 sold out
---   5 already bought   detail = the order id the user already holds
+-- Returns {code, detail, begins_ms, ends_ms, stock_after, now_ms}, code one of:
+--   ADMITTED         detail = ''
+--   NOT_LOADED       (no sale hash: never preloaded, or lost)
+--   NOT_STARTED, ENDED, SOLD_OUT
+--   ALREADY_BOUGHT   detail = the order id the user already holds
 -- now_ms is the server time the decision used (the caller learns its clock offset).
 --
 -- Every key is in KEYS and shares the {<voucher>} hash tag, so this runs unchanged on
@@ -21,38 +21,56 @@
 -- comes before the first write (HSETNX: the last check and the first write). No MAXLEN
 -- on XADD: trimming could drop undrained orders.
 
+-- Shared with Rust (shared/src/protocol.rs; its test checks that the two agree).
+-- Result codes:
+local ADMITTED = 0
+local NOT_LOADED = 1
+local NOT_STARTED = 2
+local ENDED = 3
+local SOLD_OUT = 4
+local ALREADY_BOUGHT = 5
+-- Sale hash fields:
+local STOCK = 'stock'
+local BEGINS_MS = 'begins_ms'
+local ENDS_MS = 'ends_ms'
+-- Orders stream entry fields:
+local ORDER_ID = 'order_id'
+local VOUCHER_ID = 'voucher_id'
+local USER_ID = 'user_id'
+local ADMITTED_MS = 'admitted_ms'
+
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- A Lua number is a double: pass it on as integer text, never as '1.8e+12'.
 local now_text = string.format('%.0f', now)
 
-local sale = redis.call('HMGET', KEYS[1], 'stock', 'begins_ms', 'ends_ms')
+local sale = redis.call('HMGET', KEYS[1], STOCK, BEGINS_MS, ENDS_MS)
 local stock, begins, ends = tonumber(sale[1]), tonumber(sale[2]), tonumber(sale[3])
 if stock == nil or begins == nil or ends == nil then
-  return {1, '', 0, 0, 0, now}
+  return {NOT_LOADED, '', 0, 0, 0, now}
 end
 
 if now < begins then
-  return {2, '', begins, ends, stock, now}
+  return {NOT_STARTED, '', begins, ends, stock, now}
 end
 if now >= ends then
-  return {3, '', begins, ends, stock, now}
+  return {ENDED, '', begins, ends, stock, now}
 end
 
 if stock <= 0 then
   local held = redis.call('HGET', KEYS[2], ARGV[1])
   if held then
-    return {5, held, begins, ends, 0, now}
+    return {ALREADY_BOUGHT, held, begins, ends, 0, now}
   end
-  return {4, '', begins, ends, 0, now}
+  return {SOLD_OUT, '', begins, ends, 0, now}
 end
 
 -- All sale checks passed. HSETNX is both the already-bought check and the first write:
 -- one command instead of HGET then HSET on the path every admission takes.
 if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then
-  return {5, redis.call('HGET', KEYS[2], ARGV[1]), begins, ends, stock, now}
+  return {ALREADY_BOUGHT, redis.call('HGET', KEYS[2], ARGV[1]), begins, ends, stock, now}
 end
-local left = redis.call('HINCRBY', KEYS[1], 'stock', -1)
+local left = redis.call('HINCRBY', KEYS[1], STOCK, -1)
 redis.call('XADD', KEYS[3], '*',
-  'order_id', ARGV[2], 'voucher_id', ARGV[3], 'user_id', ARGV[1], 'admitted_ms', now_text)
-return {0, '', begins, ends, left, now}
+  ORDER_ID, ARGV[2], VOUCHER_ID, ARGV[3], USER_ID, ARGV[1], ADMITTED_MS, now_text)
+return {ADMITTED, '', begins, ends, left, now}

@@ -8,7 +8,8 @@
 -- KEYS[6] repair lock   seckill:{<voucher>}:repair
 -- ARGV[1] consumer group, ARGV[2] retention (ms)
 --
--- Returns 1 when the keys now expire, 0 when the stream still holds undrained orders
+-- Returns EXPIRING when the keys now expire, UNDRAINED when the stream still holds
+-- undrained orders
 -- (something pending, or an entry never delivered to the group): then nothing changes.
 --
 -- The drainer calls it when it retires a sale (over for a minute, its stream drained).
@@ -18,14 +19,19 @@
 -- still has to look at. Every key shares the {<voucher>} tag. Loaded after
 -- lua/lib/streams.lua (id_less, stream_group).
 
+-- Shared with Rust (shared/src/protocol.rs; its test checks that the two agree).
+-- Results:
+local EXPIRING = 1
+local UNDRAINED = 0
+
 if redis.call('EXISTS', KEYS[3]) == 1 then
   local newest = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
   local g = stream_group(KEYS[3], ARGV[1])
   if g == nil then
-    if #newest > 0 then return 0 end
+    if #newest > 0 then return UNDRAINED end
   elseif tonumber(g['pending']) > 0
     or (#newest > 0 and id_less(g['last-delivered-id'], newest[1][1])) then
-    return 0
+    return UNDRAINED
   end
 end
 
@@ -35,4 +41,4 @@ for i = 1, 6 do
     redis.call('PEXPIRE', KEYS[i], ttl)
   end
 end
-return 1
+return EXPIRING

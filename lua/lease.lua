@@ -7,7 +7,7 @@
 -- ARGV[6] slots per ms
 --
 -- Returns {ms, slot}: the block is every id with that stamp (ms since the id epoch).
--- Returns {-1, day} and writes nothing when the stamp falls on another UTC day than
+-- Returns {OTHER_DAY, day} and writes nothing when the stamp falls on another UTC day than
 -- KEYS[2] names (the caller's clock disagrees with the server's near midnight): call
 -- again with that day's key.
 --
@@ -25,6 +25,10 @@
 --
 -- Every check comes before the first write. Numbers stay below 2^53 and print exactly
 -- (ms < 2^41 has 13 digits).
+
+-- Shared with Rust (shared/src/protocol.rs; its test checks that the two agree).
+-- The first element of a reply that leased nothing (the second is the server's day):
+local OTHER_DAY = -1
 
 local epoch = tonumber(ARGV[4])
 local t = redis.call('TIME')
@@ -52,7 +56,7 @@ end
 
 local day = math.floor((epoch + ms) / 86400000)
 if day ~= tonumber(ARGV[2]) then
-  return {-1, day}
+  return {OTHER_DAY, day}
 end
 
 redis.call('HSET', KEYS[1], 'ms', ms, 'slot', slot, 'seen', now, 'skew', skew)

@@ -13,10 +13,22 @@
 -- (HLEN(buyers) - settled): orders admitted but not yet drained, whose units the
 -- database has not taken yet. Never more than stock_left, never below 0.
 --
--- Returns 1 when it created the sale, 0 when the sale was already there (its stock is
--- live and must not be reset: a repair after admissions began would oversell), -1 when
+-- Returns CREATED when it created the sale, ALREADY_LIVE when the sale was already there
+-- (its stock is live and must not be reset: a repair after admissions began would
+-- oversell), BUYERS_LOST when
 -- the buyers hash holds fewer buyers than the database settled (Redis lost it again
 -- while the caller was merging): nothing written, the caller retries.
+
+-- Shared with Rust (shared/src/protocol.rs; its test checks that the two agree).
+-- Results:
+local CREATED = 1
+local ALREADY_LIVE = 0
+local BUYERS_LOST = -1
+-- Sale hash fields:
+local STOCK = 'stock'
+local TOTAL = 'total'
+local BEGINS_MS = 'begins_ms'
+local ENDS_MS = 'ends_ms'
 
 if redis.call('EXISTS', KEYS[1]) == 1 then
   -- The group may still be missing (a stream lost on its own); BUSYGROUP is fine.
@@ -24,13 +36,13 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   if not ok and not string.find(tostring(err), 'BUSYGROUP', 1, true) then
     return redis.error_reply(tostring(err))
   end
-  return 0
+  return ALREADY_LIVE
 end
 
 local buyers = redis.call('HLEN', KEYS[2])
 local settled = tonumber(ARGV[6])
 if buyers < settled then
-  return -1
+  return BUYERS_LOST
 end
 local stock = tonumber(ARGV[1]) - (buyers - settled)
 if stock < 0 then
@@ -43,6 +55,6 @@ local ok, err = pcall(redis.call, 'XGROUP', 'CREATE', KEYS[3], ARGV[5], '0', 'MK
 if not ok and not string.find(tostring(err), 'BUSYGROUP', 1, true) then
   return redis.error_reply(tostring(err))
 end
-redis.call('HSET', KEYS[1], 'stock', string.format('%.0f', stock), 'total', ARGV[2],
-  'begins_ms', ARGV[3], 'ends_ms', ARGV[4])
-return 1
+redis.call('HSET', KEYS[1], STOCK, string.format('%.0f', stock), TOTAL, ARGV[2],
+  BEGINS_MS, ARGV[3], ENDS_MS, ARGV[4])
+return CREATED

@@ -31,8 +31,12 @@
 -- skipped), so no other call is needed before a read. Both keys share the {<voucher>} tag.
 -- Loaded after lua/lib/streams.lua (id_less, stream_group).
 
+-- Shared with Rust (shared/src/protocol.rs; its test checks that the two agree).
+-- Sale hash field:
+local ENDS_MS = 'ends_ms'
+
 local group = ARGV[1]
-local ends = tonumber(redis.call('HGET', KEYS[2], 'ends_ms') or '-1') or -1
+local ends = tonumber(redis.call('HGET', KEYS[2], ENDS_MS) or '-1') or -1
 
 local info = stream_group(KEYS[1], group)
 if info == nil then

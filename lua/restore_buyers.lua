@@ -4,21 +4,29 @@
 --
 -- KEYS[1] buyers hash   seckill:{<voucher>}:buyers
 -- KEYS[2] orders stream seckill:{<voucher>}:orders
--- ARGV[1] 'pairs': ARGV[2..] are user id, order id, user id, order id, ... (orders the
+-- ARGV[1] PAIRS: ARGV[2..] are user id, order id, user id, order id, ... (orders the
 --         database holds). Returns {'', added}.
--- ARGV[1] 'stream': ARGV[2] the start of an XRANGE page ('-', or '(<id>' exclusive),
+-- ARGV[1] STREAM: ARGV[2] the start of an XRANGE page ('-', or '(<id>' exclusive),
 --         ARGV[3] its COUNT. Records the buyer of every admitted order still in the
 --         stream (undrained, or drained and not yet trimmed). Returns {last id of the
 --         page or '' when the page was empty, added}.
 
+-- Shared with Rust (shared/src/protocol.rs; its test checks that the two agree).
+-- Modes (ARGV[1]):
+local PAIRS = 'pairs'
+local STREAM = 'stream'
+-- Orders stream entry fields:
+local ORDER_ID = 'order_id'
+local USER_ID = 'user_id'
+
 local added = 0
-if ARGV[1] == 'pairs' then
+if ARGV[1] == PAIRS then
   for i = 2, #ARGV - 1, 2 do
     added = added + redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1])
   end
   return {'', added}
 end
-if ARGV[1] ~= 'stream' then
+if ARGV[1] ~= STREAM then
   return redis.error_reply('restore_buyers: unknown mode ' .. tostring(ARGV[1]))
 end
 
@@ -26,9 +34,9 @@ local entries = redis.call('XRANGE', KEYS[2], ARGV[2], '+', 'COUNT', ARGV[3])
 for _, entry in ipairs(entries) do
   local fields, user, order = entry[2], nil, nil
   for i = 1, #fields - 1, 2 do
-    if fields[i] == 'user_id' then
+    if fields[i] == USER_ID then
       user = fields[i + 1]
-    elseif fields[i] == 'order_id' then
+    elseif fields[i] == ORDER_ID then
       order = fields[i + 1]
     end
   end

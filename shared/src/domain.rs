@@ -11,6 +11,12 @@ use std::str::FromStr;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
+mod order;
+mod sale;
+
+pub use order::{AdmittedOrder, DeadLetter, ExistingOrder, StreamEntry};
+pub use sale::{AdmitReply, Reopen, SaleState};
+
 /// Why an input was refused. The message is safe to show to the caller.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]

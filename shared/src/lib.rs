@@ -4,6 +4,8 @@
 //! - [`order_id`]: the time-prefixed order id layout and block leasing;
 //! - [`auth`]: identities from verified tokens only (invariant 5);
 //! - [`keys`]: Redis key names, one hash tag per voucher (invariant 4);
+//! - [`protocol`]: what Rust and the Lua scripts share: result codes, stream and hash
+//!   fields, mirrored by a header in each script;
 //! - [`adapters`]: Redis and the RDS Data API, the only code that does I/O;
 //! - [`migrate`]: the schema, applied through the Data API;
 //! - [`config`], [`error`], [`telemetry`]: typed configuration, adapter errors, logging.
@@ -17,4 +19,5 @@ pub mod keys;
 pub mod metrics;
 pub mod migrate;
 pub mod order_id;
+pub mod protocol;
 pub mod telemetry;

@@ -2,7 +2,8 @@
 //! committed rows in MySQL (through the RDS Data API), losing and duplicating none.
 //!
 //! - [`drain`]: the cycle of one invocation (recover, drain in bounded batches, trim,
-//!   summarise), readable top to bottom;
+//!   summarise), readable top to bottom, with its database side, stream bookkeeping and
+//!   run state in submodules;
 //! - [`plan`]: the pure decisions about a batch (parse, dedupe, confirm or reject);
 //! - [`config`]: the `DRAINER_*` settings and their defaults;
 //! - [`failpoint`]: named crash points for the crash-recovery tests;
@@ -25,7 +26,8 @@ pub use error::DrainError;
 
 /// The Lambda handler: drains until shortly before the invocation's deadline and returns
 /// the summary; an `Err` (carrying the summary's first error) when anything failed, so
-/// the scheduler's error metric and alarms see it.
+/// the scheduler's error metric and alarms see it (`main.rs` turns it into the
+/// invocation's `Diagnostic`).
 ///
 /// Every invocation of one instance reads under the same consumer name
 /// ([`instance_consumer`]): a group then holds one consumer per instance that ever ran,

@@ -6,9 +6,12 @@
 //! - `order-drainer --once`: one drain cycle without the Lambda runtime, for operators
 //!   and crash tests; prints the summary JSON on stdout, exits 1 when the cycle had
 //!   errors, 2 on bad configuration.
+//!
+//! A failed invocation meets Lambda here and only here: [`diagnostic`] turns the
+//! handler's [`DrainError`] into the `Diagnostic` the runtime reports.
 
-use lambda_runtime::{Error, LambdaEvent, run, service_fn};
-use order_drainer::{Config, Drainer, handle, run_once};
+use lambda_runtime::{Diagnostic, Error, LambdaEvent, run, service_fn};
+use order_drainer::{Config, DrainError, Drainer, handle, run_once};
 use serde_json::Value;
 
 const USAGE: &str = "usage: order-drainer [--once]\n\
@@ -57,14 +60,30 @@ async fn main() -> Result<(), Error> {
     }
 
     run(service_fn(move |event: LambdaEvent<Value>| async move {
-        let summary = handle(
+        handle(
             drainer,
             &event.context.request_id,
             event.context.deadline,
             &event.payload,
         )
-        .await?;
-        Ok::<_, Error>(summary)
+        .await
+        .map_err(diagnostic)
     }))
     .await
+}
+
+/// What Lambda records of a failed invocation (the scheduler's error metric and the
+/// drainer's errors alarm count it): the error's kind as `errorType`, so failures can be
+/// told apart without parsing text, and its message (the summary's error count and first
+/// error) as `errorMessage`. The summary itself was logged by the run.
+fn diagnostic(err: DrainError) -> Diagnostic {
+    let kind = match &err {
+        DrainError::Store { .. } => "Store",
+        DrainError::Raced { .. } => "Raced",
+        DrainError::Incomplete { .. } => "Incomplete",
+    };
+    Diagnostic {
+        error_type: format!("DrainError::{kind}"),
+        error_message: err.to_string(),
+    }
 }

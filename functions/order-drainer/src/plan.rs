@@ -21,9 +21,10 @@
 
 use std::collections::{HashMap, HashSet};
 
-use seckill_shared::adapters::ledger::{AdmittedOrder, ExistingOrder};
-use seckill_shared::adapters::order_stream::{StreamEntry, fields};
-use seckill_shared::domain::{OrderId, UserId, VoucherId};
+use seckill_shared::domain::{
+    AdmittedOrder, ExistingOrder, OrderId, StreamEntry, UserId, VoucherId,
+};
+use seckill_shared::protocol::fields;
 
 /// Why an entry goes to the dead-letter stream (its `reason` field).
 #[derive(Debug, Clone, PartialEq, Eq)]

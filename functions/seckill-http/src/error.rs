@@ -92,6 +92,9 @@ impl ApiError {
         )
     }
 
+    /// The response, and for a 503 the one log event that names its cause: nothing else
+    /// on the request path logs it (the request's own event in
+    /// [`crate::routes::handle`] carries only the status and `code`).
     pub fn into_response(self) -> Response<Body> {
         let (status, code) = self.status_and_code();
         match &self {
@@ -256,5 +259,68 @@ mod tests {
         }));
         assert_eq!(status, 503);
         assert!(b.get("order_id").is_none());
+    }
+
+    /// The events one closure logs, as `message error` texts (a minimal subscriber: the
+    /// crate has no other use for tracing-subscriber).
+    fn logged(f: impl FnOnce()) -> Vec<String> {
+        use std::sync::{Arc, Mutex};
+        use tracing::field::{Field, Visit};
+        use tracing::span::{Attributes, Id, Record};
+        use tracing::{Event, Metadata};
+
+        #[derive(Default)]
+        struct Text(String);
+        impl Visit for Text {
+            fn record_debug(&mut self, _: &Field, value: &dyn std::fmt::Debug) {
+                self.0.push_str(&format!("{value:?} "));
+            }
+        }
+        struct Capture(Arc<Mutex<Vec<String>>>);
+        impl tracing::Subscriber for Capture {
+            fn enabled(&self, _: &Metadata<'_>) -> bool {
+                true
+            }
+            fn new_span(&self, _: &Attributes<'_>) -> Id {
+                Id::from_u64(1)
+            }
+            fn record(&self, _: &Id, _: &Record<'_>) {}
+            fn record_follows_from(&self, _: &Id, _: &Id) {}
+            fn event(&self, event: &Event<'_>) {
+                let mut text = Text::default();
+                event.record(&mut text);
+                self.0.lock().unwrap().push(text.0);
+            }
+            fn enter(&self, _: &Id) {}
+            fn exit(&self, _: &Id) {}
+        }
+        let events = Arc::new(Mutex::new(Vec::new()));
+        tracing::subscriber::with_default(Capture(events.clone()), f);
+        // The subscriber is gone with `with_default`: this is the last handle.
+        Arc::try_unwrap(events).unwrap().into_inner().unwrap()
+    }
+
+    #[test]
+    fn a_503s_cause_is_logged_exactly_once() {
+        let cause = || StoreError::Unavailable {
+            backend: "redis",
+            detail: "connection refused".into(),
+        };
+        let events = logged(|| {
+            ApiError::from(cause()).into_response();
+        });
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert!(events[0].contains("connection refused"), "{events:?}");
+        let events = logged(|| {
+            ApiError::from(StoreError::Unconfirmed {
+                order_id: OrderId::new(42).unwrap(),
+                detail: "0 of 1 replica(s)".into(),
+            })
+            .into_response();
+        });
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert!(events[0].contains("0 of 1 replica(s)"), "{events:?}");
+        // A refusal the caller caused logs nothing here (the request event says it all).
+        assert!(logged(|| drop(ApiError::SoldOut.into_response())).is_empty());
     }
 }

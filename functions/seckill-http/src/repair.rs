@@ -37,8 +37,8 @@
 
 use std::time::Duration;
 
-use seckill_shared::adapters::redis::{RedisSales, Reopen};
-use seckill_shared::domain::{UnixMillis, VoucherId, now_millis};
+use seckill_shared::adapters::redis::RedisSales;
+use seckill_shared::domain::{Reopen, UnixMillis, VoucherId, now_millis};
 use seckill_shared::error::StoreError;
 
 use crate::app::App;

@@ -17,38 +17,15 @@
 //! - every statement stays under the Data API limits (SQL ≤ 65,536 characters, request
 //!   ≤ 4 MiB, response ≤ 1 MiB): lists are chunked at [`MAX_ROWS_PER_STATEMENT`];
 //! - every value is a named parameter, never spliced into SQL.
+//!
+//! The statements' text and parameters are all in [`sql`]; this module runs them.
 
-use aws_sdk_rdsdata::types::SqlParameter;
+pub mod sql;
 
-use super::data_api::{DataApi, USER_ID_TEXT, field, format_datetime, param};
-use crate::domain::{OrderId, OrderStatus, UnixMillis, UserId, VoucherId};
+use self::sql::MAX_ROWS_PER_STATEMENT;
+use super::data_api::{DataApi, field};
+use crate::domain::{AdmittedOrder, ExistingOrder, OrderId, OrderStatus, UserId, VoucherId};
 use crate::error::StoreError;
-
-/// Rows (or ids) per statement. At most ~45 characters of SQL and ~400 bytes of request
-/// per row, so 1,000 rows stay far below 65,536 characters and 4 MiB; a lookup returns at
-/// most 2,000 short rows, far below 1 MiB.
-pub const MAX_ROWS_PER_STATEMENT: usize = 1_000;
-
-/// The longest `reason` the `orders` table holds.
-pub const MAX_REASON_CHARS: usize = 64;
-
-/// An order admitted by Redis, parsed from its stream entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AdmittedOrder {
-    pub id: OrderId,
-    pub voucher: VoucherId,
-    pub user: UserId,
-    pub admitted_ms: UnixMillis,
-}
-
-/// An order row that already exists and collides with an order of the batch, by id or
-/// by (voucher, user).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExistingOrder {
-    pub id: OrderId,
-    pub voucher: VoucherId,
-    pub user: String,
-}
 
 /// The ledger of orders, over one Data API client.
 #[derive(Clone, Debug)]
@@ -93,7 +70,7 @@ impl Ledger {
             admitted_ms: crate::domain::now_millis(),
         };
         let tx = self.begin().await?;
-        let (sql, params) = insert_statement(&[probe], OrderStatus::Rejected, Some("canary"));
+        let (sql, params) = sql::insert_orders(&[probe], OrderStatus::Rejected, Some("canary"));
         let outcome = self.api.execute(&sql, params, Some(&tx.id)).await;
         tx.rollback().await;
         match outcome {
@@ -147,8 +124,8 @@ impl LedgerTx<'_> {
         let out = self
             .api
             .execute(
-                "SELECT stock_left FROM vouchers WHERE id = :v FOR UPDATE NOWAIT",
-                vec![param::long("v", voucher.get())],
+                sql::LOCK_VOUCHER,
+                sql::lock_voucher(voucher),
                 Some(&self.id),
             )
             .await?;
@@ -172,7 +149,7 @@ impl LedgerTx<'_> {
     ) -> Result<Vec<ExistingOrder>, StoreError> {
         let mut found = Vec::new();
         for chunk in orders.chunks(MAX_ROWS_PER_STATEMENT) {
-            let (sql, params) = existing_query(voucher, chunk);
+            let (sql, params) = sql::existing_orders(voucher, chunk);
             let out = self.api.execute(&sql, params, Some(&self.id)).await?;
             for row in out.records() {
                 let bad = || StoreError::Corrupt("orders lookup returned an unexpected row".into());
@@ -214,11 +191,7 @@ impl LedgerTx<'_> {
     pub async fn take_stock(&self, voucher: VoucherId, n: i64) -> Result<bool, StoreError> {
         let out = self
             .api
-            .execute(
-                "UPDATE vouchers SET stock_left = stock_left - :n WHERE id = :v AND stock_left >= :n",
-                vec![param::long("n", n), param::long("v", voucher.get())],
-                Some(&self.id),
-            )
+            .execute(sql::TAKE_STOCK, sql::take_stock(voucher, n), Some(&self.id))
             .await?;
         Ok(out.number_of_records_updated() == 1)
     }
@@ -249,7 +222,7 @@ async fn insert_chunk(
     if chunk.is_empty() {
         return Ok(0);
     }
-    let (sql, params) = insert_statement(chunk, status, reason);
+    let (sql, params) = sql::insert_orders(chunk, status, reason);
     let out = api.execute(&sql, params, transaction).await?;
     u64::try_from(out.number_of_records_updated()).map_err(|_| {
         StoreError::Corrupt(format!(
@@ -257,122 +230,4 @@ async fn insert_chunk(
             out.number_of_records_updated()
         ))
     })
-}
-
-/// The rows of one insert, as the JSON array `JSON_TABLE` reads.
-#[derive(serde::Serialize)]
-struct Row<'a> {
-    i: i64,
-    v: i64,
-    u: &'a str,
-    a: String,
-}
-
-/// `INSERT IGNORE INTO orders ... SELECT ... FROM JSON_TABLE(:rows, ...)` for one chunk.
-///
-/// The rows travel as one JSON string parameter, not four parameters per row: the Data
-/// API request shrinks to a third, and neither side builds, signs, parses and binds
-/// thousands of parameters per batch (which cost more than the insert itself).
-/// `JSON_TABLE` is in MySQL 8 (Aurora MySQL 3) and MariaDB 10.6+; `ERROR ON EMPTY`
-/// makes a row with a missing field fail the statement instead of inserting a NULL.
-/// The values are still never spliced into the SQL.
-pub fn insert_statement(
-    chunk: &[AdmittedOrder],
-    status: OrderStatus,
-    reason: Option<&str>,
-) -> (String, Vec<SqlParameter>) {
-    const SQL: &str = "INSERT IGNORE INTO orders (id, voucher_id, user_id, status, reason, admitted_at) \
-        SELECT j.id, j.v, j.u, :s, :r, j.a FROM JSON_TABLE(:rows, '$[*]' COLUMNS (\
-        id BIGINT UNSIGNED PATH '$.i' ERROR ON EMPTY, \
-        v BIGINT UNSIGNED PATH '$.v' ERROR ON EMPTY, \
-        u VARCHAR(64) PATH '$.u' ERROR ON EMPTY, \
-        a DATETIME(3) PATH '$.a' ERROR ON EMPTY)) AS j";
-    let rows: Vec<Row<'_>> = chunk
-        .iter()
-        .map(|o| Row {
-            i: o.id.get(),
-            v: o.voucher.get(),
-            u: o.user.as_str(),
-            a: format_datetime(o.admitted_ms),
-        })
-        .collect();
-    let rows = serde_json::to_string(&rows).expect("rows of numbers and strings serialise");
-    let params = vec![
-        param::string("s", status.as_str()),
-        match reason {
-            Some(r) => param::string("r", &truncate_chars(r, MAX_REASON_CHARS)),
-            None => param::null("r"),
-        },
-        param::string("rows", &rows),
-    ];
-    (SQL.to_string(), params)
-}
-
-/// The lookup of orders colliding with one chunk, by id or by buyer of `voucher`.
-pub fn existing_query(voucher: VoucherId, chunk: &[AdmittedOrder]) -> (String, Vec<SqlParameter>) {
-    let ids: Vec<String> = (0..chunk.len()).map(|i| format!(":i{i}")).collect();
-    let users: Vec<String> = (0..chunk.len()).map(|i| format!(":u{i}")).collect();
-    // A UNION rather than `OR`: each half is a range on its own index (primary key;
-    // unique (voucher, user)) whatever the optimizer thinks of the table's size.
-    let sql = format!(
-        "SELECT id, voucher_id, {USER_ID_TEXT} FROM orders WHERE id IN ({}) \
-         UNION SELECT id, voucher_id, {USER_ID_TEXT} FROM orders WHERE voucher_id = :v AND user_id IN ({})",
-        ids.join(","),
-        users.join(",")
-    );
-    let mut params = Vec::with_capacity(1 + chunk.len() * 2);
-    params.push(param::long("v", voucher.get()));
-    for (i, o) in chunk.iter().enumerate() {
-        params.push(param::long(&format!("i{i}"), o.id.get()));
-        params.push(param::string(&format!("u{i}"), o.user.as_str()));
-    }
-    (sql, params)
-}
-
-fn truncate_chars(s: &str, max: usize) -> String {
-    s.chars().take(max).collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn order(i: i64) -> AdmittedOrder {
-        AdmittedOrder {
-            id: OrderId::new(i64::MAX - i).unwrap(),
-            voucher: VoucherId::new(i64::MAX).unwrap(),
-            user: UserId::parse(&"€".repeat(21)).unwrap(),
-            admitted_ms: 1_795_391_999_123,
-        }
-    }
-
-    #[test]
-    fn the_largest_statements_stay_within_the_data_api_limits() {
-        let chunk: Vec<_> = (0..MAX_ROWS_PER_STATEMENT as i64).map(order).collect();
-        let (sql, params) = insert_statement(&chunk, OrderStatus::Rejected, Some("x"));
-        assert!(sql.chars().count() < 65_536, "{} chars", sql.len());
-        assert_eq!(params.len(), 3);
-        // The request is the SQL and the parameters, with room to spare for the JSON
-        // around them.
-        let values: usize = params
-            .iter()
-            .filter_map(|p| p.value.as_ref()?.as_string_value().ok())
-            .map(String::len)
-            .sum();
-        let request = sql.len() + values + 1024;
-        assert!(request < 4 * 1024 * 1024, "{request} bytes");
-        let (sql, params) = existing_query(chunk[0].voucher, &chunk);
-        assert!(sql.chars().count() < 65_536);
-        assert_eq!(params.len(), 1 + 2 * chunk.len());
-    }
-
-    #[test]
-    fn reasons_are_cut_to_the_column_width() {
-        assert_eq!(
-            truncate_chars(&"é".repeat(70), MAX_REASON_CHARS)
-                .chars()
-                .count(),
-            64
-        );
-    }
 }

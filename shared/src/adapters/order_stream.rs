@@ -25,12 +25,12 @@ use std::time::Duration;
 
 use redis::{AsyncCommands, Cmd, Script, Value};
 
-use super::ledger::AdmittedOrder;
 use super::redis::RedisConn;
 use crate::config::Durable;
-use crate::domain::{UnixMillis, VoucherId};
+use crate::domain::{AdmittedOrder, DeadLetter, StreamEntry, UnixMillis, VoucherId};
 use crate::error::StoreError;
 use crate::keys::{self, VoucherKeys};
+use crate::protocol::{self, fields, sale_fields};
 
 /// A stream script with `lua/lib/streams.lua` (helpers it shares) in front of it.
 macro_rules! stream_script {
@@ -57,79 +57,29 @@ pub const RANGE_PAGE: usize = 1_000;
 /// small steps, never one long script.
 pub const REAP_PER_PROBE: u64 = 8;
 
-/// Field names of an orders-stream entry (written by `lua/admit.lua`).
-pub mod fields {
-    pub const ORDER_ID: &str = "order_id";
-    pub const VOUCHER_ID: &str = "voucher_id";
-    pub const USER_ID: &str = "user_id";
-    pub const ADMITTED_MS: &str = "admitted_ms";
-    /// Added to a dead letter: the id of the entry in the orders stream.
-    pub const SOURCE_ID: &str = "source_id";
-    /// Added to a dead letter: why it was dead-lettered.
-    pub const REASON: &str = "reason";
-    /// Added to a dead letter: how many times the entry had been delivered.
-    pub const DELIVERIES: &str = "deliveries";
-}
-
-/// One entry of an orders stream as Redis holds it, not yet parsed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StreamEntry {
-    /// The stream id (`<ms>-<seq>`).
-    pub id: String,
-    /// Field/value pairs in stream order, as raw bytes.
-    pub fields: Vec<(Vec<u8>, Vec<u8>)>,
-    /// Times delivered to a consumer, this delivery included (1 for a first read;
-    /// from XPENDING for a claimed entry; 0 when Redis no longer reported it).
-    pub deliveries: u64,
-}
-
-impl StreamEntry {
-    /// The value of the first field called `name`.
-    pub fn field(&self, name: &str) -> Option<&[u8]> {
-        self.fields
-            .iter()
-            .find(|(k, _)| k.as_slice() == name.as_bytes())
-            .map(|(_, v)| v.as_slice())
-    }
-}
-
-/// One entry of a dead-letter stream (written by `lua/dead_letter.lua`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeadLetter {
-    /// Its id in the dead-letter stream.
-    pub id: String,
-    /// Why it was dead-lettered (`reason`; empty when the entry has none).
-    pub reason: String,
-    /// Deliveries before it was dead-lettered (`deliveries`; 0 when unknown).
-    pub deliveries: u64,
-    /// The orders-stream entry as it was admitted: `id` is its orders-stream id
-    /// (`source_id`), `fields` its original fields, without the three added ones.
-    pub entry: StreamEntry,
-}
-
-impl DeadLetter {
-    fn of(raw: StreamEntry) -> DeadLetter {
-        let text = |name: &str| {
-            raw.field(name)
-                .map(|v| String::from_utf8_lossy(v).into_owned())
-                .unwrap_or_default()
-        };
-        let added = [fields::SOURCE_ID, fields::REASON, fields::DELIVERIES];
-        DeadLetter {
-            reason: text(fields::REASON),
-            deliveries: text(fields::DELIVERIES).parse().unwrap_or(0),
-            entry: StreamEntry {
-                id: text(fields::SOURCE_ID),
-                fields: raw
-                    .fields
-                    .iter()
-                    .filter(|(k, _)| !added.iter().any(|a| k.as_slice() == a.as_bytes()))
-                    .cloned()
-                    .collect(),
-                deliveries: 0,
-            },
-            id: raw.id,
-        }
+/// A dead letter as `lua/dead_letter.lua` wrote it: the entry's own fields, and the
+/// three it added taken out.
+fn dead_letter_of(raw: StreamEntry) -> DeadLetter {
+    let text = |name: &str| {
+        raw.field(name)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_default()
+    };
+    let added = [fields::SOURCE_ID, fields::REASON, fields::DELIVERIES];
+    DeadLetter {
+        reason: text(fields::REASON),
+        deliveries: text(fields::DELIVERIES).parse().unwrap_or(0),
+        entry: StreamEntry {
+            id: text(fields::SOURCE_ID),
+            fields: raw
+                .fields
+                .iter()
+                .filter(|(k, _)| !added.iter().any(|a| k.as_slice() == a.as_bytes()))
+                .cloned()
+                .collect(),
+            deliveries: 0,
+        },
+        id: raw.id,
     }
 }
 
@@ -312,7 +262,7 @@ impl OrderStreams {
             .arg(retention.as_millis() as u64)
             .invoke_async(&mut self.conn.clone())
             .await?;
-        Ok(done == 1)
+        Ok(done == protocol::expire_sale::EXPIRING)
     }
 
     /// Removes a voucher from the active set; true when it was there.
@@ -578,7 +528,7 @@ impl OrderStreams {
             call.arg(f.as_slice()).arg(v.as_slice());
         }
         let written: i64 = call.invoke_async(&mut self.conn.clone()).await?;
-        Ok(written == 1)
+        Ok(written == protocol::dead_letter::WRITTEN)
     }
 
     /// Trims the orders stream below every group's oldest pending entry and
@@ -681,7 +631,7 @@ impl OrderStreams {
             let after = out.last().map(|d| d.id.clone());
             let page = self.range(&k.dead, after.as_deref(), RANGE_PAGE).await?;
             let full = page.len() == RANGE_PAGE;
-            out.extend(page.into_iter().map(DeadLetter::of));
+            out.extend(page.into_iter().map(dead_letter_of));
             if !full {
                 return Ok(out);
             }
@@ -822,7 +772,11 @@ impl OrderStreams {
     /// When the voucher's sale ends (`ends_ms` of its sale hash), if Redis has the sale.
     pub async fn sale_ends_ms(&self, voucher: VoucherId) -> Result<Option<UnixMillis>, StoreError> {
         let k = VoucherKeys::new(voucher);
-        let ends: Option<String> = self.conn.clone().hget(&k.sale, "ends_ms").await?;
+        let ends: Option<String> = self
+            .conn
+            .clone()
+            .hget(&k.sale, sale_fields::ENDS_MS)
+            .await?;
         Ok(ends.and_then(|s| s.parse().ok()))
     }
 }

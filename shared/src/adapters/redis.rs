@@ -16,13 +16,17 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Script, Value};
 
 use crate::config::{Durable, RedisConfig};
-use crate::domain::{Admission, OrderId, SaleWindow, UnixMillis, UserId, Voucher, VoucherId};
+use crate::domain::{
+    Admission, AdmitReply, OrderId, Reopen, SaleState, SaleWindow, UnixMillis, UserId, Voucher,
+    VoucherId,
+};
 use crate::error::StoreError;
 use crate::keys::{self, IdKeys, VoucherKeys};
 use crate::order_id::{
     self, CLOCK_BEHIND_JUMP_MS, DAY_KEY_TTL_SECS, EPOCH_UNIX_MS, IdBlocks, Lease, SLOTS_PER_MS,
     Take,
 };
+use crate::protocol::{self, admit, preload, sale_fields};
 
 static ADMIT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/admit.lua")));
@@ -322,41 +326,8 @@ async fn send(
     }
 }
 
-/// What the admission script answered, with the sale window when Redis knows it (so
-/// the instance can answer `not_started` / `ended` later without calling Redis) and the
-/// Redis server's clock that decided it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AdmitReply {
-    pub admission: Admission,
-    pub window: Option<SaleWindow>,
-    /// The server time (`TIME`, unix ms) the script judged the window by.
-    pub server_ms: UnixMillis,
-}
-
 /// The admission script's reply: code, detail, window begins/ends, stock left, server ms.
 type AdmitTuple = (i64, String, i64, i64, i64, i64);
-
-/// What [`RedisSales::reopen`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reopen {
-    /// The sale hash was created now.
-    Created,
-    /// The sale was already there (live stock, left as it is).
-    AlreadyLive,
-    /// The buyers hash holds fewer buyers than the database settled: Redis lost data
-    /// again during the repair. Nothing was written; repair again.
-    BuyersLost,
-}
-
-/// A sale hash's numbers (`lua/preload.lua` writes them); `None` for a field that is
-/// missing or not a number.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SaleState {
-    pub stock: Option<i64>,
-    pub total: Option<i64>,
-    pub begins_ms: Option<UnixMillis>,
-    pub ends_ms: Option<UnixMillis>,
-}
 
 /// Orders stream entries per page when buyers are restored from the stream.
 pub const RESTORE_STREAM_PAGE: usize = 1_000;
@@ -492,9 +463,9 @@ impl RedisSales {
             .invoke_async(&mut conn)
             .await?;
         match created {
-            1 => Ok(Reopen::Created),
-            0 => Ok(Reopen::AlreadyLive),
-            -1 => Ok(Reopen::BuyersLost),
+            preload::CREATED => Ok(Reopen::Created),
+            preload::ALREADY_LIVE => Ok(Reopen::AlreadyLive),
+            preload::BUYERS_LOST => Ok(Reopen::BuyersLost),
             other => Err(StoreError::Corrupt(format!(
                 "preload script answered {other}"
             ))),
@@ -513,7 +484,7 @@ impl RedisSales {
         }
         let k = VoucherKeys::new(voucher);
         let mut call = RESTORE_BUYERS.key(&k.buyers);
-        call.key(&k.orders).arg("pairs");
+        call.key(&k.orders).arg(protocol::restore_buyers::PAIRS);
         for (user, order) in buyers {
             call.arg(user.as_str()).arg(order.get());
         }
@@ -532,7 +503,7 @@ impl RedisSales {
             let (last, n): (String, u64) = RESTORE_BUYERS
                 .key(&k.buyers)
                 .key(&k.orders)
-                .arg("stream")
+                .arg(protocol::restore_buyers::STREAM)
                 .arg(&start)
                 .arg(RESTORE_STREAM_PAGE)
                 .invoke_async(&mut self.conn.clone())
@@ -584,10 +555,10 @@ impl RedisSales {
         }
         let num = |name: &str| all.get(name).and_then(|v| v.parse::<i64>().ok());
         Ok(Some(SaleState {
-            stock: num("stock"),
-            total: num("total"),
-            begins_ms: num("begins_ms"),
-            ends_ms: num("ends_ms"),
+            stock: num(sale_fields::STOCK),
+            total: num(sale_fields::TOTAL),
+            begins_ms: num(sale_fields::BEGINS_MS),
+            ends_ms: num(sale_fields::ENDS_MS),
         }))
     }
 
@@ -632,7 +603,7 @@ impl RedisSales {
     /// Units left in Redis, `None` when the sale is not loaded.
     pub async fn stock_left(&self, voucher: VoucherId) -> Result<Option<i64>, StoreError> {
         let k = VoucherKeys::new(voucher);
-        Ok(self.conn.clone().hget(&k.sale, "stock").await?)
+        Ok(self.conn.clone().hget(&k.sale, sale_fields::STOCK).await?)
     }
 
     /// The order id `user` holds for `voucher`, if admitted.
@@ -654,7 +625,7 @@ impl RedisSales {
         let mut day = day;
         for _ in 0..2 {
             let k = IdKeys::for_day(&order_id::day_name(day));
-            // {ms, slot}, or {-1, day} when the lease falls on another day.
+            // {ms, slot}, or {OTHER_DAY, day} when the lease falls on another day.
             let (ms, slot_or_day): (i64, i64) = LEASE
                 .key(&k.clock)
                 .key(&k.blocks)
@@ -666,7 +637,7 @@ impl RedisSales {
                 .arg(SLOTS_PER_MS)
                 .invoke_async(&mut self.conn.clone())
                 .await?;
-            if ms == -1 {
+            if ms == protocol::lease::OTHER_DAY {
                 day = slot_or_day;
                 continue;
             }
@@ -697,7 +668,7 @@ impl RedisSales {
 
 /// What the admission script's reply means for the attempt that issued `order_id`.
 ///
-/// Code 5 (already bought) naming this very attempt's `order_id` is a success: the
+/// [`admit::ALREADY_BOUGHT`] naming this very attempt's `order_id` is a success: the
 /// script ran and admitted it, its reply was lost (connection reset, failover) and the
 /// same EVALSHA was sent again, which the cluster client does by itself after a dropped
 /// connection. Order ids are never issued twice, so no other attempt can hold that id.
@@ -714,15 +685,15 @@ pub fn admission_of(
         })
     };
     Ok(match code {
-        0 => Admission::Admitted {
+        admit::ADMITTED => Admission::Admitted {
             order_id,
             stock_after,
         },
-        1 => Admission::NotLoaded,
-        2 => Admission::NotStarted,
-        3 => Admission::Ended,
-        4 => Admission::SoldOut,
-        5 => match held()? {
+        admit::NOT_LOADED => Admission::NotLoaded,
+        admit::NOT_STARTED => Admission::NotStarted,
+        admit::ENDED => Admission::Ended,
+        admit::SOLD_OUT => Admission::SoldOut,
+        admit::ALREADY_BOUGHT => match held()? {
             held if held == order_id => Admission::Admitted {
                 order_id,
                 stock_after,

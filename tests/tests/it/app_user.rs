@@ -14,9 +14,11 @@ use data_api_local::ServerConfig;
 use data_api_local::secrets::SecretCredentials;
 use seckill_cli::migrate::{MigrateConfig, run};
 use seckill_shared::adapters::data_api::DataApi;
-use seckill_shared::adapters::ledger::{AdmittedOrder, Ledger};
+use seckill_shared::adapters::ledger::Ledger;
 use seckill_shared::config::DataApiConfig;
-use seckill_shared::domain::{NewVoucher, OrderId, OrderStatus, SaleWindow, UserId, now_millis};
+use seckill_shared::domain::{
+    AdmittedOrder, NewVoucher, OrderId, OrderStatus, SaleWindow, UserId, now_millis,
+};
 use seckill_shared::error::StoreError;
 use seckill_tests::StackEnv;
 use seckill_tests::mysql::{

@@ -25,6 +25,7 @@ use seckill_http::Config;
 use seckill_shared::config::{EnvReader, RedisConfig};
 use seckill_shared::domain::{Voucher, VoucherId, now_millis};
 use seckill_shared::keys::VoucherKeys;
+use seckill_shared::protocol::sale_fields;
 use serde::{Deserialize, Serialize};
 
 use crate::backends::{Bench, replicas_per_primary};
@@ -605,7 +606,7 @@ async fn check_ours(bench: Option<&Bench>, p: &Prepared, r: &mut RunResult) -> a
         (None, Some(bench)) => {
             let k = VoucherKeys::new(p.voucher.id);
             let mut c = bench.redis.clone();
-            let left: Option<i64> = c.hget(&k.sale, "stock").await?;
+            let left: Option<i64> = c.hget(&k.sale, sale_fields::STOCK).await?;
             let buyers: i64 = c.hlen(&k.buyers).await?;
             let queued: i64 = c.xlen(&k.orders).await?;
             r.checks = checks(r, initial, left, Some(buyers), Some(queued));

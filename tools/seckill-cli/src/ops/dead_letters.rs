@@ -10,8 +10,8 @@
 //! parse, a voucher the database does not know) are refused, with the reason.
 
 use order_drainer::plan::parse_entry;
-use seckill_shared::adapters::order_stream::{DeadLetter, fields};
-use seckill_shared::domain::VoucherId;
+use seckill_shared::domain::{DeadLetter, VoucherId};
+use seckill_shared::protocol::fields;
 use serde::Serialize;
 
 use super::{Backends, db_error, redis_error};

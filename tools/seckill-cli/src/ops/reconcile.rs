@@ -18,9 +18,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use order_drainer::plan::parse_entry;
-use seckill_shared::adapters::ledger::AdmittedOrder;
 use seckill_shared::adapters::order_stream::{RANGE_PAGE, id_less};
-use seckill_shared::domain::{OrderId, UserId, VoucherId};
+use seckill_shared::domain::{AdmittedOrder, OrderId, UserId, VoucherId};
 use seckill_shared::order_id::{EPOCH_UNIX_MS, OrderIdParts};
 use serde::Serialize;
 
@@ -135,7 +134,7 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
     loop {
         let after = entries
             .last()
-            .map(|e: &seckill_shared::adapters::order_stream::StreamEntry| e.id.clone());
+            .map(|e: &seckill_shared::domain::StreamEntry| e.id.clone());
         let page = b
             .streams
             .entries(voucher, after.as_deref(), RANGE_PAGE)

@@ -1,0 +1,278 @@
+//! Stream bookkeeping: what the drainer does to the orders streams around a batch:
+//! claim what other runs left idle, read new entries, dead-letter, release what it
+//! cannot finish, and at the end of the run trim, measure and retire. (Acking a committed
+//! batch is one call in [`Drainer::process`](super::Drainer), next to the commit it
+//! follows.)
+//!
+//! Invariants kept here:
+//! - an entry leaves the pending list only through an ack after its batch committed, or
+//!   through its dead letter, written in the same script as the ack and after the
+//!   `rejected` row its buyer should see ([`Drainer::dead_letter_all`]);
+//! - only entries that can never be written are dead-lettered; how often an entry was
+//!   delivered never counts;
+//! - an entry a run read but cannot finish (a transient failure, a voucher stopped) is
+//!   released: still pending, but marked idle, so the next run claims it at once
+//!   ([`Drainer::release`]);
+//! - what was read is counted as soon as it is pending, whatever happens next.
+
+use futures::StreamExt;
+use seckill_shared::adapters::order_stream::Probe;
+use seckill_shared::domain::{AdmittedOrder, StreamEntry, VoucherId, now_millis};
+use seckill_shared::error::StoreError;
+
+use super::run::Run;
+use super::{Drainer, PROBES_IN_FLIGHT};
+use crate::error::DrainError;
+use crate::failpoint;
+use crate::plan::Reason;
+
+/// A sale is retired this long after it ends, so an admission stamped by a slightly slow
+/// clock cannot land in a stream nobody visits any more.
+const RETIRE_GRACE_MS: i64 = 60_000;
+
+impl Drainer {
+    /// Claims and processes the entries other consumers left idle, page by page.
+    pub(super) async fn recover(&self, run: &Run, voucher: VoucherId) {
+        let mut cursor = "0-0".to_string();
+        while run.fits(1) && !run.failed(voucher) {
+            let page = match self
+                .streams
+                .claim_idle(
+                    voucher,
+                    &run.consumer,
+                    self.cfg.min_idle,
+                    &cursor,
+                    self.cfg.batch_size,
+                )
+                .await
+            {
+                Ok(page) => page,
+                Err(e) => {
+                    run.fail(
+                        voucher,
+                        DrainError::store("claiming idle entries", Some(voucher), e),
+                    );
+                    return;
+                }
+            };
+            if !page.deleted.is_empty() {
+                tracing::warn!(%voucher, deleted = ?page.deleted, "pending entries no longer in the stream");
+            }
+            if !page.entries.is_empty() {
+                run.touch(voucher);
+                run.count(|s| s.claimed += page.entries.len() as u64);
+                failpoint::hit("after_claim");
+                self.process(run, voucher, page.entries, false).await;
+            }
+            match page.next {
+                Some(next) => cursor = next,
+                None => return,
+            }
+        }
+    }
+
+    pub(super) async fn read_new(
+        &self,
+        voucher: VoucherId,
+        consumer: &str,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        self.streams
+            .read_new(voucher, consumer, self.cfg.batch_size)
+            .await
+    }
+
+    /// Takes the result of one XREADGROUP: counts what was read (it is pending now,
+    /// whatever happens next) and returns it when there is something to process: not when
+    /// it is empty, when Redis failed, or when the voucher was stopped meanwhile (then it
+    /// is released for the next invocation).
+    pub(super) async fn accept_read(
+        &self,
+        run: &Run,
+        voucher: VoucherId,
+        read: Result<Vec<StreamEntry>, StoreError>,
+    ) -> Option<Vec<StreamEntry>> {
+        let entries = match read {
+            Ok(entries) => entries,
+            Err(e) => {
+                let err = DrainError::store("reading new entries", Some(voucher), e);
+                run.fail(voucher, err);
+                return None;
+            }
+        };
+        if entries.is_empty() {
+            return None;
+        }
+        run.touch(voucher);
+        run.count(|s| s.read += entries.len() as u64);
+        if run.failed(voucher) {
+            self.release(run, voucher, &entries).await;
+            return None;
+        }
+        failpoint::hit("after_read");
+        Some(entries)
+    }
+
+    /// Writes dead letters, after committing the `rejected` rows their buyers should
+    /// see. Returns false (the voucher stopped, nothing of the failed step acked) when a
+    /// write failed.
+    pub(super) async fn dead_letter_all(
+        &self,
+        run: &Run,
+        voucher: VoucherId,
+        entries: &[StreamEntry],
+        dead: Vec<(usize, Reason, Option<AdmittedOrder>)>,
+    ) -> bool {
+        if dead.is_empty() {
+            return true;
+        }
+        // The rejected rows go first and must commit: if the process dies before the
+        // dead letter, the redelivered entry finds its row and is acked as a duplicate,
+        // and its buyer sees `rejected` either way.
+        let mut by_reason: Vec<(String, Vec<AdmittedOrder>)> = Vec::new();
+        for (_, reason, order) in &dead {
+            if let Some(order) = order.as_ref().filter(|_| reason.records_rejected_row()) {
+                let text = reason.text();
+                match by_reason.iter_mut().find(|(r, _)| *r == text) {
+                    Some((_, orders)) => orders.push(order.clone()),
+                    None => by_reason.push((text, vec![order.clone()])),
+                }
+            }
+        }
+        for (reason, orders) in by_reason {
+            if let Err(e) = self.ledger.record_rejected(&orders, &reason).await {
+                run.fail(
+                    voucher,
+                    DrainError::store(
+                        "recording dead-lettered orders as rejected",
+                        Some(voucher),
+                        e,
+                    ),
+                );
+                return false;
+            }
+        }
+        for (index, reason, _) in dead {
+            let entry = &entries[index];
+            let text = reason.text();
+            failpoint::hit("before_dead_letter");
+            match self.streams.dead_letter(voucher, entry, &text).await {
+                Ok(true) => {
+                    run.count(|s| s.dead_lettered += 1);
+                    tracing::warn!(%voucher, entry = %entry.id, reason = %text, deliveries = entry.deliveries, "dead-lettered");
+                }
+                Ok(false) => {
+                    tracing::info!(%voucher, entry = %entry.id, "entry already finished elsewhere, not dead-lettered");
+                }
+                Err(e) => {
+                    run.fail(
+                        voucher,
+                        DrainError::store("dead-lettering", Some(voucher), e),
+                    );
+                    return false;
+                }
+            }
+            failpoint::hit("after_dead_letter");
+        }
+        true
+    }
+
+    /// Gives the batch's still-pending entries back for the next invocation to claim at
+    /// once (see [`OrderStreams::release`]); if that fails too, they are claimed after
+    /// the claim threshold.
+    pub(super) async fn release(&self, run: &Run, voucher: VoucherId, entries: &[StreamEntry]) {
+        let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+        match self
+            .streams
+            .release(voucher, &run.consumer, &ids, self.cfg.min_idle)
+            .await
+        {
+            Ok(n) => run.count(|s| s.released += n),
+            Err(e) => {
+                tracing::warn!(%voucher, error = %e, "could not release unfinished entries; they wait for the claim threshold")
+            }
+        }
+    }
+
+    async fn trim(&self, run: &Run, voucher: VoucherId) {
+        failpoint::hit("before_trim");
+        match self.streams.trim(voucher).await {
+            Ok(t) => run.count(|s| s.trimmed += t.removed),
+            Err(e) => run.record(&DrainError::store("trimming", Some(voucher), e)),
+        }
+        failpoint::hit("after_trim");
+    }
+
+    /// Trims and measures the streams this run touched (the last probe also deletes
+    /// this run's consumer where it holds nothing), until the run's `finish_by`.
+    pub(super) async fn trim_and_measure(&self, run: &Run) {
+        let touched: Vec<VoucherId> = run.with(|s| s.touched.iter().copied().collect());
+        let end = tokio::time::sleep_until(run.finish_by.into());
+        let consumer = run.consumer.as_str();
+        let min_idle = self.cfg.min_idle;
+        let run_ref = run;
+        let fresh: Vec<(VoucherId, Result<Probe, StoreError>)> = futures::stream::iter(touched)
+            .map(|v| async move {
+                self.trim(run_ref, v).await;
+                (v, self.streams.probe(v, consumer, min_idle, true).await)
+            })
+            .buffer_unordered(PROBES_IN_FLIGHT)
+            .take_until(end)
+            .collect()
+            .await;
+        for (voucher, probe) in fresh {
+            match probe {
+                Ok(p) => run.with(|s| {
+                    s.summary.probed += 1;
+                    s.probes.insert(voucher, p);
+                }),
+                Err(e) => run.record(&DrainError::store("reading stream stats", Some(voucher), e)),
+            }
+        }
+    }
+
+    /// Retires the sales that are over and drained (by the latest probes): their keys
+    /// get an expiry when a retention is set (`lua/expire_sale.lua`, which checks again
+    /// that nothing is undrained), then they leave the active set. Until `finish_by`.
+    pub(super) async fn retire_finished(&self, run: &Run) {
+        let run_ref = run;
+        let now = now_millis();
+        let over: Vec<VoucherId> = run.with(|s| {
+            s.probes
+                .iter()
+                .filter(|(_, p)| {
+                    p.pending == 0
+                        && p.fully_delivered
+                        && p.ends_ms.is_some_and(|end| end + RETIRE_GRACE_MS < now)
+                })
+                .map(|(v, _)| *v)
+                .collect()
+        });
+        let end = tokio::time::sleep_until(run.finish_by.into());
+        futures::stream::iter(over)
+            .map(|v| async move {
+                if let Some(retention) = self.cfg.retention {
+                    match self.streams.expire_finished(v, retention).await {
+                        Ok(true) => {}
+                        // Not drained after all (checked again in the script): stays.
+                        Ok(false) => return,
+                        Err(e) => {
+                            run_ref.record(&DrainError::store("expiring a finished sale", Some(v), e));
+                            return;
+                        }
+                    }
+                }
+                match self.streams.retire(v).await {
+                    Ok(true) => {
+                        run_ref.count(|s| s.retired += 1);
+                        tracing::info!(voucher = %v, "sale over and drained: retired from the active set");
+                    }
+                    Ok(false) => {}
+                    Err(e) => run_ref.record(&DrainError::store("retiring", Some(v), e)),
+                }
+            })
+            .buffer_unordered(PROBES_IN_FLIGHT)
+            .take_until(end)
+            .for_each(|()| std::future::ready(()))
+            .await;
+    }
+}

@@ -1,0 +1,395 @@
+//! Writing: the database side of a batch.
+//!
+//! One batch of one voucher is one Data API transaction ([`Drainer::commit_batch`]):
+//! begin, record the transaction in Redis, lock the voucher row (`NOWAIT`), look up
+//! colliding rows (unless the batch is first deliveries), [`plan::split`], insert the
+//! `confirmed` and `rejected` rows with exact counts, take the stock with a guard,
+//! commit. A batch the database refuses is split in halves until the refused order
+//! stands alone ([`Drainer::commit_isolating`]). The SQL itself is in
+//! `seckill_shared::adapters::ledger::sql`; this module decides what to run and when.
+//!
+//! Invariants kept here:
+//! - the database stock never goes below zero: confirmed ≤ `stock_left` under the row
+//!   lock, and the guarded UPDATE must apply, or the transaction rolls back;
+//! - a redelivered order finds its row and changes nothing (no row, no stock);
+//! - row counts that differ from the plan (a concurrent writer) roll the attempt back and
+//!   plan again, a bounded number of times ([`RACE_ATTEMPTS`]);
+//! - a transaction left open by a killed run never blocks its voucher: every
+//!   transaction is recorded in Redis before it takes the lock and forgotten only once
+//!   it is known to be over, and a run that keeps finding the row locked rolls back the
+//!   recorded transactions of others ([`Drainer::abort_abandoned`]);
+//! - only a refusal of one order *alone* (and not of an ordinary made-up row) blames
+//!   that order; any other failure is the database's and leaves the batch pending.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use seckill_shared::adapters::ledger::LedgerTx;
+use seckill_shared::domain::{AdmittedOrder, OrderStatus, VoucherId, now_millis};
+use seckill_shared::error::StoreError;
+
+use super::Drainer;
+use super::run::Run;
+use crate::error::DrainError;
+use crate::failpoint;
+use crate::plan::{self, DB_STOCK_EXHAUSTED, Split};
+
+/// Attempts at a batch whose row counts differ from the plan (a concurrent writer).
+const RACE_ATTEMPTS: u32 = 3;
+/// Attempts at the voucher's row lock; after the second-to-last, the recorded
+/// transactions of other consumers are rolled back (a killed run's, most likely).
+const LOCK_ATTEMPTS: u32 = 5;
+/// Pause between attempts at a locked voucher row: a live batch commits within it.
+const LOCK_RETRY: Duration = Duration::from_millis(150);
+
+/// How a batch transaction ended.
+enum BatchOutcome {
+    Committed(Split),
+    UnknownVoucher,
+}
+
+/// How one attempt at a batch transaction ended (before commit).
+enum Attempt {
+    Planned(Split),
+    UnknownVoucher,
+    Raced(String),
+    /// The voucher row is locked by another transaction.
+    Locked(StoreError),
+}
+
+/// What became of a batch's orders, with their indexes into the batch's orders.
+#[derive(Default)]
+pub(super) struct Isolated {
+    /// Committed, merged over the parts the batch was split into.
+    pub(super) committed: Split,
+    /// The database has no such voucher.
+    pub(super) unknown: Vec<usize>,
+    /// Refused alone with a permanent error: (index, error text).
+    pub(super) refused: Vec<(usize, String)>,
+    /// Parts left untried because the run's time was up (still pending).
+    pub(super) unfinished: bool,
+}
+
+impl Isolated {
+    fn merge(&mut self, offset: usize, part: Split) {
+        let shift = |v: Vec<usize>| v.into_iter().map(move |i| i + offset);
+        self.committed.confirmed.extend(shift(part.confirmed));
+        self.committed.rejected.extend(shift(part.rejected));
+        self.committed.duplicates.extend(shift(part.duplicates));
+        self.committed
+            .dead
+            .extend(part.dead.into_iter().map(|(i, r)| (i + offset, r)));
+    }
+}
+
+impl Drainer {
+    /// Commits a batch's orders; when the database refuses its rows (an insert failing
+    /// with a permanent error, or row counts that keep differing from the plan), splits
+    /// it in halves, in stream order, until each refused order stands alone. Returns what
+    /// was decided and, when something else stopped it, that failure: any failure that
+    /// is not a refusal (the database unreachable, a lock held, a commit lost, a refusal
+    /// of the lock or the stock update) is the database's state, not an order's, and
+    /// leaves the untried parts pending. So does a refusal of every order on its own, and
+    /// a lone refusal when the database also refuses an ordinary made-up row (then the
+    /// schema, rights or a trigger are at fault). Parts are only started while a batch
+    /// still fits in the run's time; the rest stay pending (`unfinished`).
+    pub(super) async fn commit_isolating(
+        &self,
+        run: &Run,
+        voucher: VoucherId,
+        orders: &[AdmittedOrder],
+        first_delivery: bool,
+    ) -> (Isolated, Option<DrainError>) {
+        let mut out = Isolated::default();
+        let mut parts: Vec<Range<usize>> = Vec::with_capacity(8);
+        parts.push(0..orders.len());
+        let mut refusals = Vec::new();
+        let mut tried = 0;
+        while let Some(part) = parts.pop() {
+            if tried > 0 && !run.fits(1) {
+                out.unfinished = true;
+                break;
+            }
+            tried += 1;
+            let result = self
+                .commit_batch(run, voucher, &orders[part.clone()], first_delivery)
+                .await;
+            match result {
+                Ok(BatchOutcome::Committed(split)) => out.merge(part.start, split),
+                Ok(BatchOutcome::UnknownVoucher) => out.unknown.extend(part),
+                Err(e) if !(e.is_refusal() || matches!(e, DrainError::Raced { .. })) => {
+                    return (out, Some(e));
+                }
+                Err(e) if part.len() > 1 => {
+                    tracing::warn!(%voucher, orders = part.len(), error = %e, "batch refused; splitting it to find the order the database refuses");
+                    let mid = part.start + part.len() / 2;
+                    // Popped last-in first-out: the first half goes first.
+                    parts.push(mid..part.end);
+                    parts.push(part.start..mid);
+                }
+                Err(e) => refusals.push((part.start, e)),
+            }
+        }
+        if refusals.is_empty() {
+            return (out, None);
+        }
+        let blame_orders = refusals.len() < orders.len() || orders.len() == 1;
+        let healthy = blame_orders
+            && match self.ledger.accepts_an_ordinary_row(voucher).await {
+                Ok(ok) => ok,
+                Err(e) => {
+                    return (
+                        out,
+                        Some(DrainError::store(
+                            "checking the orders table",
+                            Some(voucher),
+                            e,
+                        )),
+                    );
+                }
+            };
+        if !healthy {
+            // The database refuses everything, not these orders. Keep them all pending;
+            // the error alarms.
+            let (_, first) = refusals.swap_remove(0);
+            return (out, Some(first));
+        }
+        out.refused = refusals
+            .into_iter()
+            .map(|(i, e)| (i, e.to_string()))
+            .collect();
+        (out, None)
+    }
+
+    /// Commits one voucher's orders in one transaction, retrying when a concurrent
+    /// writer made the row counts differ from the plan, or held the voucher's row.
+    ///
+    /// A batch of first deliveries is first tried without looking up existing rows: none
+    /// should exist, and the exact counts of `INSERT IGNORE` prove it. If one did exist
+    /// (Redis lost its record of a committed order, say), a count comes up short, the
+    /// attempt is rolled back and the batch is planned again with the lookup. That saves
+    /// the largest statement of the common batch without trusting the guess.
+    async fn commit_batch(
+        &self,
+        run: &Run,
+        voucher: VoucherId,
+        orders: &[AdmittedOrder],
+        first_delivery: bool,
+    ) -> Result<BatchOutcome, DrainError> {
+        let mut look_up = !first_delivery;
+        let races = RACE_ATTEMPTS + u32::from(first_delivery);
+        let (mut raced, mut locked) = (0, 0);
+        loop {
+            failpoint::hit("before_begin");
+            let attempt = self.attempt(run, voucher, orders, look_up).await?;
+            match attempt {
+                Attempt::Planned(split) => return Ok(BatchOutcome::Committed(split)),
+                Attempt::UnknownVoucher => return Ok(BatchOutcome::UnknownVoucher),
+                Attempt::Raced(detail) if !look_up => {
+                    look_up = true;
+                    tracing::info!(%voucher, detail, "first deliveries collide with existing rows, planning again with a lookup");
+                }
+                Attempt::Raced(detail) => {
+                    tracing::warn!(%voucher, raced, detail, "row counts differ from the plan, retrying");
+                }
+                Attempt::Locked(e) => {
+                    locked += 1;
+                    if locked >= LOCK_ATTEMPTS {
+                        return Err(DrainError::store("locking the voucher", Some(voucher), e));
+                    }
+                    if locked == LOCK_ATTEMPTS - 1 {
+                        self.abort_abandoned(run, voucher).await?;
+                    } else {
+                        tokio::time::sleep(LOCK_RETRY).await;
+                    }
+                    continue;
+                }
+            }
+            raced += 1;
+            if raced >= races {
+                return Err(DrainError::Raced {
+                    voucher,
+                    attempts: raced,
+                });
+            }
+        }
+    }
+
+    /// One attempt: begin, record the transaction, plan and write, commit (or roll back
+    /// when there is nothing to commit or the plan did not hold).
+    ///
+    /// The record of the transaction is removed only once the transaction is known to
+    /// be over (committed, rolled back, or unknown to the server): a transaction whose
+    /// commit or rollback failed may still hold the voucher's row, and its record is
+    /// what lets a later run roll it back.
+    async fn attempt(
+        &self,
+        run: &Run,
+        voucher: VoucherId,
+        orders: &[AdmittedOrder],
+        look_up: bool,
+    ) -> Result<Attempt, DrainError> {
+        let db = |step, e| DrainError::store(step, Some(voucher), e);
+        let tx = self
+            .ledger
+            .begin()
+            .await
+            .map_err(|e| db("beginning a transaction", e))?;
+        failpoint::hit("after_begin");
+        let id = tx.id().to_string();
+        if let Err(e) = self
+            .streams
+            .register_tx(voucher, &id, &run.consumer, now_millis())
+            .await
+        {
+            // Unrecorded: it must not stay open. It holds no lock yet.
+            tx.rollback().await;
+            return Err(db("recording the transaction", e));
+        }
+        let planned = self.plan_and_write(&tx, voucher, orders, look_up).await;
+        let (outcome, over) = match planned {
+            Ok(Attempt::Planned(split)) if split.writes() > 0 => {
+                failpoint::hit("before_commit");
+                match tx.commit().await {
+                    Ok(()) => {
+                        failpoint::hit("after_commit");
+                        (Ok(Attempt::Planned(split)), true)
+                    }
+                    Err(e) => {
+                        // The commit may not have reached the server: end it for sure.
+                        let ended = tx.try_rollback().await.is_ok();
+                        (Err(db("committing", e)), ended)
+                    }
+                }
+            }
+            // Only redeliveries or dead letters (nothing to commit), another plan, or a
+            // failure: roll back.
+            other => {
+                let ended = match tx.try_rollback().await {
+                    Ok(_) => true,
+                    Err(e) => {
+                        tracing::warn!(%voucher, error = %e, "rollback failed; the transaction stays recorded");
+                        false
+                    }
+                };
+                (other, ended)
+            }
+        };
+        if over && let Err(e) = self.streams.unregister_tx(voucher, &id).await {
+            // A stale record costs a later run one rollback of an unknown transaction.
+            tracing::warn!(%voucher, error = %e, "could not forget an ended transaction");
+        }
+        outcome
+    }
+
+    /// Rolls back the recorded open transactions of other runs on `voucher` that began
+    /// at least [`abandoned_after`](Drainer::abandoned_after) ago: after a kill they
+    /// would hold the voucher's row for the Data API's 3 idle minutes. A younger one is
+    /// left alone (a live batch of an overlapping run; it ends within seconds). A live
+    /// transaction rolled back here fails its commit and leaves its entries pending:
+    /// nothing is lost. Each record is handled on its own; a failure is logged and the
+    /// next one tried. Returns how many were rolled back.
+    async fn abort_abandoned(&self, run: &Run, voucher: VoucherId) -> Result<u64, DrainError> {
+        let open = self
+            .streams
+            .registered_txs(voucher)
+            .await
+            .map_err(|e| DrainError::store("listing open transactions", Some(voucher), e))?;
+        let now = now_millis();
+        let old_enough = self.abandoned_after().as_millis() as i64;
+        let mut aborted = 0;
+        for (tx, consumer, begun) in open {
+            if consumer == run.consumer || now - begun < old_enough {
+                continue;
+            }
+            match self.ledger.abort_abandoned(&tx).await {
+                Ok(rolled_back) => {
+                    if rolled_back {
+                        aborted += 1;
+                        run.count(|s| s.aborted_transactions += 1);
+                        tracing::warn!(%voucher, transaction = %tx, %consumer, age_ms = now - begun, "rolled back a transaction another run left open");
+                    }
+                    if let Err(e) = self.streams.unregister_tx(voucher, &tx).await {
+                        tracing::warn!(%voucher, error = %e, "could not forget an abandoned transaction");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(%voucher, transaction = %tx, error = %e, "could not roll back an abandoned transaction");
+                }
+            }
+        }
+        Ok(aborted)
+    }
+
+    /// How old another run's open transaction must be to count as abandoned: the claim
+    /// threshold (after which its entries are taken over anyway), at most 10 s (a live
+    /// batch transaction lasts well under a second; production runs never overlap).
+    fn abandoned_after(&self) -> Duration {
+        self.cfg.min_idle.min(Duration::from_secs(10))
+    }
+
+    /// The statements of one attempt, up to (not including) the commit; without
+    /// `look_up`, planned as if no order of the batch were in the database yet.
+    async fn plan_and_write(
+        &self,
+        tx: &LedgerTx<'_>,
+        voucher: VoucherId,
+        orders: &[AdmittedOrder],
+        look_up: bool,
+    ) -> Result<Attempt, DrainError> {
+        let db = |step, e| DrainError::store(step, Some(voucher), e);
+        let stock_left = match tx.lock_voucher(voucher).await {
+            Ok(Some(left)) => left,
+            Ok(None) => return Ok(Attempt::UnknownVoucher),
+            Err(e @ StoreError::Locked { .. }) => return Ok(Attempt::Locked(e)),
+            Err(e) => return Err(db("locking the voucher", e)),
+        };
+        failpoint::hit("after_lock");
+        let existing = if look_up {
+            tx.existing_orders(voucher, orders)
+                .await
+                .map_err(|e| db("looking up existing orders", e))?
+        } else {
+            Vec::new()
+        };
+        let split = plan::split(voucher, orders, &existing, stock_left);
+
+        for (indexes, status, reason) in [
+            (&split.confirmed, OrderStatus::Confirmed, None),
+            (
+                &split.rejected,
+                OrderStatus::Rejected,
+                Some(DB_STOCK_EXHAUSTED),
+            ),
+        ] {
+            if indexes.is_empty() {
+                continue;
+            }
+            let rows: Vec<AdmittedOrder> = indexes.iter().map(|&i| orders[i].clone()).collect();
+            let inserted = tx
+                .insert_orders(&rows, status, reason)
+                .await
+                .map_err(|e| db("inserting orders", e))?;
+            failpoint::hit("after_insert");
+            if inserted != rows.len() as u64 {
+                return Ok(Attempt::Raced(format!(
+                    "{inserted} of {} {} rows inserted",
+                    rows.len(),
+                    status.as_str()
+                )));
+            }
+        }
+        let take = split.confirmed.len() as i64;
+        if take > 0 {
+            let taken = tx
+                .take_stock(voucher, take)
+                .await
+                .map_err(|e| db("taking stock", e))?;
+            if !taken {
+                return Ok(Attempt::Raced(format!("stock guard refused {take} units")));
+            }
+            failpoint::hit("after_stock_update");
+        }
+        Ok(Attempt::Planned(split))
+    }
+}

@@ -1,0 +1,62 @@
+//! Orders between admission and the database: an admitted order as its stream entry
+//! holds it, parsed or not yet parsed, an order row it collides with, and a dead letter.
+//!
+//! A [`StreamEntry`] keeps its fields as raw bytes: a malformed entry must reach the
+//! dead-letter stream exactly as it was written, not as a lossy re-encoding. Its field
+//! names are [`crate::protocol::fields`].
+
+use super::{OrderId, UnixMillis, UserId, VoucherId};
+
+/// An order admitted by Redis, parsed from its stream entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdmittedOrder {
+    pub id: OrderId,
+    pub voucher: VoucherId,
+    pub user: UserId,
+    pub admitted_ms: UnixMillis,
+}
+
+/// An order row that already exists and collides with an order of the batch, by id or
+/// by (voucher, user).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExistingOrder {
+    pub id: OrderId,
+    pub voucher: VoucherId,
+    pub user: String,
+}
+
+/// One entry of an orders stream as Redis holds it, not yet parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamEntry {
+    /// The stream id (`<ms>-<seq>`).
+    pub id: String,
+    /// Field/value pairs in stream order, as raw bytes.
+    pub fields: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Times delivered to a consumer, this delivery included (1 for a first read;
+    /// from XPENDING for a claimed entry; 0 when Redis no longer reported it).
+    pub deliveries: u64,
+}
+
+impl StreamEntry {
+    /// The value of the first field called `name`.
+    pub fn field(&self, name: &str) -> Option<&[u8]> {
+        self.fields
+            .iter()
+            .find(|(k, _)| k.as_slice() == name.as_bytes())
+            .map(|(_, v)| v.as_slice())
+    }
+}
+
+/// One entry of a dead-letter stream (written by `lua/dead_letter.lua`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// Its id in the dead-letter stream.
+    pub id: String,
+    /// Why it was dead-lettered (`reason`; empty when the entry has none).
+    pub reason: String,
+    /// Deliveries before it was dead-lettered (`deliveries`; 0 when unknown).
+    pub deliveries: u64,
+    /// The orders-stream entry as it was admitted: `id` is its orders-stream id
+    /// (`source_id`), `fields` its original fields, without the three added ones.
+    pub entry: StreamEntry,
+}

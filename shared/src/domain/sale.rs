@@ -1,0 +1,37 @@
+//! A sale as Redis holds it: what one admission attempt was told, what reopening a lost
+//! sale found, and the numbers of a sale hash.
+
+use super::{Admission, SaleWindow, UnixMillis};
+
+/// What the admission script answered, with the sale window when Redis knows it (so
+/// the instance can answer `not_started` / `ended` later without calling Redis) and the
+/// Redis server's clock that decided it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdmitReply {
+    pub admission: Admission,
+    pub window: Option<SaleWindow>,
+    /// The server time (`TIME`, unix ms) the script judged the window by.
+    pub server_ms: UnixMillis,
+}
+
+/// What reopening a sale found (`RedisSales::reopen`, `lua/preload.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reopen {
+    /// The sale hash was created now.
+    Created,
+    /// The sale was already there (live stock, left as it is).
+    AlreadyLive,
+    /// The buyers hash holds fewer buyers than the database settled: Redis lost data
+    /// again during the repair. Nothing was written; repair again.
+    BuyersLost,
+}
+
+/// A sale hash's numbers (`lua/preload.lua` writes them); `None` for a field that is
+/// missing or not a number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SaleState {
+    pub stock: Option<i64>,
+    pub total: Option<i64>,
+    pub begins_ms: Option<UnixMillis>,
+    pub ends_ms: Option<UnixMillis>,
+}

@@ -1,0 +1,262 @@
+//! What the Rust side and the Lua scripts in `lua/` say to each other: the scripts'
+//! result codes, the fields of the orders stream and of dead letters, and the fields of
+//! the sale hash. (The key names themselves are [`crate::keys`].)
+//!
+//! Each script opens with one block of `local NAME = value` lines naming what it shares
+//! with Rust, and its body uses those names, never the bare values. This module holds the
+//! same names and values, and its test reads every script (`include_str!`) and checks
+//! that the two agree, both ways: a value changed, a name added or dropped on either side
+//! fails the build's tests instead of a sale.
+
+/// `lua/admit.lua`: the first element of its reply.
+pub mod admit {
+    /// Admitted now: stock taken, buyer recorded, order appended to the stream.
+    pub const ADMITTED: i64 = 0;
+    /// No sale hash: never preloaded, or Redis lost it.
+    pub const NOT_LOADED: i64 = 1;
+    pub const NOT_STARTED: i64 = 2;
+    pub const ENDED: i64 = 3;
+    pub const SOLD_OUT: i64 = 4;
+    /// The buyer already holds an order; the reply's detail is its id.
+    pub const ALREADY_BOUGHT: i64 = 5;
+}
+
+/// `lua/preload.lua`: its reply.
+pub mod preload {
+    /// The sale hash was created.
+    pub const CREATED: i64 = 1;
+    /// The sale hash was there already (live stock, left alone).
+    pub const ALREADY_LIVE: i64 = 0;
+    /// The buyers hash holds fewer buyers than the database settled; nothing written.
+    pub const BUYERS_LOST: i64 = -1;
+}
+
+/// `lua/lease.lua`: the first element of a reply that leased nothing.
+pub mod lease {
+    /// The stamp falls on another UTC day than the key names; the second element is
+    /// that day.
+    pub const OTHER_DAY: i64 = -1;
+}
+
+/// `lua/dead_letter.lua`: its reply.
+pub mod dead_letter {
+    /// The dead letter was written and the entry acked.
+    pub const WRITTEN: i64 = 1;
+    /// The entry was no longer pending (finished elsewhere); nothing written.
+    pub const NOT_PENDING: i64 = 0;
+}
+
+/// `lua/expire_sale.lua`: its reply.
+pub mod expire_sale {
+    /// The sale's keys now expire.
+    pub const EXPIRING: i64 = 1;
+    /// The stream still holds undrained orders; nothing changed.
+    pub const UNDRAINED: i64 = 0;
+}
+
+/// `lua/restore_buyers.lua`: its mode (`ARGV[1]`).
+pub mod restore_buyers {
+    /// `ARGV[2..]` are user id, order id pairs from the database.
+    pub const PAIRS: &str = "pairs";
+    /// `ARGV[2]`, `ARGV[3]`: a page of the orders stream to take buyers from.
+    pub const STREAM: &str = "stream";
+}
+
+/// Field names of an orders-stream entry (written by `lua/admit.lua`) and of a dead
+/// letter (`lua/dead_letter.lua` adds the last three to the entry's own).
+pub mod fields {
+    pub const ORDER_ID: &str = "order_id";
+    pub const VOUCHER_ID: &str = "voucher_id";
+    pub const USER_ID: &str = "user_id";
+    pub const ADMITTED_MS: &str = "admitted_ms";
+    /// Added to a dead letter: the id of the entry in the orders stream.
+    pub const SOURCE_ID: &str = "source_id";
+    /// Added to a dead letter: why it was dead-lettered.
+    pub const REASON: &str = "reason";
+    /// Added to a dead letter: how many times the entry had been delivered.
+    pub const DELIVERIES: &str = "deliveries";
+}
+
+/// Field names of a voucher's sale hash (`seckill:{<voucher>}:sale`, written by
+/// `lua/preload.lua`).
+pub mod sale_fields {
+    pub const STOCK: &str = "stock";
+    pub const TOTAL: &str = "total";
+    pub const BEGINS_MS: &str = "begins_ms";
+    pub const ENDS_MS: &str = "ends_ms";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::VoucherId;
+    use crate::keys::VoucherKeys;
+
+    /// A value as a script's header spells it.
+    fn num(v: i64) -> String {
+        v.to_string()
+    }
+    fn text(v: &str) -> String {
+        format!("'{v}'")
+    }
+
+    /// A script's file name, its text, and the names its header must hold (Lua name,
+    /// Rust value).
+    type Expected = (&'static str, &'static str, Vec<(&'static str, String)>);
+
+    /// Every script in `lua/`.
+    fn expected() -> Vec<Expected> {
+        use fields as f;
+        use sale_fields as s;
+        vec![
+            (
+                "admit.lua",
+                include_str!("../../lua/admit.lua"),
+                vec![
+                    ("ADMITTED", num(admit::ADMITTED)),
+                    ("NOT_LOADED", num(admit::NOT_LOADED)),
+                    ("NOT_STARTED", num(admit::NOT_STARTED)),
+                    ("ENDED", num(admit::ENDED)),
+                    ("SOLD_OUT", num(admit::SOLD_OUT)),
+                    ("ALREADY_BOUGHT", num(admit::ALREADY_BOUGHT)),
+                    ("STOCK", text(s::STOCK)),
+                    ("BEGINS_MS", text(s::BEGINS_MS)),
+                    ("ENDS_MS", text(s::ENDS_MS)),
+                    ("ORDER_ID", text(f::ORDER_ID)),
+                    ("VOUCHER_ID", text(f::VOUCHER_ID)),
+                    ("USER_ID", text(f::USER_ID)),
+                    ("ADMITTED_MS", text(f::ADMITTED_MS)),
+                ],
+            ),
+            (
+                "preload.lua",
+                include_str!("../../lua/preload.lua"),
+                vec![
+                    ("CREATED", num(preload::CREATED)),
+                    ("ALREADY_LIVE", num(preload::ALREADY_LIVE)),
+                    ("BUYERS_LOST", num(preload::BUYERS_LOST)),
+                    ("STOCK", text(s::STOCK)),
+                    ("TOTAL", text(s::TOTAL)),
+                    ("BEGINS_MS", text(s::BEGINS_MS)),
+                    ("ENDS_MS", text(s::ENDS_MS)),
+                ],
+            ),
+            (
+                "lease.lua",
+                include_str!("../../lua/lease.lua"),
+                vec![("OTHER_DAY", num(lease::OTHER_DAY))],
+            ),
+            (
+                "dead_letter.lua",
+                include_str!("../../lua/dead_letter.lua"),
+                vec![
+                    ("WRITTEN", num(dead_letter::WRITTEN)),
+                    ("NOT_PENDING", num(dead_letter::NOT_PENDING)),
+                    ("SOURCE_ID", text(f::SOURCE_ID)),
+                    ("REASON", text(f::REASON)),
+                    ("DELIVERIES", text(f::DELIVERIES)),
+                ],
+            ),
+            (
+                "expire_sale.lua",
+                include_str!("../../lua/expire_sale.lua"),
+                vec![
+                    ("EXPIRING", num(expire_sale::EXPIRING)),
+                    ("UNDRAINED", num(expire_sale::UNDRAINED)),
+                ],
+            ),
+            (
+                "restore_buyers.lua",
+                include_str!("../../lua/restore_buyers.lua"),
+                vec![
+                    ("PAIRS", text(restore_buyers::PAIRS)),
+                    ("STREAM", text(restore_buyers::STREAM)),
+                    ("ORDER_ID", text(f::ORDER_ID)),
+                    ("USER_ID", text(f::USER_ID)),
+                ],
+            ),
+            (
+                "probe.lua",
+                include_str!("../../lua/probe.lua"),
+                vec![("ENDS_MS", text(s::ENDS_MS))],
+            ),
+            ("trim.lua", include_str!("../../lua/trim.lua"), vec![]),
+            (
+                "replay_dead_letter.lua",
+                include_str!("../../lua/replay_dead_letter.lua"),
+                vec![],
+            ),
+            (
+                "lib/streams.lua",
+                include_str!("../../lua/lib/streams.lua"),
+                vec![],
+            ),
+        ]
+    }
+
+    /// The `local NAME = value` lines of a script's header: upper-case names, a number
+    /// or a quoted string. Lower-case locals are the script's own.
+    fn header(script: &str) -> Vec<(String, String)> {
+        script
+            .lines()
+            .filter_map(|line| {
+                let rest = line.strip_prefix("local ")?;
+                let (name, value) = rest.split_once('=')?;
+                let (name, value) = (name.trim(), value.trim());
+                let named = !name.is_empty()
+                    && name
+                        .chars()
+                        .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+                named.then(|| (name.to_string(), value.to_string()))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_script_header_agrees_with_the_rust_names() {
+        for (file, script, want) in expected() {
+            let mut got = header(script);
+            let mut want: Vec<(String, String)> =
+                want.into_iter().map(|(n, v)| (n.to_string(), v)).collect();
+            got.sort();
+            want.sort();
+            assert_eq!(
+                got, want,
+                "lua/{file}: header and shared/src/protocol.rs differ"
+            );
+        }
+    }
+
+    #[test]
+    fn the_header_parser_sees_what_it_must() {
+        let parsed = header("local A_1 = 5\nlocal now = 3\n-- local B = 1\nlocal S = 'x'\n");
+        assert_eq!(
+            parsed,
+            vec![
+                ("A_1".to_string(), "5".to_string()),
+                ("S".to_string(), "'x'".to_string())
+            ]
+        );
+    }
+
+    /// Every key a script's comments name (`seckill:{<voucher>}:<name>`) is one of
+    /// [`VoucherKeys`], so the comments describe the keys Rust passes.
+    #[test]
+    fn keys_named_in_scripts_are_the_voucher_keys() {
+        let k = VoucherKeys::new(VoucherId::new(7).unwrap());
+        let known = [k.sale, k.buyers, k.orders, k.dead, k.drain_tx, k.repair];
+        let mut seen = 0;
+        for (file, script, _) in expected() {
+            for (at, _) in script.match_indices("seckill:{<voucher>}:") {
+                let name: String = script[at..]
+                    .chars()
+                    .take_while(|c| !c.is_whitespace() && *c != ')')
+                    .collect();
+                let key = name.replace("<voucher>", "7");
+                assert!(known.contains(&key), "lua/{file} names {name}");
+                seen += 1;
+            }
+        }
+        assert!(seen > 10, "the scripts name their keys ({seen} found)");
+    }
+}
