@@ -141,7 +141,9 @@ pub fn parse_rfc3339_millis(s: &str, what: &str) -> Result<UnixMillis, Validatio
     Ok((t.unix_timestamp_nanos() / 1_000_000) as i64)
 }
 
-/// Formats Unix milliseconds as RFC 3339 in UTC (`2026-11-22T10:00:00.000Z`).
+/// Formats Unix milliseconds as RFC 3339 in UTC: `2026-11-22T10:00:00.123Z`, with the
+/// fraction's trailing zeros dropped (`…:00.5Z`, and `…:00Z` on a whole second), as the
+/// `time` crate writes it; `docs/openapi.yaml`'s `Timestamp` describes the same form.
 pub fn format_rfc3339_millis(ms: UnixMillis) -> String {
     let t = OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
         .unwrap_or(OffsetDateTime::UNIX_EPOCH);
@@ -437,6 +439,9 @@ mod tests {
     fn rfc3339_round_trips_with_milliseconds() {
         let ms = parse_rfc3339_millis("2026-11-22T10:00:00.123Z", "t").unwrap();
         assert_eq!(format_rfc3339_millis(ms), "2026-11-22T10:00:00.123Z");
+        // Trailing zeros of the fraction are dropped (the contract's Timestamp form).
+        assert_eq!(format_rfc3339_millis(ms - 123), "2026-11-22T10:00:00Z");
+        assert_eq!(format_rfc3339_millis(ms + 377), "2026-11-22T10:00:00.5Z");
     }
 
     #[test]
