@@ -6,6 +6,7 @@
 //! A suite that cannot find the stack fails loudly instead of skipping: a test that
 //! cannot fail is a defect.
 
+pub mod api;
 pub mod contract;
 pub mod drainer;
 pub mod harness;

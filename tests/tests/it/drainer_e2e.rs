@@ -6,67 +6,25 @@
 use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
-use reqwest::{Client, StatusCode};
-use seckill_shared::auth::mint_hs256;
+use reqwest::StatusCode;
 use seckill_shared::domain::{format_rfc3339_millis, now_millis};
-use seckill_tests::StackEnv;
+use seckill_tests::api::Api;
 use serde_json::{Value, json};
 
 /// The stack runs the drainer with its own DRAINER_MAX_RUN_MS (50 s when unset), so one
 /// invocation may take that long.
 const INVOKE_TIMEOUT: Duration = Duration::from_secs(120);
 
-struct Stack {
-    env: StackEnv,
-    http: Client,
-}
-
-impl Stack {
-    fn token(&self, sub: &str, admin: bool) -> String {
-        mint_hs256(
-            self.env.dev_jwt_secret().as_bytes(),
-            sub,
-            admin.then_some("seckill/admin"),
-            now_millis() / 1000 + 600,
-        )
-    }
-
-    async fn call(
-        &self,
-        method: &str,
-        path: &str,
-        token: &str,
-        body: Option<Value>,
-    ) -> (StatusCode, Value) {
-        let url = format!("{}{path}", self.env.seckill_http_url());
-        let mut req = self
-            .http
-            .request(method.parse().expect("method"), url)
-            .bearer_auth(token)
-            .timeout(Duration::from_secs(60));
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let res = req.send().await.expect("seckill-http answers");
-        let status = res.status();
-        let body = res.json::<Value>().await.expect("JSON body");
-        (status, body)
-    }
-}
-
 #[tokio::test]
 async fn an_order_bought_over_http_is_confirmed_after_a_drainer_invocation() {
-    let stack = Stack {
-        env: StackEnv::load(),
-        http: Client::new(),
-    };
+    let stack = Api::new();
     let admin = stack.token("e2e-drainer-admin", true);
     let now = now_millis();
     let (status, voucher) = stack
         .call(
             "POST",
             "/vouchers",
-            &admin,
+            Some(&admin),
             Some(json!({
                 "title": "drainer end to end",
                 "stock": 5,
@@ -86,7 +44,12 @@ async fn an_order_bought_over_http_is_confirmed_after_a_drainer_invocation() {
     for i in 0..3 {
         let buyer = stack.token(&format!("e2e-drainer-{run}-{i}"), false);
         let (status, body) = stack
-            .call("POST", &format!("/vouchers/{vid}/seckill"), &buyer, None)
+            .call(
+                "POST",
+                &format!("/vouchers/{vid}/seckill"),
+                Some(&buyer),
+                None,
+            )
             .await;
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");
         assert_eq!(body["status"], "pending");
@@ -135,7 +98,7 @@ async fn an_order_bought_over_http_is_confirmed_after_a_drainer_invocation() {
 
     for (buyer, id) in &orders {
         let (status, body) = stack
-            .call("GET", &format!("/orders/{id}"), buyer, None)
+            .call("GET", &format!("/orders/{id}"), Some(buyer), None)
             .await;
         assert_eq!(status, StatusCode::OK, "{body}");
         assert_eq!(body["status"], "confirmed", "{body}");

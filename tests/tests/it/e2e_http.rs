@@ -2,75 +2,10 @@
 //! stack (`SECKILL_HTTP_URL`), against the stack's Redis (cluster mode), MariaDB and Data
 //! API server: create a voucher, buy, buy again, sell out, read the order's status.
 
-use reqwest::{Client, StatusCode};
-use seckill_shared::auth::mint_hs256;
+use reqwest::StatusCode;
 use seckill_shared::domain::{format_rfc3339_millis, now_millis};
-use seckill_tests::StackEnv;
-use serde_json::{Value, json};
-
-struct Api {
-    base: String,
-    secret: String,
-    http: Client,
-}
-
-impl Api {
-    fn new() -> Api {
-        let stack = StackEnv::load();
-        Api {
-            base: stack.seckill_http_url(),
-            secret: stack.dev_jwt_secret(),
-            http: Client::new(),
-        }
-    }
-
-    fn token(&self, sub: &str, admin: bool) -> String {
-        mint_hs256(
-            self.secret.as_bytes(),
-            sub,
-            admin.then_some("seckill/admin"),
-            now_millis() / 1000 + 600,
-        )
-    }
-
-    async fn call(
-        &self,
-        method: &str,
-        path: &str,
-        token: Option<String>,
-        body: Option<Value>,
-    ) -> (StatusCode, Value) {
-        let mut req = self
-            .http
-            .request(method.parse().unwrap(), format!("{}{path}", self.base));
-        if let Some(t) = token {
-            req = req.bearer_auth(t);
-        }
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let res = req
-            .send()
-            .await
-            .expect("seckill-http answers under cargo lambda watch");
-        let status = res.status();
-        assert_eq!(
-            res.headers()
-                .get("content-type")
-                .and_then(|v| v.to_str().ok()),
-            Some("application/json"),
-            "{method} {path}"
-        );
-        let body: Value = res.json().await.expect("JSON body");
-        // Every answer of the sale is checked against the contract (docs/openapi.yaml).
-        seckill_tests::contract::contract().assert(
-            seckill_tests::contract::route_key(method, path),
-            status.as_u16(),
-            &body,
-        );
-        (status, body)
-    }
-}
+use seckill_tests::api::Api;
+use serde_json::json;
 
 fn unique_user(name: &str) -> String {
     format!("{name}-{:08x}", rand::random::<u32>())
@@ -89,7 +24,7 @@ async fn a_sale_over_http() {
         .call(
             "POST",
             "/vouchers",
-            Some(api.token("ops", true)),
+            Some(&api.token("ops", true)),
             Some(body.clone()),
         )
         .await;
@@ -110,7 +45,7 @@ async fn a_sale_over_http() {
     let alice = unique_user("alice");
     let buy = format!("/vouchers/{id}/seckill");
     let (status, order) = api
-        .call("POST", &buy, Some(api.token(&alice, false)), None)
+        .call("POST", &buy, Some(&api.token(&alice, false)), None)
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{order}");
     assert_eq!(order["status"], "pending");
@@ -120,7 +55,7 @@ async fn a_sale_over_http() {
         .to_string();
 
     let (status, dup) = api
-        .call("POST", &buy, Some(api.token(&alice, false)), None)
+        .call("POST", &buy, Some(&api.token(&alice, false)), None)
         .await;
     assert_eq!(
         (status, dup["code"].clone(), dup["order_id"].clone()),
@@ -135,7 +70,7 @@ async fn a_sale_over_http() {
         .call(
             "POST",
             &buy,
-            Some(api.token(&unique_user("bob"), false)),
+            Some(&api.token(&unique_user("bob"), false)),
             None,
         )
         .await;
@@ -144,7 +79,7 @@ async fn a_sale_over_http() {
         .call(
             "POST",
             &buy,
-            Some(api.token(&unique_user("carol"), false)),
+            Some(&api.token(&unique_user("carol"), false)),
             None,
         )
         .await;
@@ -157,7 +92,7 @@ async fn a_sale_over_http() {
         .call(
             "GET",
             &format!("/orders/{order_id}"),
-            Some(api.token(&alice, false)),
+            Some(&api.token(&alice, false)),
             None,
         )
         .await;
@@ -171,7 +106,7 @@ async fn a_sale_over_http() {
         .call(
             "GET",
             &format!("/orders/{order_id}"),
-            Some(api.token("someone-else", false)),
+            Some(&api.token("someone-else", false)),
             None,
         )
         .await;
@@ -186,7 +121,7 @@ async fn a_sale_over_http() {
         .call(
             "POST",
             "/vouchers",
-            Some(api.token("ops", true)),
+            Some(&api.token("ops", true)),
             Some(json!({"title": 5})),
         )
         .await;

@@ -1,0 +1,91 @@
+//! The running stack's seckill-http over real HTTP (`SECKILL_HTTP_URL`, served by
+//! `cargo lambda watch`), as a client calls it: tokens signed with the stack's dev
+//! secret, every answer JSON and checked against the contract (`docs/openapi.yaml`).
+
+use std::time::Duration;
+
+use reqwest::{Client, StatusCode};
+use seckill_shared::auth::{ADMIN_SCOPE, mint_hs256};
+use seckill_shared::domain::now_millis;
+use serde_json::Value;
+
+use crate::StackEnv;
+use crate::contract::{contract, route_key};
+
+/// A client of the stack's seckill-http.
+pub struct Api {
+    /// The stack this calls (its other addresses: drainer, database).
+    pub env: StackEnv,
+    /// The HTTP client, also for the stack's other endpoints.
+    pub http: Client,
+    base: String,
+    secret: String,
+}
+
+impl Api {
+    /// The stack's seckill-http; panics (saying how to start it) without a stack.
+    pub fn new() -> Api {
+        let env = StackEnv::load();
+        Api {
+            base: env.seckill_http_url(),
+            secret: env.dev_jwt_secret(),
+            env,
+            http: Client::new(),
+        }
+    }
+
+    /// A token for `sub`, valid for ten minutes, with the admin scope if asked.
+    pub fn token(&self, sub: &str, admin: bool) -> String {
+        mint_hs256(
+            self.secret.as_bytes(),
+            sub,
+            admin.then_some(ADMIN_SCOPE),
+            now_millis() / 1000 + 600,
+        )
+    }
+
+    /// `method path` with an optional bearer token and JSON body: the status and the JSON
+    /// body, which must be `application/json` and match the contract.
+    pub async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let mut req = self
+            .http
+            .request(
+                method.parse().expect("a method"),
+                format!("{}{path}", self.base),
+            )
+            .timeout(Duration::from_secs(60));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let res = req
+            .send()
+            .await
+            .expect("seckill-http answers under cargo lambda watch");
+        let status = res.status();
+        assert_eq!(
+            res.headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok()),
+            Some("application/json"),
+            "{method} {path}"
+        );
+        let body: Value = res.json().await.expect("JSON body");
+        contract().assert(route_key(method, path), status.as_u16(), &body);
+        (status, body)
+    }
+}
+
+impl Default for Api {
+    fn default() -> Api {
+        Api::new()
+    }
+}
