@@ -9,29 +9,24 @@ use aws_sdk_rdsdata::config::retry::RetryConfig;
 use aws_sdk_rdsdata::config::{BehaviorVersion, Credentials, Region};
 use data_api_local::{RunningServer, ServerConfig};
 use mysql_async::prelude::Queryable;
+use seckill_cli::scratch_db;
 
-/// Creates an empty database with a unique name and returns the name.
+/// Creates an empty database with a unique name (`seckill_t_…`) and returns the name.
 ///
 /// # Panics
 /// When MariaDB cannot be reached or refuses: the suite cannot run without it.
 pub async fn fresh_database(mysql_url: &str) -> String {
-    let name = format!("seckill_t_{:016x}", rand::random::<u64>());
-    let mut conn = connect(mysql_url).await;
-    conn.query_drop(format!("CREATE DATABASE `{name}`"))
+    scratch_db::create_database(mysql_url, "seckill_t_")
         .await
-        .unwrap_or_else(|e| panic!("CREATE DATABASE {name} failed: {e}"));
-    conn.disconnect().await.ok();
-    name
+        .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// Drops a database made by [`fresh_database`].
 pub async fn drop_database(mysql_url: &str, name: &str) {
     assert!(name.starts_with("seckill_t_"), "refusing to drop {name}");
-    let mut conn = connect(mysql_url).await;
-    conn.query_drop(format!("DROP DATABASE IF EXISTS `{name}`"))
+    scratch_db::drop_database(mysql_url, name)
         .await
-        .unwrap_or_else(|e| panic!("DROP DATABASE {name} failed: {e}"));
-    conn.disconnect().await.ok();
+        .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 /// An application user's secret for the local Data API server: the ARN
@@ -73,21 +68,16 @@ pub async fn drop_user(mysql_url: &str, name: &str) {
 /// # Panics
 /// When the URL does not start with `mysql://`.
 pub fn url_with_database(mysql_url: &str, database: &str) -> String {
-    let rest = mysql_url
-        .strip_prefix("mysql://")
-        .unwrap_or_else(|| panic!("MYSQL_URL {mysql_url} is not a mysql:// URL"));
-    let authority = rest.split(['/', '?']).next().unwrap_or(rest);
-    format!("mysql://{authority}/{database}")
+    seckill_cli::stack_env::url_with_database(mysql_url, database)
+        .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// A direct MariaDB connection (not through the Data API), e.g. to check what another
 /// session sees.
 pub async fn connect(mysql_url: &str) -> mysql_async::Conn {
-    let opts = mysql_async::Opts::from_url(mysql_url)
-        .unwrap_or_else(|e| panic!("bad MYSQL_URL {mysql_url}: {e}"));
-    mysql_async::Conn::new(opts)
+    scratch_db::mysql(mysql_url)
         .await
-        .unwrap_or_else(|e| panic!("cannot connect to MariaDB at {mysql_url}: {e}"))
+        .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// An SDK client for a Data API endpoint, configured as the functions are locally
