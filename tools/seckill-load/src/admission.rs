@@ -15,25 +15,24 @@
 //! shards) is not checked: it FAILED, with the server's error ([`RunResult::error`]).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
-use futures::future::try_join_all;
+use anyhow::Context;
 use redis::AsyncCommands;
 use seckill_http::Config;
 use seckill_shared::config::{EnvReader, RedisConfig};
-use seckill_shared::domain::{Voucher, VoucherId, now_millis};
+use seckill_shared::domain::{SaleWindow, Voucher, VoucherId, format_rfc3339_millis, now_millis};
 use seckill_shared::keys::VoucherKeys;
 use seckill_shared::protocol::sale_fields;
 use serde::{Deserialize, Serialize};
 
 use crate::backends::{Bench, replicas_per_primary};
 use crate::drivers::{
-    AdapterCaller, Driver, FloorCaller, HttpCaller, InProcess, TutorialCaller, TutorialKeys,
+    AdapterCaller, Driver, FloorCaller, HttpCaller, InProcess, TutorialCaller, TutorialKeys, many,
 };
 use crate::engine::{Ui, run};
 use crate::record::{Check, RunMeta, RunResult};
+use crate::report::one_line;
 use crate::workload::{Plan, Tokens};
 
 /// Where "ours" runs.
@@ -45,17 +44,14 @@ pub enum Target {
     Url(UrlTarget),
 }
 
-/// A deployment of the HTTP contract and how to get tokens for it.
+/// A deployment of the HTTP contract.
 #[derive(Debug, Clone)]
 pub struct UrlTarget {
     /// Base URL (the routes are appended).
     pub base: String,
-    /// Users' tokens, one per line; else minted with `jwt_secret`.
-    pub tokens: Option<PathBuf>,
-    /// The deployment's dev secret (`SECKILL_DEV_JWT_SECRET`).
-    pub jwt_secret: Option<String>,
-    /// A token with the `seckill/admin` scope to create the voucher; else minted.
-    pub admin_token: Option<String>,
+    /// The deployment's dev secret (`SECKILL_DEV_JWT_SECRET`): the users' and the
+    /// admin's tokens are minted with it.
+    pub jwt_secret: String,
 }
 
 impl Target {
@@ -114,7 +110,7 @@ pub struct AdmitReport {
     pub rounds: Vec<Vec<(String, f64)>>,
 }
 
-/// What a target needs for one voucher.
+/// A voucher on sale at the target, and tokens of its users.
 pub(crate) struct Prepared {
     pub(crate) voucher: Voucher,
     pub(crate) tokens: Arc<Tokens>,
@@ -123,7 +119,7 @@ pub(crate) struct Prepared {
 
 /// `sale`: ours, then the tutorial's admission, over the same sequence of users.
 pub async fn sale(
-    bench: Option<&Bench>,
+    bench: &Bench,
     target: &Target,
     o: &SaleOptions,
     ui: &Ui,
@@ -133,7 +129,6 @@ pub async fn sale(
         "sizes must be positive"
     );
     let plan = Arc::new(Plan::mixed(o.attempts, o.users, o.seed));
-    let prepared = prepare(bench, target, "bench sale", o.stock, plan.users(), None).await?;
     let meta = |variant: &str, target: &str| RunMeta {
         variant: variant.into(),
         target: target.into(),
@@ -143,26 +138,19 @@ pub async fn sale(
         users: u64::from(plan.users()),
         stock: Some(o.stock),
     };
-    let drivers = ours_drivers(bench, &prepared, o.callers).await?;
+    let p = prepare(bench, target, "bench sale", o.stock, plan.users(), None).await?;
+    let drivers = ours_drivers(bench, &p, o.callers).await?;
     let mut ours = run(drivers, plan.clone(), meta("ours", target.name()), None, ui).await?;
-    check_ours(bench, &prepared, &mut ours).await?;
-    release(bench, &prepared).await?;
-    let tutorial = match (o.baseline, bench) {
-        (true, Some(bench)) => {
-            let keys = tutorial_keys(bench, prepared.voucher.id, o.stock).await?;
-            let drivers = tutorial_drivers(bench, &keys, &prepared.tokens, o.callers).await?;
-            let before = queued(bench, &keys).await?;
-            let mut t = run(drivers, plan.clone(), meta("tutorial", "redis"), None, ui).await?;
-            if t.error.is_none() {
-                check_tutorial(bench, &keys, o.stock, before, &mut t).await?;
-            }
-            bench
-                .release_keys(&[keys.stock(), keys.buyers(), keys.stream()])
-                .await?;
+    check_ours(bench, &p, &mut ours).await?;
+    eprintln!("  {}", one_line(&ours));
+    let tutorial = match o.baseline {
+        true => {
+            let meta = meta("tutorial", "redis");
+            let t = tutorial(bench, p.voucher.id, o.stock, plan, meta, ui).await?;
+            eprintln!("  {}", one_line(&t));
             Some(t)
         }
-        (true, None) => bail!("the tutorial baseline needs the local stack's Redis"),
-        (false, _) => None,
+        false => None,
     };
     Ok(SaleReport {
         options: o.clone(),
@@ -173,7 +161,7 @@ pub async fn sale(
 
 /// `admit`: every attempt is a new user and the stock never runs out.
 pub async fn admit(
-    bench: Option<&Bench>,
+    bench: &Bench,
     target: &Target,
     o: &AdmitOptions,
     ui: &Ui,
@@ -186,14 +174,10 @@ pub async fn admit(
     let stock = o.attempts as i64;
     let mut variants: Vec<&str> = vec!["ours"];
     if o.baseline {
-        anyhow::ensure!(
-            bench.is_some(),
-            "the baselines need the local stack's Redis"
-        );
-        variants.extend(["ours-adapter", "tutorial", "floor"]);
-        if matches!(target, Target::Url(_)) {
-            variants.retain(|v| *v != "ours-adapter");
+        if matches!(target, Target::InProcess) {
+            variants.push("ours-adapter");
         }
+        variants.extend(["tutorial", "floor"]);
     }
     let durable = durable_config(bench, target).await;
     match &durable {
@@ -221,78 +205,36 @@ pub async fn admit(
                 users: o.attempts,
                 stock: Some(stock),
             };
-            let r = match variant {
-                "ours" | "ours-durable" => {
-                    let p = prepare(
-                        bench,
-                        target,
-                        "bench admit",
-                        stock,
-                        plan.users(),
-                        tokens.clone(),
-                    )
-                    .await?;
-                    tokens = Some(p.tokens.clone());
-                    let drivers = match (&durable, variant) {
-                        (Ok(cfg), "ours-durable") => in_process_drivers(cfg, &p, o.callers).await?,
-                        _ => ours_drivers(bench, &p, o.callers).await?,
-                    };
-                    let mut r = run(drivers, plan.clone(), meta, None, ui).await?;
-                    check_ours(bench, &p, &mut r).await?;
-                    release(bench, &p).await?;
-                    r
-                }
-                "ours-adapter" => {
-                    let bench = bench.context("ours-adapter needs the stack")?;
-                    let voucher = bench.voucher("bench admit (adapter)", stock, false).await?;
-                    let tokens = tokens_for(bench, &tokens, plan.users());
-                    let drivers = try_join_all((0..o.callers).map(|_| {
-                        AdapterCaller::new(&bench.http.redis, voucher.id, tokens.clone())
-                    }))
-                    .await?
-                    .into_iter()
-                    .map(Driver::Adapter)
-                    .collect();
-                    let mut r = run(drivers, plan.clone(), meta, None, ui).await?;
-                    let p = Prepared {
-                        voucher,
-                        tokens,
-                        url: None,
-                    };
-                    check_ours(Some(bench), &p, &mut r).await?;
-                    bench.release_voucher(p.voucher.id).await?;
-                    r
-                }
-                "tutorial" => {
-                    let bench = bench.context("the tutorial needs the stack")?;
+            let (redis, callers) = (&bench.http.redis, o.callers);
+            let r = match (variant, &durable) {
+                ("tutorial", _) => {
                     let id = VoucherId::new(1_000 + round as i64).context("round voucher id")?;
-                    let keys = tutorial_keys(bench, id, stock).await?;
-                    let tokens = tokens_for(bench, &tokens, plan.users());
-                    let drivers = tutorial_drivers(bench, &keys, &tokens, o.callers).await?;
-                    let before = queued(bench, &keys).await?;
-                    let mut r = run(drivers, plan.clone(), meta, None, ui).await?;
-                    if r.error.is_none() {
-                        check_tutorial(bench, &keys, stock, before, &mut r).await?;
-                    }
-                    bench
-                        .release_keys(&[keys.stock(), keys.buyers(), keys.stream()])
-                        .await?;
-                    r
+                    tutorial(bench, id, stock, plan.clone(), meta, ui).await?
                 }
-                _ => {
-                    let bench = bench.context("the floor needs the stack")?;
-                    let drivers =
-                        try_join_all((0..o.callers).map(|_| FloorCaller::new(&bench.http.redis)))
-                            .await?
-                            .into_iter()
-                            .map(Driver::Floor)
-                            .collect();
+                ("floor", _) => {
+                    let drivers = many(callers, || FloorCaller::driver(redis)).await?;
                     let mut r = run(drivers, plan.clone(), meta, None, ui).await?;
                     r.checks.push(Check::new(
                         "every call answered",
                         r.outcomes.get("ok").copied().unwrap_or(0) == r.completed,
                         format!("{:?}", r.outcomes),
                     ));
+                    r
+                }
+                (_, durable) => {
+                    let p =
+                        prepare(bench, target, "bench admit", stock, plan.users(), tokens).await?;
+                    tokens = Some(p.tokens.clone());
+                    let v = p.voucher.id;
+                    let drivers = match (variant, durable) {
+                        ("ours-adapter", _) => {
+                            many(callers, || AdapterCaller::driver(redis, v)).await?
+                        }
+                        ("ours-durable", Ok(cfg)) => in_process_drivers(cfg, &p, callers).await?,
+                        _ => ours_drivers(bench, &p, callers).await?,
+                    };
+                    let mut r = run(drivers, plan.clone(), meta, None, ui).await?;
+                    check_ours(bench, &p, &mut r).await?;
                     r
                 }
             };
@@ -328,15 +270,43 @@ pub async fn admit(
     })
 }
 
+/// The tutorial's admission of `voucher` (keys under the run's prefix) over `plan`,
+/// checked unless the server refused it; its keys are deleted afterwards.
+async fn tutorial(
+    bench: &Bench,
+    voucher: VoucherId,
+    stock: i64,
+    plan: Arc<Plan>,
+    meta: RunMeta,
+    ui: &Ui,
+) -> anyhow::Result<RunResult> {
+    let callers = meta.callers;
+    let keys = tutorial_keys(bench, &bench.prefix(), voucher, stock).await?;
+    let drivers = many(callers, || {
+        TutorialCaller::driver(&bench.tutorial_redis, keys.clone())
+    });
+    let before = queued(bench, &keys).await?;
+    let mut r = run(drivers.await?, plan, meta, None, ui).await?;
+    if r.error.is_none() {
+        let mut c = bench.tutorial.clone();
+        let left: Option<i64> = c.get(keys.stock()).await?;
+        let buyers: i64 = c.scard(keys.buyers()).await?;
+        let queued = queued(bench, &keys).await? - before;
+        r.checks = checks(&r, stock, left, Some(buyers), Some(queued));
+    }
+    bench.release_keys(&keys.all()).await?;
+    Ok(r)
+}
+
 /// seckill-http's configuration with durable admissions (`REDIS_DURABLE_REPLICAS=1`, the
 /// function's default timeout), or why `ours-durable` cannot run here.
-async fn durable_config(bench: Option<&Bench>, target: &Target) -> Result<Config, String> {
-    let Some(bench) = bench.filter(|_| matches!(target, Target::InProcess)) else {
+async fn durable_config(bench: &Bench, target: &Target) -> Result<Config, String> {
+    if matches!(target, Target::Url(_)) {
         return Err(
             "it runs the handler in this process; a deployment's REDIS_DURABLE_REPLICAS is its own"
                 .into(),
         );
-    };
+    }
     match replicas_per_primary(&bench.redis).await {
         Some(n) if n >= 1 => {}
         n => {
@@ -382,111 +352,51 @@ fn median_round(mut rs: Vec<RunResult>) -> Option<RunResult> {
     Some(m)
 }
 
-/// Frees the Redis keys of an in-process run's voucher (a deployment's are its own).
-async fn release(bench: Option<&Bench>, p: &Prepared) -> anyhow::Result<()> {
-    match (bench, &p.url) {
-        (Some(b), None) => b.release_voucher(p.voucher.id).await,
-        _ => Ok(()),
-    }
-}
-
-/// One line about a finished variant.
-pub fn one_line(r: &RunResult) -> String {
-    format!(
-        "{:<6} {:<13} {:>9} attempts in {:>6.2} s = {:>9.0}/s, admitted {:>7}, p50 {:>7.3} ms, p99 {:>7.3} ms{}",
-        r.scenario,
-        r.variant,
-        r.completed,
-        r.elapsed_s,
-        r.attempts_per_s,
-        r.admitted,
-        r.latency.p50_us as f64 / 1000.0,
-        r.latency.p99_us as f64 / 1000.0,
-        if r.checks.iter().all(|c| c.ok) {
-            String::new()
-        } else {
-            "  INVARIANT VIOLATED".into()
-        }
-    )
-}
-
-fn tokens_for(bench: &Bench, have: &Option<Arc<Tokens>>, users: u32) -> Arc<Tokens> {
-    match have {
-        Some(t) if t.len() >= users => t.clone(),
-        _ => Arc::new(Tokens::mint(secret_of(bench).as_bytes(), users)),
-    }
-}
-
-fn secret_of(bench: &Bench) -> String {
-    bench.http.dev_jwt_secret.clone().unwrap_or_default()
-}
-
-/// A voucher of `stock` units for the target, and tokens for `users` users.
-async fn prepare(
-    bench: Option<&Bench>,
+/// A voucher of `stock` units at the target, and tokens for `users` users (`tokens`
+/// when they are enough).
+pub(crate) async fn prepare(
+    bench: &Bench,
     target: &Target,
     title: &str,
     stock: i64,
     users: u32,
     tokens: Option<Arc<Tokens>>,
 ) -> anyhow::Result<Prepared> {
-    match target {
-        Target::InProcess => {
-            let bench =
-                bench.context("--in-process needs the local stack (scripts/stack.sh up)")?;
-            let secret = bench
-                .http
-                .dev_jwt_secret
-                .clone()
-                .context("the in-process function has no dev secret")?;
-            let tokens = match tokens {
-                Some(t) if t.len() >= users => t,
-                _ => Arc::new(Tokens::mint(secret.as_bytes(), users)),
-            };
-            let voucher = bench.voucher(title, stock, false).await?;
-            Ok(Prepared {
-                voucher,
-                tokens,
-                url: None,
-            })
-        }
-        Target::Url(u) => {
-            let tokens = match (tokens, &u.tokens, &u.jwt_secret) {
-                (Some(t), _, _) => t,
-                (None, Some(file), _) => Arc::new(Tokens::from_file(file)?),
-                (None, None, Some(secret)) => Arc::new(Tokens::mint(secret.as_bytes(), users)),
-                (None, None, None) => bail!(
-                    "--url needs --tokens FILE or a dev secret (--jwt-secret or SECKILL_DEV_JWT_SECRET)"
-                ),
-            };
-            let voucher = create_voucher_http(u, title, stock).await?;
-            Ok(Prepared {
-                voucher,
-                tokens,
-                url: Some(u.clone()),
-            })
-        }
-    }
+    let (secret, url) = match target {
+        Target::InProcess => (bench.jwt_secret(), None),
+        Target::Url(u) => (u.jwt_secret.clone(), Some(u.clone())),
+    };
+    let tokens = match tokens {
+        Some(t) if t.len() >= users => t,
+        _ => Arc::new(Tokens::mint(secret.as_bytes(), users)),
+    };
+    let voucher = match &url {
+        None => bench.voucher(title, stock, false).await?,
+        Some(u) => create_voucher_http(u, title, stock).await?,
+    };
+    Ok(Prepared {
+        voucher,
+        tokens,
+        url,
+    })
 }
 
-/// `POST /vouchers` with an admin token.
+/// `POST /vouchers` with an admin token minted with the deployment's dev secret.
 async fn create_voucher_http(u: &UrlTarget, title: &str, stock: i64) -> anyhow::Result<Voucher> {
-    let admin = match (&u.admin_token, &u.jwt_secret) {
-        (Some(t), _) => t.clone(),
-        (None, Some(secret)) => seckill_shared::auth::mint_hs256(
-            secret.as_bytes(),
-            "bench-admin",
-            Some(seckill_shared::auth::ADMIN_SCOPE),
-            time::OffsetDateTime::now_utc().unix_timestamp() + 3_600,
-        ),
-        (None, None) => bail!("creating the voucher needs --admin-token or a dev secret"),
-    };
+    let admin = seckill_shared::auth::mint_hs256(
+        u.jwt_secret.as_bytes(),
+        "bench-admin",
+        Some(seckill_shared::auth::ADMIN_SCOPE),
+        time::OffsetDateTime::now_utc().unix_timestamp() + 3_600,
+    );
     let now = now_millis();
+    let window =
+        SaleWindow::new(now - 60_000, now + 3_600_000).map_err(|e| anyhow::anyhow!(e.0))?;
     let body = serde_json::json!({
         "title": title,
         "stock": stock,
-        "begins_at": seckill_shared::domain::format_rfc3339_millis(now - 60_000),
-        "ends_at": seckill_shared::domain::format_rfc3339_millis(now + 3_600_000),
+        "begins_at": format_rfc3339_millis(window.begins_ms()),
+        "ends_at": format_rfc3339_millis(window.ends_ms()),
     });
     let url = format!("{}/vouchers", u.base.trim_end_matches('/'));
     let res = reqwest::Client::new()
@@ -508,8 +418,6 @@ async fn create_voucher_http(u: &UrlTarget, title: &str, stock: i64) -> anyhow::
         .as_str()
         .and_then(|s| s.parse().ok())
         .with_context(|| format!("POST {url} answered no voucher id: {text}"))?;
-    let window = seckill_shared::domain::SaleWindow::new(now - 60_000, now + 3_600_000)
-        .map_err(|e| anyhow::anyhow!(e.0))?;
     Ok(Voucher {
         id,
         title: title.into(),
@@ -519,19 +427,20 @@ async fn create_voucher_http(u: &UrlTarget, title: &str, stock: i64) -> anyhow::
     })
 }
 
+/// Ours at the target: handlers in this process, or HTTP callers of the deployment.
 pub(crate) async fn ours_drivers(
-    bench: Option<&Bench>,
+    bench: &Bench,
     p: &Prepared,
     callers: usize,
 ) -> anyhow::Result<Vec<Driver>> {
     match &p.url {
-        None => {
-            let bench = bench.context("--in-process needs the local stack")?;
-            in_process_drivers(&bench.http, p, callers).await
+        None => in_process_drivers(&bench.http, p, callers).await,
+        Some(u) => {
+            many(callers, || {
+                HttpCaller::driver(&u.base, p.voucher.id, p.tokens.clone())
+            })
+            .await
         }
-        Some(u) => (0..callers)
-            .map(|_| HttpCaller::new(&u.base, p.voucher.id, p.tokens.clone()).map(Driver::Http))
-            .collect(),
     }
 }
 
@@ -541,26 +450,15 @@ async fn in_process_drivers(
     p: &Prepared,
     callers: usize,
 ) -> anyhow::Result<Vec<Driver>> {
-    let apps =
-        try_join_all((0..callers).map(|_| InProcess::new(cfg, p.voucher.id, p.tokens.clone())))
-            .await?;
-    Ok(apps
-        .into_iter()
-        .map(|a| Driver::InProcess(Box::new(a)))
-        .collect())
-}
-
-pub(crate) async fn tutorial_keys(
-    bench: &Bench,
-    voucher: VoucherId,
-    stock: i64,
-) -> anyhow::Result<Arc<TutorialKeys>> {
-    tutorial_keys_in(bench, &bench.prefix(), voucher, stock).await
+    many(callers, || {
+        InProcess::driver(cfg, p.voucher.id, p.tokens.clone())
+    })
+    .await
 }
 
 /// The tutorial's keys under `prefix` (one "deployment" of the tutorial: one global
-/// stream and one id counter per prefix).
-pub(crate) async fn tutorial_keys_in(
+/// stream and one id counter per prefix), its stock set, every key tracked for cleanup.
+pub(crate) async fn tutorial_keys(
     bench: &Bench,
     prefix: &str,
     voucher: VoucherId,
@@ -571,47 +469,31 @@ pub(crate) async fn tutorial_keys_in(
         voucher: voucher.get(),
     };
     let now = time::OffsetDateTime::now_utc();
-    for key in [
-        keys.stock(),
-        keys.buyers(),
-        keys.stream(),
+    for key in keys.all().into_iter().chain([
         keys.id_counter(now),
         keys.id_counter(now + time::Duration::days(1)),
-    ] {
+    ]) {
         bench.track_key(key);
     }
     let _: () = bench.tutorial.clone().set(keys.stock(), stock).await?;
     Ok(Arc::new(keys))
 }
 
-pub(crate) async fn tutorial_drivers(
-    bench: &Bench,
-    keys: &Arc<TutorialKeys>,
-    tokens: &Arc<Tokens>,
-    callers: usize,
-) -> anyhow::Result<Vec<Driver>> {
-    Ok(try_join_all(
-        (0..callers)
-            .map(|_| TutorialCaller::new(&bench.tutorial_redis, keys.clone(), tokens.clone())),
-    )
-    .await?
-    .into_iter()
-    .map(Driver::Tutorial)
-    .collect())
-}
-
-async fn check_ours(bench: Option<&Bench>, p: &Prepared, r: &mut RunResult) -> anyhow::Result<()> {
+/// Checks an admission run of ours against what the target says is left, then frees
+/// the voucher's Redis keys (a deployment's are its own).
+async fn check_ours(bench: &Bench, p: &Prepared, r: &mut RunResult) -> anyhow::Result<()> {
     let initial = p.voucher.stock;
-    match (&p.url, bench) {
-        (None, Some(bench)) => {
+    match &p.url {
+        None => {
             let k = VoucherKeys::new(p.voucher.id);
             let mut c = bench.redis.clone();
             let left: Option<i64> = c.hget(&k.sale, sale_fields::STOCK).await?;
             let buyers: i64 = c.hlen(&k.buyers).await?;
             let queued: i64 = c.xlen(&k.orders).await?;
             r.checks = checks(r, initial, left, Some(buyers), Some(queued));
+            bench.release_voucher(p.voucher.id).await?;
         }
-        (Some(u), _) => {
+        Some(u) => {
             let url = format!("{}/vouchers/{}", u.base.trim_end_matches('/'), p.voucher.id);
             let v: serde_json::Value = reqwest::get(&url)
                 .await
@@ -619,10 +501,8 @@ async fn check_ours(bench: Option<&Bench>, p: &Prepared, r: &mut RunResult) -> a
                 .json()
                 .await
                 .with_context(|| format!("GET {url} did not answer JSON"))?;
-            let left = v["stock_left"].as_i64();
-            r.checks = checks(r, initial, left, None, None);
+            r.checks = checks(r, initial, v["stock_left"].as_i64(), None, None);
         }
-        (None, None) => bail!("in-process checks need the stack"),
     }
     Ok(())
 }
@@ -630,22 +510,6 @@ async fn check_ours(bench: Option<&Bench>, p: &Prepared, r: &mut RunResult) -> a
 /// Entries in the tutorial's one global stream (shared by every voucher of the run).
 async fn queued(bench: &Bench, keys: &TutorialKeys) -> anyhow::Result<i64> {
     Ok(bench.tutorial.clone().xlen(keys.stream()).await?)
-}
-
-/// The tutorial's invariants; `queued_before`: the global stream's length before the run.
-async fn check_tutorial(
-    bench: &Bench,
-    keys: &TutorialKeys,
-    initial: i64,
-    queued_before: i64,
-    r: &mut RunResult,
-) -> anyhow::Result<()> {
-    let mut c = bench.tutorial.clone();
-    let left: Option<i64> = c.get(keys.stock()).await?;
-    let buyers: i64 = c.scard(keys.buyers()).await?;
-    let queued = queued(bench, keys).await? - queued_before;
-    r.checks = checks(r, initial, left, Some(buyers), Some(queued));
-    Ok(())
 }
 
 /// The invariants of an admission run. `left`: units Redis (or the API) says are left;

@@ -1,16 +1,16 @@
 //! A private corner of the shared backends for one benchmark run.
 //!
 //! A run never touches the stack's own `seckill` database or its vouchers: it creates a
-//! fresh database `seckill_b_<random>` (the stack's MySQL user has rights on `seckill%`
-//! databases), applies the schema through the Data API exactly as `seckill migrate`
-//! does, and numbers its vouchers from a random base far above anything the stack
+//! fresh database `seckill_b_<random>` ([`seckill_cli::scratch_db`]), applies the schema
+//! through the Data API exactly as `seckill migrate` does, and numbers its vouchers from a random base far above anything the stack
 //! creates, so its Redis keys (`seckill:{<voucher>}:*`, and the baselines'
 //! `bench:<run>:*`) are its own. [`Bench::cleanup`] deletes all of it.
 
 use std::sync::Mutex;
 
 use anyhow::Context;
-use mysql_async::prelude::Queryable;
+use seckill_cli::scratch_db;
+use seckill_cli::stack_env::{StackEnv, url_with_database};
 use seckill_http::Config;
 use seckill_shared::adapters::data_api::DataApi;
 use seckill_shared::adapters::redis::{RedisConn, RedisSales};
@@ -19,20 +19,6 @@ use seckill_shared::domain::{NewVoucher, SaleWindow, Voucher, VoucherId, now_mil
 use seckill_shared::keys::{self, VoucherKeys};
 use seckill_shared::migrate;
 
-use seckill_cli::stack_env::{StackEnv, url_with_database};
-
-/// Options of the function under test that a run may change.
-#[derive(Debug, Clone, Default)]
-pub struct FunctionKnobs {
-    /// `SECKILL_USER_RATE_PER_SEC` / `SECKILL_USER_RATE_BURST`; `None`: the function's
-    /// defaults.
-    pub user_rate: Option<(u32, u32)>,
-    /// Serve the Data API from this process (the same `data-api-local` code, built with
-    /// this tool, i.e. in release for benchmarks) instead of the stack's server (a debug
-    /// build under `scripts/stack.sh`).
-    pub own_data_api: bool,
-}
-
 /// The backends of one run and what it created in them.
 pub struct Bench {
     /// seckill-http's configuration, pointing at this run's database.
@@ -40,7 +26,7 @@ pub struct Bench {
     /// The Data API client of this run's database.
     pub db: DataApi,
     /// Direct MariaDB URL of this run's database (database floor, latency queries).
-    pub mysql_url: Option<String>,
+    pub mysql_url: String,
     /// A connection for setup and checks.
     pub redis: RedisConn,
     /// Where the tutorial baseline runs: the functions' Redis unless
@@ -52,95 +38,67 @@ pub struct Bench {
     pub run_id: String,
     /// The database to drop at cleanup: (admin URL, name).
     owned_db: Option<(String, String)>,
-    /// A Data API server of this run's own, stopped at cleanup.
+    /// The Data API server of this run's own, stopped at cleanup.
     data_api_server: tokio::sync::Mutex<Option<data_api_local::RunningServer>>,
     vouchers: Mutex<Vec<VoucherId>>,
     extra_keys: Mutex<Vec<String>>,
-    /// Keep the database and keys after the run (for inspection).
-    pub keep: bool,
 }
 
 impl Bench {
-    /// A fresh database on the stack's MariaDB, its schema applied through the stack's
-    /// Data API server, and the stack's Redis.
-    pub async fn on_stack(stack: &StackEnv, knobs: &FunctionKnobs) -> anyhow::Result<Bench> {
+    /// A fresh database on the stack's MariaDB and the stack's Redis. The functions
+    /// reach the database through a Data API server in this process: the same
+    /// `data-api-local` code as the stack's, built with this tool (in release for
+    /// benchmarks, where the stack runs a debug build).
+    pub async fn on_stack(stack: &StackEnv) -> anyhow::Result<Bench> {
         let admin_url = stack.get("MYSQL_URL")?;
-        let run_id = format!("{:012x}", rand::random::<u64>() >> 16);
-        let database = format!("seckill_b_{run_id}");
-        let mut conn = mysql(&admin_url).await?;
-        conn.query_drop(format!("CREATE DATABASE `{database}`"))
-            .await
-            .with_context(|| {
-                format!("CREATE DATABASE {database} failed (the MySQL user needs rights on seckill% databases)")
-            })?;
-        conn.disconnect().await.ok();
-        let mysql_url = url_with_database(&admin_url, &database)?;
-        // A database of the benchmark's own: the application user of the stack has no
-        // rights on it, so everything here signs in with the master secret (the stack's
-        // admin user; DB_SECRET_ARN on a stack from before the application user).
-        let secret_arn = stack
-            .optional("DB_MASTER_SECRET_ARN")
-            .map_or_else(|| stack.get("DB_SECRET_ARN"), Ok)?;
-        let server = if knobs.own_data_api {
+        let database = scratch_db::create_database(&admin_url, "seckill_b_").await?;
+        let run_id = database["seckill_b_".len()..].to_string();
+        let bench = async {
+            let mysql_url = url_with_database(&admin_url, &database)?;
+            // A database of the benchmark's own: the stack's application user has no
+            // rights on it, so everything here signs in with the master secret (the
+            // stack's admin user; DB_SECRET_ARN on a stack from before the application
+            // user).
+            let secret_arn = stack
+                .optional("DB_MASTER_SECRET_ARN")
+                .map_or_else(|| stack.get("DB_SECRET_ARN"), Ok)?;
             let mut cfg = data_api_local::ServerConfig::new(mysql_url.clone());
             cfg.resource_arn = stack.get("DB_CLUSTER_ARN")?;
             cfg.secret_arn = secret_arn.clone();
-            Some(
-                data_api_local::spawn(cfg)
-                    .await
-                    .context("starting a Data API server in this process")?,
-            )
-        } else {
-            None
-        };
-        let mut vars = vec![
-            ("REDIS_URL".to_string(), stack.get("REDIS_URL")?),
-            ("DB_CLUSTER_ARN".to_string(), stack.get("DB_CLUSTER_ARN")?),
-            ("DB_SECRET_ARN".to_string(), secret_arn),
-            ("DB_NAME".to_string(), database.clone()),
-            (
-                "SECKILL_DEV_JWT_SECRET".to_string(),
-                format!("{:032x}", rand::random::<u128>()),
-            ),
-        ];
-        for key in ["REDIS_CLUSTER", "REDIS_TIMEOUT_MS", "DATA_API_URL"] {
-            if let Some(v) = stack.optional(key) {
-                vars.push((key.to_string(), v));
+            let server = data_api_local::spawn(cfg)
+                .await
+                .context("starting a Data API server in this process")?;
+            let mut vars = vec![
+                ("REDIS_URL".to_string(), stack.get("REDIS_URL")?),
+                ("DB_CLUSTER_ARN".to_string(), stack.get("DB_CLUSTER_ARN")?),
+                ("DB_SECRET_ARN".to_string(), secret_arn),
+                ("DB_NAME".to_string(), database.clone()),
+                ("DATA_API_URL".to_string(), server.url()),
+                (
+                    "SECKILL_DEV_JWT_SECRET".to_string(),
+                    format!("{:032x}", rand::random::<u128>()),
+                ),
+            ];
+            for key in ["REDIS_CLUSTER", "REDIS_TIMEOUT_MS"] {
+                vars.extend(stack.optional(key).map(|v| (key.to_string(), v)));
             }
+            let http = Config::read(EnvReader::from_map(vars.into_iter().collect()))
+                .context("building seckill-http's configuration from the stack")?;
+            let mut b = Bench::attach(http, mysql_url, run_id).await?;
+            b.owned_db = Some((admin_url.clone(), database.clone()));
+            b.data_api_server = tokio::sync::Mutex::new(Some(server));
+            anyhow::Ok(b)
         }
-        if let Some(server) = &server {
-            vars.retain(|(k, _)| k != "DATA_API_URL");
-            vars.push(("DATA_API_URL".into(), server.url()));
+        .await;
+        if bench.is_err() {
+            scratch_db::drop_database(&admin_url, &database).await.ok();
         }
-        if let Some((rate, burst)) = knobs.user_rate {
-            vars.push(("SECKILL_USER_RATE_PER_SEC".into(), rate.to_string()));
-            vars.push(("SECKILL_USER_RATE_BURST".into(), burst.to_string()));
-        }
-        let http = Config::read(EnvReader::from_map(vars.into_iter().collect()))
-            .context("building seckill-http's configuration from the stack")?;
-        let bench = Bench::attach(http, Some(mysql_url), run_id)
-            .await
-            .map(|mut b| {
-                b.owned_db = Some((admin_url.clone(), database.clone()));
-                b.data_api_server = tokio::sync::Mutex::new(server);
-                b
-            });
-        match bench {
-            Ok(b) => Ok(b),
-            Err(e) => {
-                drop_database(&admin_url, &database).await.ok();
-                Err(e)
-            }
-        }
+        bench
     }
 
     /// Backends someone else made (tests): `http` must point at a database of its own.
     /// The schema is applied if missing.
-    pub async fn attach(
-        http: Config,
-        mysql_url: Option<String>,
-        run_id: String,
-    ) -> anyhow::Result<Bench> {
+    pub async fn attach(http: Config, mysql_url: String, run_id: String) -> anyhow::Result<Bench> {
         let db = DataApi::connect(&http.data_api).await;
         migrate::apply(&db, &migrate::embedded())
             .await
@@ -169,7 +127,6 @@ impl Bench {
             data_api_server: tokio::sync::Mutex::new(None),
             vouchers: Mutex::new(Vec::new()),
             extra_keys: Mutex::new(Vec::new()),
-            keep: false,
         })
     }
 
@@ -193,6 +150,11 @@ impl Bench {
     /// Where the functions reach the Data API.
     pub fn data_api_url(&self) -> &str {
         self.http.data_api.endpoint.as_deref().unwrap_or("AWS")
+    }
+
+    /// The functions' dev secret, which the users' tokens are signed with.
+    pub fn jwt_secret(&self) -> String {
+        self.http.dev_jwt_secret.clone().unwrap_or_default()
     }
 
     /// A voucher on sale now for an hour, in the database and preloaded in Redis. Unless
@@ -279,21 +241,11 @@ impl Bench {
         format!("bench:{}:", self.run_id)
     }
 
-    /// Deletes the run's Redis keys and drops its database (unless `keep`).
+    /// Deletes the run's Redis keys and drops its database.
     pub async fn cleanup(&self) -> anyhow::Result<()> {
-        if self.keep {
-            eprintln!(
-                "keeping database {} and the run's Redis keys (prefix {}, vouchers {:?})",
-                self.database(),
-                self.prefix(),
-                self.vouchers.lock().unwrap_or_else(|e| e.into_inner())
-            );
-            return Ok(());
-        }
-        let vouchers: Vec<VoucherId> =
+        let vouchers =
             std::mem::take(&mut *self.vouchers.lock().unwrap_or_else(|e| e.into_inner()));
-        let extra: Vec<String> =
-            std::mem::take(&mut *self.extra_keys.lock().unwrap_or_else(|e| e.into_inner()));
+        let extra = std::mem::take(&mut *self.extra_keys.lock().unwrap_or_else(|e| e.into_inner()));
         for v in vouchers {
             self.release_voucher(v).await?;
         }
@@ -304,42 +256,10 @@ impl Bench {
             eprintln!("warning: stopping the Data API server: {e:#}");
         }
         if let Some((admin, name)) = &self.owned_db {
-            drop_database(admin, name).await?;
+            scratch_db::drop_database(admin, name).await?;
         }
         Ok(())
     }
-}
-
-/// A direct MariaDB connection.
-pub async fn mysql(url: &str) -> anyhow::Result<mysql_async::Conn> {
-    let opts = mysql_async::Opts::from_url(url).with_context(|| format!("bad MySQL URL {url}"))?;
-    mysql_async::Conn::new(opts)
-        .await
-        .with_context(|| format!("cannot connect to MariaDB at {url}"))
-}
-
-async fn drop_database(admin_url: &str, name: &str) -> anyhow::Result<()> {
-    anyhow::ensure!(name.starts_with("seckill_b_"), "refusing to drop {name}");
-    let mut conn = mysql(admin_url).await?;
-    conn.query_drop(format!("DROP DATABASE IF EXISTS `{name}`"))
-        .await
-        .with_context(|| format!("DROP DATABASE {name} failed"))?;
-    conn.disconnect().await.ok();
-    Ok(())
-}
-
-/// Drops every `seckill_b_%` database left by runs that were killed before cleanup.
-pub async fn drop_leftovers(stack: &StackEnv) -> anyhow::Result<Vec<String>> {
-    let admin = stack.get("MYSQL_URL")?;
-    let mut conn = mysql(&admin).await?;
-    let names: Vec<String> = conn
-        .query("SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE 'seckill\\_b\\_%'")
-        .await?;
-    conn.disconnect().await.ok();
-    for n in &names {
-        drop_database(&admin, n).await?;
-    }
-    Ok(names)
 }
 
 /// The text of `INFO <section>` of the first primary that answers.

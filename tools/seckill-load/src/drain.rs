@@ -24,7 +24,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use futures::future::try_join_all;
 use mysql_async::prelude::Queryable;
 use order_drainer::{Config as DrainerConfig, Drainer};
 use redis::AsyncCommands;
@@ -35,9 +34,11 @@ use seckill_shared::config::EnvReader;
 use seckill_shared::domain::{Voucher, VoucherId, now_millis};
 use serde::{Deserialize, Serialize};
 
-use crate::admission::{self, Prepared, tutorial_drivers, tutorial_keys_in};
-use crate::backends::{Bench, mysql};
-use crate::drivers::{AdapterCaller, Driver, TutorialKeys};
+use seckill_cli::scratch_db::mysql;
+
+use crate::admission::{Prepared, ours_drivers, tutorial_keys};
+use crate::backends::Bench;
+use crate::drivers::{AdapterCaller, TutorialCaller, TutorialKeys, many};
 use crate::engine::{Ui, run};
 use crate::record::{Check, Latency, RunMeta, RunResult, latency_of_values};
 use crate::workload::{Plan, Tokens};
@@ -96,6 +97,28 @@ fn one() -> usize {
     1
 }
 
+impl DrainRun {
+    fn new(
+        variant: &str,
+        batch_size: usize,
+        sales: usize,
+        orders: u64,
+        elapsed: Duration,
+    ) -> DrainRun {
+        DrainRun {
+            variant: variant.into(),
+            batch_size,
+            sales,
+            orders,
+            elapsed_s: elapsed.as_secs_f64(),
+            orders_per_s: orders as f64 / elapsed.as_secs_f64().max(1e-9),
+            summary: None,
+            checks: Vec::new(),
+            error: None,
+        }
+    }
+}
+
 impl DrainReport {
     /// Our fastest batch size.
     pub fn best(&self) -> Option<&DrainRun> {
@@ -145,21 +168,12 @@ pub async fn drain(bench: &Bench, o: &DrainOptions, ui: &Ui) -> anyhow::Result<D
         o.orders >= 1 && !o.batch_sizes.is_empty(),
         "sizes must be positive"
     );
-    let tokens = Arc::new(Tokens::mint(
-        bench
-            .http
-            .dev_jwt_secret
-            .as_deref()
-            .unwrap_or("x")
-            .as_bytes(),
-        o.orders.max(o.tutorial_orders) as u32,
-    ));
     let mut ours = Vec::new();
     for &b in &o.batch_sizes {
         if ui.stopped() {
             break;
         }
-        let r = drain_ours(bench, o.orders, b, &tokens, ui).await?;
+        let r = drain_sales(bench, "ours", o.orders, 1, b, ui).await?;
         eprintln!(
             "  drain  ours batch {:>5}: {:>7} orders in {:>6.2} s = {:>8.0} orders/s",
             b, r.orders, r.elapsed_s, r.orders_per_s
@@ -176,7 +190,7 @@ pub async fn drain(bench: &Bench, o: &DrainOptions, ui: &Ui) -> anyhow::Result<D
         if ui.stopped() {
             break;
         }
-        let r = drain_spread(bench, o.orders, k, best, &tokens, ui).await?;
+        let r = drain_sales(bench, "spread", o.orders, k, best, ui).await?;
         eprintln!(
             "  drain  spread over {:>4} sales (batch {}): {:>7} orders in {:>6.2} s = {:>8.0} orders/s",
             k, best, r.orders, r.elapsed_s, r.orders_per_s
@@ -185,7 +199,7 @@ pub async fn drain(bench: &Bench, o: &DrainOptions, ui: &Ui) -> anyhow::Result<D
     }
     let (mut tutorial, mut db_floor) = (None, None);
     if o.baseline && !ui.stopped() {
-        let t = drain_tutorial(bench, o.tutorial_orders, &tokens, ui).await?;
+        let t = drain_tutorial(bench, o.tutorial_orders, ui).await?;
         match &t.error {
             Some(e) => eprintln!("  drain  tutorial consumer: FAILED: {e}"),
             None => eprintln!(
@@ -210,18 +224,8 @@ pub async fn drain(bench: &Bench, o: &DrainOptions, ui: &Ui) -> anyhow::Result<D
     })
 }
 
-/// The drainer's configuration for the run's database, restricted to `voucher`.
-fn drainer_config(
-    bench: &Bench,
-    voucher: VoucherId,
-    batch: usize,
-    max_run: Duration,
-) -> anyhow::Result<DrainerConfig> {
-    drainer_config_for(bench, &[voucher], batch, max_run)
-}
-
 /// The drainer's configuration for the run's database, restricted to `vouchers`.
-fn drainer_config_for(
+fn drainer_config(
     bench: &Bench,
     vouchers: &[VoucherId],
     batch: usize,
@@ -255,22 +259,26 @@ fn drainer_config_for(
     DrainerConfig::read(EnvReader::from_map(vars)).context("the drainer's configuration")
 }
 
-/// Admits `n` distinct users to `voucher` with our engine (adapter callers).
-async fn fill(
+/// Connects a drainer of `vouchers` (see [`drainer_config`]).
+async fn drainer(
     bench: &Bench,
-    voucher: &Voucher,
-    n: u64,
-    tokens: &Arc<Tokens>,
-    ui: &Ui,
-) -> anyhow::Result<()> {
+    vouchers: &[VoucherId],
+    batch: usize,
+    max_run: Duration,
+) -> anyhow::Result<Drainer> {
+    Drainer::connect(drainer_config(bench, vouchers, batch, max_run)?)
+        .await
+        .map_err(|e| anyhow::anyhow!("connecting the drainer: {e}"))
+}
+
+/// Admits `n` distinct users to `voucher` with our engine (adapter callers), so that
+/// `n` orders wait in its stream.
+pub(crate) async fn fill(bench: &Bench, voucher: &Voucher, n: u64, ui: &Ui) -> anyhow::Result<()> {
     let callers = (n as usize).clamp(1, 16);
-    let drivers = try_join_all(
-        (0..callers).map(|_| AdapterCaller::new(&bench.http.redis, voucher.id, tokens.clone())),
-    )
-    .await?
-    .into_iter()
-    .map(Driver::Adapter)
-    .collect();
+    let drivers = many(callers, || {
+        AdapterCaller::driver(&bench.http.redis, voucher.id)
+    })
+    .await?;
     let meta = RunMeta {
         variant: "fill".into(),
         target: "redis".into(),
@@ -308,28 +316,6 @@ async fn wait_drained(
     }
 }
 
-async fn drain_ours(
-    bench: &Bench,
-    n: u64,
-    batch: usize,
-    tokens: &Arc<Tokens>,
-    ui: &Ui,
-) -> anyhow::Result<DrainRun> {
-    drain_sales(bench, "ours", n, 1, batch, tokens, ui).await
-}
-
-/// `n` orders spread evenly over `sales` sales, drained together by one invocation.
-async fn drain_spread(
-    bench: &Bench,
-    n: u64,
-    sales: usize,
-    batch: usize,
-    tokens: &Arc<Tokens>,
-    ui: &Ui,
-) -> anyhow::Result<DrainRun> {
-    drain_sales(bench, "spread", n, sales, batch, tokens, ui).await
-}
-
 /// One invocation of ours draining `n` orders spread evenly over `sales` fresh sales:
 /// the clock stops when no stream has anything undelivered or pending (or when the
 /// invocation ends first, which a check records), then the database is checked.
@@ -339,7 +325,6 @@ async fn drain_sales(
     n: u64,
     sales: usize,
     batch: usize,
-    tokens: &Arc<Tokens>,
     ui: &Ui,
 ) -> anyhow::Result<DrainRun> {
     anyhow::ensure!(
@@ -352,13 +337,11 @@ async fn drain_sales(
     for i in 0..sales {
         let title = format!("bench drain {variant} {i}/{sales} batch {batch}");
         let v = bench.voucher(&title, per as i64, false).await?;
-        fill(bench, &v, per, tokens, ui).await?;
+        fill(bench, &v, per, ui).await?;
         ids.push(v.id);
     }
     let max_run = ui.max_run;
-    let drainer = Drainer::connect(drainer_config_for(bench, &ids, batch, max_run)?)
-        .await
-        .map_err(|e| anyhow::anyhow!("connecting the drainer: {e}"))?;
+    let drainer = drainer(bench, &ids, batch, max_run).await?;
     let streams = OrderStreams::new(bench.redis.clone());
     let bar = ui.bar(n, &format!("drain {variant} {sales} sale(s) b={batch}"));
     let consumer = format!("bench-{}", bench.run_id);
@@ -411,15 +394,9 @@ async fn drain_sales(
         ));
     }
     Ok(DrainRun {
-        variant: variant.into(),
-        batch_size: batch,
-        sales,
-        orders: n,
-        elapsed_s: elapsed.as_secs_f64(),
-        orders_per_s: n as f64 / elapsed.as_secs_f64().max(1e-9),
         summary: summary.and_then(|s| serde_json::to_value(s).ok()),
         checks,
-        error: None,
+        ..DrainRun::new(variant, batch, sales, n, elapsed)
     })
 }
 
@@ -472,19 +449,17 @@ async fn db_checks(
     Ok(checks)
 }
 
-async fn drain_tutorial(
-    bench: &Bench,
-    n: u64,
-    tokens: &Arc<Tokens>,
-    ui: &Ui,
-) -> anyhow::Result<DrainRun> {
+async fn drain_tutorial(bench: &Bench, n: u64, ui: &Ui) -> anyhow::Result<DrainRun> {
     let voucher = bench
         .voucher("bench drain tutorial", n as i64, false)
         .await?;
     // A stream of its own: the admission runs' orders sit in the run's global stream.
     let prefix = format!("{}drain:", bench.prefix());
-    let keys = tutorial_keys_in(bench, &prefix, voucher.id, n as i64).await?;
-    let drivers = tutorial_drivers(bench, &keys, tokens, 16).await?;
+    let keys = tutorial_keys(bench, &prefix, voucher.id, n as i64).await?;
+    let drivers = many(16, || {
+        TutorialCaller::driver(&bench.tutorial_redis, keys.clone())
+    })
+    .await?;
     let meta = RunMeta {
         variant: "tutorial fill".into(),
         target: "redis".into(),
@@ -497,21 +472,12 @@ async fn drain_tutorial(
     let filled = run(drivers, Arc::new(Plan::distinct(n)), meta, None, ui).await?;
     if let Some(e) = filled.error {
         bench.release_voucher(voucher.id).await?;
-        bench
-            .release_keys(&[keys.stock(), keys.buyers(), keys.stream()])
-            .await?;
+        bench.release_keys(&keys.all()).await?;
         return Ok(DrainRun {
-            variant: "tutorial".into(),
-            sales: 1,
-            batch_size: 1,
-            orders: 0,
-            elapsed_s: 0.0,
-            orders_per_s: 0.0,
-            summary: None,
-            checks: Vec::new(),
             error: Some(format!(
                 "filling its stream with the tutorial's admission: {e}"
             )),
+            ..DrainRun::new("tutorial", 1, 1, 0, Duration::ZERO)
         });
     }
     anyhow::ensure!(
@@ -535,19 +501,10 @@ async fn drain_tutorial(
     bar.finish_and_clear();
     let checks = db_checks(bench, voucher.id, n, Some(0)).await?;
     bench.release_voucher(voucher.id).await?;
-    bench
-        .release_keys(&[keys.stock(), keys.buyers(), keys.stream()])
-        .await?;
+    bench.release_keys(&keys.all()).await?;
     Ok(DrainRun {
-        variant: "tutorial".into(),
-        sales: 1,
-        batch_size: 1,
-        orders: done,
-        elapsed_s: elapsed.as_secs_f64(),
-        orders_per_s: done as f64 / elapsed.as_secs_f64().max(1e-9),
-        summary: None,
         checks,
-        error: None,
+        ..DrainRun::new("tutorial", 1, 1, done, elapsed)
     })
 }
 
@@ -626,12 +583,8 @@ async fn tutorial_consume(
 }
 
 async fn drain_floor(bench: &Bench, n: u64, batch: usize) -> anyhow::Result<DrainRun> {
-    let url = bench
-        .mysql_url
-        .clone()
-        .context("the database floor needs a direct MariaDB URL")?;
     let voucher = bench.voucher("bench drain floor", n as i64, false).await?;
-    let mut conn = mysql(&url).await?;
+    let mut conn = mysql(&bench.mysql_url).await?;
     let base_id = 1_i64 << 40;
     let admitted = seckill_shared::adapters::data_api::format_datetime(now_millis());
     let start = Instant::now();
@@ -661,15 +614,8 @@ async fn drain_floor(bench: &Bench, n: u64, batch: usize) -> anyhow::Result<Drai
     let checks = db_checks(bench, voucher.id, n, None).await?;
     bench.release_voucher(voucher.id).await?;
     Ok(DrainRun {
-        variant: "db-floor".into(),
-        sales: 1,
-        batch_size: batch,
-        orders: n,
-        elapsed_s: elapsed.as_secs_f64(),
-        orders_per_s: n as f64 / elapsed.as_secs_f64().max(1e-9),
-        summary: None,
         checks,
-        error: None,
+        ..DrainRun::new("db-floor", batch, 1, n, elapsed)
     })
 }
 
@@ -688,24 +634,19 @@ pub async fn commit_latency(
     let voucher = bench
         .voucher("bench commit latency", n as i64, false)
         .await?;
-    let secret = bench.http.dev_jwt_secret.clone().unwrap_or_default();
     let prepared = Prepared {
         voucher: voucher.clone(),
-        tokens: Arc::new(Tokens::mint(secret.as_bytes(), n as u32)),
+        tokens: Arc::new(Tokens::mint(bench.jwt_secret().as_bytes(), n as u32)),
         url: None,
     };
     let max_run = Duration::from_secs_f64(o.seconds + 60.0);
-    let drainer = Arc::new(
-        Drainer::connect(drainer_config(bench, voucher.id, o.batch_size, max_run)?)
-            .await
-            .map_err(|e| anyhow::anyhow!("connecting the drainer: {e}"))?,
-    );
+    let drainer = Arc::new(drainer(bench, &[voucher.id], o.batch_size, max_run).await?);
     let consumer = format!("bench-latency-{}", bench.run_id);
     let invocation = {
         let d = drainer.clone();
         tokio::spawn(async move { d.run(&consumer, Instant::now() + max_run).await })
     };
-    let drivers = admission::ours_drivers(Some(bench), &prepared, o.callers).await?;
+    let drivers = ours_drivers(bench, &prepared, o.callers).await?;
     let meta = RunMeta {
         variant: "ours".into(),
         target: "in-process".into(),
@@ -730,11 +671,7 @@ pub async fn commit_latency(
         invocation.abort();
         None
     };
-    let url = bench
-        .mysql_url
-        .clone()
-        .context("the latency query needs a direct MariaDB URL")?;
-    let mut conn = mysql(&url).await?;
+    let mut conn = mysql(&bench.mysql_url).await?;
     let lat: Vec<i64> = conn
         .exec(
             "SELECT TIMESTAMPDIFF(MICROSECOND, admitted_at, created_at) FROM orders WHERE voucher_id = ?",

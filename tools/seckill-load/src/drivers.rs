@@ -15,17 +15,19 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use anyhow::Context;
+use futures::future::try_join_all;
 use http::header::AUTHORIZATION;
 use lambda_http::{Body, Request, RequestExt};
 use redis::{AsyncCommands, ErrorKind, Script};
 use seckill_http::error::CODES;
 use seckill_http::{App, Config};
 use seckill_shared::adapters::redis::{OrderIds, RedisConn, RedisSales};
+use seckill_shared::config::RedisConfig;
 use seckill_shared::domain::{Admission, UserId, VoucherId, now_millis};
 use serde::Deserialize;
 
 use crate::record::Outcome;
-use crate::workload::Tokens;
+use crate::workload::{Tokens, user_name};
 
 static TUTORIAL: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/bench/tutorial_seckill.lua")));
@@ -84,6 +86,15 @@ pub fn seckill_event(voucher: VoucherId, authorization: Option<&str>) -> serde_j
     event
 }
 
+/// `n` callers, each made by `make` with connections of its own.
+pub async fn many<F, Fut>(n: usize, make: F) -> anyhow::Result<Vec<Driver>>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = anyhow::Result<Driver>>,
+{
+    try_join_all((0..n).map(|_| make())).await
+}
+
 /// One caller.
 pub enum Driver {
     InProcess(Box<InProcess>),
@@ -114,22 +125,24 @@ pub struct InProcess {
 }
 
 impl InProcess {
-    pub async fn new(
+    /// A caller of its own App configured by `cfg`, buying `voucher`.
+    pub async fn driver(
         cfg: &Config,
         voucher: VoucherId,
         tokens: Arc<Tokens>,
-    ) -> anyhow::Result<InProcess> {
+    ) -> anyhow::Result<Driver> {
         let app = App::new(cfg).await;
         let event = seckill_event(voucher, None);
         let req: Request = lambda_http::request::from_str(&event.to_string())
             .context("the event template does not parse as an API Gateway v2 request")?;
-        let req = req.with_lambda_context(lambda_http::Context::default());
-        let (template, _) = req.into_parts();
-        Ok(InProcess {
+        let (template, _) = req
+            .with_lambda_context(lambda_http::Context::default())
+            .into_parts();
+        Ok(Driver::InProcess(Box::new(InProcess {
             app,
             template,
             tokens,
-        })
+        })))
     }
 
     async fn attempt(&mut self, user: u32) -> Outcome {
@@ -150,17 +163,21 @@ pub struct HttpCaller {
 
 impl HttpCaller {
     /// A caller with a connection pool of its own, posting to `base/vouchers/{id}/seckill`.
-    pub fn new(base: &str, voucher: VoucherId, tokens: Arc<Tokens>) -> anyhow::Result<HttpCaller> {
+    pub async fn driver(
+        base: &str,
+        voucher: VoucherId,
+        tokens: Arc<Tokens>,
+    ) -> anyhow::Result<Driver> {
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
             .pool_max_idle_per_host(1)
             .build()
             .context("building the HTTP client")?;
-        Ok(HttpCaller {
+        Ok(Driver::Http(HttpCaller {
             client,
             url: format!("{}/vouchers/{voucher}/seckill", base.trim_end_matches('/')),
             tokens,
-        })
+        }))
     }
 
     async fn attempt(&mut self, user: u32) -> Outcome {
@@ -188,28 +205,19 @@ pub struct AdapterCaller {
     sales: RedisSales,
     ids: OrderIds,
     voucher: VoucherId,
-    tokens: Arc<Tokens>,
 }
 
 impl AdapterCaller {
-    pub async fn new(
-        cfg: &seckill_shared::config::RedisConfig,
-        voucher: VoucherId,
-        tokens: Arc<Tokens>,
-    ) -> anyhow::Result<AdapterCaller> {
-        let conn = RedisConn::connect(cfg)
-            .await
-            .with_context(|| format!("cannot connect to Redis at {}", cfg.url))?;
-        Ok(AdapterCaller {
-            sales: RedisSales::new(conn),
+    pub async fn driver(cfg: &RedisConfig, voucher: VoucherId) -> anyhow::Result<Driver> {
+        Ok(Driver::Adapter(AdapterCaller {
+            sales: RedisSales::new(connect(cfg).await?),
             ids: OrderIds::default(),
             voucher,
-            tokens,
-        })
+        }))
     }
 
     async fn attempt(&mut self, user: u32) -> Outcome {
-        let Ok(user) = UserId::parse(&self.tokens.name(user)) else {
+        let Ok(user) = UserId::parse(&user_name(user)) else {
             return Outcome::Failed("invalid user id".into());
         };
         let now = now_millis();
@@ -249,6 +257,10 @@ impl TutorialKeys {
     pub fn stream(&self) -> String {
         format!("{}stream.orders", self.prefix)
     }
+    /// The keys a run leaves behind.
+    pub fn all(&self) -> [String; 3] {
+        [self.stock(), self.buyers(), self.stream()]
+    }
     /// The id counter of the UTC day of `t`.
     pub fn id_counter(&self, t: time::OffsetDateTime) -> String {
         format!(
@@ -265,19 +277,14 @@ impl TutorialKeys {
 pub struct TutorialCaller {
     conn: RedisConn,
     keys: Arc<TutorialKeys>,
-    tokens: Arc<Tokens>,
 }
 
 impl TutorialCaller {
-    pub async fn new(
-        cfg: &seckill_shared::config::RedisConfig,
-        keys: Arc<TutorialKeys>,
-        tokens: Arc<Tokens>,
-    ) -> anyhow::Result<TutorialCaller> {
-        let conn = RedisConn::connect(cfg)
-            .await
-            .with_context(|| format!("cannot connect to Redis at {}", cfg.url))?;
-        Ok(TutorialCaller { conn, keys, tokens })
+    pub async fn driver(cfg: &RedisConfig, keys: Arc<TutorialKeys>) -> anyhow::Result<Driver> {
+        Ok(Driver::Tutorial(TutorialCaller {
+            conn: connect(cfg).await?,
+            keys,
+        }))
     }
 
     async fn attempt(&mut self, user: u32) -> Outcome {
@@ -289,7 +296,7 @@ impl TutorialCaller {
         let order_id = ((now.unix_timestamp() - TUTORIAL_EPOCH_SECS) << 32) | count;
         let code: Result<i64, _> = TUTORIAL
             .arg(self.keys.voucher)
-            .arg(self.tokens.name(user))
+            .arg(user_name(user))
             .arg(order_id)
             .arg(&self.keys.prefix)
             .invoke_async(&mut self.conn)
@@ -318,11 +325,10 @@ pub struct FloorCaller {
 }
 
 impl FloorCaller {
-    pub async fn new(cfg: &seckill_shared::config::RedisConfig) -> anyhow::Result<FloorCaller> {
-        let conn = RedisConn::connect(cfg)
-            .await
-            .with_context(|| format!("cannot connect to Redis at {}", cfg.url))?;
-        Ok(FloorCaller { conn })
+    pub async fn driver(cfg: &RedisConfig) -> anyhow::Result<Driver> {
+        Ok(Driver::Floor(FloorCaller {
+            conn: connect(cfg).await?,
+        }))
     }
 
     async fn attempt(&mut self) -> Outcome {
@@ -335,6 +341,13 @@ impl FloorCaller {
             Err(e) => Outcome::Failed(e.to_string()),
         }
     }
+}
+
+/// A connection of a caller of its own.
+async fn connect(cfg: &RedisConfig) -> anyhow::Result<RedisConn> {
+    RedisConn::connect(cfg)
+        .await
+        .with_context(|| format!("cannot connect to Redis at {}", cfg.url))
 }
 
 #[derive(Deserialize)]

@@ -186,36 +186,7 @@ async fn drainer_footprint(
     let voucher = bench
         .voucher("bench footprint drain", o.orders.max(1) as i64, false)
         .await?;
-    let tokens = Arc::new(Tokens::mint(b"x", o.orders as u32));
-    let drivers = futures::future::try_join_all((0..16).map(|_| {
-        crate::drivers::AdapterCaller::new(&bench.http.redis, voucher.id, tokens.clone())
-    }))
-    .await?
-    .into_iter()
-    .map(crate::drivers::Driver::Adapter)
-    .collect();
-    let meta = crate::record::RunMeta {
-        variant: "fill".into(),
-        target: "redis".into(),
-        scenario: "footprint".into(),
-        callers: 16,
-        planned: o.orders,
-        users: o.orders,
-        stock: Some(o.orders as i64),
-    };
-    let filled = crate::engine::run(
-        drivers,
-        Arc::new(crate::workload::Plan::distinct(o.orders)),
-        meta,
-        None,
-        ui,
-    )
-    .await?;
-    anyhow::ensure!(
-        filled.admitted == o.orders,
-        "filling admitted {}",
-        filled.admitted
-    );
+    crate::drain::fill(bench, &voucher, o.orders, ui).await?;
     let runtime = RuntimeApi::start().await?;
     let mut env = base_env(bench, &runtime.addr, "order-drainer");
     env.insert("DRAINER_VOUCHERS".into(), voucher.id.to_string());

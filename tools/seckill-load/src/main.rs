@@ -1,9 +1,9 @@
 //! seckill-load: the command line of the load tool and benchmarks.
 //!
-//! `seckill-load sale|admit|drain|commit-latency|footprint` runs one scenario,
-//! `seckill-load bench` runs them all and prints the table of ratios, `seckill-load
-//! report` turns a results file into `docs/benchmarks.md`. See `--help` of each, and
-//! `docs/benchmarks.md` for the method.
+//! `seckill-load bench` runs every scenario (or those of `--only`) against the local
+//! stack and prints the table of ratios; `seckill-load report` turns a results file into
+//! the table, `docs/benchmarks.md`'s results section and the sale's chart again. See
+//! `--help` of each, and `docs/benchmarks.md` for the method.
 //!
 //! Exit status: 0 when every invariant held and every variant ran, 2 when an invariant
 //! was violated, 3 when every invariant held but a baseline FAILED on this server (the
@@ -21,7 +21,7 @@ use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 use seckill_cli::stack_env::StackEnv;
 use seckill_load::admission::{self, AdmitOptions, SaleOptions, Target, UrlTarget};
-use seckill_load::backends::{self, Bench, FunctionKnobs};
+use seckill_load::backends::{self, Bench};
 use seckill_load::drain::{self, CommitLatencyOptions, DrainOptions};
 use seckill_load::engine::Ui;
 use seckill_load::footprint::{self, FootprintOptions};
@@ -57,57 +57,34 @@ struct Global {
     /// Smoke-test sizes (a run of every scenario takes well under a minute)
     #[arg(long, global = true)]
     quick: bool,
-    /// Multiply the default sizes (attempts, users, stock, orders) by this
-    #[arg(long, global = true, value_name = "FACTOR")]
-    scale: Option<f64>,
     /// Skip the baselines (tutorial, floor)
     #[arg(long, global = true)]
     no_baseline: bool,
-    /// No progress bars
-    #[arg(long, global = true)]
-    no_progress: bool,
-    /// Keep the run's database and Redis keys (for inspection)
-    #[arg(long, global = true)]
-    keep: bool,
-    /// Stop any single run after this many seconds
-    #[arg(long, global = true, default_value_t = 600, value_name = "SECONDS")]
-    max_seconds: u64,
     /// Seed of the sale's user sequence
     #[arg(long, global = true, default_value_t = 1)]
     seed: u64,
-    /// The function's per-user rate limit as PER_SEC/BURST (default: the function's own
-    /// defaults; 0/0 turns it off)
-    #[arg(long, global = true, value_name = "PER_SEC/BURST")]
-    user_rate: Option<String>,
-    /// The in-process handler's logs: `sink` formats them as in Lambda (JSON, INFO) and
-    /// discards them (their cost is part of the measurement), `warn` prints warnings and
-    /// errors to stderr, `off` installs no logger
-    #[arg(long, global = true, default_value = "sink", value_parser = ["sink", "warn", "off"])]
-    handler_logs: String,
-    /// Which Data API server the functions and the tutorial consumer use: `own` runs the
-    /// data-api-local code inside this process (built with it, in release for benchmarks),
-    /// `stack` the stack's server (a debug build)
-    #[arg(long, global = true, default_value = "own", value_parser = ["own", "stack"])]
-    data_api: String,
 }
 
 #[derive(Args, Clone)]
 struct TargetArgs {
-    /// Drive the seckill-http handler in this process (the default)
-    #[arg(long, conflicts_with = "url")]
-    in_process: bool,
-    /// Drive a deployment of the HTTP contract at this base URL instead
+    /// Drive a deployment of the HTTP contract at this base URL instead of the handler
+    /// in this process (sale and admit)
     #[arg(long, value_name = "BASE_URL")]
     url: Option<String>,
-    /// Users' bearer tokens for --url, one per line (else minted with the dev secret)
-    #[arg(long, value_name = "FILE", requires = "url")]
-    tokens: Option<PathBuf>,
-    /// The deployment's SECKILL_DEV_JWT_SECRET (default: the local stack's)
+    /// The deployment's SECKILL_DEV_JWT_SECRET, which users' and the admin's tokens are
+    /// minted with (default: the local stack's)
     #[arg(long, value_name = "SECRET", requires = "url")]
     jwt_secret: Option<String>,
-    /// An admin token (scope seckill/admin) to create the voucher with, for --url
-    #[arg(long, value_name = "TOKEN", requires = "url")]
-    admin_token: Option<String>,
+}
+
+/// The scenarios of a run.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Scenario {
+    Sale,
+    Admit,
+    Drain,
+    CommitLatency,
+    Footprint,
 }
 
 #[derive(Args, Clone, Default)]
@@ -192,40 +169,18 @@ struct FootprintArgs {
     orders: Option<u64>,
 }
 
+// Parsed once per process: the size of the larger variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Cmd {
-    /// A flash sale: stock S, A attempts by U users from C callers; ours vs the tutorial
-    Sale {
-        #[command(flatten)]
-        target: TargetArgs,
-        #[command(flatten)]
-        sizes: SaleArgs,
-    },
-    /// The admit path (stock never runs out): ours vs the tutorial vs the no-op floor
-    Admit {
-        #[command(flatten)]
-        target: TargetArgs,
-        #[command(flatten)]
-        sizes: AdmitArgs,
-    },
-    /// N admitted orders into the database: ours (batch-size sweep) vs the tutorial
-    /// consumer vs plain multi-row INSERTs
-    Drain {
-        #[command(flatten)]
-        sizes: DrainArgs,
-    },
-    /// Admission-to-commit latency while one drainer invocation runs
-    CommitLatency {
-        #[command(flatten)]
-        sizes: LatencyArgs,
-    },
-    /// Binary sizes and peak memory of both functions' release builds
-    Footprint {
-        #[command(flatten)]
-        args: FootprintArgs,
-    },
-    /// Every scenario in one run, then the table of ratios
+    /// Every scenario in one run (or those of --only), then the table of ratios
     Bench {
+        /// Run only these scenarios (the drain's best batch size then sets
+        /// commit-latency's only if the drain ran)
+        #[arg(long, value_enum, value_delimiter = ',')]
+        only: Vec<Scenario>,
+        #[command(flatten)]
+        target: TargetArgs,
         #[command(flatten)]
         sale: SaleArgs,
         #[command(flatten)]
@@ -236,12 +191,9 @@ enum Cmd {
         latency: LatencyArgs,
         #[command(flatten)]
         footprint: FootprintArgs,
-        /// Skip the footprint (no release binaries needed)
-        #[arg(long)]
-        no_footprint: bool,
     },
     /// Print the table of a results file; with --markdown, write it into a benchmarks
-    /// page (between its results markers)
+    /// page (between its results markers); with --svg, draw its sale's timeline
     Report {
         /// A JSON file written by --json
         #[arg(long)]
@@ -253,25 +205,16 @@ enum Cmd {
         #[arg(long, default_value = "benchmarks-sale.svg")]
         svg_link: String,
     },
-    /// Drop databases left by killed runs (seckill_b_*)
-    Cleanup,
 }
 
 /// Default sizes: (full, quick).
 struct Sizes {
     quick: bool,
-    scale: f64,
 }
 
 impl Sizes {
     fn n(&self, given: Option<u64>, full: u64, quick: u64) -> u64 {
-        given.unwrap_or_else(|| {
-            if self.quick {
-                quick
-            } else {
-                ((full as f64 * self.scale).round() as u64).max(1)
-            }
-        })
+        given.unwrap_or(if self.quick { quick } else { full })
     }
 
     fn c(&self, given: Option<usize>, full: usize, quick: usize) -> usize {
@@ -361,49 +304,48 @@ fn main() -> ExitCode {
 /// Runs the command; `Ok` with the exit status ([`Results::exit_status`]).
 async fn run(cli: Cli) -> anyhow::Result<u8> {
     let g = &cli.global;
-    if let Cmd::Report {
-        input,
-        markdown,
-        svg_link,
+    let Cmd::Bench {
+        only,
+        target,
+        sale: s,
+        admit: a,
+        drain: d,
+        latency: l,
+        footprint: f,
     } = &cli.cmd
-    {
-        return report_cmd(input, markdown.as_deref(), svg_link);
-    }
-    match g.handler_logs.as_str() {
-        "sink" => {
-            // As in Lambda (AWS_LAMBDA_LOG_FORMAT=JSON, RUST_LOG=info), written nowhere.
-            let _ = tracing_subscriber::fmt()
-                .json()
-                .with_current_span(true)
-                .without_time()
-                .with_target(false)
-                .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
-                .with_writer(std::io::sink)
-                .try_init();
-        }
-        "warn" => {
-            let _ = tracing_subscriber::fmt()
-                .compact()
-                .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
-                .with_writer(std::io::stderr)
-                .try_init();
-        }
-        _ => {}
-    }
-    let stack = StackEnv::load(g.stack_env.as_deref())?;
-    if let Cmd::Cleanup = cli.cmd {
-        let dropped = backends::drop_leftovers(&stack).await?;
-        eprintln!(
-            "dropped {} leftover database(s): {dropped:?}",
-            dropped.len()
-        );
-        return Ok(0);
-    }
-    let sizes = Sizes {
-        quick: g.quick,
-        scale: g.scale.unwrap_or(1.0),
+    else {
+        let Cmd::Report {
+            input,
+            markdown,
+            svg_link,
+        } = &cli.cmd
+        else {
+            unreachable!("two commands")
+        };
+        return report_cmd(g, input, markdown.as_deref(), svg_link);
     };
-    anyhow::ensure!(sizes.scale > 0.0, "--scale must be positive");
+    // The handler's logs as in Lambda (AWS_LAMBDA_LOG_FORMAT=JSON, RUST_LOG=info), written
+    // nowhere: formatting them is part of what a request costs.
+    let _ = tracing_subscriber::fmt()
+        .json()
+        .with_current_span(true)
+        .without_time()
+        .with_target(false)
+        .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+        .with_writer(std::io::sink)
+        .try_init();
+    let stack = StackEnv::load(g.stack_env.as_deref())?;
+    let target = match &target.url {
+        None => Target::InProcess,
+        Some(base) => Target::Url(UrlTarget {
+            base: base.clone(),
+            jwt_secret: target
+                .jwt_secret
+                .clone()
+                .or_else(|| stack.optional("SECKILL_DEV_JWT_SECRET"))
+                .context("--url needs the deployment's dev secret (--jwt-secret)")?,
+        }),
+    };
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();
@@ -414,32 +356,6 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
             }
         });
     }
-    let mut ui = Ui {
-        progress: !g.no_progress,
-        stop,
-        max_run: Duration::from_secs(g.max_seconds.max(1)),
-        redis_probe: None,
-    };
-    let knobs = FunctionKnobs {
-        own_data_api: g.data_api == "own",
-        user_rate: match &g.user_rate {
-            None => None,
-            Some(s) => {
-                let (r, b) = s
-                    .split_once('/')
-                    .with_context(|| format!("--user-rate {s:?} is not PER_SEC/BURST"))?;
-                Some((
-                    r.trim().parse().context("--user-rate PER_SEC")?,
-                    b.trim().parse().context("--user-rate BURST")?,
-                ))
-            }
-        },
-    };
-    let target = match &cli.cmd {
-        Cmd::Sale { target, .. } | Cmd::Admit { target, .. } => target_of(target, &stack)?,
-        _ => Target::InProcess,
-    };
-    let needs_stack = matches!(target, Target::InProcess) || !g.no_baseline;
     let mut results = Results {
         tool: format!("seckill-load {}", env!("CARGO_PKG_VERSION")),
         command: std::env::args().collect::<Vec<_>>().join(" "),
@@ -447,30 +363,67 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
         machine_before: Machine::read(),
         ..Results::default()
     };
-    let bench = if needs_stack {
-        let b = Bench::on_stack(&stack, &knobs).await?;
-        eprintln!(
-            "benchmark database {} on the stack's MariaDB through the Data API at {}; Redis {}; key prefix {}",
-            b.database(),
-            b.data_api_url(),
-            b.http.redis.url,
-            b.prefix()
-        );
-        versions(&b, &mut results.machine_before).await;
-        Some(b)
-    } else {
-        None
-    };
-    let mut bench = bench;
-    if let Some(b) = bench.as_mut() {
-        b.keep = g.keep;
-        ui.redis_probe = Some(b.redis.clone());
-    }
+    let bench = Bench::on_stack(&stack).await?;
+    eprintln!(
+        "benchmark database {} on the stack's MariaDB through the Data API at {}; Redis {}; key prefix {}",
+        bench.database(),
+        bench.data_api_url(),
+        bench.http.redis.url,
+        bench.prefix()
+    );
+    versions(&bench, &mut results.machine_before).await;
     eprintln!("machine: {}", results.machine_before.describe());
-    let outcome = scenarios(&cli, &sizes, &target, bench.as_ref(), &ui, &mut results).await;
-    if let Some(b) = &bench
-        && let Err(e) = b.cleanup().await
-    {
+    let ui = Ui {
+        progress: true,
+        stop,
+        max_run: Duration::from_secs(600),
+        redis_probe: Some(bench.redis.clone()),
+    };
+    let runs = |x: Scenario| only.is_empty() || only.contains(&x);
+    let sizes = Sizes { quick: g.quick };
+    let baseline = !g.no_baseline;
+    let outcome = async {
+        if runs(Scenario::Sale) {
+            let o = sizes.sale(s, g.seed, baseline);
+            eprintln!(
+                "sale: stock {}, {} attempts by {} users from {} callers",
+                o.stock, o.attempts, o.users, o.callers
+            );
+            results.sale = Some(admission::sale(&bench, &target, &o, &ui).await?);
+        }
+        if runs(Scenario::Admit) {
+            let o = sizes.admit(a, baseline);
+            eprintln!(
+                "admit: {} admissions per round from {} callers, {} round(s)",
+                o.attempts, o.callers, o.rounds
+            );
+            results.admit = Some(admission::admit(&bench, &target, &o, &ui).await?);
+        }
+        if runs(Scenario::Drain) {
+            let o = sizes.drain(d, baseline);
+            eprintln!(
+                "drain: {} orders per run, batch sizes {:?}; tutorial consumer {} orders",
+                o.orders, o.batch_sizes, o.tutorial_orders
+            );
+            results.drain = Some(drain::drain(&bench, &o, &ui).await?);
+        }
+        if runs(Scenario::CommitLatency) {
+            let best = results
+                .drain
+                .as_ref()
+                .and_then(|d| d.best())
+                .map(|b| b.batch_size);
+            let o = sizes.latency(l, best);
+            results.commit_latency = Some(drain::commit_latency(&bench, &o, &ui).await?);
+        }
+        if runs(Scenario::Footprint) {
+            let o = sizes.footprint(f);
+            results.footprint = Some(footprint::footprint(&bench, &o, &ui).await?);
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    if let Err(e) = bench.cleanup().await {
         eprintln!("warning: cleanup failed: {e:#}");
     }
     outcome?;
@@ -480,21 +433,6 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
     after.mariadb_version = results.machine_before.mariadb_version.clone();
     results.machine_after = Some(after);
     finish(g, &results)
-}
-
-fn target_of(t: &TargetArgs, stack: &StackEnv) -> anyhow::Result<Target> {
-    Ok(match &t.url {
-        None => Target::InProcess,
-        Some(base) => Target::Url(UrlTarget {
-            base: base.clone(),
-            tokens: t.tokens.clone(),
-            jwt_secret: t
-                .jwt_secret
-                .clone()
-                .or_else(|| stack.optional("SECKILL_DEV_JWT_SECRET")),
-            admin_token: t.admin_token.clone(),
-        }),
-    })
 }
 
 async fn versions(b: &Bench, m: &mut Machine) {
@@ -514,169 +452,6 @@ async fn versions(b: &Bench, m: &mut Machine) {
     }
 }
 
-async fn scenarios(
-    cli: &Cli,
-    sizes: &Sizes,
-    target: &Target,
-    bench: Option<&Bench>,
-    ui: &Ui,
-    results: &mut Results,
-) -> anyhow::Result<()> {
-    let g = &cli.global;
-    let baseline = !g.no_baseline;
-    let need = || bench.context("this scenario needs the local stack (scripts/stack.sh up)");
-    match &cli.cmd {
-        Cmd::Sale { sizes: s, .. } => {
-            let o = sizes.sale(s, g.seed, baseline);
-            results.sale = Some(sale(bench, target, &o, ui).await?);
-        }
-        Cmd::Admit { sizes: a, .. } => {
-            let o = sizes.admit(a, baseline);
-            results.admit = Some(admit(bench, target, &o, ui).await?);
-        }
-        Cmd::Drain { sizes: d } => {
-            let o = sizes.drain(d, baseline);
-            eprintln!("drain: {o:?}");
-            results.drain = Some(drain::drain(need()?, &o, ui).await?);
-        }
-        Cmd::CommitLatency { sizes: l } => {
-            let o = sizes.latency(l, None);
-            results.commit_latency = Some(latency(need()?, &o, ui).await?);
-        }
-        Cmd::Footprint { args } => {
-            let o = sizes.footprint(args);
-            results.footprint = Some(print_footprint(
-                footprint::footprint(need()?, &o, ui).await?,
-            ));
-        }
-        Cmd::Bench {
-            sale: s,
-            admit: a,
-            drain: d,
-            latency: l,
-            footprint: f,
-            no_footprint,
-        } => {
-            let bench = need()?;
-            let o = sizes.sale(s, g.seed, baseline);
-            results.sale = Some(sale(Some(bench), target, &o, ui).await?);
-            let o = sizes.admit(a, baseline);
-            results.admit = Some(admit(Some(bench), target, &o, ui).await?);
-            let o = sizes.drain(d, baseline);
-            eprintln!(
-                "drain: {} orders per run, batch sizes {:?}; tutorial consumer {} orders",
-                o.orders, o.batch_sizes, o.tutorial_orders
-            );
-            let dr = drain::drain(bench, &o, ui).await?;
-            let best = dr.best().map(|b| b.batch_size);
-            results.drain = Some(dr);
-            let o = sizes.latency(l, best);
-            results.commit_latency = Some(latency(bench, &o, ui).await?);
-            if !no_footprint {
-                let o = sizes.footprint(f);
-                eprintln!(
-                    "footprint: {} and {}",
-                    o.http_bin.display(),
-                    o.drainer_bin.display()
-                );
-                results.footprint =
-                    Some(print_footprint(footprint::footprint(bench, &o, ui).await?));
-            }
-        }
-        Cmd::Report { .. } | Cmd::Cleanup => {}
-    }
-    Ok(())
-}
-
-async fn sale(
-    bench: Option<&Bench>,
-    target: &Target,
-    o: &SaleOptions,
-    ui: &Ui,
-) -> anyhow::Result<admission::SaleReport> {
-    eprintln!(
-        "sale: stock {}, {} attempts by {} users from {} callers",
-        o.stock, o.attempts, o.users, o.callers
-    );
-    let r = admission::sale(bench, target, o, ui).await?;
-    eprint!("{}", report::summary(&r.ours));
-    if let Some(t) = &r.tutorial {
-        eprint!("{}", report::summary(t));
-    }
-    Ok(r)
-}
-
-async fn admit(
-    bench: Option<&Bench>,
-    target: &Target,
-    o: &AdmitOptions,
-    ui: &Ui,
-) -> anyhow::Result<admission::AdmitReport> {
-    eprintln!(
-        "admit: {} admissions per round from {} callers, {} round(s)",
-        o.attempts, o.callers, o.rounds
-    );
-    let r = admission::admit(bench, target, o, ui).await?;
-    eprintln!("admit, the median round of each:");
-    for x in [
-        Some(&r.ours),
-        r.ours_adapter.as_ref(),
-        r.tutorial.as_ref(),
-        r.floor.as_ref(),
-        r.ours_durable.as_ref(),
-    ]
-    .into_iter()
-    .flatten()
-    {
-        eprint!("{}", report::summary(x));
-    }
-    Ok(r)
-}
-
-async fn latency(
-    bench: &Bench,
-    o: &CommitLatencyOptions,
-    ui: &Ui,
-) -> anyhow::Result<drain::CommitLatencyReport> {
-    eprintln!(
-        "commit-latency: {}/s admissions for {} s from {} callers, one drainer invocation (batch {})",
-        o.rate, o.seconds, o.callers, o.batch_size
-    );
-    let r = drain::commit_latency(bench, o, ui).await?;
-    eprintln!(
-        "  {} committed; admission-to-commit p50 {:.3} s, p99 {:.3} s, max {:.3} s; drained {:.2} s after the last admission",
-        r.committed,
-        r.latency.p50_us as f64 / 1e6,
-        r.latency.p99_us as f64 / 1e6,
-        r.latency.max_us as f64 / 1e6,
-        r.drained_after_s
-    );
-    for c in r.checks.iter().filter(|c| !c.ok) {
-        eprintln!("  [VIOLATED] {}: {}", c.name, c.detail);
-    }
-    Ok(r)
-}
-
-fn print_footprint(r: footprint::FootprintReport) -> footprint::FootprintReport {
-    for b in &r.binaries {
-        eprintln!(
-            "  {}: {:.2} MiB, peak RSS {} KiB, {}{}{}",
-            b.name,
-            b.size_bytes as f64 / 1048576.0,
-            b.peak_rss_kib.map_or("n/a".into(), |k| k.to_string()),
-            b.workload,
-            b.invocations_per_s
-                .map_or(String::new(), |x| format!(", {x:.0} invocations/s")),
-            b.latency.as_ref().map_or(String::new(), |l| format!(
-                ", p50 {:.2} ms, p99 {:.2} ms",
-                l.p50_us as f64 / 1000.0,
-                l.p99_us as f64 / 1000.0
-            ))
-        );
-    }
-    r
-}
-
 /// Prints the table, writes the files; `Ok` with the exit status.
 fn finish(g: &Global, results: &Results) -> anyhow::Result<u8> {
     let rows = report::rows(results);
@@ -687,29 +462,7 @@ fn finish(g: &Global, results: &Results) -> anyhow::Result<u8> {
         write_file(path, &serde_json::to_string_pretty(results)?)?;
         eprintln!("results written to {}", path.display());
     }
-    if let Some(path) = &g.svg {
-        match &results.sale {
-            Some(s) => {
-                let mut runs = vec![("ours (in-process handler)", &s.ours)];
-                if s.ours.target == "url" {
-                    runs[0].0 = "ours (HTTP)";
-                }
-                if let Some(t) = &s.tutorial {
-                    runs.push(("tutorial admission", t));
-                }
-                let title = format!(
-                    "flash sale: stock {}, {} attempts by {} users, {} callers",
-                    s.options.stock, s.options.attempts, s.options.users, s.options.callers
-                );
-                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                    std::fs::create_dir_all(dir)?;
-                }
-                svg::timeline(path, &title, &runs)?;
-                eprintln!("timeline drawn to {}", path.display());
-            }
-            None => eprintln!("warning: --svg draws the sale's timeline; no sale ran"),
-        }
-    }
+    draw(g, results)?;
     let violated: Vec<_> = results
         .checks()
         .into_iter()
@@ -727,6 +480,17 @@ fn finish(g: &Global, results: &Results) -> anyhow::Result<u8> {
     Ok(results.exit_status())
 }
 
+/// Draws the sale's timeline when --svg asks for it.
+fn draw(g: &Global, results: &Results) -> anyhow::Result<()> {
+    if let Some(path) = &g.svg {
+        match svg::sale_chart(results, path)? {
+            true => eprintln!("timeline drawn to {}", path.display()),
+            false => eprintln!("warning: --svg draws the sale's timeline; no sale ran"),
+        }
+    }
+    Ok(())
+}
+
 fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -738,13 +502,19 @@ const BEGIN: &str =
     "<!-- results:begin (written by `seckill-load report`; do not edit by hand) -->";
 const END: &str = "<!-- results:end -->";
 
-fn report_cmd(input: &Path, markdown: Option<&Path>, svg_link: &str) -> anyhow::Result<u8> {
+fn report_cmd(
+    g: &Global,
+    input: &Path,
+    markdown: Option<&Path>,
+    svg_link: &str,
+) -> anyhow::Result<u8> {
     let text = std::fs::read_to_string(input)
         .with_context(|| format!("cannot read {}", input.display()))?;
     let results: Results = serde_json::from_str(&text)
         .with_context(|| format!("{} is not a seckill-load results file", input.display()))?;
     let rows = report::rows(&results);
     println!("{}", report::text_table(&rows));
+    draw(g, &results)?;
     if let Some(md) = markdown {
         let block = format!(
             "{BEGIN}\n{}\n{END}",

@@ -214,6 +214,26 @@ pub fn now_rfc3339() -> String {
         .unwrap_or_default()
 }
 
+/// One line about a finished variant.
+pub fn one_line(r: &RunResult) -> String {
+    format!(
+        "{:<6} {:<13} {:>9} attempts in {:>6.2} s = {:>9.0}/s, admitted {:>7}, p50 {:>7.3} ms, p99 {:>7.3} ms{}",
+        r.scenario,
+        r.variant,
+        r.completed,
+        r.elapsed_s,
+        r.attempts_per_s,
+        r.admitted,
+        r.latency.p50_us as f64 / 1000.0,
+        r.latency.p99_us as f64 / 1000.0,
+        if r.checks.iter().all(|c| c.ok) {
+            String::new()
+        } else {
+            "  INVARIANT VIOLATED".into()
+        }
+    )
+}
+
 /// The printed summary of one variant.
 pub fn summary(r: &RunResult) -> String {
     let mut s = String::new();

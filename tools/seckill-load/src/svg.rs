@@ -18,6 +18,29 @@ const ATTEMPTS: RGBColor = RGBColor(31, 119, 180);
 const ADMITTED: RGBColor = RGBColor(44, 160, 44);
 const P99: RGBColor = RGBColor(214, 39, 40);
 
+/// Draws the sale's timeline of `results` into `path`; `false` when no sale ran.
+pub fn sale_chart(results: &crate::report::Results, path: &Path) -> anyhow::Result<bool> {
+    let Some(s) = &results.sale else {
+        return Ok(false);
+    };
+    let mut runs = vec![("ours (in-process handler)", &s.ours)];
+    if s.ours.target == "url" {
+        runs[0].0 = "ours (HTTP)";
+    }
+    if let Some(t) = &s.tutorial {
+        runs.push(("tutorial admission", t));
+    }
+    let title = format!(
+        "flash sale: stock {}, {} attempts by {} users, {} callers",
+        s.options.stock, s.options.attempts, s.options.users, s.options.callers
+    );
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    timeline(path, &title, &runs)?;
+    Ok(true)
+}
+
 /// Draws the timelines of `runs` (labelled) into `path`.
 pub fn timeline(path: &Path, title: &str, runs: &[(&str, &RunResult)]) -> anyhow::Result<()> {
     anyhow::ensure!(!runs.is_empty(), "nothing to draw");

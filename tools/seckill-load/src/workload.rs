@@ -5,10 +5,6 @@
 //! the same sequence. The admit path uses a fresh user per attempt (stock never runs
 //! out, so every attempt is an admission).
 
-use std::path::Path;
-
-use anyhow::Context;
-use base64::Engine as _;
 use http::HeaderValue;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -70,88 +66,37 @@ pub fn user_name(idx: u32) -> String {
     format!("user-{idx:07}")
 }
 
-/// `Authorization` header values, one per user.
+/// `Authorization` header values of users `0..len`, HS256 tokens signed with the
+/// function's dev secret and valid for a day.
 #[derive(Debug, Clone)]
-pub struct Tokens {
-    headers: Vec<HeaderValue>,
-    /// The users' ids when they came from a file; `None`: [`user_name`].
-    names: Option<Vec<String>>,
-}
+pub struct Tokens(Vec<HeaderValue>);
 
 impl Tokens {
-    /// HS256 tokens for users `0..users`, signed with `secret`, valid for a day.
     pub fn mint(secret: &[u8], users: u32) -> Tokens {
         let exp = time::OffsetDateTime::now_utc().unix_timestamp() + 86_400;
-        let headers = (0..users)
-            .map(|i| {
-                let t = seckill_shared::auth::mint_hs256(secret, &user_name(i), None, exp);
-                HeaderValue::try_from(format!("Bearer {t}"))
-                    .expect("a minted token is base64url and dots only")
-            })
-            .collect();
-        Tokens {
-            headers,
-            names: None,
-        }
-    }
-
-    /// One token per line (blank lines and `#` comments skipped). A user's id is the
-    /// token's `sub` claim when it can be read, else the line number.
-    pub fn from_file(path: &Path) -> anyhow::Result<Tokens> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the token file {}", path.display()))?;
-        let mut headers = Vec::new();
-        let mut names = Vec::new();
-        for (n, line) in text.lines().enumerate() {
-            let t = line.trim();
-            if t.is_empty() || t.starts_with('#') {
-                continue;
-            }
-            let t = t.strip_prefix("Bearer ").unwrap_or(t);
-            headers.push(
-                HeaderValue::try_from(format!("Bearer {t}")).with_context(|| {
-                    format!("{}:{}: not a valid header value", path.display(), n + 1)
-                })?,
-            );
-            names.push(sub_of(t).unwrap_or_else(|| format!("line-{}", n + 1)));
-        }
-        anyhow::ensure!(!headers.is_empty(), "{} holds no tokens", path.display());
-        Ok(Tokens {
-            headers,
-            names: Some(names),
-        })
+        Tokens(
+            (0..users)
+                .map(|i| {
+                    let t = seckill_shared::auth::mint_hs256(secret, &user_name(i), None, exp);
+                    HeaderValue::try_from(format!("Bearer {t}"))
+                        .expect("a minted token is base64url and dots only")
+                })
+                .collect(),
+        )
     }
 
     pub fn len(&self) -> u32 {
-        self.headers.len() as u32
+        self.0.len() as u32
     }
 
     pub fn is_empty(&self) -> bool {
-        self.headers.is_empty()
+        self.0.is_empty()
     }
 
-    /// The header of user `idx` (users beyond the list wrap around).
+    /// The header of user `idx`.
     pub fn header(&self, idx: u32) -> &HeaderValue {
-        &self.headers[idx as usize % self.headers.len()]
+        &self.0[idx as usize]
     }
-
-    /// The id of user `idx`.
-    pub fn name(&self, idx: u32) -> String {
-        match &self.names {
-            Some(n) => n[idx as usize % n.len()].clone(),
-            None => user_name(idx),
-        }
-    }
-}
-
-/// The `sub` claim of a JWT, read without verifying it.
-fn sub_of(token: &str) -> Option<String> {
-    let payload = token.split('.').nth(1)?;
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(payload.trim_end_matches('='))
-        .ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-    v.get("sub")?.as_str().map(str::to_string)
 }
 
 #[cfg(test)]
@@ -176,7 +121,6 @@ mod tests {
         let t = Tokens::mint(b"s", 3);
         let h = t.header(2).to_str().unwrap();
         let tok = h.strip_prefix("Bearer ").unwrap();
-        assert_eq!(sub_of(tok).as_deref(), Some("user-0000002"));
         let id = seckill_shared::auth::verify_hs256(tok, b"s", 0).unwrap();
         assert_eq!(id.user.as_str(), "user-0000002");
     }

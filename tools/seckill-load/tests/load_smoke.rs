@@ -25,7 +25,7 @@ async fn bench_on(b: &Backends, run_id: &str) -> (Bench, Option<RedisServer>) {
         data_api: b.master_data_api_config(),
         ..b.http_config()
     };
-    let mut bench = Bench::attach(http, Some(mysql), run_id.to_string())
+    let mut bench = Bench::attach(http, mysql, run_id.to_string())
         .await
         .expect("the benchmark attaches to the test backends");
     let tutorial = (b.redis.nodes().len() > 1).then(RedisServer::single);
@@ -61,7 +61,7 @@ async fn the_quick_sale_keeps_every_invariant() {
         seed: 7,
         baseline: true,
     };
-    let r = admission::sale(Some(&bench), &Target::InProcess, &o, &Ui::quiet())
+    let r = admission::sale(&bench, &Target::InProcess, &o, &Ui::quiet())
         .await
         .expect("the sale runs");
     let tutorial = r.tutorial.as_ref().expect("the baseline ran");
@@ -156,9 +156,7 @@ async fn a_sale_over_http_keeps_every_invariant() {
     let (bench, _tutorial) = bench_on(&backends, "smoke-url").await;
     let target = Target::Url(UrlTarget {
         base: serve_http(backends.http_config()).await,
-        tokens: None,
-        jwt_secret: Some(TEST_JWT_SECRET.to_string()),
-        admin_token: None,
+        jwt_secret: TEST_JWT_SECRET.to_string(),
     });
     let o = SaleOptions {
         stock: 50,
@@ -168,7 +166,7 @@ async fn a_sale_over_http_keeps_every_invariant() {
         seed: 11,
         baseline: false,
     };
-    let r = admission::sale(Some(&bench), &target, &o, &Ui::quiet())
+    let r = admission::sale(&bench, &target, &o, &Ui::quiet())
         .await
         .expect("the sale over HTTP runs");
     assert_invariants(&r.ours);
