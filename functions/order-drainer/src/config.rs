@@ -46,10 +46,8 @@ const OWN_ENV_VARS: &[&str] = &[
     "DRAINER_VOUCHERS",
 ];
 
-/// Every environment variable [`Config::read`] reads (the backends' and its own). The SAM
-/// template may set only these (and `RUST_LOG`, read by the logging setup);
-/// `tests/tests/it/template.rs` checks that, and the `env_vars` unit test keeps this list
-/// equal to what `read` really reads.
+/// Every environment variable [`Config::read`] reads: the only ones the SAM template may
+/// give the drainer (with `RUST_LOG`), as for seckill-http.
 pub fn env_vars() -> Vec<&'static str> {
     backend_env_vars_and(OWN_ENV_VARS)
 }
