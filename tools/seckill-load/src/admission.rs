@@ -21,47 +21,19 @@ use anyhow::Context;
 use redis::AsyncCommands;
 use seckill_http::Config;
 use seckill_shared::config::{EnvReader, RedisConfig};
-use seckill_shared::domain::{SaleWindow, Voucher, VoucherId, format_rfc3339_millis, now_millis};
+use seckill_shared::domain::{Voucher, VoucherId};
 use seckill_shared::keys::VoucherKeys;
 use seckill_shared::protocol::sale_fields;
 use serde::{Deserialize, Serialize};
 
 use crate::backends::{Bench, replicas_per_primary};
 use crate::drivers::{
-    AdapterCaller, Driver, FloorCaller, HttpCaller, InProcess, TutorialCaller, TutorialKeys, many,
+    AdapterCaller, Driver, FloorCaller, InProcess, TutorialCaller, TutorialKeys, many,
 };
 use crate::engine::{Ui, run};
 use crate::record::{Check, RunMeta, RunResult};
 use crate::report::one_line;
 use crate::workload::{Plan, Tokens};
-
-/// Where "ours" runs.
-#[derive(Debug, Clone)]
-pub enum Target {
-    /// The handler in this process, against the run's backends.
-    InProcess,
-    /// A deployment of the HTTP contract.
-    Url(UrlTarget),
-}
-
-/// A deployment of the HTTP contract.
-#[derive(Debug, Clone)]
-pub struct UrlTarget {
-    /// Base URL (the routes are appended).
-    pub base: String,
-    /// The deployment's dev secret (`SECKILL_DEV_JWT_SECRET`): the users' and the
-    /// admin's tokens are minted with it.
-    pub jwt_secret: String,
-}
-
-impl Target {
-    fn name(&self) -> &'static str {
-        match self {
-            Target::InProcess => "in-process",
-            Target::Url(_) => "url",
-        }
-    }
-}
 
 /// Sizes of a sale.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -110,20 +82,14 @@ pub struct AdmitReport {
     pub rounds: Vec<Vec<(String, f64)>>,
 }
 
-/// A voucher on sale at the target, and tokens of its users.
+/// A voucher on sale, and tokens of its users.
 pub(crate) struct Prepared {
     pub(crate) voucher: Voucher,
     pub(crate) tokens: Arc<Tokens>,
-    pub(crate) url: Option<UrlTarget>,
 }
 
 /// `sale`: ours, then the tutorial's admission, over the same sequence of users.
-pub async fn sale(
-    bench: &Bench,
-    target: &Target,
-    o: &SaleOptions,
-    ui: &Ui,
-) -> anyhow::Result<SaleReport> {
+pub async fn sale(bench: &Bench, o: &SaleOptions, ui: &Ui) -> anyhow::Result<SaleReport> {
     anyhow::ensure!(
         o.stock >= 1 && o.attempts >= 1 && o.callers >= 1,
         "sizes must be positive"
@@ -138,9 +104,9 @@ pub async fn sale(
         users: u64::from(plan.users()),
         stock: Some(o.stock),
     };
-    let p = prepare(bench, target, "bench sale", o.stock, plan.users(), None).await?;
-    let drivers = ours_drivers(bench, &p, o.callers).await?;
-    let mut ours = run(drivers, plan.clone(), meta("ours", target.name()), None, ui).await?;
+    let p = prepare(bench, "bench sale", o.stock, plan.users(), None).await?;
+    let drivers = ours_drivers(&bench.http, &p, o.callers).await?;
+    let mut ours = run(drivers, plan.clone(), meta("ours", "in-process"), None, ui).await?;
     check_ours(bench, &p, &mut ours).await?;
     eprintln!("  {}", one_line(&ours));
     let tutorial = match o.baseline {
@@ -160,12 +126,7 @@ pub async fn sale(
 }
 
 /// `admit`: every attempt is a new user and the stock never runs out.
-pub async fn admit(
-    bench: &Bench,
-    target: &Target,
-    o: &AdmitOptions,
-    ui: &Ui,
-) -> anyhow::Result<AdmitReport> {
+pub async fn admit(bench: &Bench, o: &AdmitOptions, ui: &Ui) -> anyhow::Result<AdmitReport> {
     anyhow::ensure!(
         o.attempts >= 1 && o.callers >= 1 && o.rounds >= 1,
         "sizes must be positive"
@@ -174,12 +135,9 @@ pub async fn admit(
     let stock = o.attempts as i64;
     let mut variants: Vec<&str> = vec!["ours"];
     if o.baseline {
-        if matches!(target, Target::InProcess) {
-            variants.push("ours-adapter");
-        }
-        variants.extend(["tutorial", "floor"]);
+        variants.extend(["ours-adapter", "tutorial", "floor"]);
     }
-    let durable = durable_config(bench, target).await;
+    let durable = durable_config(bench).await;
     match &durable {
         Ok(_) => variants.push("ours-durable"),
         Err(why) => eprintln!("  admit: ours-durable skipped: {why}"),
@@ -196,7 +154,7 @@ pub async fn admit(
             let meta = RunMeta {
                 variant: variant.into(),
                 target: match variant {
-                    "ours" | "ours-durable" => target.name().into(),
+                    "ours" | "ours-durable" => "in-process".into(),
                     _ => "redis".into(),
                 },
                 scenario: "admit".into(),
@@ -222,16 +180,15 @@ pub async fn admit(
                     r
                 }
                 (_, durable) => {
-                    let p =
-                        prepare(bench, target, "bench admit", stock, plan.users(), tokens).await?;
+                    let p = prepare(bench, "bench admit", stock, plan.users(), tokens).await?;
                     tokens = Some(p.tokens.clone());
                     let v = p.voucher.id;
                     let drivers = match (variant, durable) {
                         ("ours-adapter", _) => {
                             many(callers, || AdapterCaller::driver(redis, v)).await?
                         }
-                        ("ours-durable", Ok(cfg)) => in_process_drivers(cfg, &p, callers).await?,
-                        _ => ours_drivers(bench, &p, callers).await?,
+                        ("ours-durable", Ok(cfg)) => ours_drivers(cfg, &p, callers).await?,
+                        _ => ours_drivers(&bench.http, &p, callers).await?,
                     };
                     let mut r = run(drivers, plan.clone(), meta, None, ui).await?;
                     check_ours(bench, &p, &mut r).await?;
@@ -300,13 +257,7 @@ async fn tutorial(
 
 /// seckill-http's configuration with durable admissions (`REDIS_DURABLE_REPLICAS=1`, the
 /// function's default timeout), or why `ours-durable` cannot run here.
-async fn durable_config(bench: &Bench, target: &Target) -> Result<Config, String> {
-    if matches!(target, Target::Url(_)) {
-        return Err(
-            "it runs the handler in this process; a deployment's REDIS_DURABLE_REPLICAS is its own"
-                .into(),
-        );
-    }
+async fn durable_config(bench: &Bench) -> Result<Config, String> {
     match replicas_per_primary(&bench.redis).await {
         Some(n) if n >= 1 => {}
         n => {
@@ -352,100 +303,27 @@ fn median_round(mut rs: Vec<RunResult>) -> Option<RunResult> {
     Some(m)
 }
 
-/// A voucher of `stock` units at the target, and tokens for `users` users (`tokens`
-/// when they are enough).
+/// A voucher of `stock` units, and tokens for `users` users (`tokens` when they are
+/// enough).
 pub(crate) async fn prepare(
     bench: &Bench,
-    target: &Target,
     title: &str,
     stock: i64,
     users: u32,
     tokens: Option<Arc<Tokens>>,
 ) -> anyhow::Result<Prepared> {
-    let (secret, url) = match target {
-        Target::InProcess => (bench.jwt_secret(), None),
-        Target::Url(u) => (u.jwt_secret.clone(), Some(u.clone())),
-    };
     let tokens = match tokens {
         Some(t) if t.len() >= users => t,
-        _ => Arc::new(Tokens::mint(secret.as_bytes(), users)),
-    };
-    let voucher = match &url {
-        None => bench.voucher(title, stock, false).await?,
-        Some(u) => create_voucher_http(u, title, stock).await?,
+        _ => Arc::new(Tokens::mint(bench.jwt_secret().as_bytes(), users)),
     };
     Ok(Prepared {
-        voucher,
+        voucher: bench.voucher(title, stock, false).await?,
         tokens,
-        url,
     })
-}
-
-/// `POST /vouchers` with an admin token minted with the deployment's dev secret.
-async fn create_voucher_http(u: &UrlTarget, title: &str, stock: i64) -> anyhow::Result<Voucher> {
-    let admin = seckill_shared::auth::mint_hs256(
-        u.jwt_secret.as_bytes(),
-        "bench-admin",
-        Some(seckill_shared::auth::ADMIN_SCOPE),
-        time::OffsetDateTime::now_utc().unix_timestamp() + 3_600,
-    );
-    let now = now_millis();
-    let window =
-        SaleWindow::new(now - 60_000, now + 3_600_000).map_err(|e| anyhow::anyhow!(e.0))?;
-    let body = serde_json::json!({
-        "title": title,
-        "stock": stock,
-        "begins_at": format_rfc3339_millis(window.begins_ms()),
-        "ends_at": format_rfc3339_millis(window.ends_ms()),
-    });
-    let url = format!("{}/vouchers", u.base.trim_end_matches('/'));
-    let res = reqwest::Client::new()
-        .post(&url)
-        .bearer_auth(admin)
-        .json(&body)
-        .send()
-        .await
-        .with_context(|| format!("POST {url}"))?;
-    let status = res.status();
-    let text = res.text().await.unwrap_or_default();
-    anyhow::ensure!(
-        status.as_u16() == 201,
-        "POST {url} answered {status}: {text}"
-    );
-    let v: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("POST {url} answered {text}"))?;
-    let id: VoucherId = v["id"]
-        .as_str()
-        .and_then(|s| s.parse().ok())
-        .with_context(|| format!("POST {url} answered no voucher id: {text}"))?;
-    Ok(Voucher {
-        id,
-        title: title.into(),
-        stock,
-        db_stock_left: stock,
-        window,
-    })
-}
-
-/// Ours at the target: handlers in this process, or HTTP callers of the deployment.
-pub(crate) async fn ours_drivers(
-    bench: &Bench,
-    p: &Prepared,
-    callers: usize,
-) -> anyhow::Result<Vec<Driver>> {
-    match &p.url {
-        None => in_process_drivers(&bench.http, p, callers).await,
-        Some(u) => {
-            many(callers, || {
-                HttpCaller::driver(&u.base, p.voucher.id, p.tokens.clone())
-            })
-            .await
-        }
-    }
 }
 
 /// `callers` handlers in this process, each an instance of its own configured by `cfg`.
-async fn in_process_drivers(
+pub(crate) async fn ours_drivers(
     cfg: &Config,
     p: &Prepared,
     callers: usize,
@@ -479,32 +357,15 @@ pub(crate) async fn tutorial_keys(
     Ok(Arc::new(keys))
 }
 
-/// Checks an admission run of ours against what the target says is left, then frees
-/// the voucher's Redis keys (a deployment's are its own).
+/// Checks an admission run of ours against Redis, then frees the voucher's keys.
 async fn check_ours(bench: &Bench, p: &Prepared, r: &mut RunResult) -> anyhow::Result<()> {
-    let initial = p.voucher.stock;
-    match &p.url {
-        None => {
-            let k = VoucherKeys::new(p.voucher.id);
-            let mut c = bench.redis.clone();
-            let left: Option<i64> = c.hget(&k.sale, sale_fields::STOCK).await?;
-            let buyers: i64 = c.hlen(&k.buyers).await?;
-            let queued: i64 = c.xlen(&k.orders).await?;
-            r.checks = checks(r, initial, left, Some(buyers), Some(queued));
-            bench.release_voucher(p.voucher.id).await?;
-        }
-        Some(u) => {
-            let url = format!("{}/vouchers/{}", u.base.trim_end_matches('/'), p.voucher.id);
-            let v: serde_json::Value = reqwest::get(&url)
-                .await
-                .with_context(|| format!("GET {url}"))?
-                .json()
-                .await
-                .with_context(|| format!("GET {url} did not answer JSON"))?;
-            r.checks = checks(r, initial, v["stock_left"].as_i64(), None, None);
-        }
-    }
-    Ok(())
+    let k = VoucherKeys::new(p.voucher.id);
+    let mut c = bench.redis.clone();
+    let left: Option<i64> = c.hget(&k.sale, sale_fields::STOCK).await?;
+    let buyers: i64 = c.hlen(&k.buyers).await?;
+    let queued: i64 = c.xlen(&k.orders).await?;
+    r.checks = checks(r, p.voucher.stock, left, Some(buyers), Some(queued));
+    bench.release_voucher(p.voucher.id).await
 }
 
 /// Entries in the tutorial's one global stream (shared by every voucher of the run).

@@ -637,7 +637,6 @@ pub async fn commit_latency(
     let prepared = Prepared {
         voucher: voucher.clone(),
         tokens: Arc::new(Tokens::mint(bench.jwt_secret().as_bytes(), n as u32)),
-        url: None,
     };
     let max_run = Duration::from_secs_f64(o.seconds + 60.0);
     let drainer = Arc::new(drainer(bench, &[voucher.id], o.batch_size, max_run).await?);
@@ -646,7 +645,7 @@ pub async fn commit_latency(
         let d = drainer.clone();
         tokio::spawn(async move { d.run(&consumer, Instant::now() + max_run).await })
     };
-    let drivers = ours_drivers(bench, &prepared, o.callers).await?;
+    let drivers = ours_drivers(&bench.http, &prepared, o.callers).await?;
     let meta = RunMeta {
         variant: "ours".into(),
         target: "in-process".into(),

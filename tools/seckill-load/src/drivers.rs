@@ -4,7 +4,6 @@
 //! - [`InProcess`]: the real seckill-http handler ([`seckill_http::handle`]) with its own
 //!   [`seckill_http::App`], fed API Gateway v2 requests built from an event template,
 //!   each carrying a bearer token the function verifies (no HTTP anywhere);
-//! - [`HttpCaller`]: the public HTTP contract at a URL (any deployment);
 //! - [`AdapterCaller`]: our engine without the handler (order-id block + `lua/admit.lua`),
 //!   to show what the handler itself costs;
 //! - [`TutorialCaller`]: the tutorial's admission (INCR per-day id key, then EVALSHA of
@@ -12,7 +11,6 @@
 //! - [`FloorCaller`]: one EVALSHA of `lua/bench/noop.lua`.
 
 use std::sync::{Arc, LazyLock};
-use std::time::Duration;
 
 use anyhow::Context;
 use futures::future::try_join_all;
@@ -98,7 +96,6 @@ where
 /// One caller.
 pub enum Driver {
     InProcess(Box<InProcess>),
-    Http(HttpCaller),
     Adapter(AdapterCaller),
     Tutorial(TutorialCaller),
     Floor(FloorCaller),
@@ -109,7 +106,6 @@ impl Driver {
     pub async fn attempt(&mut self, user: u32) -> Outcome {
         match self {
             Driver::InProcess(d) => d.attempt(user).await,
-            Driver::Http(d) => d.attempt(user).await,
             Driver::Adapter(d) => d.attempt(user).await,
             Driver::Tutorial(d) => d.attempt(user).await,
             Driver::Floor(d) => d.attempt().await,
@@ -151,52 +147,6 @@ impl InProcess {
             .insert(AUTHORIZATION, self.tokens.header(user).clone());
         let res = seckill_http::handle(&self.app, req).await;
         classify(res.status().as_u16(), res.body().as_ref())
-    }
-}
-
-/// The HTTP contract at a URL.
-pub struct HttpCaller {
-    client: reqwest::Client,
-    url: String,
-    tokens: Arc<Tokens>,
-}
-
-impl HttpCaller {
-    /// A caller with a connection pool of its own, posting to `base/vouchers/{id}/seckill`.
-    pub async fn driver(
-        base: &str,
-        voucher: VoucherId,
-        tokens: Arc<Tokens>,
-    ) -> anyhow::Result<Driver> {
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .pool_max_idle_per_host(1)
-            .build()
-            .context("building the HTTP client")?;
-        Ok(Driver::Http(HttpCaller {
-            client,
-            url: format!("{}/vouchers/{voucher}/seckill", base.trim_end_matches('/')),
-            tokens,
-        }))
-    }
-
-    async fn attempt(&mut self, user: u32) -> Outcome {
-        let sent = self
-            .client
-            .post(&self.url)
-            .header(AUTHORIZATION, self.tokens.header(user).clone())
-            .send()
-            .await;
-        match sent {
-            Ok(res) => {
-                let status = res.status().as_u16();
-                match res.bytes().await {
-                    Ok(body) => classify(status, &body),
-                    Err(e) => Outcome::Failed(format!("reading the response: {e}")),
-                }
-            }
-            Err(e) => Outcome::Failed(format!("POST {}: {e}", self.url)),
-        }
     }
 }
 

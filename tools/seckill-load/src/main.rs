@@ -20,7 +20,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 use seckill_cli::stack_env::StackEnv;
-use seckill_load::admission::{self, AdmitOptions, SaleOptions, Target, UrlTarget};
+use seckill_load::admission::{self, AdmitOptions, SaleOptions};
 use seckill_load::backends::{self, Bench};
 use seckill_load::drain::{self, CommitLatencyOptions, DrainOptions};
 use seckill_load::engine::Ui;
@@ -63,18 +63,6 @@ struct Global {
     /// Seed of the sale's user sequence
     #[arg(long, global = true, default_value_t = 1)]
     seed: u64,
-}
-
-#[derive(Args, Clone)]
-struct TargetArgs {
-    /// Drive a deployment of the HTTP contract at this base URL instead of the handler
-    /// in this process (sale and admit)
-    #[arg(long, value_name = "BASE_URL")]
-    url: Option<String>,
-    /// The deployment's SECKILL_DEV_JWT_SECRET, which users' and the admin's tokens are
-    /// minted with (default: the local stack's)
-    #[arg(long, value_name = "SECRET", requires = "url")]
-    jwt_secret: Option<String>,
 }
 
 /// The scenarios of a run.
@@ -179,8 +167,6 @@ enum Cmd {
         /// commit-latency's only if the drain ran)
         #[arg(long, value_enum, value_delimiter = ',')]
         only: Vec<Scenario>,
-        #[command(flatten)]
-        target: TargetArgs,
         #[command(flatten)]
         sale: SaleArgs,
         #[command(flatten)]
@@ -306,7 +292,6 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
     let g = &cli.global;
     let Cmd::Bench {
         only,
-        target,
         sale: s,
         admit: a,
         drain: d,
@@ -335,17 +320,6 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
         .with_writer(std::io::sink)
         .try_init();
     let stack = StackEnv::load(g.stack_env.as_deref())?;
-    let target = match &target.url {
-        None => Target::InProcess,
-        Some(base) => Target::Url(UrlTarget {
-            base: base.clone(),
-            jwt_secret: target
-                .jwt_secret
-                .clone()
-                .or_else(|| stack.optional("SECKILL_DEV_JWT_SECRET"))
-                .context("--url needs the deployment's dev secret (--jwt-secret)")?,
-        }),
-    };
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();
@@ -389,7 +363,7 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
                 "sale: stock {}, {} attempts by {} users from {} callers",
                 o.stock, o.attempts, o.users, o.callers
             );
-            results.sale = Some(admission::sale(&bench, &target, &o, &ui).await?);
+            results.sale = Some(admission::sale(&bench, &o, &ui).await?);
         }
         if runs(Scenario::Admit) {
             let o = sizes.admit(a, baseline);
@@ -397,7 +371,7 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
                 "admit: {} admissions per round from {} callers, {} round(s)",
                 o.attempts, o.callers, o.rounds
             );
-            results.admit = Some(admission::admit(&bench, &target, &o, &ui).await?);
+            results.admit = Some(admission::admit(&bench, &o, &ui).await?);
         }
         if runs(Scenario::Drain) {
             let o = sizes.drain(d, baseline);

@@ -1,15 +1,15 @@
 //! CI smoke of the load tool: the quick sale, in process, against a private Redis (the
 //! tests' `RedisServer`: one node or a cluster, as the run's settings say) and a fresh
-//! database behind an in-process Data API server, with the tutorial baseline; the same
-//! sale over real HTTP (`--url`); then a small drain with its baselines. Asserts the invariants and that every attempt was answered —
-//! never a speed.
+//! database behind an in-process Data API server, with the tutorial baseline; then a
+//! small drain with its baselines. Asserts the invariants and that every attempt was
+//! answered, never a speed.
 
-use seckill_load::admission::{self, SaleOptions, Target, UrlTarget};
+use seckill_load::admission::{self, SaleOptions};
 use seckill_load::backends::Bench;
 use seckill_load::drain::{self, DrainOptions};
 use seckill_load::engine::Ui;
 use seckill_load::record::RunResult;
-use seckill_tests::harness::{Backends, TEST_JWT_SECRET};
+use seckill_tests::harness::Backends;
 use seckill_tests::mysql::url_with_database;
 use seckill_tests::redis::RedisServer;
 
@@ -61,7 +61,7 @@ async fn the_quick_sale_keeps_every_invariant() {
         seed: 7,
         baseline: true,
     };
-    let r = admission::sale(&bench, &Target::InProcess, &o, &Ui::quiet())
+    let r = admission::sale(&bench, &o, &Ui::quiet())
         .await
         .expect("the sale runs");
     let tutorial = r.tutorial.as_ref().expect("the baseline ran");
@@ -124,60 +124,6 @@ async fn a_small_drain_commits_every_order_once() {
             );
         }
     }
-    bench.cleanup().await.expect("cleanup");
-    backends.cleanup().await;
-}
-
-/// Serves the HTTP contract on a free port: the real handler behind a plain HTTP server
-/// (what `cargo lambda watch` or API Gateway put in front of it). Returns the base URL.
-async fn serve_http(config: seckill_http::Config) -> String {
-    use axum::body::{Body as AxumBody, to_bytes};
-    use axum::extract::Request as AxumRequest;
-    let app: &'static seckill_http::App =
-        Box::leak(Box::new(seckill_http::App::new(&config).await));
-    let router = axum::Router::new().fallback(move |req: AxumRequest| async move {
-        let (parts, body) = req.into_parts();
-        let bytes = to_bytes(body, 1 << 20).await.unwrap_or_default();
-        let req = http::Request::from_parts(parts, lambda_http::Body::from(bytes.to_vec()));
-        let (parts, body) = seckill_http::handle(app, req).await.into_parts();
-        http::Response::from_parts(parts, AxumBody::from(body.to_vec()))
-    });
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
-        .await
-        .expect("a free port");
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, router).await });
-    base
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sale_over_http_keeps_every_invariant() {
-    let backends = Backends::start().await;
-    let (bench, _tutorial) = bench_on(&backends, "smoke-url").await;
-    let target = Target::Url(UrlTarget {
-        base: serve_http(backends.http_config()).await,
-        jwt_secret: TEST_JWT_SECRET.to_string(),
-    });
-    let o = SaleOptions {
-        stock: 50,
-        attempts: 3_000,
-        users: 600,
-        callers: 8,
-        seed: 11,
-        baseline: false,
-    };
-    let r = admission::sale(&bench, &target, &o, &Ui::quiet())
-        .await
-        .expect("the sale over HTTP runs");
-    assert_invariants(&r.ours);
-    assert_eq!(r.ours.completed, o.attempts, "every attempt answered");
-    assert_eq!(
-        r.ours.outcomes.get("failed"),
-        None,
-        "{:?}",
-        r.ours.failure_samples
-    );
-    assert_eq!(r.ours.admitted, 50, "more buyers than stock sell it all");
     bench.cleanup().await.expect("cleanup");
     backends.cleanup().await;
 }
