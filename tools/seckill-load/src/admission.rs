@@ -35,15 +35,26 @@ use crate::record::{Check, RunMeta, RunResult};
 use crate::report::one_line;
 use crate::workload::{Plan, Tokens};
 
-/// Sizes of a sale.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// Sizes of a sale (the command line's defaults are the full sizes).
+#[derive(Debug, Clone, Serialize, Deserialize, clap::Args)]
 pub struct SaleOptions {
+    /// Units on sale
+    #[arg(long, default_value_t = 1_000)]
     pub stock: i64,
+    /// Purchase attempts
+    #[arg(long, default_value_t = 1_000_000)]
     pub attempts: u64,
+    /// Distinct users making them (with repeats)
+    #[arg(long, default_value_t = 200_000)]
     pub users: u32,
+    /// Concurrent callers, each with its own connections (one Lambda instance each)
+    #[arg(long, default_value_t = 64)]
     pub callers: usize,
+    /// Seed of the sale's user sequence
+    #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Run the tutorial's admission too.
+    #[arg(skip = true)]
     pub baseline: bool,
 }
 
@@ -55,12 +66,23 @@ pub struct SaleReport {
 }
 
 /// Sizes of the admit path.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, clap::Args)]
 pub struct AdmitOptions {
+    /// Admissions per round (each a new user; the stock never runs out)
+    #[arg(
+        id = "admit_attempts",
+        long = "admit-attempts",
+        default_value_t = 200_000
+    )]
     pub attempts: u64,
+    /// Concurrent callers of the admit path
+    #[arg(id = "admit_callers", long = "admit-callers", default_value_t = 64)]
     pub callers: usize,
+    /// Rounds; the median round stands for each variant
+    #[arg(long, default_value_t = 3)]
     pub rounds: u32,
     /// Run the baselines (tutorial, floor) and ours without the handler too.
+    #[arg(skip = true)]
     pub baseline: bool,
 }
 

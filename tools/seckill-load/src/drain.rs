@@ -44,19 +44,25 @@ use crate::record::{Check, Latency, RunMeta, RunResult, latency_of_values};
 use crate::workload::{Plan, Tokens};
 
 /// Sizes of the drain scenario.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, clap::Args)]
 pub struct DrainOptions {
-    /// Orders waiting in the stream for each run of ours and for the database floor.
+    /// Orders waiting in the stream for each run of ours and for the database floor
+    #[arg(long, default_value_t = 20_000)]
     pub orders: u64,
-    /// `DRAINER_BATCH_SIZE` values to sweep.
+    /// `DRAINER_BATCH_SIZE` values to sweep
+    #[arg(long, value_delimiter = ',', default_value = "100,250,500,1000,2000")]
     pub batch_sizes: Vec<usize>,
-    /// Orders the tutorial consumer drains (it is slow; its rate is steady).
+    /// Orders the tutorial consumer drains (it is slow; its rate is steady)
+    #[arg(long, default_value_t = 3_000)]
     pub tutorial_orders: u64,
-    /// Rows per INSERT of the database floor.
+    /// Rows per INSERT of the database floor
+    #[arg(long, default_value_t = 1_000)]
     pub floor_batch: usize,
     /// Run the tutorial consumer and the database floor too.
+    #[arg(skip = true)]
     pub baseline: bool,
-    /// Numbers of sales the N orders are spread over, each drained by one invocation.
+    /// Numbers of sales the N orders are spread over, each drained by one invocation
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
     #[serde(default)]
     pub sales: Vec<usize>,
 }
@@ -137,12 +143,20 @@ impl DrainReport {
 }
 
 /// Options of the admission-to-commit measurement.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, clap::Args)]
 pub struct CommitLatencyOptions {
-    /// Admissions per second, paced.
+    /// Admissions per second while the drainer runs (paced)
+    #[arg(long, default_value_t = 1_000.0)]
     pub rate: f64,
+    /// For this long
+    #[arg(long, default_value_t = 15.0)]
     pub seconds: f64,
+    /// Callers of the paced admissions
+    #[arg(id = "latency_callers", long = "latency-callers", default_value_t = 16)]
     pub callers: usize,
+    /// DRAINER_BATCH_SIZE of the invocation (0: the drain sweep's best, else the
+    /// drainer's default)
+    #[arg(id = "latency_batch", long = "latency-batch", default_value_t = 0)]
     pub batch_size: usize,
 }
 

@@ -32,13 +32,23 @@ use crate::engine::Ui;
 use crate::record::{Latency, latency_of_values};
 use crate::workload::Tokens;
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, clap::Args)]
 pub struct FootprintOptions {
+    /// The seckill-http release binary
+    #[arg(long, default_value = "target/release/seckill-http")]
     pub http_bin: PathBuf,
+    /// The order-drainer release binary
+    #[arg(long, default_value = "target/release/order-drainer")]
     pub drainer_bin: PathBuf,
-    /// Admissions sent to seckill-http.
+    /// Admissions sent to seckill-http
+    #[arg(long, default_value_t = 20_000)]
     pub requests: u64,
-    /// Orders waiting for the drainer's invocation.
+    /// Orders waiting for the drainer's invocation
+    #[arg(
+        id = "footprint_orders",
+        long = "footprint-orders",
+        default_value_t = 20_000
+    )]
     pub orders: u64,
 }
 

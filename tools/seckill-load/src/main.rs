@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use seckill_cli::stack_env::StackEnv;
 use seckill_load::admission::{self, AdmitOptions, SaleOptions};
 use seckill_load::backends::{self, Bench};
@@ -60,9 +60,6 @@ struct Global {
     /// Skip the baselines (tutorial, floor)
     #[arg(long, global = true)]
     no_baseline: bool,
-    /// Seed of the sale's user sequence
-    #[arg(long, global = true, default_value_t = 1)]
-    seed: u64,
 }
 
 /// The scenarios of a run.
@@ -75,87 +72,25 @@ enum Scenario {
     Footprint,
 }
 
-#[derive(Args, Clone, Default)]
-struct SaleArgs {
-    /// Units on sale [default: 1000]
-    #[arg(long)]
-    stock: Option<i64>,
-    /// Purchase attempts [default: 1000000]
-    #[arg(long)]
-    attempts: Option<u64>,
-    /// Distinct users making them (with repeats) [default: 200000]
-    #[arg(long)]
-    users: Option<u32>,
-    /// Concurrent callers, each with its own connections (one Lambda instance each)
-    /// [default: 64]
-    #[arg(long)]
-    callers: Option<usize>,
-}
-
-#[derive(Args, Clone, Default)]
-struct AdmitArgs {
-    /// Admissions per round (each a new user; the stock never runs out) [default: 200000]
-    #[arg(long = "admit-attempts")]
-    attempts: Option<u64>,
-    /// Concurrent callers [default: 64]
-    #[arg(long = "admit-callers")]
-    callers: Option<usize>,
-    /// Rounds; the median round stands for each variant [default: 3]
-    #[arg(long)]
-    rounds: Option<u32>,
-}
-
-#[derive(Args, Clone, Default)]
-struct DrainArgs {
-    /// Orders waiting in the stream per run [default: 20000]
-    #[arg(long)]
-    orders: Option<u64>,
-    /// DRAINER_BATCH_SIZE values to sweep [default: 100,250,500,1000,2000]
-    #[arg(long, value_delimiter = ',')]
-    batch_sizes: Option<Vec<usize>>,
-    /// Orders for the tutorial consumer [default: 3000]
-    #[arg(long)]
-    tutorial_orders: Option<u64>,
-    /// Rows per INSERT of the database floor
-    #[arg(long, default_value_t = 1000)]
-    floor_batch: usize,
-    /// Sales the orders are spread over, each count drained by one invocation
-    /// [default: 1,10,100]
-    #[arg(long, value_delimiter = ',')]
-    sales: Option<Vec<usize>>,
-}
-
-#[derive(Args, Clone, Default)]
-struct LatencyArgs {
-    /// Admissions per second while the drainer runs [default: 1000]
-    #[arg(long)]
-    rate: Option<f64>,
-    /// For this long [default: 15]
-    #[arg(long)]
-    seconds: Option<f64>,
-    /// Callers of the paced admissions [default: 16]
-    #[arg(long = "latency-callers")]
-    callers: Option<usize>,
-    /// DRAINER_BATCH_SIZE of the invocation (default: the drain sweep's best, else the drainer's default)
-    #[arg(long = "latency-batch")]
-    batch_size: Option<usize>,
-}
-
-#[derive(Args, Clone)]
-struct FootprintArgs {
-    /// The seckill-http release binary
-    #[arg(long, default_value = "target/release/seckill-http")]
-    http_bin: PathBuf,
-    /// The order-drainer release binary
-    #[arg(long, default_value = "target/release/order-drainer")]
-    drainer_bin: PathBuf,
-    /// Admissions sent to seckill-http [default: 20000]
-    #[arg(long)]
-    requests: Option<u64>,
-    /// Orders for the drainer's invocation [default: 20000]
-    #[arg(long = "footprint-orders")]
-    orders: Option<u64>,
-}
+/// The smoke sizes of --quick: the defaults of these arguments (by id) before parsing,
+/// so that sizes given on the command line still win.
+const QUICK: &[(&str, &str)] = &[
+    ("stock", "100"),
+    ("attempts", "20000"),
+    ("users", "4000"),
+    ("callers", "16"),
+    ("admit_attempts", "5000"),
+    ("admit_callers", "16"),
+    ("rounds", "1"),
+    ("orders", "2000"),
+    ("batch_sizes", "100,500"),
+    ("tutorial_orders", "300"),
+    ("rate", "300"),
+    ("seconds", "3"),
+    ("latency_callers", "8"),
+    ("requests", "1000"),
+    ("footprint_orders", "1000"),
+];
 
 // Parsed once per process: the size of the larger variant costs nothing.
 #[allow(clippy::large_enum_variant)]
@@ -168,15 +103,15 @@ enum Cmd {
         #[arg(long, value_enum, value_delimiter = ',')]
         only: Vec<Scenario>,
         #[command(flatten)]
-        sale: SaleArgs,
+        sale: SaleOptions,
         #[command(flatten)]
-        admit: AdmitArgs,
+        admit: AdmitOptions,
         #[command(flatten)]
-        drain: DrainArgs,
+        drain: DrainOptions,
         #[command(flatten)]
-        latency: LatencyArgs,
+        latency: CommitLatencyOptions,
         #[command(flatten)]
-        footprint: FootprintArgs,
+        footprint: FootprintOptions,
     },
     /// Print the table of a results file; with --markdown, write it into a benchmarks
     /// page (between its results markers); with --svg, draw its sale's timeline
@@ -193,81 +128,23 @@ enum Cmd {
     },
 }
 
-/// Default sizes: (full, quick).
-struct Sizes {
-    quick: bool,
-}
-
-impl Sizes {
-    fn n(&self, given: Option<u64>, full: u64, quick: u64) -> u64 {
-        given.unwrap_or(if self.quick { quick } else { full })
+/// Parses the command line, with the smoke sizes as defaults under --quick.
+fn parse(args: &[String]) -> Result<Cli, clap::Error> {
+    let mut command = Cli::command();
+    if args.iter().any(|a| a == "--quick") {
+        command = command.mut_subcommand("bench", |mut bench| {
+            for (id, quick) in QUICK {
+                bench = bench.mut_arg(*id, |a| a.default_value(*quick));
+            }
+            bench
+        });
     }
-
-    fn c(&self, given: Option<usize>, full: usize, quick: usize) -> usize {
-        given.unwrap_or(if self.quick { quick } else { full })
-    }
-
-    fn sale(&self, a: &SaleArgs, seed: u64, baseline: bool) -> SaleOptions {
-        SaleOptions {
-            stock: self.n(a.stock.map(|s| s.max(0) as u64), 1_000, 100) as i64,
-            attempts: self.n(a.attempts, 1_000_000, 20_000),
-            users: self.n(a.users.map(u64::from), 200_000, 4_000) as u32,
-            callers: self.c(a.callers, 64, 16),
-            seed,
-            baseline,
-        }
-    }
-
-    fn admit(&self, a: &AdmitArgs, baseline: bool) -> AdmitOptions {
-        AdmitOptions {
-            attempts: self.n(a.attempts, 200_000, 5_000),
-            callers: self.c(a.callers, 64, 16),
-            rounds: a.rounds.unwrap_or(if self.quick { 1 } else { 3 }),
-            baseline,
-        }
-    }
-
-    fn drain(&self, a: &DrainArgs, baseline: bool) -> DrainOptions {
-        DrainOptions {
-            orders: self.n(a.orders, 20_000, 2_000),
-            batch_sizes: a.batch_sizes.clone().unwrap_or_else(|| {
-                if self.quick {
-                    vec![100, 500]
-                } else {
-                    vec![100, 250, 500, 1000, 2000]
-                }
-            }),
-            tutorial_orders: self.n(a.tutorial_orders, 3_000, 300),
-            floor_batch: a.floor_batch.max(1),
-            baseline,
-            sales: a.sales.clone().unwrap_or_else(|| vec![1, 10, 100]),
-        }
-    }
-
-    fn latency(&self, a: &LatencyArgs, best_batch: Option<usize>) -> CommitLatencyOptions {
-        CommitLatencyOptions {
-            rate: a.rate.unwrap_or(if self.quick { 300.0 } else { 1_000.0 }),
-            seconds: a.seconds.unwrap_or(if self.quick { 3.0 } else { 15.0 }),
-            callers: self.c(a.callers, 16, 8),
-            batch_size: a
-                .batch_size
-                .or(best_batch)
-                .unwrap_or(order_drainer::config::defaults::BATCH_SIZE),
-        }
-    }
-
-    fn footprint(&self, a: &FootprintArgs) -> FootprintOptions {
-        FootprintOptions {
-            http_bin: a.http_bin.clone(),
-            drainer_bin: a.drainer_bin.clone(),
-            requests: self.n(a.requests, 20_000, 1_000),
-            orders: self.n(a.orders, 20_000, 1_000),
-        }
-    }
+    Cli::from_arg_matches(&command.try_get_matches_from(args)?)
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args: Vec<String> = std::env::args().collect();
+    let cli = parse(&args).unwrap_or_else(|e| e.exit());
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -354,11 +231,13 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
         redis_probe: Some(bench.redis.clone()),
     };
     let runs = |x: Scenario| only.is_empty() || only.contains(&x);
-    let sizes = Sizes { quick: g.quick };
     let baseline = !g.no_baseline;
     let outcome = async {
         if runs(Scenario::Sale) {
-            let o = sizes.sale(s, g.seed, baseline);
+            let o = SaleOptions {
+                baseline,
+                ..s.clone()
+            };
             eprintln!(
                 "sale: stock {}, {} attempts by {} users from {} callers",
                 o.stock, o.attempts, o.users, o.callers
@@ -366,7 +245,10 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
             results.sale = Some(admission::sale(&bench, &o, &ui).await?);
         }
         if runs(Scenario::Admit) {
-            let o = sizes.admit(a, baseline);
+            let o = AdmitOptions {
+                baseline,
+                ..a.clone()
+            };
             eprintln!(
                 "admit: {} admissions per round from {} callers, {} round(s)",
                 o.attempts, o.callers, o.rounds
@@ -374,7 +256,10 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
             results.admit = Some(admission::admit(&bench, &o, &ui).await?);
         }
         if runs(Scenario::Drain) {
-            let o = sizes.drain(d, baseline);
+            let o = DrainOptions {
+                baseline,
+                ..d.clone()
+            };
             eprintln!(
                 "drain: {} orders per run, batch sizes {:?}; tutorial consumer {} orders",
                 o.orders, o.batch_sizes, o.tutorial_orders
@@ -382,17 +267,17 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
             results.drain = Some(drain::drain(&bench, &o, &ui).await?);
         }
         if runs(Scenario::CommitLatency) {
-            let best = results
-                .drain
-                .as_ref()
-                .and_then(|d| d.best())
-                .map(|b| b.batch_size);
-            let o = sizes.latency(l, best);
+            let mut o = l.clone();
+            if o.batch_size == 0 {
+                let best = results.drain.as_ref().and_then(|d| d.best());
+                o.batch_size = best.map_or(order_drainer::config::defaults::BATCH_SIZE, |b| {
+                    b.batch_size
+                });
+            }
             results.commit_latency = Some(drain::commit_latency(&bench, &o, &ui).await?);
         }
         if runs(Scenario::Footprint) {
-            let o = sizes.footprint(f);
-            results.footprint = Some(footprint::footprint(&bench, &o, &ui).await?);
+            results.footprint = Some(footprint::footprint(&bench, f, &ui).await?);
         }
         anyhow::Ok(())
     }
@@ -510,4 +395,37 @@ fn report_cmd(
         eprintln!("{} updated", md.display());
     }
     Ok(results.exit_status())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bench(line: &str) -> (SaleOptions, DrainOptions) {
+        let args: Vec<String> = line.split(' ').map(String::from).collect();
+        match parse(&args).expect("the line parses").cmd {
+            Cmd::Bench { sale, drain, .. } => (sale, drain),
+            Cmd::Report { .. } => panic!("not bench"),
+        }
+    }
+
+    #[test]
+    fn quick_sizes_are_defaults_that_given_sizes_override() {
+        Cli::command().debug_assert();
+        let (sale, drain) = bench("seckill-load bench --stock 7");
+        assert_eq!((sale.stock, sale.attempts), (7, 1_000_000));
+        assert_eq!(drain.batch_sizes, [100, 250, 500, 1000, 2000]);
+        let (sale, drain) = bench("seckill-load --quick bench --stock 7 --sales 1,2");
+        assert_eq!((sale.stock, sale.attempts, sale.users), (7, 20_000, 4_000));
+        assert_eq!(
+            (drain.batch_sizes, drain.sales),
+            (vec![100, 500], vec![1, 2])
+        );
+        // Every id of the table is an argument of bench.
+        let command = Cli::command();
+        let bench = command.find_subcommand("bench").expect("bench");
+        for (id, _) in QUICK {
+            assert!(bench.get_arguments().any(|a| a.get_id() == *id), "{id}");
+        }
+    }
 }
