@@ -187,55 +187,44 @@ pub async fn drain(bench: &Bench, o: &DrainOptions, ui: &Ui) -> anyhow::Result<D
         if ui.stopped() {
             break;
         }
-        let r = drain_sales(bench, "ours", o.orders, 1, b, ui).await?;
-        eprintln!(
-            "  drain  ours batch {:>5}: {:>7} orders in {:>6.2} s = {:>8.0} orders/s",
-            b, r.orders, r.elapsed_s, r.orders_per_s
-        );
-        ours.push(r);
+        ours.push(drain_sales(bench, "ours", o.orders, 1, b, ui).await?);
     }
     let best = ours
         .iter()
-        .max_by(|a: &&DrainRun, b: &&DrainRun| a.orders_per_s.total_cmp(&b.orders_per_s))
-        .map(|r| r.batch_size)
-        .unwrap_or(order_drainer::config::defaults::BATCH_SIZE);
+        .max_by(|a, b| a.orders_per_s.total_cmp(&b.orders_per_s))
+        .map_or(order_drainer::config::defaults::BATCH_SIZE, |r| {
+            r.batch_size
+        });
     let mut spread = Vec::new();
     for &k in &o.sales {
         if ui.stopped() {
             break;
         }
-        let r = drain_sales(bench, "spread", o.orders, k, best, ui).await?;
-        eprintln!(
-            "  drain  spread over {:>4} sales (batch {}): {:>7} orders in {:>6.2} s = {:>8.0} orders/s",
-            k, best, r.orders, r.elapsed_s, r.orders_per_s
-        );
-        spread.push(r);
+        spread.push(drain_sales(bench, "spread", o.orders, k, best, ui).await?);
     }
     let (mut tutorial, mut db_floor) = (None, None);
     if o.baseline && !ui.stopped() {
-        let t = drain_tutorial(bench, o.tutorial_orders, ui).await?;
-        match &t.error {
-            Some(e) => eprintln!("  drain  tutorial consumer: FAILED: {e}"),
-            None => eprintln!(
-                "  drain  tutorial consumer: {:>7} orders in {:>6.2} s = {:>8.0} orders/s",
-                t.orders, t.elapsed_s, t.orders_per_s
-            ),
-        }
-        tutorial = Some(t);
-        let f = drain_floor(bench, o.orders, o.floor_batch).await?;
-        eprintln!(
-            "  drain  database floor:    {:>7} orders in {:>6.2} s = {:>8.0} orders/s",
-            f.orders, f.elapsed_s, f.orders_per_s
-        );
-        db_floor = Some(f);
+        tutorial = Some(drain_tutorial(bench, o.tutorial_orders, ui).await?);
+        db_floor = Some(drain_floor(bench, o.orders, o.floor_batch).await?);
     }
-    Ok(DrainReport {
+    let report = DrainReport {
         options: o.clone(),
         ours,
         tutorial,
         db_floor,
         spread,
-    })
+    };
+    for r in report.runs() {
+        let error = r
+            .error
+            .as_deref()
+            .map_or(String::new(), |e| format!(": FAILED: {e}"));
+        eprintln!(
+            "  drain  {:<8} {:>3} sale(s), batch {:>5}: {:>7} orders in {:>6.2} s = {:>8.0} orders/s{error}",
+            r.variant, r.sales, r.batch_size, r.orders, r.elapsed_s, r.orders_per_s
+        );
+    }
+    Ok(report)
 }
 
 /// The drainer's configuration for the run's database, restricted to `vouchers`.
@@ -245,31 +234,34 @@ fn drainer_config(
     batch: usize,
     max_run: Duration,
 ) -> anyhow::Result<DrainerConfig> {
-    let h = &bench.http;
-    let mut vars: HashMap<String, String> = HashMap::new();
-    vars.insert("REDIS_URL".into(), h.redis.url.clone());
-    vars.insert("REDIS_CLUSTER".into(), h.redis.cluster.to_string());
-    vars.insert(
-        "REDIS_TIMEOUT_MS".into(),
-        h.redis.timeout.as_millis().to_string(),
+    let (h, list) = (&bench.http, vouchers.iter().map(|v| v.to_string()));
+    let mut vars: HashMap<String, String> = [
+        ("REDIS_URL", h.redis.url.clone()),
+        ("REDIS_CLUSTER", h.redis.cluster.to_string()),
+        ("REDIS_TIMEOUT_MS", h.redis.timeout.as_millis().to_string()),
+        ("DB_CLUSTER_ARN", h.data_api.cluster_arn.clone()),
+        ("DB_SECRET_ARN", h.data_api.secret_arn.clone()),
+        ("DB_NAME", h.data_api.database.clone()),
+        ("DATA_API_TIMEOUT_MS", "30000".into()),
+        ("DRAINER_BATCH_SIZE", batch.to_string()),
+        ("DRAINER_VOUCHERS", list.collect::<Vec<_>>().join(",")),
+        ("DRAINER_MAX_RUN_MS", max_run.as_millis().to_string()),
+        // Nothing is claimed from another invocation during a run.
+        (
+            "DRAINER_MIN_IDLE_MS",
+            (max_run.as_millis() * 2 + 60_000).to_string(),
+        ),
+        ("DRAINER_SAFETY_MARGIN_MS", "0".into()),
+        ("DRAINER_IDLE_POLL_MS", "20".into()),
+    ]
+    .map(|(k, v)| (k.to_string(), v))
+    .into();
+    vars.extend(
+        h.data_api
+            .endpoint
+            .clone()
+            .map(|e| ("DATA_API_URL".into(), e)),
     );
-    vars.insert("DB_CLUSTER_ARN".into(), h.data_api.cluster_arn.clone());
-    vars.insert("DB_SECRET_ARN".into(), h.data_api.secret_arn.clone());
-    vars.insert("DB_NAME".into(), h.data_api.database.clone());
-    if let Some(e) = &h.data_api.endpoint {
-        vars.insert("DATA_API_URL".into(), e.clone());
-    }
-    vars.insert("DATA_API_TIMEOUT_MS".into(), "30000".into());
-    vars.insert("DRAINER_BATCH_SIZE".into(), batch.to_string());
-    let list: Vec<String> = vouchers.iter().map(|v| v.to_string()).collect();
-    vars.insert("DRAINER_VOUCHERS".into(), list.join(","));
-    vars.insert("DRAINER_MAX_RUN_MS".into(), max_run.as_millis().to_string());
-    vars.insert(
-        "DRAINER_MIN_IDLE_MS".into(),
-        (max_run.as_millis() * 2 + 60_000).to_string(),
-    );
-    vars.insert("DRAINER_SAFETY_MARGIN_MS".into(), "0".into());
-    vars.insert("DRAINER_IDLE_POLL_MS".into(), "20".into());
     DrainerConfig::read(EnvReader::from_map(vars)).context("the drainer's configuration")
 }
 
