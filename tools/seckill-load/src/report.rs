@@ -1,7 +1,6 @@
-//! The results of a benchmark run: the JSON document, the machine it ran on, the printed
-//! summary of each variant and the table of ratios (plain text and Markdown).
+//! The results of a benchmark run: the JSON document, the machine it ran on, one line per
+//! finished variant and the table of ratios (plain text and Markdown).
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
@@ -9,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::admission::{AdmitReport, SaleReport};
 use crate::drain::{CommitLatencyReport, DrainReport};
 use crate::footprint::FootprintReport;
-use crate::record::{Check, RunResult};
+use crate::record::{Check, Latency, RunResult};
 
 /// Everything one invocation of the tool measured.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -28,52 +27,44 @@ pub struct Results {
 }
 
 impl Results {
-    /// Every invariant check of every run, with the run it belongs to.
-    pub fn checks(&self) -> Vec<(String, Check)> {
-        let mut runs: Vec<&RunResult> = Vec::new();
+    /// Every admission run (sale, admit, the paced admissions of commit-latency), in the
+    /// order the details table lists them.
+    pub fn runs(&self) -> Vec<&RunResult> {
+        let mut runs = Vec::new();
         if let Some(s) = &self.sale {
             runs.push(&s.ours);
-            runs.extend(s.tutorial.iter());
+            runs.extend(&s.tutorial);
         }
         if let Some(a) = &self.admit {
             runs.push(&a.ours);
-            runs.extend(a.ours_adapter.iter());
-            runs.extend(a.tutorial.iter());
-            runs.extend(a.floor.iter());
-            runs.extend(a.ours_durable.iter());
+            let others = [&a.ours_adapter, &a.tutorial, &a.floor, &a.ours_durable];
+            runs.extend(others.into_iter().flatten());
         }
         if let Some(l) = &self.commit_latency {
             runs.push(&l.admissions);
         }
-        let mut out: Vec<(String, Check)> = runs
-            .iter()
-            .flat_map(|r| {
-                r.checks
-                    .iter()
-                    .map(move |c| (format!("{} {}", r.scenario, r.variant), c.clone()))
-            })
-            .collect();
-        if let Some(d) = &self.drain {
-            for r in d.runs() {
-                for c in &r.checks {
-                    out.push((
-                        format!("drain {} (batch {})", r.variant, r.batch_size),
-                        c.clone(),
-                    ));
-                }
-            }
-        }
-        if let Some(l) = &self.commit_latency {
-            for c in &l.checks {
-                out.push(("commit-latency".to_string(), c.clone()));
-            }
-        }
-        out
+        runs
     }
 
-    /// True when every invariant held.
-    pub fn all_ok(&self) -> bool {
-        self.checks().iter().all(|(_, c)| c.ok)
+    /// Every invariant check of every run, with the run it belongs to.
+    pub fn checks(&self) -> Vec<(String, Check)> {
+        let mut out: Vec<(String, Check)> = Vec::new();
+        let mut add = |run: String, checks: &[Check]| {
+            out.extend(checks.iter().map(|c| (run.clone(), c.clone())));
+        };
+        for r in self.runs() {
+            add(format!("{} {}", r.scenario, r.variant), &r.checks);
+        }
+        for r in self.drain.iter().flat_map(|d| d.runs()) {
+            add(
+                format!("drain {} (batch {})", r.variant, r.batch_size),
+                &r.checks,
+            );
+        }
+        if let Some(l) = &self.commit_latency {
+            add("commit-latency".into(), &l.checks);
+        }
+        out
     }
 
     /// The baselines that FAILED on this server, with the server's error.
@@ -94,7 +85,7 @@ impl Results {
     /// The process's exit status: 2 when an invariant was violated, else 3 when a
     /// baseline FAILED on this server, else 0.
     pub fn exit_status(&self) -> u8 {
-        if !self.all_ok() {
+        if self.checks().iter().any(|(_, c)| !c.ok) {
             2
         } else if !self.failed().is_empty() {
             3
@@ -224,85 +215,36 @@ pub fn one_line(r: &RunResult) -> String {
         r.elapsed_s,
         r.attempts_per_s,
         r.admitted,
-        r.latency.p50_us as f64 / 1000.0,
-        r.latency.p99_us as f64 / 1000.0,
+        ms(r.latency.p50_us),
+        ms(r.latency.p99_us),
         if r.checks.iter().all(|c| c.ok) {
-            String::new()
+            ""
         } else {
-            "  INVARIANT VIOLATED".into()
+            "  INVARIANT VIOLATED"
         }
     )
-}
-
-/// The printed summary of one variant.
-pub fn summary(r: &RunResult) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "{} / {} ({}, {} callers): {} of {} attempts in {:.2} s = {:.0} attempts/s",
-        r.scenario,
-        r.variant,
-        r.target,
-        r.callers,
-        r.completed,
-        r.planned,
-        r.elapsed_s,
-        r.attempts_per_s
-    );
-    let codes: Vec<String> = r.outcomes.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    let _ = writeln!(
-        s,
-        "  admitted {}{}; outcomes: {}",
-        r.admitted,
-        r.stock
-            .map_or(String::new(), |st| format!(" of stock {st}")),
-        codes.join(", ")
-    );
-    let l = &r.latency;
-    let _ = writeln!(
-        s,
-        "  latency ms: p50 {:.3}  p90 {:.3}  p99 {:.3}  p99.9 {:.3}  max {:.3}",
-        ms(l.p50_us),
-        ms(l.p90_us),
-        ms(l.p99_us),
-        ms(l.p999_us),
-        ms(l.max_us)
-    );
-    if let Some(t) = r.sell_out_s {
-        let _ = writeln!(s, "  sold out after {t:.3} s");
-    }
-    if let Some(c) = &r.cpu {
-        let _ = writeln!(
-            s,
-            "  CPU per attempt: Redis {} (executing commands {}), this process {:.1} µs",
-            c.redis_us_per_attempt
-                .map_or("n/a".to_string(), |u| format!("{u:.1} µs")),
-            c.redis_command_us_per_attempt
-                .map_or("n/a".to_string(), |u| format!("{u:.1} µs")),
-            c.process_us_per_attempt
-        );
-    }
-    for f in &r.failure_samples {
-        let _ = writeln!(s, "  failure: {f}");
-    }
-    for c in &r.checks {
-        let _ = writeln!(
-            s,
-            "  [{}] {}: {}",
-            if c.ok { "ok" } else { "VIOLATED" },
-            c.name,
-            c.detail
-        );
-    }
-    s
 }
 
 fn ms(us: u64) -> f64 {
     us as f64 / 1000.0
 }
 
+fn secs(us: u64) -> f64 {
+    us as f64 / 1e6
+}
+
+/// "p50 / p99 ms" of a latency.
+fn p50_p99(l: &Latency) -> String {
+    format!("{:.2} / {:.2} ms", ms(l.p50_us), ms(l.p99_us))
+}
+
+/// A ratio as the table prints it.
+fn times(x: f64) -> String {
+    format!("{x:.2}×")
+}
+
 /// One row of the ratio table.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Row {
     pub what: String,
     pub ours: String,
@@ -313,52 +255,63 @@ pub struct Row {
     pub met: Option<bool>,
 }
 
-fn ratio_row(what: &str, ours: f64, base: f64, unit: &str, target: f64) -> Row {
-    let ratio = if base > 0.0 { ours / base } else { f64::NAN };
-    Row {
-        what: what.into(),
-        ours: format!("{} {unit}", thousands(ours)),
-        baseline: format!("{} {unit}", thousands(base)),
-        ratio: format!("{ratio:.2}×"),
-        target: format!("≥ {target}×"),
-        met: Some(ratio >= target),
+impl Row {
+    /// A figure of ours alone, with a target when there is one.
+    fn value(what: &str, ours: String, target: &str, met: Option<bool>) -> Row {
+        Row {
+            what: what.into(),
+            ours,
+            target: target.into(),
+            met,
+            ..Row::default()
+        }
+    }
+
+    /// Ours against a baseline, with no target.
+    fn versus(what: &str, ours: String, baseline: String, ratio: String) -> Row {
+        Row {
+            what: what.into(),
+            ours,
+            baseline,
+            ratio,
+            ..Row::default()
+        }
+    }
+
+    /// A comparison whose baseline FAILED on this server: its error instead of a figure.
+    fn failed(what: &str, ours: String, error: &str, target: &str) -> Row {
+        Row {
+            baseline: format!("FAILED: {error}"),
+            ratio: "FAILED".into(),
+            ..Row::value(what, ours, target, None)
+        }
+    }
+
+    /// Rates of ours and a baseline in `unit` against a target ratio, or FAILED when
+    /// the baseline has an error.
+    fn rate(what: &str, ours: f64, base: f64, error: Option<&str>, unit: &str, target: f64) -> Row {
+        let ours_text = format!("{} {unit}", thousands(ours));
+        let target_text = format!("≥ {target}×");
+        if let Some(e) = error {
+            return Row::failed(what, ours_text, e, &target_text);
+        }
+        let ratio = if base > 0.0 { ours / base } else { f64::NAN };
+        Row {
+            target: target_text,
+            met: Some(ratio >= target),
+            ..Row::versus(
+                what,
+                ours_text,
+                format!("{} {unit}", thousands(base)),
+                times(ratio),
+            )
+        }
     }
 }
 
-/// A comparison whose baseline FAILED on this server: its error instead of a figure.
-fn failed_row(what: &str, ours: String, error: &str, target: &str) -> Row {
-    Row {
-        what: what.into(),
-        ours,
-        baseline: format!("FAILED: {error}"),
-        ratio: "FAILED".into(),
-        target: target.into(),
-        met: None,
-    }
-}
-
-/// `ratio_row`, or `failed_row` when the baseline run has an error.
-fn compare_row(what: &str, ours: f64, base: &RunResult, unit: &str, target: f64) -> Row {
-    match &base.error {
-        Some(e) => failed_row(
-            what,
-            format!("{} {unit}", thousands(ours)),
-            e,
-            &format!("≥ {target}×"),
-        ),
-        None => ratio_row(what, ours, base.attempts_per_s, unit, target),
-    }
-}
-
-fn value_row(what: &str, value: String, target: &str, met: Option<bool>) -> Row {
-    Row {
-        what: what.into(),
-        ours: value,
-        baseline: String::new(),
-        ratio: String::new(),
-        target: target.into(),
-        met,
-    }
+/// Redis's command time per admission of a run (INFO commandstats).
+fn redis_us(r: &RunResult) -> Option<f64> {
+    r.cpu.as_ref().and_then(|c| c.redis_command_us_per_attempt)
 }
 
 /// The table of ratios of everything measured.
@@ -366,38 +319,33 @@ pub fn rows(r: &Results) -> Vec<Row> {
     let mut rows = Vec::new();
     if let Some(s) = &r.sale {
         if let Some(t) = &s.tutorial {
-            rows.push(compare_row(
+            let o = &s.options;
+            rows.push(Row::rate(
                 &format!(
                     "sale mix (S={}, A={}, U={}, C={}): ours vs tutorial admission",
-                    s.options.stock, s.options.attempts, s.options.users, s.options.callers
+                    o.stock, o.attempts, o.users, o.callers
                 ),
                 s.ours.attempts_per_s,
-                t,
+                t.attempts_per_s,
+                t.error.as_deref(),
                 "attempts/s",
                 5.0,
             ));
         }
-        rows.push(value_row(
+        rows.push(Row::value(
             &format!("sale: ours ({}) latency p50 / p99", s.ours.target),
-            format!(
-                "{:.2} / {:.2} ms",
-                ms(s.ours.latency.p50_us),
-                ms(s.ours.latency.p99_us)
-            ),
+            p50_p99(&s.ours.latency),
             "p99 ≤ 5 ms",
             Some(s.ours.latency.p99_us <= 5_000),
         ));
         if let Some(t) = s.ours.sell_out_s {
-            rows.push(value_row(
+            let tutorial = s.tutorial.as_ref().filter(|t| t.error.is_none());
+            let tutorial = tutorial.and_then(|t| t.sell_out_s);
+            rows.push(Row::value(
                 "sale: ours sold out after",
                 format!(
-                    "{:.3} s{}",
-                    t,
-                    s.tutorial
-                        .as_ref()
-                        .filter(|t| t.error.is_none())
-                        .and_then(|t| t.sell_out_s)
-                        .map_or(String::new(), |tt| format!(" (tutorial {tt:.3} s)"))
+                    "{t:.3} s{}",
+                    tutorial.map_or(String::new(), |tt| format!(" (tutorial {tt:.3} s)"))
                 ),
                 "",
                 None,
@@ -405,125 +353,34 @@ pub fn rows(r: &Results) -> Vec<Row> {
         }
     }
     if let Some(a) = &r.admit {
-        let title = |b: &str| {
-            format!(
-                "admit path (A={}, C={}, median of {}): ours vs {b}",
-                a.options.attempts, a.options.callers, a.options.rounds
-            )
-        };
-        if let Some(t) = &a.tutorial {
-            rows.push(compare_row(
-                &title("tutorial admission"),
-                a.ours.attempts_per_s,
-                t,
-                "admissions/s",
-                1.0,
-            ));
-        }
-        if let Some(f) = &a.floor {
-            rows.push(ratio_row(
-                &title("floor (no-op EVALSHA)"),
-                a.ours.attempts_per_s,
-                f.attempts_per_s,
-                "calls/s",
-                0.6,
-            ));
-        }
-        let redis_us = |r: &RunResult| r.cpu.as_ref().and_then(|c| c.redis_command_us_per_attempt);
-        if let Some(ours_us) = redis_us(&a.ours) {
-            for (name, other) in [("tutorial admission", &a.tutorial), ("floor", &a.floor)] {
-                let what = format!(
-                    "admit path, Redis command time per admission (INFO commandstats): ours vs {name}; the ratio is how many more admissions one Redis core executes with ours"
-                );
-                if let Some(e) = other.as_ref().and_then(|r| r.error.as_deref()) {
-                    rows.push(failed_row(&what, format!("{ours_us:.1} µs"), e, ""));
-                } else if let Some(base_us) = other.as_ref().and_then(redis_us) {
-                    rows.push(Row {
-                        what,
-                        ours: format!("{ours_us:.1} µs"),
-                        baseline: format!("{base_us:.1} µs"),
-                        ratio: format!("{:.2}×", base_us / ours_us.max(1e-9)),
-                        target: String::new(),
-                        met: None,
-                    });
-                }
-            }
-            let proc_us = |r: &RunResult| r.cpu.as_ref().map(|c| c.process_us_per_attempt);
-            let parts: Vec<String> = [
-                Some(("ours", &a.ours)),
-                a.ours_adapter
-                    .as_ref()
-                    .map(|r| ("ours without the handler", r)),
-                a.tutorial.as_ref().map(|r| ("tutorial", r)),
-                a.floor.as_ref().map(|r| ("floor", r)),
-                a.ours_durable.as_ref().map(|r| ("ours durable", r)),
-            ]
-            .into_iter()
-            .flatten()
-            .filter(|(_, r)| r.error.is_none())
-            .filter_map(|(n, r)| proc_us(r).map(|u| format!("{n} {u:.1} µs")))
-            .collect();
-            rows.push(value_row(
-                "admit path, CPU per attempt of the calling process (callers + in-process handlers)",
-                parts.join(", "),
-                "",
-                None,
-            ));
-        }
-        if let Some(ad) = &a.ours_adapter {
-            rows.push(Row {
-                what: "admit path: ours through the handler vs ours without it (adapter only)"
-                    .into(),
-                ours: format!("{} admissions/s", thousands(a.ours.attempts_per_s)),
-                baseline: format!("{} admissions/s", thousands(ad.attempts_per_s)),
-                ratio: format!(
-                    "{:.2}×",
-                    a.ours.attempts_per_s / ad.attempts_per_s.max(1e-9)
-                ),
-                target: String::new(),
-                met: None,
-            });
-        }
-        rows.push(value_row(
-            &format!("admit: ours ({}) latency p50 / p99", a.ours.target),
-            format!(
-                "{:.2} / {:.2} ms",
-                ms(a.ours.latency.p50_us),
-                ms(a.ours.latency.p99_us)
-            ),
-            "p99 ≤ 5 ms",
-            Some(a.ours.latency.p99_us <= 5_000),
-        ));
-        if let Some(d) = &a.ours_durable {
-            durable_rows(&mut rows, &a.ours, d);
-        }
+        admit_rows(&mut rows, a);
     }
     if let Some(d) = &r.drain
         && let Some(best) = d.best()
     {
+        let n = d.options.orders;
         if let Some(t) = &d.tutorial {
-            let what = format!(
-                "drain (N={}): ours (batch {}) vs tutorial consumer",
-                d.options.orders, best.batch_size
-            );
-            rows.push(match &t.error {
-                Some(e) => failed_row(
-                    &what,
-                    format!("{} orders/s", thousands(best.orders_per_s)),
-                    e,
-                    "≥ 20×",
+            rows.push(Row::rate(
+                &format!(
+                    "drain (N={n}): ours (batch {}) vs tutorial consumer",
+                    best.batch_size
                 ),
-                None => ratio_row(&what, best.orders_per_s, t.orders_per_s, "orders/s", 20.0),
-            });
+                best.orders_per_s,
+                t.orders_per_s,
+                t.error.as_deref(),
+                "orders/s",
+                20.0,
+            ));
         }
         if let Some(f) = &d.db_floor {
-            rows.push(ratio_row(
+            rows.push(Row::rate(
                 &format!(
-                    "drain (N={}): ours (batch {}) vs database floor (multi-row INSERT, {} rows)",
-                    d.options.orders, best.batch_size, f.batch_size
+                    "drain (N={n}): ours (batch {}) vs database floor (multi-row INSERT, {} rows)",
+                    best.batch_size, f.batch_size
                 ),
                 best.orders_per_s,
                 f.orders_per_s,
+                None,
                 "orders/s",
                 0.5,
             ));
@@ -533,7 +390,7 @@ pub fn rows(r: &Results) -> Vec<Row> {
             .iter()
             .map(|o| format!("{}: {}", o.batch_size, thousands(o.orders_per_s)))
             .collect();
-        rows.push(value_row(
+        rows.push(Row::value(
             "drain: batch-size sweep (orders/s)",
             sweep.join(", "),
             "",
@@ -541,13 +398,14 @@ pub fn rows(r: &Results) -> Vec<Row> {
         ));
         if let Some(single) = d.spread.iter().find(|r| r.sales == 1) {
             for many in d.spread.iter().filter(|r| r.sales > 1) {
-                rows.push(ratio_row(
+                rows.push(Row::rate(
                     &format!(
                         "drain (N={}): {} sales at once vs 1 sale (batch {})",
                         many.orders, many.sales, many.batch_size
                     ),
                     many.orders_per_s,
                     single.orders_per_s,
+                    None,
                     "orders/s",
                     0.5,
                 ));
@@ -555,80 +413,163 @@ pub fn rows(r: &Results) -> Vec<Row> {
         }
     }
     if let Some(l) = &r.commit_latency {
-        rows.push(value_row(
+        rows.push(Row::value(
             &format!(
                 "admission-to-commit latency p50 / p99 ({} admissions at {}/s, one drainer invocation)",
                 l.committed, l.options.rate
             ),
-            format!("{:.3} / {:.3} s", l.latency.p50_us as f64 / 1e6, l.latency.p99_us as f64 / 1e6),
+            format!("{:.3} / {:.3} s", secs(l.latency.p50_us), secs(l.latency.p99_us)),
             "p99 ≤ 2 s",
             Some(l.latency.p99_us <= 2_000_000 && l.committed > 0),
         ));
     }
-    if let Some(f) = &r.footprint {
-        for b in &f.binaries {
-            rows.push(value_row(
-                &format!(
-                    "{}: release binary size / peak RSS ({})",
-                    b.name, b.workload
-                ),
-                format!(
-                    "{:.1} MiB / {}",
-                    b.size_bytes as f64 / 1048576.0,
-                    b.peak_rss_kib.map_or("n/a".to_string(), |k| format!(
-                        "{:.1} MiB",
-                        k as f64 / 1024.0
-                    ))
-                ),
-                "",
-                None,
-            ));
-        }
+    for b in r.footprint.iter().flat_map(|f| &f.binaries) {
+        let peak = b.peak_rss_kib;
+        rows.push(Row::value(
+            &format!(
+                "{}: release binary size / peak RSS ({})",
+                b.name, b.workload
+            ),
+            format!(
+                "{:.1} MiB / {}",
+                b.size_bytes as f64 / 1048576.0,
+                peak.map_or("n/a".to_string(), |k| format!(
+                    "{:.1} MiB",
+                    k as f64 / 1024.0
+                ))
+            ),
+            "",
+            None,
+        ));
     }
     rows
 }
 
-/// Durable admissions (`ours-durable`) against ours in the same run: the ratios are
-/// durable / asynchronous, so a throughput ratio below 1 and latency ratios above 1 are
-/// what waiting for a replica costs.
-fn durable_rows(rows: &mut Vec<Row>, ours: &RunResult, d: &RunResult) {
+/// The admit path's rows.
+fn admit_rows(rows: &mut Vec<Row>, a: &AdmitReport) {
+    let o = &a.options;
+    let title = |b: &str| {
+        format!(
+            "admit path (A={}, C={}, median of {}): ours vs {b}",
+            o.attempts, o.callers, o.rounds
+        )
+    };
+    let ours = &a.ours;
+    if let Some(t) = &a.tutorial {
+        rows.push(Row::rate(
+            &title("tutorial admission"),
+            ours.attempts_per_s,
+            t.attempts_per_s,
+            t.error.as_deref(),
+            "admissions/s",
+            1.0,
+        ));
+    }
+    if let Some(f) = &a.floor {
+        rows.push(Row::rate(
+            &title("floor (no-op EVALSHA)"),
+            ours.attempts_per_s,
+            f.attempts_per_s,
+            None,
+            "calls/s",
+            0.6,
+        ));
+    }
+    if let Some(ours_us) = redis_us(ours) {
+        for (name, other) in [("tutorial admission", &a.tutorial), ("floor", &a.floor)] {
+            let what = format!(
+                "admit path, Redis command time per admission (INFO commandstats): ours vs {name}; the ratio is how many more admissions one Redis core executes with ours"
+            );
+            let ours_text = format!("{ours_us:.1} µs");
+            if let Some(e) = other.as_ref().and_then(|r| r.error.as_deref()) {
+                rows.push(Row::failed(&what, ours_text, e, ""));
+            } else if let Some(base_us) = other.as_ref().and_then(redis_us) {
+                let ratio = times(base_us / ours_us.max(1e-9));
+                rows.push(Row::versus(
+                    &what,
+                    ours_text,
+                    format!("{base_us:.1} µs"),
+                    ratio,
+                ));
+            }
+        }
+        let parts: Vec<String> = [
+            Some(("ours", ours)),
+            a.ours_adapter
+                .as_ref()
+                .map(|r| ("ours without the handler", r)),
+            a.tutorial.as_ref().map(|r| ("tutorial", r)),
+            a.floor.as_ref().map(|r| ("floor", r)),
+            a.ours_durable.as_ref().map(|r| ("ours durable", r)),
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|(_, r)| r.error.is_none())
+        .filter_map(|(n, r)| {
+            Some(format!(
+                "{n} {:.1} µs",
+                r.cpu.as_ref()?.process_us_per_attempt
+            ))
+        })
+        .collect();
+        rows.push(Row::value(
+            "admit path, CPU per attempt of the calling process (callers + in-process handlers)",
+            parts.join(", "),
+            "",
+            None,
+        ));
+    }
+    let per_s = |r: &RunResult| format!("{} admissions/s", thousands(r.attempts_per_s));
+    if let Some(ad) = &a.ours_adapter {
+        rows.push(Row::versus(
+            "admit path: ours through the handler vs ours without it (adapter only)",
+            per_s(ours),
+            per_s(ad),
+            times(ours.attempts_per_s / ad.attempts_per_s.max(1e-9)),
+        ));
+    }
+    rows.push(Row::value(
+        &format!("admit: ours ({}) latency p50 / p99", ours.target),
+        p50_p99(&ours.latency),
+        "p99 ≤ 5 ms",
+        Some(ours.latency.p99_us <= 5_000),
+    ));
+    // Durable admissions against ours in the same run: the ratios are durable /
+    // asynchronous, so a throughput ratio below 1 and latency ratios above 1 are what
+    // waiting for a replica costs.
+    let Some(d) = &a.ours_durable else {
+        return;
+    };
     let what = |m: &str| {
         format!("admit path, {m}: ours with durable admissions (REDIS_DURABLE_REPLICAS=1) vs ours")
     };
-    rows.push(Row {
-        what: what("throughput"),
-        ours: format!("{} admissions/s", thousands(d.attempts_per_s)),
-        baseline: format!("{} admissions/s", thousands(ours.attempts_per_s)),
-        ratio: format!("{:.2}×", d.attempts_per_s / ours.attempts_per_s.max(1e-9)),
-        target: String::new(),
-        met: None,
-    });
+    rows.push(Row::versus(
+        &what("throughput"),
+        per_s(d),
+        per_s(ours),
+        times(d.attempts_per_s / ours.attempts_per_s.max(1e-9)),
+    ));
     let (dl, ol) = (&d.latency, &ours.latency);
-    rows.push(Row {
-        what: what("latency p50 / p99"),
-        ours: format!("{:.2} / {:.2} ms", ms(dl.p50_us), ms(dl.p99_us)),
-        baseline: format!("{:.2} / {:.2} ms", ms(ol.p50_us), ms(ol.p99_us)),
-        ratio: format!(
-            "{:.2}× / {:.2}×",
-            dl.p50_us as f64 / ol.p50_us.max(1) as f64,
-            dl.p99_us as f64 / ol.p99_us.max(1) as f64
+    rows.push(Row::versus(
+        &what("latency p50 / p99"),
+        p50_p99(dl),
+        p50_p99(ol),
+        format!(
+            "{} / {}",
+            times(dl.p50_us as f64 / ol.p50_us.max(1) as f64),
+            times(dl.p99_us as f64 / ol.p99_us.max(1) as f64)
         ),
-        target: String::new(),
-        met: None,
-    });
-    let redis_us = |r: &RunResult| r.cpu.as_ref().and_then(|c| c.redis_command_us_per_attempt);
+    ));
     if let (Some(du), Some(ou)) = (redis_us(d), redis_us(ours)) {
-        rows.push(Row {
-            what: what("Redis command time per admission (INFO commandstats, every primary)"),
-            ours: format!("{du:.1} µs"),
-            baseline: format!("{ou:.1} µs"),
-            ratio: format!("{:.2}×", du / ou.max(1e-9)),
-            target: String::new(),
-            met: None,
-        });
+        rows.push(Row::versus(
+            &what("Redis command time per admission (INFO commandstats, every primary)"),
+            format!("{du:.1} µs"),
+            format!("{ou:.1} µs"),
+            times(du / ou.max(1e-9)),
+        ));
     }
     let unconfirmed = d.outcomes.get("unavailable").copied().unwrap_or(0);
-    rows.push(value_row(
+    rows.push(Row::value(
         "admit path, ours with durable admissions: answered 503 unavailable (a replica did not acknowledge in time)",
         format!("{} of {}", thousands(unconfirmed as f64), thousands(d.completed as f64)),
         "",
@@ -642,19 +583,15 @@ pub fn markdown_table(rows: &[Row]) -> String {
         "| measurement | ours | baseline | ratio | target | met |\n|---|---:|---:|---:|---|:-:|\n",
     );
     for r in rows {
+        let met = match r.met {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "",
+        };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} |",
-            r.what,
-            r.ours,
-            r.baseline,
-            r.ratio,
-            r.target,
-            match r.met {
-                Some(true) => "yes",
-                Some(false) => "**no**",
-                None => "",
-            }
+            "| {} | {} | {} | {} | {} | {met} |",
+            r.what, r.ours, r.baseline, r.ratio, r.target
         );
     }
     s
@@ -671,17 +608,16 @@ pub fn text_table(rows: &[Row]) -> String {
         };
         let _ = writeln!(s, "{}", r.what);
         if r.baseline.is_empty() {
-            let _ = writeln!(s, "    {:<40} {:>10} {}", r.ours, r.target, met);
+            let _ = writeln!(s, "    {:<40} {:>10} {met}", r.ours, r.target);
         } else {
-            let target = if r.target.is_empty() {
-                String::new()
-            } else {
-                format!("   (target {})", r.target)
+            let target = match r.target.as_str() {
+                "" => String::new(),
+                t => format!("   (target {t})"),
             };
             let _ = writeln!(
                 s,
-                "    {} vs {} = {}{target} {}",
-                r.ours, r.baseline, r.ratio, met
+                "    {} vs {} = {}{target} {met}",
+                r.ours, r.baseline, r.ratio
             );
         }
     }
@@ -703,14 +639,6 @@ pub fn thousands(v: f64) -> String {
         out.push(c);
     }
     if n < 0 { format!("-{out}") } else { out }
-}
-
-/// Outcome counts as "a 1, b 2".
-pub fn outcomes_line(o: &BTreeMap<String, u64>) -> String {
-    o.iter()
-        .map(|(k, v)| format!("{k} {}", thousands(*v as f64)))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// The generated part of `docs/benchmarks.md`: when, where, the table, the chart and the
@@ -735,23 +663,13 @@ pub fn results_markdown(r: &Results, rows: &[Row], svg_link: &str) -> String {
         s,
         "| scenario | variant | callers | attempts | elapsed | per second | admitted | outcomes | p50 | p90 | p99 | p99.9 | max |\n|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"
     );
-    let mut runs: Vec<&RunResult> = Vec::new();
-    if let Some(x) = &r.sale {
-        runs.push(&x.ours);
-        runs.extend(x.tutorial.iter());
-    }
-    if let Some(x) = &r.admit {
-        runs.push(&x.ours);
-        runs.extend(x.ours_adapter.iter());
-        runs.extend(x.tutorial.iter());
-        runs.extend(x.floor.iter());
-        runs.extend(x.ours_durable.iter());
-    }
-    if let Some(x) = &r.commit_latency {
-        runs.push(&x.admissions);
-    }
-    for x in runs {
+    for x in r.runs() {
         let l = &x.latency;
+        let outcomes: Vec<String> = x
+            .outcomes
+            .iter()
+            .map(|(k, v)| format!("{k} {}", thousands(*v as f64)))
+            .collect();
         let _ = writeln!(
             s,
             "| {} | {} | {} | {} | {:.2} s | {} | {} | {} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms |",
@@ -762,7 +680,7 @@ pub fn results_markdown(r: &Results, rows: &[Row], svg_link: &str) -> String {
             x.elapsed_s,
             thousands(x.attempts_per_s),
             thousands(x.admitted as f64),
-            outcomes_line(&x.outcomes),
+            outcomes.join(", "),
             ms(l.p50_us),
             ms(l.p90_us),
             ms(l.p99_us),
@@ -770,9 +688,7 @@ pub fn results_markdown(r: &Results, rows: &[Row], svg_link: &str) -> String {
             ms(l.max_us)
         );
     }
-    if let Some(a) = &r.admit
-        && a.rounds.len() > 1
-    {
+    if let Some(a) = r.admit.as_ref().filter(|a| a.rounds.len() > 1) {
         let _ = writeln!(s, "\nadmit rounds (per second):\n");
         for (i, round) in a.rounds.iter().enumerate() {
             let parts: Vec<String> = round
@@ -801,18 +717,19 @@ pub fn results_markdown(r: &Results, rows: &[Row], svg_link: &str) -> String {
         }
     }
     if let Some(l) = &r.commit_latency {
+        let (o, lat) = (&l.options, &l.latency);
         let _ = writeln!(
             s,
             "\nadmission-to-commit: {} admissions at {}/s for {} s from {} callers, one drainer invocation with batch {}: p50 {:.3} s, p90 {:.3} s, p99 {:.3} s, max {:.3} s; the stream was empty {:.2} s after the last admission.",
             thousands(l.committed as f64),
-            l.options.rate,
-            l.options.seconds,
-            l.options.callers,
-            l.options.batch_size,
-            l.latency.p50_us as f64 / 1e6,
-            l.latency.p90_us as f64 / 1e6,
-            l.latency.p99_us as f64 / 1e6,
-            l.latency.max_us as f64 / 1e6,
+            o.rate,
+            o.seconds,
+            o.callers,
+            o.batch_size,
+            secs(lat.p50_us),
+            secs(lat.p90_us),
+            secs(lat.p99_us),
+            secs(lat.max_us),
             l.drained_after_s
         );
     }
@@ -821,24 +738,19 @@ pub fn results_markdown(r: &Results, rows: &[Row], svg_link: &str) -> String {
             s,
             "\n| function (release) | size | peak RSS | RSS at the end | workload | invocations/s | latency p50 / p99 |\n|---|---:|---:|---:|---|---:|---:|"
         );
+        let mib =
+            |k: Option<u64>| k.map_or("n/a".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0));
         for b in &f.binaries {
-            let kib = |k: Option<u64>| {
-                k.map_or("n/a".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0))
-            };
             let _ = writeln!(
                 s,
                 "| {} | {:.2} MiB | {} | {} | {} | {} | {} |",
                 b.name,
                 b.size_bytes as f64 / 1048576.0,
-                kib(b.peak_rss_kib),
-                kib(b.rss_kib),
+                mib(b.peak_rss_kib),
+                mib(b.rss_kib),
                 b.workload,
                 b.invocations_per_s.map_or(String::new(), thousands),
-                b.latency.as_ref().map_or(String::new(), |l| format!(
-                    "{:.2} / {:.2} ms",
-                    ms(l.p50_us),
-                    ms(l.p99_us)
-                ))
+                b.latency.as_ref().map_or(String::new(), p50_p99)
             );
         }
     }
