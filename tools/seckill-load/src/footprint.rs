@@ -1,11 +1,10 @@
 //! Peak memory of the functions' release binaries, run as Lambda runs them.
 //!
-//! A minimal Lambda Runtime API (`/2018-06-01/runtime/invocation/next`, `.../response`,
-//! `.../error`, `/runtime/init/error`) listens on loopback; the real release binary
-//! (`target/release/seckill-http`, `target/release/order-drainer`) is started with
-//! `AWS_LAMBDA_RUNTIME_API` pointing at it and the run's backends in its environment,
-//! and is fed invocations one at a time, as one Lambda instance is. Its peak resident
-//! memory (`VmHWM` of `/proc/<pid>/status`) is read before it is stopped.
+//! The real release binary (`target/release/seckill-http`, `target/release/order-drainer`)
+//! is started with the run's backends in its environment and `AWS_LAMBDA_RUNTIME_API`
+//! pointing at a Lambda Runtime API of its own on loopback, which hands it one
+//! invocation at a time, as one Lambda instance gets them. Its peak resident memory
+//! (`VmHWM` of `/proc/<pid>/status`) is read before it is stopped.
 //!
 //! seckill-http gets `requests` admissions of distinct users; order-drainer one
 //! EventBridge scheduled event while `orders` admitted orders wait in its stream.
@@ -20,11 +19,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path as UrlPath, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use seckill_shared::domain::{format_rfc3339_millis, now_millis};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::{Mutex, mpsc};
 
 use crate::backends::Bench;
 use crate::drivers::seckill_event;
@@ -56,7 +57,6 @@ pub struct FootprintOptions {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BinaryFootprint {
     pub name: String,
-    pub path: String,
     pub size_bytes: u64,
     /// Peak resident set (VmHWM) after the workload.
     pub peak_rss_kib: Option<u64>,
@@ -67,8 +67,6 @@ pub struct BinaryFootprint {
     pub invocations_per_s: Option<f64>,
     /// Per-invocation latency as the runtime API sees it.
     pub latency: Option<Latency>,
-    /// The last response (the drainer's summary).
-    pub last_response: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -91,19 +89,29 @@ pub async fn footprint(
             );
         }
     }
-    let http = http_footprint(bench, o, ui).await?;
-    let drainer = drainer_footprint(bench, o, ui).await?;
+    let binaries = vec![
+        http_footprint(bench, o, ui).await?,
+        drainer_footprint(bench, o, ui).await?,
+    ];
+    for b in &binaries {
+        eprintln!(
+            "  footprint {}: {:.2} MiB, peak RSS {} KiB, {}",
+            b.name,
+            b.size_bytes as f64 / 1048576.0,
+            b.peak_rss_kib.map_or("n/a".into(), |k| k.to_string()),
+            b.workload
+        );
+    }
     Ok(FootprintReport {
         options: o.clone(),
-        binaries: vec![http, drainer],
+        binaries,
     })
 }
 
 /// The environment both functions get, as the SAM template and the local stack give it.
-fn base_env(bench: &Bench, runtime_api: &str, name: &str) -> HashMap<String, String> {
+fn base_env(bench: &Bench, name: &str) -> HashMap<String, String> {
     let h = &bench.http;
     let mut env: HashMap<String, String> = [
-        ("AWS_LAMBDA_RUNTIME_API", runtime_api.to_string()),
         ("AWS_LAMBDA_FUNCTION_NAME", name.to_string()),
         ("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST".into()),
         ("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "128".into()),
@@ -139,36 +147,31 @@ async fn http_footprint(
         .await?;
     let secret = format!("{:032x}", rand::random::<u128>());
     let tokens = Tokens::mint(secret.as_bytes(), o.requests as u32);
-    let runtime = RuntimeApi::start().await?;
-    let mut env = base_env(bench, &runtime.addr, "seckill-http");
+    let mut env = base_env(bench, "seckill-http");
     env.insert("SECKILL_DEV_JWT_SECRET".into(), secret);
     // A local emulator of Lambda, as the stack's: the function refuses the dev secret
     // inside Lambda otherwise.
     env.insert("SECKILL_DEV_JWT_IN_LAMBDA".into(), "allow".into());
-    let mut child = Function::start(&o.http_bin, &env)?;
+    let mut f = Function::start(&o.http_bin, env).await?;
     let bar = ui.bar(o.requests, "footprint seckill-http");
     let mut lat = Vec::with_capacity(o.requests as usize);
     let start = Instant::now();
     let mut admitted = 0u64;
     for i in 0..o.requests as u32 {
-        let auth = tokens.header(i).to_str().unwrap_or_default().to_string();
-        let event = seckill_event(voucher.id, Some(&auth)).to_string();
+        let auth = tokens.header(i).to_str().unwrap_or_default();
+        let event = seckill_event(voucher.id, Some(auth)).to_string();
         let t0 = Instant::now();
-        let res = runtime.invoke(event, &mut child).await?;
+        let res = f.invoke(event).await?;
         lat.push(t0.elapsed().as_micros() as u64);
-        if res
-            .get("statusCode")
-            .and_then(|s| s.as_u64())
-            .is_some_and(|s| s == 202)
-        {
-            admitted += 1;
-        }
+        admitted += u64::from(res["statusCode"].as_u64() == Some(202));
         bar.set_position(u64::from(i) + 1);
     }
     let elapsed = start.elapsed();
     bar.finish_and_clear();
-    let (peak, rss) = child.memory();
-    child.stop().await;
+    let footprint = f.finish(
+        "seckill-http",
+        format!("{} admissions, one at a time", o.requests),
+    );
     bench.release_voucher(voucher.id).await?;
     anyhow::ensure!(
         admitted == o.requests,
@@ -176,15 +179,9 @@ async fn http_footprint(
         o.requests
     );
     Ok(BinaryFootprint {
-        name: "seckill-http".into(),
-        path: o.http_bin.display().to_string(),
-        size_bytes: std::fs::metadata(&o.http_bin)?.len(),
-        peak_rss_kib: peak,
-        rss_kib: rss,
-        workload: format!("{} admissions, one at a time", o.requests),
         invocations_per_s: Some(o.requests as f64 / elapsed.as_secs_f64().max(1e-9)),
         latency: Some(latency_of_values(lat)),
-        last_response: None,
+        ..footprint?
     })
 }
 
@@ -197,8 +194,7 @@ async fn drainer_footprint(
         .voucher("bench footprint drain", o.orders.max(1) as i64, false)
         .await?;
     crate::drain::fill(bench, &voucher, o.orders, ui).await?;
-    let runtime = RuntimeApi::start().await?;
-    let mut env = base_env(bench, &runtime.addr, "order-drainer");
+    let mut env = base_env(bench, "order-drainer");
     env.insert("DRAINER_VOUCHERS".into(), voucher.id.to_string());
     // Long enough to drain them all (at a few thousand orders per second); the
     // invocation then idles until this is up.
@@ -207,58 +203,103 @@ async fn drainer_footprint(
         (3_000 + o.orders / 2).to_string(),
     );
     env.insert("DRAINER_MIN_IDLE_MS".into(), "120000".into());
-    let mut child = Function::start(&o.drainer_bin, &env)?;
+    let mut f = Function::start(&o.drainer_bin, env).await?;
     let event = serde_json::json!({
         "version": "0",
         "id": "bench",
         "detail-type": "Scheduled Event",
         "source": "aws.events",
         "account": "123456789012",
-        "time": seckill_shared::domain::format_rfc3339_millis(seckill_shared::domain::now_millis()),
+        "time": format_rfc3339_millis(now_millis()),
         "region": "us-east-1",
         "resources": ["arn:aws:events:us-east-1:123456789012:rule/seckill-drain"],
         "detail": {}
     });
     let t0 = Instant::now();
-    let res = runtime.invoke(event.to_string(), &mut child).await?;
+    let res = f.invoke(event.to_string()).await;
     let took = t0.elapsed();
-    let (peak, rss) = child.memory();
-    child.stop().await;
+    let footprint = f.finish(
+        "order-drainer",
+        format!("one invocation draining {} orders", o.orders),
+    );
     bench.release_voucher(voucher.id).await?;
-    let inserted = res.get("inserted").and_then(|v| v.as_u64()).unwrap_or(0);
+    let res = res?;
+    let inserted = res["inserted"].as_u64().unwrap_or(0);
     anyhow::ensure!(
         inserted == o.orders,
         "the drainer invocation inserted {inserted} of {} orders: {res}",
         o.orders
     );
     Ok(BinaryFootprint {
-        name: "order-drainer".into(),
-        path: o.drainer_bin.display().to_string(),
-        size_bytes: std::fs::metadata(&o.drainer_bin)?.len(),
-        peak_rss_kib: peak,
-        rss_kib: rss,
-        workload: format!("one invocation draining {} orders", o.orders),
-        invocations_per_s: None,
         latency: Some(latency_of_values([took.as_micros() as u64])),
-        last_response: Some(res),
+        ..footprint?
     })
 }
 
-/// A function process.
+/// A function process and the Lambda Runtime API that feeds it, one invocation at a
+/// time: `next` hands out the one event waiting in `events`, and the function's
+/// response (or error) comes back through `replies`.
 struct Function {
+    bin: PathBuf,
     child: tokio::process::Child,
     log: PathBuf,
+    events: mpsc::Sender<String>,
+    replies: mpsc::Receiver<Result<Bytes, Bytes>>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+/// The Runtime API's side of the two channels.
+struct RuntimeApi {
+    events: Mutex<mpsc::Receiver<String>>,
+    replies: mpsc::Sender<Result<Bytes, Bytes>>,
+    invocations: AtomicU64,
 }
 
 impl Function {
-    fn start(bin: &Path, env: &HashMap<String, String>) -> anyhow::Result<Function> {
-        let log = std::env::temp_dir().join(format!(
-            "seckill-load-{}-{}.log",
-            bin.file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or("function"),
-            std::process::id()
-        ));
+    /// Starts the Runtime API on a free loopback port, then `bin` pointing at it.
+    async fn start(bin: &Path, mut env: HashMap<String, String>) -> anyhow::Result<Function> {
+        let (events, events_rx) = mpsc::channel(1);
+        let (replies_tx, replies) = mpsc::channel(1);
+        let api = Arc::new(RuntimeApi {
+            events: Mutex::new(events_rx),
+            replies: replies_tx,
+            invocations: AtomicU64::new(0),
+        });
+        let reply = |ok: bool| {
+            move |State(api): State<Arc<RuntimeApi>>, body: Bytes| async move {
+                let _ = api
+                    .replies
+                    .send(if ok { Ok(body) } else { Err(body) })
+                    .await;
+                StatusCode::ACCEPTED
+            }
+        };
+        let app = Router::new()
+            .route("/2018-06-01/runtime/invocation/next", get(next))
+            .route(
+                "/2018-06-01/runtime/invocation/{id}/response",
+                post(reply(true)),
+            )
+            .route(
+                "/2018-06-01/runtime/invocation/{id}/error",
+                post(reply(false)),
+            )
+            .route("/2018-06-01/runtime/init/error", post(reply(false)))
+            .with_state(api);
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+        env.insert(
+            "AWS_LAMBDA_RUNTIME_API".into(),
+            listener.local_addr()?.to_string(),
+        );
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        let name = bin
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("function");
+        let log =
+            std::env::temp_dir().join(format!("seckill-load-{name}-{}.log", std::process::id()));
         let file = std::fs::File::create(&log)
             .with_context(|| format!("cannot create {}", log.display()))?;
         let child = tokio::process::Command::new(bin)
@@ -270,22 +311,39 @@ impl Function {
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("cannot start {}", bin.display()))?;
-        Ok(Function { child, log })
+        Ok(Function {
+            bin: bin.to_path_buf(),
+            child,
+            log,
+            events,
+            replies,
+            server,
+        })
     }
 
-    /// (VmHWM, VmRSS) in KiB.
-    fn memory(&self) -> (Option<u64>, Option<u64>) {
-        let Some(pid) = self.child.id() else {
-            return (None, None);
+    /// Invokes the function with `event` and returns its JSON response.
+    async fn invoke(&mut self, event: String) -> anyhow::Result<serde_json::Value> {
+        self.events
+            .send(event)
+            .await
+            .map_err(|_| anyhow::anyhow!("the runtime API stopped"))?;
+        let reply = tokio::select! {
+            r = self.replies.recv() => r.context("the runtime API stopped")?,
+            status = self.child.wait() => {
+                bail!("the function exited ({status:?}); its log:\n{}", self.log_tail())
+            }
+            _ = tokio::time::sleep(Duration::from_secs(120)) => {
+                bail!("an invocation took over 120 s; the function's log:\n{}", self.log_tail())
+            }
         };
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        };
-        (field("VmHWM:"), field("VmRSS:"))
+        match reply {
+            Ok(body) => serde_json::from_slice(&body).context("the response is not JSON"),
+            Err(body) => bail!(
+                "the invocation failed: {}; the function's log:\n{}",
+                String::from_utf8_lossy(&body),
+                self.log_tail()
+            ),
+        }
     }
 
     /// The tail of its log, for error messages.
@@ -295,112 +353,51 @@ impl Function {
         lines[lines.len().saturating_sub(15)..].join("\n")
     }
 
-    async fn stop(mut self) {
-        // Our own child, by its handle.
-        let _ = self.child.kill().await;
+    /// Reads the binary's size and the process's memory (VmHWM, VmRSS), then stops it.
+    fn finish(mut self, name: &str, workload: String) -> anyhow::Result<BinaryFootprint> {
+        let status = self
+            .child
+            .id()
+            .and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
+            .unwrap_or_default();
+        let kib = |field: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        };
+        // Our own child, by its handle; the server goes with it.
+        let _ = self.child.start_kill();
+        self.server.abort();
         let _ = std::fs::remove_file(&self.log);
-    }
-}
-
-type Reply = Result<Bytes, Bytes>;
-
-struct RuntimeState {
-    queue: Mutex<mpsc::Receiver<(String, String)>>,
-    waiting: Mutex<HashMap<String, oneshot::Sender<Reply>>>,
-}
-
-/// A Lambda Runtime API on loopback, one function process at a time.
-struct RuntimeApi {
-    addr: String,
-    send: mpsc::Sender<(String, String)>,
-    state: Arc<RuntimeState>,
-    counter: AtomicU64,
-    server: tokio::task::JoinHandle<()>,
-}
-
-impl RuntimeApi {
-    async fn start() -> anyhow::Result<RuntimeApi> {
-        let (send, recv) = mpsc::channel(1);
-        let state = Arc::new(RuntimeState {
-            queue: Mutex::new(recv),
-            waiting: Mutex::new(HashMap::new()),
-        });
-        let app = Router::new()
-            .route("/2018-06-01/runtime/invocation/next", get(next))
-            .route(
-                "/2018-06-01/runtime/invocation/{id}/response",
-                post(response),
-            )
-            .route("/2018-06-01/runtime/invocation/{id}/error", post(error))
-            .route("/2018-06-01/runtime/init/error", post(init_error))
-            .with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
-        let addr = listener.local_addr()?.to_string();
-        let server = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Ok(RuntimeApi {
-            addr,
-            send,
-            state,
-            counter: AtomicU64::new(0),
-            server,
+        Ok(BinaryFootprint {
+            name: name.into(),
+            size_bytes: std::fs::metadata(&self.bin)?.len(),
+            peak_rss_kib: kib("VmHWM:"),
+            rss_kib: kib("VmRSS:"),
+            workload,
+            invocations_per_s: None,
+            latency: None,
         })
     }
-
-    /// Invokes the function with `event` and returns its JSON response.
-    async fn invoke(&self, event: String, f: &mut Function) -> anyhow::Result<serde_json::Value> {
-        let id = format!("bench-{:08}", self.counter.fetch_add(1, Ordering::Relaxed));
-        let (tx, rx) = oneshot::channel();
-        self.state.waiting.lock().await.insert(id.clone(), tx);
-        self.send
-            .send((id.clone(), event))
-            .await
-            .map_err(|_| anyhow::anyhow!("the runtime API stopped"))?;
-        let reply = tokio::select! {
-            r = rx => r.map_err(|_| anyhow::anyhow!("invocation {id} got no answer"))?,
-            status = f.child.wait() => {
-                bail!("the function exited ({status:?}); its log:\n{}", f.log_tail())
-            }
-            _ = tokio::time::sleep(Duration::from_secs(120)) => {
-                bail!("invocation {id} took over 120 s; the function's log:\n{}", f.log_tail())
-            }
-        };
-        match reply {
-            Ok(body) => serde_json::from_slice(&body)
-                .with_context(|| format!("the response of {id} is not JSON")),
-            Err(body) => bail!(
-                "invocation {id} failed: {}; the function's log:\n{}",
-                String::from_utf8_lossy(&body),
-                f.log_tail()
-            ),
-        }
-    }
 }
 
-impl Drop for RuntimeApi {
-    fn drop(&mut self) {
-        self.server.abort();
-    }
-}
-
-async fn next(State(s): State<Arc<RuntimeState>>) -> (StatusCode, HeaderMap, String) {
-    let item = s.queue.lock().await.recv().await;
-    let Some((id, event)) = item else {
-        return (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            HeaderMap::new(),
-            String::new(),
-        );
+/// `GET .../invocation/next`: waits for the next event and hands it out with the
+/// headers the runtime client reads.
+async fn next(State(api): State<Arc<RuntimeApi>>) -> Response {
+    let Some(event) = api.events.lock().await.recv().await else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     };
-    let mut h = HeaderMap::new();
-    let deadline = (seckill_shared::domain::now_millis() + 60_000).to_string();
-    let pairs = [
-        ("lambda-runtime-aws-request-id", id),
-        ("lambda-runtime-deadline-ms", deadline),
+    let n = api.invocations.fetch_add(1, Ordering::Relaxed);
+    let headers = [
+        ("lambda-runtime-aws-request-id", format!("bench-{n:08}")),
+        (
+            "lambda-runtime-deadline-ms",
+            (now_millis() + 60_000).to_string(),
+        ),
         (
             "lambda-runtime-invoked-function-arn",
-            "arn:aws:lambda:us-east-1:123456789012:function:bench".to_string(),
+            "arn:aws:lambda:us-east-1:123456789012:function:bench".into(),
         ),
         (
             "lambda-runtime-trace-id",
@@ -408,37 +405,5 @@ async fn next(State(s): State<Arc<RuntimeState>>) -> (StatusCode, HeaderMap, Str
         ),
         ("content-type", "application/json".into()),
     ];
-    for (k, v) in pairs {
-        if let Ok(v) = HeaderValue::try_from(v) {
-            h.insert(k, v);
-        }
-    }
-    (StatusCode::OK, h, event)
-}
-
-async fn response(
-    State(s): State<Arc<RuntimeState>>,
-    UrlPath(id): UrlPath<String>,
-    body: Bytes,
-) -> StatusCode {
-    if let Some(tx) = s.waiting.lock().await.remove(&id) {
-        let _ = tx.send(Ok(body));
-    }
-    StatusCode::ACCEPTED
-}
-
-async fn error(
-    State(s): State<Arc<RuntimeState>>,
-    UrlPath(id): UrlPath<String>,
-    body: Bytes,
-) -> StatusCode {
-    if let Some(tx) = s.waiting.lock().await.remove(&id) {
-        let _ = tx.send(Err(body));
-    }
-    StatusCode::ACCEPTED
-}
-
-async fn init_error(body: Bytes) -> StatusCode {
-    eprintln!("function init error: {}", String::from_utf8_lossy(&body));
-    StatusCode::ACCEPTED
+    (headers, event).into_response()
 }
