@@ -52,7 +52,8 @@ pub fn env_vars() -> Vec<&'static str> {
     backend_env_vars_and(OWN_ENV_VARS)
 }
 
-/// Everything the function needs from its environment.
+/// The drainer's settings, read once per cold start: where the backends are, and how
+/// much one run drains and for how long.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub redis: RedisConfig,
