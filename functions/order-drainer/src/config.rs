@@ -46,12 +46,6 @@ const OWN_ENV_VARS: &[&str] = &[
     "DRAINER_VOUCHERS",
 ];
 
-/// Every environment variable [`Config::read`] reads: the only ones the SAM template may
-/// give the drainer (with `RUST_LOG`), as for seckill-http.
-pub fn env_vars() -> Vec<&'static str> {
-    backend_env_vars_and(OWN_ENV_VARS)
-}
-
 /// The drainer's settings, read once per cold start: where the backends are, and how
 /// much one run drains and for how long.
 #[derive(Debug, Clone)]
@@ -79,6 +73,12 @@ pub struct Config {
     /// `DRAINER_VOUCHERS` (optional, comma-separated ids): drain only these vouchers
     /// instead of the active set (operators draining one sale; test isolation).
     pub vouchers: Option<Vec<VoucherId>>,
+}
+
+/// Every environment variable [`Config::read`] reads: the only ones the SAM template may
+/// give the drainer (with `RUST_LOG`), as for seckill-http.
+pub fn env_vars() -> Vec<&'static str> {
+    backend_env_vars_and(OWN_ENV_VARS)
 }
 
 impl Config {
