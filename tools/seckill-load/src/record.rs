@@ -47,7 +47,6 @@ pub struct Recorder {
     order_ids: Vec<i64>,
     last_admit: Option<Duration>,
     first_sold_out: Option<Duration>,
-    failures: u64,
     failure_samples: Vec<String>,
     refusal: Option<String>,
 }
@@ -69,7 +68,6 @@ impl Recorder {
             order_ids: Vec::new(),
             last_admit: None,
             first_sold_out: None,
-            failures: 0,
             failure_samples: Vec::new(),
             refusal: None,
         }
@@ -98,7 +96,6 @@ impl Recorder {
             }
             Outcome::Failed(why) => {
                 *self.outcomes.entry("failed").or_default() += 1;
-                self.failures += 1;
                 if self.failure_samples.len() < 3 {
                     self.failure_samples.push(why);
                 }
