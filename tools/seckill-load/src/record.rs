@@ -198,11 +198,19 @@ pub struct CpuUse {
     pub process_s: f64,
     pub redis_us_per_attempt: Option<f64>,
     pub process_us_per_attempt: f64,
-    /// Time Redis spent executing commands (INFO commandstats `usec`, all commands of
-    /// every primary, so without their network I/O) per attempt.
+    /// Time Redis spent executing the commands the callers sent (INFO commandstats
+    /// `usec` of [`CLIENT_COMMANDS`], every primary, so without their network I/O) per
+    /// attempt.
     #[serde(default)]
     pub redis_command_us_per_attempt: Option<f64>,
 }
+
+/// The commands the callers of the admit path send. A script's `usec` already includes
+/// every command it runs, and INFO commandstats counts those inner commands again under
+/// their own names, so summing every line would count a script's work twice; none of the
+/// scripts in `lua/` calls any of these (a unit test of `lua/` would need updating if
+/// one did: `inner_commands_are_not_client_commands`).
+pub const CLIENT_COMMANDS: [&str; 6] = ["evalsha", "eval", "evalsha_ro", "eval_ro", "incr", "wait"];
 
 /// A point in CPU time.
 #[derive(Debug, Clone, Copy)]
@@ -240,9 +248,11 @@ impl CpuSample {
             commandstats
                 .iter()
                 .flat_map(|info| info.lines())
-                .filter(|l| l.starts_with("cmdstat_"))
-                .filter_map(|l| {
-                    l.split(',')
+                .filter_map(|l| l.strip_prefix("cmdstat_")?.split_once(':'))
+                .filter(|(name, _)| CLIENT_COMMANDS.contains(name))
+                .filter_map(|(_, stats)| {
+                    stats
+                        .split(',')
                         .find_map(|kv| kv.strip_prefix("usec="))
                         .and_then(|v| v.trim().parse::<f64>().ok())
                 })
@@ -449,13 +459,40 @@ mod tests {
     fn server_time_is_summed_over_every_primary() {
         let cpu =
             |s: f64| format!("used_cpu_sys:{s}\nused_cpu_user:{s}\nused_cpu_sys_children:9\n");
-        let cmds = |us: u64| format!("cmdstat_evalsha:calls=1,usec={us},usec_per_call=1\n");
+        // The script's inner HSETNX is part of its EVALSHA time: not counted again.
+        let cmds = |us: u64| {
+            format!(
+                "cmdstat_evalsha:calls=1,usec={us},usec_per_call=1\ncmdstat_hsetnx:calls=1,usec=7,usec_per_call=7\n"
+            )
+        };
         let before = CpuSample::take(&[cpu(1.0), cpu(2.0)], &[cmds(100), cmds(200)]);
         let after = CpuSample::take(&[cpu(1.5), cpu(2.5)], &[cmds(300), cmds(600)]);
         let used = before.until(&after, 10);
         assert!((used.redis_s.unwrap() - 2.0).abs() < 1e-9, "{used:?}");
         assert!((used.redis_command_us_per_attempt.unwrap() - 60.0).abs() < 1e-9);
         assert!(CpuSample::take(&[], &[]).redis_s.is_none());
+    }
+
+    #[test]
+    fn inner_commands_are_not_client_commands() {
+        let scripts = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lua"))
+            .unwrap()
+            .chain(std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lua/bench")).unwrap())
+            .chain(std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lua/lib")).unwrap())
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "lua"));
+        let mut read = 0;
+        for path in scripts {
+            let text = std::fs::read_to_string(&path).unwrap().to_lowercase();
+            read += 1;
+            for name in CLIENT_COMMANDS {
+                for call in ["call('", "pcall('", "call(\"", "pcall(\""] {
+                    let inner = format!("redis.{call}{name}");
+                    assert!(!text.contains(&inner), "{} runs {name}", path.display());
+                }
+            }
+        }
+        assert!(read >= 8, "read {read} scripts");
     }
 
     #[test]
