@@ -3,8 +3,8 @@
 -- KEYS[1] orders stream seckill:{<voucher>}:orders
 -- KEYS[2] dead letters  seckill:{<voucher>}:dead
 -- ARGV[1] consumer group, ARGV[2] the dead letter's id,
--- ARGV[3..] the order's field/value pairs (order_id, voucher_id, user_id, admitted_ms,
--- exactly as admitted)
+-- ARGV[3..] the order's field/value pairs as admitted (order_id, user_id; and
+-- admitted_ms, which the caller adds from the original entry's id when it lacks one)
 --
 -- Returns the new orders-stream id, or '' when the dead letter is gone (replayed or
 -- removed already): nothing is written then.

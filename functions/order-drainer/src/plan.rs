@@ -117,18 +117,23 @@ pub fn parse_entry(voucher: VoucherId, entry: &StreamEntry) -> Result<AdmittedOr
     let id: OrderId = text(fields::ORDER_ID)?
         .parse()
         .map_err(|_| bad(fields::ORDER_ID))?;
-    let entry_voucher: VoucherId = text(fields::VOUCHER_ID)?
-        .parse()
-        .map_err(|_| bad(fields::VOUCHER_ID))?;
     let user = UserId::parse(text(fields::USER_ID)?).map_err(|_| bad(fields::USER_ID))?;
-    let admitted_ms: i64 = text(fields::ADMITTED_MS)?
-        .parse()
-        .ok()
-        .filter(|ms| *ms > 0)
-        .ok_or_else(|| bad(fields::ADMITTED_MS))?;
-    if entry_voucher != voucher {
-        return Err(Reason::VoucherMismatch);
+    // Optional fields (see `fields`): absent, the key names the voucher and the entry id
+    // carries the admission time.
+    if entry.field(fields::VOUCHER_ID).is_some() {
+        let entry_voucher: VoucherId = text(fields::VOUCHER_ID)?
+            .parse()
+            .map_err(|_| bad(fields::VOUCHER_ID))?;
+        if entry_voucher != voucher {
+            return Err(Reason::VoucherMismatch);
+        }
     }
+    let admitted_ms: i64 = match entry.field(fields::ADMITTED_MS) {
+        Some(_) => text(fields::ADMITTED_MS)?.parse().ok(),
+        None => entry.id_ms(),
+    }
+    .filter(|ms| *ms > 0)
+    .ok_or_else(|| bad(fields::ADMITTED_MS))?;
     Ok(AdmittedOrder {
         id,
         voucher,
@@ -251,6 +256,33 @@ mod tests {
         assert_eq!(o.voucher, v());
         assert_eq!(o.user.as_str(), "alice");
         assert_eq!(o.admitted_ms, 1_795_391_999_123);
+    }
+
+    #[test]
+    fn an_admission_entry_of_two_fields_takes_its_time_from_its_id() {
+        // What lua/admit.lua writes: the key names the voucher, the id the time.
+        let e = entry(
+            "1795391999123-4",
+            &[("order_id", "9"), ("user_id", "bob")],
+            1,
+        );
+        let o = parse_entry(v(), &e).unwrap();
+        assert_eq!((o.id.get(), o.voucher, o.user.as_str()), (9, v(), "bob"));
+        assert_eq!(o.admitted_ms, 1_795_391_999_123);
+        // A re-enqueued entry's own admission time wins over its newer id.
+        let mut re = e.clone();
+        re.fields
+            .push((b"admitted_ms".to_vec(), b"1700000000000".to_vec()));
+        assert_eq!(
+            parse_entry(v(), &re).unwrap().admitted_ms,
+            1_700_000_000_000
+        );
+        // An id that is no stream id gives no time.
+        let odd = entry("x", &[("order_id", "9"), ("user_id", "bob")], 1);
+        assert_eq!(
+            parse_entry(v(), &odd),
+            Err(Reason::BadFields("invalid admitted_ms".into()))
+        );
     }
 
     #[test]

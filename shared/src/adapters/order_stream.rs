@@ -720,6 +720,13 @@ impl OrderStreams {
         for (f, v) in &dead.entry.fields {
             call.arg(f.as_slice()).arg(v.as_slice());
         }
+        // An admission's entry holds its time only in its id, and the replayed entry
+        // gets a new id: it carries the original time as a field instead.
+        if dead.entry.field(fields::ADMITTED_MS).is_none()
+            && let Some(ms) = dead.entry.id_ms()
+        {
+            call.arg(fields::ADMITTED_MS).arg(ms);
+        }
         let id: String = call.invoke_async(&mut self.conn.clone()).await?;
         // Again after the write: a drainer that retired the voucher in between (it
         // checked the stream before the new entry) must find it active once more.

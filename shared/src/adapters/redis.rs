@@ -380,8 +380,7 @@ impl RedisSales {
         call.key(&k.buyers)
             .key(&k.orders)
             .arg(user.as_str())
-            .arg(order_id.get())
-            .arg(voucher.get());
+            .arg(order_id.get());
         let mut conn = self.conn.clone();
         let ((code, detail, begins, ends, left, server_ms), acked): (AdmitTuple, Option<u32>) =
             match self.durable {

@@ -38,6 +38,12 @@ pub struct StreamEntry {
 }
 
 impl StreamEntry {
+    /// The milliseconds part of the entry's id (`<ms>-<seq>`): when the server appended
+    /// it, which for an admission's entry is the admission time.
+    pub fn id_ms(&self) -> Option<UnixMillis> {
+        self.id.split_once('-').and_then(|(ms, _)| ms.parse().ok())
+    }
+
     /// The value of the first field called `name`.
     pub fn field(&self, name: &str) -> Option<&[u8]> {
         self.fields

@@ -212,6 +212,10 @@ async fn a_replayed_dead_letter_is_committed_exactly_once() {
         .unwrap();
     assert_ne!(back.id, refused.id);
     assert_eq!(back.order_id, refused.order_id);
+    // Its admission time survives the replay: the admitted entry held it in its id, and
+    // the replayed entry (a new id) carries it as a field.
+    assert!(refused.admitted_ms.is_some());
+    assert_eq!(back.admitted_ms, refused.admitted_ms);
 
     // Fixed: two replays race, one wins; the bad-fields letter is refused and stays.
     sql(&ctx, "DROP TRIGGER refuse_poison").await;

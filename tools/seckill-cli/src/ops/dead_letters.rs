@@ -72,7 +72,8 @@ async fn view(
         deliveries: dead.deliveries,
         order_id: text(dead, fields::ORDER_ID),
         user_id: text(dead, fields::USER_ID),
-        admitted_ms: text(dead, fields::ADMITTED_MS),
+        admitted_ms: text(dead, fields::ADMITTED_MS)
+            .or_else(|| dead.entry.id_ms().map(|ms| ms.to_string())),
         in_database,
         not_replayable,
     })
