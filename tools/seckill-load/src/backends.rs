@@ -2,9 +2,10 @@
 //!
 //! A run never touches the stack's own `seckill` database or its vouchers: it creates a
 //! fresh database `seckill_b_<random>` ([`seckill_cli::scratch_db`]), applies the schema
-//! through the Data API exactly as `seckill migrate` does, and numbers its vouchers from a random base far above anything the stack
-//! creates, so its Redis keys (`seckill:{<voucher>}:*`, and the baselines'
-//! `bench:<run>:*`) are its own. [`Bench::cleanup`] deletes all of it.
+//! through the Data API exactly as `seckill migrate` does, and numbers its vouchers from
+//! a random base far above anything the stack creates, so its Redis keys
+//! (`seckill:{<voucher>}:*`, and the baselines' `bench:<run>:*`) are its own.
+//! [`Bench::cleanup`] deletes all of it.
 
 use std::sync::Mutex;
 
