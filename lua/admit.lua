@@ -9,8 +9,10 @@
 -- same window whatever its own clock says. Redis >= 5 replicates a script's effects,
 -- not the script, so a non-deterministic TIME is allowed before writes.
 --
--- Returns {code, detail, begins_ms, ends_ms, stock_after, now_ms}, code one of:
---   ADMITTED         detail = ''
+-- Returns, when the attempt is admitted, the bare integer stock_after (>= 0): the caller
+-- already knows the order id and, having reached Redis, the window; a reply table costs
+-- the server more than any single command here. Otherwise
+-- {code, detail, begins_ms, ends_ms, stock, now_ms}, code one of:
 --   NOT_LOADED       (no sale hash: never preloaded, or lost)
 --   NOT_STARTED, ENDED, SOLD_OUT
 --   ALREADY_BOUGHT   detail = the order id the user already holds
@@ -26,8 +28,7 @@
 -- on XADD: trimming could drop undrained orders.
 
 -- Shared with Rust (shared/src/protocol.rs; its test checks that the two agree).
--- Result codes:
-local ADMITTED = 0
+-- Result codes (an admitted attempt's reply is the bare integer, see above):
 local NOT_LOADED = 1
 local NOT_STARTED = 2
 local ENDED = 3
@@ -72,4 +73,4 @@ if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then
 end
 local left = redis.call('HINCRBY', KEYS[1], STOCK, -1)
 redis.call('XADD', KEYS[3], '*', ORDER_ID, ARGV[2], USER_ID, ARGV[1])
-return {ADMITTED, '', begins, ends, left, now}
+return left

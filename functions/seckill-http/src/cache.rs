@@ -11,10 +11,11 @@
 //!
 //! The sale window is decided by Redis's clock (`TIME` in `lua/admit.lua`), not this
 //! instance's. To answer `not_started` / `ended` from memory the instance estimates the
-//! Redis clock as its own plus the offset measured on the last admission reply, and
-//! short-circuits only when the sale's edge is more than [`SKEW_BOUND_MS`] away from that
-//! estimate; closer to the edge, or before any reply was seen, or when the last reply is
-//! older than [`CLOCK_OFFSET_TTL_MS`], Redis decides. A skewed instance clock therefore
+//! Redis clock as its own plus the offset measured on the last refusal the script gave
+//! (an admission's reply is one integer, without the time), and short-circuits only when
+//! the sale's edge is more than [`SKEW_BOUND_MS`] away from that estimate; closer to the
+//! edge, or before any such reply was seen, or when it is older than
+//! [`CLOCK_OFFSET_TTL_MS`], Redis decides. A skewed instance clock therefore
 //! refuses no buyer Redis would admit (beyond the bound's error of one round trip).
 
 use std::collections::HashMap;
@@ -158,21 +159,23 @@ impl VoucherCache {
 
     /// Remembers what an admission script's answer says about a sale: its window, when
     /// Redis knows it, whether the stock is gone (for [`SOLD_OUT_TTL_MS`]), and the
-    /// offset of Redis's clock (`server_ms`) from this instance's (`now`, read when the
-    /// answer arrived). One lock per answer.
+    /// offset of Redis's clock (`server_ms`, when the answer has it) from this
+    /// instance's (`now`, read when the answer arrived). One lock per answer.
     pub fn learn_sale(
         &self,
         voucher: VoucherId,
         window: Option<SaleWindow>,
         sold_out: bool,
-        server_ms: UnixMillis,
+        server_ms: Option<UnixMillis>,
         now: UnixMillis,
     ) {
         self.with(|s| {
-            s.clock = Some(ClockOffset {
-                offset: server_ms.saturating_sub(now),
-                measured_at: now,
-            });
+            if let Some(server_ms) = server_ms {
+                s.clock = Some(ClockOffset {
+                    offset: server_ms.saturating_sub(now),
+                    measured_at: now,
+                });
+            }
             make_room(&mut s.entries, voucher);
             let e = s.entries.entry(voucher).or_default();
             if let Some(w) = window {
@@ -222,13 +225,13 @@ mod tests {
         let w = SaleWindow::new(100_000, 130_000).unwrap();
         assert_eq!(c.short_circuit(v, 0), None);
         // The instance's clock agrees with Redis's.
-        c.learn_sale(v, Some(w), false, 50_000, 50_000);
+        c.learn_sale(v, Some(w), false, Some(50_000), 50_000);
         assert_eq!(c.short_circuit(v, 50_000), Some(Known::NotStarted));
         assert_eq!(c.short_circuit(v, 105_000), None);
-        c.learn_sale(v, None, true, 120_000, 120_000);
+        c.learn_sale(v, None, true, Some(120_000), 120_000);
         assert_eq!(c.short_circuit(v, 120_000), Some(Known::SoldOut));
         // Ended wins over sold out once the window has clearly closed.
-        c.learn_sale(v, None, true, 129_900, 129_900);
+        c.learn_sale(v, None, true, Some(129_900), 129_900);
         assert_eq!(
             c.short_circuit(v, 130_000 + SKEW_BOUND_MS),
             Some(Known::Ended)
@@ -239,7 +242,13 @@ mod tests {
     fn the_memory_is_bounded_whatever_ids_callers_make_up() {
         let c = VoucherCache::default();
         let real = VoucherId::new(1).unwrap();
-        c.learn_sale(real, Some(SaleWindow::new(0, HOUR).unwrap()), false, 0, 0);
+        c.learn_sale(
+            real,
+            Some(SaleWindow::new(0, HOUR).unwrap()),
+            false,
+            Some(0),
+            0,
+        );
         for id in 2..(3 * MAX_VOUCHERS as i64) {
             c.learn_missing(VoucherId::new(id).unwrap(), 0);
         }
@@ -253,7 +262,7 @@ mod tests {
                 VoucherId::new(id).unwrap(),
                 Some(SaleWindow::new(0, HOUR).unwrap()),
                 false,
-                0,
+                Some(0),
                 0,
             );
         }
@@ -265,7 +274,7 @@ mod tests {
         let c = VoucherCache::default();
         let v = VoucherId::new(9).unwrap();
         let w = SaleWindow::new(0, 10 * HOUR).unwrap();
-        c.learn_sale(v, Some(w), true, HOUR, HOUR);
+        c.learn_sale(v, Some(w), true, Some(HOUR), HOUR);
         assert_eq!(c.short_circuit(v, HOUR), Some(Known::SoldOut));
         assert_eq!(
             c.short_circuit(v, HOUR + SOLD_OUT_TTL_MS - 1),
@@ -276,8 +285,8 @@ mod tests {
         // A clock stepped back does not stretch the flag either.
         assert_eq!(c.short_circuit(v, HOUR - HOUR / 2), None);
         // An answer with stock left clears it at once.
-        c.learn_sale(v, Some(w), true, 2 * HOUR, 2 * HOUR);
-        c.learn_sale(v, Some(w), false, 2 * HOUR + 1, 2 * HOUR + 1);
+        c.learn_sale(v, Some(w), true, Some(2 * HOUR), 2 * HOUR);
+        c.learn_sale(v, Some(w), false, Some(2 * HOUR + 1), 2 * HOUR + 1);
         assert_eq!(c.short_circuit(v, 2 * HOUR + 2), None);
     }
 
@@ -301,7 +310,13 @@ mod tests {
             // Redis answered not started 10 s early; the instance's clock is `skew` off
             // Redis's.
             let local = |redis: i64| redis + skew;
-            c.learn_sale(v, Some(w), false, begins - 10_000, local(begins - 10_000));
+            c.learn_sale(
+                v,
+                Some(w),
+                false,
+                Some(begins - 10_000),
+                local(begins - 10_000),
+            );
             assert_eq!(
                 c.short_circuit(v, local(begins - 2 * SKEW_BOUND_MS)),
                 Some(Known::NotStarted),
@@ -314,7 +329,7 @@ mod tests {
             // Same at the end: an admission 5 s before it, then Redis decides until the
             // bound after it.
             let ends = w.ends_ms();
-            c.learn_sale(v, Some(w), false, ends - 5_000, local(ends - 5_000));
+            c.learn_sale(v, Some(w), false, Some(ends - 5_000), local(ends - 5_000));
             for at in [ends - 1, ends, ends + SKEW_BOUND_MS - 1] {
                 assert_eq!(c.short_circuit(v, local(at)), None, "{skew} {at}");
             }
@@ -346,7 +361,7 @@ mod tests {
             let c = VoucherCache::default();
             let v = VoucherId::new(1).unwrap();
             let w = SaleWindow::new(a.min(b), a.max(b)).ok();
-            c.learn_sale(v, w, true, server_ms, now);
+            c.learn_sale(v, w, true, Some(server_ms), now);
             c.learn_missing(v, now);
             let _ = c.short_circuit(v, later);
             let _ = c.short_circuit(v, now);

@@ -326,8 +326,25 @@ async fn send(
     }
 }
 
-/// The admission script's reply: code, detail, window begins/ends, stock left, server ms.
-type AdmitTuple = (i64, String, i64, i64, i64, i64);
+/// The admission script's reply: the stock left when admitted, else a table of code,
+/// detail, window begins/ends, stock left, server ms.
+enum AdmitWire {
+    Admitted(i64),
+    Other(i64, String, i64, i64, i64, i64),
+}
+
+impl redis::FromRedisValue for AdmitWire {
+    fn from_redis_value(v: Value) -> Result<AdmitWire, redis::ParsingError> {
+        Ok(match v {
+            Value::Int(left) => AdmitWire::Admitted(left),
+            other => {
+                let (code, detail, begins, ends, left, server_ms) =
+                    redis::FromRedisValue::from_redis_value(other)?;
+                AdmitWire::Other(code, detail, begins, ends, left, server_ms)
+            }
+        })
+    }
+}
 
 /// Orders stream entries per page when buyers are restored from the stream.
 pub const RESTORE_STREAM_PAGE: usize = 1_000;
@@ -382,30 +399,39 @@ impl RedisSales {
             .arg(user.as_str())
             .arg(order_id.get());
         let mut conn = self.conn.clone();
-        let ((code, detail, begins, ends, left, server_ms), acked): (AdmitTuple, Option<u32>) =
-            match self.durable {
-                None => (call.invoke_async(&mut conn).await?, None),
-                Some(d) => {
-                    let mut pipe = redis::pipe();
-                    pipe.invoke_script(&call).add_command(d.wait_cmd());
-                    let reply = match pipe.query_async(&mut conn).await {
-                        Err(e)
-                            if e.kind()
-                                == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                        {
-                            // A primary that never ran the script (new, or promoted):
-                            // load it on every primary, then send the pipeline again.
-                            call.load_async(&mut conn).await?;
-                            pipe.query_async(&mut conn).await?
-                        }
-                        other => other?,
-                    };
-                    let (tuple, acked): (AdmitTuple, u32) = reply;
-                    (tuple, Some(acked))
-                }
-            };
-        let window = SaleWindow::new(begins, ends).ok();
-        let admission = admission_of(voucher, order_id, code, &detail, left)?;
+        let (wire, acked): (AdmitWire, Option<u32>) = match self.durable {
+            None => (call.invoke_async(&mut conn).await?, None),
+            Some(d) => {
+                let mut pipe = redis::pipe();
+                pipe.invoke_script(&call).add_command(d.wait_cmd());
+                let reply = match pipe.query_async(&mut conn).await {
+                    Err(e)
+                        if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                    {
+                        // A primary that never ran the script (new, or promoted):
+                        // load it on every primary, then send the pipeline again.
+                        call.load_async(&mut conn).await?;
+                        pipe.query_async(&mut conn).await?
+                    }
+                    other => other?,
+                };
+                let (wire, acked): (AdmitWire, u32) = reply;
+                (wire, Some(acked))
+            }
+        };
+        let (admission, window, server_ms) = match wire {
+            AdmitWire::Admitted(left) => (
+                admission_of(voucher, order_id, admit::ADMITTED, "", left)?,
+                None,
+                None,
+            ),
+            AdmitWire::Other(code, detail, begins, ends, left, server_ms) => (
+                admission_of(voucher, order_id, code, &detail, left)?,
+                SaleWindow::new(begins, ends).ok(),
+                Some(server_ms),
+            ),
+        };
         if let (Some(d), Some(acked), Admission::Admitted { .. }) =
             (self.durable, acked, &admission)
             && !d.held_by(acked)

@@ -3,15 +3,17 @@
 
 use super::{Admission, SaleWindow, UnixMillis};
 
-/// What the admission script answered, with the sale window when Redis knows it (so
-/// the instance can answer `not_started` / `ended` later without calling Redis) and the
-/// Redis server's clock that decided it.
+/// What the admission script answered. A refusal also carries the sale window when
+/// Redis knows it (so the instance can answer `not_started` / `ended` later without
+/// calling Redis) and the Redis server's clock that decided it; an admission carries
+/// neither (its reply is kept to one integer: the caller reached Redis, so the sale was
+/// open).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdmitReply {
     pub admission: Admission,
     pub window: Option<SaleWindow>,
-    /// The server time (`TIME`, unix ms) the script judged the window by.
-    pub server_ms: UnixMillis,
+    /// The server time (`TIME`, unix ms) the script judged the window by, on refusals.
+    pub server_ms: Option<UnixMillis>,
 }
 
 /// What reopening a sale found (`RedisSales::reopen`, `lua/preload.lua`).
