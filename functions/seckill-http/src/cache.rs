@@ -44,6 +44,15 @@ struct Entry {
     /// Instance time until which the voucher is answered sold out.
     sold_out_until: Option<UnixMillis>,
     missing_until: Option<UnixMillis>,
+    /// The admission script answered for it (an admission's reply carries no window).
+    live: bool,
+}
+
+impl Entry {
+    /// Whether the voucher is known to exist: described, or answered for by Redis.
+    fn seen(&self) -> bool {
+        self.live || self.window.is_some() || self.voucher.is_some()
+    }
 }
 
 /// The Redis clock minus this instance's, as measured at `measured_at` (instance time).
@@ -79,7 +88,7 @@ fn make_room(entries: &mut HashMap<VoucherId, Entry>, voucher: VoucherId) {
     if entries.len() < MAX_VOUCHERS || entries.contains_key(&voucher) {
         return;
     }
-    entries.retain(|_, e| e.window.is_some() || e.voucher.is_some());
+    entries.retain(|_, e| e.seen());
     if entries.len() >= MAX_VOUCHERS {
         let mut drop = entries.len() / 2;
         entries.retain(|_, _| {
@@ -126,8 +135,7 @@ impl VoucherCache {
             let Some(e) = s.entries.get(&voucher) else {
                 return (None, false);
             };
-            let seen = e.window.is_some() || e.voucher.is_some();
-            (Self::answer(e, s.clock, now), seen)
+            (Self::answer(e, s.clock, now), e.seen())
         })
     }
 
@@ -157,8 +165,9 @@ impl VoucherCache {
         None
     }
 
-    /// Remembers what an admission script's answer says about a sale: its window, when
-    /// Redis knows it, whether the stock is gone (for [`SOLD_OUT_TTL_MS`]), and the
+    /// Remembers what an admission script's answer for a live sale (not `NotLoaded`)
+    /// says: that the voucher exists, its window when the answer has it, whether the
+    /// stock is gone (for [`SOLD_OUT_TTL_MS`]), and the
     /// offset of Redis's clock (`server_ms`, when the answer has it) from this
     /// instance's (`now`, read when the answer arrived). One lock per answer.
     pub fn learn_sale(
@@ -178,6 +187,7 @@ impl VoucherCache {
             }
             make_room(&mut s.entries, voucher);
             let e = s.entries.entry(voucher).or_default();
+            e.live = true;
             if let Some(w) = window {
                 e.window = Some(w);
                 e.missing_until = None;
@@ -217,6 +227,16 @@ mod tests {
     use super::*;
 
     const HOUR: i64 = 3_600_000;
+
+    #[test]
+    fn an_admission_alone_marks_the_voucher_seen() {
+        let c = VoucherCache::default();
+        let v = VoucherId::new(9).unwrap();
+        assert_eq!(c.look(v, 0), (None, false));
+        // An admission's reply: no window, no server time.
+        c.learn_sale(v, None, false, None, 0);
+        assert_eq!(c.look(v, 0), (None, true));
+    }
 
     #[test]
     fn answers_from_the_window_and_sold_out_flag() {

@@ -337,9 +337,12 @@ async fn seckill(app: &App, req: &Request, id: VoucherId) -> Result<Response<Bod
         Admission::SoldOut => true,
         _ => false,
     };
-    // The clock offset is measured against the time the answer arrived.
-    app.cache
-        .learn_sale(id, reply.window, sold_out, reply.server_ms, now_millis());
+    // The clock offset is measured against the time the answer arrived. A sale still
+    // not loaded teaches nothing (and is answered below).
+    if reply.admission != Admission::NotLoaded {
+        app.cache
+            .learn_sale(id, reply.window, sold_out, reply.server_ms, now_millis());
+    }
     match reply.admission {
         Admission::Admitted { order_id, .. } => Ok(json_response(
             StatusCode::ACCEPTED,

@@ -349,6 +349,49 @@ async fn a_sale_from_admission_to_sold_out() {
     b.cleanup().await;
 }
 
+/// A warm instance admits with one Redis call per purchase: once the admission script
+/// answered for a sale, the voucher is known to exist, so no lookup precedes the script
+/// (an admission's reply carries no window to remember it by).
+#[tokio::test]
+async fn a_warm_instance_admits_with_one_redis_call() {
+    let b = Backends::start().await;
+    let app = App::new(&b.http_config()).await;
+    let id = create(&app, 100, -1_000, 3_600_000).await;
+    // Another instance, which learns of the sale only from its first admission.
+    let warm = App::new(&b.http_config()).await;
+    assert_eq!(buy(&warm, &id, "u0").await.0, 202);
+    let nodes = b.redis.nodes();
+    for n in &nodes {
+        let _: () = b
+            .redis
+            .query(n.port, redis::cmd("CONFIG").arg("RESETSTAT"))
+            .unwrap();
+    }
+    for i in 1..=20 {
+        assert_eq!(buy(&warm, &id, &format!("u{i}")).await.0, 202);
+    }
+    let calls = |name: &str| -> u64 {
+        let prefix = format!("cmdstat_{name}:calls=");
+        nodes
+            .iter()
+            .map(|n| {
+                let info: String = b
+                    .redis
+                    .query(n.port, redis::cmd("INFO").arg("commandstats"))
+                    .unwrap();
+                info.lines()
+                    .find_map(|l| l.strip_prefix(prefix.as_str()))
+                    .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
+                    .unwrap_or(0)
+            })
+            .sum()
+    };
+    // The order ids come from the block leased on the first purchase.
+    assert_eq!(calls("evalsha"), 20, "one admission script per purchase");
+    assert_eq!(calls("hget") + calls("hgetall"), 0, "no sale lookup");
+    b.cleanup().await;
+}
+
 /// The admission script runs but its reply is lost (the connection is cut right after
 /// Redis answered, as by a reset or a failover): the cluster client sends the same
 /// EVALSHA again, the script finds the buyer holding this very attempt's order id, and
