@@ -14,10 +14,11 @@ use seckill_cli::scratch_db;
 use seckill_cli::stack_env::{StackEnv, url_with_database};
 use seckill_http::Config;
 use seckill_shared::adapters::data_api::DataApi;
+use seckill_shared::adapters::order_stream::OrderStreams;
 use seckill_shared::adapters::redis::{RedisConn, RedisSales};
 use seckill_shared::config::{EnvReader, RedisConfig};
 use seckill_shared::domain::{NewVoucher, SaleWindow, Voucher, VoucherId, now_millis};
-use seckill_shared::keys::{self, VoucherKeys};
+use seckill_shared::keys::VoucherKeys;
 use seckill_shared::migrate;
 
 /// The backends of one run and what it created in them.
@@ -184,16 +185,13 @@ impl Bench {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(voucher.id);
-        let sales = RedisSales::new(self.redis.clone());
-        sales
+        RedisSales::new(self.redis.clone())
             .preload(&voucher)
             .await
             .context("preloading the voucher into Redis")?;
         if !drainable {
-            let _: i64 = redis::cmd("SREM")
-                .arg(keys::ACTIVE_VOUCHERS)
-                .arg(voucher.id.get())
-                .query_async(&mut self.redis.clone())
+            OrderStreams::new(self.redis.clone())
+                .retire(voucher.id)
                 .await?;
         }
         Ok(voucher)
@@ -203,18 +201,12 @@ impl Bench {
     /// Redis rewrite its AOF ever more often, which would disturb later runs).
     pub async fn release_voucher(&self, voucher: VoucherId) -> anyhow::Result<()> {
         let k = VoucherKeys::new(voucher);
-        let mut conn = self.redis.clone();
         let _: i64 = redis::cmd("UNLINK")
-            .arg(&k.sale)
-            .arg(&k.buyers)
-            .arg(&k.orders)
-            .arg(&k.dead)
-            .query_async(&mut conn)
+            .arg(&[&k.sale, &k.buyers, &k.orders, &k.dead])
+            .query_async(&mut self.redis.clone())
             .await?;
-        let _: i64 = redis::cmd("SREM")
-            .arg(keys::ACTIVE_VOUCHERS)
-            .arg(voucher.get())
-            .query_async(&mut conn)
+        OrderStreams::new(self.redis.clone())
+            .retire(voucher)
             .await?;
         Ok(())
     }
@@ -261,11 +253,6 @@ impl Bench {
         }
         Ok(())
     }
-}
-
-/// The text of `INFO <section>` of the first primary that answers.
-pub async fn redis_info(conn: &RedisConn, section: &str) -> Option<String> {
-    redis_infos(conn, section).await.into_iter().next()
 }
 
 /// The text of `INFO <section>` of every primary (the cluster client sends INFO to each
