@@ -9,7 +9,6 @@
 //! seckill-http gets `requests` admissions of distinct users; order-drainer one
 //! EventBridge scheduled event while `orders` admitted orders wait in its stream.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -105,9 +104,9 @@ pub async fn footprint(
 }
 
 /// The environment both functions get, as the SAM template and the local stack give it.
-fn base_env(bench: &Bench, name: &str) -> HashMap<String, String> {
+fn base_env(bench: &Bench, name: &str) -> Vec<(&'static str, String)> {
     let h = &bench.http;
-    let mut env: HashMap<String, String> = [
+    let mut env = vec![
         ("AWS_LAMBDA_FUNCTION_NAME", name.to_string()),
         ("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST".into()),
         ("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "128".into()),
@@ -123,13 +122,8 @@ fn base_env(bench: &Bench, name: &str) -> HashMap<String, String> {
         ("DB_CLUSTER_ARN", h.data_api.cluster_arn.clone()),
         ("DB_SECRET_ARN", h.data_api.secret_arn.clone()),
         ("DB_NAME", h.data_api.database.clone()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    if let Some(e) = &h.data_api.endpoint {
-        env.insert("DATA_API_URL".into(), e.clone());
-    }
+    ];
+    env.extend(h.data_api.endpoint.clone().map(|e| ("DATA_API_URL", e)));
     env
 }
 
@@ -144,10 +138,10 @@ async fn http_footprint(
     let secret = bench.jwt_secret();
     let tokens = Tokens::mint(secret.as_bytes(), o.requests as u32);
     let mut env = base_env(bench, "seckill-http");
-    env.insert("SECKILL_DEV_JWT_SECRET".into(), secret);
+    env.push(("SECKILL_DEV_JWT_SECRET", secret));
     // A local emulator of Lambda, as the stack's: the function refuses the dev secret
     // inside Lambda otherwise.
-    env.insert("SECKILL_DEV_JWT_IN_LAMBDA".into(), "allow".into());
+    env.push(("SECKILL_DEV_JWT_IN_LAMBDA", "allow".into()));
     let events = (0..o.requests as u32).map(|i| {
         let auth = tokens.header(i).to_str().unwrap_or_default();
         seckill_event(voucher.id, Some(auth)).to_string()
@@ -179,14 +173,11 @@ async fn drainer_footprint(
         .await?;
     crate::drain::fill(bench, &voucher, o.orders, ui).await?;
     let mut env = base_env(bench, "order-drainer");
-    env.insert("DRAINER_VOUCHERS".into(), voucher.id.to_string());
+    env.push(("DRAINER_VOUCHERS", voucher.id.to_string()));
     // Long enough to drain them all (at a few thousand orders per second); the
     // invocation then idles until this is up.
-    env.insert(
-        "DRAINER_MAX_RUN_MS".into(),
-        (3_000 + o.orders / 2).to_string(),
-    );
-    env.insert("DRAINER_MIN_IDLE_MS".into(), "120000".into());
+    env.push(("DRAINER_MAX_RUN_MS", (3_000 + o.orders / 2).to_string()));
+    env.push(("DRAINER_MIN_IDLE_MS", "120000".into()));
     // Any JSON will do (the event carries no input): the fixture `cargo lambda invoke` sends.
     let event = include_str!("../../../tests/fixtures/eventbridge-scheduled.json");
     let workload = format!("one invocation draining {} orders", o.orders);
@@ -220,15 +211,12 @@ async fn run_function(
     bin: &Path,
     name: &str,
     workload: String,
-    mut env: HashMap<String, String>,
+    mut env: Vec<(&str, String)>,
     events: impl IntoIterator<Item = String>,
     bar: ProgressBar,
 ) -> anyhow::Result<(BinaryFootprint, Vec<Value>)> {
     let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
-    env.insert(
-        "AWS_LAMBDA_RUNTIME_API".into(),
-        listener.local_addr()?.to_string(),
-    );
+    env.push(("AWS_LAMBDA_RUNTIME_API", listener.local_addr()?.to_string()));
     let (calls_tx, mut calls) = mpsc::channel(1);
     let server = tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
