@@ -101,17 +101,7 @@ enum Cmd {
     Bench(BenchArgs),
     /// Print the table of a results file; with --markdown, write it into a benchmarks
     /// page (between its results markers); with --svg, draw its sale's timeline
-    Report {
-        /// A JSON file written by --json
-        #[arg(long)]
-        input: PathBuf,
-        /// The page to update (created from a template when missing)
-        #[arg(long)]
-        markdown: Option<PathBuf>,
-        /// The chart to link from the page, relative to it
-        #[arg(long, default_value = "benchmarks-sale.svg")]
-        svg_link: String,
-    },
+    Report(ReportArgs),
 }
 
 #[derive(Args)]
@@ -130,6 +120,19 @@ struct BenchArgs {
     latency: CommitLatencyOptions,
     #[command(flatten)]
     footprint: FootprintOptions,
+}
+
+#[derive(Args)]
+struct ReportArgs {
+    /// A JSON file written by --json
+    #[arg(long)]
+    input: PathBuf,
+    /// The page to update (created from a template when missing)
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+    /// The chart to link from the page, relative to it
+    #[arg(long, default_value = "benchmarks-sale.svg")]
+    svg_link: String,
 }
 
 /// Parses the command line, with the smoke sizes as defaults under --quick.
@@ -165,11 +168,7 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<u8> {
     match cli.cmd {
         Cmd::Bench(b) => bench_cmd(&cli.global, b).await,
-        Cmd::Report {
-            input,
-            markdown,
-            svg_link,
-        } => report_cmd(&cli.global, &input, markdown.as_deref(), &svg_link),
+        Cmd::Report(r) => report_cmd(&cli.global, &r),
     }
 }
 
@@ -331,12 +330,8 @@ const BEGIN: &str =
     "<!-- results:begin (written by `seckill-load report`; do not edit by hand) -->";
 const END: &str = "<!-- results:end -->";
 
-fn report_cmd(
-    g: &Global,
-    input: &Path,
-    markdown: Option<&Path>,
-    svg_link: &str,
-) -> anyhow::Result<u8> {
+fn report_cmd(g: &Global, r: &ReportArgs) -> anyhow::Result<u8> {
+    let input = &r.input;
     let text = std::fs::read_to_string(input)
         .with_context(|| format!("cannot read {}", input.display()))?;
     let results: Results = serde_json::from_str(&text)
@@ -344,10 +339,10 @@ fn report_cmd(
     let rows = report::rows(&results);
     println!("{}", report::text_table(&rows));
     draw(g, &results)?;
-    if let Some(md) = markdown {
+    if let Some(md) = &r.markdown {
         let block = format!(
             "{BEGIN}\n{}\n{END}",
-            report::results_markdown(&results, &rows, svg_link)
+            report::results_markdown(&results, &rows, &r.svg_link)
         );
         let page = match std::fs::read_to_string(md) {
             Ok(old) => match (old.find(BEGIN), old.find(END)) {
@@ -375,7 +370,7 @@ mod tests {
         let args: Vec<String> = line.split(' ').map(String::from).collect();
         match parse(&args).expect("the line parses").cmd {
             Cmd::Bench(b) => (b.sale, b.drain),
-            Cmd::Report { .. } => panic!("not bench"),
+            Cmd::Report(_) => panic!("not bench"),
         }
     }
 
