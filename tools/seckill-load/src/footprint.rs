@@ -77,12 +77,11 @@ pub async fn footprint(
     ui: &Ui,
 ) -> anyhow::Result<FootprintReport> {
     for bin in [&o.http_bin, &o.drainer_bin] {
-        if !bin.is_file() {
-            bail!(
-                "{} is missing: build the functions first (cargo build --release -p seckill-http -p order-drainer)",
-                bin.display()
-            );
-        }
+        anyhow::ensure!(
+            bin.is_file(),
+            "{} is missing: build the functions first (cargo build --release -p seckill-http -p order-drainer)",
+            bin.display()
+        );
     }
     let binaries = vec![
         http_footprint(bench, o, ui).await?,
