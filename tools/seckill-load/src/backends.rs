@@ -7,17 +7,18 @@
 //! (`seckill:{<voucher>}:*`, and the baselines' `bench:<run>:*`) are its own.
 //! [`Bench::cleanup`] deletes all of it.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use anyhow::Context;
 use seckill_cli::scratch_db;
 use seckill_cli::stack_env::{StackEnv, url_with_database};
 use seckill_http::Config;
 use seckill_shared::adapters::data_api::DataApi;
+use seckill_shared::adapters::order_stream::OrderStreams;
 use seckill_shared::adapters::redis::{RedisConn, RedisSales};
 use seckill_shared::config::{EnvReader, RedisConfig};
 use seckill_shared::domain::{NewVoucher, SaleWindow, Voucher, VoucherId, now_millis};
-use seckill_shared::keys::{self, VoucherKeys};
+use seckill_shared::keys::VoucherKeys;
 use seckill_shared::migrate;
 
 /// The backends of one run and what it created in them.
@@ -180,20 +181,14 @@ impl Bench {
             .create_voucher(&new)
             .await
             .context("creating a voucher through the Data API")?;
-        self.vouchers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(voucher.id);
-        let sales = RedisSales::new(self.redis.clone());
-        sales
+        lock(&self.vouchers).push(voucher.id);
+        RedisSales::new(self.redis.clone())
             .preload(&voucher)
             .await
             .context("preloading the voucher into Redis")?;
         if !drainable {
-            let _: i64 = redis::cmd("SREM")
-                .arg(keys::ACTIVE_VOUCHERS)
-                .arg(voucher.id.get())
-                .query_async(&mut self.redis.clone())
+            OrderStreams::new(self.redis.clone())
+                .retire(voucher.id)
                 .await?;
         }
         Ok(voucher)
@@ -203,18 +198,12 @@ impl Bench {
     /// Redis rewrite its AOF ever more often, which would disturb later runs).
     pub async fn release_voucher(&self, voucher: VoucherId) -> anyhow::Result<()> {
         let k = VoucherKeys::new(voucher);
-        let mut conn = self.redis.clone();
         let _: i64 = redis::cmd("UNLINK")
-            .arg(&k.sale)
-            .arg(&k.buyers)
-            .arg(&k.orders)
-            .arg(&k.dead)
-            .query_async(&mut conn)
+            .arg(&[&k.sale, &k.buyers, &k.orders, &k.dead])
+            .query_async(&mut self.redis.clone())
             .await?;
-        let _: i64 = redis::cmd("SREM")
-            .arg(keys::ACTIVE_VOUCHERS)
-            .arg(voucher.get())
-            .query_async(&mut conn)
+        OrderStreams::new(self.redis.clone())
+            .retire(voucher)
             .await?;
         Ok(())
     }
@@ -231,10 +220,7 @@ impl Bench {
 
     /// Remembers a key of the tutorial baseline to delete at cleanup.
     pub fn track_key(&self, key: impl Into<String>) {
-        self.extra_keys
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(key.into());
+        lock(&self.extra_keys).push(key.into());
     }
 
     /// A key prefix of this run for the baselines' keys.
@@ -244,9 +230,8 @@ impl Bench {
 
     /// Deletes the run's Redis keys and drops its database.
     pub async fn cleanup(&self) -> anyhow::Result<()> {
-        let vouchers =
-            std::mem::take(&mut *self.vouchers.lock().unwrap_or_else(|e| e.into_inner()));
-        let extra = std::mem::take(&mut *self.extra_keys.lock().unwrap_or_else(|e| e.into_inner()));
+        let vouchers = std::mem::take(&mut *lock(&self.vouchers));
+        let extra = std::mem::take(&mut *lock(&self.extra_keys));
         for v in vouchers {
             self.release_voucher(v).await?;
         }
@@ -263,33 +248,29 @@ impl Bench {
     }
 }
 
-/// The text of `INFO <section>` of the first primary that answers.
-pub async fn redis_info(conn: &RedisConn, section: &str) -> Option<String> {
-    redis_infos(conn, section).await.into_iter().next()
+/// A list of the run's, locked (a panic elsewhere while it was held leaves it whole).
+fn lock<T>(list: &Mutex<Vec<T>>) -> MutexGuard<'_, Vec<T>> {
+    list.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The text of `INFO <section>` of every primary (the cluster client sends INFO to each
 /// primary and answers with a map of their replies; a plain connection has one).
 pub async fn redis_infos(conn: &RedisConn, section: &str) -> Vec<String> {
-    let v: Result<redis::Value, _> = redis::cmd("INFO")
+    let reply = redis::cmd("INFO")
         .arg(section)
         .query_async(&mut conn.clone())
         .await;
-    let mut out = Vec::new();
-    if let Ok(v) = v {
-        texts(v, &mut out);
-    }
-    out
+    reply.map_or_else(|_| Vec::new(), texts)
 }
 
-fn texts(v: redis::Value, out: &mut Vec<String>) {
+/// The texts in a reply, however nested.
+fn texts(v: redis::Value) -> Vec<String> {
     match v {
-        redis::Value::BulkString(b) => out.extend(String::from_utf8(b).ok()),
-        redis::Value::SimpleString(s) => out.push(s),
-        redis::Value::VerbatimString { text, .. } => out.push(text),
-        redis::Value::Map(pairs) => pairs.into_iter().for_each(|(_, v)| texts(v, out)),
-        redis::Value::Array(items) => items.into_iter().for_each(|v| texts(v, out)),
-        _ => {}
+        redis::Value::BulkString(b) => String::from_utf8(b).into_iter().collect(),
+        redis::Value::SimpleString(text) | redis::Value::VerbatimString { text, .. } => vec![text],
+        redis::Value::Map(pairs) => pairs.into_iter().flat_map(|(_, v)| texts(v)).collect(),
+        redis::Value::Array(items) => items.into_iter().flat_map(texts).collect(),
+        _ => Vec::new(),
     }
 }
 

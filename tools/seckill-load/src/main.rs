@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use order_drainer::config::defaults::BATCH_SIZE;
 use seckill_cli::stack_env::StackEnv;
 use seckill_load::admission::{self, AdmitOptions, SaleOptions};
 use seckill_load::backends::{self, Bench};
@@ -97,35 +98,41 @@ const QUICK: &[(&str, &str)] = &[
 #[derive(Subcommand)]
 enum Cmd {
     /// Every scenario in one run (or those of --only), then the table of ratios
-    Bench {
-        /// Run only these scenarios (the drain's best batch size then sets
-        /// commit-latency's only if the drain ran)
-        #[arg(long, value_enum, value_delimiter = ',')]
-        only: Vec<Scenario>,
-        #[command(flatten)]
-        sale: SaleOptions,
-        #[command(flatten)]
-        admit: AdmitOptions,
-        #[command(flatten)]
-        drain: DrainOptions,
-        #[command(flatten)]
-        latency: CommitLatencyOptions,
-        #[command(flatten)]
-        footprint: FootprintOptions,
-    },
+    Bench(BenchArgs),
     /// Print the table of a results file; with --markdown, write it into a benchmarks
     /// page (between its results markers); with --svg, draw its sale's timeline
-    Report {
-        /// A JSON file written by --json
-        #[arg(long)]
-        input: PathBuf,
-        /// The page to update (created from a template when missing)
-        #[arg(long)]
-        markdown: Option<PathBuf>,
-        /// The chart to link from the page, relative to it
-        #[arg(long, default_value = "benchmarks-sale.svg")]
-        svg_link: String,
-    },
+    Report(ReportArgs),
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// Run only these scenarios (the drain's best batch size then sets
+    /// commit-latency's only if the drain ran)
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<Scenario>,
+    #[command(flatten)]
+    sale: SaleOptions,
+    #[command(flatten)]
+    admit: AdmitOptions,
+    #[command(flatten)]
+    drain: DrainOptions,
+    #[command(flatten)]
+    latency: CommitLatencyOptions,
+    #[command(flatten)]
+    footprint: FootprintOptions,
+}
+
+#[derive(Args)]
+struct ReportArgs {
+    /// A JSON file written by --json
+    #[arg(long)]
+    input: PathBuf,
+    /// The page to update (created from a template when missing)
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+    /// The chart to link from the page, relative to it
+    #[arg(long, default_value = "benchmarks-sale.svg")]
+    svg_link: String,
 }
 
 /// Parses the command line, with the smoke sizes as defaults under --quick.
@@ -145,17 +152,10 @@ fn parse(args: &[String]) -> Result<Cli, clap::Error> {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let cli = parse(&args).unwrap_or_else(|e| e.exit());
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    match rt.block_on(run(cli)) {
+    let status = tokio::runtime::Runtime::new()
+        .context("cannot start the async runtime")
+        .and_then(|rt| rt.block_on(run(cli)));
+    match status {
         Ok(status) => ExitCode::from(status),
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -166,26 +166,15 @@ fn main() -> ExitCode {
 
 /// Runs the command; `Ok` with the exit status ([`Results::exit_status`]).
 async fn run(cli: Cli) -> anyhow::Result<u8> {
-    let g = &cli.global;
-    let Cmd::Bench {
-        only,
-        sale: s,
-        admit: a,
-        drain: d,
-        latency: l,
-        footprint: f,
-    } = &cli.cmd
-    else {
-        let Cmd::Report {
-            input,
-            markdown,
-            svg_link,
-        } = &cli.cmd
-        else {
-            unreachable!("two commands")
-        };
-        return report_cmd(g, input, markdown.as_deref(), svg_link);
-    };
+    match cli.cmd {
+        Cmd::Bench(b) => bench_cmd(&cli.global, b).await,
+        Cmd::Report(r) => report_cmd(&cli.global, &r),
+    }
+}
+
+async fn bench_cmd(g: &Global, mut b: BenchArgs) -> anyhow::Result<u8> {
+    let baseline = !g.no_baseline;
+    (b.sale.baseline, b.admit.baseline, b.drain.baseline) = (baseline, baseline, baseline);
     // The handler's logs as in Lambda (AWS_LAMBDA_LOG_FORMAT=JSON, RUST_LOG=info), written
     // nowhere: formatting them is part of what a request costs.
     let _ = tracing_subscriber::fmt()
@@ -198,15 +187,13 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
         .try_init();
     let stack = StackEnv::load(g.stack_env.as_deref())?;
     let stop = Arc::new(AtomicBool::new(false));
-    {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                eprintln!("\ninterrupted: finishing the current run, then cleaning up");
-                stop.store(true, Ordering::Relaxed);
-            }
-        });
-    }
+    let stop_on_ctrl_c = stop.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("\ninterrupted: finishing the current run, then cleaning up");
+            stop_on_ctrl_c.store(true, Ordering::Relaxed);
+        }
+    });
     let mut results = Results {
         tool: format!("seckill-load {}", env!("CARGO_PKG_VERSION")),
         command: std::env::args().collect::<Vec<_>>().join(" "),
@@ -230,54 +217,40 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
         max_run: Duration::from_secs(600),
         redis_probe: Some(bench.redis.clone()),
     };
-    let runs = |x: Scenario| only.is_empty() || only.contains(&x);
-    let baseline = !g.no_baseline;
+    let runs = |x: Scenario| b.only.is_empty() || b.only.contains(&x);
+    let (s, a, d, l) = (&b.sale, &b.admit, &b.drain, &mut b.latency);
     let outcome = async {
         if runs(Scenario::Sale) {
-            let o = SaleOptions {
-                baseline,
-                ..s.clone()
-            };
             eprintln!(
                 "sale: stock {}, {} attempts by {} users from {} callers",
-                o.stock, o.attempts, o.users, o.callers
+                s.stock, s.attempts, s.users, s.callers
             );
-            results.sale = Some(admission::sale(&bench, &o, &ui).await?);
+            results.sale = Some(admission::sale(&bench, s, &ui).await?);
         }
         if runs(Scenario::Admit) {
-            let o = AdmitOptions {
-                baseline,
-                ..a.clone()
-            };
             eprintln!(
                 "admit: {} admissions per round from {} callers, {} round(s)",
-                o.attempts, o.callers, o.rounds
+                a.attempts, a.callers, a.rounds
             );
-            results.admit = Some(admission::admit(&bench, &o, &ui).await?);
+            results.admit = Some(admission::admit(&bench, a, &ui).await?);
         }
         if runs(Scenario::Drain) {
-            let o = DrainOptions {
-                baseline,
-                ..d.clone()
-            };
             eprintln!(
                 "drain: {} orders per run, batch sizes {:?}; tutorial consumer {} orders",
-                o.orders, o.batch_sizes, o.tutorial_orders
+                d.orders, d.batch_sizes, d.tutorial_orders
             );
-            results.drain = Some(drain::drain(&bench, &o, &ui).await?);
+            results.drain = Some(drain::drain(&bench, d, &ui).await?);
         }
         if runs(Scenario::CommitLatency) {
-            let mut o = l.clone();
-            if o.batch_size == 0 {
+            // 0: the drain's best batch size, when it ran.
+            if l.batch_size == 0 {
                 let best = results.drain.as_ref().and_then(|d| d.best());
-                o.batch_size = best.map_or(order_drainer::config::defaults::BATCH_SIZE, |b| {
-                    b.batch_size
-                });
+                l.batch_size = best.map_or(BATCH_SIZE, |b| b.batch_size);
             }
-            results.commit_latency = Some(drain::commit_latency(&bench, &o, &ui).await?);
+            results.commit_latency = Some(drain::commit_latency(&bench, l, &ui).await?);
         }
         if runs(Scenario::Footprint) {
-            results.footprint = Some(footprint::footprint(&bench, f, &ui).await?);
+            results.footprint = Some(footprint::footprint(&bench, &b.footprint, &ui).await?);
         }
         anyhow::Ok(())
     }
@@ -295,8 +268,8 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
 }
 
 async fn versions(b: &Bench, m: &mut Machine) {
-    let info = backends::redis_info(&b.redis, "server").await;
-    let field = |k: &str| info.as_deref().and_then(|i| backends::info_field(i, k));
+    let info = backends::redis_infos(&b.redis, "server").await;
+    let field = |k: &str| info.first().and_then(|i| backends::info_field(i, k));
     // Valkey answers redis_version 7.2.4 (for clients) and its own in valkey_version.
     m.redis_version = match (field("redis_version"), field("valkey_version")) {
         (r, Some(v)) => Some(format!("{} (Valkey {v})", r.unwrap_or("?"))),
@@ -322,16 +295,12 @@ fn finish(g: &Global, results: &Results) -> anyhow::Result<u8> {
         eprintln!("results written to {}", path.display());
     }
     draw(g, results)?;
-    let violated: Vec<_> = results
-        .checks()
-        .into_iter()
-        .filter(|(_, c)| !c.ok)
-        .collect();
-    for (run, c) in &violated {
+    let checks = results.checks();
+    for (run, c) in checks.iter().filter(|(_, c)| !c.ok) {
         eprintln!("INVARIANT VIOLATED in {run}: {}: {}", c.name, c.detail);
     }
-    if violated.is_empty() {
-        eprintln!("all invariants held ({} checks)", results.checks().len());
+    if checks.iter().all(|(_, c)| c.ok) {
+        eprintln!("all invariants held ({} checks)", checks.len());
     }
     for (run, e) in results.failed() {
         eprintln!("BASELINE FAILED on this server in {run}: {e}");
@@ -361,12 +330,8 @@ const BEGIN: &str =
     "<!-- results:begin (written by `seckill-load report`; do not edit by hand) -->";
 const END: &str = "<!-- results:end -->";
 
-fn report_cmd(
-    g: &Global,
-    input: &Path,
-    markdown: Option<&Path>,
-    svg_link: &str,
-) -> anyhow::Result<u8> {
+fn report_cmd(g: &Global, r: &ReportArgs) -> anyhow::Result<u8> {
+    let input = &r.input;
     let text = std::fs::read_to_string(input)
         .with_context(|| format!("cannot read {}", input.display()))?;
     let results: Results = serde_json::from_str(&text)
@@ -374,10 +339,10 @@ fn report_cmd(
     let rows = report::rows(&results);
     println!("{}", report::text_table(&rows));
     draw(g, &results)?;
-    if let Some(md) = markdown {
+    if let Some(md) = &r.markdown {
         let block = format!(
             "{BEGIN}\n{}\n{END}",
-            report::results_markdown(&results, &rows, svg_link)
+            report::results_markdown(&results, &rows, &r.svg_link)
         );
         let page = match std::fs::read_to_string(md) {
             Ok(old) => match (old.find(BEGIN), old.find(END)) {
@@ -404,8 +369,8 @@ mod tests {
     fn bench(line: &str) -> (SaleOptions, DrainOptions) {
         let args: Vec<String> = line.split(' ').map(String::from).collect();
         match parse(&args).expect("the line parses").cmd {
-            Cmd::Bench { sale, drain, .. } => (sale, drain),
-            Cmd::Report { .. } => panic!("not bench"),
+            Cmd::Bench(b) => (b.sale, b.drain),
+            Cmd::Report(_) => panic!("not bench"),
         }
     }
 
