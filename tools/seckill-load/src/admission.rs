@@ -260,14 +260,12 @@ async fn tutorial(
 /// seckill-http's configuration with durable admissions (`REDIS_DURABLE_REPLICAS=1`, the
 /// function's default timeout), or why `ours-durable` cannot run here.
 async fn durable_config(bench: &Bench) -> Result<Config, String> {
-    match replicas_per_primary(&bench.redis).await {
-        Some(n) if n >= 1 => {}
-        n => {
-            return Err(format!(
-                "it needs a replica per Redis primary (WAIT 1) and the primaries have {} (the cluster stack has one: SECKILL_REDIS_TOPOLOGY=cluster)",
-                n.map_or("an unknown number".into(), |n| n.to_string())
-            ));
-        }
+    let n = replicas_per_primary(&bench.redis).await;
+    if n.is_none_or(|n| n < 1) {
+        return Err(format!(
+            "it needs a replica per Redis primary (WAIT 1) and the primaries have {} (the cluster stack has one: SECKILL_REDIS_TOPOLOGY=cluster)",
+            n.map_or("an unknown number".into(), |n| n.to_string())
+        ));
     }
     let mut cfg = bench.http.clone();
     let env = [
