@@ -142,13 +142,14 @@ pub async fn admit(bench: &Bench, o: &AdmitOptions, ui: &Ui) -> anyhow::Result<A
     );
     let plan = Arc::new(Plan::distinct(o.attempts));
     let stock = o.attempts as i64;
-    let mut variants: Vec<&str> = vec!["ours"];
+    // Each variant, with the configuration of its handlers in this process (ours).
+    let mut variants: Vec<(&str, Option<Config>)> = vec![("ours", Some(bench.http.clone()))];
     if o.baseline {
-        variants.extend(["ours-adapter", "tutorial", "floor"]);
+        variants.extend([("ours-adapter", None), ("tutorial", None), ("floor", None)]);
     }
     let durable = durable_config(bench).await;
     match &durable {
-        Ok(_) => variants.push("ours-durable"),
+        Ok(cfg) => variants.push(("ours-durable", Some(cfg.clone()))),
         Err(why) => eprintln!("  admit: ours-durable skipped: {why}"),
     }
     let mut results: Vec<Vec<RunResult>> = vec![Vec::new(); variants.len()];
@@ -159,14 +160,11 @@ pub async fn admit(bench: &Bench, o: &AdmitOptions, ui: &Ui) -> anyhow::Result<A
                 break;
             }
             let idx = (k + round) % variants.len();
-            let variant = variants[idx];
-            let target = match variant {
-                "ours" | "ours-durable" => "in-process",
-                _ => "redis",
-            };
+            let (variant, cfg) = &variants[idx];
+            let target = if cfg.is_some() { "in-process" } else { "redis" };
             let what = ["admit", variant, target];
             let (redis, callers) = (&bench.http.redis, o.callers);
-            let r = match (variant, &durable) {
+            let r = match (*variant, cfg) {
                 ("tutorial", _) => {
                     let id = VoucherId::new(1_000 + round as i64).context("round voucher id")?;
                     tutorial(bench, "admit", id, stock, plan.clone(), callers, ui).await?
@@ -181,14 +179,13 @@ pub async fn admit(bench: &Bench, o: &AdmitOptions, ui: &Ui) -> anyhow::Result<A
                     ));
                     r
                 }
-                (_, durable) => {
+                (_, cfg) => {
                     let p = prepare(bench, "bench admit", stock, plan.users(), tokens).await?;
                     tokens = Some(p.tokens.clone());
                     let v = p.voucher.id;
-                    let drivers = match (variant, durable) {
-                        ("ours-adapter", _) => many(callers, || Driver::adapter(redis, v)).await?,
-                        ("ours-durable", Ok(cfg)) => ours_drivers(cfg, &p, callers).await?,
-                        _ => ours_drivers(&bench.http, &p, callers).await?,
+                    let drivers = match cfg {
+                        Some(cfg) => ours_drivers(cfg, &p, callers).await?,
+                        None => many(callers, || Driver::adapter(redis, v)).await?,
                     };
                     let mut r = run(drivers, plan.clone(), what, stock, None, ui).await?;
                     check_ours(bench, &p, &mut r).await?;
@@ -204,14 +201,14 @@ pub async fn admit(bench: &Bench, o: &AdmitOptions, ui: &Ui) -> anyhow::Result<A
             variants
                 .iter()
                 .zip(&results)
-                .filter_map(|(v, rs)| rs.get(i).map(|r| (v.to_string(), r.attempts_per_s)))
+                .filter_map(|((v, _), rs)| rs.get(i).map(|r| (v.to_string(), r.attempts_per_s)))
                 .collect()
         })
         .collect();
     let mut medians: HashMap<&str, RunResult> = variants
         .iter()
         .zip(results)
-        .filter_map(|(v, rs)| Some((*v, median_round(rs)?)))
+        .filter_map(|((v, _), rs)| Some((*v, median_round(rs)?)))
         .collect();
     Ok(AdmitReport {
         options: o.clone(),
