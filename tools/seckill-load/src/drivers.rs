@@ -1,11 +1,11 @@
 //! The callers: one [`Driver`] per concurrent caller, each holding its own connections,
 //! as one Lambda instance holds its own.
 //!
-//! - [`Driver::InProcess`]: the real seckill-http handler ([`seckill_http::handle`]) with its own
-//!   [`seckill_http::App`], fed API Gateway v2 requests built from an event template,
-//!   each carrying a bearer token the function verifies (no HTTP anywhere);
-//! - [`Driver::Adapter`]: our engine without the handler (order-id block + `lua/admit.lua`),
-//!   to show what the handler itself costs;
+//! - [`Driver::InProcess`]: the real seckill-http handler ([`seckill_http::handle`])
+//!   with its own [`seckill_http::App`], fed API Gateway v2 requests built from an event
+//!   template, each carrying a bearer token the function verifies (no HTTP anywhere);
+//! - [`Driver::Adapter`]: our engine without the handler (order-id block +
+//!   `lua/admit.lua`), to show what the handler itself costs;
 //! - [`Driver::Tutorial`]: the tutorial's admission (INCR per-day id key, then EVALSHA of
 //!   `lua/bench/tutorial_seckill.lua`; an error reply of the server is a refusal);
 //! - [`Driver::Floor`]: one EVALSHA of `lua/bench/noop.lua`.
