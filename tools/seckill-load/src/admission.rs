@@ -27,11 +27,9 @@ use seckill_shared::protocol::sale_fields;
 use serde::{Deserialize, Serialize};
 
 use crate::backends::{Bench, replicas_per_primary};
-use crate::drivers::{
-    AdapterCaller, Driver, FloorCaller, InProcess, TutorialCaller, TutorialKeys, many,
-};
+use crate::drivers::{Driver, TutorialKeys, many};
 use crate::engine::{Ui, run};
-use crate::record::{Check, RunMeta, RunResult};
+use crate::record::{Check, RunResult};
 use crate::report::one_line;
 use crate::workload::{Plan, Tokens};
 
@@ -117,29 +115,18 @@ pub async fn sale(bench: &Bench, o: &SaleOptions, ui: &Ui) -> anyhow::Result<Sal
         "sizes must be positive"
     );
     let plan = Arc::new(Plan::mixed(o.attempts, o.users, o.seed));
-    let meta = |variant: &str, target: &str| RunMeta {
-        variant: variant.into(),
-        target: target.into(),
-        scenario: "sale".into(),
-        callers: o.callers,
-        planned: o.attempts,
-        users: u64::from(plan.users()),
-        stock: Some(o.stock),
-    };
     let p = prepare(bench, "bench sale", o.stock, plan.users(), None).await?;
     let drivers = ours_drivers(&bench.http, &p, o.callers).await?;
-    let mut ours = run(drivers, plan.clone(), meta("ours", "in-process"), None, ui).await?;
+    let what = ["sale", "ours", "in-process"];
+    let mut ours = run(drivers, plan.clone(), what, o.stock, None, ui).await?;
     check_ours(bench, &p, &mut ours).await?;
     eprintln!("  {}", one_line(&ours));
-    let tutorial = match o.baseline {
-        true => {
-            let meta = meta("tutorial", "redis");
-            let t = tutorial(bench, p.voucher.id, o.stock, plan, meta, ui).await?;
-            eprintln!("  {}", one_line(&t));
-            Some(t)
-        }
-        false => None,
-    };
+    let mut tutorial = None;
+    if o.baseline {
+        let t = self::tutorial(bench, "sale", p.voucher.id, o.stock, plan, o.callers, ui).await?;
+        eprintln!("  {}", one_line(&t));
+        tutorial = Some(t);
+    }
     Ok(SaleReport {
         options: o.clone(),
         ours,
@@ -155,13 +142,14 @@ pub async fn admit(bench: &Bench, o: &AdmitOptions, ui: &Ui) -> anyhow::Result<A
     );
     let plan = Arc::new(Plan::distinct(o.attempts));
     let stock = o.attempts as i64;
-    let mut variants: Vec<&str> = vec!["ours"];
+    // Each variant, with the configuration of its handlers in this process (ours).
+    let mut variants: Vec<(&str, Option<Config>)> = vec![("ours", Some(bench.http.clone()))];
     if o.baseline {
-        variants.extend(["ours-adapter", "tutorial", "floor"]);
+        variants.extend([("ours-adapter", None), ("tutorial", None), ("floor", None)]);
     }
     let durable = durable_config(bench).await;
     match &durable {
-        Ok(_) => variants.push("ours-durable"),
+        Ok(cfg) => variants.push(("ours-durable", Some(cfg.clone()))),
         Err(why) => eprintln!("  admit: ours-durable skipped: {why}"),
     }
     let mut results: Vec<Vec<RunResult>> = vec![Vec::new(); variants.len()];
@@ -172,28 +160,18 @@ pub async fn admit(bench: &Bench, o: &AdmitOptions, ui: &Ui) -> anyhow::Result<A
                 break;
             }
             let idx = (k + round) % variants.len();
-            let variant = variants[idx];
-            let meta = RunMeta {
-                variant: variant.into(),
-                target: match variant {
-                    "ours" | "ours-durable" => "in-process".into(),
-                    _ => "redis".into(),
-                },
-                scenario: "admit".into(),
-                callers: o.callers,
-                planned: o.attempts,
-                users: o.attempts,
-                stock: Some(stock),
-            };
+            let (variant, cfg) = &variants[idx];
+            let target = if cfg.is_some() { "in-process" } else { "redis" };
+            let what = ["admit", variant, target];
             let (redis, callers) = (&bench.http.redis, o.callers);
-            let r = match (variant, &durable) {
+            let r = match (*variant, cfg) {
                 ("tutorial", _) => {
                     let id = VoucherId::new(1_000 + round as i64).context("round voucher id")?;
-                    tutorial(bench, id, stock, plan.clone(), meta, ui).await?
+                    tutorial(bench, "admit", id, stock, plan.clone(), callers, ui).await?
                 }
                 ("floor", _) => {
-                    let drivers = many(callers, || FloorCaller::driver(redis)).await?;
-                    let mut r = run(drivers, plan.clone(), meta, None, ui).await?;
+                    let drivers = many(callers, || Driver::floor(redis)).await?;
+                    let mut r = run(drivers, plan.clone(), what, stock, None, ui).await?;
                     r.checks.push(Check::new(
                         "every call answered",
                         r.outcomes.get("ok").copied().unwrap_or(0) == r.completed,
@@ -201,18 +179,15 @@ pub async fn admit(bench: &Bench, o: &AdmitOptions, ui: &Ui) -> anyhow::Result<A
                     ));
                     r
                 }
-                (_, durable) => {
+                (_, cfg) => {
                     let p = prepare(bench, "bench admit", stock, plan.users(), tokens).await?;
                     tokens = Some(p.tokens.clone());
                     let v = p.voucher.id;
-                    let drivers = match (variant, durable) {
-                        ("ours-adapter", _) => {
-                            many(callers, || AdapterCaller::driver(redis, v)).await?
-                        }
-                        ("ours-durable", Ok(cfg)) => ours_drivers(cfg, &p, callers).await?,
-                        _ => ours_drivers(&bench.http, &p, callers).await?,
+                    let drivers = match cfg {
+                        Some(cfg) => ours_drivers(cfg, &p, callers).await?,
+                        None => many(callers, || Driver::adapter(redis, v)).await?,
                     };
-                    let mut r = run(drivers, plan.clone(), meta, None, ui).await?;
+                    let mut r = run(drivers, plan.clone(), what, stock, None, ui).await?;
                     check_ours(bench, &p, &mut r).await?;
                     r
                 }
@@ -226,14 +201,14 @@ pub async fn admit(bench: &Bench, o: &AdmitOptions, ui: &Ui) -> anyhow::Result<A
             variants
                 .iter()
                 .zip(&results)
-                .filter_map(|(v, rs)| rs.get(i).map(|r| (v.to_string(), r.attempts_per_s)))
+                .filter_map(|((v, _), rs)| rs.get(i).map(|r| (v.to_string(), r.attempts_per_s)))
                 .collect()
         })
         .collect();
     let mut medians: HashMap<&str, RunResult> = variants
         .iter()
         .zip(results)
-        .filter_map(|(v, rs)| Some((*v, median_round(rs)?)))
+        .filter_map(|((v, _), rs)| Some((*v, median_round(rs)?)))
         .collect();
     Ok(AdmitReport {
         options: o.clone(),
@@ -249,29 +224,31 @@ pub async fn admit(bench: &Bench, o: &AdmitOptions, ui: &Ui) -> anyhow::Result<A
     })
 }
 
-/// The tutorial's admission of `voucher` (keys under the run's prefix) over `plan`,
-/// checked unless the server refused it; its keys are deleted afterwards.
+/// The tutorial's admission of `voucher` (keys under the run's prefix) over `plan` in
+/// `scenario`, checked unless the server refused it; its keys are deleted afterwards.
 async fn tutorial(
     bench: &Bench,
+    scenario: &str,
     voucher: VoucherId,
     stock: i64,
     plan: Arc<Plan>,
-    meta: RunMeta,
+    callers: usize,
     ui: &Ui,
 ) -> anyhow::Result<RunResult> {
-    let callers = meta.callers;
     let keys = tutorial_keys(bench, &bench.prefix(), voucher, stock).await?;
     let drivers = many(callers, || {
-        TutorialCaller::driver(&bench.tutorial_redis, keys.clone())
+        Driver::tutorial(&bench.tutorial_redis, keys.clone())
     });
-    let before = queued(bench, &keys).await?;
-    let mut r = run(drivers.await?, plan, meta, None, ui).await?;
+    let mut c = bench.tutorial.clone();
+    // The tutorial's one stream is shared by every voucher of the run.
+    let before: i64 = c.xlen(keys.stream()).await?;
+    let what = [scenario, "tutorial", "redis"];
+    let mut r = run(drivers.await?, plan, what, stock, None, ui).await?;
     if r.error.is_none() {
-        let mut c = bench.tutorial.clone();
         let left: Option<i64> = c.get(keys.stock()).await?;
         let buyers: i64 = c.scard(keys.buyers()).await?;
-        let queued = queued(bench, &keys).await? - before;
-        r.checks = checks(&r, stock, left, Some(buyers), Some(queued));
+        let queued: i64 = c.xlen(keys.stream()).await?;
+        r.checks = checks(&r, stock, left, buyers, queued - before);
     }
     bench.release_keys(&keys.all()).await?;
     Ok(r)
@@ -280,14 +257,12 @@ async fn tutorial(
 /// seckill-http's configuration with durable admissions (`REDIS_DURABLE_REPLICAS=1`, the
 /// function's default timeout), or why `ours-durable` cannot run here.
 async fn durable_config(bench: &Bench) -> Result<Config, String> {
-    match replicas_per_primary(&bench.redis).await {
-        Some(n) if n >= 1 => {}
-        n => {
-            return Err(format!(
-                "it needs a replica per Redis primary (WAIT 1) and the primaries have {} (the cluster stack has one: SECKILL_REDIS_TOPOLOGY=cluster)",
-                n.map_or("an unknown number".into(), |n| n.to_string())
-            ));
-        }
+    let n = replicas_per_primary(&bench.redis).await;
+    if n.is_none_or(|n| n < 1) {
+        return Err(format!(
+            "it needs a replica per Redis primary (WAIT 1) and the primaries have {} (the cluster stack has one: SECKILL_REDIS_TOPOLOGY=cluster)",
+            n.map_or("an unknown number".into(), |n| n.to_string())
+        ));
     }
     let mut cfg = bench.http.clone();
     let env = [
@@ -351,7 +326,7 @@ pub(crate) async fn ours_drivers(
     callers: usize,
 ) -> anyhow::Result<Vec<Driver>> {
     many(callers, || {
-        InProcess::driver(cfg, p.voucher.id, p.tokens.clone())
+        Driver::in_process(cfg, p.voucher.id, p.tokens.clone())
     })
     .await
 }
@@ -386,17 +361,12 @@ async fn check_ours(bench: &Bench, p: &Prepared, r: &mut RunResult) -> anyhow::R
     let left: Option<i64> = c.hget(&k.sale, sale_fields::STOCK).await?;
     let buyers: i64 = c.hlen(&k.buyers).await?;
     let queued: i64 = c.xlen(&k.orders).await?;
-    r.checks = checks(r, p.voucher.stock, left, Some(buyers), Some(queued));
+    r.checks = checks(r, p.voucher.stock, left, buyers, queued);
     bench.release_voucher(p.voucher.id).await
 }
 
-/// Entries in the tutorial's one global stream (shared by every voucher of the run).
-async fn queued(bench: &Bench, keys: &TutorialKeys) -> anyhow::Result<i64> {
-    Ok(bench.tutorial.clone().xlen(keys.stream()).await?)
-}
-
-/// The invariants of an admission run. `left`: units Redis (or the API) says are left;
-/// `recorded`: buyers Redis recorded; `queued`: orders queued in the stream.
+/// The invariants of an admission run. `left`: units Redis says are left; `recorded`:
+/// buyers Redis recorded; `queued`: orders queued in the stream.
 ///
 /// An attempt answered `unavailable` (or lost in transport) may or may not have been
 /// admitted, so the client's count of admissions is only bounded by those.
@@ -404,73 +374,54 @@ pub fn checks(
     r: &RunResult,
     initial: i64,
     left: Option<i64>,
-    recorded: Option<i64>,
-    queued: Option<i64>,
+    admitted: i64,
+    queued: i64,
 ) -> Vec<Check> {
     let seen = r.admitted as i64;
     let ambiguous = (r.outcomes.get("unavailable").copied().unwrap_or(0)
         + r.outcomes.get("failed").copied().unwrap_or(0)) as i64;
-    let admitted = recorded.unwrap_or(seen);
-    let mut out = Vec::new();
-    out.push(Check::new(
-        "admitted <= stock",
-        seen <= initial && admitted <= initial,
-        match recorded {
-            Some(_) => {
-                format!("answers admitted {seen}, Redis recorded {admitted}, stock {initial}")
-            }
-            None => format!("answers admitted {seen}, stock {initial}"),
-        },
-    ));
     let mut users = r.admitted_users.clone();
     users.dedup();
     let mut ids = r.order_ids.clone();
     ids.dedup();
-    let unique = users.len() == r.admitted_users.len() && queued.is_none_or(|q| q == admitted);
-    out.push(Check::new(
-        "no user admitted twice",
-        unique,
-        format!(
-            "{} admissions to {} distinct users{}",
-            r.admitted_users.len(),
-            users.len(),
-            queued.map_or(String::new(), |q| format!(
-                "; {q} orders queued for {admitted} recorded buyers"
-            ))
+    vec![
+        Check::new(
+            "admitted <= stock",
+            seen <= initial && admitted <= initial,
+            format!("answers admitted {seen}, Redis recorded {admitted}, stock {initial}"),
         ),
-    ));
-    out.push(Check::new(
-        "order ids unique",
-        ids.len() == r.order_ids.len(),
-        format!("{} ids, {} distinct", r.order_ids.len(), ids.len()),
-    ));
-    match left {
-        Some(left) => {
-            let ok = if recorded.is_some() {
-                left + admitted == initial
-            } else {
-                left + seen <= initial && initial <= left + seen + ambiguous
-            };
-            out.push(Check::new(
+        Check::new(
+            "no user admitted twice",
+            users.len() == r.admitted_users.len() && queued == admitted,
+            format!(
+                "{} admissions to {} distinct users; {queued} orders queued for {admitted} recorded buyers",
+                r.admitted_users.len(),
+                users.len(),
+            ),
+        ),
+        Check::new(
+            "order ids unique",
+            ids.len() == r.order_ids.len(),
+            format!("{} ids, {} distinct", r.order_ids.len(), ids.len()),
+        ),
+        match left {
+            Some(left) => Check::new(
                 "stock left + admitted = initial",
-                ok,
+                left + admitted == initial,
                 format!("{left} left + {admitted} admitted vs {initial} initial"),
-            ));
-        }
-        None => out.push(Check::new(
-            "stock left + admitted = initial",
-            false,
-            "the sale's stock is missing".to_string(),
-        )),
-    }
-    if recorded.is_some() {
-        out.push(Check::new(
+            ),
+            None => Check::new(
+                "stock left + admitted = initial",
+                false,
+                "the sale's stock is missing",
+            ),
+        },
+        Check::new(
             "answers agree with Redis",
             seen <= admitted && admitted <= seen + ambiguous,
             format!(
                 "{seen} admissions answered, {admitted} recorded, {ambiguous} ambiguous answers"
             ),
-        ));
-    }
-    out
+        ),
+    ]
 }

@@ -4,9 +4,8 @@
 //! - **ours**: one invocation of the real drain cycle ([`order_drainer::Drainer::run`])
 //!   in this process, restricted to the run's voucher (`DRAINER_VOUCHERS`), through the
 //!   stack's Data API server, for each batch size of a sweep; the best one is picked.
-//!   The clock stops when the stream's group has nothing undelivered and nothing
-//!   pending (every entry committed, then acked); the invocation, by then idle-polling,
-//!   is dropped.
+//!   The clock stops when the stream's group has nothing undelivered or pending (every
+//!   entry committed, then acked); the invocation, by then idle-polling, is dropped.
 //! - **tutorial consumer**: COUNT 1 per XREADGROUP; per order one Data API transaction
 //!   (count query for (user, voucher), `UPDATE ... stock_left = stock_left - 1 WHERE
 //!   stock_left > 0`, INSERT, commit), then XACK; one consumer, as in the tutorial.
@@ -19,29 +18,30 @@
 //! Every variant is checked afterwards: the database holds exactly the N orders, one per
 //! user, and the voucher's stock went down by N.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use indicatif::ProgressBar;
 use mysql_async::prelude::Queryable;
+use order_drainer::config::{MAX_BATCH_SIZE, defaults};
 use order_drainer::{Config as DrainerConfig, Drainer};
 use redis::AsyncCommands;
 use redis::streams::StreamReadReply;
-use seckill_shared::adapters::data_api::{field, param};
+use seckill_shared::adapters::data_api::{field, format_datetime, param};
 use seckill_shared::adapters::order_stream::OrderStreams;
-use seckill_shared::config::EnvReader;
+use seckill_shared::config::{DataApiConfig, RedisConfig};
 use seckill_shared::domain::{Voucher, VoucherId, now_millis};
 use serde::{Deserialize, Serialize};
 
 use seckill_cli::scratch_db::mysql;
 
-use crate::admission::{Prepared, ours_drivers, tutorial_keys};
+use crate::admission::{ours_drivers, prepare, tutorial_keys};
 use crate::backends::Bench;
-use crate::drivers::{AdapterCaller, TutorialCaller, TutorialKeys, many};
+use crate::drivers::{Driver, TutorialKeys, many};
 use crate::engine::{Ui, run};
-use crate::record::{Check, Latency, RunMeta, RunResult, latency_of_values};
-use crate::workload::{Plan, Tokens};
+use crate::record::{Check, Latency, RunResult, latency_of_values};
+use crate::workload::{Plan, user_name};
 
 /// Sizes of the drain scenario.
 #[derive(Debug, Clone, Serialize, Deserialize, clap::Args)]
@@ -110,6 +110,7 @@ impl DrainRun {
         sales: usize,
         orders: u64,
         elapsed: Duration,
+        checks: Vec<Check>,
     ) -> DrainRun {
         DrainRun {
             variant: variant.into(),
@@ -119,7 +120,7 @@ impl DrainRun {
             elapsed_s: elapsed.as_secs_f64(),
             orders_per_s: orders as f64 / elapsed.as_secs_f64().max(1e-9),
             summary: None,
-            checks: Vec::new(),
+            checks,
             error: None,
         }
     }
@@ -182,38 +183,34 @@ pub async fn drain(bench: &Bench, o: &DrainOptions, ui: &Ui) -> anyhow::Result<D
         o.orders >= 1 && !o.batch_sizes.is_empty(),
         "sizes must be positive"
     );
-    let mut ours = Vec::new();
+    let mut report = DrainReport {
+        options: o.clone(),
+        ours: Vec::new(),
+        tutorial: None,
+        db_floor: None,
+        spread: Vec::new(),
+    };
     for &b in &o.batch_sizes {
         if ui.stopped() {
             break;
         }
-        ours.push(drain_sales(bench, "ours", o.orders, 1, b, ui).await?);
+        report
+            .ours
+            .push(drain_sales(bench, "ours", o.orders, 1, b, ui).await?);
     }
-    let best = ours
-        .iter()
-        .max_by(|a, b| a.orders_per_s.total_cmp(&b.orders_per_s))
-        .map_or(order_drainer::config::defaults::BATCH_SIZE, |r| {
-            r.batch_size
-        });
-    let mut spread = Vec::new();
+    let best = report.best().map_or(defaults::BATCH_SIZE, |r| r.batch_size);
     for &k in &o.sales {
         if ui.stopped() {
             break;
         }
-        spread.push(drain_sales(bench, "spread", o.orders, k, best, ui).await?);
+        report
+            .spread
+            .push(drain_sales(bench, "spread", o.orders, k, best, ui).await?);
     }
-    let (mut tutorial, mut db_floor) = (None, None);
     if o.baseline && !ui.stopped() {
-        tutorial = Some(drain_tutorial(bench, o.tutorial_orders, ui).await?);
-        db_floor = Some(drain_floor(bench, o.orders, o.floor_batch).await?);
+        report.tutorial = Some(drain_tutorial(bench, o.tutorial_orders, ui).await?);
+        report.db_floor = Some(drain_floor(bench, o.orders, o.floor_batch).await?);
     }
-    let report = DrainReport {
-        options: o.clone(),
-        ours,
-        tutorial,
-        db_floor,
-        spread,
-    };
     for r in report.runs() {
         let error = r
             .error
@@ -227,52 +224,39 @@ pub async fn drain(bench: &Bench, o: &DrainOptions, ui: &Ui) -> anyhow::Result<D
     Ok(report)
 }
 
-/// The drainer's configuration for the run's database, restricted to `vouchers`.
-fn drainer_config(
-    bench: &Bench,
-    vouchers: &[VoucherId],
-    batch: usize,
-    max_run: Duration,
-) -> anyhow::Result<DrainerConfig> {
-    let (h, list) = (&bench.http, vouchers.iter().map(|v| v.to_string()));
-    let mut vars: HashMap<String, String> = [
-        ("REDIS_URL", h.redis.url.clone()),
-        ("REDIS_CLUSTER", h.redis.cluster.to_string()),
-        ("REDIS_TIMEOUT_MS", h.redis.timeout.as_millis().to_string()),
-        ("DB_CLUSTER_ARN", h.data_api.cluster_arn.clone()),
-        ("DB_SECRET_ARN", h.data_api.secret_arn.clone()),
-        ("DB_NAME", h.data_api.database.clone()),
-        ("DATA_API_TIMEOUT_MS", "30000".into()),
-        ("DRAINER_BATCH_SIZE", batch.to_string()),
-        ("DRAINER_VOUCHERS", list.collect::<Vec<_>>().join(",")),
-        ("DRAINER_MAX_RUN_MS", max_run.as_millis().to_string()),
-        // Nothing is claimed from another invocation during a run.
-        (
-            "DRAINER_MIN_IDLE_MS",
-            (max_run.as_millis() * 2 + 60_000).to_string(),
-        ),
-        ("DRAINER_SAFETY_MARGIN_MS", "0".into()),
-        ("DRAINER_IDLE_POLL_MS", "20".into()),
-    ]
-    .map(|(k, v)| (k.to_string(), v))
-    .into();
-    vars.extend(
-        h.data_api
-            .endpoint
-            .clone()
-            .map(|e| ("DATA_API_URL".into(), e)),
-    );
-    DrainerConfig::read(EnvReader::from_map(vars)).context("the drainer's configuration")
-}
-
-/// Connects a drainer of `vouchers` (see [`drainer_config`]).
+/// A drainer of `vouchers` on the run's backends, with short idle polls, no safety
+/// margin, and nothing claimed from another invocation during a run.
 async fn drainer(
     bench: &Bench,
     vouchers: &[VoucherId],
     batch: usize,
     max_run: Duration,
 ) -> anyhow::Result<Drainer> {
-    Drainer::connect(drainer_config(bench, vouchers, batch, max_run)?)
+    anyhow::ensure!(
+        (1..=MAX_BATCH_SIZE).contains(&batch),
+        "DRAINER_BATCH_SIZE must be between 1 and {MAX_BATCH_SIZE}"
+    );
+    let h = &bench.http;
+    let cfg = DrainerConfig {
+        redis: RedisConfig {
+            tls_ca_file: None,
+            durable: None,
+            ..h.redis.clone()
+        },
+        data_api: DataApiConfig {
+            timeout: Duration::from_secs(30),
+            ..h.data_api.clone()
+        },
+        batch_size: batch,
+        min_idle: max_run * 2 + Duration::from_secs(60),
+        concurrency: defaults::CONCURRENCY,
+        retention: Some(Duration::from_secs(defaults::RETENTION_S)),
+        safety_margin: Duration::ZERO,
+        max_run,
+        idle_poll: Duration::from_millis(20),
+        vouchers: Some(vouchers.to_vec()),
+    };
+    Drainer::connect(cfg)
         .await
         .map_err(|e| anyhow::anyhow!("connecting the drainer: {e}"))
 }
@@ -281,20 +265,17 @@ async fn drainer(
 /// `n` orders wait in its stream.
 pub(crate) async fn fill(bench: &Bench, voucher: &Voucher, n: u64, ui: &Ui) -> anyhow::Result<()> {
     let callers = (n as usize).clamp(1, 16);
-    let drivers = many(callers, || {
-        AdapterCaller::driver(&bench.http.redis, voucher.id)
-    })
+    let drivers = many(callers, || Driver::adapter(&bench.http.redis, voucher.id)).await?;
+    let plan = Arc::new(Plan::distinct(n));
+    let r = run(
+        drivers,
+        plan,
+        ["drain", "fill", "redis"],
+        voucher.stock,
+        None,
+        ui,
+    )
     .await?;
-    let meta = RunMeta {
-        variant: "fill".into(),
-        target: "redis".into(),
-        scenario: "drain".into(),
-        callers,
-        planned: n,
-        users: n,
-        stock: Some(voucher.stock),
-    };
-    let r = run(drivers, Arc::new(Plan::distinct(n)), meta, None, ui).await?;
     anyhow::ensure!(
         r.admitted == n,
         "filling the stream admitted {} of {n} orders ({:?})",
@@ -304,18 +285,35 @@ pub(crate) async fn fill(bench: &Bench, voucher: &Voucher, n: u64, ui: &Ui) -> a
     Ok(())
 }
 
-/// Waits until the voucher's stream has nothing undelivered and nothing pending.
+/// Waits until no stream of `ids` has anything undelivered or pending, showing the
+/// orders done (`per` a sale) on `bar`. Only the sales not yet drained are asked again,
+/// so the watcher's own Redis calls shrink as the drain progresses.
 async fn wait_drained(
     streams: &OrderStreams,
-    voucher: VoucherId,
+    ids: &[VoucherId],
+    per: u64,
     poll: Duration,
+    bar: &ProgressBar,
 ) -> anyhow::Result<()> {
+    let (mut open, mut done) = (ids.to_vec(), 0);
     loop {
-        if let Some(s) = streams.stats(voucher).await?
-            && s.pending == 0
-            && s.undelivered == 0
-            && s.lag_exact
-        {
+        let (mut still, mut partly) = (Vec::with_capacity(open.len()), 0);
+        for &v in &open {
+            match streams.stats(v).await? {
+                Some(st) if st.pending == 0 && st.undelivered == 0 && st.lag_exact => {
+                    done += per;
+                }
+                other => {
+                    partly += other.map_or(0, |st| {
+                        st.length.saturating_sub(st.undelivered + st.pending)
+                    });
+                    still.push(v);
+                }
+            }
+        }
+        open = still;
+        bar.set_position(done + partly);
+        if open.is_empty() {
             return Ok(());
         }
         tokio::time::sleep(poll).await;
@@ -346,44 +344,19 @@ async fn drain_sales(
         fill(bench, &v, per, ui).await?;
         ids.push(v.id);
     }
-    let max_run = ui.max_run;
-    let drainer = drainer(bench, &ids, batch, max_run).await?;
+    let drainer = drainer(bench, &ids, batch, ui.max_run).await?;
     let streams = OrderStreams::new(bench.redis.clone());
     let bar = ui.bar(n, &format!("drain {variant} {sales} sale(s) b={batch}"));
     let consumer = format!("bench-{}", bench.run_id);
     let start = Instant::now();
-    let invocation = drainer.run(&consumer, start + max_run);
     let watch = async {
-        // Only the sales not yet drained are asked again, so the watcher's own Redis
-        // calls shrink as the drain progresses; one sale is watched closely.
+        // One sale is watched closely.
         let poll = Duration::from_millis(if sales == 1 { 2 } else { 10 });
-        let mut open: Vec<VoucherId> = ids.clone();
-        let mut done = 0;
-        loop {
-            let (mut still, mut partly) = (Vec::with_capacity(open.len()), 0);
-            for &v in &open {
-                match streams.stats(v).await? {
-                    Some(st) if st.pending == 0 && st.undelivered == 0 && st.lag_exact => {
-                        done += per;
-                    }
-                    other => {
-                        partly += other.map_or(0, |st| {
-                            st.length.saturating_sub(st.undelivered + st.pending)
-                        });
-                        still.push(v);
-                    }
-                }
-            }
-            open = still;
-            bar.set_position((done + partly).min(n));
-            if open.is_empty() {
-                return anyhow::Ok(start.elapsed());
-            }
-            tokio::time::sleep(poll).await;
-        }
+        wait_drained(&streams, &ids, per, poll, &bar).await?;
+        anyhow::Ok(start.elapsed())
     };
     let (elapsed, summary) = tokio::select! {
-        s = invocation => (start.elapsed(), Some(s)),
+        s = drainer.run(&consumer, start + ui.max_run) => (start.elapsed(), Some(s)),
         w = watch => (w?, None),
     };
     bar.finish_and_clear();
@@ -401,8 +374,7 @@ async fn drain_sales(
     }
     Ok(DrainRun {
         summary: summary.and_then(|s| serde_json::to_value(s).ok()),
-        checks,
-        ..DrainRun::new(variant, batch, sales, n, elapsed)
+        ..DrainRun::new(variant, batch, sales, n, elapsed, checks)
     })
 }
 
@@ -422,15 +394,8 @@ async fn db_checks(
             None,
         )
         .await?;
-    let row: Vec<i64> = out
-        .records()
-        .first()
-        .map(|r| r.iter().map(|f| field::long(f).unwrap_or(-1)).collect())
-        .unwrap_or_default();
-    let (rows, users, confirmed) = match row.as_slice() {
-        [a, b, c] => (*a, *b, *c),
-        _ => (-1, -1, -1),
-    };
+    let long = |i: usize| out.records().first()?.get(i).and_then(field::long);
+    let [rows, users, confirmed] = [0, 1, 2].map(|i| long(i).unwrap_or(-1));
     let mut checks = vec![
         Check::new(
             "every order committed once",
@@ -455,70 +420,53 @@ async fn db_checks(
     Ok(checks)
 }
 
+/// The tutorial's admission fills a stream of its own (the admission runs' orders sit
+/// in the run's global stream), then the tutorial's consumer drains it.
 async fn drain_tutorial(bench: &Bench, n: u64, ui: &Ui) -> anyhow::Result<DrainRun> {
     let voucher = bench
         .voucher("bench drain tutorial", n as i64, false)
         .await?;
-    // A stream of its own: the admission runs' orders sit in the run's global stream.
     let prefix = format!("{}drain:", bench.prefix());
     let keys = tutorial_keys(bench, &prefix, voucher.id, n as i64).await?;
-    let drivers = many(16, || {
-        TutorialCaller::driver(&bench.tutorial_redis, keys.clone())
-    })
-    .await?;
-    let meta = RunMeta {
-        variant: "tutorial fill".into(),
-        target: "redis".into(),
-        scenario: "drain".into(),
-        callers: 16,
-        planned: n,
-        users: n,
-        stock: Some(n as i64),
-    };
-    let filled = run(drivers, Arc::new(Plan::distinct(n)), meta, None, ui).await?;
-    if let Some(e) = filled.error {
-        bench.release_voucher(voucher.id).await?;
-        bench.release_keys(&keys.all()).await?;
-        return Ok(DrainRun {
+    let drivers = many(16, || Driver::tutorial(&bench.tutorial_redis, keys.clone())).await?;
+    let plan = Arc::new(Plan::distinct(n));
+    let what = ["drain", "tutorial fill", "redis"];
+    let filled = run(drivers, plan, what, n as i64, None, ui).await?;
+    let run = if let Some(e) = filled.error {
+        DrainRun {
             error: Some(format!(
                 "filling its stream with the tutorial's admission: {e}"
             )),
-            ..DrainRun::new("tutorial", 1, 1, 0, Duration::ZERO)
-        });
-    }
-    anyhow::ensure!(
-        filled.admitted == n,
-        "the tutorial admitted {} of {n}",
-        filled.admitted
-    );
-    let mut conn = bench.tutorial.clone();
-    let _: () = redis::cmd("XGROUP")
-        .arg("CREATE")
-        .arg(keys.stream())
-        .arg("g1")
-        .arg("0")
-        .arg("MKSTREAM")
-        .query_async(&mut conn)
-        .await?;
-    let bar = ui.bar(n, "drain tutorial");
-    let start = Instant::now();
-    let done = tutorial_consume(bench, &keys, &bar, start + ui.max_run).await?;
-    let elapsed = start.elapsed();
-    bar.finish_and_clear();
-    let checks = db_checks(bench, voucher.id, n, Some(0)).await?;
+            ..DrainRun::new("tutorial", 1, 1, 0, Duration::ZERO, Vec::new())
+        }
+    } else {
+        anyhow::ensure!(
+            filled.admitted == n,
+            "the tutorial admitted {} of {n}",
+            filled.admitted
+        );
+        let mut conn = bench.tutorial.clone();
+        let _: () = conn
+            .xgroup_create_mkstream(keys.stream(), "g1", "0")
+            .await?;
+        let bar = ui.bar(n, "drain tutorial");
+        let start = Instant::now();
+        let done = tutorial_consume(bench, &keys, &bar, start + ui.max_run).await?;
+        let elapsed = start.elapsed();
+        bar.finish_and_clear();
+        let checks = db_checks(bench, voucher.id, n, Some(0)).await?;
+        DrainRun::new("tutorial", 1, 1, done, elapsed, checks)
+    };
     bench.release_voucher(voucher.id).await?;
     bench.release_keys(&keys.all()).await?;
-    Ok(DrainRun {
-        checks,
-        ..DrainRun::new("tutorial", 1, 1, done, elapsed)
-    })
+    Ok(run)
 }
 
 /// The tutorial's consumer loop; returns the orders it processed.
 async fn tutorial_consume(
     bench: &Bench,
     keys: &TutorialKeys,
-    bar: &indicatif::ProgressBar,
+    bar: &ProgressBar,
     deadline: Instant,
 ) -> anyhow::Result<u64> {
     let mut conn = bench.tutorial.clone();
@@ -548,38 +496,33 @@ async fn tutorial_consume(
                 Some(&tx),
             )
             .await?;
-        let bought = count
-            .records()
-            .first()
-            .and_then(|r| r.first())
-            .and_then(field::long)
-            .unwrap_or(0);
-        if bought > 0 {
-            db.rollback(&tx).await;
-        } else {
-            let updated = db
+        let bought = count.records().first().and_then(|r| r.first());
+        let updated = match bought.and_then(field::long).unwrap_or(0) {
+            0 => db
                 .execute(
                     "UPDATE vouchers SET stock_left = stock_left - 1 WHERE id = :v AND stock_left > 0",
                     vec![param::long("v", voucher)],
                     Some(&tx),
                 )
-                .await?;
-            if updated.number_of_records_updated() == 0 {
-                db.rollback(&tx).await;
-            } else {
-                db.execute(
-                    "INSERT INTO orders (id, voucher_id, user_id, status, admitted_at) VALUES (:id, :v, :u, 'confirmed', :a)",
-                    vec![
-                        param::long("id", id),
-                        param::long("v", voucher),
-                        param::string("u", &user),
-                        param::timestamp("a", now_millis()),
-                    ],
-                    Some(&tx),
-                )
-                .await?;
-                db.commit(&tx).await?;
-            }
+                .await?
+                .number_of_records_updated(),
+            _ => 0,
+        };
+        if updated == 0 {
+            db.rollback(&tx).await;
+        } else {
+            db.execute(
+                "INSERT INTO orders (id, voucher_id, user_id, status, admitted_at) VALUES (:id, :v, :u, 'confirmed', :a)",
+                vec![
+                    param::long("id", id),
+                    param::long("v", voucher),
+                    param::string("u", &user),
+                    param::timestamp("a", now_millis()),
+                ],
+                Some(&tx),
+            )
+            .await?;
+            db.commit(&tx).await?;
         }
         let _: i64 = conn.xack(keys.stream(), "g1", &[&entry.id]).await?;
         done += 1;
@@ -591,38 +534,27 @@ async fn tutorial_consume(
 async fn drain_floor(bench: &Bench, n: u64, batch: usize) -> anyhow::Result<DrainRun> {
     let voucher = bench.voucher("bench drain floor", n as i64, false).await?;
     let mut conn = mysql(&bench.mysql_url).await?;
-    let base_id = 1_i64 << 40;
-    let admitted = seckill_shared::adapters::data_api::format_datetime(now_millis());
+    let admitted = format_datetime(now_millis());
     let start = Instant::now();
-    let mut i = 0u64;
-    while i < n {
-        let end = (i + batch as u64).min(n);
-        let mut sql = String::with_capacity(100 + (end - i) as usize * 80);
-        sql.push_str("INSERT INTO orders (id, voucher_id, user_id, status, admitted_at) VALUES ");
-        for k in i..end {
-            if k > i {
-                sql.push(',');
-            }
-            sql.push_str(&format!(
-                "({},{},'{}','confirmed','{admitted}')",
-                base_id + k as i64,
-                voucher.id,
-                crate::workload::user_name(k as u32)
-            ));
-        }
-        conn.query_drop(sql)
-            .await
-            .context("database floor INSERT")?;
-        i = end;
+    for first in (0..n).step_by(batch) {
+        let rows: Vec<String> = (first..(first + batch as u64).min(n))
+            .map(|k| {
+                let (id, user) = ((1_i64 << 40) + k as i64, user_name(k as u32));
+                format!("({id},{},'{user}','confirmed','{admitted}')", voucher.id)
+            })
+            .collect();
+        conn.query_drop(format!(
+            "INSERT INTO orders (id, voucher_id, user_id, status, admitted_at) VALUES {}",
+            rows.join(",")
+        ))
+        .await
+        .context("database floor INSERT")?;
     }
     let elapsed = start.elapsed();
     conn.disconnect().await.ok();
     let checks = db_checks(bench, voucher.id, n, None).await?;
     bench.release_voucher(voucher.id).await?;
-    Ok(DrainRun {
-        checks,
-        ..DrainRun::new("db-floor", batch, 1, n, elapsed)
-    })
+    Ok(DrainRun::new("db-floor", batch, 1, n, elapsed, checks))
 }
 
 /// Admission-to-commit latency: paced admissions through the in-process handler while
@@ -637,38 +569,22 @@ pub async fn commit_latency(
         "sizes must be positive"
     );
     let n = (o.rate * o.seconds).round().max(1.0) as u64;
-    let voucher = bench
-        .voucher("bench commit latency", n as i64, false)
-        .await?;
-    let prepared = Prepared {
-        voucher: voucher.clone(),
-        tokens: Arc::new(Tokens::mint(bench.jwt_secret().as_bytes(), n as u32)),
-    };
+    let prepared = prepare(bench, "bench commit latency", n as i64, n as u32, None).await?;
+    let voucher = &prepared.voucher;
     let max_run = Duration::from_secs_f64(o.seconds + 60.0);
-    let drainer = Arc::new(drainer(bench, &[voucher.id], o.batch_size, max_run).await?);
+    let drainer = drainer(bench, &[voucher.id], o.batch_size, max_run).await?;
     let consumer = format!("bench-latency-{}", bench.run_id);
-    let invocation = {
-        let d = drainer.clone();
-        tokio::spawn(async move { d.run(&consumer, Instant::now() + max_run).await })
-    };
+    let invocation =
+        tokio::spawn(async move { drainer.run(&consumer, Instant::now() + max_run).await });
     let drivers = ours_drivers(&bench.http, &prepared, o.callers).await?;
-    let meta = RunMeta {
-        variant: "ours".into(),
-        target: "in-process".into(),
-        scenario: "commit-latency".into(),
-        callers: o.callers,
-        planned: n,
-        users: n,
-        stock: Some(n as i64),
-    };
-    let admissions = run(drivers, Arc::new(Plan::distinct(n)), meta, Some(o.rate), ui).await?;
+    let plan = Arc::new(Plan::distinct(n));
+    let what = ["commit-latency", "ours", "in-process"];
+    let admissions = run(drivers, plan, what, n as i64, Some(o.rate), ui).await?;
     let admitted_end = Instant::now();
     let streams = OrderStreams::new(bench.redis.clone());
-    let drained = tokio::time::timeout(
-        Duration::from_secs(60),
-        wait_drained(&streams, voucher.id, Duration::from_millis(5)),
-    )
-    .await;
+    let (poll, bar) = (Duration::from_millis(5), ProgressBar::hidden());
+    let wait = wait_drained(&streams, std::slice::from_ref(&voucher.id), 0, poll, &bar);
+    let drained = tokio::time::timeout(Duration::from_secs(60), wait).await;
     let drained_after = admitted_end.elapsed();
     let summary = if invocation.is_finished() {
         invocation.await.ok()

@@ -1,14 +1,14 @@
 //! The callers: one [`Driver`] per concurrent caller, each holding its own connections,
 //! as one Lambda instance holds its own.
 //!
-//! - [`InProcess`]: the real seckill-http handler ([`seckill_http::handle`]) with its own
-//!   [`seckill_http::App`], fed API Gateway v2 requests built from an event template,
-//!   each carrying a bearer token the function verifies (no HTTP anywhere);
-//! - [`AdapterCaller`]: our engine without the handler (order-id block + `lua/admit.lua`),
-//!   to show what the handler itself costs;
-//! - [`TutorialCaller`]: the tutorial's admission (INCR per-day id key, then EVALSHA of
+//! - [`Driver::InProcess`]: the real seckill-http handler ([`seckill_http::handle`])
+//!   with its own [`seckill_http::App`], fed API Gateway v2 requests built from an event
+//!   template, each carrying a bearer token the function verifies (no HTTP anywhere);
+//! - [`Driver::Adapter`]: our engine without the handler (order-id block +
+//!   `lua/admit.lua`), to show what the handler itself costs;
+//! - [`Driver::Tutorial`]: the tutorial's admission (INCR per-day id key, then EVALSHA of
 //!   `lua/bench/tutorial_seckill.lua`; an error reply of the server is a refusal);
-//! - [`FloorCaller`]: one EVALSHA of `lua/bench/noop.lua`.
+//! - [`Driver::Floor`]: one EVALSHA of `lua/bench/noop.lua`.
 
 use std::sync::{Arc, LazyLock};
 
@@ -35,51 +35,20 @@ static NOOP: LazyLock<Script> =
 /// The tutorial's id epoch: 2022-01-01T00:00:00Z.
 const TUTORIAL_EPOCH_SECS: i64 = 1_640_995_200;
 
-/// An API Gateway HTTP API (payload 2.0) event, as API Gateway sends it to the function.
-const APIGW_EVENT: &str = r#"{
-  "version": "2.0",
-  "routeKey": "$default",
-  "rawPath": "/",
-  "rawQueryString": "",
-  "headers": {
-    "accept": "application/json",
-    "host": "bench.execute-api.us-east-1.amazonaws.com",
-    "user-agent": "seckill-load",
-    "x-forwarded-for": "203.0.113.7",
-    "x-forwarded-port": "443",
-    "x-forwarded-proto": "https"
-  },
-  "requestContext": {
-    "accountId": "123456789012",
-    "apiId": "bench",
-    "domainName": "bench.execute-api.us-east-1.amazonaws.com",
-    "domainPrefix": "bench",
-    "http": {
-      "method": "POST",
-      "path": "/",
-      "protocol": "HTTP/1.1",
-      "sourceIp": "203.0.113.7",
-      "userAgent": "seckill-load"
-    },
-    "requestId": "bench",
-    "routeKey": "$default",
-    "stage": "$default",
-    "time": "22/Nov/2026:10:00:00 +0000",
-    "timeEpoch": 1795341600000
-  },
-  "isBase64Encoded": false
-}"#;
-
-/// The API Gateway v2 event of `POST /vouchers/{voucher}/seckill` with `authorization`
-/// (a whole header value) when given.
+/// The API Gateway v2 event of `POST /vouchers/{voucher}/seckill` (the tests' fixture of
+/// an event as API Gateway sends it), with `authorization` (a whole header value).
 pub fn seckill_event(voucher: VoucherId, authorization: Option<&str>) -> serde_json::Value {
-    let mut event: serde_json::Value =
-        serde_json::from_str(APIGW_EVENT).expect("the embedded event template is JSON");
+    let mut event: serde_json::Value = serde_json::from_str(include_str!(
+        "../../../tests/fixtures/apigw-v2-request.json"
+    ))
+    .expect("the tests' event fixture is JSON");
     let path = format!("/vouchers/{voucher}/seckill");
     event["rawPath"] = path.clone().into();
     event["requestContext"]["http"]["path"] = path.into();
-    if let Some(a) = authorization {
-        event["headers"]["authorization"] = a.into();
+    event["requestContext"]["http"]["method"] = "POST".into();
+    if let Some(headers) = event["headers"].as_object_mut() {
+        headers.remove("content-type");
+        headers.extend(authorization.map(|a| ("authorization".to_string(), a.into())));
     }
     event
 }
@@ -95,34 +64,32 @@ where
 
 /// One caller.
 pub enum Driver {
+    /// The handler in this process, with an App of its own.
     InProcess(Box<InProcess>),
-    Adapter(AdapterCaller),
-    Tutorial(TutorialCaller),
-    Floor(FloorCaller),
+    /// Our engine without the handler: the order-id block and the admission script.
+    Adapter {
+        sales: RedisSales,
+        ids: OrderIds,
+        voucher: VoucherId,
+    },
+    /// The tutorial's admission.
+    Tutorial {
+        conn: RedisConn,
+        keys: Arc<TutorialKeys>,
+    },
+    /// The no-op script.
+    Floor(RedisConn),
 }
 
-impl Driver {
-    /// One attempt by user `user`.
-    pub async fn attempt(&mut self, user: u32) -> Outcome {
-        match self {
-            Driver::InProcess(d) => d.attempt(user).await,
-            Driver::Adapter(d) => d.attempt(user).await,
-            Driver::Tutorial(d) => d.attempt(user).await,
-            Driver::Floor(d) => d.attempt().await,
-        }
-    }
-}
-
-/// The handler in this process, with an App of its own.
 pub struct InProcess {
     app: App,
     template: http::request::Parts,
     tokens: Arc<Tokens>,
 }
 
-impl InProcess {
+impl Driver {
     /// A caller of its own App configured by `cfg`, buying `voucher`.
-    pub async fn driver(
+    pub async fn in_process(
         cfg: &Config,
         voucher: VoucherId,
         tokens: Arc<Tokens>,
@@ -141,50 +108,62 @@ impl InProcess {
         })))
     }
 
-    async fn attempt(&mut self, user: u32) -> Outcome {
-        let mut req = Request::from_parts(self.template.clone(), Body::Empty);
-        req.headers_mut()
-            .insert(AUTHORIZATION, self.tokens.header(user).clone());
-        let res = seckill_http::handle(&self.app, req).await;
-        classify(res.status().as_u16(), res.body().as_ref())
-    }
-}
-
-/// Our engine without the handler: the order-id block and the admission script.
-pub struct AdapterCaller {
-    sales: RedisSales,
-    ids: OrderIds,
-    voucher: VoucherId,
-}
-
-impl AdapterCaller {
-    pub async fn driver(cfg: &RedisConfig, voucher: VoucherId) -> anyhow::Result<Driver> {
-        Ok(Driver::Adapter(AdapterCaller {
+    pub async fn adapter(cfg: &RedisConfig, voucher: VoucherId) -> anyhow::Result<Driver> {
+        Ok(Driver::Adapter {
             sales: RedisSales::new(connect(cfg).await?),
             ids: OrderIds::default(),
             voucher,
-        }))
+        })
     }
 
-    async fn attempt(&mut self, user: u32) -> Outcome {
-        let Ok(user) = UserId::parse(&user_name(user)) else {
-            return Outcome::Failed("invalid user id".into());
-        };
-        let now = now_millis();
-        let id = match self.ids.next(&self.sales, self.voucher, now).await {
-            Ok(id) => id,
-            Err(e) => return Outcome::Failed(e.to_string()),
-        };
-        match self.sales.admit(self.voucher, &user, id).await {
-            Ok(reply) => match reply.admission {
-                Admission::Admitted { order_id, .. } => Outcome::Admitted(order_id.get()),
-                Admission::SoldOut => Outcome::Code("sold_out"),
-                Admission::AlreadyPurchased { .. } => Outcome::Code("already_purchased"),
-                Admission::NotLoaded => Outcome::Code("not_found"),
-                Admission::NotStarted => Outcome::Code("not_started"),
-                Admission::Ended => Outcome::Code("ended"),
+    pub async fn tutorial(cfg: &RedisConfig, keys: Arc<TutorialKeys>) -> anyhow::Result<Driver> {
+        let conn = connect(cfg).await?;
+        Ok(Driver::Tutorial { conn, keys })
+    }
+
+    pub async fn floor(cfg: &RedisConfig) -> anyhow::Result<Driver> {
+        Ok(Driver::Floor(connect(cfg).await?))
+    }
+
+    /// One attempt by user `user`.
+    pub async fn attempt(&mut self, user: u32) -> Outcome {
+        match self {
+            Driver::InProcess(d) => {
+                let mut req = Request::from_parts(d.template.clone(), Body::Empty);
+                req.headers_mut()
+                    .insert(AUTHORIZATION, d.tokens.header(user).clone());
+                let res = seckill_http::handle(&d.app, req).await;
+                classify(res.status().as_u16(), res.body().as_ref())
+            }
+            Driver::Adapter {
+                sales,
+                ids,
+                voucher,
+            } => {
+                let Ok(user) = UserId::parse(&user_name(user)) else {
+                    return Outcome::Failed("invalid user id".into());
+                };
+                let id = match ids.next(sales, *voucher, now_millis()).await {
+                    Ok(id) => id,
+                    Err(e) => return Outcome::Failed(e.to_string()),
+                };
+                match sales.admit(*voucher, &user, id).await {
+                    Ok(reply) => match reply.admission {
+                        Admission::Admitted { order_id, .. } => Outcome::Admitted(order_id.get()),
+                        Admission::SoldOut => Outcome::Code("sold_out"),
+                        Admission::AlreadyPurchased { .. } => Outcome::Code("already_purchased"),
+                        Admission::NotLoaded => Outcome::Code("not_found"),
+                        Admission::NotStarted => Outcome::Code("not_started"),
+                        Admission::Ended => Outcome::Code("ended"),
+                    },
+                    Err(e) => Outcome::Failed(e.to_string()),
+                }
+            }
+            Driver::Tutorial { conn, keys } => tutorial_attempt(conn, keys, user).await,
+            Driver::Floor(conn) => match NOOP.prepare_invoke().invoke_async::<i64>(conn).await {
+                Ok(_) => Outcome::Code("ok"),
+                Err(e) => Outcome::Failed(e.to_string()),
             },
-            Err(e) => Outcome::Failed(e.to_string()),
         }
     }
 }
@@ -223,73 +202,35 @@ impl TutorialKeys {
     }
 }
 
-/// The tutorial's admission.
-pub struct TutorialCaller {
-    conn: RedisConn,
-    keys: Arc<TutorialKeys>,
-}
-
-impl TutorialCaller {
-    pub async fn driver(cfg: &RedisConfig, keys: Arc<TutorialKeys>) -> anyhow::Result<Driver> {
-        Ok(Driver::Tutorial(TutorialCaller {
-            conn: connect(cfg).await?,
-            keys,
-        }))
-    }
-
-    async fn attempt(&mut self, user: u32) -> Outcome {
-        let now = time::OffsetDateTime::now_utc();
-        let count: i64 = match self.conn.incr(self.keys.id_counter(now), 1).await {
-            Ok(c) => c,
-            Err(e) => return Outcome::Failed(e.to_string()),
-        };
-        let order_id = ((now.unix_timestamp() - TUTORIAL_EPOCH_SECS) << 32) | count;
-        let code: Result<i64, _> = TUTORIAL
-            .arg(self.keys.voucher)
-            .arg(user_name(user))
-            .arg(order_id)
-            .arg(&self.keys.prefix)
-            .invoke_async(&mut self.conn)
-            .await;
-        match code {
-            Ok(0) => Outcome::Admitted(order_id),
-            Ok(1) => Outcome::Code("sold_out"),
-            Ok(2) => Outcome::Code("already_purchased"),
-            Ok(other) => Outcome::Failed(format!("tutorial script answered {other}")),
-            // A cluster of several shards refuses the script's undeclared keys: the
-            // server's words (code and message), not the client's rendering of them.
-            Err(e) if matches!(e.kind(), ErrorKind::Server(_) | ErrorKind::Extension) => {
-                Outcome::Refused(match (e.code(), e.detail()) {
-                    (Some(code), Some(detail)) => format!("{code} {detail}"),
-                    _ => e.to_string(),
-                })
-            }
-            Err(e) => Outcome::Failed(e.to_string()),
+/// The tutorial's admission: INCR of the day's id counter, then its script.
+async fn tutorial_attempt(conn: &mut RedisConn, keys: &TutorialKeys, user: u32) -> Outcome {
+    let now = time::OffsetDateTime::now_utc();
+    let count: i64 = match conn.incr(keys.id_counter(now), 1).await {
+        Ok(c) => c,
+        Err(e) => return Outcome::Failed(e.to_string()),
+    };
+    let order_id = ((now.unix_timestamp() - TUTORIAL_EPOCH_SECS) << 32) | count;
+    let code: Result<i64, _> = TUTORIAL
+        .arg(keys.voucher)
+        .arg(user_name(user))
+        .arg(order_id)
+        .arg(&keys.prefix)
+        .invoke_async(conn)
+        .await;
+    match code {
+        Ok(0) => Outcome::Admitted(order_id),
+        Ok(1) => Outcome::Code("sold_out"),
+        Ok(2) => Outcome::Code("already_purchased"),
+        Ok(other) => Outcome::Failed(format!("tutorial script answered {other}")),
+        // A cluster of several shards refuses the script's undeclared keys: the
+        // server's words (code and message), not the client's rendering of them.
+        Err(e) if matches!(e.kind(), ErrorKind::Server(_) | ErrorKind::Extension) => {
+            Outcome::Refused(match (e.code(), e.detail()) {
+                (Some(code), Some(detail)) => format!("{code} {detail}"),
+                _ => e.to_string(),
+            })
         }
-    }
-}
-
-/// The no-op script.
-pub struct FloorCaller {
-    conn: RedisConn,
-}
-
-impl FloorCaller {
-    pub async fn driver(cfg: &RedisConfig) -> anyhow::Result<Driver> {
-        Ok(Driver::Floor(FloorCaller {
-            conn: connect(cfg).await?,
-        }))
-    }
-
-    async fn attempt(&mut self) -> Outcome {
-        match NOOP
-            .prepare_invoke()
-            .invoke_async::<i64>(&mut self.conn)
-            .await
-        {
-            Ok(_) => Outcome::Code("ok"),
-            Err(e) => Outcome::Failed(e.to_string()),
-        }
+        Err(e) => Outcome::Failed(e.to_string()),
     }
 }
 
@@ -308,18 +249,14 @@ struct Reply {
 
 /// Sorts a response of the seckill route into an outcome.
 pub fn classify(status: u16, body: &[u8]) -> Outcome {
-    let reply: Option<Reply> = serde_json::from_slice(body).ok();
-    match (status, reply) {
-        (
-            202,
-            Some(Reply {
-                order_id: Some(id), ..
-            }),
-        ) => match id.parse::<i64>() {
+    match serde_json::from_slice::<Reply>(body) {
+        Ok(Reply {
+            order_id: Some(id), ..
+        }) if status == 202 => match id.parse::<i64>() {
             Ok(id) => Outcome::Admitted(id),
             Err(_) => Outcome::Failed(format!("202 with order_id {id:?}")),
         },
-        (_, Some(Reply { code: Some(c), .. })) => match CODES.iter().find(|k| **k == c) {
+        Ok(Reply { code: Some(c), .. }) => match CODES.iter().find(|k| **k == c) {
             Some(k) => Outcome::Code(k),
             None => Outcome::Failed(format!("status {status} with unknown code {c:?}")),
         },

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use futures::future::try_join_all;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use seckill_shared::adapters::redis::RedisConn;
@@ -66,29 +67,35 @@ impl Ui {
     }
 }
 
-/// Runs `drivers` (one task each) over `plan`.
+/// Runs `drivers` (one task each) over `plan`; `what` is the run's scenario, variant
+/// and target, `stock` the units on sale.
 pub async fn run(
     drivers: Vec<Driver>,
     plan: Arc<Plan>,
-    meta: RunMeta,
+    what: [&str; 3],
+    stock: i64,
     pace_per_s: Option<f64>,
     ui: &Ui,
 ) -> anyhow::Result<RunResult> {
+    let [scenario, variant, target] = what;
+    let meta = RunMeta {
+        variant: variant.into(),
+        target: target.into(),
+        scenario: scenario.into(),
+        callers: drivers.len(),
+        planned: plan.attempts(),
+        users: u64::from(plan.users()),
+        stock: Some(stock),
+    };
     let planned = plan.attempts();
     let next = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicU64::new(0));
     let admitted = Arc::new(AtomicU64::new(0));
-    let finished = Arc::new(AtomicBool::new(false));
-    let bar = ui.bar(planned, &format!("{} {}", meta.scenario, meta.variant));
+    let bar = ui.bar(planned, &format!("{scenario} {variant}"));
     let ticker = {
-        let (bar, done, admitted, finished) = (
-            bar.clone(),
-            done.clone(),
-            admitted.clone(),
-            finished.clone(),
-        );
+        let (bar, done, admitted) = (bar.clone(), done.clone(), admitted.clone());
         tokio::spawn(async move {
-            while !finished.load(Ordering::Relaxed) {
+            loop {
                 bar.set_position(done.load(Ordering::Relaxed));
                 bar.set_message(format!("admitted {}", admitted.load(Ordering::Relaxed)));
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -98,8 +105,7 @@ pub async fn run(
     let cpu_before = cpu_sample(ui).await;
     let start = Instant::now();
     let deadline = start + ui.max_run;
-    let mut tasks = Vec::with_capacity(drivers.len());
-    for mut driver in drivers {
+    let tasks = drivers.into_iter().map(|mut driver| {
         let (next, done, admitted, plan, stop) = (
             next.clone(),
             done.clone(),
@@ -107,7 +113,7 @@ pub async fn run(
             plan.clone(),
             ui.stop.clone(),
         );
-        tasks.push(tokio::spawn(async move {
+        tokio::spawn(async move {
             let mut rec = Recorder::new();
             loop {
                 if stop.load(Ordering::Relaxed) || Instant::now() >= deadline {
@@ -137,21 +143,18 @@ pub async fn run(
                 tokio::task::coop::consume_budget().await;
             }
             (rec, driver)
-        }));
-    }
-    let mut recorders = Vec::with_capacity(tasks.len());
-    let mut used = Vec::with_capacity(tasks.len());
-    for t in tasks {
-        let (rec, driver) = t.await.context("a caller task panicked")?;
-        recorders.push(rec);
-        used.push(driver);
-    }
+        })
+    });
+    let (recorders, used): (Vec<_>, Vec<_>) = try_join_all(tasks.collect::<Vec<_>>())
+        .await
+        .context("a caller task panicked")?
+        .into_iter()
+        .unzip();
     let elapsed = start.elapsed();
     let cpu_after = cpu_sample(ui).await;
     // Connections close after the clock stopped.
     drop(used);
-    finished.store(true, Ordering::Relaxed);
-    ticker.await.ok();
+    ticker.abort();
     bar.finish_and_clear();
     let mut result = merge(meta, recorders, elapsed);
     result.cpu = Some(cpu_before.until(&cpu_after, result.completed));

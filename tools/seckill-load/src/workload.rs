@@ -9,13 +9,11 @@ use http::HeaderValue;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-/// The user of each attempt.
+/// The user of each attempt: attempt `i` is made by user `order[i]`.
 #[derive(Debug, Clone)]
-pub enum Plan {
-    /// Attempt `i` is made by user `order[i]`.
-    Mixed { order: Vec<u32>, users: u32 },
-    /// Attempt `i` is made by user `i`.
-    Distinct { attempts: u64 },
+pub struct Plan {
+    order: Vec<u32>,
+    users: u32,
 }
 
 impl Plan {
@@ -30,34 +28,30 @@ impl Plan {
             order.push(rng.random_range(0..users));
         }
         order.shuffle(&mut rng);
-        Plan::Mixed { order, users }
+        Plan { order, users }
     }
 
+    /// Attempt `i` is made by user `i`.
     pub fn distinct(attempts: u64) -> Plan {
-        Plan::Distinct { attempts }
+        let users = attempts as u32;
+        Plan {
+            order: (0..users).collect(),
+            users,
+        }
     }
 
     pub fn attempts(&self) -> u64 {
-        match self {
-            Plan::Mixed { order, .. } => order.len() as u64,
-            Plan::Distinct { attempts } => *attempts,
-        }
+        self.order.len() as u64
     }
 
     /// How many distinct users the plan uses (and tokens it needs).
     pub fn users(&self) -> u32 {
-        match self {
-            Plan::Mixed { order, users } => (*users).min(order.len() as u32),
-            Plan::Distinct { attempts } => *attempts as u32,
-        }
+        self.users.min(self.order.len() as u32)
     }
 
     /// The user of attempt `i`.
     pub fn user(&self, i: u64) -> u32 {
-        match self {
-            Plan::Mixed { order, .. } => order[i as usize],
-            Plan::Distinct { .. } => i as u32,
-        }
+        self.order[i as usize]
     }
 }
 
@@ -85,12 +79,8 @@ impl Tokens {
         )
     }
 
-    pub fn len(&self) -> u32 {
+    pub(crate) fn len(&self) -> u32 {
         self.0.len() as u32
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
     }
 
     /// The header of user `idx`.
