@@ -227,34 +227,25 @@ impl CpuSample {
         let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
         // utime is field 14 and stime 15 of the whole line: 11 and 12 after the name.
         let process_s = (ticks(11) + ticks(12)) / 100.0;
-        let redis_s = (!cpu.is_empty())
-            .then(|| {
-                cpu.iter()
-                    .map(|info| {
-                        let get =
-                            |k: &str| crate::backends::info_field(info, k)?.parse::<f64>().ok();
-                        Some(get("used_cpu_user")? + get("used_cpu_sys")?)
-                    })
-                    .sum::<Option<f64>>()
-            })
-            .flatten();
+        let get = |info: &str, k: &str| crate::backends::info_field(info, k)?.parse::<f64>().ok();
+        let used = |info: &String| Some(get(info, "used_cpu_user")? + get(info, "used_cpu_sys")?);
+        let redis_s = cpu.iter().map(used).sum::<Option<f64>>();
         // cmdstat_<name>:calls=N,usec=N,usec_per_call=...
+        let usec = |stats: &str| -> Option<f64> {
+            let v = stats.split(',').find_map(|kv| kv.strip_prefix("usec="))?;
+            v.trim().parse().ok()
+        };
         let redis_command_us = (!commandstats.is_empty()).then(|| {
             commandstats
                 .iter()
                 .flat_map(|info| info.lines())
                 .filter_map(|l| l.strip_prefix("cmdstat_")?.split_once(':'))
                 .filter(|(name, _)| CLIENT_COMMANDS.contains(name))
-                .filter_map(|(_, stats)| {
-                    stats
-                        .split(',')
-                        .find_map(|kv| kv.strip_prefix("usec="))
-                        .and_then(|v| v.trim().parse::<f64>().ok())
-                })
+                .filter_map(|(_, stats)| usec(stats))
                 .sum()
         });
         CpuSample {
-            redis_s,
+            redis_s: redis_s.filter(|_| !cpu.is_empty()),
             redis_command_us,
             process_s,
         }

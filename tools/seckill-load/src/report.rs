@@ -56,10 +56,8 @@ impl Results {
             add(format!("{} {}", r.scenario, r.variant), &r.checks);
         }
         for r in self.drain.iter().flat_map(|d| d.runs()) {
-            add(
-                format!("drain {} (batch {})", r.variant, r.batch_size),
-                &r.checks,
-            );
+            let run = format!("drain {} (batch {})", r.variant, r.batch_size);
+            add(run, &r.checks);
         }
         if let Some(l) = &self.commit_latency {
             add("commit-latency".into(), &l.checks);
@@ -69,17 +67,23 @@ impl Results {
 
     /// The baselines that FAILED on this server, with the server's error.
     pub fn failed(&self) -> Vec<(String, String)> {
-        let sale = self.sale.as_ref().and_then(|s| s.tutorial.as_ref());
-        let admit = self.admit.as_ref().and_then(|a| a.tutorial.as_ref());
-        let drain = self.drain.as_ref().and_then(|d| d.tutorial.as_ref());
-        [
-            ("sale tutorial", sale.and_then(|r| r.error.clone())),
-            ("admit tutorial", admit.and_then(|r| r.error.clone())),
-            ("drain tutorial", drain.and_then(|r| r.error.clone())),
-        ]
-        .into_iter()
-        .filter_map(|(run, e)| Some((run.to_string(), e?)))
-        .collect()
+        let sale = self
+            .sale
+            .as_ref()
+            .and_then(|s| s.tutorial.as_ref()?.error.clone());
+        let admit = self
+            .admit
+            .as_ref()
+            .and_then(|a| a.tutorial.as_ref()?.error.clone());
+        let drain = self
+            .drain
+            .as_ref()
+            .and_then(|d| d.tutorial.as_ref()?.error.clone());
+        let runs = [("sale", sale), ("admit", admit), ("drain", drain)];
+        let failed = runs.into_iter().filter_map(|(run, e)| Some((run, e?)));
+        failed
+            .map(|(run, e)| (format!("{run} tutorial"), e))
+            .collect()
     }
 
     /// The process's exit status: 2 when an invariant was violated, else 3 when a
@@ -163,23 +167,15 @@ impl Machine {
 
 /// Processes named like compilers or linkers (rustc, cc1, ld, ...).
 fn count_builders() -> usize {
+    let names = [
+        "rustc", "cc1", "cc1plus", "ld", "ld.lld", "collect2", "cc", "clang",
+    ];
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return 0;
     };
-    dir.filter_map(|e| e.ok())
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .bytes()
-                .all(|b| b.is_ascii_digit())
-        })
-        .filter_map(|e| std::fs::read_to_string(e.path().join("comm")).ok())
-        .filter(|c| {
-            matches!(
-                c.trim(),
-                "rustc" | "cc1" | "cc1plus" | "ld" | "ld.lld" | "collect2" | "cc" | "clang"
-            )
-        })
+    // Every process's directory (and self, which is no builder).
+    dir.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+        .filter(|c| names.contains(&c.trim()))
         .count()
 }
 
@@ -276,13 +272,7 @@ impl Row {
 
     /// Rates of ours and a baseline in `unit` against a target ratio, or FAILED when
     /// the baseline has an error.
-    fn rate(
-        what: String,
-        unit: &str,
-        target: f64,
-        (ours, base): (f64, f64),
-        error: Option<&str>,
-    ) -> Row {
+    fn rate(what: String, unit: &str, target: f64, (ours, base, error): Rates) -> Row {
         let row = Row::new(what, format!("{} {unit}", thousands(ours)));
         let target_text = format!("≥ {target}×");
         if let Some(e) = error {
@@ -301,6 +291,9 @@ impl Row {
     }
 }
 
+/// Ours, the baseline, and the baseline's error when it FAILED.
+type Rates<'a> = (f64, f64, Option<&'a str>);
+
 /// Redis's command time per admission of a run (INFO commandstats).
 fn redis_us(r: &RunResult) -> Option<f64> {
     r.cpu.as_ref().and_then(|c| c.redis_command_us_per_attempt)
@@ -316,24 +309,16 @@ pub fn rows(r: &Results) -> Vec<Row> {
                 "sale mix (S={}, A={}, U={}, C={}): ours vs tutorial admission",
                 o.stock, o.attempts, o.users, o.callers
             );
-            let rates = (ours.attempts_per_s, t.attempts_per_s);
-            rows.push(Row::rate(
-                what,
-                "attempts/s",
-                5.0,
-                rates,
-                t.error.as_deref(),
-            ));
+            let rates = (ours.attempts_per_s, t.attempts_per_s, t.error.as_deref());
+            rows.push(Row::rate(what, "attempts/s", 5.0, rates));
         }
         rows.push(Row::latency("sale", ours));
         if let Some(t) = ours.sell_out_s {
             let tutorial = s.tutorial.as_ref().filter(|t| t.error.is_none());
             let tutorial = tutorial.and_then(|t| t.sell_out_s);
             let tutorial = tutorial.map_or(String::new(), |tt| format!(" (tutorial {tt:.3} s)"));
-            rows.push(Row::new(
-                "sale: ours sold out after",
-                format!("{t:.3} s{tutorial}"),
-            ));
+            let ours = format!("{t:.3} s{tutorial}");
+            rows.push(Row::new("sale: ours sold out after", ours));
         }
     }
     if let Some(a) = &r.admit {
@@ -345,34 +330,32 @@ pub fn rows(r: &Results) -> Vec<Row> {
         let (n, b) = (d.options.orders, best.batch_size);
         if let Some(t) = &d.tutorial {
             let what = format!("drain (N={n}): ours (batch {b}) vs tutorial consumer");
-            let rates = (best.orders_per_s, t.orders_per_s);
-            rows.push(Row::rate(what, "orders/s", 20.0, rates, t.error.as_deref()));
+            let rates = (best.orders_per_s, t.orders_per_s, t.error.as_deref());
+            rows.push(Row::rate(what, "orders/s", 20.0, rates));
         }
         if let Some(f) = &d.db_floor {
             let what = format!(
                 "drain (N={n}): ours (batch {b}) vs database floor (multi-row INSERT, {} rows)",
                 f.batch_size
             );
-            let rates = (best.orders_per_s, f.orders_per_s);
-            rows.push(Row::rate(what, "orders/s", 0.5, rates, None));
+            let rates = (best.orders_per_s, f.orders_per_s, None);
+            rows.push(Row::rate(what, "orders/s", 0.5, rates));
         }
         let sweep: Vec<String> = d
             .ours
             .iter()
             .map(|o| format!("{}: {}", o.batch_size, thousands(o.orders_per_s)))
             .collect();
-        rows.push(Row::new(
-            "drain: batch-size sweep (orders/s)",
-            sweep.join(", "),
-        ));
+        let sweep = sweep.join(", ");
+        rows.push(Row::new("drain: batch-size sweep (orders/s)", sweep));
         if let Some(single) = d.spread.iter().find(|r| r.sales == 1) {
             for many in d.spread.iter().filter(|r| r.sales > 1) {
                 let what = format!(
                     "drain (N={}): {} sales at once vs 1 sale (batch {})",
                     many.orders, many.sales, many.batch_size
                 );
-                let rates = (many.orders_per_s, single.orders_per_s);
-                rows.push(Row::rate(what, "orders/s", 0.5, rates, None));
+                let rates = (many.orders_per_s, single.orders_per_s, None);
+                rows.push(Row::rate(what, "orders/s", 0.5, rates));
             }
         }
     }
@@ -381,11 +364,8 @@ pub fn rows(r: &Results) -> Vec<Row> {
             "admission-to-commit latency p50 / p99 ({} admissions at {}/s, one drainer invocation)",
             l.committed, l.options.rate
         );
-        let ours = format!(
-            "{:.3} / {:.3} s",
-            secs(l.latency.p50_us),
-            secs(l.latency.p99_us)
-        );
+        let [p50, p99] = [l.latency.p50_us, l.latency.p99_us].map(secs);
+        let ours = format!("{p50:.3} / {p99:.3} s");
         let met = l.latency.p99_us <= 2_000_000 && l.committed > 0;
         rows.push(Row::new(what, ours).target("p99 ≤ 2 s".into(), Some(met)));
     }
@@ -394,11 +374,8 @@ pub fn rows(r: &Results) -> Vec<Row> {
             "{}: release binary size / peak RSS ({})",
             b.name, b.workload
         );
-        let size = b.size_bytes as f64 / 1048576.0;
-        rows.push(Row::new(
-            what,
-            format!("{size:.1} MiB / {}", mib(b.peak_rss_kib)),
-        ));
+        let (size, peak) = (b.size_bytes as f64 / 1048576.0, mib(b.peak_rss_kib));
+        rows.push(Row::new(what, format!("{size:.1} MiB / {peak}")));
     }
     rows
 }
@@ -413,33 +390,21 @@ fn admit_rows(rows: &mut Vec<Row>, a: &AdmitReport) {
         )
     };
     if let Some(t) = &a.tutorial {
-        let (what, rates) = (
-            title("tutorial admission"),
-            (ours.attempts_per_s, t.attempts_per_s),
-        );
-        rows.push(Row::rate(
-            what,
-            "admissions/s",
-            1.0,
-            rates,
-            t.error.as_deref(),
-        ));
+        let rates = (ours.attempts_per_s, t.attempts_per_s, t.error.as_deref());
+        let what = title("tutorial admission");
+        rows.push(Row::rate(what, "admissions/s", 1.0, rates));
     }
     if let Some(f) = &a.floor {
-        let (what, rates) = (
-            title("floor (no-op EVALSHA)"),
-            (ours.attempts_per_s, f.attempts_per_s),
-        );
-        rows.push(Row::rate(what, "calls/s", 0.6, rates, None));
+        let rates = (ours.attempts_per_s, f.attempts_per_s, None);
+        let what = title("floor (no-op EVALSHA)");
+        rows.push(Row::rate(what, "calls/s", 0.6, rates));
     }
     if let Some(ours_us) = redis_us(ours) {
         for (name, other) in [("tutorial admission", &a.tutorial), ("floor", &a.floor)] {
-            let row = Row::new(
-                format!(
-                    "admit path, Redis command time per admission (INFO commandstats): ours vs {name}; the ratio is how many more admissions one Redis core executes with ours"
-                ),
-                micros(ours_us),
+            let what = format!(
+                "admit path, Redis command time per admission (INFO commandstats): ours vs {name}; the ratio is how many more admissions one Redis core executes with ours"
             );
+            let row = Row::new(what, micros(ours_us));
             if let Some(e) = other.as_ref().and_then(|r| r.error.as_deref()) {
                 rows.push(row.failed(e));
             } else if let Some(base_us) = other.as_ref().and_then(redis_us) {
@@ -584,11 +549,7 @@ pub fn results_markdown(r: &Results, rows: &[Row], svg_link: &str) -> String {
     s.push_str("<details><summary>every run</summary>\n\n");
     s.push_str("| scenario | variant | callers | attempts | elapsed | per second | admitted | outcomes | p50 | p90 | p99 | p99.9 | max |\n|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|\n");
     for x in r.runs() {
-        let outcomes: Vec<String> = x
-            .outcomes
-            .iter()
-            .map(|(k, v)| format!("{k} {}", count(*v)))
-            .collect();
+        let outcomes = x.outcomes.iter().map(|(k, v)| format!("{k} {}", count(*v)));
         let l = &x.latency;
         let mut cells = vec![
             x.scenario.clone(),
@@ -598,7 +559,7 @@ pub fn results_markdown(r: &Results, rows: &[Row], svg_link: &str) -> String {
             format!("{:.2} s", x.elapsed_s),
             thousands(x.attempts_per_s),
             count(x.admitted),
-            outcomes.join(", "),
+            outcomes.collect::<Vec<_>>().join(", "),
         ];
         let lat = [l.p50_us, l.p90_us, l.p99_us, l.p999_us, l.max_us];
         cells.extend(lat.map(|us| format!("{:.2} ms", ms(us))));
@@ -607,37 +568,25 @@ pub fn results_markdown(r: &Results, rows: &[Row], svg_link: &str) -> String {
     if let Some(a) = r.admit.as_ref().filter(|a| a.rounds.len() > 1) {
         s.push_str("\nadmit rounds (per second):\n\n");
         for (i, round) in a.rounds.iter().enumerate() {
-            let parts: Vec<String> = round
-                .iter()
-                .map(|(v, x)| format!("{v} {}", thousands(*x)))
-                .collect();
-            let _ = writeln!(s, "- round {}: {}", i + 1, parts.join(", "));
+            let parts = round.iter().map(|(v, x)| format!("{v} {}", thousands(*x)));
+            let parts = parts.collect::<Vec<_>>().join(", ");
+            let _ = writeln!(s, "- round {}: {parts}", i + 1);
         }
     }
     if let Some(d) = &r.drain {
         s.push_str("\n| drain | sales | batch | orders | elapsed | orders/s |\n|---|---:|---:|---:|---:|---:|\n");
         for x in d.runs() {
+            let (orders, per_s) = (count(x.orders), thousands(x.orders_per_s));
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {:.2} s | {} |",
-                x.variant,
-                x.sales,
-                x.batch_size,
-                count(x.orders),
-                x.elapsed_s,
-                thousands(x.orders_per_s)
+                "| {} | {} | {} | {orders} | {:.2} s | {per_s} |",
+                x.variant, x.sales, x.batch_size, x.elapsed_s
             );
         }
     }
     if let Some(l) = &r.commit_latency {
-        let (o, drained) = (&l.options, l.drained_after_s);
-        let lat = [
-            l.latency.p50_us,
-            l.latency.p90_us,
-            l.latency.p99_us,
-            l.latency.max_us,
-        ];
-        let [p50, p90, p99, max] = lat.map(secs);
+        let (o, lat, drained) = (&l.options, &l.latency, l.drained_after_s);
+        let [p50, p90, p99, max] = [lat.p50_us, lat.p90_us, lat.p99_us, lat.max_us].map(secs);
         let _ = writeln!(
             s,
             "\nadmission-to-commit: {} admissions at {}/s for {} s from {} callers, one drainer invocation with batch {}: p50 {p50:.3} s, p90 {p90:.3} s, p99 {p99:.3} s, max {max:.3} s; the stream was empty {drained:.2} s after the last admission.",
@@ -667,12 +616,8 @@ pub fn results_markdown(r: &Results, rows: &[Row], svg_link: &str) -> String {
     let checks = r.checks();
     let bad: Vec<_> = checks.iter().filter(|(_, c)| !c.ok).collect();
     let see_below = if bad.is_empty() { "" } else { " — SEE BELOW" };
-    let held = checks.len() - bad.len();
-    let _ = writeln!(
-        s,
-        "\nInvariant checks: {held} of {} held{see_below}.",
-        checks.len()
-    );
+    let (held, total) = (checks.len() - bad.len(), checks.len());
+    let _ = writeln!(s, "\nInvariant checks: {held} of {total} held{see_below}.");
     for (run, c) in bad {
         let _ = writeln!(s, "- **violated** in {run}: {}: {}", c.name, c.detail);
     }
