@@ -6,10 +6,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
-/// Slowest latency the histograms hold (longer ones are clamped to it).
+/// Slowest latency recorded (longer ones are clamped to it).
 const MAX_LATENCY_US: u64 = 120_000_000;
 /// The first timeline bin ends here; later bins grow geometrically.
 const FIRST_BIN_S: f64 = 0.001;
@@ -34,8 +33,8 @@ pub enum Outcome {
 }
 
 /// One caller's record.
+#[derive(Default)]
 pub struct Recorder {
-    hist: Histogram<u64>,
     /// (end since the start in µs, latency in µs | [`ADMITTED_BIT`]).
     events: Vec<(u32, u32)>,
     outcomes: BTreeMap<&'static str, u64>,
@@ -47,31 +46,14 @@ pub struct Recorder {
     refusal: Option<String>,
 }
 
-impl Default for Recorder {
-    fn default() -> Self {
-        Recorder::new()
-    }
-}
-
 impl Recorder {
     pub fn new() -> Recorder {
-        Recorder {
-            hist: histogram(),
-            events: Vec::new(),
-            outcomes: BTreeMap::new(),
-            admitted_users: Vec::new(),
-            order_ids: Vec::new(),
-            last_admit: None,
-            first_sold_out: None,
-            failure_samples: Vec::new(),
-            refusal: None,
-        }
+        Recorder::default()
     }
 
     /// Records attempt by `user` that ended `at` after the start and took `latency`.
     pub fn record(&mut self, user: u32, outcome: Outcome, latency: Duration, at: Duration) {
         let us = (latency.as_micros() as u64).clamp(1, MAX_LATENCY_US);
-        self.hist.saturating_record(us);
         let at_us = at.as_micros().min(u128::from(u32::MAX)) as u32;
         let admitted = matches!(outcome, Outcome::Admitted(_));
         self.events
@@ -289,7 +271,6 @@ pub struct RunMeta {
 pub fn merge(meta: RunMeta, recorders: Vec<Recorder>, elapsed: Duration) -> RunResult {
     let mut all = Recorder::new();
     for r in recorders {
-        all.hist.add(&r.hist).ok();
         all.events.extend(r.events);
         for (k, v) in r.outcomes {
             *all.outcomes.entry(k).or_default() += v;
@@ -305,7 +286,8 @@ pub fn merge(meta: RunMeta, recorders: Vec<Recorder>, elapsed: Duration) -> RunR
     }
     all.admitted_users.sort_unstable();
     all.order_ids.sort_unstable();
-    let completed = all.hist.len();
+    let completed = all.events.len() as u64;
+    let latencies = all.events.iter().map(|(_, w)| u64::from(w & !ADMITTED_BIT));
     let admitted = all.outcomes.get("admitted").copied().unwrap_or(0);
     let sold_out = meta.stock.is_some_and(|s| admitted as i64 >= s);
     // Both the first `sold_out` answer and the last admission end after the stock ran
@@ -329,7 +311,7 @@ pub fn merge(meta: RunMeta, recorders: Vec<Recorder>, elapsed: Duration) -> RunR
             .map(|(k, v)| (k.into(), v))
             .collect(),
         failure_samples: all.failure_samples,
-        latency: latency_of(&all.hist),
+        latency: latency_of_values(latencies),
         sell_out_s: sell_out.map(|d| d.as_secs_f64()),
         timeline: timeline(all.events, elapsed),
         cpu: None,
@@ -344,32 +326,25 @@ fn earliest(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
     a.into_iter().chain(b).min()
 }
 
-fn histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).expect("constant histogram bounds are valid")
-}
-
-/// Percentiles of a histogram of microseconds.
-pub fn latency_of(h: &Histogram<u64>) -> Latency {
-    if h.is_empty() {
-        return Latency::default();
-    }
-    Latency {
-        p50_us: h.value_at_quantile(0.50),
-        p90_us: h.value_at_quantile(0.90),
-        p99_us: h.value_at_quantile(0.99),
-        p999_us: h.value_at_quantile(0.999),
-        max_us: h.max(),
-        mean_us: h.mean(),
-    }
-}
-
-/// Percentiles of a list of microsecond values.
+/// Exact percentiles (nearest rank) of microsecond values, clamped to 1 µs ..
+/// [`MAX_LATENCY_US`].
 pub fn latency_of_values(values: impl IntoIterator<Item = u64>) -> Latency {
-    let mut h = histogram();
-    for v in values {
-        h.saturating_record(v.clamp(1, MAX_LATENCY_US));
+    let clamped = values.into_iter().map(|v| v.clamp(1, MAX_LATENCY_US));
+    let mut v: Vec<u64> = clamped.collect();
+    v.sort_unstable();
+    let Some(&max_us) = v.last() else {
+        return Latency::default();
+    };
+    let n = v.len();
+    let q = |q: f64| v[((n as f64 * q).ceil() as usize).clamp(1, n) - 1];
+    Latency {
+        p50_us: q(0.50),
+        p90_us: q(0.90),
+        p99_us: q(0.99),
+        p999_us: q(0.999),
+        max_us,
+        mean_us: v.iter().sum::<u64>() as f64 / n as f64,
     }
-    latency_of(&h)
 }
 
 /// Bins the attempts by end time, geometrically from [`FIRST_BIN_S`] to the end.
@@ -383,9 +358,7 @@ fn timeline(events: Vec<(u32, u32)>, elapsed: Duration) -> Vec<TimelinePoint> {
     for (at_us, word) in events {
         let t = f64::from(at_us) / 1e6;
         let i = edges[1..].partition_point(|e| *e <= t).min(bins.len() - 1);
-        if word & ADMITTED_BIT != 0 {
-            bins[i].0 += 1;
-        }
+        bins[i].0 += u64::from(word & ADMITTED_BIT != 0);
         bins[i].1.push(word & !ADMITTED_BIT);
     }
     bins.into_iter()

@@ -248,21 +248,15 @@ impl Row {
     }
 
     /// With a target, met or missed (`None`: not compared).
-    fn target(self, target: String, met: Option<bool>) -> Row {
-        Row {
-            target,
-            met,
-            ..self
-        }
+    fn target(mut self, target: String, met: Option<bool>) -> Row {
+        (self.target, self.met) = (target, met);
+        self
     }
 
     /// Against a baseline.
-    fn vs(self, baseline: String, ratio: String) -> Row {
-        Row {
-            baseline,
-            ratio,
-            ..self
-        }
+    fn vs(mut self, baseline: String, ratio: String) -> Row {
+        (self.baseline, self.ratio) = (baseline, ratio);
+        self
     }
 
     /// Against a baseline that FAILED on this server: its error instead of a figure.
@@ -469,11 +463,7 @@ pub fn markdown_table(rows: &[Row]) -> String {
         "| measurement | ours | baseline | ratio | target | met |\n|---|---:|---:|---:|---|:-:|\n",
     );
     for r in rows {
-        let met = match r.met {
-            Some(true) => "yes",
-            Some(false) => "**no**",
-            None => "",
-        };
+        let met = r.met.map_or("", |met| if met { "yes" } else { "**no**" });
         let _ = writeln!(
             s,
             "| {} | {} | {} | {} | {} | {met} |",
@@ -487,11 +477,7 @@ pub fn markdown_table(rows: &[Row]) -> String {
 pub fn text_table(rows: &[Row]) -> String {
     let mut s = String::new();
     for r in rows {
-        let met = match r.met {
-            Some(true) => "met",
-            Some(false) => "MISSED",
-            None => "",
-        };
+        let met = r.met.map_or("", |met| if met { "met" } else { "MISSED" });
         let _ = writeln!(s, "{}", r.what);
         if r.baseline.is_empty() {
             let _ = writeln!(s, "    {:<40} {:>10} {met}", r.ours, r.target);

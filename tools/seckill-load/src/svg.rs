@@ -38,24 +38,17 @@ pub fn sale_chart(results: &crate::report::Results, path: &Path) -> anyhow::Resu
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
-    timeline(path, &title, &runs)?;
-    Ok(true)
-}
-
-/// Draws the timelines of `runs` (labelled) into `path`.
-pub fn timeline(path: &Path, title: &str, runs: &[(&str, &RunResult)]) -> anyhow::Result<()> {
-    anyhow::ensure!(!runs.is_empty(), "nothing to draw");
     let height = 60 + 330 * runs.len() as u32;
     let root = SVGBackend::new(path, (1000, height)).into_drawing_area();
     root.fill(&WHITE)?;
-    let root = root.titled(title, ("sans-serif", 22))?;
+    let root = root.titled(&title, ("sans-serif", 22))?;
     let t_max = runs.iter().map(|(_, r)| r.elapsed_s).fold(0.0f64, f64::max);
     let t_max = t_max.max(0.01) * 1.05;
     for ((label, run), area) in runs.iter().zip(root.split_evenly((runs.len(), 1))) {
         panel(&area, label, run, t_max)?;
     }
     root.present()?;
-    Ok(())
+    Ok(true)
 }
 
 fn panel(
@@ -140,21 +133,17 @@ fn legend(color: RGBColor, width: u32) -> impl Fn((i32, i32)) -> PathElement<(i3
 }
 
 fn seconds(v: f64) -> String {
-    if v >= 1.0 {
-        format!("{v:.0} s")
-    } else if v >= 0.001 {
-        format!("{:.0} ms", v * 1000.0)
-    } else {
-        format!("{:.1} ms", v * 1000.0)
+    match v {
+        1.0.. => format!("{v:.0} s"),
+        0.001.. => format!("{:.0} ms", v * 1000.0),
+        _ => format!("{:.1} ms", v * 1000.0),
     }
 }
 
 fn human(v: f64) -> String {
-    if v >= 1e6 {
-        format!("{:.0}M", v / 1e6)
-    } else if v >= 1e3 {
-        format!("{:.0}k", v / 1e3)
-    } else {
-        format!("{v:.0}")
+    match v {
+        1e6.. => format!("{:.0}M", v / 1e6),
+        1e3.. => format!("{:.0}k", v / 1e3),
+        _ => format!("{v:.0}"),
     }
 }
