@@ -89,12 +89,10 @@ impl Results {
     /// The process's exit status: 2 when an invariant was violated, else 3 when a
     /// baseline FAILED on this server, else 0.
     pub fn exit_status(&self) -> u8 {
-        if self.checks().iter().any(|(_, c)| !c.ok) {
-            2
-        } else if !self.failed().is_empty() {
-            3
-        } else {
-            0
+        match self.checks().iter().any(|(_, c)| !c.ok) {
+            true => 2,
+            false if !self.failed().is_empty() => 3,
+            false => 0,
         }
     }
 }
@@ -119,12 +117,9 @@ impl Machine {
     /// Reads /proc (Linux).
     pub fn read() -> Machine {
         let proc = |f: &str| std::fs::read_to_string(format!("/proc/{f}")).unwrap_or_default();
-        let cpu_model = proc("cpuinfo")
-            .lines()
-            .find_map(|l| l.strip_prefix("model name"))
-            .and_then(|l| l.split_once(':'))
-            .map(|(_, v)| v.trim().to_string())
-            .unwrap_or_else(|| "unknown".into());
+        let cpuinfo = proc("cpuinfo");
+        let model = cpuinfo.lines().find_map(|l| l.strip_prefix("model name"));
+        let model = model.and_then(|l| Some(l.split_once(':')?.1.trim()));
         let meminfo = proc("meminfo");
         let gib = |key: &str| -> f64 {
             let kib = meminfo.lines().find_map(|l| l.strip_prefix(key));
@@ -139,7 +134,7 @@ impl Machine {
         Machine {
             at: now_rfc3339(),
             nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            cpu_model,
+            cpu_model: model.unwrap_or("unknown").to_string(),
             mem_total_gib: gib("MemTotal:"),
             mem_available_gib: gib("MemAvailable:"),
             loadavg: std::array::from_fn(|i| load.get(i).copied().unwrap_or(0.0)),
