@@ -61,13 +61,10 @@ fn panel(
     let rate_max = tl.iter().map(|p| p.attempts_per_s.max(p.admitted_per_s));
     let rate_max = rate_max.fold(10.0f64, f64::max) * 2.0;
     let p99_max = tl.iter().map(|p| p.p99_ms).fold(0.1f64, f64::max) * 1.15;
+    let p99_ms = run.latency.p99_us as f64 / 1000.0;
     let caption = format!(
-        "{label}: {} attempts in {:.2} s ({:.0}/s), {} admitted, p99 {:.2} ms",
-        run.completed,
-        run.elapsed_s,
-        run.attempts_per_s,
-        run.admitted,
-        run.latency.p99_us as f64 / 1000.0
+        "{label}: {} attempts in {:.2} s ({:.0}/s), {} admitted, p99 {p99_ms:.2} ms",
+        run.completed, run.elapsed_s, run.attempts_per_s, run.admitted
     );
     let mut chart = ChartBuilder::on(area)
         .caption(caption, ("sans-serif", 16))
