@@ -1,19 +1,14 @@
-//! What one caller saw, and the merged result of a run.
-//!
-//! Each caller keeps its own [`Recorder`] (no sharing on the hot path): an HDR histogram
-//! of latencies for the exact percentiles, the count of every outcome, the users and
-//! order ids it got admitted (for the invariant checks), and every attempt's end time and
-//! latency (8 bytes each) for the timeline. The timeline's bins are spaced
-//! logarithmically in time from 1 ms, so a sale that sells out in a few milliseconds and
-//! then answers `sold_out` for a minute shows both phases.
+//! What one caller saw, and the merged result of a run: each caller keeps its own
+//! [`Recorder`] (no sharing on the hot path), merged into a [`RunResult`] with exact
+//! percentiles and a timeline binned logarithmically in time from 1 ms (a sale sells out
+//! in milliseconds, then answers `sold_out` for a minute).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
-/// Slowest latency the histograms hold (longer ones are clamped to it).
+/// Slowest latency recorded (longer ones are clamped to it).
 const MAX_LATENCY_US: u64 = 120_000_000;
 /// The first timeline bin ends here; later bins grow geometrically.
 const FIRST_BIN_S: f64 = 0.001;
@@ -38,8 +33,8 @@ pub enum Outcome {
 }
 
 /// One caller's record.
+#[derive(Default)]
 pub struct Recorder {
-    hist: Histogram<u64>,
     /// (end since the start in µs, latency in µs | [`ADMITTED_BIT`]).
     events: Vec<(u32, u32)>,
     outcomes: BTreeMap<&'static str, u64>,
@@ -51,32 +46,14 @@ pub struct Recorder {
     refusal: Option<String>,
 }
 
-impl Default for Recorder {
-    fn default() -> Self {
-        Recorder::new()
-    }
-}
-
 impl Recorder {
     pub fn new() -> Recorder {
-        Recorder {
-            hist: Histogram::new_with_bounds(1, MAX_LATENCY_US, 3)
-                .expect("constant histogram bounds are valid"),
-            events: Vec::new(),
-            outcomes: BTreeMap::new(),
-            admitted_users: Vec::new(),
-            order_ids: Vec::new(),
-            last_admit: None,
-            first_sold_out: None,
-            failure_samples: Vec::new(),
-            refusal: None,
-        }
+        Recorder::default()
     }
 
     /// Records attempt by `user` that ended `at` after the start and took `latency`.
     pub fn record(&mut self, user: u32, outcome: Outcome, latency: Duration, at: Duration) {
         let us = (latency.as_micros() as u64).clamp(1, MAX_LATENCY_US);
-        self.hist.saturating_record(us);
         let at_us = at.as_micros().min(u128::from(u32::MAX)) as u32;
         let admitted = matches!(outcome, Outcome::Admitted(_));
         self.events
@@ -86,11 +63,11 @@ impl Recorder {
                 *self.outcomes.entry("admitted").or_default() += 1;
                 self.admitted_users.push(user);
                 self.order_ids.push(id);
-                self.last_admit = Some(self.last_admit.map_or(at, |l| l.max(at)));
+                self.last_admit = self.last_admit.max(Some(at));
             }
             Outcome::Code(code) => {
-                if code == "sold_out" && self.first_sold_out.is_none() {
-                    self.first_sold_out = Some(at);
+                if code == "sold_out" {
+                    self.first_sold_out.get_or_insert(at);
                 }
                 *self.outcomes.entry(code).or_default() += 1
             }
@@ -232,34 +209,25 @@ impl CpuSample {
         let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
         // utime is field 14 and stime 15 of the whole line: 11 and 12 after the name.
         let process_s = (ticks(11) + ticks(12)) / 100.0;
-        let redis_s = (!cpu.is_empty())
-            .then(|| {
-                cpu.iter()
-                    .map(|info| {
-                        let get =
-                            |k: &str| crate::backends::info_field(info, k)?.parse::<f64>().ok();
-                        Some(get("used_cpu_user")? + get("used_cpu_sys")?)
-                    })
-                    .sum::<Option<f64>>()
-            })
-            .flatten();
+        let get = |info: &str, k: &str| crate::backends::info_field(info, k)?.parse::<f64>().ok();
+        let used = |info: &String| Some(get(info, "used_cpu_user")? + get(info, "used_cpu_sys")?);
+        let redis_s = cpu.iter().map(used).sum::<Option<f64>>();
         // cmdstat_<name>:calls=N,usec=N,usec_per_call=...
+        let usec = |stats: &str| -> Option<f64> {
+            let v = stats.split(',').find_map(|kv| kv.strip_prefix("usec="))?;
+            v.trim().parse().ok()
+        };
         let redis_command_us = (!commandstats.is_empty()).then(|| {
             commandstats
                 .iter()
                 .flat_map(|info| info.lines())
                 .filter_map(|l| l.strip_prefix("cmdstat_")?.split_once(':'))
                 .filter(|(name, _)| CLIENT_COMMANDS.contains(name))
-                .filter_map(|(_, stats)| {
-                    stats
-                        .split(',')
-                        .find_map(|kv| kv.strip_prefix("usec="))
-                        .and_then(|v| v.trim().parse::<f64>().ok())
-                })
+                .filter_map(|(_, stats)| usec(stats))
                 .sum()
         });
         CpuSample {
-            redis_s,
+            redis_s: redis_s.filter(|_| !cpu.is_empty()),
             redis_command_us,
             process_s,
         }
@@ -268,15 +236,16 @@ impl CpuSample {
     /// The CPU spent from `self` to `later` over `attempts` attempts.
     pub fn until(&self, later: &CpuSample, attempts: u64) -> CpuUse {
         let n = attempts.max(1) as f64;
-        let redis_s = match (self.redis_s, later.redis_s) {
-            (Some(a), Some(b)) => Some((b - a).max(0.0)),
-            _ => None,
-        };
+        let redis_s = self
+            .redis_s
+            .zip(later.redis_s)
+            .map(|(a, b)| (b - a).max(0.0));
         let process_s = (later.process_s - self.process_s).max(0.0);
-        let command_us = match (self.redis_command_us, later.redis_command_us) {
-            (Some(a), Some(b)) if b >= a && b > 0.0 => Some(b - a),
-            _ => None,
-        };
+        let command_us = self
+            .redis_command_us
+            .zip(later.redis_command_us)
+            .filter(|(a, b)| b >= a && *b > 0.0)
+            .map(|(a, b)| b - a);
         CpuUse {
             redis_s,
             process_s,
@@ -300,43 +269,30 @@ pub struct RunMeta {
 
 /// Merges the callers' records of a run that took `elapsed`.
 pub fn merge(meta: RunMeta, recorders: Vec<Recorder>, elapsed: Duration) -> RunResult {
-    let mut hist = Histogram::<u64>::new_with_bounds(1, MAX_LATENCY_US, 3)
-        .expect("constant histogram bounds are valid");
-    let mut events: Vec<(u32, u32)> = Vec::new();
-    let mut outcomes: BTreeMap<String, u64> = BTreeMap::new();
-    let mut admitted_users = Vec::new();
-    let mut order_ids = Vec::new();
-    let mut failure_samples = Vec::new();
-    let mut last_admit: Option<Duration> = None;
-    let mut first_sold_out: Option<Duration> = None;
-    let mut error = None;
+    let mut all = Recorder::new();
     for r in recorders {
-        error = error.or(r.refusal);
-        hist.add(&r.hist).ok();
-        events.extend(r.events);
+        all.events.extend(r.events);
         for (k, v) in r.outcomes {
-            *outcomes.entry(k.to_string()).or_default() += v;
+            *all.outcomes.entry(k).or_default() += v;
         }
-        admitted_users.extend(r.admitted_users);
-        order_ids.extend(r.order_ids);
-        if failure_samples.len() < 5 {
-            failure_samples.extend(r.failure_samples);
+        all.admitted_users.extend(r.admitted_users);
+        all.order_ids.extend(r.order_ids);
+        if all.failure_samples.len() < 5 {
+            all.failure_samples.extend(r.failure_samples);
         }
-        last_admit = match (last_admit, r.last_admit) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        };
-        first_sold_out = match (first_sold_out, r.first_sold_out) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        all.last_admit = all.last_admit.max(r.last_admit);
+        all.first_sold_out = earliest(all.first_sold_out, r.first_sold_out);
+        all.refusal = all.refusal.or(r.refusal);
     }
-    admitted_users.sort_unstable();
-    order_ids.sort_unstable();
-    let completed = hist.len();
-    let admitted = outcomes.get("admitted").copied().unwrap_or(0);
+    all.admitted_users.sort_unstable();
+    all.order_ids.sort_unstable();
+    let completed = all.events.len() as u64;
+    let latencies = all.events.iter().map(|(_, w)| u64::from(w & !ADMITTED_BIT));
+    let admitted = all.outcomes.get("admitted").copied().unwrap_or(0);
     let sold_out = meta.stock.is_some_and(|s| admitted as i64 >= s);
-    let secs = elapsed.as_secs_f64().max(1e-9);
+    // Both the first `sold_out` answer and the last admission end after the stock ran
+    // out; the earlier of them is the closer bound.
+    let sell_out = earliest(all.first_sold_out, all.last_admit.filter(|_| sold_out));
     RunResult {
         variant: meta.variant,
         target: meta.target,
@@ -347,49 +303,48 @@ pub fn merge(meta: RunMeta, recorders: Vec<Recorder>, elapsed: Duration) -> RunR
         users: meta.users,
         stock: meta.stock,
         elapsed_s: elapsed.as_secs_f64(),
-        attempts_per_s: completed as f64 / secs,
+        attempts_per_s: completed as f64 / elapsed.as_secs_f64().max(1e-9),
         admitted,
-        outcomes,
-        failure_samples,
-        latency: latency_of(&hist),
-        // Both the first `sold_out` answer and the last admission end after the stock
-        // ran out; the earlier of them is the closer bound.
-        sell_out_s: match (first_sold_out, sold_out.then_some(last_admit).flatten()) {
-            (Some(a), Some(b)) => Some(a.min(b).as_secs_f64()),
-            (a, b) => a.or(b).map(|d| d.as_secs_f64()),
-        },
-        timeline: timeline(events, elapsed),
+        outcomes: all
+            .outcomes
+            .into_iter()
+            .map(|(k, v)| (k.into(), v))
+            .collect(),
+        failure_samples: all.failure_samples,
+        latency: latency_of_values(latencies),
+        sell_out_s: sell_out.map(|d| d.as_secs_f64()),
+        timeline: timeline(all.events, elapsed),
         cpu: None,
         checks: Vec::new(),
-        error,
-        admitted_users,
-        order_ids,
+        error: all.refusal,
+        admitted_users: all.admitted_users,
+        order_ids: all.order_ids,
     }
 }
 
-/// Percentiles of a histogram of microseconds.
-pub fn latency_of(h: &Histogram<u64>) -> Latency {
-    if h.is_empty() {
-        return Latency::default();
-    }
-    Latency {
-        p50_us: h.value_at_quantile(0.50),
-        p90_us: h.value_at_quantile(0.90),
-        p99_us: h.value_at_quantile(0.99),
-        p999_us: h.value_at_quantile(0.999),
-        max_us: h.max(),
-        mean_us: h.mean(),
-    }
+fn earliest(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    a.into_iter().chain(b).min()
 }
 
-/// Percentiles of a list of microsecond values.
+/// Exact percentiles (nearest rank) of microsecond values, clamped to 1 µs ..
+/// [`MAX_LATENCY_US`].
 pub fn latency_of_values(values: impl IntoIterator<Item = u64>) -> Latency {
-    let mut h = Histogram::<u64>::new_with_bounds(1, MAX_LATENCY_US, 3)
-        .expect("constant histogram bounds are valid");
-    for v in values {
-        h.saturating_record(v.clamp(1, MAX_LATENCY_US));
+    let clamped = values.into_iter().map(|v| v.clamp(1, MAX_LATENCY_US));
+    let mut v: Vec<u64> = clamped.collect();
+    v.sort_unstable();
+    let Some(&max_us) = v.last() else {
+        return Latency::default();
+    };
+    let n = v.len();
+    let q = |q: f64| v[((n as f64 * q).ceil() as usize).clamp(1, n) - 1];
+    Latency {
+        p50_us: q(0.50),
+        p90_us: q(0.90),
+        p99_us: q(0.99),
+        p999_us: q(0.999),
+        max_us,
+        mean_us: v.iter().sum::<u64>() as f64 / n as f64,
     }
-    latency_of(&h)
 }
 
 /// Bins the attempts by end time, geometrically from [`FIRST_BIN_S`] to the end.
@@ -403,9 +358,7 @@ fn timeline(events: Vec<(u32, u32)>, elapsed: Duration) -> Vec<TimelinePoint> {
     for (at_us, word) in events {
         let t = f64::from(at_us) / 1e6;
         let i = edges[1..].partition_point(|e| *e <= t).min(bins.len() - 1);
-        if word & ADMITTED_BIT != 0 {
-            bins[i].0 += 1;
-        }
+        bins[i].0 += u64::from(word & ADMITTED_BIT != 0);
         bins[i].1.push(word & !ADMITTED_BIT);
     }
     bins.into_iter()
@@ -475,30 +428,24 @@ mod tests {
 
     #[test]
     fn inner_commands_are_not_client_commands() {
-        let scripts = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lua"))
-            .unwrap()
-            .chain(
-                std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lua/bench")).unwrap(),
-            )
-            .chain(
-                std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lua/lib")).unwrap(),
-            )
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|x| x == "lua"));
+        let lua = concat!(env!("CARGO_MANIFEST_DIR"), "/../../lua");
         let mut read = 0;
-        for path in scripts {
-            let text = std::fs::read_to_string(&path).unwrap().to_lowercase();
-            read += 1;
-            for (name, call, q) in CLIENT_COMMANDS.iter().flat_map(|n| {
-                [
-                    (n, "call", '\''),
-                    (n, "pcall", '\''),
-                    (n, "call", '"'),
-                    (n, "pcall", '"'),
-                ]
-            }) {
-                let inner = format!("redis.{call}({q}{name}{q}");
-                assert!(!text.contains(&inner), "{} runs {name}", path.display());
+        for dir in ["", "/bench", "/lib"] {
+            for entry in std::fs::read_dir(format!("{lua}{dir}")).unwrap() {
+                let path = entry.unwrap().path();
+                if path.extension().is_none_or(|x| x != "lua") {
+                    continue;
+                }
+                // Either quote: the check looks for single-quoted calls.
+                let text = std::fs::read_to_string(&path).unwrap();
+                let text = text.to_lowercase().replace('"', "'");
+                read += 1;
+                for name in CLIENT_COMMANDS {
+                    for call in ["call", "pcall"] {
+                        let inner = format!("redis.{call}('{name}'");
+                        assert!(!text.contains(&inner), "{} runs {name}", path.display());
+                    }
+                }
             }
         }
         assert!(read >= 8, "read {read} scripts");
@@ -506,26 +453,12 @@ mod tests {
 
     #[test]
     fn merging_counts_outcomes_and_sell_out() {
+        let (us, ms) = (Duration::from_micros, Duration::from_millis);
         let mut a = Recorder::new();
         let mut b = Recorder::new();
-        a.record(
-            1,
-            Outcome::Admitted(10),
-            Duration::from_micros(100),
-            Duration::from_millis(5),
-        );
-        b.record(
-            2,
-            Outcome::Admitted(11),
-            Duration::from_micros(300),
-            Duration::from_millis(250),
-        );
-        b.record(
-            3,
-            Outcome::Code("sold_out"),
-            Duration::from_micros(5),
-            Duration::from_millis(260),
-        );
+        a.record(1, Outcome::Admitted(10), us(100), ms(5));
+        b.record(2, Outcome::Admitted(11), us(300), ms(250));
+        b.record(3, Outcome::Code("sold_out"), us(5), ms(260));
         let meta = RunMeta {
             variant: "ours".into(),
             target: "in-process".into(),
@@ -535,7 +468,7 @@ mod tests {
             users: 3,
             stock: Some(2),
         };
-        let r = merge(meta, vec![a, b], Duration::from_millis(300));
+        let r = merge(meta, vec![a, b], ms(300));
         assert_eq!(r.completed, 3);
         assert_eq!(r.admitted, 2);
         assert_eq!(r.outcomes["sold_out"], 1);

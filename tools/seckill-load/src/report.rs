@@ -56,10 +56,8 @@ impl Results {
             add(format!("{} {}", r.scenario, r.variant), &r.checks);
         }
         for r in self.drain.iter().flat_map(|d| d.runs()) {
-            add(
-                format!("drain {} (batch {})", r.variant, r.batch_size),
-                &r.checks,
-            );
+            let run = format!("drain {} (batch {})", r.variant, r.batch_size);
+            add(run, &r.checks);
         }
         if let Some(l) = &self.commit_latency {
             add("commit-latency".into(), &l.checks);
@@ -69,28 +67,32 @@ impl Results {
 
     /// The baselines that FAILED on this server, with the server's error.
     pub fn failed(&self) -> Vec<(String, String)> {
-        let sale = self.sale.as_ref().and_then(|s| s.tutorial.as_ref());
-        let admit = self.admit.as_ref().and_then(|a| a.tutorial.as_ref());
-        let drain = self.drain.as_ref().and_then(|d| d.tutorial.as_ref());
-        [
-            ("sale tutorial", sale.and_then(|r| r.error.clone())),
-            ("admit tutorial", admit.and_then(|r| r.error.clone())),
-            ("drain tutorial", drain.and_then(|r| r.error.clone())),
-        ]
-        .into_iter()
-        .filter_map(|(run, e)| Some((run.to_string(), e?)))
-        .collect()
+        let sale = self
+            .sale
+            .as_ref()
+            .and_then(|s| s.tutorial.as_ref()?.error.clone());
+        let admit = self
+            .admit
+            .as_ref()
+            .and_then(|a| a.tutorial.as_ref()?.error.clone());
+        let drain = self
+            .drain
+            .as_ref()
+            .and_then(|d| d.tutorial.as_ref()?.error.clone());
+        let runs = [("sale", sale), ("admit", admit), ("drain", drain)];
+        let failed = runs.into_iter().filter_map(|(run, e)| Some((run, e?)));
+        failed
+            .map(|(run, e)| (format!("{run} tutorial"), e))
+            .collect()
     }
 
     /// The process's exit status: 2 when an invariant was violated, else 3 when a
     /// baseline FAILED on this server, else 0.
     pub fn exit_status(&self) -> u8 {
-        if self.checks().iter().any(|(_, c)| !c.ok) {
-            2
-        } else if !self.failed().is_empty() {
-            3
-        } else {
-            0
+        match self.checks().iter().any(|(_, c)| !c.ok) {
+            true => 2,
+            false if !self.failed().is_empty() => 3,
+            false => 0,
         }
     }
 }
@@ -114,88 +116,61 @@ pub struct Machine {
 impl Machine {
     /// Reads /proc (Linux).
     pub fn read() -> Machine {
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        let cpu_model = cpuinfo
-            .lines()
-            .find_map(|l| l.strip_prefix("model name"))
-            .and_then(|l| l.split_once(':'))
-            .map(|(_, v)| v.trim().to_string())
-            .unwrap_or_else(|| "unknown".into());
-        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-        let kib = |key: &str| -> f64 {
-            meminfo
-                .lines()
-                .find_map(|l| l.strip_prefix(key))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-                .unwrap_or(0.0)
+        let proc = |f: &str| std::fs::read_to_string(format!("/proc/{f}")).unwrap_or_default();
+        let cpuinfo = proc("cpuinfo");
+        let model = cpuinfo.lines().find_map(|l| l.strip_prefix("model name"));
+        let model = model.and_then(|l| Some(l.split_once(':')?.1.trim()));
+        let meminfo = proc("meminfo");
+        let gib = |key: &str| -> f64 {
+            let kib = meminfo.lines().find_map(|l| l.strip_prefix(key));
+            let kib = kib.and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok());
+            kib.unwrap_or(0.0) / 1048576.0
         };
-        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-        let mut l = load
+        let load: Vec<f64> = proc("loadavg")
             .split_whitespace()
             .take(3)
-            .map(|v| v.parse::<f64>().unwrap_or(0.0));
+            .map(|v| v.parse().unwrap_or(0.0))
+            .collect();
         Machine {
             at: now_rfc3339(),
             nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            cpu_model,
-            mem_total_gib: kib("MemTotal:") / 1048576.0,
-            mem_available_gib: kib("MemAvailable:") / 1048576.0,
-            loadavg: [
-                l.next().unwrap_or(0.0),
-                l.next().unwrap_or(0.0),
-                l.next().unwrap_or(0.0),
-            ],
+            cpu_model: model.unwrap_or("unknown").to_string(),
+            mem_total_gib: gib("MemTotal:"),
+            mem_available_gib: gib("MemAvailable:"),
+            loadavg: std::array::from_fn(|i| load.get(i).copied().unwrap_or(0.0)),
             builders: count_builders(),
-            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-                .unwrap_or_default()
-                .trim()
-                .to_string(),
+            kernel: proc("sys/kernel/osrelease").trim().to_string(),
             redis_version: None,
             mariadb_version: None,
         }
     }
 
     pub fn describe(&self) -> String {
-        format!(
-            "{} × {}, {:.1} GiB RAM ({:.1} GiB available), Linux {}, load average {:.2} / {:.2} / {:.2}, {} compiler/linker processes running{}{}",
-            self.nproc,
-            self.cpu_model,
-            self.mem_total_gib,
-            self.mem_available_gib,
-            self.kernel,
-            self.loadavg[0],
-            self.loadavg[1],
-            self.loadavg[2],
-            self.builders,
-            self.redis_version
-                .as_ref()
-                .map_or(String::new(), |v| format!(", Redis {v}")),
-            self.mariadb_version
-                .as_ref()
-                .map_or(String::new(), |v| format!(", MariaDB {v}")),
-        )
+        let (m, [l1, l5, l15]) = (self, self.loadavg);
+        let mut s = format!(
+            "{} × {}, {:.1} GiB RAM ({:.1} GiB available), Linux {}, load average {l1:.2} / {l5:.2} / {l15:.2}, {} compiler/linker processes running",
+            m.nproc, m.cpu_model, m.mem_total_gib, m.mem_available_gib, m.kernel, m.builders
+        );
+        for (name, v) in [("Redis", &m.redis_version), ("MariaDB", &m.mariadb_version)] {
+            if let Some(v) = v {
+                let _ = write!(s, ", {name} {v}");
+            }
+        }
+        s
     }
 }
 
 /// Processes named like compilers or linkers (rustc, cc1, ld, ...).
 fn count_builders() -> usize {
+    let names = [
+        "rustc", "cc1", "cc1plus", "ld", "ld.lld", "collect2", "cc", "clang",
+    ];
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return 0;
     };
-    dir.filter_map(|e| e.ok())
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .bytes()
-                .all(|b| b.is_ascii_digit())
-        })
-        .filter_map(|e| std::fs::read_to_string(e.path().join("comm")).ok())
-        .filter(|c| {
-            matches!(
-                c.trim(),
-                "rustc" | "cc1" | "cc1plus" | "ld" | "ld.lld" | "collect2" | "cc" | "clang"
-            )
-        })
+    // Every process's directory (and self, which is no builder).
+    dir.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+        .filter(|c| names.contains(&c.trim()))
         .count()
 }
 
@@ -207,21 +182,14 @@ pub fn now_rfc3339() -> String {
 
 /// One line about a finished variant.
 pub fn one_line(r: &RunResult) -> String {
+    let (p50, p99) = (ms(r.latency.p50_us), ms(r.latency.p99_us));
+    let violated = match r.checks.iter().all(|c| c.ok) {
+        true => "",
+        false => "  INVARIANT VIOLATED",
+    };
     format!(
-        "{:<6} {:<13} {:>9} attempts in {:>6.2} s = {:>9.0}/s, admitted {:>7}, p50 {:>7.3} ms, p99 {:>7.3} ms{}",
-        r.scenario,
-        r.variant,
-        r.completed,
-        r.elapsed_s,
-        r.attempts_per_s,
-        r.admitted,
-        ms(r.latency.p50_us),
-        ms(r.latency.p99_us),
-        if r.checks.iter().all(|c| c.ok) {
-            ""
-        } else {
-            "  INVARIANT VIOLATED"
-        }
+        "{:<6} {:<13} {:>9} attempts in {:>6.2} s = {:>9.0}/s, admitted {:>7}, p50 {p50:>7.3} ms, p99 {p99:>7.3} ms{violated}",
+        r.scenario, r.variant, r.completed, r.elapsed_s, r.attempts_per_s, r.admitted
     )
 }
 
@@ -238,9 +206,17 @@ fn p50_p99(l: &Latency) -> String {
     format!("{:.2} / {:.2} ms", ms(l.p50_us), ms(l.p99_us))
 }
 
-/// A ratio as the table prints it.
-fn times(x: f64) -> String {
-    format!("{x:.2}×")
+/// `a / b` as the table prints a ratio.
+fn ratio(a: f64, b: f64) -> String {
+    format!("{:.2}×", a / b.max(1e-9))
+}
+
+fn micros(us: f64) -> String {
+    format!("{us:.1} µs")
+}
+
+fn mib(kib: Option<u64>) -> String {
+    kib.map_or("n/a".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0))
 }
 
 /// One row of the ratio table.
@@ -256,58 +232,56 @@ pub struct Row {
 }
 
 impl Row {
-    /// A figure of ours alone, with a target when there is one.
-    fn value(what: &str, ours: String, target: &str, met: Option<bool>) -> Row {
+    /// A figure of ours alone.
+    fn new(what: impl Into<String>, ours: String) -> Row {
+        let what = what.into();
         Row {
-            what: what.into(),
+            what,
             ours,
-            target: target.into(),
-            met,
             ..Row::default()
         }
     }
 
-    /// Ours against a baseline, with no target.
-    fn versus(what: &str, ours: String, baseline: String, ratio: String) -> Row {
-        Row {
-            what: what.into(),
-            ours,
-            baseline,
-            ratio,
-            ..Row::default()
-        }
+    /// With a target, met or missed (`None`: not compared).
+    fn target(mut self, target: String, met: Option<bool>) -> Row {
+        (self.target, self.met) = (target, met);
+        self
     }
 
-    /// A comparison whose baseline FAILED on this server: its error instead of a figure.
-    fn failed(what: &str, ours: String, error: &str, target: &str) -> Row {
-        Row {
-            baseline: format!("FAILED: {error}"),
-            ratio: "FAILED".into(),
-            ..Row::value(what, ours, target, None)
-        }
+    /// Against a baseline.
+    fn vs(mut self, baseline: String, ratio: String) -> Row {
+        (self.baseline, self.ratio) = (baseline, ratio);
+        self
+    }
+
+    /// Against a baseline that FAILED on this server: its error instead of a figure.
+    fn failed(self, error: &str) -> Row {
+        self.vs(format!("FAILED: {error}"), "FAILED".into())
     }
 
     /// Rates of ours and a baseline in `unit` against a target ratio, or FAILED when
     /// the baseline has an error.
-    fn rate(what: &str, ours: f64, base: f64, error: Option<&str>, unit: &str, target: f64) -> Row {
-        let ours_text = format!("{} {unit}", thousands(ours));
+    fn rate(what: String, unit: &str, target: f64, (ours, base, error): Rates) -> Row {
+        let row = Row::new(what, format!("{} {unit}", thousands(ours)));
         let target_text = format!("≥ {target}×");
         if let Some(e) = error {
-            return Row::failed(what, ours_text, e, &target_text);
+            return row.failed(e).target(target_text, None);
         }
-        let ratio = if base > 0.0 { ours / base } else { f64::NAN };
-        Row {
-            target: target_text,
-            met: Some(ratio >= target),
-            ..Row::versus(
-                what,
-                ours_text,
-                format!("{} {unit}", thousands(base)),
-                times(ratio),
-            )
-        }
+        let x = if base > 0.0 { ours / base } else { f64::NAN };
+        let row = row.vs(format!("{} {unit}", thousands(base)), format!("{x:.2}×"));
+        row.target(target_text, Some(x >= target))
+    }
+
+    /// "SCENARIO: ours (TARGET) latency p50 / p99" against 5 ms.
+    fn latency(scenario: &str, r: &RunResult) -> Row {
+        let what = format!("{scenario}: ours ({}) latency p50 / p99", r.target);
+        let met = r.latency.p99_us <= 5_000;
+        Row::new(what, p50_p99(&r.latency)).target("p99 ≤ 5 ms".into(), Some(met))
     }
 }
+
+/// Ours, the baseline, and the baseline's error when it FAILED.
+type Rates<'a> = (f64, f64, Option<&'a str>);
 
 /// Redis's command time per admission of a run (INFO commandstats).
 fn redis_us(r: &RunResult) -> Option<f64> {
@@ -318,38 +292,22 @@ fn redis_us(r: &RunResult) -> Option<f64> {
 pub fn rows(r: &Results) -> Vec<Row> {
     let mut rows = Vec::new();
     if let Some(s) = &r.sale {
+        let (o, ours) = (&s.options, &s.ours);
         if let Some(t) = &s.tutorial {
-            let o = &s.options;
-            rows.push(Row::rate(
-                &format!(
-                    "sale mix (S={}, A={}, U={}, C={}): ours vs tutorial admission",
-                    o.stock, o.attempts, o.users, o.callers
-                ),
-                s.ours.attempts_per_s,
-                t.attempts_per_s,
-                t.error.as_deref(),
-                "attempts/s",
-                5.0,
-            ));
+            let what = format!(
+                "sale mix (S={}, A={}, U={}, C={}): ours vs tutorial admission",
+                o.stock, o.attempts, o.users, o.callers
+            );
+            let rates = (ours.attempts_per_s, t.attempts_per_s, t.error.as_deref());
+            rows.push(Row::rate(what, "attempts/s", 5.0, rates));
         }
-        rows.push(Row::value(
-            &format!("sale: ours ({}) latency p50 / p99", s.ours.target),
-            p50_p99(&s.ours.latency),
-            "p99 ≤ 5 ms",
-            Some(s.ours.latency.p99_us <= 5_000),
-        ));
-        if let Some(t) = s.ours.sell_out_s {
+        rows.push(Row::latency("sale", ours));
+        if let Some(t) = ours.sell_out_s {
             let tutorial = s.tutorial.as_ref().filter(|t| t.error.is_none());
             let tutorial = tutorial.and_then(|t| t.sell_out_s);
-            rows.push(Row::value(
-                "sale: ours sold out after",
-                format!(
-                    "{t:.3} s{}",
-                    tutorial.map_or(String::new(), |tt| format!(" (tutorial {tt:.3} s)"))
-                ),
-                "",
-                None,
-            ));
+            let tutorial = tutorial.map_or(String::new(), |tt| format!(" (tutorial {tt:.3} s)"));
+            let ours = format!("{t:.3} s{tutorial}");
+            rows.push(Row::new("sale: ours sold out after", ours));
         }
     }
     if let Some(a) = &r.admit {
@@ -358,182 +316,116 @@ pub fn rows(r: &Results) -> Vec<Row> {
     if let Some(d) = &r.drain
         && let Some(best) = d.best()
     {
-        let n = d.options.orders;
+        let (n, b) = (d.options.orders, best.batch_size);
         if let Some(t) = &d.tutorial {
-            rows.push(Row::rate(
-                &format!(
-                    "drain (N={n}): ours (batch {}) vs tutorial consumer",
-                    best.batch_size
-                ),
-                best.orders_per_s,
-                t.orders_per_s,
-                t.error.as_deref(),
-                "orders/s",
-                20.0,
-            ));
+            let what = format!("drain (N={n}): ours (batch {b}) vs tutorial consumer");
+            let rates = (best.orders_per_s, t.orders_per_s, t.error.as_deref());
+            rows.push(Row::rate(what, "orders/s", 20.0, rates));
         }
         if let Some(f) = &d.db_floor {
-            rows.push(Row::rate(
-                &format!(
-                    "drain (N={n}): ours (batch {}) vs database floor (multi-row INSERT, {} rows)",
-                    best.batch_size, f.batch_size
-                ),
-                best.orders_per_s,
-                f.orders_per_s,
-                None,
-                "orders/s",
-                0.5,
-            ));
+            let what = format!(
+                "drain (N={n}): ours (batch {b}) vs database floor (multi-row INSERT, {} rows)",
+                f.batch_size
+            );
+            let rates = (best.orders_per_s, f.orders_per_s, None);
+            rows.push(Row::rate(what, "orders/s", 0.5, rates));
         }
         let sweep: Vec<String> = d
             .ours
             .iter()
             .map(|o| format!("{}: {}", o.batch_size, thousands(o.orders_per_s)))
             .collect();
-        rows.push(Row::value(
-            "drain: batch-size sweep (orders/s)",
-            sweep.join(", "),
-            "",
-            None,
-        ));
+        let sweep = sweep.join(", ");
+        rows.push(Row::new("drain: batch-size sweep (orders/s)", sweep));
         if let Some(single) = d.spread.iter().find(|r| r.sales == 1) {
             for many in d.spread.iter().filter(|r| r.sales > 1) {
-                rows.push(Row::rate(
-                    &format!(
-                        "drain (N={}): {} sales at once vs 1 sale (batch {})",
-                        many.orders, many.sales, many.batch_size
-                    ),
-                    many.orders_per_s,
-                    single.orders_per_s,
-                    None,
-                    "orders/s",
-                    0.5,
-                ));
+                let what = format!(
+                    "drain (N={}): {} sales at once vs 1 sale (batch {})",
+                    many.orders, many.sales, many.batch_size
+                );
+                let rates = (many.orders_per_s, single.orders_per_s, None);
+                rows.push(Row::rate(what, "orders/s", 0.5, rates));
             }
         }
     }
     if let Some(l) = &r.commit_latency {
-        rows.push(Row::value(
-            &format!(
-                "admission-to-commit latency p50 / p99 ({} admissions at {}/s, one drainer invocation)",
-                l.committed, l.options.rate
-            ),
-            format!("{:.3} / {:.3} s", secs(l.latency.p50_us), secs(l.latency.p99_us)),
-            "p99 ≤ 2 s",
-            Some(l.latency.p99_us <= 2_000_000 && l.committed > 0),
-        ));
+        let what = format!(
+            "admission-to-commit latency p50 / p99 ({} admissions at {}/s, one drainer invocation)",
+            l.committed, l.options.rate
+        );
+        let [p50, p99] = [l.latency.p50_us, l.latency.p99_us].map(secs);
+        let ours = format!("{p50:.3} / {p99:.3} s");
+        let met = l.latency.p99_us <= 2_000_000 && l.committed > 0;
+        rows.push(Row::new(what, ours).target("p99 ≤ 2 s".into(), Some(met)));
     }
     for b in r.footprint.iter().flat_map(|f| &f.binaries) {
-        let peak = b.peak_rss_kib;
-        rows.push(Row::value(
-            &format!(
-                "{}: release binary size / peak RSS ({})",
-                b.name, b.workload
-            ),
-            format!(
-                "{:.1} MiB / {}",
-                b.size_bytes as f64 / 1048576.0,
-                peak.map_or("n/a".to_string(), |k| format!(
-                    "{:.1} MiB",
-                    k as f64 / 1024.0
-                ))
-            ),
-            "",
-            None,
-        ));
+        let what = format!(
+            "{}: release binary size / peak RSS ({})",
+            b.name, b.workload
+        );
+        let (size, peak) = (b.size_bytes as f64 / 1048576.0, mib(b.peak_rss_kib));
+        rows.push(Row::new(what, format!("{size:.1} MiB / {peak}")));
     }
     rows
 }
 
 /// The admit path's rows.
 fn admit_rows(rows: &mut Vec<Row>, a: &AdmitReport) {
-    let o = &a.options;
+    let (o, ours) = (&a.options, &a.ours);
     let title = |b: &str| {
         format!(
             "admit path (A={}, C={}, median of {}): ours vs {b}",
             o.attempts, o.callers, o.rounds
         )
     };
-    let ours = &a.ours;
     if let Some(t) = &a.tutorial {
-        rows.push(Row::rate(
-            &title("tutorial admission"),
-            ours.attempts_per_s,
-            t.attempts_per_s,
-            t.error.as_deref(),
-            "admissions/s",
-            1.0,
-        ));
+        let rates = (ours.attempts_per_s, t.attempts_per_s, t.error.as_deref());
+        let what = title("tutorial admission");
+        rows.push(Row::rate(what, "admissions/s", 1.0, rates));
     }
     if let Some(f) = &a.floor {
-        rows.push(Row::rate(
-            &title("floor (no-op EVALSHA)"),
-            ours.attempts_per_s,
-            f.attempts_per_s,
-            None,
-            "calls/s",
-            0.6,
-        ));
+        let rates = (ours.attempts_per_s, f.attempts_per_s, None);
+        let what = title("floor (no-op EVALSHA)");
+        rows.push(Row::rate(what, "calls/s", 0.6, rates));
     }
     if let Some(ours_us) = redis_us(ours) {
         for (name, other) in [("tutorial admission", &a.tutorial), ("floor", &a.floor)] {
             let what = format!(
                 "admit path, Redis command time per admission (INFO commandstats): ours vs {name}; the ratio is how many more admissions one Redis core executes with ours"
             );
-            let ours_text = format!("{ours_us:.1} µs");
+            let row = Row::new(what, micros(ours_us));
             if let Some(e) = other.as_ref().and_then(|r| r.error.as_deref()) {
-                rows.push(Row::failed(&what, ours_text, e, ""));
+                rows.push(row.failed(e));
             } else if let Some(base_us) = other.as_ref().and_then(redis_us) {
-                let ratio = times(base_us / ours_us.max(1e-9));
-                rows.push(Row::versus(
-                    &what,
-                    ours_text,
-                    format!("{base_us:.1} µs"),
-                    ratio,
-                ));
+                rows.push(row.vs(micros(base_us), ratio(base_us, ours_us)));
             }
         }
-        let parts: Vec<String> = [
-            Some(("ours", ours)),
-            a.ours_adapter
-                .as_ref()
-                .map(|r| ("ours without the handler", r)),
-            a.tutorial.as_ref().map(|r| ("tutorial", r)),
-            a.floor.as_ref().map(|r| ("floor", r)),
-            a.ours_durable.as_ref().map(|r| ("ours durable", r)),
-        ]
-        .into_iter()
-        .flatten()
-        .filter(|(_, r)| r.error.is_none())
-        .filter_map(|(n, r)| {
-            Some(format!(
-                "{n} {:.1} µs",
-                r.cpu.as_ref()?.process_us_per_attempt
-            ))
-        })
-        .collect();
-        rows.push(Row::value(
+        let runs = [
+            ("ours", Some(ours)),
+            ("ours without the handler", a.ours_adapter.as_ref()),
+            ("tutorial", a.tutorial.as_ref()),
+            ("floor", a.floor.as_ref()),
+            ("ours durable", a.ours_durable.as_ref()),
+        ];
+        let parts: Vec<String> = runs
+            .into_iter()
+            .filter_map(|(n, r)| {
+                let cpu = r.filter(|r| r.error.is_none())?.cpu.as_ref()?;
+                Some(format!("{n} {}", micros(cpu.process_us_per_attempt)))
+            })
+            .collect();
+        rows.push(Row::new(
             "admit path, CPU per attempt of the calling process (callers + in-process handlers)",
             parts.join(", "),
-            "",
-            None,
         ));
     }
     let per_s = |r: &RunResult| format!("{} admissions/s", thousands(r.attempts_per_s));
     if let Some(ad) = &a.ours_adapter {
-        rows.push(Row::versus(
-            "admit path: ours through the handler vs ours without it (adapter only)",
-            per_s(ours),
-            per_s(ad),
-            times(ours.attempts_per_s / ad.attempts_per_s.max(1e-9)),
-        ));
+        let what = "admit path: ours through the handler vs ours without it (adapter only)";
+        let x = ratio(ours.attempts_per_s, ad.attempts_per_s);
+        rows.push(Row::new(what, per_s(ours)).vs(per_s(ad), x));
     }
-    rows.push(Row::value(
-        &format!("admit: ours ({}) latency p50 / p99", ours.target),
-        p50_p99(&ours.latency),
-        "p99 ≤ 5 ms",
-        Some(ours.latency.p99_us <= 5_000),
-    ));
+    rows.push(Row::latency("admit", ours));
     // Durable admissions against ours in the same run: the ratios are durable /
     // asynchronous, so a throughput ratio below 1 and latency ratios above 1 are what
     // waiting for a replica costs.
@@ -543,37 +435,20 @@ fn admit_rows(rows: &mut Vec<Row>, a: &AdmitReport) {
     let what = |m: &str| {
         format!("admit path, {m}: ours with durable admissions (REDIS_DURABLE_REPLICAS=1) vs ours")
     };
-    rows.push(Row::versus(
-        &what("throughput"),
-        per_s(d),
-        per_s(ours),
-        times(d.attempts_per_s / ours.attempts_per_s.max(1e-9)),
-    ));
+    let x = ratio(d.attempts_per_s, ours.attempts_per_s);
+    rows.push(Row::new(what("throughput"), per_s(d)).vs(per_s(ours), x));
     let (dl, ol) = (&d.latency, &ours.latency);
-    rows.push(Row::versus(
-        &what("latency p50 / p99"),
-        p50_p99(dl),
-        p50_p99(ol),
-        format!(
-            "{} / {}",
-            times(dl.p50_us as f64 / ol.p50_us.max(1) as f64),
-            times(dl.p99_us as f64 / ol.p99_us.max(1) as f64)
-        ),
-    ));
+    let x = |d: u64, o: u64| ratio(d as f64, o.max(1) as f64);
+    let x = format!("{} / {}", x(dl.p50_us, ol.p50_us), x(dl.p99_us, ol.p99_us));
+    rows.push(Row::new(what("latency p50 / p99"), p50_p99(dl)).vs(p50_p99(ol), x));
     if let (Some(du), Some(ou)) = (redis_us(d), redis_us(ours)) {
-        rows.push(Row::versus(
-            &what("Redis command time per admission (INFO commandstats, every primary)"),
-            format!("{du:.1} µs"),
-            format!("{ou:.1} µs"),
-            times(du / ou.max(1e-9)),
-        ));
+        let what = what("Redis command time per admission (INFO commandstats, every primary)");
+        rows.push(Row::new(what, micros(du)).vs(micros(ou), ratio(du, ou)));
     }
     let unconfirmed = d.outcomes.get("unavailable").copied().unwrap_or(0);
-    rows.push(Row::value(
+    rows.push(Row::new(
         "admit path, ours with durable admissions: answered 503 unavailable (a replica did not acknowledge in time)",
-        format!("{} of {}", thousands(unconfirmed as f64), thousands(d.completed as f64)),
-        "",
-        None,
+        format!("{} of {}", count(unconfirmed), count(d.completed)),
     ));
 }
 
@@ -583,11 +458,7 @@ pub fn markdown_table(rows: &[Row]) -> String {
         "| measurement | ours | baseline | ratio | target | met |\n|---|---:|---:|---:|---|:-:|\n",
     );
     for r in rows {
-        let met = match r.met {
-            Some(true) => "yes",
-            Some(false) => "**no**",
-            None => "",
-        };
+        let met = r.met.map_or("", |met| if met { "yes" } else { "**no**" });
         let _ = writeln!(
             s,
             "| {} | {} | {} | {} | {} | {met} |",
@@ -601,11 +472,7 @@ pub fn markdown_table(rows: &[Row]) -> String {
 pub fn text_table(rows: &[Row]) -> String {
     let mut s = String::new();
     for r in rows {
-        let met = match r.met {
-            Some(true) => "met",
-            Some(false) => "MISSED",
-            None => "",
-        };
+        let met = r.met.map_or("", |met| if met { "met" } else { "MISSED" });
         let _ = writeln!(s, "{}", r.what);
         if r.baseline.is_empty() {
             let _ = writeln!(s, "    {:<40} {:>10} {met}", r.ours, r.target);
@@ -641,13 +508,15 @@ pub fn thousands(v: f64) -> String {
     if n < 0 { format!("-{out}") } else { out }
 }
 
+fn count(n: u64) -> String {
+    thousands(n as f64)
+}
+
 /// The generated part of `docs/benchmarks.md`: when, where, the table, the chart and the
 /// details of every run.
 pub fn results_markdown(r: &Results, rows: &[Row], svg_link: &str) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "Measured {} – {} with `{}`.\n",
+    let mut s = format!(
+        "Measured {} – {} with `{}`.\n\n",
         r.started_at, r.finished_at, r.command
     );
     let _ = writeln!(s, "- machine at the start: {}", r.machine_before.describe());
@@ -658,88 +527,59 @@ pub fn results_markdown(r: &Results, rows: &[Row], svg_link: &str) -> String {
     if r.sale.is_some() {
         let _ = writeln!(s, "![the sale's timeline]({svg_link})\n");
     }
-    let _ = writeln!(s, "<details><summary>every run</summary>\n");
-    let _ = writeln!(
-        s,
-        "| scenario | variant | callers | attempts | elapsed | per second | admitted | outcomes | p50 | p90 | p99 | p99.9 | max |\n|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"
-    );
+    s.push_str("<details><summary>every run</summary>\n\n");
+    s.push_str("| scenario | variant | callers | attempts | elapsed | per second | admitted | outcomes | p50 | p90 | p99 | p99.9 | max |\n|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|\n");
     for x in r.runs() {
+        let outcomes = x.outcomes.iter().map(|(k, v)| format!("{k} {}", count(*v)));
         let l = &x.latency;
-        let outcomes: Vec<String> = x
-            .outcomes
-            .iter()
-            .map(|(k, v)| format!("{k} {}", thousands(*v as f64)))
-            .collect();
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {} | {:.2} s | {} | {} | {} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms |",
-            x.scenario,
-            x.variant,
-            x.callers,
-            thousands(x.completed as f64),
-            x.elapsed_s,
+        let mut cells = vec![
+            x.scenario.clone(),
+            x.variant.clone(),
+            x.callers.to_string(),
+            count(x.completed),
+            format!("{:.2} s", x.elapsed_s),
             thousands(x.attempts_per_s),
-            thousands(x.admitted as f64),
-            outcomes.join(", "),
-            ms(l.p50_us),
-            ms(l.p90_us),
-            ms(l.p99_us),
-            ms(l.p999_us),
-            ms(l.max_us)
-        );
+            count(x.admitted),
+            outcomes.collect::<Vec<_>>().join(", "),
+        ];
+        let lat = [l.p50_us, l.p90_us, l.p99_us, l.p999_us, l.max_us];
+        cells.extend(lat.map(|us| format!("{:.2} ms", ms(us))));
+        let _ = writeln!(s, "| {} |", cells.join(" | "));
     }
     if let Some(a) = r.admit.as_ref().filter(|a| a.rounds.len() > 1) {
-        let _ = writeln!(s, "\nadmit rounds (per second):\n");
+        s.push_str("\nadmit rounds (per second):\n\n");
         for (i, round) in a.rounds.iter().enumerate() {
-            let parts: Vec<String> = round
-                .iter()
-                .map(|(v, x)| format!("{v} {}", thousands(*x)))
-                .collect();
-            let _ = writeln!(s, "- round {}: {}", i + 1, parts.join(", "));
+            let parts = round.iter().map(|(v, x)| format!("{v} {}", thousands(*x)));
+            let parts = parts.collect::<Vec<_>>().join(", ");
+            let _ = writeln!(s, "- round {}: {parts}", i + 1);
         }
     }
     if let Some(d) = &r.drain {
-        let _ = writeln!(
-            s,
-            "\n| drain | sales | batch | orders | elapsed | orders/s |\n|---|---:|---:|---:|---:|---:|"
-        );
+        s.push_str("\n| drain | sales | batch | orders | elapsed | orders/s |\n|---|---:|---:|---:|---:|---:|\n");
         for x in d.runs() {
+            let (orders, per_s) = (count(x.orders), thousands(x.orders_per_s));
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {:.2} s | {} |",
-                x.variant,
-                x.sales,
-                x.batch_size,
-                thousands(x.orders as f64),
-                x.elapsed_s,
-                thousands(x.orders_per_s)
+                "| {} | {} | {} | {orders} | {:.2} s | {per_s} |",
+                x.variant, x.sales, x.batch_size, x.elapsed_s
             );
         }
     }
     if let Some(l) = &r.commit_latency {
-        let (o, lat) = (&l.options, &l.latency);
+        let (o, lat, drained) = (&l.options, &l.latency, l.drained_after_s);
+        let [p50, p90, p99, max] = [lat.p50_us, lat.p90_us, lat.p99_us, lat.max_us].map(secs);
         let _ = writeln!(
             s,
-            "\nadmission-to-commit: {} admissions at {}/s for {} s from {} callers, one drainer invocation with batch {}: p50 {:.3} s, p90 {:.3} s, p99 {:.3} s, max {:.3} s; the stream was empty {:.2} s after the last admission.",
-            thousands(l.committed as f64),
+            "\nadmission-to-commit: {} admissions at {}/s for {} s from {} callers, one drainer invocation with batch {}: p50 {p50:.3} s, p90 {p90:.3} s, p99 {p99:.3} s, max {max:.3} s; the stream was empty {drained:.2} s after the last admission.",
+            count(l.committed),
             o.rate,
             o.seconds,
             o.callers,
-            o.batch_size,
-            secs(lat.p50_us),
-            secs(lat.p90_us),
-            secs(lat.p99_us),
-            secs(lat.max_us),
-            l.drained_after_s
+            o.batch_size
         );
     }
     if let Some(f) = &r.footprint {
-        let _ = writeln!(
-            s,
-            "\n| function (release) | size | peak RSS | RSS at the end | workload | invocations/s | latency p50 / p99 |\n|---|---:|---:|---:|---|---:|---:|"
-        );
-        let mib =
-            |k: Option<u64>| k.map_or("n/a".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0));
+        s.push_str("\n| function (release) | size | peak RSS | RSS at the end | workload | invocations/s | latency p50 / p99 |\n|---|---:|---:|---:|---|---:|---:|\n");
         for b in &f.binaries {
             let _ = writeln!(
                 s,
@@ -756,20 +596,16 @@ pub fn results_markdown(r: &Results, rows: &[Row], svg_link: &str) -> String {
     }
     let checks = r.checks();
     let bad: Vec<_> = checks.iter().filter(|(_, c)| !c.ok).collect();
-    let _ = writeln!(
-        s,
-        "\nInvariant checks: {} of {} held{}.",
-        checks.len() - bad.len(),
-        checks.len(),
-        if bad.is_empty() { "" } else { " — SEE BELOW" }
-    );
+    let see_below = if bad.is_empty() { "" } else { " — SEE BELOW" };
+    let (held, total) = (checks.len() - bad.len(), checks.len());
+    let _ = writeln!(s, "\nInvariant checks: {held} of {total} held{see_below}.");
     for (run, c) in bad {
         let _ = writeln!(s, "- **violated** in {run}: {}: {}", c.name, c.detail);
     }
     for (run, e) in r.failed() {
         let _ = writeln!(s, "\nBaseline **FAILED** on this server: {run}: {e}");
     }
-    let _ = writeln!(s, "\n</details>");
+    s.push_str("\n</details>\n");
     s
 }
 
