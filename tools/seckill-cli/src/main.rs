@@ -1,16 +1,10 @@
-//! `seckill`: operator commands.
-//!
-//! - `seckill migrate`: applies `migrations/` through the RDS Data API, locally (against
-//!   `tools/data-api-local`) and in AWS (against the Aurora cluster) alike;
-//! - `seckill token`: mints an HS256 token with the local dev secret;
-//! - `seckill demo`: runs a small sale over HTTP against the local stack;
-//! - `seckill status`, `seckill dead-letters`, `seckill reconcile`: operating a sale
-//!   (`seckill_cli::ops`).
+//! `seckill`: operator commands. Their arguments and printing; the logic is in the
+//! library (`seckill_cli::migrate`, `seckill_cli::ops`), but for `demo` and `token`.
 
 mod demo;
 
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use seckill_cli::migrate::{self, MigrateConfig};
@@ -178,9 +172,7 @@ async fn main() -> anyhow::Result<ExitCode> {
         } => {
             let mut env = EnvReader::from_env();
             let mut cfg = MigrateConfig::read(&mut env);
-            if let Some(db) = database {
-                cfg.data_api.database = db;
-            }
+            cfg.data_api.database = database.unwrap_or(cfg.data_api.database);
             cfg.app_secret_arn = app_secret_arn.or(cfg.app_secret_arn);
             env.finish()?;
             print!("{}", migrate::run(&cfg).await?);
@@ -191,12 +183,10 @@ async fn main() -> anyhow::Result<ExitCode> {
             ttl,
             secret,
         } => {
-            let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs() as i64;
+            let expires = seckill_shared::domain::now_millis() / 1000 + ttl;
             let scope = admin.then_some(auth::ADMIN_SCOPE);
-            println!(
-                "{}",
-                auth::mint_hs256(secret.as_bytes(), &sub, scope, now + ttl)
-            );
+            let token = auth::mint_hs256(secret.as_bytes(), &sub, scope, expires);
+            println!("{token}");
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -31,48 +31,6 @@ pub struct DeadLetterView {
     pub not_replayable: Option<String>,
 }
 
-fn text(dead: &DeadLetter, name: &str) -> Option<String> {
-    dead.entry
-        .field(name)
-        .map(|v| String::from_utf8_lossy(v).into_owned())
-}
-
-async fn view(
-    b: &Backends,
-    voucher: VoucherId,
-    dead: &DeadLetter,
-) -> anyhow::Result<DeadLetterView> {
-    let (in_database, not_replayable) = match parse_entry(voucher, &dead.entry) {
-        Err(reason) => (None, Some(format!("would fail again: {}", reason.text()))),
-        Ok(order) => {
-            let row = b.db.order(order.id).await.db()?;
-            let holder = b.db.order_of_buyer(voucher, &order.user).await.db()?;
-            let refusal = match (&row, holder) {
-                (Some((v, u, _)), _) if *v != voucher || *u != order.user => {
-                    Some("its order id belongs to another order in the database".to_string())
-                }
-                (None, Some((other, _))) => Some(format!(
-                    "the buyer already holds order {other} in the database"
-                )),
-                _ => None,
-            };
-            (row.map(|(_, _, s)| s.as_str().to_string()), refusal)
-        }
-    };
-    Ok(DeadLetterView {
-        id: dead.id.clone(),
-        source_id: dead.entry.id.clone(),
-        reason: dead.reason.clone(),
-        deliveries: dead.deliveries,
-        order_id: text(dead, fields::ORDER_ID),
-        user_id: text(dead, fields::USER_ID),
-        admitted_ms: text(dead, fields::ADMITTED_MS)
-            .or_else(|| dead.entry.id_ms().map(|ms| ms.to_string())),
-        in_database,
-        not_replayable,
-    })
-}
-
 /// Every dead letter of the voucher, with its view.
 async fn views(
     b: &Backends,
@@ -82,22 +40,51 @@ async fn views(
     let all = b.streams.dead_letters(voucher).await.redis()?;
     let mut out = Vec::with_capacity(all.len());
     for dead in all {
-        let mut v = view(b, voucher, &dead).await?;
-        if db_voucher.is_none() && v.not_replayable.is_none() {
-            v.not_replayable = Some("the database has no such voucher".into());
-        }
-        out.push((dead, v));
+        let (in_database, refusal) = match parse_entry(voucher, &dead.entry) {
+            Err(reason) => (None, Some(format!("would fail again: {}", reason.text()))),
+            Ok(order) => {
+                let row = b.db.order(order.id).await.db()?;
+                let holder = b.db.order_of_buyer(voucher, &order.user).await.db()?;
+                let refusal = match (&row, holder) {
+                    (Some((v, u, _)), _) if *v != voucher || *u != order.user => {
+                        Some("its order id belongs to another order in the database".to_string())
+                    }
+                    (None, Some((other, _))) => Some(format!(
+                        "the buyer already holds order {other} in the database"
+                    )),
+                    _ => None,
+                };
+                (row.map(|(_, _, s)| s.as_str().to_string()), refusal)
+            }
+        };
+        let no_voucher = db_voucher
+            .is_none()
+            .then(|| "the database has no such voucher".into());
+        let text = |name| {
+            let value = dead.entry.field(name)?;
+            Some(String::from_utf8_lossy(value).into_owned())
+        };
+        let view = DeadLetterView {
+            id: dead.id.clone(),
+            source_id: dead.entry.id.clone(),
+            reason: dead.reason.clone(),
+            deliveries: dead.deliveries,
+            order_id: text(fields::ORDER_ID),
+            user_id: text(fields::USER_ID),
+            admitted_ms: text(fields::ADMITTED_MS)
+                .or_else(|| dead.entry.id_ms().map(|ms| ms.to_string())),
+            in_database,
+            not_replayable: refusal.or(no_voucher),
+        };
+        out.push((dead, view));
     }
     Ok(out)
 }
 
 /// Every dead letter of the voucher, with why it failed and whether it can be replayed.
 pub async fn list(b: &Backends, voucher: VoucherId) -> anyhow::Result<Vec<DeadLetterView>> {
-    Ok(views(b, voucher)
-        .await?
-        .into_iter()
-        .map(|(_, v)| v)
-        .collect())
+    let views = views(b, voucher).await?;
+    Ok(views.into_iter().map(|(_, v)| v).collect())
 }
 
 /// What a replay did with one dead letter.

@@ -128,13 +128,8 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
     let known: HashSet<&str> = buyers.iter().map(|(u, _)| u.as_str()).collect();
     // 2. The stream: every entry, and which are not acked yet.
     let stats = b.streams.stats(voucher).await.redis()?;
-    let pending: HashSet<String> = b
-        .streams
-        .pending_ids(voucher)
-        .await
-        .redis()?
-        .into_iter()
-        .collect();
+    let pending = b.streams.pending_ids(voucher).await.redis()?;
+    let pending: HashSet<&str> = pending.iter().map(String::as_str).collect();
     let mut entries: Vec<StreamEntry> = Vec::new();
     loop {
         let after = entries.last().map(|e| e.id.clone());
@@ -165,6 +160,10 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
     }
     let (confirmed, _rejected) = b.db.order_counts(voucher).await.db()?;
     let db_ids: HashSet<OrderId> = db_orders.values().copied().collect();
+    // Buyers admitted since the first read are no discrepancy: look again.
+    let recheck = b.sales.buyers(voucher).await.redis()?;
+    let known_now: HashSet<&str> = recheck.iter().map(|(u, _)| u.as_str()).collect();
+    let unknown = |user: &str| !known.contains(user) && !known_now.contains(user);
 
     let mut report = Report {
         voucher: voucher.get(),
@@ -188,7 +187,7 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
             Ok(order) => {
                 if open {
                     undrained_orders.insert(order.id);
-                    if !known.contains(order.user.as_str()) {
+                    if unknown(order.user.as_str()) {
                         stream_lost_buyers.push((order.user.as_str().to_string(), order.id));
                     }
                 }
@@ -239,16 +238,11 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
                 .unwrap_or_else(|| leased_ms(order)),
         });
     }
-    let mut not_in_buyers: Vec<(String, OrderId)> = db_orders
+    let not_in_buyers: Vec<(String, OrderId)> = db_orders
         .iter()
-        .filter(|(u, _)| !known.contains(u.as_str()))
+        .filter(|(u, _)| unknown(u))
         .map(|(u, o)| (u.clone(), *o))
         .collect();
-    // Admissions since the buyers were read are no discrepancy: look again.
-    let recheck = b.sales.buyers(voucher).await.redis()?;
-    let now_buyers: HashSet<&str> = recheck.iter().map(|(u, _)| u.as_str()).collect();
-    not_in_buyers.retain(|(u, _)| !now_buyers.contains(u.as_str()));
-    stream_lost_buyers.retain(|(u, _)| !now_buyers.contains(u.as_str()));
 
     let listed = |pairs: &[(String, OrderId)]| -> Vec<String> {
         pairs.iter().map(|(u, o)| order_of(*o, u)).collect()

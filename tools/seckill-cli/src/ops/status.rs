@@ -141,32 +141,25 @@ pub fn render(all: &[VoucherStatus]) -> String {
             .title
             .as_deref()
             .map_or("(not in the database)".to_string(), |t| format!("{t:?}"));
+        let inactive = match s.active {
+            true => "",
+            false => "  (not active: the drainer does not visit it)",
+        };
         let _ = writeln!(
             out,
-            "voucher {}  {title}  {}{}",
+            "voucher {}  {title}  {}{inactive}\n  \
+             stock     {} on sale; left in redis {}, in database {}\n  \
+             orders    admitted {}, confirmed {}, rejected {}, dead letters {}\n  \
+             stream    pending {}, lag {}, oldest unfinished {}, length {}{}",
             s.voucher,
             s.phase,
-            if s.active {
-                ""
-            } else {
-                "  (not active: the drainer does not visit it)"
-            }
-        );
-        let _ = writeln!(
-            out,
-            "  stock     {} on sale; left in redis {}, in database {}",
             or_dash(s.stock),
             or_dash(s.stock_left_redis),
-            or_dash(s.stock_left_db)
-        );
-        let _ = writeln!(
-            out,
-            "  orders    admitted {}, confirmed {}, rejected {}, dead letters {}",
-            s.admitted, s.confirmed, s.rejected, s.dead_letters
-        );
-        let _ = writeln!(
-            out,
-            "  stream    pending {}, lag {}, oldest unfinished {}, length {}{}",
+            or_dash(s.stock_left_db),
+            s.admitted,
+            s.confirmed,
+            s.rejected,
+            s.dead_letters,
             s.pending,
             s.lag,
             s.oldest_unfinished_ms.map_or("-".to_string(), human_ms),
