@@ -1,9 +1,6 @@
-//! `seckill demo`: a small flash sale over the real HTTP API, end to end.
-//!
-//! Creates a voucher, lets many buyers (some pressing twice) race for it through the
-//! function URL, runs the drainer through its invoke URL until the orders are in the
-//! database, then checks the invariants from the outside: no oversell, one order per
-//! buyer, every admitted order confirmed.
+//! `seckill demo`: a small flash sale over the real HTTP API, end to end: a voucher, a
+//! rush of buyers (some pressing twice), the drainer until the orders are in the
+//! database, then the invariants checked from the outside.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};

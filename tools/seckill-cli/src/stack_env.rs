@@ -1,12 +1,8 @@
-//! The one reader of the local stack's `.dev/stack.env` (README.md, "The local stack"):
-//! the `KEY=VALUE` file `scripts/stack.sh up` writes, with the addresses of Redis, the
-//! database, the Data API and the functions. The operator commands, the load tool and
-//! the test fixtures all read it through here.
-//!
-//! Which file: the one named explicitly (`--stack-env`), else `$SECKILL_STACK_ENV`,
-//! else `.dev/stack.env` in the current folder or the nearest parent that has one. A
-//! variable of the same name set (non-empty) in the process environment wins over the
-//! file, for the keys in [`KEYS`].
+//! The one reader of the local stack's `.dev/stack.env` (README.md, "The local stack"),
+//! the `KEY=VALUE` file `scripts/stack.sh up` writes, for the operator commands, the load
+//! tool and the test fixtures. Which file: the one named explicitly (`--stack-env`), else
+//! `$SECKILL_STACK_ENV`, else `.dev/stack.env` here or in the nearest parent that has one.
+//! A variable of the same name set (non-empty) in the environment wins, for the [`KEYS`].
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -1,10 +1,7 @@
 //! Operator commands over a sale's Redis state and its database: `seckill status`,
-//! `seckill dead-letters`, `seckill reconcile`.
-//!
-//! They read their configuration like the functions do ([`RedisConfig::read`],
-//! [`DataApiConfig::read`]), from the environment and, for what it does not set, the
-//! local stack's `.dev/stack.env`; every missing variable is reported at once. All Redis
-//! and database access goes through the shared adapters.
+//! `dead-letters`, `reconcile`. They read their configuration like the functions do,
+//! from the environment completed by `.dev/stack.env` (every missing variable at once),
+//! and reach Redis and the database through the shared adapters.
 
 pub mod dead_letters;
 pub mod reconcile;

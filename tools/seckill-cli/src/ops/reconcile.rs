@@ -247,13 +247,12 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
     let listed = |pairs: &[(String, OrderId)]| -> Vec<String> {
         pairs.iter().map(|(u, o)| order_of(*o, u)).collect()
     };
+    let lost_listed: Vec<String> = lost
+        .iter()
+        .map(|o| order_of(o.id, o.user.as_str()))
+        .collect();
     for (class, items) in [
-        (
-            class::ADMITTED_LOST,
-            lost.iter()
-                .map(|o| order_of(o.id, o.user.as_str()))
-                .collect(),
-        ),
+        (class::ADMITTED_LOST, lost_listed.clone()),
         (class::DB_NOT_IN_REDIS, listed(&not_in_buyers)),
         (class::STREAM_NOT_IN_BUYERS, listed(&stream_lost_buyers)),
         (class::BUYER_MISMATCH, mismatched),
@@ -269,12 +268,8 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
     }
     // Stock. Units the database still has to cover: undrained orders, lost ones, and
     // dead letters whose order is not in the database (they may be replayed).
-    let owed = undrained_orders
-        .iter()
-        .filter(|o| !db_ids.contains(o))
-        .count()
-        + lost.len()
-        + dead_orders.iter().filter(|o| !db_ids.contains(o)).count();
+    let not_in_db = |orders: &HashSet<OrderId>| orders.difference(&db_ids).count();
+    let owed = not_in_db(&undrained_orders) + lost.len() + not_in_db(&dead_orders);
     let sale = b.sales.sale_state(voucher).await.redis()?;
     if let (Some(left), Some(redis_stock)) = (db_left, sale.and_then(|s| s.stock)) {
         let expected = (left - owed as i64).max(0);
@@ -313,12 +308,9 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
     }
 
     if repair {
-        for o in &lost {
+        for (o, listed) in lost.iter().zip(lost_listed) {
             let id = b.streams.requeue(o).await.redis()?;
-            let what = format!(
-                "re-enqueued {} as entry {id}",
-                order_of(o.id, o.user.as_str())
-            );
+            let what = format!("re-enqueued {listed} as entry {id}");
             report.repaired(class::ADMITTED_LOST, what);
         }
         // `restore_buyers` of nothing asks Redis nothing; `repaired` of a class not

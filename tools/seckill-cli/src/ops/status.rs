@@ -170,9 +170,8 @@ pub fn render(all: &[VoucherStatus]) -> String {
     out
 }
 
-/// `--watch`: refreshes the status with a progress bar per voucher (orders settled in
-/// the database, confirmed + rejected + dead letters, out of those admitted or the
-/// stock) until every watched sale is over or sold out and drained.
+/// `--watch`: a progress bar per voucher (orders settled in the database out of those
+/// admitted), refreshed until every watched sale is over or sold out and drained.
 pub async fn watch(
     b: &Backends,
     vouchers: &[VoucherId],
