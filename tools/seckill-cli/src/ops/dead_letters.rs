@@ -1,10 +1,6 @@
 //! `seckill dead-letters list|replay VOUCHER`: why entries could not be written, and
-//! putting them back through the normal drain path once the cause is fixed.
-//!
-//! A replay moves a dead letter's original fields back to the orders stream in one Redis
-//! script, so each is replayed at most once however many replays race; the drainer then
-//! writes it like any admission (a duplicate by order id if already written). Entries
-//! that would certainly fail again are refused, with the reason.
+//! putting them back on the orders stream, each at most once (one Redis script), for the
+//! drainer to write like any admission; those that would fail again are refused.
 
 use order_drainer::plan::parse_entry;
 use seckill_shared::domain::{DeadLetter, VoucherId};

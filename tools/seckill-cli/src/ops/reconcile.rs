@@ -1,13 +1,8 @@
 //! `seckill reconcile VOUCHER`: compares the buyers hash, the orders stream, the dead
-//! letters and the orders table, and names each discrepancy by class.
-//!
-//! Reads go the way orders move (buyers, stream, dead letters, one database snapshot),
-//! so an order in flight is never reported lost; buyers admitted meanwhile are checked
-//! again. `--repair` fixes only what cannot oversell or duplicate: it re-enqueues an
-//! admitted order found nowhere else (same order id and buyer: a repeat is a duplicate by
-//! order id, and its unit was taken at admission), restores lost buyers with HSETNX
-//! (never overwriting) and re-activates a voucher with undrained entries. The other
-//! classes are reported for an operator to decide.
+//! letters and the orders table, and names each discrepancy by class. Reads go the way
+//! orders move (buyers, stream, dead letters, one database snapshot), so an order in
+//! flight is never reported lost. `--repair` fixes only what cannot oversell or duplicate
+//! (README.md, "Operating a sale"); the other classes are left to an operator.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
@@ -25,8 +20,7 @@ pub const EXAMPLES: usize = 5;
 
 /// The classes of discrepancy.
 pub mod class {
-    /// In the buyers hash, but in neither the stream (unacked), the dead letters nor
-    /// the database. Repaired: re-enqueued.
+    /// Admitted, but not undrained, dead-lettered nor in the database. Repaired: re-enqueued.
     pub const ADMITTED_LOST: &str = "admitted_but_nowhere";
     /// In the database, not in the buyers hash. Repaired: buyer restored.
     pub const DB_NOT_IN_REDIS: &str = "in_database_not_in_redis";
