@@ -1,15 +1,11 @@
-//! `seckill demo`: a small flash sale over the real HTTP API, end to end.
-//!
-//! Creates a voucher, lets many buyers (some pressing twice) race for it through the
-//! function URL, runs the drainer through its invoke URL until the orders are in the
-//! database, then checks the invariants from the outside: no oversell, one order per
-//! buyer, every admitted order confirmed.
+//! `seckill demo`: a small flash sale over the real HTTP API, end to end: a voucher, a
+//! rush of buyers (some pressing twice), the drainer until the orders are in the
+//! database, then the invariants checked from the outside.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, ensure};
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
 use reqwest::{Client, StatusCode};
@@ -41,15 +37,24 @@ pub struct DemoArgs {
 
 const SCHEDULED_EVENT: &str = r#"{"version":"0","id":"demo","detail-type":"Scheduled Event","source":"aws.events","account":"123456789012","time":"2026-11-22T00:00:00Z","region":"us-east-1","resources":["arn:aws:events:us-east-1:123456789012:rule/seckill-drainer"],"detail":{}}"#;
 
+/// A progress bar drawn with `template`.
+fn bar(len: usize, template: &str) -> ProgressBar {
+    let style =
+        ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar());
+    ProgressBar::new(len as u64).with_style(style)
+}
+
+/// The number `key` counts in `counts` (0 when absent).
+fn count(counts: &BTreeMap<String, usize>, key: &str) -> usize {
+    counts.get(key).copied().unwrap_or(0)
+}
+
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let http = Client::builder().timeout(Duration::from_secs(30)).build()?;
+    let now = seckill_shared::domain::now_millis;
     let token = |sub: &str, admin: bool| {
-        auth::mint_hs256(
-            args.secret.as_bytes(),
-            sub,
-            admin.then_some(auth::ADMIN_SCOPE),
-            seckill_shared::domain::now_millis() / 1000 + 3600,
-        )
+        let scope = admin.then_some(auth::ADMIN_SCOPE);
+        auth::mint_hs256(args.secret.as_bytes(), sub, scope, now() / 1000 + 3600)
     };
     let run_id = format!("{:06x}", rand::random::<u32>() & 0xff_ffff);
 
@@ -57,8 +62,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let body = json!({
         "title": format!("Demo sale {run_id}: coffee for 1 cent"),
         "stock": args.stock,
-        "begins_at": format_rfc3339_millis(seckill_shared::domain::now_millis() - 1_000),
-        "ends_at": format_rfc3339_millis(seckill_shared::domain::now_millis() + 600_000),
+        "begins_at": format_rfc3339_millis(now() - 1_000),
+        "ends_at": format_rfc3339_millis(now() + 600_000),
     });
     let res = http
         .post(format!("{}/vouchers", args.url))
@@ -82,74 +87,56 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!("created voucher {id}: {} units, on sale now", args.stock);
 
     // 2. The rush: every buyer once, every fifth twice, in shuffled order.
-    let mut attempts: Vec<String> = (0..args.buyers)
-        .map(|i| format!("demo-{run_id}-user-{i}"))
-        .collect();
-    attempts.extend(
-        (0..args.buyers)
-            .step_by(5)
-            .map(|i| format!("demo-{run_id}-user-{i}")),
-    );
+    let user = |i: usize| format!("demo-{run_id}-user-{i}");
+    let mut attempts: Vec<String> = (0..args.buyers).map(user).collect();
+    attempts.extend((0..args.buyers).step_by(5).map(user));
     let n = attempts.len() as u64;
     for i in (1..attempts.len()).rev() {
         attempts.swap(i, rand::random_range(0..=i));
     }
-    let bar = ProgressBar::new(n).with_style(
-        ProgressStyle::with_template(
-            "{spinner} rush {bar:40} {pos}/{len} attempts {per_sec} [{elapsed}]",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    let rush_bar = bar(
+        attempts.len(),
+        "{spinner} rush {bar:40} {pos}/{len} attempts {per_sec} [{elapsed}]",
     );
     let started = Instant::now();
-    let buy_url = Arc::new(format!("{}/vouchers/{id}/seckill", args.url));
-    let results: Vec<(String, StatusCode, Value)> = futures::stream::iter(attempts)
-        .map(|user| {
-            let (http, url, bar, t) = (
-                http.clone(),
-                buy_url.clone(),
-                bar.clone(),
-                token(&user, false),
-            );
-            async move {
-                let out = match http.post(url.as_str()).bearer_auth(t).send().await {
-                    Ok(res) => {
-                        let status = res.status();
-                        (
-                            user,
-                            status,
-                            res.json::<Value>().await.unwrap_or(Value::Null),
-                        )
+    let buy_url = format!("{}/vouchers/{id}/seckill", args.url);
+    let (http, buy_url, rush_bar, token) = (&http, &buy_url, &rush_bar, &token);
+    // Per attempt: admitted (the order id) or the refusal's code.
+    let results: Vec<(String, Result<String, String>)> = futures::stream::iter(attempts)
+        .map(|user| async move {
+            let res = http.post(buy_url).bearer_auth(token(&user, false)).send();
+            let outcome = match res.await {
+                Ok(res) => {
+                    let status = res.status();
+                    let body = res.json::<Value>().await.unwrap_or(Value::Null);
+                    if status == StatusCode::ACCEPTED {
+                        Ok(body["order_id"].as_str().unwrap_or_default().to_string())
+                    } else {
+                        Err(body["code"].as_str().unwrap_or("?").to_string())
                     }
-                    Err(e) => (
-                        user,
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        json!({ "code": format!("transport: {e}") }),
-                    ),
-                };
-                bar.inc(1);
-                out
-            }
+                }
+                Err(e) => Err(format!("transport: {e}")),
+            };
+            rush_bar.inc(1);
+            (user, outcome)
         })
         .buffer_unordered(args.concurrency.max(1))
         .collect()
         .await;
-    bar.finish_and_clear();
+    rush_bar.finish_and_clear();
     let rush = started.elapsed();
 
     let mut by_code: BTreeMap<String, usize> = BTreeMap::new();
     let mut admitted: Vec<(String, String)> = Vec::new();
-    for (user, status, body) in &results {
-        if *status == StatusCode::ACCEPTED {
-            *by_code.entry("admitted".into()).or_default() += 1;
-            admitted.push((
-                user.clone(),
-                body["order_id"].as_str().unwrap_or_default().to_string(),
-            ));
-        } else {
-            *by_code
-                .entry(body["code"].as_str().unwrap_or("?").to_string())
-                .or_default() += 1;
-        }
+    for (user, outcome) in results {
+        let code = match outcome {
+            Ok(order) => {
+                admitted.push((user, order));
+                "admitted".to_string()
+            }
+            Err(code) => code,
+        };
+        *by_code.entry(code).or_default() += 1;
     }
     println!(
         "{n} attempts by {} buyers in {:.2?} ({:.0}/s):",
@@ -162,11 +149,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     }
 
     // 3. Drain: invoke the drainer as the schedule would, until every order is in the database.
-    let bar = ProgressBar::new(admitted.len() as u64).with_style(
-        ProgressStyle::with_template(
-            "{spinner} drain {bar:40} {pos}/{len} orders confirmed [{elapsed}]",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    let drain_bar = bar(
+        admitted.len(),
+        "{spinner} drain {bar:40} {pos}/{len} orders confirmed [{elapsed}]",
     );
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut statuses: BTreeMap<String, usize> = BTreeMap::new();
@@ -191,22 +176,23 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
                 .entry(body["status"].as_str().unwrap_or("?").to_string())
                 .or_default() += 1;
         }
-        let pending = statuses.get("pending").copied().unwrap_or(0);
-        bar.set_position((admitted.len() - pending) as u64);
+        let pending = count(&statuses, "pending");
+        drain_bar.set_position((admitted.len() - pending) as u64);
         if pending == 0 || Instant::now() > deadline {
             break summary;
         }
     };
-    bar.finish_and_clear();
+    drain_bar.finish_and_clear();
     println!("drainer's last summary: {summary}");
     println!("order statuses: {statuses:?}");
 
     // 4. The invariants, checked from the outside.
-    let res = http
+    let v: Value = http
         .get(format!("{}/vouchers/{id}", args.url))
         .send()
+        .await?
+        .json()
         .await?;
-    let v: Value = res.json().await?;
     let unique: HashSet<&String> = admitted.iter().map(|(u, _)| u).collect();
     let expected = (args.stock as usize).min(args.buyers);
     println!("stock_left in Redis: {}", v["stock_left"]);
@@ -220,9 +206,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         v["stock_left"] == json!(args.stock - admitted.len() as i64),
         "Redis stock does not add up: {v}"
     );
-    if statuses.get("confirmed").copied().unwrap_or(0) != admitted.len() {
-        bail!("not every admitted order was confirmed: {statuses:?}");
-    }
+    ensure!(
+        count(&statuses, "confirmed") == admitted.len(),
+        "not every admitted order was confirmed: {statuses:?}"
+    );
     println!(
         "ok: {} admitted of {} units, nobody twice, every order confirmed in the database",
         admitted.len(),

@@ -1,22 +1,18 @@
-//! `seckill`: operator commands.
-//!
-//! - `seckill migrate`: applies `migrations/` through the RDS Data API, locally (against
-//!   `tools/data-api-local`) and in AWS (against the Aurora cluster) alike;
-//! - `seckill token`: mints an HS256 token with the local dev secret;
-//! - `seckill demo`: runs a small sale over HTTP against the local stack;
-//! - `seckill status`, `seckill dead-letters`, `seckill reconcile`: operating a sale
-//!   (`seckill_cli::ops`).
+//! `seckill`: operator commands. Their arguments and printing; the logic is in the
+//! library (`seckill_cli::migrate`, `seckill_cli::ops`), but for `demo` and `token`.
 
 mod demo;
 
 use std::process::ExitCode;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use seckill_cli::migrate::{self, MigrateConfig};
-use seckill_cli::ops::cli;
+use seckill_cli::ops::dead_letters::{self, Replay};
+use seckill_cli::ops::{Backends, reconcile, status, voucher_arg};
 use seckill_shared::auth;
 use seckill_shared::config::EnvReader;
+use serde::Serialize;
 
 #[derive(Parser)]
 #[command(
@@ -61,21 +57,114 @@ enum Command {
     },
     /// Per voucher: stock in Redis and the database, admitted, confirmed, rejected,
     /// pending, dead letters, window (every active voucher when none is named).
-    Status(cli::StatusArgs),
+    Status {
+        /// The voucher; every active voucher when omitted.
+        voucher: Option<String>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Refresh with a progress bar of the sale until it is drained.
+        #[arg(long)]
+        watch: bool,
+        /// Seconds between refreshes with --watch.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+    },
     /// List dead letters and why they failed, or replay them through the drainer.
     #[command(subcommand)]
-    DeadLetters(cli::DeadLettersCommand),
+    DeadLetters(DeadLetters),
     /// Compare buyers, stream, dead letters and orders table; `--repair` the safe classes.
-    Reconcile(cli::ReconcileArgs),
+    Reconcile {
+        voucher: String,
+        /// Fix the discrepancies that can be fixed without risk.
+        #[arg(long)]
+        repair: bool,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum DeadLetters {
+    /// Show each dead letter and why it failed.
+    List {
+        voucher: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Put dead letters back on the orders stream (all, or those named by --id), once.
+    Replay {
+        voucher: String,
+        /// A dead letter's id (repeatable); all of the voucher's when omitted.
+        #[arg(long = "id")]
+        ids: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Prints `value` as JSON with `--json`, else in the text form `text` renders.
+fn print<T: Serialize + ?Sized>(
+    json: bool,
+    value: &T,
+    text: impl FnOnce(&T) -> String,
+) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(value)?);
+    } else {
+        print!("{}", text(value));
+    }
+    Ok(())
+}
+
+/// Exit status 2 when something is left for an operator to do.
+fn exit_code(done: bool) -> ExitCode {
+    ExitCode::from(if done { 0 } else { 2 })
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<ExitCode> {
     seckill_shared::telemetry::init();
     match Cli::parse().command {
-        Command::Status(args) => return cli::run_status(args).await,
-        Command::DeadLetters(cmd) => return cli::run_dead_letters(cmd).await,
-        Command::Reconcile(args) => return cli::run_reconcile(args).await,
+        Command::Status {
+            voucher,
+            json,
+            watch,
+            interval,
+        } => {
+            let ids = voucher.as_deref().map(voucher_arg).transpose()?;
+            let b = Backends::from_env().await?;
+            if watch {
+                let every = Duration::from_secs_f64(interval.max(0.1));
+                status::watch(&b, ids.as_slice(), every).await?;
+            } else {
+                let all = status::status(&b, ids.as_slice()).await?;
+                print(json, all.as_slice(), status::render)?;
+            }
+        }
+        Command::DeadLetters(DeadLetters::List { voucher, json }) => {
+            let voucher = voucher_arg(&voucher)?;
+            let all = dead_letters::list(&Backends::from_env().await?, voucher).await?;
+            print(json, &all, |all| dead_letters::render_list(voucher, all))?;
+        }
+        Command::DeadLetters(DeadLetters::Replay { voucher, ids, json }) => {
+            let voucher = voucher_arg(&voucher)?;
+            let done = dead_letters::replay(&Backends::from_env().await?, voucher, &ids).await?;
+            print(json, done.as_slice(), dead_letters::render_replay)?;
+            let replayed = done.iter().all(|r| matches!(r, Replay::Replayed { .. }));
+            return Ok(exit_code(replayed));
+        }
+        Command::Reconcile {
+            voucher,
+            repair,
+            json,
+        } => {
+            let voucher = voucher_arg(&voucher)?;
+            let b = Backends::from_env().await?;
+            let report = reconcile::reconcile(&b, voucher, repair).await?;
+            print(json, &report, reconcile::render)?;
+            return Ok(exit_code(report.clean_after()));
+        }
         Command::Demo(args) => demo::run(args).await?,
         Command::Migrate {
             database,
@@ -83,12 +172,8 @@ async fn main() -> anyhow::Result<ExitCode> {
         } => {
             let mut env = EnvReader::from_env();
             let mut cfg = MigrateConfig::read(&mut env);
-            if let Some(db) = database {
-                cfg.data_api.database = db;
-            }
-            if app_secret_arn.is_some() {
-                cfg.app_secret_arn = app_secret_arn;
-            }
+            cfg.data_api.database = database.unwrap_or(cfg.data_api.database);
+            cfg.app_secret_arn = app_secret_arn.or(cfg.app_secret_arn);
             env.finish()?;
             print!("{}", migrate::run(&cfg).await?);
         }
@@ -98,12 +183,10 @@ async fn main() -> anyhow::Result<ExitCode> {
             ttl,
             secret,
         } => {
-            let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs() as i64;
+            let expires = seckill_shared::domain::now_millis() / 1000 + ttl;
             let scope = admin.then_some(auth::ADMIN_SCOPE);
-            println!(
-                "{}",
-                auth::mint_hs256(secret.as_bytes(), &sub, scope, now + ttl)
-            );
+            let token = auth::mint_hs256(secret.as_bytes(), &sub, scope, expires);
+            println!("{token}");
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -1,11 +1,6 @@
 //! `seckill migrate`: applies `migrations/` through the RDS Data API with the master
 //! secret, then, given the application user's secret, makes that user (its password
-//! from the secret, read through Secrets Manager; its grants `migrate::APP_GRANTS`).
-//!
-//! Variables: `DB_CLUSTER_ARN`, `DB_NAME`, the master secret `DB_MASTER_SECRET_ARN`
-//! (else `DB_SECRET_ARN`, as before the application user existed), the application
-//! user's secret `DB_APP_SECRET_ARN` (optional), and the endpoint overrides of the local
-//! stack `DATA_API_URL` and `SECRETS_MANAGER_URL`; AWS credentials and region as usual.
+//! from the secret, read through Secrets Manager). Its variables: `seckill migrate --help`.
 
 use std::time::Duration;
 

@@ -1,12 +1,8 @@
-//! The one reader of the local stack's `.dev/stack.env` (README.md, "The local stack"):
-//! the `KEY=VALUE` file `scripts/stack.sh up` writes, with the addresses of Redis, the
-//! database, the Data API and the functions. The operator commands, the load tool and
-//! the test fixtures all read it through here.
-//!
-//! Which file: the one named explicitly (`--stack-env`), else `$SECKILL_STACK_ENV`,
-//! else `.dev/stack.env` in the current folder or the nearest parent that has one. A
-//! variable of the same name set (non-empty) in the process environment wins over the
-//! file, for the keys in [`KEYS`].
+//! The one reader of the local stack's `.dev/stack.env` (README.md, "The local stack"),
+//! the `KEY=VALUE` file `scripts/stack.sh up` writes, for the operator commands, the load
+//! tool and the test fixtures. Which file: the one named explicitly (`--stack-env`), else
+//! `$SECKILL_STACK_ENV`, else `.dev/stack.env` here or in the nearest parent that has one.
+//! A variable of the same name set (non-empty) in the environment wins, for the [`KEYS`].
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -46,16 +42,16 @@ pub struct StackEnv {
 
 impl StackEnv {
     /// Reads the stack file and the environment. No file found is not an error (every
-    /// [`get`](Self::get) then says how to start the stack); a file named explicitly
-    /// that cannot be read is.
+    /// [`get`](Self::get) then says how to start the stack); an unreadable file is.
     pub fn load(explicit: Option<&Path>) -> anyhow::Result<StackEnv> {
-        let path = match explicit {
-            Some(p) => Some(p.to_path_buf()),
-            None => match std::env::var_os("SECKILL_STACK_ENV") {
-                Some(p) => Some(PathBuf::from(p)),
-                None => find_upwards(Path::new(".dev/stack.env")),
-            },
-        };
+        let path = explicit
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::var_os("SECKILL_STACK_ENV").map(PathBuf::from))
+            .or_else(|| {
+                let cwd = std::env::current_dir().ok()?;
+                let mut found = cwd.ancestors().map(|dir| dir.join(".dev/stack.env"));
+                found.find(|candidate| candidate.is_file())
+            });
         let mut vars = HashMap::new();
         if let Some(p) = &path {
             let text = std::fs::read_to_string(p)
@@ -111,23 +107,20 @@ impl StackEnv {
             .filter(|v| !v.is_empty())
     }
 
-    /// The Redis engine, `SECKILL_REDIS_ENGINE`: `redis` or `valkey` (`redis` when
-    /// absent, as written by a stack before engines could be picked).
+    /// The Redis engine, `SECKILL_REDIS_ENGINE`: `redis` (when absent) or `valkey`.
     pub fn redis_engine(&self) -> String {
         self.optional("SECKILL_REDIS_ENGINE")
             .unwrap_or_else(|| "redis".into())
     }
 
     /// The Redis topology, `SECKILL_REDIS_TOPOLOGY`: `single` (one cluster-mode node
-    /// owning all slots) or `cluster` (3 primaries with a replica each); `single` when
-    /// absent.
+    /// owning all slots; when absent) or `cluster` (3 primaries with a replica each).
     pub fn redis_topology(&self) -> String {
         self.optional("SECKILL_REDIS_TOPOLOGY")
             .unwrap_or_else(|| "single".into())
     }
 
-    /// The server binary the stack's Redis runs, `SECKILL_REDIS_SERVER` (an absolute
-    /// path); `redis-server` (found on `PATH`) when absent.
+    /// The stack's Redis server binary, `SECKILL_REDIS_SERVER`; `redis-server` when absent.
     pub fn redis_server_bin(&self) -> String {
         self.optional("SECKILL_REDIS_SERVER")
             .unwrap_or_else(|| "redis-server".into())
@@ -155,19 +148,6 @@ fn parse(text: &str) -> HashMap<String, String> {
         .filter_map(|l| l.split_once('='))
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
         .collect()
-}
-
-fn find_upwards(relative: &Path) -> Option<PathBuf> {
-    let mut dir = std::env::current_dir().ok()?;
-    loop {
-        let candidate = dir.join(relative);
-        if candidate.is_file() {
-            return Some(candidate);
-        }
-        if !dir.pop() {
-            return None;
-        }
-    }
 }
 
 /// `host:port` of a `redis://[user:password@]host:port[/db]` URL.

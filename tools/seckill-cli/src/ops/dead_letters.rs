@@ -1,20 +1,13 @@
 //! `seckill dead-letters list|replay VOUCHER`: why entries could not be written, and
-//! putting them back through the normal drain path once the cause is fixed.
-//!
-//! A replay appends the dead letter's original fields (same order id, buyer, admission
-//! time) to the orders stream and deletes the dead letter in one Redis script, so each
-//! dead letter is replayed at most once however many replays race. The drainer then
-//! treats the entry like any admission: an order already in the database is a duplicate
-//! by its id (acked, not written again), and one that fails again is dead-lettered again
-//! with its new reason. Entries that would certainly fail again (fields that do not
-//! parse, a voucher the database does not know) are refused, with the reason.
+//! putting them back on the orders stream, each at most once (one Redis script), for the
+//! drainer to write like any admission; those that would fail again are refused.
 
 use order_drainer::plan::parse_entry;
 use seckill_shared::domain::{DeadLetter, VoucherId};
 use seckill_shared::protocol::fields;
 use serde::Serialize;
 
-use super::{Backends, db_error, redis_error};
+use super::{Backend, Backends};
 
 /// One dead letter, for people and for `--json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -34,64 +27,60 @@ pub struct DeadLetterView {
     pub not_replayable: Option<String>,
 }
 
-fn text(dead: &DeadLetter, name: &str) -> Option<String> {
-    dead.entry
-        .field(name)
-        .map(|v| String::from_utf8_lossy(v).into_owned())
-}
-
-async fn view(
+/// Every dead letter of the voucher, with its view.
+async fn views(
     b: &Backends,
     voucher: VoucherId,
-    dead: &DeadLetter,
-) -> anyhow::Result<DeadLetterView> {
-    let (in_database, not_replayable) = match parse_entry(voucher, &dead.entry) {
-        Err(reason) => (None, Some(format!("would fail again: {}", reason.text()))),
-        Ok(order) => {
-            let row = b.db.order(order.id).await.map_err(db_error)?;
-            let holder =
-                b.db.order_of_buyer(voucher, &order.user)
-                    .await
-                    .map_err(db_error)?;
-            let refusal = match (&row, holder) {
-                (Some((v, u, _)), _) if *v != voucher || *u != order.user => {
-                    Some("its order id belongs to another order in the database".to_string())
-                }
-                (None, Some((other, _))) => Some(format!(
-                    "the buyer already holds order {other} in the database"
-                )),
-                _ => None,
-            };
-            (row.map(|(_, _, s)| s.as_str().to_string()), refusal)
-        }
-    };
-    Ok(DeadLetterView {
-        id: dead.id.clone(),
-        source_id: dead.entry.id.clone(),
-        reason: dead.reason.clone(),
-        deliveries: dead.deliveries,
-        order_id: text(dead, fields::ORDER_ID),
-        user_id: text(dead, fields::USER_ID),
-        admitted_ms: text(dead, fields::ADMITTED_MS)
-            .or_else(|| dead.entry.id_ms().map(|ms| ms.to_string())),
-        in_database,
-        not_replayable,
-    })
+) -> anyhow::Result<Vec<(DeadLetter, DeadLetterView)>> {
+    let db_voucher = b.voucher(voucher).await?;
+    let all = b.streams.dead_letters(voucher).await.redis()?;
+    let mut out = Vec::with_capacity(all.len());
+    for dead in all {
+        let (in_database, refusal) = match parse_entry(voucher, &dead.entry) {
+            Err(reason) => (None, Some(format!("would fail again: {}", reason.text()))),
+            Ok(order) => {
+                let row = b.db.order(order.id).await.db()?;
+                let holder = b.db.order_of_buyer(voucher, &order.user).await.db()?;
+                let refusal = match (&row, holder) {
+                    (Some((v, u, _)), _) if *v != voucher || *u != order.user => {
+                        Some("its order id belongs to another order in the database".to_string())
+                    }
+                    (None, Some((other, _))) => Some(format!(
+                        "the buyer already holds order {other} in the database"
+                    )),
+                    _ => None,
+                };
+                (row.map(|(_, _, s)| s.as_str().to_string()), refusal)
+            }
+        };
+        let no_voucher = db_voucher
+            .is_none()
+            .then(|| "the database has no such voucher".into());
+        let text = |name| {
+            let value = dead.entry.field(name)?;
+            Some(String::from_utf8_lossy(value).into_owned())
+        };
+        let view = DeadLetterView {
+            id: dead.id.clone(),
+            source_id: dead.entry.id.clone(),
+            reason: dead.reason.clone(),
+            deliveries: dead.deliveries,
+            order_id: text(fields::ORDER_ID),
+            user_id: text(fields::USER_ID),
+            admitted_ms: text(fields::ADMITTED_MS)
+                .or_else(|| dead.entry.id_ms().map(|ms| ms.to_string())),
+            in_database,
+            not_replayable: refusal.or(no_voucher),
+        };
+        out.push((dead, view));
+    }
+    Ok(out)
 }
 
 /// Every dead letter of the voucher, with why it failed and whether it can be replayed.
 pub async fn list(b: &Backends, voucher: VoucherId) -> anyhow::Result<Vec<DeadLetterView>> {
-    let db_voucher = b.voucher(voucher).await?;
-    let all = b.streams.dead_letters(voucher).await.map_err(redis_error)?;
-    let mut out = Vec::with_capacity(all.len());
-    for dead in &all {
-        let mut v = view(b, voucher, dead).await?;
-        if db_voucher.is_none() && v.not_replayable.is_none() {
-            v.not_replayable = Some("the database has no such voucher".into());
-        }
-        out.push(v);
-    }
-    Ok(out)
+    let views = views(b, voucher).await?;
+    Ok(views.into_iter().map(|(_, v)| v).collect())
 }
 
 /// What a replay did with one dead letter.
@@ -116,42 +105,32 @@ pub async fn replay(
     voucher: VoucherId,
     ids: &[String],
 ) -> anyhow::Result<Vec<Replay>> {
-    let listed = list(b, voucher).await?;
-    let all = b.streams.dead_letters(voucher).await.map_err(redis_error)?;
+    let listed = views(b, voucher).await?;
     let wanted: Vec<String> = if ids.is_empty() {
-        listed.iter().map(|v| v.id.clone()).collect()
+        listed.iter().map(|(d, _)| d.id.clone()).collect()
     } else {
         ids.to_vec()
     };
     let mut out = Vec::with_capacity(wanted.len());
     for id in wanted {
-        let (Some(v), Some(dead)) = (
-            listed.iter().find(|v| v.id == id),
-            all.iter().find(|d| d.id == id),
-        ) else {
+        let Some((dead, v)) = listed.iter().find(|(d, _)| d.id == id) else {
             out.push(Replay::Missing { id });
             continue;
         };
-        if let Some(why) = &v.not_replayable {
-            out.push(Replay::Refused {
-                id,
-                why: why.clone(),
-            });
+        if let Some(why) = v.not_replayable.clone() {
+            out.push(Replay::Refused { id, why });
             continue;
         }
-        match b
-            .streams
-            .replay_dead_letter(voucher, dead)
-            .await
-            .map_err(redis_error)?
-        {
-            Some(entry_id) => out.push(Replay::Replayed {
-                id,
-                entry_id,
-                order_id: v.order_id.clone(),
-            }),
-            None => out.push(Replay::Missing { id }),
-        }
+        out.push(
+            match b.streams.replay_dead_letter(voucher, dead).await.redis()? {
+                Some(entry_id) => Replay::Replayed {
+                    id,
+                    entry_id,
+                    order_id: v.order_id.clone(),
+                },
+                None => Replay::Missing { id },
+            },
+        );
     }
     Ok(out)
 }

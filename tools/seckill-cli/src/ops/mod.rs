@@ -1,12 +1,8 @@
 //! Operator commands over a sale's Redis state and its database: `seckill status`,
-//! `seckill dead-letters`, `seckill reconcile`.
-//!
-//! They read their configuration like the functions do ([`RedisConfig::read`],
-//! [`DataApiConfig::read`]), from the environment and, for what it does not set, the
-//! local stack's `.dev/stack.env`; every missing variable is reported at once. All Redis
-//! and database access goes through the shared adapters.
+//! `dead-letters`, `reconcile`. They read their configuration like the functions do,
+//! from the environment completed by `.dev/stack.env` (every missing variable at once),
+//! and reach Redis and the database through the shared adapters.
 
-pub mod cli;
 pub mod dead_letters;
 pub mod reconcile;
 pub mod status;
@@ -31,16 +27,6 @@ pub struct Backends {
     pub db: DataApi,
 }
 
-/// The variables the commands read: the process environment, completed by the local
-/// stack's `.dev/stack.env` ([`crate::stack_env`]) where one is found.
-pub fn environment() -> EnvReader {
-    let mut vars: HashMap<String, String> = StackEnv::load(None)
-        .map(|stack| stack.vars().clone())
-        .unwrap_or_default();
-    vars.extend(std::env::vars());
-    EnvReader::from_map(vars)
-}
-
 /// A Redis URL without its password, for messages.
 fn redacted(url: &str) -> String {
     match (url.split_once("://"), url.rsplit_once('@')) {
@@ -50,9 +36,14 @@ fn redacted(url: &str) -> String {
 }
 
 impl Backends {
-    /// Reads the configuration (every problem at once) and connects.
+    /// Reads the configuration from the environment completed by the local stack's
+    /// `.dev/stack.env` (every problem at once), and connects.
     pub async fn from_env() -> anyhow::Result<Backends> {
-        let mut env = environment();
+        let mut vars: HashMap<String, String> = StackEnv::load(None)
+            .map(|stack| stack.vars().clone())
+            .unwrap_or_default();
+        vars.extend(std::env::vars());
+        let mut env = EnvReader::from_map(vars);
         let redis = RedisConfig::read(&mut env);
         let data = DataApiConfig::read(&mut env);
         env.finish()?;
@@ -70,18 +61,13 @@ impl Backends {
             .await
             .map_err(|e| anyhow!("Redis at {} does not answer: {e}", redacted(&redis.url)))?;
         let db = DataApi::connect(data).await;
-        let where_ = data
-            .endpoint
-            .clone()
-            .unwrap_or_else(|| data.cluster_arn.clone());
+        let where_ = data.endpoint.as_ref().unwrap_or(&data.cluster_arn);
         match db.execute("SELECT 1", vec![], None).await {
             Ok(_) => {}
-            Err(e) if e.is_transient() => {
-                bail!(
-                    "cannot reach the database {} through the Data API at {where_}: {e}",
-                    data.database
-                )
-            }
+            Err(e) if e.is_transient() => bail!(
+                "cannot reach the database {} through the Data API at {where_}: {e}",
+                data.database
+            ),
             Err(e) => bail!(
                 "the database {} at {where_} refused the connection: {e} \
                  (check DB_CLUSTER_ARN, DB_SECRET_ARN, DB_NAME and the AWS credentials)",
@@ -89,7 +75,7 @@ impl Backends {
             ),
         }
         Ok(Backends {
-            sales: RedisSales::new(conn.clone()),
+            sales: RedisSales::new(conn),
             streams,
             db,
         })
@@ -98,27 +84,27 @@ impl Backends {
     /// The voucher as the database has it; an error naming it when neither the
     /// database nor Redis knows it.
     pub async fn voucher(&self, id: VoucherId) -> anyhow::Result<Option<Voucher>> {
-        let v = self.db.voucher(id).await.map_err(db_error)?;
-        if v.is_none()
-            && self
-                .sales
-                .sale_state(id)
-                .await
-                .map_err(redis_error)?
-                .is_none()
-        {
+        let v = self.db.voucher(id).await.db()?;
+        if v.is_none() && self.sales.sale_state(id).await.redis()?.is_none() {
             bail!("voucher {id} does not exist (neither the database nor Redis has it)");
         }
         Ok(v)
     }
 }
 
-pub(crate) fn db_error(e: StoreError) -> anyhow::Error {
-    anyhow::Error::new(e).context("database")
+/// Names the backend a [`StoreError`] came from.
+pub(crate) trait Backend<T> {
+    fn db(self) -> anyhow::Result<T>;
+    fn redis(self) -> anyhow::Result<T>;
 }
 
-pub(crate) fn redis_error(e: StoreError) -> anyhow::Error {
-    anyhow::Error::new(e).context("redis")
+impl<T> Backend<T> for Result<T, StoreError> {
+    fn db(self) -> anyhow::Result<T> {
+        self.context("database")
+    }
+    fn redis(self) -> anyhow::Result<T> {
+        self.context("redis")
+    }
 }
 
 /// Parses a voucher id argument.

@@ -1,37 +1,26 @@
 //! `seckill reconcile VOUCHER`: compares the buyers hash, the orders stream, the dead
-//! letters and the orders table, and names each discrepancy by class.
-//!
-//! Read order matters while drainers run: buyers first, then the stream, then the dead
-//! letters, then the database (one consistent snapshot). An order moves only forward
-//! (stream → database or dead letters), so an order seen nowhere was not merely in
-//! flight. Buyers admitted after the first read are checked again before they are
-//! reported.
-//!
-//! `--repair` fixes only what cannot oversell or duplicate: an admitted order found
-//! nowhere else is re-enqueued with its own order id and buyer (the drainer's duplicate
-//! detection by order id makes a repeat harmless, and its unit was taken in Redis at
-//! admission); buyers the database or the stream hold but the buyers hash lost are
-//! restored with HSETNX (never overwriting); a voucher with undrained entries is added
-//! back to the active set. Stock mismatches, dead letters, unparseable entries and
-//! buyers holding two different orders are reported for an operator to decide.
+//! letters and the orders table, and names each discrepancy by class. Reads go the way
+//! orders move (buyers, stream, dead letters, one database snapshot), so an order in
+//! flight is never reported lost. `--repair` fixes only what cannot oversell or duplicate
+//! (README.md, "Operating a sale"); the other classes are left to an operator.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
 
 use order_drainer::plan::parse_entry;
 use seckill_shared::adapters::order_stream::{RANGE_PAGE, id_less};
-use seckill_shared::domain::{AdmittedOrder, OrderId, UserId, VoucherId};
+use seckill_shared::domain::{AdmittedOrder, OrderId, StreamEntry, UserId, VoucherId};
 use seckill_shared::order_id::{EPOCH_UNIX_MS, OrderIdParts};
 use serde::Serialize;
 
-use super::{Backends, db_error, redis_error};
+use super::{Backend, Backends};
 
 /// Examples shown per class.
 pub const EXAMPLES: usize = 5;
 
 /// The classes of discrepancy.
 pub mod class {
-    /// In the buyers hash, but in neither the stream (unacked), the dead letters nor
-    /// the database. Repaired: re-enqueued.
+    /// Admitted, but not undrained, dead-lettered nor in the database. Repaired: re-enqueued.
     pub const ADMITTED_LOST: &str = "admitted_but_nowhere";
     /// In the database, not in the buyers hash. Repaired: buyer restored.
     pub const DB_NOT_IN_REDIS: &str = "in_database_not_in_redis";
@@ -49,6 +38,13 @@ pub mod class {
     pub const UNPARSEABLE: &str = "unparseable_entry";
     /// Undrained entries, but the drainer does not visit the voucher. Repaired.
     pub const INACTIVE: &str = "undrained_but_inactive";
+    /// The classes `--repair` fixes.
+    pub const REPAIRABLE: [&str; 4] = [
+        ADMITTED_LOST,
+        DB_NOT_IN_REDIS,
+        STREAM_NOT_IN_BUYERS,
+        INACTIVE,
+    ];
 }
 
 /// One class found.
@@ -89,17 +85,16 @@ impl Report {
         self.discrepancies.iter().find(|d| d.class == class)
     }
 
-    fn add(&mut self, class: &str, repairable: bool, items: Vec<String>) {
-        if items.is_empty() {
-            return;
+    fn add(&mut self, class: &str, items: Vec<String>) {
+        if !items.is_empty() {
+            self.discrepancies.push(Discrepancy {
+                class: class.to_string(),
+                count: items.len() as u64,
+                examples: items.into_iter().take(EXAMPLES).collect(),
+                repairable: class::REPAIRABLE.contains(&class),
+                repaired: Vec::new(),
+            });
         }
-        self.discrepancies.push(Discrepancy {
-            class: class.to_string(),
-            count: items.len() as u64,
-            examples: items.into_iter().take(EXAMPLES).collect(),
-            repairable,
-            repaired: Vec::new(),
-        });
     }
 
     fn repaired(&mut self, class: &str, what: String) {
@@ -114,56 +109,55 @@ fn leased_ms(id: OrderId) -> i64 {
     EPOCH_UNIX_MS + OrderIdParts::of(id).ms
 }
 
+/// `order 12 of "buyer-3"`, as examples name an order.
+fn order_of(order: OrderId, user: &str) -> String {
+    format!("order {order} of {user:?}")
+}
+
 /// Compares the four records of `voucher`; with `repair`, fixes the safe classes.
 pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow::Result<Report> {
     let db_voucher = b.voucher(voucher).await?;
     // 1. Buyers.
-    let buyers = b.sales.buyers(voucher).await.map_err(redis_error)?;
-    let buyer_of: HashMap<&str, Option<OrderId>> =
-        buyers.iter().map(|(u, o)| (u.as_str(), *o)).collect();
+    let buyers = b.sales.buyers(voucher).await.redis()?;
+    let known: HashSet<&str> = buyers.iter().map(|(u, _)| u.as_str()).collect();
     // 2. The stream: every entry, and which are not acked yet.
-    let stats = b.streams.stats(voucher).await.map_err(redis_error)?;
-    let pending: HashSet<String> = b
-        .streams
-        .pending_ids(voucher)
-        .await
-        .map_err(redis_error)?
-        .into_iter()
-        .collect();
-    let mut entries = Vec::new();
+    let stats = b.streams.stats(voucher).await.redis()?;
+    let pending = b.streams.pending_ids(voucher).await.redis()?;
+    let pending: HashSet<&str> = pending.iter().map(String::as_str).collect();
+    let mut entries: Vec<StreamEntry> = Vec::new();
     loop {
-        let after = entries
-            .last()
-            .map(|e: &seckill_shared::domain::StreamEntry| e.id.clone());
+        let after = entries.last().map(|e| e.id.clone());
         let page = b
             .streams
             .entries(voucher, after.as_deref(), RANGE_PAGE)
             .await
-            .map_err(redis_error)?;
+            .redis()?;
         let full = page.len() == RANGE_PAGE;
         entries.extend(page);
         if !full {
             break;
         }
     }
-    let last_delivered = stats
-        .as_ref()
-        .map_or("0-0".to_string(), |s| s.last_delivered.clone());
+    let last_delivered = stats.map_or("0-0".to_string(), |s| s.last_delivered);
     let unacked = |id: &str| pending.contains(id) || id_less(&last_delivered, id);
     // 3. Dead letters.
-    let dead = b.streams.dead_letters(voucher).await.map_err(redis_error)?;
+    let dead = b.streams.dead_letters(voucher).await.redis()?;
     // 4. The database, one snapshot.
     let mut db_orders: BTreeMap<String, OrderId> = BTreeMap::new();
     let mut db_left = None;
-    if let Some((v, mut snap)) = b.db.sale_snapshot(voucher).await.map_err(db_error)? {
+    if let Some((v, mut snap)) = b.db.sale_snapshot(voucher).await.db()? {
         db_left = Some(v.db_stock_left);
-        while let Some(page) = snap.next_page().await.map_err(db_error)? {
+        while let Some(page) = snap.next_page().await.db()? {
             db_orders.extend(page);
         }
         snap.finish().await;
     }
-    let (confirmed, _rejected) = b.db.order_counts(voucher).await.map_err(db_error)?;
+    let (confirmed, _rejected) = b.db.order_counts(voucher).await.db()?;
     let db_ids: HashSet<OrderId> = db_orders.values().copied().collect();
+    // Buyers admitted since the first read are no discrepancy: look again.
+    let recheck = b.sales.buyers(voucher).await.redis()?;
+    let known_now: HashSet<&str> = recheck.iter().map(|(u, _)| u.as_str()).collect();
+    let unknown = |user: &str| !known.contains(user) && !known_now.contains(user);
 
     let mut report = Report {
         voucher: voucher.get(),
@@ -175,27 +169,28 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
         ..Report::default()
     };
 
-    let mut in_stream: HashMap<OrderId, AdmittedOrder> = HashMap::new();
+    // Admission times of the orders in the stream.
+    let mut admitted_ms: HashMap<OrderId, i64> = HashMap::new();
     let mut undrained_orders: HashSet<OrderId> = HashSet::new();
     let mut unparseable = Vec::new();
     let mut stream_lost_buyers = Vec::new();
     for e in &entries {
         let open = unacked(&e.id);
+        report.undrained += u64::from(open);
         match parse_entry(voucher, e) {
             Ok(order) => {
                 if open {
                     undrained_orders.insert(order.id);
-                    if !buyer_of.contains_key(order.user.as_str()) {
+                    if unknown(order.user.as_str()) {
                         stream_lost_buyers.push((order.user.as_str().to_string(), order.id));
                     }
                 }
-                in_stream.insert(order.id, order);
+                admitted_ms.insert(order.id, order.admitted_ms);
             }
             Err(reason) if open => unparseable.push(format!("entry {}: {}", e.id, reason.text())),
             Err(_) => {}
         }
     }
-    report.undrained = entries.iter().filter(|e| unacked(&e.id)).count() as u64;
     let dead_orders: HashSet<OrderId> = dead
         .iter()
         .filter_map(|d| parse_entry(voucher, &d.entry).ok().map(|o| o.id))
@@ -206,7 +201,7 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
     let mut mismatched = Vec::new();
     for (user, order) in &buyers {
         let Some(order) = *order else {
-            mismatched.push(format!("buyer {user:?} holds {:?}, not an order id", "?"));
+            mismatched.push(format!("buyer {user:?} holds \"?\", not an order id"));
             continue;
         };
         if let Some(db_order) = db_orders.get(user)
@@ -227,68 +222,49 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
             mismatched.push(format!("buyer {user:?} is not a valid user id"));
             continue;
         };
-        let admitted_ms = in_stream
-            .get(&order)
-            .map_or_else(|| leased_ms(order), |o| o.admitted_ms);
         lost.push(AdmittedOrder {
             id: order,
             voucher,
             user: user_id,
-            admitted_ms,
+            admitted_ms: admitted_ms
+                .get(&order)
+                .copied()
+                .unwrap_or_else(|| leased_ms(order)),
         });
     }
-    let mut not_in_buyers: Vec<(String, OrderId)> = db_orders
+    let not_in_buyers: Vec<(String, OrderId)> = db_orders
         .iter()
-        .filter(|(u, _)| !buyer_of.contains_key(u.as_str()))
+        .filter(|(u, _)| unknown(u))
         .map(|(u, o)| (u.clone(), *o))
         .collect();
-    // Admissions since the buyers were read are no discrepancy: look again.
-    let recheck = b.sales.buyers(voucher).await.map_err(redis_error)?;
-    let now_buyers: HashSet<&str> = recheck.iter().map(|(u, _)| u.as_str()).collect();
-    not_in_buyers.retain(|(u, _)| !now_buyers.contains(u.as_str()));
-    stream_lost_buyers.retain(|(u, _)| !now_buyers.contains(u.as_str()));
 
-    report.add(
-        class::ADMITTED_LOST,
-        true,
-        lost.iter()
-            .map(|o| format!("order {} of {:?}", o.id, o.user.as_str()))
-            .collect(),
-    );
-    report.add(
-        class::DB_NOT_IN_REDIS,
-        true,
-        not_in_buyers
-            .iter()
-            .map(|(u, o)| format!("order {o} of {u:?}"))
-            .collect(),
-    );
-    report.add(
-        class::STREAM_NOT_IN_BUYERS,
-        true,
-        stream_lost_buyers
-            .iter()
-            .map(|(u, o)| format!("order {o} of {u:?}"))
-            .collect(),
-    );
-    report.add(class::BUYER_MISMATCH, false, mismatched);
-    report.add(class::UNPARSEABLE, false, unparseable);
-    report.add(
-        class::DEAD_LETTERED,
-        false,
-        dead.iter()
-            .map(|d| format!("{} ({})", d.id, d.reason))
-            .collect(),
-    );
+    let listed = |pairs: &[(String, OrderId)]| -> Vec<String> {
+        pairs.iter().map(|(u, o)| order_of(*o, u)).collect()
+    };
+    let lost_listed: Vec<String> = lost
+        .iter()
+        .map(|o| order_of(o.id, o.user.as_str()))
+        .collect();
+    for (class, items) in [
+        (class::ADMITTED_LOST, lost_listed.clone()),
+        (class::DB_NOT_IN_REDIS, listed(&not_in_buyers)),
+        (class::STREAM_NOT_IN_BUYERS, listed(&stream_lost_buyers)),
+        (class::BUYER_MISMATCH, mismatched),
+        (class::UNPARSEABLE, unparseable),
+        (
+            class::DEAD_LETTERED,
+            dead.iter()
+                .map(|d| format!("{} ({})", d.id, d.reason))
+                .collect(),
+        ),
+    ] {
+        report.add(class, items);
+    }
     // Stock. Units the database still has to cover: undrained orders, lost ones, and
     // dead letters whose order is not in the database (they may be replayed).
-    let owed = undrained_orders
-        .iter()
-        .filter(|o| !db_ids.contains(o))
-        .count()
-        + lost.len()
-        + dead_orders.iter().filter(|o| !db_ids.contains(o)).count();
-    let sale = b.sales.sale_state(voucher).await.map_err(redis_error)?;
+    let not_in_db = |orders: &HashSet<OrderId>| orders.difference(&db_ids).count();
+    let owed = not_in_db(&undrained_orders) + lost.len() + not_in_db(&dead_orders);
+    let sale = b.sales.sale_state(voucher).await.redis()?;
     if let (Some(left), Some(redis_stock)) = (db_left, sale.and_then(|s| s.stock)) {
         let expected = (left - owed as i64).max(0);
         if redis_stock != expected {
@@ -299,7 +275,6 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
             };
             report.add(
                 class::REDIS_STOCK,
-                false,
                 vec![format!(
                     "redis stock {redis_stock}, database can still cover {expected} \
                      (stock_left {left} minus {owed} admitted orders not in it): {what}"
@@ -312,7 +287,6 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
     {
         report.add(
             class::DB_STOCK,
-            false,
             vec![format!(
                 "stock {} - stock_left {} = {}, but {confirmed} orders are confirmed",
                 v.stock,
@@ -321,43 +295,29 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
             )],
         );
     }
-    let active = b.streams.is_active(voucher).await.map_err(redis_error)?;
+    let active = b.streams.is_active(voucher).await.redis()?;
     if !active && (report.undrained > 0 || !lost.is_empty()) {
-        report.add(
-            class::INACTIVE,
-            true,
-            vec![format!("{} undrained entries", report.undrained)],
-        );
+        let what = format!("{} undrained entries", report.undrained);
+        report.add(class::INACTIVE, vec![what]);
     }
 
     if repair {
-        for o in &lost {
-            let id = b.streams.requeue(o).await.map_err(redis_error)?;
-            report.repaired(
-                class::ADMITTED_LOST,
-                format!(
-                    "re-enqueued order {} of {:?} as entry {id}",
-                    o.id,
-                    o.user.as_str()
-                ),
-            );
+        for (o, listed) in lost.iter().zip(lost_listed) {
+            let id = b.streams.requeue(o).await.redis()?;
+            let what = format!("re-enqueued {listed} as entry {id}");
+            report.repaired(class::ADMITTED_LOST, what);
         }
+        // `restore_buyers` of nothing asks Redis nothing; `repaired` of a class not
+        // found records nothing.
         for (class, pairs) in [
             (class::DB_NOT_IN_REDIS, &not_in_buyers),
             (class::STREAM_NOT_IN_BUYERS, &stream_lost_buyers),
         ] {
-            if pairs.is_empty() {
-                continue;
-            }
-            let added = b
-                .sales
-                .restore_buyers(voucher, pairs)
-                .await
-                .map_err(redis_error)?;
+            let added = b.sales.restore_buyers(voucher, pairs).await.redis()?;
             report.repaired(class, format!("restored {added} buyer(s) (HSETNX)"));
         }
         if report.class(class::INACTIVE).is_some() {
-            b.streams.activate(voucher).await.map_err(redis_error)?;
+            b.streams.activate(voucher).await.redis()?;
             report.repaired(class::INACTIVE, "added to the active set".into());
         }
     }
@@ -374,21 +334,17 @@ pub fn render(r: &Report) -> String {
         out.push_str("clean: no discrepancy\n");
     }
     for d in &r.discrepancies {
-        out.push_str(&format!(
-            "{}: {}{}\n",
-            d.class,
-            d.count,
-            if d.repairable {
-                ""
-            } else {
-                "  (not repaired automatically)"
-            }
-        ));
+        let manual = if d.repairable {
+            ""
+        } else {
+            "  (not repaired automatically)"
+        };
+        let _ = writeln!(out, "{}: {}{manual}", d.class, d.count);
         for e in &d.examples {
-            out.push_str(&format!("    e.g. {e}\n"));
+            let _ = writeln!(out, "    e.g. {e}");
         }
         for done in &d.repaired {
-            out.push_str(&format!("    repaired: {done}\n"));
+            let _ = writeln!(out, "    repaired: {done}");
         }
     }
     out

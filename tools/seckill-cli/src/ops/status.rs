@@ -1,11 +1,12 @@
 //! `seckill status [VOUCHER]`: each sale's numbers in Redis and in the database.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use seckill_shared::domain::{Phase, VoucherId, now_millis};
+use seckill_shared::domain::{Phase, SaleWindow, VoucherId, now_millis};
 use serde::Serialize;
 
-use super::{Backends, db_error, redis_error};
+use super::{Backend, Backends};
 
 /// One voucher's sale, as Redis and the database see it now.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -28,8 +29,7 @@ pub struct VoucherStatus {
     /// Orders in the database.
     pub confirmed: u64,
     pub rejected: u64,
-    /// Stream entries not yet acked: delivered to a drainer (`pending`) or not yet read
-    /// (`lag`).
+    /// Entries not yet acked: delivered to a drainer (`pending`) or not yet read (`lag`).
     pub pending: u64,
     pub lag: u64,
     /// Entries in the orders stream (acked ones stay until trimmed).
@@ -46,40 +46,27 @@ pub struct VoucherStatus {
 /// The status of `voucher` (an error when nothing knows it).
 pub async fn voucher_status(b: &Backends, voucher: VoucherId) -> anyhow::Result<VoucherStatus> {
     let db_voucher = b.voucher(voucher).await?;
-    let sale = b.sales.sale_state(voucher).await.map_err(redis_error)?;
-    let admitted = b.sales.buyer_count(voucher).await.map_err(redis_error)?;
-    let stats = b.streams.stats(voucher).await.map_err(redis_error)?;
-    let oldest = b
-        .streams
-        .oldest_unfinished(voucher)
-        .await
-        .map_err(redis_error)?;
-    let dead_letters = b
-        .streams
-        .dead_letter_count(voucher)
-        .await
-        .map_err(redis_error)?;
-    let active = b.streams.is_active(voucher).await.map_err(redis_error)?;
-    let (confirmed, rejected) = b.db.order_counts(voucher).await.map_err(db_error)?;
+    let sale = b.sales.sale_state(voucher).await.redis()?;
+    let admitted = b.sales.buyer_count(voucher).await.redis()?;
+    let stats = b.streams.stats(voucher).await.redis()?.unwrap_or_default();
+    let oldest = b.streams.oldest_unfinished(voucher).await.redis()?;
+    let dead_letters = b.streams.dead_letter_count(voucher).await.redis()?;
+    let active = b.streams.is_active(voucher).await.redis()?;
+    let (confirmed, rejected) = b.db.order_counts(voucher).await.db()?;
     let now = now_millis();
-    let window = db_voucher.as_ref().map(|v| v.window);
-    let (begins_ms, ends_ms) = match (window, sale) {
-        (Some(w), _) => (Some(w.begins_ms()), Some(w.ends_ms())),
-        (None, Some(s)) => (s.begins_ms, s.ends_ms),
-        (None, None) => (None, None),
+    let (begins_ms, ends_ms) = match (&db_voucher, sale) {
+        (Some(v), _) => (Some(v.window.begins_ms()), Some(v.window.ends_ms())),
+        (None, s) => (s.and_then(|s| s.begins_ms), s.and_then(|s| s.ends_ms)),
     };
-    let phase = match (begins_ms, ends_ms) {
-        (Some(b), Some(e)) => match seckill_shared::domain::SaleWindow::new(b, e) {
-            Ok(w) => match w.phase(now) {
-                Phase::NotStarted => "not_started",
-                Phase::Open => "open",
-                Phase::Ended => "ended",
-            },
-            Err(_) => "unknown",
-        },
-        _ => "unknown",
+    let window = begins_ms
+        .zip(ends_ms)
+        .and_then(|(b, e)| SaleWindow::new(b, e).ok());
+    let phase = match window.map(|w| w.phase(now)) {
+        Some(Phase::NotStarted) => "not_started",
+        Some(Phase::Open) => "open",
+        Some(Phase::Ended) => "ended",
+        None => "unknown",
     };
-    let stats = stats.unwrap_or_default();
     Ok(VoucherStatus {
         voucher: voucher.get(),
         title: db_voucher.as_ref().map(|v| v.title.clone()),
@@ -115,16 +102,10 @@ fn age_of(id: &str, now: i64) -> u64 {
     u64::try_from(now - ms).unwrap_or(0)
 }
 
-/// The vouchers `status` shows without an argument: every active one.
-pub async fn active_vouchers(b: &Backends) -> anyhow::Result<Vec<VoucherId>> {
-    let (ids, _bad) = b.streams.active_vouchers().await.map_err(redis_error)?;
-    Ok(ids)
-}
-
 /// The status of `vouchers`, or of every active voucher when empty.
 pub async fn status(b: &Backends, vouchers: &[VoucherId]) -> anyhow::Result<Vec<VoucherStatus>> {
     let ids = if vouchers.is_empty() {
-        active_vouchers(b).await?
+        b.streams.active_vouchers().await.redis()?.0
     } else {
         vouchers.to_vec()
     };
@@ -160,32 +141,25 @@ pub fn render(all: &[VoucherStatus]) -> String {
             .title
             .as_deref()
             .map_or("(not in the database)".to_string(), |t| format!("{t:?}"));
+        let inactive = match s.active {
+            true => "",
+            false => "  (not active: the drainer does not visit it)",
+        };
         let _ = writeln!(
             out,
-            "voucher {}  {title}  {}{}",
+            "voucher {}  {title}  {}{inactive}\n  \
+             stock     {} on sale; left in redis {}, in database {}\n  \
+             orders    admitted {}, confirmed {}, rejected {}, dead letters {}\n  \
+             stream    pending {}, lag {}, oldest unfinished {}, length {}{}",
             s.voucher,
             s.phase,
-            if s.active {
-                ""
-            } else {
-                "  (not active: the drainer does not visit it)"
-            }
-        );
-        let _ = writeln!(
-            out,
-            "  stock     {} on sale; left in redis {}, in database {}",
             or_dash(s.stock),
             or_dash(s.stock_left_redis),
-            or_dash(s.stock_left_db)
-        );
-        let _ = writeln!(
-            out,
-            "  orders    admitted {}, confirmed {}, rejected {}, dead letters {}",
-            s.admitted, s.confirmed, s.rejected, s.dead_letters
-        );
-        let _ = writeln!(
-            out,
-            "  stream    pending {}, lag {}, oldest unfinished {}, length {}{}",
+            or_dash(s.stock_left_db),
+            s.admitted,
+            s.confirmed,
+            s.rejected,
+            s.dead_letters,
             s.pending,
             s.lag,
             s.oldest_unfinished_ms.map_or("-".to_string(), human_ms),
@@ -196,9 +170,8 @@ pub fn render(all: &[VoucherStatus]) -> String {
     out
 }
 
-/// `--watch`: refreshes the status with a progress bar per voucher (orders settled in
-/// the database, confirmed + rejected + dead letters, out of those admitted or the
-/// stock) until every watched sale is over or sold out and drained.
+/// `--watch`: a progress bar per voucher (orders settled in the database out of those
+/// admitted), refreshed until every watched sale is over or sold out and drained.
 pub async fn watch(
     b: &Backends,
     vouchers: &[VoucherId],
@@ -209,21 +182,15 @@ pub async fn watch(
         ProgressStyle::with_template("voucher {prefix:>6} [{bar:40}] {pos}/{len} settled  {msg}")?
             .progress_chars("=> ");
     let multi = MultiProgress::new();
-    let mut bars: Vec<(VoucherId, ProgressBar)> = Vec::new();
+    let mut bars: BTreeMap<i64, ProgressBar> = BTreeMap::new();
     loop {
         let all = status(b, vouchers).await?;
         let mut done = !all.is_empty();
         for s in &all {
-            let id = VoucherId::new(s.voucher).expect("a voucher id");
-            let bar = match bars.iter().find(|(v, _)| *v == id) {
-                Some((_, bar)) => bar.clone(),
-                None => {
-                    let bar = multi.add(ProgressBar::new(0).with_style(style.clone()));
-                    bar.set_prefix(id.to_string());
-                    bars.push((id, bar.clone()));
-                    bar
-                }
-            };
+            let bar = bars.entry(s.voucher).or_insert_with(|| {
+                let bar = ProgressBar::new(0).with_style(style.clone());
+                multi.add(bar.with_prefix(s.voucher.to_string()))
+            });
             let settled = s.confirmed + s.rejected + s.dead_letters;
             bar.set_length(s.admitted.max(settled).max(1));
             bar.set_position(settled);
@@ -242,9 +209,7 @@ pub async fn watch(
             done &= over && s.drained;
         }
         if done {
-            for (_, bar) in &bars {
-                bar.finish();
-            }
+            bars.values().for_each(ProgressBar::finish);
             return Ok(());
         }
         tokio::time::sleep(every).await;
