@@ -14,9 +14,10 @@ use mysql_async::{Column, Conn, Opts, OptsBuilder, Params, Pool, QueryResult, Va
 
 use crate::error::ApiError;
 use crate::secrets::Credentials;
+use crate::server::MAX_RESPONSE_BYTES;
 use crate::sql::PlaceholderSql;
-use crate::values::{self, ResultOptions};
-use crate::wire::Field;
+use crate::values;
+use crate::wire::{Field, ResultSetOptions};
 
 /// MariaDB's "This command is not supported in the prepared statement protocol yet".
 const ER_UNSUPPORTED_PS: u16 = 1295;
@@ -144,41 +145,48 @@ pub struct Outcome {
     pub last_insert_id: Option<u64>,
 }
 
-/// Runs one statement with its bound values and reads all of its result.
-///
-/// Rows are converted as they stream in; once they pass `size_limit` bytes the rest is
-/// read and discarded (the connection must be drained) and the call fails like Aurora's
-/// response size limit.
-pub async fn run_statement(
+/// Runs the statement once per set of bound values and reads all of each result.
+pub async fn run_sets(
+    conn: &mut Conn,
+    sql: &PlaceholderSql,
+    sets: Vec<Vec<Value>>,
+    options: ResultSetOptions,
+) -> Result<Vec<Outcome>, ApiError> {
+    let mut outcomes = Vec::with_capacity(sets.len());
+    for values in sets {
+        outcomes.push(run_statement(conn, sql, values, options).await?);
+    }
+    Ok(outcomes)
+}
+
+/// Runs one statement. Rows are converted as they stream in; once they pass the response
+/// size limit the rest is read and discarded (the connection must be drained) and the
+/// call fails like Aurora's.
+async fn run_statement(
     conn: &mut Conn,
     sql: &PlaceholderSql,
     values: Vec<Value>,
-    options: ResultOptions,
-    size_limit: usize,
+    options: ResultSetOptions,
 ) -> Result<Outcome, ApiError> {
-    if values.is_empty() {
-        match conn.exec_iter(sql.sql.as_str(), Params::Empty).await {
-            Ok(result) => collect(result, options, size_limit).await,
-            // A few statements cannot be prepared; without parameters they can run as a
-            // plain query just as well.
-            Err(mysql_async::Error::Server(e)) if e.code == ER_UNSUPPORTED_PS => {
-                let result = conn.query_iter(sql.sql.as_str()).await?;
-                collect(result, options, size_limit).await
-            }
-            Err(e) => Err(e.into()),
+    let sql = sql.sql.as_str();
+    if !values.is_empty() {
+        let result = conn.exec_iter(sql, Params::Positional(values)).await?;
+        return collect(result, options).await;
+    }
+    match conn.exec_iter(sql, Params::Empty).await {
+        Ok(result) => collect(result, options).await,
+        // A few statements cannot be prepared; without parameters they can run as a
+        // plain query just as well.
+        Err(mysql_async::Error::Server(e)) if e.code == ER_UNSUPPORTED_PS => {
+            collect(conn.query_iter(sql).await?, options).await
         }
-    } else {
-        let result = conn
-            .exec_iter(sql.sql.as_str(), Params::Positional(values))
-            .await?;
-        collect(result, options, size_limit).await
+        Err(e) => Err(e.into()),
     }
 }
 
 async fn collect<P: Protocol>(
     mut result: QueryResult<'_, 'static, P>,
-    options: ResultOptions,
-    size_limit: usize,
+    options: ResultSetOptions,
 ) -> Result<Outcome, ApiError> {
     let columns = result.columns().filter(|c| !c.is_empty());
     let mut outcome = Outcome::default();
@@ -209,7 +217,7 @@ async fn collect<P: Protocol>(
                     }
                 }
             }
-            if size > size_limit {
+            if size > MAX_RESPONSE_BYTES {
                 failure = Some(response_too_large());
             }
             if failure.is_none() {

@@ -14,9 +14,14 @@ use std::collections::{HashMap, HashSet};
 use mysql_async::consts::{ColumnFlags, ColumnType};
 use mysql_async::{Column, Value};
 use serde::Deserialize;
+use time::format_description::BorrowedFormatItem;
+use time::macros::format_description;
 
 use crate::error::ApiError;
-use crate::wire::{ColumnMetadata, Field, SqlParameter};
+use crate::wire::{
+    ColumnMetadata, DecimalReturnType, Field, LongReturnType, ResultSetOptions, SqlParameter,
+    TypeHint,
+};
 
 /// The character set number MySQL uses for binary strings (BLOB, VARBINARY, ...).
 const BINARY_CHARSET: u16 = 63;
@@ -24,35 +29,6 @@ const BINARY_CHARSET: u16 = 63;
 /// Every text column comes back in the connection's character set, utf8mb4, whose
 /// `column_length` counts 4 bytes a character.
 const UTF8MB4_MAX_BYTES: u32 = 4;
-
-/// The `typeHint` values of `SqlParameter`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TypeHint {
-    Date,
-    Time,
-    Timestamp,
-    Decimal,
-    Json,
-    Uuid,
-}
-
-impl TypeHint {
-    pub fn parse(text: &str) -> Result<Self, ApiError> {
-        Ok(match text {
-            "DATE" => TypeHint::Date,
-            "TIME" => TypeHint::Time,
-            "TIMESTAMP" => TypeHint::Timestamp,
-            "DECIMAL" => TypeHint::Decimal,
-            "JSON" => TypeHint::Json,
-            "UUID" => TypeHint::Uuid,
-            other => {
-                return Err(ApiError::bad_request(format!(
-                    "Invalid typeHint '{other}': expected one of DATE, TIME, TIMESTAMP, DECIMAL, JSON, UUID"
-                )));
-            }
-        })
-    }
-}
 
 /// The values for the `?` placeholders of a statement, in order.
 ///
@@ -114,12 +90,7 @@ fn parameter_value(name: &str, param: &SqlParameter) -> Result<Value, ApiError> 
     let field = Field::deserialize(raw).map_err(|e| {
         ApiError::bad_request(format!("Invalid value for parameter \"{name}\": {e}"))
     })?;
-    let hint = param
-        .type_hint
-        .as_deref()
-        .map(TypeHint::parse)
-        .transpose()?;
-    match (field, hint) {
+    match (field, param.type_hint) {
         (Field::IsNull(true), _) => Ok(Value::NULL),
         (Field::IsNull(false), _) => Err(ApiError::bad_request(format!(
             "Parameter \"{name}\": isNull must be true when given"
@@ -144,130 +115,60 @@ fn parameter_value(name: &str, param: &SqlParameter) -> Result<Value, ApiError> 
 /// temporal values (so a TIMESTAMP lands in a DATETIME column exactly), the others as
 /// strings MySQL converts itself.
 pub fn hinted_value(s: &str, hint: TypeHint) -> Result<Value, String> {
+    let text = || Value::Bytes(s.as_bytes().to_vec());
+    // `[year]` would also read a sign, which MySQL dates never have.
+    let unsigned = || match s.starts_with(['+', '-']) {
+        true => Err("expected a year without a sign".to_string()),
+        false => Ok(s),
+    };
     match hint {
         TypeHint::Date => {
-            let (y, mo, d) = parse_date(s)?;
-            Ok(Value::Date(y, mo, d, 0, 0, 0, 0))
+            let date = time::Date::parse(unsigned()?, DATE)
+                .map_err(|e| format!("expected YYYY-MM-DD: {e}"))?;
+            Ok(date_time(date, time::Time::MIDNIGHT))
         }
         TypeHint::Time => {
-            let (h, mi, sec, us) = parse_time(s)?;
+            let t =
+                time::Time::parse(s, TIME).map_err(|e| format!("expected HH:MM:SS[.FFF]: {e}"))?;
+            let (h, mi, sec, us) = t.as_hms_micro();
             Ok(Value::Time(false, 0, h, mi, sec, us))
         }
         TypeHint::Timestamp => {
-            let (date, time) = s
-                .split_once(' ')
-                .ok_or("expected YYYY-MM-DD HH:MM:SS[.FFF]")?;
-            let (y, mo, d) = parse_date(date)?;
-            let (h, mi, sec, us) = parse_time(time)?;
-            Ok(Value::Date(y, mo, d, h, mi, sec, us))
+            let t = time::PrimitiveDateTime::parse(unsigned()?, TIMESTAMP)
+                .map_err(|e| format!("expected YYYY-MM-DD HH:MM:SS[.FFF]: {e}"))?;
+            Ok(date_time(t.date(), t.time()))
         }
-        TypeHint::Decimal => {
-            if is_decimal(s) {
-                Ok(Value::Bytes(s.as_bytes().to_vec()))
-            } else {
-                Err("not a decimal number".into())
-            }
+        // `[+-]digits[.digits][e[+-]digits]`: what f64 reads, less `inf` and `NaN`.
+        TypeHint::Decimal
+            if s.bytes()
+                .all(|b| b.is_ascii_digit() || b"+-.eE".contains(&b)) =>
+        {
+            s.parse::<f64>()
+                .map(|_| text())
+                .map_err(|_| "not a decimal number".into())
         }
+        TypeHint::Decimal => Err("not a decimal number".into()),
         TypeHint::Json => serde_json::from_str::<serde_json::Value>(s)
-            .map(|_| Value::Bytes(s.as_bytes().to_vec()))
+            .map(|_| text())
             .map_err(|e| format!("not valid JSON: {e}")),
-        TypeHint::Uuid => {
-            // Only the canonical 8-4-4-4-12 form, as java.util.UUID reads it.
-            if s.len() == 36 && uuid::Uuid::try_parse(s).is_ok() {
-                Ok(Value::Bytes(s.as_bytes().to_vec()))
-            } else {
-                Err("expected a UUID like 123e4567-e89b-12d3-a456-426614174000".into())
-            }
-        }
+        // Only the canonical 8-4-4-4-12 form, as java.util.UUID reads it.
+        TypeHint::Uuid if s.len() == 36 && uuid::Uuid::try_parse(s).is_ok() => Ok(text()),
+        TypeHint::Uuid => Err("expected a UUID like 123e4567-e89b-12d3-a456-426614174000".into()),
     }
 }
 
-fn digits<T: TryFrom<u32>>(s: &str, len: usize) -> Option<T> {
-    if s.len() != len || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse::<u32>().ok().and_then(|n| T::try_from(n).ok())
-}
+const DATE: &[BorrowedFormatItem<'_>] = format_description!("[year]-[month]-[day]");
+/// 1 to 9 fraction digits, kept to microseconds (MySQL's precision).
+const TIME: &[BorrowedFormatItem<'_>] =
+    format_description!("[hour]:[minute]:[second][optional [.[subsecond]]]");
+const TIMESTAMP: &[BorrowedFormatItem<'_>] =
+    format_description!("[year]-[month]-[day] [hour]:[minute]:[second][optional [.[subsecond]]]");
 
-/// `YYYY-MM-DD`, a real calendar date.
-fn parse_date(s: &str) -> Result<(u16, u8, u8), String> {
-    const FORMAT: &str = "expected YYYY-MM-DD";
-    let mut parts = s.split('-');
-    let (Some(y), Some(mo), Some(d), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(FORMAT.into());
-    };
-    let (Some(y), Some(mo), Some(d)) =
-        (digits::<u16>(y, 4), digits::<u8>(mo, 2), digits::<u8>(d, 2))
-    else {
-        return Err(FORMAT.into());
-    };
-    let month = time::Month::try_from(mo).map_err(|_| format!("no month {mo}"))?;
-    time::Date::from_calendar_date(i32::from(y), month, d)
-        .map_err(|_| format!("{s} is not a calendar date"))?;
-    Ok((y, mo, d))
-}
-
-/// `HH:MM:SS[.F]` with 1 to 9 fraction digits (kept to microseconds, MySQL's precision).
-fn parse_time(s: &str) -> Result<(u8, u8, u8, u32), String> {
-    const FORMAT: &str = "expected HH:MM:SS[.FFF]";
-    let (hms, fraction) = match s.split_once('.') {
-        Some((hms, f)) => (hms, Some(f)),
-        None => (s, None),
-    };
-    let mut parts = hms.split(':');
-    let (Some(h), Some(mi), Some(sec), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(FORMAT.into());
-    };
-    let (Some(h), Some(mi), Some(sec)) = (
-        digits::<u8>(h, 2),
-        digits::<u8>(mi, 2),
-        digits::<u8>(sec, 2),
-    ) else {
-        return Err(FORMAT.into());
-    };
-    if h > 23 || mi > 59 || sec > 59 {
-        return Err(format!("{hms} is not a time of day"));
-    }
-    let micros = match fraction {
-        None => 0,
-        Some(f) if (1..=9).contains(&f.len()) && f.bytes().all(|b| b.is_ascii_digit()) => {
-            // Pad or cut to 6 digits: ".5" is 500000 µs, ".123456789" is 123456 µs.
-            let six: String = f.chars().chain(std::iter::repeat('0')).take(6).collect();
-            six.parse::<u32>().map_err(|_| FORMAT.to_string())?
-        }
-        Some(_) => return Err(FORMAT.into()),
-    };
-    Ok((h, mi, sec, micros))
-}
-
-/// `[+-]digits[.digits][e[+-]digits]`, at least one digit in the mantissa.
-fn is_decimal(s: &str) -> bool {
-    let s = s.strip_prefix(['+', '-']).unwrap_or(s);
-    let (mantissa, exponent) = match s.split_once(['e', 'E']) {
-        Some((m, e)) => (m, Some(e)),
-        None => (s, None),
-    };
-    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
-    let all_digits = |p: &str| p.bytes().all(|b| b.is_ascii_digit());
-    let mantissa_ok = !(int.is_empty() && frac.is_empty()) && all_digits(int) && all_digits(frac);
-    let exponent_ok = exponent.is_none_or(|e| {
-        let e = e.strip_prefix(['+', '-']).unwrap_or(e);
-        !e.is_empty() && all_digits(e)
-    });
-    mantissa_ok && exponent_ok
-}
-
-/// How the caller asked for numbers (`resultSetOptions`).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ResultOptions {
-    /// `decimalReturnType = DOUBLE_OR_LONG`.
-    pub decimal_as_number: bool,
-    /// `longReturnType = STRING`.
-    pub long_as_string: bool,
+/// A DATE or DATETIME value (the year has four digits, so it fits).
+fn date_time(date: time::Date, t: time::Time) -> Value {
+    let (h, mi, sec, us) = t.as_hms_micro();
+    let year = u16::try_from(date.year()).unwrap_or_default();
+    Value::Date(year, date.month().into(), date.day(), h, mi, sec, us)
 }
 
 /// What a column holds, as far as the Data API's value mapping cares.
@@ -322,7 +223,11 @@ fn kind(column: &Column) -> Kind {
 }
 
 /// One result value as a `Field`.
-pub fn to_field(value: Value, column: &Column, options: ResultOptions) -> Result<Field, ApiError> {
+pub fn to_field(
+    value: Value,
+    column: &Column,
+    options: ResultSetOptions,
+) -> Result<Field, ApiError> {
     if value == Value::NULL {
         return Ok(Field::IsNull(true));
     }
@@ -337,7 +242,10 @@ pub fn to_field(value: Value, column: &Column, options: ResultOptions) -> Result
                     text.parse::<i64>().map_err(|_| text)
                 }
             };
-            match (text_or_long, options.long_as_string) {
+            match (
+                text_or_long,
+                options.long_return_type == LongReturnType::String,
+            ) {
                 (Ok(n), false) => Field::LongValue(n),
                 (Ok(n), true) => Field::StringValue(n.to_string()),
                 (Err(text), true) => Field::StringValue(text),
@@ -351,7 +259,7 @@ pub fn to_field(value: Value, column: &Column, options: ResultOptions) -> Result
         }
         (Kind::Decimal, value) => {
             let text = lossy_text(value);
-            if options.decimal_as_number {
+            if options.decimal_return_type == DecimalReturnType::DoubleOrLong {
                 // DOUBLE_OR_LONG: a scale-0 decimal that fits i64 is a long, else a double.
                 match text.parse::<i64>() {
                     Ok(n) if column.decimals() == 0 => Field::LongValue(n),
@@ -558,11 +466,11 @@ pub fn column_metadata(column: &Column) -> ColumnMetadata {
 mod tests {
     use super::*;
 
-    fn param(name: &str, value: serde_json::Value, hint: Option<&str>) -> SqlParameter {
+    fn param(name: &str, value: serde_json::Value, hint: Option<TypeHint>) -> SqlParameter {
         SqlParameter {
             name: Some(name.to_string()),
             value: Some(value),
-            type_hint: hint.map(str::to_string),
+            type_hint: hint,
         }
     }
 
@@ -682,6 +590,7 @@ mod tests {
             ("2026-01-01 00:00:00.", TypeHint::Timestamp),
             ("2025-02-29", TypeHint::Date),
             ("26-01-01", TypeHint::Date),
+            ("+2026-01-01", TypeHint::Date),
             ("1:02:03", TypeHint::Time),
             ("12:60:00", TypeHint::Time),
             ("1.2.3", TypeHint::Decimal),
@@ -698,14 +607,17 @@ mod tests {
                 "{bad} should fail as {hint:?}"
             );
         }
-        assert!(TypeHint::parse("BLOB").is_err());
-        let hinted_long = param("p", serde_json::json!({"longValue": 1}), Some("DECIMAL"));
+        let hinted_long = param(
+            "p",
+            serde_json::json!({"longValue": 1}),
+            Some(TypeHint::Decimal),
+        );
         assert!(parameter_value("p", &hinted_long).is_err());
     }
 
     #[test]
     fn integers_and_decimals() {
-        let options = ResultOptions::default();
+        let options = ResultSetOptions::default();
         let bigint = col(ColumnType::MYSQL_TYPE_LONGLONG);
         assert_eq!(
             to_field(Value::Int(-3), &bigint, options).unwrap(),
@@ -720,8 +632,8 @@ mod tests {
             to_field(Value::UInt(u64::MAX), &unsigned, options),
             Err(ApiError::UnsupportedResult(_))
         ));
-        let as_string = ResultOptions {
-            long_as_string: true,
+        let as_string = ResultSetOptions {
+            long_return_type: LongReturnType::String,
             ..options
         };
         assert_eq!(
@@ -740,8 +652,8 @@ mod tests {
             to_field(dec.clone(), &decimal, options).unwrap(),
             Field::StringValue("12.30".into())
         );
-        let numbers = ResultOptions {
-            decimal_as_number: true,
+        let numbers = ResultSetOptions {
+            decimal_return_type: DecimalReturnType::DoubleOrLong,
             ..options
         };
         assert_eq!(
@@ -757,7 +669,7 @@ mod tests {
 
     #[test]
     fn floats_temporals_bits_and_strings() {
-        let options = ResultOptions::default();
+        let options = ResultSetOptions::default();
         let float = col(ColumnType::MYSQL_TYPE_FLOAT);
         assert_eq!(
             to_field(Value::Float(1.1), &float, options).unwrap(),
