@@ -101,14 +101,6 @@ impl Registry {
         }
     }
 
-    pub fn len(&self) -> usize {
-        self.open().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Rolls back every transaction idle for longer than the timeout. One that is busy
     /// (a call holds its connection) is not idle.
     pub async fn reap_idle(&self) {

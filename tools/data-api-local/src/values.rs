@@ -177,7 +177,6 @@ enum Kind {
     Integer,
     Decimal,
     Float,
-    Double,
     DateTime,
     Date,
     Time,
@@ -187,38 +186,63 @@ enum Kind {
     Null,
 }
 
-fn kind(column: &Column) -> Kind {
+/// A column's kind, SQL type name and JDBC type (`java.sql.Types`), as Aurora MySQL
+/// reports them (through Connector/J).
+fn describe(column: &Column) -> (Kind, &'static str, i32) {
     use ColumnType::*;
+    use Kind::*;
     let binary = column.character_set() == BINARY_CHARSET;
+    let string_kind = if binary { Binary } else { Text };
+    let blob = matches!(
+        column.column_type(),
+        MYSQL_TYPE_TINY_BLOB | MYSQL_TYPE_MEDIUM_BLOB | MYSQL_TYPE_LONG_BLOB | MYSQL_TYPE_BLOB
+    );
+    // TINY, plain, MEDIUM or LONG by the length (of a TEXT in characters).
+    let size = match column.column_length() / if binary { 1 } else { UTF8MB4_MAX_BYTES } {
+        0..=255 => 0,
+        256..=65_535 => 1,
+        65_536..=16_777_215 => 2,
+        _ => 3,
+    };
+    let flags = column.flags();
     match column.column_type() {
-        MYSQL_TYPE_TINY | MYSQL_TYPE_SHORT | MYSQL_TYPE_LONG | MYSQL_TYPE_INT24
-        | MYSQL_TYPE_LONGLONG | MYSQL_TYPE_YEAR => Kind::Integer,
-        MYSQL_TYPE_DECIMAL | MYSQL_TYPE_NEWDECIMAL => Kind::Decimal,
-        MYSQL_TYPE_FLOAT => Kind::Float,
-        MYSQL_TYPE_DOUBLE => Kind::Double,
-        MYSQL_TYPE_TIMESTAMP
-        | MYSQL_TYPE_TIMESTAMP2
-        | MYSQL_TYPE_DATETIME
-        | MYSQL_TYPE_DATETIME2 => Kind::DateTime,
-        MYSQL_TYPE_DATE | MYSQL_TYPE_NEWDATE => Kind::Date,
-        MYSQL_TYPE_TIME | MYSQL_TYPE_TIME2 => Kind::Time,
-        MYSQL_TYPE_BIT => Kind::Bit,
-        MYSQL_TYPE_NULL => Kind::Null,
-        MYSQL_TYPE_JSON | MYSQL_TYPE_ENUM | MYSQL_TYPE_SET => Kind::Text,
-        MYSQL_TYPE_VARCHAR
-        | MYSQL_TYPE_VAR_STRING
-        | MYSQL_TYPE_STRING
-        | MYSQL_TYPE_TINY_BLOB
-        | MYSQL_TYPE_MEDIUM_BLOB
-        | MYSQL_TYPE_LONG_BLOB
-        | MYSQL_TYPE_BLOB => {
-            if binary {
-                Kind::Binary
-            } else {
-                Kind::Text
-            }
-        }
-        _ => Kind::Binary,
+        MYSQL_TYPE_TINY => (Integer, "TINYINT", -6),
+        MYSQL_TYPE_SHORT => (Integer, "SMALLINT", 5),
+        MYSQL_TYPE_INT24 => (Integer, "MEDIUMINT", 4),
+        MYSQL_TYPE_LONG => (Integer, "INT", 4),
+        MYSQL_TYPE_LONGLONG => (Integer, "BIGINT", -5),
+        MYSQL_TYPE_YEAR => (Integer, "YEAR", 91),
+        MYSQL_TYPE_DECIMAL | MYSQL_TYPE_NEWDECIMAL => (Decimal, "DECIMAL", 3),
+        MYSQL_TYPE_FLOAT => (Float, "FLOAT", 7),
+        MYSQL_TYPE_DOUBLE => (Float, "DOUBLE", 8),
+        MYSQL_TYPE_TIMESTAMP | MYSQL_TYPE_TIMESTAMP2 => (DateTime, "TIMESTAMP", 93),
+        MYSQL_TYPE_DATETIME | MYSQL_TYPE_DATETIME2 => (DateTime, "DATETIME", 93),
+        MYSQL_TYPE_DATE | MYSQL_TYPE_NEWDATE => (Date, "DATE", 91),
+        MYSQL_TYPE_TIME | MYSQL_TYPE_TIME2 => (Time, "TIME", 92),
+        MYSQL_TYPE_BIT => (Bit, "BIT", -7),
+        MYSQL_TYPE_NULL => (Null, "NULL", 0),
+        MYSQL_TYPE_JSON => (Text, "JSON", -1),
+        // ENUM and SET columns arrive as strings with a flag.
+        _ if flags.contains(ColumnFlags::ENUM_FLAG) => (string_kind, "ENUM", 1),
+        _ if flags.contains(ColumnFlags::SET_FLAG) => (string_kind, "SET", 1),
+        MYSQL_TYPE_ENUM => (Text, "ENUM", 1),
+        MYSQL_TYPE_SET => (Text, "SET", 1),
+        MYSQL_TYPE_VARCHAR | MYSQL_TYPE_VAR_STRING if binary => (Binary, "VARBINARY", -3),
+        MYSQL_TYPE_VARCHAR | MYSQL_TYPE_VAR_STRING => (Text, "VARCHAR", 12),
+        MYSQL_TYPE_STRING if binary => (Binary, "BINARY", -2),
+        MYSQL_TYPE_STRING => (Text, "CHAR", 1),
+        _ if blob && binary => (
+            Binary,
+            ["TINYBLOB", "BLOB", "MEDIUMBLOB", "LONGBLOB"][size],
+            -4,
+        ),
+        _ if blob => (
+            Text,
+            ["TINYTEXT", "TEXT", "MEDIUMTEXT", "LONGTEXT"][size],
+            -1,
+        ),
+        MYSQL_TYPE_GEOMETRY => (Binary, "GEOMETRY", -2),
+        _ => (Binary, "UNKNOWN", 1111),
     }
 }
 
@@ -231,8 +255,7 @@ pub fn to_field(
     if value == Value::NULL {
         return Ok(Field::IsNull(true));
     }
-    let kind = kind(column);
-    Ok(match (kind, value) {
+    Ok(match (describe(column).0, value) {
         (Kind::Integer, value) => {
             let text_or_long = match value {
                 Value::Int(n) => Ok(n),
@@ -272,11 +295,11 @@ pub fn to_field(
             }
         }
         // Through its shortest decimal form, so FLOAT 1.1 is 1.1 and not 1.100000023841858.
-        (Kind::Float | Kind::Double, Value::Float(f)) => {
+        (Kind::Float, Value::Float(f)) => {
             Field::DoubleValue(f.to_string().parse::<f64>().unwrap_or(f64::from(f)))
         }
-        (Kind::Float | Kind::Double, Value::Double(f)) => Field::DoubleValue(f),
-        (Kind::Float | Kind::Double, other) => {
+        (Kind::Float, Value::Double(f)) => Field::DoubleValue(f),
+        (Kind::Float, other) => {
             let text = lossy_text(other);
             Field::DoubleValue(text.parse::<f64>().map_err(|_| {
                 ApiError::Internal(format!(
@@ -350,80 +373,22 @@ fn lossy_text(value: Value) -> String {
 
 /// `columnMetadata` entry for a result column, JDBC-style as Aurora reports it.
 pub fn column_metadata(column: &Column) -> ColumnMetadata {
-    use ColumnType::*;
+    let (kind, name, jdbc_type) = describe(column);
     let flags = column.flags();
     let unsigned = flags.contains(ColumnFlags::UNSIGNED_FLAG);
-    let kind = kind(column);
     let length = column.column_length();
     let chars = length / UTF8MB4_MAX_BYTES;
-    let by_size = |tiny: &str, plain: &str, medium: &str, long: &str, len: u32| {
-        match len {
-            0..=255 => tiny,
-            256..=65_535 => plain,
-            65_536..=16_777_215 => medium,
-            _ => long,
-        }
-        .to_string()
+    let numeric = matches!(kind, Kind::Integer | Kind::Decimal | Kind::Float);
+    // YEAR is unsigned without saying so.
+    let type_name = match numeric && unsigned && name != "YEAR" {
+        true => format!("{name} UNSIGNED"),
+        false => name.to_string(),
     };
-    let with_unsigned = |name: &str| {
-        if unsigned {
-            format!("{name} UNSIGNED")
-        } else {
-            name.to_string()
-        }
-    };
-    let (type_name, jdbc_type) = match column.column_type() {
-        MYSQL_TYPE_TINY => (with_unsigned("TINYINT"), -6),
-        MYSQL_TYPE_SHORT => (with_unsigned("SMALLINT"), 5),
-        MYSQL_TYPE_INT24 => (with_unsigned("MEDIUMINT"), 4),
-        // Connector/J widens INT UNSIGNED to BIGINT.
-        MYSQL_TYPE_LONG => (with_unsigned("INT"), if unsigned { -5 } else { 4 }),
-        MYSQL_TYPE_LONGLONG => (with_unsigned("BIGINT"), -5),
-        MYSQL_TYPE_YEAR => ("YEAR".to_string(), 91),
-        MYSQL_TYPE_DECIMAL | MYSQL_TYPE_NEWDECIMAL => (with_unsigned("DECIMAL"), 3),
-        MYSQL_TYPE_FLOAT => (with_unsigned("FLOAT"), 7),
-        MYSQL_TYPE_DOUBLE => (with_unsigned("DOUBLE"), 8),
-        MYSQL_TYPE_TIMESTAMP | MYSQL_TYPE_TIMESTAMP2 => ("TIMESTAMP".to_string(), 93),
-        MYSQL_TYPE_DATETIME | MYSQL_TYPE_DATETIME2 => ("DATETIME".to_string(), 93),
-        MYSQL_TYPE_DATE | MYSQL_TYPE_NEWDATE => ("DATE".to_string(), 91),
-        MYSQL_TYPE_TIME | MYSQL_TYPE_TIME2 => ("TIME".to_string(), 92),
-        MYSQL_TYPE_BIT => ("BIT".to_string(), -7),
-        MYSQL_TYPE_NULL => ("NULL".to_string(), 0),
-        MYSQL_TYPE_JSON => ("JSON".to_string(), -1),
-        _ if flags.contains(ColumnFlags::ENUM_FLAG) => ("ENUM".to_string(), 1),
-        _ if flags.contains(ColumnFlags::SET_FLAG) => ("SET".to_string(), 1),
-        MYSQL_TYPE_VARCHAR | MYSQL_TYPE_VAR_STRING => match kind {
-            Kind::Binary => ("VARBINARY".to_string(), -3),
-            _ => ("VARCHAR".to_string(), 12),
-        },
-        MYSQL_TYPE_STRING => match kind {
-            Kind::Binary => ("BINARY".to_string(), -2),
-            _ => ("CHAR".to_string(), 1),
-        },
-        MYSQL_TYPE_TINY_BLOB | MYSQL_TYPE_MEDIUM_BLOB | MYSQL_TYPE_LONG_BLOB | MYSQL_TYPE_BLOB => {
-            match kind {
-                Kind::Binary => (
-                    by_size("TINYBLOB", "BLOB", "MEDIUMBLOB", "LONGBLOB", length),
-                    -4,
-                ),
-                _ => (
-                    by_size("TINYTEXT", "TEXT", "MEDIUMTEXT", "LONGTEXT", chars),
-                    -1,
-                ),
-            }
-        }
-        MYSQL_TYPE_GEOMETRY => ("GEOMETRY".to_string(), -2),
-        _ => ("UNKNOWN".to_string(), 1111),
-    };
-    let numeric = matches!(
-        kind,
-        Kind::Integer | Kind::Decimal | Kind::Float | Kind::Double
-    );
     let decimals = i32::from(column.decimals());
     // 31 (NOT_FIXED_DEC) and above mean "no fixed scale".
     let scale = match kind {
         Kind::Decimal | Kind::DateTime | Kind::Time => decimals,
-        Kind::Float | Kind::Double if decimals < 31 => decimals,
+        Kind::Float if decimals < 31 => decimals,
         _ => 0,
     };
     let precision = match kind {
@@ -442,7 +407,12 @@ pub fn column_metadata(column: &Column) -> ColumnMetadata {
         },
         label: column.name_str().into_owned(),
         type_name,
-        jdbc_type,
+        // Connector/J widens INT UNSIGNED to BIGINT.
+        jdbc_type: if name == "INT" && unsigned {
+            -5
+        } else {
+            jdbc_type
+        },
         // java.sql.ResultSetMetaData: 0 = columnNoNulls, 1 = columnNullable.
         nullable: i32::from(!flags.contains(ColumnFlags::NOT_NULL_FLAG)),
         precision: i32::try_from(precision).unwrap_or(i32::MAX),
