@@ -108,14 +108,8 @@ impl Database {
     }
 
     pub async fn disconnect_all(&self) {
-        let pools: Vec<Pool> = self
-            .pools
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain()
-            .map(|(_, pool)| pool)
-            .collect();
-        for pool in pools {
+        let pools = std::mem::take(&mut *self.pools.lock().unwrap_or_else(|p| p.into_inner()));
+        for pool in pools.into_values() {
             if let Err(err) = pool.disconnect().await {
                 tracing::debug!(%err, "pool disconnect");
             }

@@ -34,10 +34,6 @@ use crate::server::AppState;
 pub const DEFAULT_RESOURCE_ARN: &str = "arn:aws:rds:us-east-1:000000000000:cluster:seckill-local";
 pub const DEFAULT_SECRET_ARN: &str =
     "arn:aws:secretsmanager:us-east-1:000000000000:secret:seckill-local";
-/// Aurora rolls back a transaction after 3 minutes without a call.
-pub const DEFAULT_TRANSACTION_IDLE_TIMEOUT: Duration = Duration::from_secs(180);
-/// Aurora cancels a call after 45 seconds.
-pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(45);
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -61,8 +57,10 @@ impl ServerConfig {
             resource_arn: DEFAULT_RESOURCE_ARN.to_string(),
             secret_arn: DEFAULT_SECRET_ARN.to_string(),
             secrets: Vec::new(),
-            transaction_idle_timeout: DEFAULT_TRANSACTION_IDLE_TIMEOUT,
-            statement_timeout: DEFAULT_STATEMENT_TIMEOUT,
+            // Aurora rolls back a transaction after 3 minutes without a call, and cancels
+            // a call after 45 seconds.
+            transaction_idle_timeout: Duration::from_secs(180),
+            statement_timeout: Duration::from_secs(45),
         }
     }
 }

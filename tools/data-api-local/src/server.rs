@@ -1,22 +1,19 @@
 //! HTTP routes of the Data API and the operations behind them.
 //!
 //! Each operation reads the raw body itself (so a too-large or malformed body becomes a
-//! `BadRequestException` in the API's format rather than axum's plain-text rejection),
-//! checks the ARNs, validates everything it can before touching MariaDB, and answers
-//! with the JSON body or an [`ApiError`].
+//! `BadRequestException` rather than axum's plain-text rejection), checks the ARNs,
+//! validates everything it can before touching MariaDB, and answers JSON or an
+//! [`ApiError`].
 //!
-//! Every request first passes [`only_local_clients`]: the server has no authentication
-//! (it accepts any SigV4 signature), so it must not be drivable from a web page in the
-//! developer's browser: no `Origin` (browsers send it on cross-origin and on every
-//! `POST`; the SDK never does), the SDK's `application/json` body (a page can send
-//! `text/plain` without a preflight), and a loopback `Host` (a rebound DNS name pointing
-//! at 127.0.0.1 keeps its own name in `Host`). Secrets Manager's route (`POST /`) takes
-//! the SDK's `application/x-amz-json-1.1` instead, which a page cannot send without a
-//! preflight either (and this server answers no preflight).
+//! Every request first passes [`only_local_clients`]: the server accepts any SigV4
+//! signature, so it must not be drivable from a web page in the developer's browser: no
+//! `Origin` (browsers send it on cross-origin and on every `POST`; the SDK never does),
+//! the SDK's content type (`application/json`, or `application/x-amz-json-1.1` for
+//! Secrets Manager's `POST /`; a page can send neither without a preflight, which this
+//! server never answers), and a loopback `Host` (a rebound DNS name keeps its own).
 //!
-//! `POST /` with `X-Amz-Target: secretsmanager.GetSecretValue` answers Secrets Manager's
-//! GetSecretValue (the JSON 1.1 protocol `aws-sdk-secretsmanager` speaks) for the secrets
-//! this server knows: `{"username": ..., "password": ...}` as `SecretString`.
+//! `POST /` with `X-Amz-Target: secretsmanager.GetSecretValue` answers Secrets Manager
+//! for the secrets this server knows: `{"username": ..., "password": ...}`.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -140,10 +137,7 @@ where
     post(
         move |State(app): State<Arc<AppState>>, body: Body| async move {
             let started = Instant::now();
-            let result = match parse(body) {
-                Ok(req) => op(app, req).await,
-                Err(err) => Err(err),
-            };
+            let result = async { op(app, parse(body)?).await }.await;
             let elapsed_ms = started.elapsed().as_millis();
             match result {
                 Ok(json) => {
@@ -264,7 +258,7 @@ async fn execute(app: Arc<AppState>, req: Request) -> Result<Vec<u8>, ApiError> 
     let (records, formatted_records) = match (&outcome.columns, req.format_records_as) {
         (None, _) => (None, None),
         (Some(_), RecordsFormat::None) => (Some(outcome.rows), None),
-        (Some(columns), RecordsFormat::Json) => (None, Some(format_json(columns, &outcome.rows)?)),
+        (Some(columns), RecordsFormat::Json) => (None, Some(format_json(columns, &outcome.rows))),
     };
     respond(&ExecuteStatementResponse {
         records,
@@ -276,20 +270,15 @@ async fn execute(app: Arc<AppState>, req: Request) -> Result<Vec<u8>, ApiError> 
 }
 
 /// `formattedRecords`: a JSON array of objects keyed by column label.
-fn format_json(columns: &[mysql_async::Column], rows: &[Vec<Field>]) -> Result<String, ApiError> {
-    let labels: Vec<String> = columns.iter().map(|c| c.name_str().into_owned()).collect();
-    let objects: Vec<serde_json::Map<String, serde_json::Value>> = rows
+fn format_json(columns: &[mysql_async::Column], rows: &[Vec<Field>]) -> String {
+    let records: Vec<serde_json::Map<String, serde_json::Value>> = rows
         .iter()
         .map(|row| {
-            labels
-                .iter()
-                .cloned()
-                .zip(row.iter().map(Field::to_json))
-                .collect()
+            let labels = columns.iter().map(|c| c.name_str().into_owned());
+            labels.zip(row.iter().map(Field::to_json)).collect()
         })
         .collect();
-    serde_json::to_string(&objects)
-        .map_err(|e| ApiError::Internal(format!("could not format records as JSON: {e}")))
+    serde_json::Value::from(records).to_string()
 }
 
 /// No row counts: Aurora reports only the generated keys of each parameter set.
@@ -442,20 +431,14 @@ fn get_secret_value(
     app: &AppState,
     body: Body,
 ) -> Result<serde_json::Value, (&'static str, String)> {
-    #[derive(serde::Deserialize)]
-    struct GetSecretValueRequest {
-        #[serde(rename = "SecretId")]
-        secret_id: Option<String>,
-    }
     let invalid = |m: String| ("InvalidParameterException", m);
     let bytes = body.map_err(|e| invalid(format!("Could not read the request body: {e}")))?;
-    let req: GetSecretValueRequest = serde_json::from_slice(&bytes)
+    let req: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| invalid(format!("Malformed request body: {e}")))?;
-    let id = req
-        .secret_id
+    let id = (req["SecretId"].as_str())
         .filter(|s| !s.is_empty())
         .ok_or_else(|| invalid("SecretId is required".to_string()))?;
-    let creds = app.secrets.get(&id).ok_or_else(|| {
+    let creds = app.secrets.get(id).ok_or_else(|| {
         (
             "ResourceNotFoundException",
             "Secrets Manager can't find the specified secret.".to_string(),
@@ -464,7 +447,7 @@ fn get_secret_value(
     let secret_string = json!({ "username": creds.username, "password": creds.password });
     Ok(json!({
         "ARN": id,
-        "Name": id.rsplit(':').next().unwrap_or(&id),
+        "Name": id.rsplit(':').next().unwrap_or(id),
         "VersionId": "00000000-0000-0000-0000-000000000000",
         "SecretString": secret_string.to_string(),
         "VersionStages": ["AWSCURRENT"],

@@ -19,8 +19,7 @@ use time::macros::format_description;
 
 use crate::error::ApiError;
 use crate::wire::{
-    ColumnMetadata, DecimalReturnType, Field, LongReturnType, ResultSetOptions, SqlParameter,
-    TypeHint,
+    DecimalReturnType, Field, LongReturnType, ResultSetOptions, SqlParameter, TypeHint,
 };
 
 /// The character set number MySQL uses for binary strings (BLOB, VARBINARY, ...).
@@ -74,35 +73,22 @@ pub fn bind(names: &[String], params: &[SqlParameter]) -> Result<Vec<Value>, Api
 
 /// One parameter's value, validated against its type hint.
 fn parameter_value(name: &str, param: &SqlParameter) -> Result<Value, ApiError> {
-    let raw = param
-        .value
-        .as_ref()
+    let bad = |why: String| ApiError::bad_request(format!("Parameter \"{name}\"{why}"));
+    let raw = (param.value.as_ref())
         .filter(|v| v.as_object().is_some_and(|o| !o.is_empty()))
-        .ok_or_else(|| {
-            ApiError::bad_request(format!("Parameter \"{name}\" has value with no field set"))
-        })?;
+        .ok_or_else(|| bad(" has value with no field set".into()))?;
     if raw.get("arrayValue").is_some() {
-        return Err(ApiError::bad_request(format!(
-            "Array parameters are not supported (parameter \"{name}\")"
-        )));
+        return Err(bad(": array parameters are not supported".into()));
     }
     // From the borrowed value: a string parameter can be megabytes (a batch of rows).
-    let field = Field::deserialize(raw).map_err(|e| {
-        ApiError::bad_request(format!("Invalid value for parameter \"{name}\": {e}"))
-    })?;
+    let field = Field::deserialize(raw).map_err(|e| bad(format!(": invalid value: {e}")))?;
     match (field, param.type_hint) {
         (Field::IsNull(true), _) => Ok(Value::NULL),
-        (Field::IsNull(false), _) => Err(ApiError::bad_request(format!(
-            "Parameter \"{name}\": isNull must be true when given"
-        ))),
-        (Field::StringValue(s), Some(hint)) => hinted_value(&s, hint).map_err(|why| {
-            ApiError::bad_request(format!(
-                "Parameter \"{name}\" with typeHint {hint:?}: {why}"
-            ))
-        }),
-        (_, Some(hint)) => Err(ApiError::bad_request(format!(
-            "Parameter \"{name}\": typeHint {hint:?} requires a stringValue"
-        ))),
+        (Field::IsNull(false), _) => Err(bad(": isNull must be true when given".into())),
+        (Field::StringValue(s), Some(hint)) => {
+            hinted_value(&s, hint).map_err(|why| bad(format!(" with typeHint {hint:?}: {why}")))
+        }
+        (_, Some(hint)) => Err(bad(format!(": typeHint {hint:?} requires a stringValue"))),
         (Field::BooleanValue(b), None) => Ok(Value::Int(i64::from(b))),
         (Field::LongValue(n), None) => Ok(Value::Int(n)),
         (Field::DoubleValue(f), None) => Ok(Value::Double(f)),
@@ -255,24 +241,15 @@ pub fn to_field(
     if value == Value::NULL {
         return Ok(Field::IsNull(true));
     }
+    let long_as_string = options.long_return_type == LongReturnType::String;
     Ok(match (describe(column).0, value) {
+        (Kind::Integer, Value::Int(n)) if !long_as_string => Field::LongValue(n),
         (Kind::Integer, value) => {
-            let text_or_long = match value {
-                Value::Int(n) => Ok(n),
-                Value::UInt(n) => i64::try_from(n).map_err(|_| n.to_string()),
-                other => {
-                    let text = lossy_text(other);
-                    text.parse::<i64>().map_err(|_| text)
-                }
-            };
-            match (
-                text_or_long,
-                options.long_return_type == LongReturnType::String,
-            ) {
-                (Ok(n), false) => Field::LongValue(n),
-                (Ok(n), true) => Field::StringValue(n.to_string()),
-                (Err(text), true) => Field::StringValue(text),
-                (Err(text), false) => {
+            let text = lossy_text(value);
+            match text.parse::<i64>() {
+                _ if long_as_string => Field::StringValue(text),
+                Ok(n) => Field::LongValue(n),
+                Err(_) => {
                     return Err(ApiError::UnsupportedResult(format!(
                         "Column '{}' holds {text}, which does not fit a longValue; use longReturnType STRING",
                         column.name_str()
@@ -294,11 +271,8 @@ pub fn to_field(
                 Field::StringValue(text)
             }
         }
-        // Through its shortest decimal form, so FLOAT 1.1 is 1.1 and not 1.100000023841858.
-        (Kind::Float, Value::Float(f)) => {
-            Field::DoubleValue(f.to_string().parse::<f64>().unwrap_or(f64::from(f)))
-        }
         (Kind::Float, Value::Double(f)) => Field::DoubleValue(f),
+        // A FLOAT through its shortest decimal form: 1.1, not 1.100000023841858.
         (Kind::Float, other) => {
             let text = lossy_text(other);
             Field::DoubleValue(text.parse::<f64>().map_err(|_| {
@@ -363,27 +337,19 @@ fn lossy_text(value: Value) -> String {
         Value::UInt(n) => n.to_string(),
         Value::Float(f) => f.to_string(),
         Value::Double(f) => f.to_string(),
-        other => {
-            // Date/Time outside their usual columns: MySQL's own literal without quotes.
-            let sql = other.as_sql(true);
-            sql.trim_matches('\'').to_string()
-        }
+        // Date/Time outside their usual columns: MySQL's own literal without quotes.
+        other => other.as_sql(true).trim_matches('\'').to_string(),
     }
 }
 
-/// `columnMetadata` entry for a result column, JDBC-style as Aurora reports it.
-pub fn column_metadata(column: &Column) -> ColumnMetadata {
+/// `columnMetadata` entry (the SDK's `ColumnMetadata`) for a result column, JDBC-style
+/// as Aurora reports it.
+pub fn column_metadata(column: &Column) -> serde_json::Value {
     let (kind, name, jdbc_type) = describe(column);
     let flags = column.flags();
     let unsigned = flags.contains(ColumnFlags::UNSIGNED_FLAG);
     let length = column.column_length();
-    let chars = length / UTF8MB4_MAX_BYTES;
     let numeric = matches!(kind, Kind::Integer | Kind::Decimal | Kind::Float);
-    // YEAR is unsigned without saying so.
-    let type_name = match numeric && unsigned && name != "YEAR" {
-        true => format!("{name} UNSIGNED"),
-        false => name.to_string(),
-    };
     let decimals = i32::from(column.decimals());
     // 31 (NOT_FIXED_DEC) and above mean "no fixed scale".
     let scale = match kind {
@@ -392,44 +358,41 @@ pub fn column_metadata(column: &Column) -> ColumnMetadata {
         _ => 0,
     };
     let precision = match kind {
-        Kind::Text => chars,
+        Kind::Text => length / UTF8MB4_MAX_BYTES,
         // DECIMAL(10,2) has length 12: ten digits, the point and the sign.
         Kind::Decimal => length
             .saturating_sub(u32::from(scale > 0))
             .saturating_sub(u32::from(!unsigned)),
         _ => length,
     };
-    ColumnMetadata {
-        name: if column.org_name_ref().is_empty() {
-            column.name_str().into_owned()
-        } else {
-            column.org_name_str().into_owned()
+    let org_name = column.org_name_str();
+    serde_json::json!({
+        "name": if org_name.is_empty() { column.name_str() } else { org_name },
+        "label": column.name_str(),
+        // YEAR is unsigned without saying so.
+        "typeName": match numeric && unsigned && name != "YEAR" {
+            true => format!("{name} UNSIGNED"),
+            false => name.to_string(),
         },
-        label: column.name_str().into_owned(),
-        type_name,
         // Connector/J widens INT UNSIGNED to BIGINT.
-        jdbc_type: if name == "INT" && unsigned {
-            -5
-        } else {
-            jdbc_type
-        },
+        "type": if name == "INT" && unsigned { -5 } else { jdbc_type },
         // java.sql.ResultSetMetaData: 0 = columnNoNulls, 1 = columnNullable.
-        nullable: i32::from(!flags.contains(ColumnFlags::NOT_NULL_FLAG)),
-        precision: i32::try_from(precision).unwrap_or(i32::MAX),
-        scale,
-        is_signed: numeric && !unsigned,
-        is_auto_increment: flags.contains(ColumnFlags::AUTO_INCREMENT_FLAG),
-        is_case_sensitive: match kind {
+        "nullable": i32::from(!flags.contains(ColumnFlags::NOT_NULL_FLAG)),
+        "precision": i32::try_from(precision).unwrap_or(i32::MAX),
+        "scale": scale,
+        "isSigned": numeric && !unsigned,
+        "isAutoIncrement": flags.contains(ColumnFlags::AUTO_INCREMENT_FLAG),
+        "isCaseSensitive": match kind {
             Kind::Binary => true,
             Kind::Text => flags.contains(ColumnFlags::BINARY_FLAG),
             _ => false,
         },
-        is_currency: false,
-        array_base_column_type: 0,
+        "isCurrency": false,
+        "arrayBaseColumnType": 0,
         // MySQL has catalogs (databases), not schemas: Connector/J reports "".
-        schema_name: String::new(),
-        table_name: column.org_table_str().into_owned(),
-    }
+        "schemaName": "",
+        "tableName": column.org_table_str(),
+    })
 }
 
 #[cfg(test)]
@@ -702,28 +665,30 @@ mod tests {
             .with_org_name(b"user_id")
             .with_org_table(b"orders");
         let meta = column_metadata(&varchar);
-        assert_eq!(meta.type_name, "VARCHAR");
-        assert_eq!(meta.jdbc_type, 12);
-        assert_eq!(meta.precision, 64);
-        assert_eq!(meta.nullable, 0);
-        assert_eq!(meta.name, "user_id");
-        assert_eq!(meta.table_name, "orders");
-        assert!(!meta.is_signed);
+        assert_eq!(meta["typeName"], "VARCHAR");
+        assert_eq!(meta["type"], 12);
+        assert_eq!(meta["precision"], 64);
+        assert_eq!(meta["nullable"], 0);
+        assert_eq!(meta["name"], "user_id");
+        assert_eq!(meta["tableName"], "orders");
+        assert_eq!(meta["isSigned"], false);
 
         let id = col(ColumnType::MYSQL_TYPE_LONGLONG)
             .with_column_length(20)
             .with_flags(ColumnFlags::UNSIGNED_FLAG | ColumnFlags::AUTO_INCREMENT_FLAG);
         let meta = column_metadata(&id);
-        assert_eq!(meta.type_name, "BIGINT UNSIGNED");
-        assert_eq!(meta.jdbc_type, -5);
-        assert!(meta.is_auto_increment);
-        assert!(!meta.is_signed);
+        assert_eq!(meta["typeName"], "BIGINT UNSIGNED");
+        assert_eq!(meta["type"], -5);
+        assert_eq!(meta["isAutoIncrement"], true);
+        assert_eq!(meta["isSigned"], false);
 
         let decimal = col(ColumnType::MYSQL_TYPE_NEWDECIMAL)
             .with_column_length(12)
             .with_decimals(2);
         let meta = column_metadata(&decimal);
-        assert_eq!((meta.precision, meta.scale, meta.jdbc_type), (10, 2, 3));
-        assert!(meta.is_signed);
+        assert_eq!(meta["precision"], 10);
+        assert_eq!(meta["scale"], 2);
+        assert_eq!(meta["type"], 3);
+        assert_eq!(meta["isSigned"], true);
     }
 }

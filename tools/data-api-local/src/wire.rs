@@ -137,34 +137,14 @@ mod base64_bytes {
     }
 }
 
-/// `ColumnMetadata` (JDBC-flavoured, as Aurora MySQL reports it).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ColumnMetadata {
-    pub name: String,
-    pub label: String,
-    pub type_name: String,
-    #[serde(rename = "type")]
-    pub jdbc_type: i32,
-    pub nullable: i32,
-    pub precision: i32,
-    pub scale: i32,
-    pub is_signed: bool,
-    pub is_auto_increment: bool,
-    pub is_case_sensitive: bool,
-    pub is_currency: bool,
-    pub array_base_column_type: i32,
-    pub schema_name: String,
-    pub table_name: String,
-}
-
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ExecuteStatementResponse {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub records: Option<Vec<Vec<Field>>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub column_metadata: Option<Vec<ColumnMetadata>>,
+    /// `ColumnMetadata` entries, built by `values::column_metadata`.
+    pub column_metadata: Option<Vec<serde_json::Value>>,
     pub number_of_records_updated: u64,
     pub generated_fields: Vec<Field>,
     #[serde(skip_serializing_if = "Option::is_none")]
