@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,9 +14,10 @@ use mysql_async::{Column, Conn, Opts, OptsBuilder, Params, Pool, QueryResult, Va
 
 use crate::error::ApiError;
 use crate::secrets::Credentials;
+use crate::server::MAX_RESPONSE_BYTES;
 use crate::sql::PlaceholderSql;
-use crate::values::{self, ResultOptions};
-use crate::wire::Field;
+use crate::values;
+use crate::wire::{Field, ResultSetOptions};
 
 /// MariaDB's "This command is not supported in the prepared statement protocol yet".
 const ER_UNSUPPORTED_PS: u16 = 1295;
@@ -25,8 +26,8 @@ const ER_UNSUPPORTED_PS: u16 = 1295;
 const SESSION_SETUP: &str = "SET time_zone = '+00:00'";
 
 pub struct Database {
+    /// The MySQL URL's options; its database is the default of calls that name none.
     base: Opts,
-    default_database: Option<String>,
     /// Keyed by the credentials too: a changed password makes a new pool.
     pools: Mutex<HashMap<(Credentials, String), Pool>>,
 }
@@ -35,10 +36,8 @@ impl Database {
     pub fn new(mysql_url: &str) -> anyhow::Result<Self> {
         let base =
             Opts::from_url(mysql_url).map_err(|e| anyhow::anyhow!("invalid MySQL URL: {e}"))?;
-        let default_database = base.db_name().map(str::to_string);
         Ok(Database {
             base,
-            default_database,
             pools: Mutex::new(HashMap::new()),
         })
     }
@@ -51,12 +50,25 @@ impl Database {
         }
     }
 
-    /// The pool for `database` (the request's `database`, else the URL's), signed in as
-    /// `creds`.
-    fn pool(&self, creds: &Credentials, database: Option<&str>) -> Result<Pool, ApiError> {
+    /// The URL's options, signed in as `creds`, in database `db_name`.
+    fn opts(&self, creds: &Credentials, db_name: Option<&str>) -> OptsBuilder {
+        OptsBuilder::from_opts(self.base.clone())
+            .user(Some(&creds.username))
+            .pass(Some(&creds.password))
+            .db_name(db_name)
+    }
+
+    /// A pooled connection to `database` (the request's, else the URL's), signed in as
+    /// `creds`. Returned to the pool on drop, where mysql_async resets it
+    /// (`COM_RESET_CONNECTION`), so an abandoned transaction never leaks to the next user.
+    pub async fn conn(
+        &self,
+        creds: &Credentials,
+        database: Option<&str>,
+    ) -> Result<Conn, ApiError> {
         let name = database
             .filter(|d| !d.is_empty())
-            .or(self.default_database.as_deref())
+            .or(self.base.db_name())
             .unwrap_or("");
         if name.len() > 64 {
             return Err(ApiError::bad_request(
@@ -65,30 +77,14 @@ impl Database {
         }
         // A poisoned lock only means another request panicked while inserting; the map
         // itself is still usable.
-        let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
-        let pool = pools
+        let pool = (self.pools.lock().unwrap_or_else(|p| p.into_inner()))
             .entry((creds.clone(), name.to_string()))
             .or_insert_with(|| {
-                let db_name = (!name.is_empty()).then(|| name.to_string());
-                Pool::new(
-                    OptsBuilder::from_opts(self.base.clone())
-                        .user(Some(creds.username.clone()))
-                        .pass(Some(creds.password.clone()))
-                        .db_name(db_name)
-                        .setup(vec![SESSION_SETUP]),
-                )
-            });
-        Ok(pool.clone())
-    }
-
-    /// A pooled connection. Returned to the pool on drop, where mysql_async resets it
-    /// (`COM_RESET_CONNECTION`), so an abandoned transaction never leaks to the next user.
-    pub async fn conn(
-        &self,
-        creds: &Credentials,
-        database: Option<&str>,
-    ) -> Result<Conn, ApiError> {
-        Ok(self.pool(creds, database)?.get_conn().await?)
+                let db_name = (!name.is_empty()).then_some(name);
+                Pool::new(self.opts(creds, db_name).setup(vec![SESSION_SETUP]))
+            })
+            .clone();
+        Ok(pool.get_conn().await?)
     }
 
     /// Cancels the statement running on connection `id` (which `creds` signed in: a
@@ -97,13 +93,7 @@ impl Database {
         let killed = async {
             // Its own connection, in no database: the user may have rights on none but
             // the call's.
-            let mut admin = Conn::new(
-                OptsBuilder::from_opts(self.base.clone())
-                    .user(Some(creds.username.clone()))
-                    .pass(Some(creds.password.clone()))
-                    .db_name(None::<String>),
-            )
-            .await?;
+            let mut admin = Conn::new(self.opts(creds, None)).await?;
             admin.query_drop(format!("KILL QUERY {id}")).await?;
             admin.disconnect().await.ok();
             Ok::<_, ApiError>(())
@@ -118,14 +108,8 @@ impl Database {
     }
 
     pub async fn disconnect_all(&self) {
-        let pools: Vec<Pool> = self
-            .pools
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain()
-            .map(|(_, pool)| pool)
-            .collect();
-        for pool in pools {
+        let pools = std::mem::take(&mut *self.pools.lock().unwrap_or_else(|p| p.into_inner()));
+        for pool in pools.into_values() {
             if let Err(err) = pool.disconnect().await {
                 tracing::debug!(%err, "pool disconnect");
             }
@@ -144,41 +128,48 @@ pub struct Outcome {
     pub last_insert_id: Option<u64>,
 }
 
-/// Runs one statement with its bound values and reads all of its result.
-///
-/// Rows are converted as they stream in; once they pass `size_limit` bytes the rest is
-/// read and discarded (the connection must be drained) and the call fails like Aurora's
-/// response size limit.
-pub async fn run_statement(
+/// Runs the statement once per set of bound values and reads all of each result.
+pub async fn run_sets(
+    conn: &mut Conn,
+    sql: &PlaceholderSql,
+    sets: Vec<Vec<Value>>,
+    options: ResultSetOptions,
+) -> Result<Vec<Outcome>, ApiError> {
+    let mut outcomes = Vec::with_capacity(sets.len());
+    for values in sets {
+        outcomes.push(run_statement(conn, sql, values, options).await?);
+    }
+    Ok(outcomes)
+}
+
+/// Runs one statement. Rows are converted as they stream in; once they pass the response
+/// size limit the rest is read and discarded (the connection must be drained) and the
+/// call fails like Aurora's.
+async fn run_statement(
     conn: &mut Conn,
     sql: &PlaceholderSql,
     values: Vec<Value>,
-    options: ResultOptions,
-    size_limit: usize,
+    options: ResultSetOptions,
 ) -> Result<Outcome, ApiError> {
-    if values.is_empty() {
-        match conn.exec_iter(sql.sql.as_str(), Params::Empty).await {
-            Ok(result) => collect(result, options, size_limit).await,
-            // A few statements cannot be prepared; without parameters they can run as a
-            // plain query just as well.
-            Err(mysql_async::Error::Server(e)) if e.code == ER_UNSUPPORTED_PS => {
-                let result = conn.query_iter(sql.sql.as_str()).await?;
-                collect(result, options, size_limit).await
-            }
-            Err(e) => Err(e.into()),
+    let sql = sql.sql.as_str();
+    if !values.is_empty() {
+        let result = conn.exec_iter(sql, Params::Positional(values)).await?;
+        return collect(result, options).await;
+    }
+    match conn.exec_iter(sql, Params::Empty).await {
+        Ok(result) => collect(result, options).await,
+        // A few statements cannot be prepared; without parameters they can run as a
+        // plain query just as well.
+        Err(mysql_async::Error::Server(e)) if e.code == ER_UNSUPPORTED_PS => {
+            collect(conn.query_iter(sql).await?, options).await
         }
-    } else {
-        let result = conn
-            .exec_iter(sql.sql.as_str(), Params::Positional(values))
-            .await?;
-        collect(result, options, size_limit).await
+        Err(e) => Err(e.into()),
     }
 }
 
 async fn collect<P: Protocol>(
     mut result: QueryResult<'_, 'static, P>,
-    options: ResultOptions,
-    size_limit: usize,
+    options: ResultSetOptions,
 ) -> Result<Outcome, ApiError> {
     let columns = result.columns().filter(|c| !c.is_empty());
     let mut outcome = Outcome::default();
@@ -196,63 +187,47 @@ async fn collect<P: Protocol>(
             if failure.is_some() {
                 continue;
             }
-            let mut fields = Vec::with_capacity(columns.len());
-            for (value, column) in row.unwrap_raw().into_iter().zip(columns.iter()) {
-                match values::to_field(value.unwrap_or(Value::NULL), column, options) {
-                    Ok(field) => {
-                        size += field.approximate_size();
-                        fields.push(field);
-                    }
-                    Err(err) => {
-                        failure = Some(err);
-                        break;
-                    }
+            let fields = (row.unwrap_raw().into_iter().zip(columns.iter()))
+                .map(|(value, column)| {
+                    values::to_field(value.unwrap_or(Value::NULL), column, options)
+                })
+                .collect::<Result<Vec<_>, _>>();
+            size += fields
+                .iter()
+                .flatten()
+                .map(Field::approximate_size)
+                .sum::<usize>();
+            match fields {
+                Ok(fields) if size <= MAX_RESPONSE_BYTES => outcome.rows.push(fields),
+                other => {
+                    failure = Some(other.err().unwrap_or_else(response_too_large));
+                    outcome.rows = Vec::new();
                 }
-            }
-            if size > size_limit {
-                failure = Some(response_too_large());
-            }
-            if failure.is_none() {
-                outcome.rows.push(fields);
-            } else {
-                outcome.rows = Vec::new();
             }
         }
     }
     // Further result sets (a CALL returns one more) are read and ignored.
     result.drop_result().await?;
-    match failure {
-        Some(err) => Err(err),
-        None => {
-            outcome.columns = columns;
-            Ok(outcome)
-        }
-    }
+    outcome.columns = columns;
+    failure.map_or(Ok(outcome), Err)
 }
 
 pub fn response_too_large() -> ApiError {
     ApiError::bad_request("Database returned more than the allowed response size limit")
 }
 
-const RUNNING: u8 = 0;
-const FINISHED: u8 = 1;
-const TIMED_OUT: u8 = 2;
-
 /// Handed to the work running under a statement timeout: the work calls [`finish`]
 /// once its statements are done and before it makes them permanent (COMMIT).
 ///
 /// [`finish`]: Deadline::finish
-pub struct Deadline {
-    state: Arc<AtomicU8>,
-}
+pub struct Deadline(Arc<AtomicBool>);
 
 impl Deadline {
     /// `true` if the work finished in time. `false` means the caller has already been
     /// told `StatementTimeoutException`: the work must undo what it did.
     pub fn finish(&self) -> bool {
-        self.state
-            .compare_exchange(RUNNING, FINISHED, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+        // Whoever decides first, the work or the timeout, wins.
+        !self.0.swap(true, Ordering::AcqRel)
     }
 }
 
@@ -276,17 +251,12 @@ impl Database {
         F: FnOnce(Deadline) -> Fut,
         Fut: Future<Output = Result<T, ApiError>> + Send + 'static,
     {
-        let state = Arc::new(AtomicU8::new(RUNNING));
-        let mut task = tokio::spawn(work(Deadline {
-            state: state.clone(),
-        }));
+        let decided = Arc::new(AtomicBool::new(false));
+        let mut task = tokio::spawn(work(Deadline(decided.clone())));
         let joined = match tokio::time::timeout(timeout, &mut task).await {
             Ok(joined) => joined,
             Err(_elapsed) => {
-                let timed_out = state
-                    .compare_exchange(RUNNING, TIMED_OUT, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok();
-                if !timed_out {
+                if decided.swap(true, Ordering::AcqRel) {
                     // The work finished right at the deadline: its result stands.
                     task.await
                 } else {

@@ -4,10 +4,8 @@
 //! body's `code`) and the text from the body's `message`, so each variant here carries
 //! the exception name of the Data API model and the HTTP status AWS uses for it.
 
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-
-use crate::wire::ErrorBody;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -117,28 +115,19 @@ impl From<mysql_async::Error> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let code = self.code();
-        let message = self.to_string();
-        let body = ErrorBody {
-            message: &message,
-            code,
-            db_connection_id: match &self {
-                ApiError::StatementTimeout {
-                    db_connection_id, ..
-                } => Some(i64::from(*db_connection_id)),
-                _ => None,
-            },
-        };
-        // Serialising a struct of strings and an integer cannot fail; fall back to an
-        // empty object rather than panic all the same.
-        let json = serde_json::to_vec(&body).unwrap_or_else(|_| b"{}".to_vec());
-        let mut response = (self.status(), json).into_response();
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        headers.insert("x-amzn-errortype", HeaderValue::from_static(code));
-        response
+        let mut body = serde_json::json!({ "message": self.to_string(), "code": code });
+        // Only StatementTimeoutException models a connection id.
+        if let ApiError::StatementTimeout {
+            db_connection_id, ..
+        } = &self
+        {
+            body["dbConnectionId"] = (*db_connection_id).into();
+        }
+        let headers = [
+            ("content-type", "application/json"),
+            ("x-amzn-errortype", code),
+        ];
+        (self.status(), headers, body.to_string()).into_response()
     }
 }
 

@@ -7,14 +7,9 @@
 //! the configured one, and the secret ARN one of the configured secrets: the server
 //! signs in to MariaDB as that secret's user, as the Data API does. It also answers
 //! Secrets Manager's `GetSecretValue` for those secrets (`POST /`, the JSON 1.1
-//! protocol), so `seckill migrate` reads the application user's secret as in AWS. Aurora's limits and error kinds are reproduced
-//! so tests see them: 4 MiB requests, 1 MiB responses, 65,536-character SQL, statement
-//! timeout, idle transaction timeout.
-//!
-//! Modules: [`wire`] (JSON shapes), [`sql`] (`:name` placeholders), [`values`] (value
-//! and type conversions), [`database`] (pools, statements, timeouts), [`transactions`]
-//! (open transactions and the idle reaper), [`secrets`] (secret ARNs and their MariaDB
-//! users), [`server`] (routes), [`error`] (error mapping).
+//! protocol), so `seckill migrate` reads the application user's secret as in AWS.
+//! Aurora's limits and error kinds are reproduced so tests see them: 4 MiB requests,
+//! 1 MiB responses, 65,536-character SQL, statement timeout, idle transaction timeout.
 
 pub mod database;
 pub mod error;
@@ -34,13 +29,11 @@ use anyhow::Context as _;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
+use crate::server::AppState;
+
 pub const DEFAULT_RESOURCE_ARN: &str = "arn:aws:rds:us-east-1:000000000000:cluster:seckill-local";
 pub const DEFAULT_SECRET_ARN: &str =
     "arn:aws:secretsmanager:us-east-1:000000000000:secret:seckill-local";
-/// Aurora rolls back a transaction after 3 minutes without a call.
-pub const DEFAULT_TRANSACTION_IDLE_TIMEOUT: Duration = Duration::from_secs(180);
-/// Aurora cancels a call after 45 seconds.
-pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(45);
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -64,15 +57,12 @@ impl ServerConfig {
             resource_arn: DEFAULT_RESOURCE_ARN.to_string(),
             secret_arn: DEFAULT_SECRET_ARN.to_string(),
             secrets: Vec::new(),
-            transaction_idle_timeout: DEFAULT_TRANSACTION_IDLE_TIMEOUT,
-            statement_timeout: DEFAULT_STATEMENT_TIMEOUT,
+            // Aurora rolls back a transaction after 3 minutes without a call, and cancels
+            // a call after 45 seconds.
+            transaction_idle_timeout: Duration::from_secs(180),
+            statement_timeout: Duration::from_secs(45),
         }
     }
-}
-
-/// Serves on `listener` until the process ends.
-pub async fn serve(listener: TcpListener, config: ServerConfig) -> anyhow::Result<()> {
-    serve_with_shutdown(listener, config, std::future::pending()).await
 }
 
 /// Serves on `listener` until `shutdown` completes, then finishes the calls in flight,
@@ -85,36 +75,37 @@ pub async fn serve_with_shutdown(
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let db = database::Database::new(&config.mysql_url)?;
-    let secrets = secrets::SecretStore::new(&config, db.url_credentials())?;
-    serve_state(listener, config, db, Arc::new(secrets), shutdown).await
+    let state = app_state(&listener, config)?;
+    serve_state(listener, state, shutdown).await
 }
 
-async fn serve_state(
-    listener: TcpListener,
-    config: ServerConfig,
-    db: database::Database,
-    secrets: Arc<secrets::SecretStore>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
+fn app_state(listener: &TcpListener, config: ServerConfig) -> anyhow::Result<Arc<AppState>> {
     let addr = listener.local_addr()?;
     anyhow::ensure!(
         addr.ip().is_loopback(),
         "refusing to listen on {addr}: data-api-local accepts any credentials and must stay on loopback"
     );
-    let transactions = Arc::new(transactions::Registry::new(config.transaction_idle_timeout));
-    let reaper = transactions.spawn_reaper();
-    let state = Arc::new(server::AppState {
+    let db = database::Database::new(&config.mysql_url)?;
+    let secrets = secrets::SecretStore::new(&config, db.url_credentials())?;
+    Ok(Arc::new(AppState {
+        transactions: Arc::new(transactions::Registry::new(config.transaction_idle_timeout)),
         config,
         db,
-        secrets,
-        transactions: transactions.clone(),
-    });
+        secrets: Arc::new(secrets),
+    }))
+}
+
+async fn serve_state(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let reaper = state.transactions.spawn_reaper();
     let served = axum::serve(listener, server::router(state.clone()))
         .with_graceful_shutdown(shutdown)
         .await;
     reaper.abort();
-    transactions.rollback_all().await;
+    state.transactions.rollback_all().await;
     state.db.disconnect_all().await;
     served.context("HTTP server failed")
 }
@@ -123,15 +114,11 @@ async fn serve_state(
 pub struct RunningServer {
     addr: SocketAddr,
     secrets: Arc<secrets::SecretStore>,
-    shutdown: Option<oneshot::Sender<()>>,
+    shutdown: oneshot::Sender<()>,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
 impl RunningServer {
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
     /// `http://127.0.0.1:PORT`, the SDK's `endpoint_url`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
@@ -144,11 +131,9 @@ impl RunningServer {
     }
 
     /// Stops accepting calls, waits for those in flight, and cleans up.
-    pub async fn shutdown(mut self) -> anyhow::Result<()> {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        (&mut self.task).await.context("server task panicked")?
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        let _ = self.shutdown.send(());
+        self.task.await.context("server task panicked")?
     }
 }
 
@@ -157,25 +142,20 @@ impl RunningServer {
 pub async fn spawn(config: ServerConfig) -> anyhow::Result<RunningServer> {
     let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
     let addr = listener.local_addr()?;
-    let db = database::Database::new(&config.mysql_url)?;
-    let secrets = Arc::new(secrets::SecretStore::new(&config, db.url_credentials())?);
-    let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(serve_state(
-        listener,
-        config,
-        db,
-        secrets.clone(),
-        async move {
-            // Only an explicit `shutdown()` stops it; a dropped handle does not.
-            if rx.await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        },
-    ));
+    let state = app_state(&listener, config)?;
+    let secrets = state.secrets.clone();
+    let (shutdown, stop) = oneshot::channel::<()>();
+    let stopped = async move {
+        // Only an explicit `shutdown()` stops it; a dropped handle does not.
+        if stop.await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    let task = tokio::spawn(serve_state(listener, state, stopped));
     Ok(RunningServer {
         addr,
         secrets,
-        shutdown: Some(tx),
+        shutdown,
         task,
     })
 }

@@ -82,29 +82,22 @@ async fn main() -> anyhow::Result<()> {
 
 /// Completes on SIGINT or SIGTERM.
 async fn shutdown_signal() {
-    let interrupt = async {
-        if let Err(err) = tokio::signal::ctrl_c().await {
-            tracing::error!(%err, "cannot listen for SIGINT");
-            std::future::pending::<()>().await;
-        }
-    };
     #[cfg(unix)]
     let terminate = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut sigterm) => {
-                sigterm.recv().await;
-            }
+            Ok(mut sigterm) => sigterm.recv().await,
             Err(err) => {
                 tracing::error!(%err, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
+                std::future::pending().await
             }
         }
     };
     #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
+    let terminate = std::future::pending::<Option<()>>();
     tokio::select! {
-        () = interrupt => {},
-        () = terminate => {},
+        // A failed SIGINT listener disables only its branch.
+        Ok(()) = tokio::signal::ctrl_c() => {},
+        _ = terminate => {},
     }
     tracing::info!("shutting down");
 }

@@ -13,7 +13,7 @@
 //! The file holds passwords, so it must be readable by its owner only (mode 0600 or
 //! stricter); passwords never go on a command line.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::RwLock;
 
@@ -27,6 +27,13 @@ pub struct SecretCredentials {
     pub arn: String,
     pub username: String,
     pub password: String,
+}
+
+impl SecretCredentials {
+    fn into_parts(self) -> (String, Credentials) {
+        let (username, password) = (self.username, self.password);
+        (self.arn, Credentials { username, password })
+    }
 }
 
 impl std::fmt::Debug for SecretCredentials {
@@ -44,14 +51,6 @@ impl std::fmt::Debug for SecretCredentials {
 pub struct Credentials {
     pub username: String,
     pub password: String,
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credentials")
-            .field("username", &self.username)
-            .finish_non_exhaustive()
-    }
 }
 
 /// Reads a secrets file (see the module header). Refuses a file others can read.
@@ -106,27 +105,22 @@ pub fn parse_secrets(text: &str) -> anyhow::Result<Vec<SecretCredentials>> {
 
 /// Secret ARN → credentials, changeable while the server runs (a rotation).
 pub struct SecretStore {
-    by_arn: RwLock<HashMap<String, Credentials>>,
+    by_arn: RwLock<BTreeMap<String, Credentials>>,
 }
 
 impl SecretStore {
     /// The master secret (`config.secret_arn`, holding `master`, the MySQL URL's user)
     /// and `config.secrets`.
     pub fn new(config: &ServerConfig, master: Credentials) -> anyhow::Result<SecretStore> {
-        let mut by_arn = HashMap::new();
-        by_arn.insert(config.secret_arn.clone(), master);
-        for s in &config.secrets {
-            if by_arn
-                .insert(
-                    s.arn.clone(),
-                    Credentials {
-                        username: s.username.clone(),
-                        password: s.password.clone(),
-                    },
-                )
-                .is_some()
-            {
-                bail!("the secret {} is configured twice", s.arn);
+        let mut by_arn = BTreeMap::from([(config.secret_arn.clone(), master)]);
+        for (arn, creds) in config
+            .secrets
+            .iter()
+            .cloned()
+            .map(SecretCredentials::into_parts)
+        {
+            if by_arn.insert(arn.clone(), creds).is_some() {
+                bail!("the secret {arn} is configured twice");
             }
         }
         Ok(SecretStore {
@@ -145,29 +139,15 @@ impl SecretStore {
 
     /// Adds a secret or replaces its credentials.
     pub fn set(&self, secret: SecretCredentials) {
-        self.by_arn
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(
-                secret.arn,
-                Credentials {
-                    username: secret.username,
-                    password: secret.password,
-                },
-            );
+        let (arn, creds) = secret.into_parts();
+        let mut by_arn = self.by_arn.write().unwrap_or_else(|p| p.into_inner());
+        by_arn.insert(arn, creds);
     }
 
     /// The known ARNs, sorted (for messages).
     pub fn arns(&self) -> Vec<String> {
-        let mut arns: Vec<String> = self
-            .by_arn
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .keys()
-            .cloned()
-            .collect();
-        arns.sort();
-        arns
+        let by_arn = self.by_arn.read().unwrap_or_else(|p| p.into_inner());
+        by_arn.keys().cloned().collect()
     }
 }
 

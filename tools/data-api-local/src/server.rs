@@ -1,47 +1,45 @@
 //! HTTP routes of the Data API and the operations behind them.
 //!
-//! Each handler reads the raw body itself (so a too-large or malformed body becomes a
-//! `BadRequestException` in the API's format rather than axum's plain-text rejection),
-//! checks the ARNs, validates everything it can before touching MariaDB, and answers
-//! with the JSON body or an [`ApiError`].
+//! Each operation reads the raw body itself (so a too-large or malformed body becomes a
+//! `BadRequestException` rather than axum's plain-text rejection), checks the ARNs,
+//! validates everything it can before touching MariaDB, and answers JSON or an
+//! [`ApiError`].
 //!
-//! Every request first passes [`only_local_clients`]: the server has no authentication
-//! (it accepts any SigV4 signature), so it must not be drivable from a web page in the
-//! developer's browser: no `Origin` (browsers send it on cross-origin and on every
-//! `POST`; the SDK never does), the SDK's `application/json` body (a page can send
-//! `text/plain` without a preflight), and a loopback `Host` (a rebound DNS name pointing
-//! at 127.0.0.1 keeps its own name in `Host`). Secrets Manager's route (`POST /`) takes
-//! the SDK's `application/x-amz-json-1.1` instead, which a page cannot send without a
-//! preflight either (and this server answers no preflight).
+//! Every request first passes [`only_local_clients`]: the server accepts any SigV4
+//! signature, so it must not be drivable from a web page in the developer's browser: no
+//! `Origin` (browsers send it on cross-origin and on every `POST`; the SDK never does),
+//! the SDK's content type (`application/json`, or `application/x-amz-json-1.1` for
+//! Secrets Manager's `POST /`; a page can send neither without a preflight, which this
+//! server never answers), and a loopback `Host` (a rebound DNS name keeps its own).
 //!
-//! `POST /` with `X-Amz-Target: secretsmanager.GetSecretValue` answers Secrets Manager's
-//! GetSecretValue (the JSON 1.1 protocol `aws-sdk-secretsmanager` speaks) for the secrets
-//! this server knows: `{"username": ..., "password": ...}` as `SecretString`.
+//! `POST /` with `X-Amz-Target: secretsmanager.GetSecretValue` answers Secrets Manager
+//! for the secrets this server knows: `{"username": ..., "password": ...}`.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::extract::{DefaultBodyLimit, Request as HttpRequest, State};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{MethodRouter, post};
 use mysql_async::Value;
 use mysql_async::prelude::Queryable;
 use serde::Serialize;
-use serde::de::DeserializeOwned;
+use serde_json::json;
 
 use crate::ServerConfig;
 use crate::database::{self, Database, Outcome, response_too_large};
 use crate::error::ApiError;
 use crate::secrets::{Credentials, SecretStore};
 use crate::sql::{self, PlaceholderSql};
-use crate::transactions::Registry;
-use crate::values::{self, ResultOptions};
-use crate::wire::*;
+use crate::transactions::{self, Registry};
+use crate::values;
+use crate::wire::{ExecuteStatementResponse, Field, RecordsFormat, Request};
 
 /// Data API request limit (headers and JSON included; we count the body).
 pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
@@ -49,6 +47,8 @@ pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
 pub const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
 /// Data API SQL text limit, in characters.
 pub const MAX_SQL_CHARS: usize = 65_536;
+/// The content type of Secrets Manager's JSON 1.1 protocol.
+pub const SECRETS_MANAGER_CONTENT_TYPE: &str = "application/x-amz-json-1.1";
 
 pub struct AppState {
     pub config: ServerConfig,
@@ -59,12 +59,24 @@ pub struct AppState {
 
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
-        .route("/Execute", post(execute_statement))
-        .route("/BatchExecute", post(batch_execute_statement))
-        .route("/BeginTransaction", post(begin_transaction))
-        .route("/CommitTransaction", post(commit_transaction))
-        .route("/RollbackTransaction", post(rollback_transaction))
-        .route("/ExecuteSql", post(execute_sql))
+        .route("/Execute", operation("ExecuteStatement", execute))
+        .route(
+            "/BatchExecute",
+            operation("BatchExecuteStatement", batch_execute),
+        )
+        .route("/BeginTransaction", operation("BeginTransaction", begin))
+        .route(
+            "/CommitTransaction",
+            operation("CommitTransaction", |app, req| {
+                end(app, req, "COMMIT", "Transaction Committed")
+            }),
+        )
+        .route(
+            "/RollbackTransaction",
+            operation("RollbackTransaction", |app, req| {
+                end(app, req, "ROLLBACK", "Rollback Complete")
+            }),
+        )
         .route("/", post(secrets_manager))
         // One byte over the limit is enough to tell that the body is too large.
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES + 1))
@@ -73,50 +85,34 @@ pub fn router(state: Arc<AppState>) -> Router {
 }
 
 /// Refuses what a browser could send (see the module header); passes the SDK's calls.
-async fn only_local_clients(request: Request, next: Next) -> Response {
-    let content_type = if request.uri().path() == "/" {
-        SECRETS_MANAGER_CONTENT_TYPE
-    } else {
-        "application/json"
-    };
-    match local_client_problem_for(request.headers(), content_type) {
+async fn only_local_clients(request: HttpRequest, next: Next) -> Response {
+    match local_client_problem(request.uri().path(), request.headers()) {
         None => next.run(request).await,
         Some(problem) => {
             tracing::warn!(
                 problem,
                 "refused a request that did not come from a local SDK client"
             );
-            ApiError::Forbidden(problem.to_string()).into_response()
+            ApiError::Forbidden(problem).into_response()
         }
     }
 }
 
 /// Why a request's headers are not those of a local SDK client, if they are not.
-pub fn local_client_problem(headers: &HeaderMap) -> Option<&'static str> {
-    local_client_problem_for(headers, "application/json")
-}
-
-/// Like [`local_client_problem`], for a route whose body is of `content_type`.
-pub fn local_client_problem_for(headers: &HeaderMap, content_type: &str) -> Option<&'static str> {
+fn local_client_problem(path: &str, headers: &HeaderMap) -> Option<String> {
     if headers.contains_key(header::ORIGIN) {
-        return Some("requests with an Origin header (from a browser) are refused");
+        return Some("requests with an Origin header (from a browser) are refused".into());
     }
-    let json = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case(content_type));
-    if !json {
-        return Some(if content_type == "application/json" {
-            "the body must be application/json"
-        } else {
-            "the body must be application/x-amz-json-1.1"
-        });
+    let content_type = match path {
+        "/" => SECRETS_MANAGER_CONTENT_TYPE,
+        _ => "application/json",
+    };
+    let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    let sent_type = header(header::CONTENT_TYPE).and_then(|v| v.split(';').next());
+    if !sent_type.is_some_and(|v| v.trim().eq_ignore_ascii_case(content_type)) {
+        return Some(format!("the body must be {content_type}"));
     }
-    let host = headers
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
+    let host = header(header::HOST).unwrap_or("");
     let name = match host.strip_prefix('[') {
         Some(v6) => v6.split(']').next().unwrap_or(""),
         None => host.rsplit_once(':').map_or(host, |(name, _)| name),
@@ -125,113 +121,64 @@ pub fn local_client_problem_for(headers: &HeaderMap, content_type: &str) -> Opti
         || name
             .parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.is_loopback());
-    if !loopback {
-        return Some("the Host must be a loopback address or localhost");
-    }
-    None
+    (!loopback).then(|| "the Host must be a loopback address or localhost".into())
 }
 
 type Body = Result<Bytes, BytesRejection>;
 
-async fn execute_statement(State(app): State<Arc<AppState>>, body: Body) -> Response {
-    let started = Instant::now();
-    finish("ExecuteStatement", started, execute(&app, body).await)
-}
-
-async fn batch_execute_statement(State(app): State<Arc<AppState>>, body: Body) -> Response {
-    let started = Instant::now();
-    finish(
-        "BatchExecuteStatement",
-        started,
-        batch_execute(&app, body).await,
+/// The route of one Data API operation: parses the body, runs `op`, and logs one line
+/// per call. Never logs parameter values or error texts (MariaDB echoes values, e.g.
+/// "Duplicate entry 'alice' ...").
+fn operation<Op, Fut>(name: &'static str, op: Op) -> MethodRouter<Arc<AppState>>
+where
+    Op: FnOnce(Arc<AppState>, Request) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<Vec<u8>, ApiError>> + Send + 'static,
+{
+    post(
+        move |State(app): State<Arc<AppState>>, body: Body| async move {
+            let started = Instant::now();
+            let result = async { op(app, parse(body)?).await }.await;
+            let elapsed_ms = started.elapsed().as_millis();
+            match result {
+                Ok(json) => {
+                    tracing::info!(operation = name, status = 200, elapsed_ms, "ok");
+                    ([(header::CONTENT_TYPE, "application/json")], json).into_response()
+                }
+                Err(err) => {
+                    let mysql_code = match &err {
+                        ApiError::Database { code, .. } => Some(*code),
+                        _ => None,
+                    };
+                    tracing::info!(
+                        operation = name,
+                        status = err.status().as_u16(),
+                        error = err.code(),
+                        mysql_code,
+                        elapsed_ms,
+                        "failed"
+                    );
+                    err.into_response()
+                }
+            }
+        },
     )
 }
 
-async fn begin_transaction(State(app): State<Arc<AppState>>, body: Body) -> Response {
-    let started = Instant::now();
-    finish("BeginTransaction", started, begin(&app, body).await)
-}
-
-async fn commit_transaction(State(app): State<Arc<AppState>>, body: Body) -> Response {
-    let started = Instant::now();
-    finish(
-        "CommitTransaction",
-        started,
-        end(&app, body, End::Commit).await,
-    )
-}
-
-async fn rollback_transaction(State(app): State<Arc<AppState>>, body: Body) -> Response {
-    let started = Instant::now();
-    finish(
-        "RollbackTransaction",
-        started,
-        end(&app, body, End::Rollback).await,
-    )
-}
-
-/// The deprecated ExecuteSql (Aurora Serverless v1 only) is not offered.
-async fn execute_sql() -> Response {
-    let started = Instant::now();
-    finish(
-        "ExecuteSql",
-        started,
-        Err(ApiError::bad_request(
-            "ExecuteSql is not supported; use ExecuteStatement",
-        )),
-    )
-}
-
-/// The HTTP response, and one log line per call. Never logs parameter values or error
-/// texts (MariaDB echoes values, e.g. "Duplicate entry 'alice' ...").
-fn finish(
-    operation: &'static str,
-    started: Instant,
-    result: Result<Vec<u8>, ApiError>,
-) -> Response {
-    let elapsed_ms = started.elapsed().as_millis();
-    match result {
-        Ok(json) => {
-            tracing::info!(operation, status = 200, elapsed_ms, "ok");
-            let mut response = (StatusCode::OK, json).into_response();
-            response.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-            response
-        }
-        Err(err) => {
-            let mysql_code = match &err {
-                ApiError::Database { code, .. } => Some(*code),
-                _ => None,
-            };
-            tracing::info!(
-                operation,
-                status = err.status().as_u16(),
-                error = err.code(),
-                mysql_code,
-                elapsed_ms,
-                "failed"
-            );
-            err.into_response()
-        }
-    }
-}
-
-fn parse<T: DeserializeOwned>(body: Body) -> Result<T, ApiError> {
+fn parse(body: Body) -> Result<Request, ApiError> {
+    let too_large = || {
+        ApiError::bad_request(format!(
+            "Request size exceeds the Data API limit of {MAX_REQUEST_BYTES} bytes (4 MiB)"
+        ))
+    };
     let bytes = body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::bad_request(format!(
-                "Request size exceeds the Data API limit of {MAX_REQUEST_BYTES} bytes (4 MiB)"
-            ))
+            too_large()
         } else {
             ApiError::bad_request(format!("Could not read the request body: {rejection}"))
         }
     })?;
     if bytes.len() > MAX_REQUEST_BYTES {
-        return Err(ApiError::bad_request(format!(
-            "Request size exceeds the Data API limit of {MAX_REQUEST_BYTES} bytes (4 MiB)"
-        )));
+        return Err(too_large());
     }
     serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("Malformed request body: {e}")))
@@ -250,30 +197,30 @@ fn respond<T: Serialize>(body: &T) -> Result<Vec<u8>, ApiError> {
 /// The resource ARN must be the one this server was started with and the secret one it
 /// knows: a caller configured for another cluster or secret must fail here as it would
 /// against AWS. Returns the secret's credentials, the user the call signs in as.
-fn check_arns(
-    config: &ServerConfig,
-    secrets: &SecretStore,
-    resource_arn: Option<&str>,
-    secret_arn: Option<&str>,
-) -> Result<Credentials, ApiError> {
-    let resource_arn =
-        resource_arn.ok_or_else(|| ApiError::bad_request("resourceArn is required"))?;
-    let secret_arn = secret_arn.ok_or_else(|| ApiError::bad_request("secretArn is required"))?;
-    if resource_arn != config.resource_arn {
+fn check_arns(app: &AppState, req: &Request) -> Result<Credentials, ApiError> {
+    let resource_arn = req
+        .resource_arn
+        .as_deref()
+        .ok_or_else(|| ApiError::bad_request("resourceArn is required"))?;
+    let secret_arn = req
+        .secret_arn
+        .as_deref()
+        .ok_or_else(|| ApiError::bad_request("secretArn is required"))?;
+    if resource_arn != app.config.resource_arn {
         return Err(ApiError::bad_request(format!(
             "Invalid resourceArn {resource_arn}: this server serves {}",
-            config.resource_arn
+            app.config.resource_arn
         )));
     }
-    secrets.get(secret_arn).ok_or_else(|| {
+    app.secrets.get(secret_arn).ok_or_else(|| {
         ApiError::bad_request(format!(
             "Invalid secretArn {secret_arn}: this server accepts {}",
-            secrets.arns().join(", ")
+            app.secrets.arns().join(", ")
         ))
     })
 }
 
-fn check_sql(sql: Option<String>) -> Result<PlaceholderSql, ApiError> {
+fn check_sql(sql: Option<&str>) -> Result<PlaceholderSql, ApiError> {
     let sql = sql
         .filter(|s| !s.trim().is_empty())
         .ok_or_else(|| ApiError::bad_request("sql is required"))?;
@@ -282,33 +229,7 @@ fn check_sql(sql: Option<String>) -> Result<PlaceholderSql, ApiError> {
             "SQL statement exceeds the maximum length of {MAX_SQL_CHARS} characters"
         )));
     }
-    sql::parse(&sql).map_err(|e| ApiError::bad_request(e.to_string()))
-}
-
-fn result_options(options: Option<ResultSetOptions>) -> Result<ResultOptions, ApiError> {
-    let options = options.unwrap_or_default();
-    let decimal_as_number = match options.decimal_return_type.as_deref() {
-        None | Some("STRING") => false,
-        Some("DOUBLE_OR_LONG") => true,
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "Invalid decimalReturnType '{other}': expected STRING or DOUBLE_OR_LONG"
-            )));
-        }
-    };
-    let long_as_string = match options.long_return_type.as_deref() {
-        None | Some("LONG") => false,
-        Some("STRING") => true,
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "Invalid longReturnType '{other}': expected LONG or STRING"
-            )));
-        }
-    };
-    Ok(ResultOptions {
-        decimal_as_number,
-        long_as_string,
-    })
+    sql::parse(sql).map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
 fn generated_fields(outcome: &Outcome) -> Result<Vec<Field>, ApiError> {
@@ -323,103 +244,21 @@ fn generated_fields(outcome: &Outcome) -> Result<Vec<Field>, ApiError> {
         .collect()
 }
 
-async fn execute(app: &AppState, body: Body) -> Result<Vec<u8>, ApiError> {
-    let req: ExecuteStatementRequest = parse(body)?;
-    let creds = check_arns(
-        &app.config,
-        &app.secrets,
-        req.resource_arn.as_deref(),
-        req.secret_arn.as_deref(),
-    )?;
-    let sql = check_sql(req.sql)?;
+async fn execute(app: Arc<AppState>, req: Request) -> Result<Vec<u8>, ApiError> {
+    let creds = check_arns(&app, &req)?;
+    let sql = check_sql(req.sql.as_deref())?;
     let values = values::bind(&sql.names, &req.parameters)?;
-    let options = result_options(req.result_set_options)?;
-    let as_json = match req.format_records_as.as_deref() {
-        None | Some("NONE") => false,
-        Some("JSON") => true,
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "Invalid formatRecordsAs '{other}': expected NONE or JSON"
-            )));
-        }
-    };
-    let timeout = app.config.statement_timeout;
-    let continue_after_timeout = req.continue_after_timeout;
-
-    let outcome = match req.transaction_id.as_deref() {
-        Some(id) => {
-            let tx = app.transactions.get(id)?;
-            let mut slot = tx.lock().await?;
-            let connection_id = slot.as_ref().map_or(0, |c| c.id());
-            let registry = app.transactions.clone();
-            let tx_id = tx.id.clone();
-            let result = app
-                .db
-                .with_timeout(
-                    &creds,
-                    connection_id,
-                    timeout,
-                    continue_after_timeout,
-                    |deadline| async move {
-                        let result = match slot.as_mut() {
-                            Some(conn) => {
-                                database::run_statement(
-                                    conn,
-                                    &sql,
-                                    values,
-                                    options,
-                                    MAX_RESPONSE_BYTES,
-                                )
-                                .await
-                            }
-                            None => Err(crate::transactions::not_found(&tx_id)),
-                        };
-                        let in_time = deadline.finish();
-                        let failed = result.as_ref().is_err_and(ApiError::aborts_transaction);
-                        if failed || (!in_time && !continue_after_timeout) {
-                            registry.abort(&tx_id, &mut slot).await;
-                        }
-                        result
-                    },
-                )
-                .await;
-            tx.touch();
-            result?
-        }
-        None => {
-            let mut conn = app.db.conn(&creds, req.database.as_deref()).await?;
-            let connection_id = conn.id();
-            app.db
-                .with_timeout(
-                    &creds,
-                    connection_id,
-                    timeout,
-                    continue_after_timeout,
-                    |_deadline| async move {
-                        // Autocommit: a killed statement is rolled back by MariaDB itself.
-                        database::run_statement(
-                            &mut conn,
-                            &sql,
-                            values,
-                            options,
-                            MAX_RESPONSE_BYTES,
-                        )
-                        .await
-                    },
-                )
-                .await?
-        }
-    };
-
+    let outcome = run(&app, &creds, &req, sql, vec![values]).await?;
+    let outcome = outcome.into_iter().next().unwrap_or_default();
     let generated_fields = generated_fields(&outcome)?;
     let column_metadata = match (&outcome.columns, req.include_result_metadata) {
         (Some(columns), true) => Some(columns.iter().map(values::column_metadata).collect()),
         _ => None,
     };
-    let (records, formatted_records) = match (&outcome.columns, as_json) {
+    let (records, formatted_records) = match (&outcome.columns, req.format_records_as) {
         (None, _) => (None, None),
-        (Some(_), false) => (Some(outcome.rows), None),
-        (Some(columns), true) => (None, Some(format_json(columns, &outcome.rows)?)),
+        (Some(_), RecordsFormat::None) => (Some(outcome.rows), None),
+        (Some(columns), RecordsFormat::Json) => (None, Some(format_json(columns, &outcome.rows))),
     };
     respond(&ExecuteStatementResponse {
         records,
@@ -431,164 +270,119 @@ async fn execute(app: &AppState, body: Body) -> Result<Vec<u8>, ApiError> {
 }
 
 /// `formattedRecords`: a JSON array of objects keyed by column label.
-fn format_json(columns: &[mysql_async::Column], rows: &[Vec<Field>]) -> Result<String, ApiError> {
-    let labels: Vec<String> = columns.iter().map(|c| c.name_str().into_owned()).collect();
-    let objects: Vec<serde_json::Map<String, serde_json::Value>> = rows
+fn format_json(columns: &[mysql_async::Column], rows: &[Vec<Field>]) -> String {
+    let records: Vec<serde_json::Map<String, serde_json::Value>> = rows
         .iter()
         .map(|row| {
-            labels
-                .iter()
-                .cloned()
-                .zip(row.iter().map(Field::to_json))
-                .collect()
+            let labels = columns.iter().map(|c| c.name_str().into_owned());
+            labels.zip(row.iter().map(Field::to_json)).collect()
         })
         .collect();
-    serde_json::to_string(&objects)
-        .map_err(|e| ApiError::Internal(format!("could not format records as JSON: {e}")))
+    serde_json::Value::from(records).to_string()
 }
 
-async fn batch_execute(app: &AppState, body: Body) -> Result<Vec<u8>, ApiError> {
-    let req: BatchExecuteStatementRequest = parse(body)?;
-    let creds = check_arns(
-        &app.config,
-        &app.secrets,
-        req.resource_arn.as_deref(),
-        req.secret_arn.as_deref(),
-    )?;
-    let sql = check_sql(req.sql)?;
+/// No row counts: Aurora reports only the generated keys of each parameter set.
+async fn batch_execute(app: Arc<AppState>, req: Request) -> Result<Vec<u8>, ApiError> {
+    let creds = check_arns(&app, &req)?;
+    let sql = check_sql(req.sql.as_deref())?;
     // Every set is validated before the first one runs.
     let sets: Vec<Vec<Value>> = req
         .parameter_sets
         .iter()
         .map(|set| values::bind(&sql.names, set))
         .collect::<Result<_, _>>()?;
-    if sets.is_empty() {
-        // Like Aurora: with no parameter set there is nothing to run.
-        return respond(&BatchExecuteStatementResponse {
-            update_results: Vec::new(),
-        });
-    }
-    let timeout = app.config.statement_timeout;
-
-    let update_results = match req.transaction_id.as_deref() {
-        Some(id) => {
-            let tx = app.transactions.get(id)?;
-            let mut slot = tx.lock().await?;
-            let connection_id = slot.as_ref().map_or(0, |c| c.id());
-            let registry = app.transactions.clone();
-            let tx_id = tx.id.clone();
-            let result = app
-                .db
-                .with_timeout(
-                    &creds,
-                    connection_id,
-                    timeout,
-                    false,
-                    |deadline| async move {
-                        let result = match slot.as_mut() {
-                            Some(conn) => run_sets(conn, &sql, sets).await,
-                            None => Err(crate::transactions::not_found(&tx_id)),
-                        };
-                        let in_time = deadline.finish();
-                        if !in_time || result.as_ref().is_err_and(ApiError::aborts_transaction) {
-                            registry.abort(&tx_id, &mut slot).await;
-                        }
-                        result
-                    },
-                )
-                .await;
-            tx.touch();
-            result?
-        }
-        None => {
-            let mut conn = app.db.conn(&creds, req.database.as_deref()).await?;
-            let connection_id = conn.id();
-            app.db
-                .with_timeout(
-                    &creds,
-                    connection_id,
-                    timeout,
-                    false,
-                    |deadline| async move {
-                        // All sets or none: one implicit transaction.
-                        conn.query_drop("START TRANSACTION").await?;
-                        let result = run_sets(&mut conn, &sql, sets).await;
-                        let in_time = deadline.finish();
-                        match result {
-                            Ok(results) if in_time => {
-                                conn.query_drop("COMMIT").await?;
-                                Ok(results)
-                            }
-                            other => {
-                                // Failed, or too late (the caller already got the timeout
-                                // error and ignores this result). Were ROLLBACK to fail, the
-                                // pool's reset of the connection would roll back as well.
-                                let _ = conn.query_drop("ROLLBACK").await;
-                                other
-                            }
-                        }
-                    },
-                )
-                .await?
-        }
+    // Like Aurora: with no parameter set there is nothing to run.
+    let outcomes = match sets.is_empty() {
+        true => Vec::new(),
+        false => run(&app, &creds, &req, sql, sets).await?,
     };
-    respond(&BatchExecuteStatementResponse { update_results })
+    let update_results = outcomes
+        .iter()
+        .map(|outcome| Ok(json!({ "generatedFields": generated_fields(outcome)? })))
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    respond(&json!({ "updateResults": update_results }))
 }
 
-/// Runs the statement once per parameter set. No row counts: Aurora reports only the
-/// generated keys of each set.
-async fn run_sets(
-    conn: &mut mysql_async::Conn,
-    sql: &PlaceholderSql,
+/// Runs the statement once per set of values under the statement timeout: in the call's
+/// transaction, which an error from the database or a cancelled statement ends (rolled
+/// back), or else on a pooled connection, several sets in one transaction of their own
+/// (all or none).
+async fn run(
+    app: &AppState,
+    creds: &Credentials,
+    req: &Request,
+    sql: PlaceholderSql,
     sets: Vec<Vec<Value>>,
-) -> Result<Vec<UpdateResult>, ApiError> {
-    let mut results = Vec::with_capacity(sets.len());
-    for values in sets {
-        let outcome = database::run_statement(
-            conn,
-            sql,
-            values,
-            ResultOptions::default(),
-            MAX_RESPONSE_BYTES,
-        )
-        .await?;
-        results.push(UpdateResult {
-            generated_fields: generated_fields(&outcome)?,
-        });
-    }
-    Ok(results)
+) -> Result<Vec<Outcome>, ApiError> {
+    let timeout = app.config.statement_timeout;
+    let continue_after_timeout = req.continue_after_timeout;
+    let options = req.result_set_options;
+    let Some(id) = req.transaction_id.as_deref() else {
+        let mut conn = app.db.conn(creds, req.database.as_deref()).await?;
+        let connection_id = conn.id();
+        let work = |deadline: database::Deadline| async move {
+            if sets.len() == 1 {
+                // Autocommit: a killed statement is rolled back by MariaDB itself.
+                return database::run_sets(&mut conn, &sql, sets, options).await;
+            }
+            conn.query_drop("START TRANSACTION").await?;
+            let result = database::run_sets(&mut conn, &sql, sets, options).await;
+            let in_time = deadline.finish();
+            if result.is_ok() && in_time {
+                conn.query_drop("COMMIT").await?;
+            } else {
+                // Failed, or too late (the caller already got the timeout error and
+                // ignores this result). Were ROLLBACK to fail, the pool's reset of the
+                // connection would roll back as well.
+                let _ = conn.query_drop("ROLLBACK").await;
+            }
+            result
+        };
+        return (app.db)
+            .with_timeout(creds, connection_id, timeout, continue_after_timeout, work)
+            .await;
+    };
+    let tx = app.transactions.get(id)?;
+    let mut slot = tx.lock().await?;
+    let connection_id = slot.as_ref().map_or(0, |c| c.id());
+    let registry = app.transactions.clone();
+    let tx_id = tx.id.clone();
+    let work = |deadline: database::Deadline| async move {
+        let result = match slot.as_mut() {
+            Some(conn) => database::run_sets(conn, &sql, sets, options).await,
+            None => Err(transactions::not_found(&tx_id)),
+        };
+        let in_time = deadline.finish();
+        let failed = result.as_ref().is_err_and(ApiError::aborts_transaction);
+        if failed || (!in_time && !continue_after_timeout) {
+            registry.abort(&tx_id, &mut slot).await;
+        }
+        result
+    };
+    let result = (app.db)
+        .with_timeout(creds, connection_id, timeout, continue_after_timeout, work)
+        .await;
+    tx.touch();
+    result
 }
 
-async fn begin(app: &AppState, body: Body) -> Result<Vec<u8>, ApiError> {
-    let req: BeginTransactionRequest = parse(body)?;
-    let creds = check_arns(
-        &app.config,
-        &app.secrets,
-        req.resource_arn.as_deref(),
-        req.secret_arn.as_deref(),
-    )?;
+async fn begin(app: Arc<AppState>, req: Request) -> Result<Vec<u8>, ApiError> {
+    let creds = check_arns(&app, &req)?;
     let mut conn = app.db.conn(&creds, req.database.as_deref()).await?;
     conn.query_drop("START TRANSACTION").await?;
     let transaction_id = app.transactions.insert(conn);
-    tracing::debug!(%transaction_id, "transaction started");
-    respond(&BeginTransactionResponse { transaction_id })
+    respond(&json!({ "transactionId": transaction_id }))
 }
 
-#[derive(Clone, Copy)]
-enum End {
-    Commit,
-    Rollback,
-}
-
-async fn end(app: &AppState, body: Body, how: End) -> Result<Vec<u8>, ApiError> {
-    let req: EndTransactionRequest = parse(body)?;
+/// CommitTransaction and RollbackTransaction: runs `statement` and ends the transaction.
+async fn end(
+    app: Arc<AppState>,
+    req: Request,
+    statement: &'static str,
+    status: &'static str,
+) -> Result<Vec<u8>, ApiError> {
     // The transaction's connection is signed in already; the secret must still be known.
-    let _creds = check_arns(
-        &app.config,
-        &app.secrets,
-        req.resource_arn.as_deref(),
-        req.secret_arn.as_deref(),
-    )?;
+    check_arns(&app, &req)?;
     let id = req
         .transaction_id
         .filter(|id| !id.is_empty())
@@ -596,18 +390,9 @@ async fn end(app: &AppState, body: Body, how: End) -> Result<Vec<u8>, ApiError> 
     let tx = app.transactions.get(&id)?;
     let mut slot = tx.lock().await?;
     let mut conn = app.transactions.end(&id, &mut slot)?;
-    let (statement, status) = match how {
-        End::Commit => ("COMMIT", "Transaction Committed"),
-        End::Rollback => ("ROLLBACK", "Rollback Complete"),
-    };
     conn.query_drop(statement).await?;
-    respond(&EndTransactionResponse {
-        transaction_status: status.to_string(),
-    })
+    respond(&json!({ "transactionStatus": status }))
 }
-
-/// The content type of Secrets Manager's JSON 1.1 protocol.
-pub const SECRETS_MANAGER_CONTENT_TYPE: &str = "application/x-amz-json-1.1";
 
 /// `POST /` with `X-Amz-Target: secretsmanager.<Operation>`: only GetSecretValue, for the
 /// secrets this server knows (by ARN). Errors in the JSON 1.1 form (`__type`).
@@ -634,51 +419,38 @@ async fn secrets_manager(
         }
         Err((code, message)) => {
             tracing::info!(operation = target, status = 400, error = code, "failed");
-            let body = serde_json::json!({ "__type": code, "message": message });
-            (StatusCode::BAD_REQUEST, body.to_string().into_bytes())
+            let body = json!({ "__type": code, "message": message });
+            (StatusCode::BAD_REQUEST, body)
         }
     };
-    let mut response = (status, json).into_response();
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static(SECRETS_MANAGER_CONTENT_TYPE),
-    );
-    response
+    let content_type = [(header::CONTENT_TYPE, SECRETS_MANAGER_CONTENT_TYPE)];
+    (status, content_type, json.to_string()).into_response()
 }
 
-fn get_secret_value(app: &AppState, body: Body) -> Result<Vec<u8>, (&'static str, String)> {
-    #[derive(serde::Deserialize)]
-    struct GetSecretValueRequest {
-        #[serde(rename = "SecretId")]
-        secret_id: Option<String>,
-    }
+fn get_secret_value(
+    app: &AppState,
+    body: Body,
+) -> Result<serde_json::Value, (&'static str, String)> {
     let invalid = |m: String| ("InvalidParameterException", m);
     let bytes = body.map_err(|e| invalid(format!("Could not read the request body: {e}")))?;
-    let req: GetSecretValueRequest = serde_json::from_slice(&bytes)
+    let req: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| invalid(format!("Malformed request body: {e}")))?;
-    let id = req
-        .secret_id
+    let id = (req["SecretId"].as_str())
         .filter(|s| !s.is_empty())
         .ok_or_else(|| invalid("SecretId is required".to_string()))?;
-    let creds = app.secrets.get(&id).ok_or_else(|| {
+    let creds = app.secrets.get(id).ok_or_else(|| {
         (
             "ResourceNotFoundException",
             "Secrets Manager can't find the specified secret.".to_string(),
         )
     })?;
-    let secret_string = serde_json::json!({
-        "username": creds.username,
-        "password": creds.password,
-    })
-    .to_string();
-    let name = id.rsplit(':').next().unwrap_or(&id).to_string();
-    let out = serde_json::json!({
+    let secret_string = json!({ "username": creds.username, "password": creds.password });
+    Ok(json!({
         "ARN": id,
-        "Name": name,
+        "Name": id.rsplit(':').next().unwrap_or(id),
         "VersionId": "00000000-0000-0000-0000-000000000000",
-        "SecretString": secret_string,
+        "SecretString": secret_string.to_string(),
         "VersionStages": ["AWSCURRENT"],
         "CreatedDate": 0.0,
-    });
-    Ok(out.to_string().into_bytes())
+    }))
 }

@@ -40,10 +40,10 @@ impl Transaction {
     /// Waits for the calls ahead on this transaction, then holds its connection.
     pub async fn lock(&self) -> Result<OwnedMutexGuard<Slot>, ApiError> {
         let guard = self.slot.clone().lock_owned().await;
-        if guard.is_none() {
-            return Err(not_found(&self.id));
-        }
-        Ok(guard)
+        guard
+            .is_some()
+            .then_some(guard)
+            .ok_or_else(|| not_found(&self.id))
     }
 }
 
@@ -96,17 +96,14 @@ impl Registry {
 
     /// Ends the transaction and rolls it back (after an error inside it, or idleness).
     pub async fn abort(&self, id: &str, slot: &mut OwnedMutexGuard<Slot>) {
-        if let Ok(conn) = self.end(id, slot) {
-            rollback(conn).await;
+        let Ok(mut conn) = self.end(id, slot) else {
+            return;
+        };
+        if let Err(err) = conn.query_drop("ROLLBACK").await {
+            // Dropping the connection rolls back on the server anyway (the pool resets
+            // or discards it).
+            tracing::warn!(%err, "ROLLBACK failed");
         }
-    }
-
-    pub fn len(&self) -> usize {
-        self.open().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Rolls back every transaction idle for longer than the timeout. One that is busy
@@ -151,18 +148,8 @@ impl Registry {
     pub async fn rollback_all(&self) {
         let all: Vec<Arc<Transaction>> = self.open().drain().map(|(_, tx)| tx).collect();
         for tx in all {
-            let mut slot = tx.slot.clone().lock_owned().await;
-            if let Some(conn) = slot.take() {
-                rollback(conn).await;
-            }
+            self.abort(&tx.id, &mut tx.slot.clone().lock_owned().await)
+                .await;
         }
-    }
-}
-
-async fn rollback(mut conn: Conn) {
-    if let Err(err) = conn.query_drop("ROLLBACK").await {
-        // Dropping the connection rolls back on the server anyway (the pool resets
-        // or discards it).
-        tracing::warn!(%err, "ROLLBACK failed");
     }
 }

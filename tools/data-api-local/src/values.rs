@@ -14,9 +14,13 @@ use std::collections::{HashMap, HashSet};
 use mysql_async::consts::{ColumnFlags, ColumnType};
 use mysql_async::{Column, Value};
 use serde::Deserialize;
+use time::format_description::BorrowedFormatItem;
+use time::macros::format_description;
 
 use crate::error::ApiError;
-use crate::wire::{ColumnMetadata, Field, SqlParameter};
+use crate::wire::{
+    DecimalReturnType, Field, LongReturnType, ResultSetOptions, SqlParameter, TypeHint,
+};
 
 /// The character set number MySQL uses for binary strings (BLOB, VARBINARY, ...).
 const BINARY_CHARSET: u16 = 63;
@@ -24,35 +28,6 @@ const BINARY_CHARSET: u16 = 63;
 /// Every text column comes back in the connection's character set, utf8mb4, whose
 /// `column_length` counts 4 bytes a character.
 const UTF8MB4_MAX_BYTES: u32 = 4;
-
-/// The `typeHint` values of `SqlParameter`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TypeHint {
-    Date,
-    Time,
-    Timestamp,
-    Decimal,
-    Json,
-    Uuid,
-}
-
-impl TypeHint {
-    pub fn parse(text: &str) -> Result<Self, ApiError> {
-        Ok(match text {
-            "DATE" => TypeHint::Date,
-            "TIME" => TypeHint::Time,
-            "TIMESTAMP" => TypeHint::Timestamp,
-            "DECIMAL" => TypeHint::Decimal,
-            "JSON" => TypeHint::Json,
-            "UUID" => TypeHint::Uuid,
-            other => {
-                return Err(ApiError::bad_request(format!(
-                    "Invalid typeHint '{other}': expected one of DATE, TIME, TIMESTAMP, DECIMAL, JSON, UUID"
-                )));
-            }
-        })
-    }
-}
 
 /// The values for the `?` placeholders of a statement, in order.
 ///
@@ -98,40 +73,22 @@ pub fn bind(names: &[String], params: &[SqlParameter]) -> Result<Vec<Value>, Api
 
 /// One parameter's value, validated against its type hint.
 fn parameter_value(name: &str, param: &SqlParameter) -> Result<Value, ApiError> {
-    let raw = param
-        .value
-        .as_ref()
+    let bad = |why: String| ApiError::bad_request(format!("Parameter \"{name}\"{why}"));
+    let raw = (param.value.as_ref())
         .filter(|v| v.as_object().is_some_and(|o| !o.is_empty()))
-        .ok_or_else(|| {
-            ApiError::bad_request(format!("Parameter \"{name}\" has value with no field set"))
-        })?;
+        .ok_or_else(|| bad(" has value with no field set".into()))?;
     if raw.get("arrayValue").is_some() {
-        return Err(ApiError::bad_request(format!(
-            "Array parameters are not supported (parameter \"{name}\")"
-        )));
+        return Err(bad(": array parameters are not supported".into()));
     }
     // From the borrowed value: a string parameter can be megabytes (a batch of rows).
-    let field = Field::deserialize(raw).map_err(|e| {
-        ApiError::bad_request(format!("Invalid value for parameter \"{name}\": {e}"))
-    })?;
-    let hint = param
-        .type_hint
-        .as_deref()
-        .map(TypeHint::parse)
-        .transpose()?;
-    match (field, hint) {
+    let field = Field::deserialize(raw).map_err(|e| bad(format!(": invalid value: {e}")))?;
+    match (field, param.type_hint) {
         (Field::IsNull(true), _) => Ok(Value::NULL),
-        (Field::IsNull(false), _) => Err(ApiError::bad_request(format!(
-            "Parameter \"{name}\": isNull must be true when given"
-        ))),
-        (Field::StringValue(s), Some(hint)) => hinted_value(&s, hint).map_err(|why| {
-            ApiError::bad_request(format!(
-                "Parameter \"{name}\" with typeHint {hint:?}: {why}"
-            ))
-        }),
-        (_, Some(hint)) => Err(ApiError::bad_request(format!(
-            "Parameter \"{name}\": typeHint {hint:?} requires a stringValue"
-        ))),
+        (Field::IsNull(false), _) => Err(bad(": isNull must be true when given".into())),
+        (Field::StringValue(s), Some(hint)) => {
+            hinted_value(&s, hint).map_err(|why| bad(format!(" with typeHint {hint:?}: {why}")))
+        }
+        (_, Some(hint)) => Err(bad(format!(": typeHint {hint:?} requires a stringValue"))),
         (Field::BooleanValue(b), None) => Ok(Value::Int(i64::from(b))),
         (Field::LongValue(n), None) => Ok(Value::Int(n)),
         (Field::DoubleValue(f), None) => Ok(Value::Double(f)),
@@ -144,130 +101,60 @@ fn parameter_value(name: &str, param: &SqlParameter) -> Result<Value, ApiError> 
 /// temporal values (so a TIMESTAMP lands in a DATETIME column exactly), the others as
 /// strings MySQL converts itself.
 pub fn hinted_value(s: &str, hint: TypeHint) -> Result<Value, String> {
+    let text = || Value::Bytes(s.as_bytes().to_vec());
+    // `[year]` would also read a sign, which MySQL dates never have.
+    let unsigned = || match s.starts_with(['+', '-']) {
+        true => Err("expected a year without a sign".to_string()),
+        false => Ok(s),
+    };
     match hint {
         TypeHint::Date => {
-            let (y, mo, d) = parse_date(s)?;
-            Ok(Value::Date(y, mo, d, 0, 0, 0, 0))
+            let date = time::Date::parse(unsigned()?, DATE)
+                .map_err(|e| format!("expected YYYY-MM-DD: {e}"))?;
+            Ok(date_time(date, time::Time::MIDNIGHT))
         }
         TypeHint::Time => {
-            let (h, mi, sec, us) = parse_time(s)?;
+            let t =
+                time::Time::parse(s, TIME).map_err(|e| format!("expected HH:MM:SS[.FFF]: {e}"))?;
+            let (h, mi, sec, us) = t.as_hms_micro();
             Ok(Value::Time(false, 0, h, mi, sec, us))
         }
         TypeHint::Timestamp => {
-            let (date, time) = s
-                .split_once(' ')
-                .ok_or("expected YYYY-MM-DD HH:MM:SS[.FFF]")?;
-            let (y, mo, d) = parse_date(date)?;
-            let (h, mi, sec, us) = parse_time(time)?;
-            Ok(Value::Date(y, mo, d, h, mi, sec, us))
+            let t = time::PrimitiveDateTime::parse(unsigned()?, TIMESTAMP)
+                .map_err(|e| format!("expected YYYY-MM-DD HH:MM:SS[.FFF]: {e}"))?;
+            Ok(date_time(t.date(), t.time()))
         }
-        TypeHint::Decimal => {
-            if is_decimal(s) {
-                Ok(Value::Bytes(s.as_bytes().to_vec()))
-            } else {
-                Err("not a decimal number".into())
-            }
+        // `[+-]digits[.digits][e[+-]digits]`: what f64 reads, less `inf` and `NaN`.
+        TypeHint::Decimal
+            if s.bytes()
+                .all(|b| b.is_ascii_digit() || b"+-.eE".contains(&b)) =>
+        {
+            s.parse::<f64>()
+                .map(|_| text())
+                .map_err(|_| "not a decimal number".into())
         }
+        TypeHint::Decimal => Err("not a decimal number".into()),
         TypeHint::Json => serde_json::from_str::<serde_json::Value>(s)
-            .map(|_| Value::Bytes(s.as_bytes().to_vec()))
+            .map(|_| text())
             .map_err(|e| format!("not valid JSON: {e}")),
-        TypeHint::Uuid => {
-            // Only the canonical 8-4-4-4-12 form, as java.util.UUID reads it.
-            if s.len() == 36 && uuid::Uuid::try_parse(s).is_ok() {
-                Ok(Value::Bytes(s.as_bytes().to_vec()))
-            } else {
-                Err("expected a UUID like 123e4567-e89b-12d3-a456-426614174000".into())
-            }
-        }
+        // Only the canonical 8-4-4-4-12 form, as java.util.UUID reads it.
+        TypeHint::Uuid if s.len() == 36 && uuid::Uuid::try_parse(s).is_ok() => Ok(text()),
+        TypeHint::Uuid => Err("expected a UUID like 123e4567-e89b-12d3-a456-426614174000".into()),
     }
 }
 
-fn digits<T: TryFrom<u32>>(s: &str, len: usize) -> Option<T> {
-    if s.len() != len || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse::<u32>().ok().and_then(|n| T::try_from(n).ok())
-}
+const DATE: &[BorrowedFormatItem<'_>] = format_description!("[year]-[month]-[day]");
+/// 1 to 9 fraction digits, kept to microseconds (MySQL's precision).
+const TIME: &[BorrowedFormatItem<'_>] =
+    format_description!("[hour]:[minute]:[second][optional [.[subsecond]]]");
+const TIMESTAMP: &[BorrowedFormatItem<'_>] =
+    format_description!("[year]-[month]-[day] [hour]:[minute]:[second][optional [.[subsecond]]]");
 
-/// `YYYY-MM-DD`, a real calendar date.
-fn parse_date(s: &str) -> Result<(u16, u8, u8), String> {
-    const FORMAT: &str = "expected YYYY-MM-DD";
-    let mut parts = s.split('-');
-    let (Some(y), Some(mo), Some(d), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(FORMAT.into());
-    };
-    let (Some(y), Some(mo), Some(d)) =
-        (digits::<u16>(y, 4), digits::<u8>(mo, 2), digits::<u8>(d, 2))
-    else {
-        return Err(FORMAT.into());
-    };
-    let month = time::Month::try_from(mo).map_err(|_| format!("no month {mo}"))?;
-    time::Date::from_calendar_date(i32::from(y), month, d)
-        .map_err(|_| format!("{s} is not a calendar date"))?;
-    Ok((y, mo, d))
-}
-
-/// `HH:MM:SS[.F]` with 1 to 9 fraction digits (kept to microseconds, MySQL's precision).
-fn parse_time(s: &str) -> Result<(u8, u8, u8, u32), String> {
-    const FORMAT: &str = "expected HH:MM:SS[.FFF]";
-    let (hms, fraction) = match s.split_once('.') {
-        Some((hms, f)) => (hms, Some(f)),
-        None => (s, None),
-    };
-    let mut parts = hms.split(':');
-    let (Some(h), Some(mi), Some(sec), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(FORMAT.into());
-    };
-    let (Some(h), Some(mi), Some(sec)) = (
-        digits::<u8>(h, 2),
-        digits::<u8>(mi, 2),
-        digits::<u8>(sec, 2),
-    ) else {
-        return Err(FORMAT.into());
-    };
-    if h > 23 || mi > 59 || sec > 59 {
-        return Err(format!("{hms} is not a time of day"));
-    }
-    let micros = match fraction {
-        None => 0,
-        Some(f) if (1..=9).contains(&f.len()) && f.bytes().all(|b| b.is_ascii_digit()) => {
-            // Pad or cut to 6 digits: ".5" is 500000 µs, ".123456789" is 123456 µs.
-            let six: String = f.chars().chain(std::iter::repeat('0')).take(6).collect();
-            six.parse::<u32>().map_err(|_| FORMAT.to_string())?
-        }
-        Some(_) => return Err(FORMAT.into()),
-    };
-    Ok((h, mi, sec, micros))
-}
-
-/// `[+-]digits[.digits][e[+-]digits]`, at least one digit in the mantissa.
-fn is_decimal(s: &str) -> bool {
-    let s = s.strip_prefix(['+', '-']).unwrap_or(s);
-    let (mantissa, exponent) = match s.split_once(['e', 'E']) {
-        Some((m, e)) => (m, Some(e)),
-        None => (s, None),
-    };
-    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
-    let all_digits = |p: &str| p.bytes().all(|b| b.is_ascii_digit());
-    let mantissa_ok = !(int.is_empty() && frac.is_empty()) && all_digits(int) && all_digits(frac);
-    let exponent_ok = exponent.is_none_or(|e| {
-        let e = e.strip_prefix(['+', '-']).unwrap_or(e);
-        !e.is_empty() && all_digits(e)
-    });
-    mantissa_ok && exponent_ok
-}
-
-/// How the caller asked for numbers (`resultSetOptions`).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ResultOptions {
-    /// `decimalReturnType = DOUBLE_OR_LONG`.
-    pub decimal_as_number: bool,
-    /// `longReturnType = STRING`.
-    pub long_as_string: bool,
+/// A DATE or DATETIME value (the year has four digits, so it fits).
+fn date_time(date: time::Date, t: time::Time) -> Value {
+    let (h, mi, sec, us) = t.as_hms_micro();
+    let year = u16::try_from(date.year()).unwrap_or_default();
+    Value::Date(year, date.month().into(), date.day(), h, mi, sec, us)
 }
 
 /// What a column holds, as far as the Data API's value mapping cares.
@@ -276,7 +163,6 @@ enum Kind {
     Integer,
     Decimal,
     Float,
-    Double,
     DateTime,
     Date,
     Time,
@@ -286,62 +172,84 @@ enum Kind {
     Null,
 }
 
-fn kind(column: &Column) -> Kind {
+/// A column's kind, SQL type name and JDBC type (`java.sql.Types`), as Aurora MySQL
+/// reports them (through Connector/J).
+fn describe(column: &Column) -> (Kind, &'static str, i32) {
     use ColumnType::*;
+    use Kind::*;
     let binary = column.character_set() == BINARY_CHARSET;
+    let string_kind = if binary { Binary } else { Text };
+    let blob = matches!(
+        column.column_type(),
+        MYSQL_TYPE_TINY_BLOB | MYSQL_TYPE_MEDIUM_BLOB | MYSQL_TYPE_LONG_BLOB | MYSQL_TYPE_BLOB
+    );
+    // TINY, plain, MEDIUM or LONG by the length (of a TEXT in characters).
+    let size = match column.column_length() / if binary { 1 } else { UTF8MB4_MAX_BYTES } {
+        0..=255 => 0,
+        256..=65_535 => 1,
+        65_536..=16_777_215 => 2,
+        _ => 3,
+    };
+    let flags = column.flags();
     match column.column_type() {
-        MYSQL_TYPE_TINY | MYSQL_TYPE_SHORT | MYSQL_TYPE_LONG | MYSQL_TYPE_INT24
-        | MYSQL_TYPE_LONGLONG | MYSQL_TYPE_YEAR => Kind::Integer,
-        MYSQL_TYPE_DECIMAL | MYSQL_TYPE_NEWDECIMAL => Kind::Decimal,
-        MYSQL_TYPE_FLOAT => Kind::Float,
-        MYSQL_TYPE_DOUBLE => Kind::Double,
-        MYSQL_TYPE_TIMESTAMP
-        | MYSQL_TYPE_TIMESTAMP2
-        | MYSQL_TYPE_DATETIME
-        | MYSQL_TYPE_DATETIME2 => Kind::DateTime,
-        MYSQL_TYPE_DATE | MYSQL_TYPE_NEWDATE => Kind::Date,
-        MYSQL_TYPE_TIME | MYSQL_TYPE_TIME2 => Kind::Time,
-        MYSQL_TYPE_BIT => Kind::Bit,
-        MYSQL_TYPE_NULL => Kind::Null,
-        MYSQL_TYPE_JSON | MYSQL_TYPE_ENUM | MYSQL_TYPE_SET => Kind::Text,
-        MYSQL_TYPE_VARCHAR
-        | MYSQL_TYPE_VAR_STRING
-        | MYSQL_TYPE_STRING
-        | MYSQL_TYPE_TINY_BLOB
-        | MYSQL_TYPE_MEDIUM_BLOB
-        | MYSQL_TYPE_LONG_BLOB
-        | MYSQL_TYPE_BLOB => {
-            if binary {
-                Kind::Binary
-            } else {
-                Kind::Text
-            }
-        }
-        _ => Kind::Binary,
+        MYSQL_TYPE_TINY => (Integer, "TINYINT", -6),
+        MYSQL_TYPE_SHORT => (Integer, "SMALLINT", 5),
+        MYSQL_TYPE_INT24 => (Integer, "MEDIUMINT", 4),
+        MYSQL_TYPE_LONG => (Integer, "INT", 4),
+        MYSQL_TYPE_LONGLONG => (Integer, "BIGINT", -5),
+        MYSQL_TYPE_YEAR => (Integer, "YEAR", 91),
+        MYSQL_TYPE_DECIMAL | MYSQL_TYPE_NEWDECIMAL => (Decimal, "DECIMAL", 3),
+        MYSQL_TYPE_FLOAT => (Float, "FLOAT", 7),
+        MYSQL_TYPE_DOUBLE => (Float, "DOUBLE", 8),
+        MYSQL_TYPE_TIMESTAMP | MYSQL_TYPE_TIMESTAMP2 => (DateTime, "TIMESTAMP", 93),
+        MYSQL_TYPE_DATETIME | MYSQL_TYPE_DATETIME2 => (DateTime, "DATETIME", 93),
+        MYSQL_TYPE_DATE | MYSQL_TYPE_NEWDATE => (Date, "DATE", 91),
+        MYSQL_TYPE_TIME | MYSQL_TYPE_TIME2 => (Time, "TIME", 92),
+        MYSQL_TYPE_BIT => (Bit, "BIT", -7),
+        MYSQL_TYPE_NULL => (Null, "NULL", 0),
+        MYSQL_TYPE_JSON => (Text, "JSON", -1),
+        // ENUM and SET columns arrive as strings with a flag.
+        _ if flags.contains(ColumnFlags::ENUM_FLAG) => (string_kind, "ENUM", 1),
+        _ if flags.contains(ColumnFlags::SET_FLAG) => (string_kind, "SET", 1),
+        MYSQL_TYPE_ENUM => (Text, "ENUM", 1),
+        MYSQL_TYPE_SET => (Text, "SET", 1),
+        MYSQL_TYPE_VARCHAR | MYSQL_TYPE_VAR_STRING if binary => (Binary, "VARBINARY", -3),
+        MYSQL_TYPE_VARCHAR | MYSQL_TYPE_VAR_STRING => (Text, "VARCHAR", 12),
+        MYSQL_TYPE_STRING if binary => (Binary, "BINARY", -2),
+        MYSQL_TYPE_STRING => (Text, "CHAR", 1),
+        _ if blob && binary => (
+            Binary,
+            ["TINYBLOB", "BLOB", "MEDIUMBLOB", "LONGBLOB"][size],
+            -4,
+        ),
+        _ if blob => (
+            Text,
+            ["TINYTEXT", "TEXT", "MEDIUMTEXT", "LONGTEXT"][size],
+            -1,
+        ),
+        MYSQL_TYPE_GEOMETRY => (Binary, "GEOMETRY", -2),
+        _ => (Binary, "UNKNOWN", 1111),
     }
 }
 
 /// One result value as a `Field`.
-pub fn to_field(value: Value, column: &Column, options: ResultOptions) -> Result<Field, ApiError> {
+pub fn to_field(
+    value: Value,
+    column: &Column,
+    options: ResultSetOptions,
+) -> Result<Field, ApiError> {
     if value == Value::NULL {
         return Ok(Field::IsNull(true));
     }
-    let kind = kind(column);
-    Ok(match (kind, value) {
+    let long_as_string = options.long_return_type == LongReturnType::String;
+    Ok(match (describe(column).0, value) {
+        (Kind::Integer, Value::Int(n)) if !long_as_string => Field::LongValue(n),
         (Kind::Integer, value) => {
-            let text_or_long = match value {
-                Value::Int(n) => Ok(n),
-                Value::UInt(n) => i64::try_from(n).map_err(|_| n.to_string()),
-                other => {
-                    let text = lossy_text(other);
-                    text.parse::<i64>().map_err(|_| text)
-                }
-            };
-            match (text_or_long, options.long_as_string) {
-                (Ok(n), false) => Field::LongValue(n),
-                (Ok(n), true) => Field::StringValue(n.to_string()),
-                (Err(text), true) => Field::StringValue(text),
-                (Err(text), false) => {
+            let text = lossy_text(value);
+            match text.parse::<i64>() {
+                _ if long_as_string => Field::StringValue(text),
+                Ok(n) => Field::LongValue(n),
+                Err(_) => {
                     return Err(ApiError::UnsupportedResult(format!(
                         "Column '{}' holds {text}, which does not fit a longValue; use longReturnType STRING",
                         column.name_str()
@@ -351,7 +259,7 @@ pub fn to_field(value: Value, column: &Column, options: ResultOptions) -> Result
         }
         (Kind::Decimal, value) => {
             let text = lossy_text(value);
-            if options.decimal_as_number {
+            if options.decimal_return_type == DecimalReturnType::DoubleOrLong {
                 // DOUBLE_OR_LONG: a scale-0 decimal that fits i64 is a long, else a double.
                 match text.parse::<i64>() {
                     Ok(n) if column.decimals() == 0 => Field::LongValue(n),
@@ -363,12 +271,9 @@ pub fn to_field(value: Value, column: &Column, options: ResultOptions) -> Result
                 Field::StringValue(text)
             }
         }
-        // Through its shortest decimal form, so FLOAT 1.1 is 1.1 and not 1.100000023841858.
-        (Kind::Float | Kind::Double, Value::Float(f)) => {
-            Field::DoubleValue(f.to_string().parse::<f64>().unwrap_or(f64::from(f)))
-        }
-        (Kind::Float | Kind::Double, Value::Double(f)) => Field::DoubleValue(f),
-        (Kind::Float | Kind::Double, other) => {
+        (Kind::Float, Value::Double(f)) => Field::DoubleValue(f),
+        // A FLOAT through its shortest decimal form: 1.1, not 1.100000023841858.
+        (Kind::Float, other) => {
             let text = lossy_text(other);
             Field::DoubleValue(text.parse::<f64>().map_err(|_| {
                 ApiError::Internal(format!(
@@ -432,137 +337,73 @@ fn lossy_text(value: Value) -> String {
         Value::UInt(n) => n.to_string(),
         Value::Float(f) => f.to_string(),
         Value::Double(f) => f.to_string(),
-        other => {
-            // Date/Time outside their usual columns: MySQL's own literal without quotes.
-            let sql = other.as_sql(true);
-            sql.trim_matches('\'').to_string()
-        }
+        // Date/Time outside their usual columns: MySQL's own literal without quotes.
+        other => other.as_sql(true).trim_matches('\'').to_string(),
     }
 }
 
-/// `columnMetadata` entry for a result column, JDBC-style as Aurora reports it.
-pub fn column_metadata(column: &Column) -> ColumnMetadata {
-    use ColumnType::*;
+/// `columnMetadata` entry (the SDK's `ColumnMetadata`) for a result column, JDBC-style
+/// as Aurora reports it.
+pub fn column_metadata(column: &Column) -> serde_json::Value {
+    let (kind, name, jdbc_type) = describe(column);
     let flags = column.flags();
     let unsigned = flags.contains(ColumnFlags::UNSIGNED_FLAG);
-    let kind = kind(column);
     let length = column.column_length();
-    let chars = length / UTF8MB4_MAX_BYTES;
-    let by_size = |tiny: &str, plain: &str, medium: &str, long: &str, len: u32| {
-        match len {
-            0..=255 => tiny,
-            256..=65_535 => plain,
-            65_536..=16_777_215 => medium,
-            _ => long,
-        }
-        .to_string()
-    };
-    let with_unsigned = |name: &str| {
-        if unsigned {
-            format!("{name} UNSIGNED")
-        } else {
-            name.to_string()
-        }
-    };
-    let (type_name, jdbc_type) = match column.column_type() {
-        MYSQL_TYPE_TINY => (with_unsigned("TINYINT"), -6),
-        MYSQL_TYPE_SHORT => (with_unsigned("SMALLINT"), 5),
-        MYSQL_TYPE_INT24 => (with_unsigned("MEDIUMINT"), 4),
-        // Connector/J widens INT UNSIGNED to BIGINT.
-        MYSQL_TYPE_LONG => (with_unsigned("INT"), if unsigned { -5 } else { 4 }),
-        MYSQL_TYPE_LONGLONG => (with_unsigned("BIGINT"), -5),
-        MYSQL_TYPE_YEAR => ("YEAR".to_string(), 91),
-        MYSQL_TYPE_DECIMAL | MYSQL_TYPE_NEWDECIMAL => (with_unsigned("DECIMAL"), 3),
-        MYSQL_TYPE_FLOAT => (with_unsigned("FLOAT"), 7),
-        MYSQL_TYPE_DOUBLE => (with_unsigned("DOUBLE"), 8),
-        MYSQL_TYPE_TIMESTAMP | MYSQL_TYPE_TIMESTAMP2 => ("TIMESTAMP".to_string(), 93),
-        MYSQL_TYPE_DATETIME | MYSQL_TYPE_DATETIME2 => ("DATETIME".to_string(), 93),
-        MYSQL_TYPE_DATE | MYSQL_TYPE_NEWDATE => ("DATE".to_string(), 91),
-        MYSQL_TYPE_TIME | MYSQL_TYPE_TIME2 => ("TIME".to_string(), 92),
-        MYSQL_TYPE_BIT => ("BIT".to_string(), -7),
-        MYSQL_TYPE_NULL => ("NULL".to_string(), 0),
-        MYSQL_TYPE_JSON => ("JSON".to_string(), -1),
-        _ if flags.contains(ColumnFlags::ENUM_FLAG) => ("ENUM".to_string(), 1),
-        _ if flags.contains(ColumnFlags::SET_FLAG) => ("SET".to_string(), 1),
-        MYSQL_TYPE_VARCHAR | MYSQL_TYPE_VAR_STRING => match kind {
-            Kind::Binary => ("VARBINARY".to_string(), -3),
-            _ => ("VARCHAR".to_string(), 12),
-        },
-        MYSQL_TYPE_STRING => match kind {
-            Kind::Binary => ("BINARY".to_string(), -2),
-            _ => ("CHAR".to_string(), 1),
-        },
-        MYSQL_TYPE_TINY_BLOB | MYSQL_TYPE_MEDIUM_BLOB | MYSQL_TYPE_LONG_BLOB | MYSQL_TYPE_BLOB => {
-            match kind {
-                Kind::Binary => (
-                    by_size("TINYBLOB", "BLOB", "MEDIUMBLOB", "LONGBLOB", length),
-                    -4,
-                ),
-                _ => (
-                    by_size("TINYTEXT", "TEXT", "MEDIUMTEXT", "LONGTEXT", chars),
-                    -1,
-                ),
-            }
-        }
-        MYSQL_TYPE_GEOMETRY => ("GEOMETRY".to_string(), -2),
-        _ => ("UNKNOWN".to_string(), 1111),
-    };
-    let numeric = matches!(
-        kind,
-        Kind::Integer | Kind::Decimal | Kind::Float | Kind::Double
-    );
+    let numeric = matches!(kind, Kind::Integer | Kind::Decimal | Kind::Float);
     let decimals = i32::from(column.decimals());
     // 31 (NOT_FIXED_DEC) and above mean "no fixed scale".
     let scale = match kind {
         Kind::Decimal | Kind::DateTime | Kind::Time => decimals,
-        Kind::Float | Kind::Double if decimals < 31 => decimals,
+        Kind::Float if decimals < 31 => decimals,
         _ => 0,
     };
     let precision = match kind {
-        Kind::Text => chars,
+        Kind::Text => length / UTF8MB4_MAX_BYTES,
         // DECIMAL(10,2) has length 12: ten digits, the point and the sign.
         Kind::Decimal => length
             .saturating_sub(u32::from(scale > 0))
             .saturating_sub(u32::from(!unsigned)),
         _ => length,
     };
-    ColumnMetadata {
-        name: if column.org_name_ref().is_empty() {
-            column.name_str().into_owned()
-        } else {
-            column.org_name_str().into_owned()
+    let org_name = column.org_name_str();
+    serde_json::json!({
+        "name": if org_name.is_empty() { column.name_str() } else { org_name },
+        "label": column.name_str(),
+        // YEAR is unsigned without saying so.
+        "typeName": match numeric && unsigned && name != "YEAR" {
+            true => format!("{name} UNSIGNED"),
+            false => name.to_string(),
         },
-        label: column.name_str().into_owned(),
-        type_name,
-        jdbc_type,
+        // Connector/J widens INT UNSIGNED to BIGINT.
+        "type": if name == "INT" && unsigned { -5 } else { jdbc_type },
         // java.sql.ResultSetMetaData: 0 = columnNoNulls, 1 = columnNullable.
-        nullable: i32::from(!flags.contains(ColumnFlags::NOT_NULL_FLAG)),
-        precision: i32::try_from(precision).unwrap_or(i32::MAX),
-        scale,
-        is_signed: numeric && !unsigned,
-        is_auto_increment: flags.contains(ColumnFlags::AUTO_INCREMENT_FLAG),
-        is_case_sensitive: match kind {
+        "nullable": i32::from(!flags.contains(ColumnFlags::NOT_NULL_FLAG)),
+        "precision": i32::try_from(precision).unwrap_or(i32::MAX),
+        "scale": scale,
+        "isSigned": numeric && !unsigned,
+        "isAutoIncrement": flags.contains(ColumnFlags::AUTO_INCREMENT_FLAG),
+        "isCaseSensitive": match kind {
             Kind::Binary => true,
             Kind::Text => flags.contains(ColumnFlags::BINARY_FLAG),
             _ => false,
         },
-        is_currency: false,
-        array_base_column_type: 0,
+        "isCurrency": false,
+        "arrayBaseColumnType": 0,
         // MySQL has catalogs (databases), not schemas: Connector/J reports "".
-        schema_name: String::new(),
-        table_name: column.org_table_str().into_owned(),
-    }
+        "schemaName": "",
+        "tableName": column.org_table_str(),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn param(name: &str, value: serde_json::Value, hint: Option<&str>) -> SqlParameter {
+    fn param(name: &str, value: serde_json::Value, hint: Option<TypeHint>) -> SqlParameter {
         SqlParameter {
             name: Some(name.to_string()),
             value: Some(value),
-            type_hint: hint.map(str::to_string),
+            type_hint: hint,
         }
     }
 
@@ -682,6 +523,7 @@ mod tests {
             ("2026-01-01 00:00:00.", TypeHint::Timestamp),
             ("2025-02-29", TypeHint::Date),
             ("26-01-01", TypeHint::Date),
+            ("+2026-01-01", TypeHint::Date),
             ("1:02:03", TypeHint::Time),
             ("12:60:00", TypeHint::Time),
             ("1.2.3", TypeHint::Decimal),
@@ -698,14 +540,17 @@ mod tests {
                 "{bad} should fail as {hint:?}"
             );
         }
-        assert!(TypeHint::parse("BLOB").is_err());
-        let hinted_long = param("p", serde_json::json!({"longValue": 1}), Some("DECIMAL"));
+        let hinted_long = param(
+            "p",
+            serde_json::json!({"longValue": 1}),
+            Some(TypeHint::Decimal),
+        );
         assert!(parameter_value("p", &hinted_long).is_err());
     }
 
     #[test]
     fn integers_and_decimals() {
-        let options = ResultOptions::default();
+        let options = ResultSetOptions::default();
         let bigint = col(ColumnType::MYSQL_TYPE_LONGLONG);
         assert_eq!(
             to_field(Value::Int(-3), &bigint, options).unwrap(),
@@ -720,8 +565,8 @@ mod tests {
             to_field(Value::UInt(u64::MAX), &unsigned, options),
             Err(ApiError::UnsupportedResult(_))
         ));
-        let as_string = ResultOptions {
-            long_as_string: true,
+        let as_string = ResultSetOptions {
+            long_return_type: LongReturnType::String,
             ..options
         };
         assert_eq!(
@@ -740,8 +585,8 @@ mod tests {
             to_field(dec.clone(), &decimal, options).unwrap(),
             Field::StringValue("12.30".into())
         );
-        let numbers = ResultOptions {
-            decimal_as_number: true,
+        let numbers = ResultSetOptions {
+            decimal_return_type: DecimalReturnType::DoubleOrLong,
             ..options
         };
         assert_eq!(
@@ -757,7 +602,7 @@ mod tests {
 
     #[test]
     fn floats_temporals_bits_and_strings() {
-        let options = ResultOptions::default();
+        let options = ResultSetOptions::default();
         let float = col(ColumnType::MYSQL_TYPE_FLOAT);
         assert_eq!(
             to_field(Value::Float(1.1), &float, options).unwrap(),
@@ -820,28 +665,30 @@ mod tests {
             .with_org_name(b"user_id")
             .with_org_table(b"orders");
         let meta = column_metadata(&varchar);
-        assert_eq!(meta.type_name, "VARCHAR");
-        assert_eq!(meta.jdbc_type, 12);
-        assert_eq!(meta.precision, 64);
-        assert_eq!(meta.nullable, 0);
-        assert_eq!(meta.name, "user_id");
-        assert_eq!(meta.table_name, "orders");
-        assert!(!meta.is_signed);
+        assert_eq!(meta["typeName"], "VARCHAR");
+        assert_eq!(meta["type"], 12);
+        assert_eq!(meta["precision"], 64);
+        assert_eq!(meta["nullable"], 0);
+        assert_eq!(meta["name"], "user_id");
+        assert_eq!(meta["tableName"], "orders");
+        assert_eq!(meta["isSigned"], false);
 
         let id = col(ColumnType::MYSQL_TYPE_LONGLONG)
             .with_column_length(20)
             .with_flags(ColumnFlags::UNSIGNED_FLAG | ColumnFlags::AUTO_INCREMENT_FLAG);
         let meta = column_metadata(&id);
-        assert_eq!(meta.type_name, "BIGINT UNSIGNED");
-        assert_eq!(meta.jdbc_type, -5);
-        assert!(meta.is_auto_increment);
-        assert!(!meta.is_signed);
+        assert_eq!(meta["typeName"], "BIGINT UNSIGNED");
+        assert_eq!(meta["type"], -5);
+        assert_eq!(meta["isAutoIncrement"], true);
+        assert_eq!(meta["isSigned"], false);
 
         let decimal = col(ColumnType::MYSQL_TYPE_NEWDECIMAL)
             .with_column_length(12)
             .with_decimals(2);
         let meta = column_metadata(&decimal);
-        assert_eq!((meta.precision, meta.scale, meta.jdbc_type), (10, 2, 3));
-        assert!(meta.is_signed);
+        assert_eq!(meta["precision"], 10);
+        assert_eq!(meta["scale"], 2);
+        assert_eq!(meta["type"], 3);
+        assert_eq!(meta["isSigned"], true);
     }
 }

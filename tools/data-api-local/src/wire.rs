@@ -2,61 +2,30 @@
 //! parses them (`src/protocol_serde/` of that crate is the reference for every field
 //! name here).
 //!
-//! Requests are deserialised leniently where the SDK may omit a member (`Option`), so the
-//! server can answer a missing member with its own `BadRequestException` instead of a
-//! bare serde error; unknown members are ignored, as AWS does.
+//! Every request member is optional, so the server can answer a missing one with its own
+//! `BadRequestException` instead of a bare serde error; unknown members are ignored, as
+//! AWS does.
 
 use base64::Engine as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// `POST /Execute` (ExecuteStatement).
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ExecuteStatementRequest {
+/// The body of every Data API operation; each one reads the members it takes.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Request {
     pub resource_arn: Option<String>,
     pub secret_arn: Option<String>,
     pub sql: Option<String>,
     pub database: Option<String>,
-    #[serde(default)]
+    pub transaction_id: Option<String>,
+    /// ExecuteStatement's parameters.
     pub parameters: Vec<SqlParameter>,
-    pub transaction_id: Option<String>,
-    #[serde(default)]
-    pub include_result_metadata: bool,
-    #[serde(default)]
-    pub continue_after_timeout: bool,
-    pub result_set_options: Option<ResultSetOptions>,
-    pub format_records_as: Option<String>,
-}
-
-/// `POST /BatchExecute` (BatchExecuteStatement).
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BatchExecuteStatementRequest {
-    pub resource_arn: Option<String>,
-    pub secret_arn: Option<String>,
-    pub sql: Option<String>,
-    pub database: Option<String>,
-    #[serde(default)]
+    /// BatchExecuteStatement's parameters, one set per run of the statement.
     pub parameter_sets: Vec<Vec<SqlParameter>>,
-    pub transaction_id: Option<String>,
-}
-
-/// `POST /BeginTransaction`.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BeginTransactionRequest {
-    pub resource_arn: Option<String>,
-    pub secret_arn: Option<String>,
-    pub database: Option<String>,
-}
-
-/// `POST /CommitTransaction` and `POST /RollbackTransaction`.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EndTransactionRequest {
-    pub resource_arn: Option<String>,
-    pub secret_arn: Option<String>,
-    pub transaction_id: Option<String>,
+    pub include_result_metadata: bool,
+    pub continue_after_timeout: bool,
+    pub result_set_options: ResultSetOptions,
+    pub format_records_as: RecordsFormat,
 }
 
 /// One named parameter. `value` stays raw JSON so that a value of an unknown shape (or
@@ -66,14 +35,52 @@ pub struct EndTransactionRequest {
 pub struct SqlParameter {
     pub name: Option<String>,
     pub value: Option<serde_json::Value>,
-    pub type_hint: Option<String>,
+    pub type_hint: Option<TypeHint>,
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
+/// The `typeHint` values of `SqlParameter`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum TypeHint {
+    Date,
+    Time,
+    Timestamp,
+    Decimal,
+    Json,
+    Uuid,
+}
+
+/// How the caller asked for numbers (`resultSetOptions`).
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
 pub struct ResultSetOptions {
-    pub decimal_return_type: Option<String>,
-    pub long_return_type: Option<String>,
+    pub decimal_return_type: DecimalReturnType,
+    pub long_return_type: LongReturnType,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum DecimalReturnType {
+    #[default]
+    String,
+    DoubleOrLong,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum LongReturnType {
+    #[default]
+    Long,
+    String,
+}
+
+/// `formatRecordsAs`: `records` (NONE) or `formattedRecords` (JSON).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum RecordsFormat {
+    #[default]
+    None,
+    Json,
 }
 
 /// The `Field` union. Serialised externally tagged, which is exactly the wire form:
@@ -130,72 +137,18 @@ mod base64_bytes {
     }
 }
 
-/// `ColumnMetadata` (JDBC-flavoured, as Aurora MySQL reports it).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ColumnMetadata {
-    pub name: String,
-    pub label: String,
-    pub type_name: String,
-    #[serde(rename = "type")]
-    pub jdbc_type: i32,
-    pub nullable: i32,
-    pub precision: i32,
-    pub scale: i32,
-    pub is_signed: bool,
-    pub is_auto_increment: bool,
-    pub is_case_sensitive: bool,
-    pub is_currency: bool,
-    pub array_base_column_type: i32,
-    pub schema_name: String,
-    pub table_name: String,
-}
-
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ExecuteStatementResponse {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub records: Option<Vec<Vec<Field>>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub column_metadata: Option<Vec<ColumnMetadata>>,
+    /// `ColumnMetadata` entries, built by `values::column_metadata`.
+    pub column_metadata: Option<Vec<serde_json::Value>>,
     pub number_of_records_updated: u64,
     pub generated_fields: Vec<Field>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub formatted_records: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct UpdateResult {
-    pub generated_fields: Vec<Field>,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BatchExecuteStatementResponse {
-    pub update_results: Vec<UpdateResult>,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BeginTransactionResponse {
-    pub transaction_id: String,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EndTransactionResponse {
-    pub transaction_status: String,
-}
-
-/// Error body: the SDK reads `code` (after the `X-Amzn-Errortype` header) and `message`.
-#[derive(Debug, Serialize)]
-pub struct ErrorBody<'a> {
-    pub message: &'a str,
-    pub code: &'a str,
-    /// Only for `StatementTimeoutException`, which models it.
-    #[serde(rename = "dbConnectionId", skip_serializing_if = "Option::is_none")]
-    pub db_connection_id: Option<i64>,
 }
 
 #[cfg(test)]
@@ -218,6 +171,22 @@ mod tests {
         let back: Field = serde_json::from_str(r#"{"blobValue":"AP8="}"#).unwrap();
         assert_eq!(back, Field::BlobValue(vec![0, 255]));
         assert!(serde_json::from_str::<Field>(r#"{"longValue":1,"isNull":true}"#).is_err());
+    }
+
+    #[test]
+    fn requests_read_the_sdk_enumerations() {
+        let req: Request = serde_json::from_str(
+            r#"{"sql":"SELECT 1","formatRecordsAs":"JSON","parameters":[{"name":"a","typeHint":"UUID"}],
+                "resultSetOptions":{"decimalReturnType":"DOUBLE_OR_LONG","longReturnType":"STRING"}}"#,
+        )
+        .unwrap();
+        assert_eq!(req.format_records_as, RecordsFormat::Json);
+        assert_eq!(req.parameters[0].type_hint, Some(TypeHint::Uuid));
+        let options = req.result_set_options;
+        assert_eq!(options.decimal_return_type, DecimalReturnType::DoubleOrLong);
+        assert_eq!(options.long_return_type, LongReturnType::String);
+        assert!(serde_json::from_str::<TypeHint>(r#""BLOB""#).is_err());
+        assert!(serde_json::from_str::<RecordsFormat>(r#""CSV""#).is_err());
     }
 
     #[test]
