@@ -3,13 +3,8 @@
 //! `seckill-load bench` runs every scenario (or those of `--only`) against the local
 //! stack and prints the table of ratios; `seckill-load report` turns a results file into
 //! the table, `docs/benchmarks.md`'s results section and the sale's chart again. See
-//! `--help` of each, and `docs/benchmarks.md` for the method.
-//!
-//! Exit status: 0 when every invariant held and every variant ran, 2 when an invariant
-//! was violated, 3 when every invariant held but a baseline FAILED on this server (the
-//! tutorial's script on a Redis cluster of several shards: the table shows FAILED and
-//! the server's error), 1 on any other failure (backends unreachable, bad arguments,
-//! ...).
+//! `--help` of each, and `docs/benchmarks.md` for the method. Exit status: see
+//! [`Results::exit_status`]; 1 on any other failure (backends unreachable, bad arguments).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -154,7 +149,10 @@ fn main() -> ExitCode {
     let cli = parse(&args).unwrap_or_else(|e| e.exit());
     let status = tokio::runtime::Runtime::new()
         .context("cannot start the async runtime")
-        .and_then(|rt| rt.block_on(run(cli)));
+        .and_then(|rt| match cli.cmd {
+            Cmd::Bench(b) => rt.block_on(bench_cmd(&cli.global, b)),
+            Cmd::Report(r) => report_cmd(&cli.global, &r),
+        });
     match status {
         Ok(status) => ExitCode::from(status),
         Err(e) => {
@@ -164,14 +162,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// Runs the command; `Ok` with the exit status ([`Results::exit_status`]).
-async fn run(cli: Cli) -> anyhow::Result<u8> {
-    match cli.cmd {
-        Cmd::Bench(b) => bench_cmd(&cli.global, b).await,
-        Cmd::Report(r) => report_cmd(&cli.global, &r),
-    }
-}
-
+/// Runs every scenario asked for; `Ok` with the exit status.
 async fn bench_cmd(g: &Global, mut b: BenchArgs) -> anyhow::Result<u8> {
     let baseline = !g.no_baseline;
     (b.sale.baseline, b.admit.baseline, b.drain.baseline) = (baseline, baseline, baseline);

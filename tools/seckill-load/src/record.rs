@@ -55,32 +55,31 @@ impl Recorder {
     pub fn record(&mut self, user: u32, outcome: Outcome, latency: Duration, at: Duration) {
         let us = (latency.as_micros() as u64).clamp(1, MAX_LATENCY_US);
         let at_us = at.as_micros().min(u128::from(u32::MAX)) as u32;
-        let admitted = matches!(outcome, Outcome::Admitted(_));
-        self.events
-            .push((at_us, us as u32 | if admitted { ADMITTED_BIT } else { 0 }));
+        let key = match &outcome {
+            Outcome::Admitted(_) => "admitted",
+            Outcome::Code(code) => code,
+            Outcome::Failed(_) => "failed",
+            Outcome::Refused(_) => "refused",
+        };
+        *self.outcomes.entry(key).or_default() += 1;
+        let admitted = if key == "admitted" { ADMITTED_BIT } else { 0 };
+        self.events.push((at_us, us as u32 | admitted));
         match outcome {
             Outcome::Admitted(id) => {
-                *self.outcomes.entry("admitted").or_default() += 1;
                 self.admitted_users.push(user);
                 self.order_ids.push(id);
                 self.last_admit = self.last_admit.max(Some(at));
             }
-            Outcome::Code(code) => {
-                if code == "sold_out" {
-                    self.first_sold_out.get_or_insert(at);
-                }
-                *self.outcomes.entry(code).or_default() += 1
+            Outcome::Code("sold_out") => {
+                self.first_sold_out.get_or_insert(at);
             }
-            Outcome::Failed(why) => {
-                *self.outcomes.entry("failed").or_default() += 1;
-                if self.failure_samples.len() < 3 {
-                    self.failure_samples.push(why);
-                }
+            Outcome::Failed(why) if self.failure_samples.len() < 3 => {
+                self.failure_samples.push(why);
             }
             Outcome::Refused(why) => {
-                *self.outcomes.entry("refused").or_default() += 1;
                 self.refusal.get_or_insert(why);
             }
+            _ => {}
         }
     }
 }
@@ -168,25 +167,21 @@ pub struct RunResult {
 /// CPU time spent during a run.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct CpuUse {
-    /// Redis's own `used_cpu_user + used_cpu_sys` (INFO cpu), summed over every primary;
-    /// `None` when unknown.
+    /// Redis's `used_cpu_user + used_cpu_sys` (INFO cpu) over every primary, if known.
     pub redis_s: Option<f64>,
     /// This process (the callers, and the handlers when in process).
     pub process_s: f64,
     pub redis_us_per_attempt: Option<f64>,
     pub process_us_per_attempt: f64,
-    /// Time Redis spent executing the commands the callers sent (INFO commandstats
-    /// `usec` of [`CLIENT_COMMANDS`], every primary, so without their network I/O) per
-    /// attempt.
+    /// Redis's time executing the callers' commands per attempt (INFO commandstats `usec`
+    /// of [`CLIENT_COMMANDS`], every primary, without network I/O).
     #[serde(default)]
     pub redis_command_us_per_attempt: Option<f64>,
 }
 
 /// The commands the callers of the admit path send. A script's `usec` already includes
-/// every command it runs, and INFO commandstats counts those inner commands again under
-/// their own names, so summing every line would count a script's work twice; none of the
-/// scripts in `lua/` calls any of these (a unit test of `lua/` would need updating if
-/// one did: `inner_commands_are_not_client_commands`).
+/// the commands it runs, which commandstats lists again under their own names: summing
+/// every line would count them twice (no script in `lua/` calls these: a test checks).
 pub const CLIENT_COMMANDS: [&str; 6] = ["evalsha", "eval", "evalsha_ro", "eval_ro", "incr", "wait"];
 
 /// A point in CPU time.
@@ -198,17 +193,15 @@ pub struct CpuSample {
 }
 
 impl CpuSample {
-    /// Reads this process's CPU time (`/proc/self/stat`, in USER_HZ = 100 ticks per
-    /// second) and the server's, summed over the `INFO cpu` and `INFO commandstats`
-    /// texts of every primary.
+    /// This process's CPU time (`/proc/self/stat`, 100 ticks a second) and the server's,
+    /// summed over the `INFO cpu` and `INFO commandstats` texts of every primary.
     pub fn take(cpu: &[String], commandstats: &[String]) -> CpuSample {
         let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
         // Fields after the command name (which may hold spaces) start at state (3).
         let after = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
-        let f: Vec<&str> = after.split_whitespace().collect();
-        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
         // utime is field 14 and stime 15 of the whole line: 11 and 12 after the name.
-        let process_s = (ticks(11) + ticks(12)) / 100.0;
+        let ticks = after.split_whitespace().skip(11).take(2);
+        let process_s = ticks.filter_map(|v| v.parse::<f64>().ok()).sum::<f64>() / 100.0;
         let get = |info: &str, k: &str| crate::backends::info_field(info, k)?.parse::<f64>().ok();
         let used = |info: &String| Some(get(info, "used_cpu_user")? + get(info, "used_cpu_sys")?);
         let redis_s = cpu.iter().map(used).sum::<Option<f64>>();
@@ -265,6 +258,22 @@ pub struct RunMeta {
     pub planned: u64,
     pub users: u64,
     pub stock: Option<i64>,
+}
+
+#[cfg(test)]
+impl RunMeta {
+    /// A sale of `stock` units: `n` users, one attempt each, from `n` callers.
+    pub(crate) fn sale(variant: &str, n: u64, stock: i64) -> RunMeta {
+        RunMeta {
+            variant: variant.into(),
+            target: "in-process".into(),
+            scenario: "sale".into(),
+            callers: n as usize,
+            planned: n,
+            users: n,
+            stock: Some(stock),
+        }
+    }
 }
 
 /// Merges the callers' records of a run that took `elapsed`.
@@ -364,17 +373,15 @@ fn timeline(events: Vec<(u32, u32)>, elapsed: Duration) -> Vec<TimelinePoint> {
     bins.into_iter()
         .enumerate()
         .filter(|(_, (_, lat))| !lat.is_empty())
-        .map(|(i, (admitted, mut lat))| {
+        .map(|(i, (admitted, lat))| {
             let w = edges[i + 1] - edges[i];
-            let n = lat.len();
-            let rank = ((n as f64) * 0.99).ceil() as usize;
-            let p99 = *lat.select_nth_unstable(rank.clamp(1, n) - 1).1;
+            let p99 = latency_of_values(lat.iter().map(|&us| u64::from(us))).p99_us;
             TimelinePoint {
                 from_s: edges[i],
                 to_s: edges[i + 1],
-                attempts_per_s: n as f64 / w,
+                attempts_per_s: lat.len() as f64 / w,
                 admitted_per_s: admitted as f64 / w,
-                p99_ms: f64::from(p99) / 1000.0,
+                p99_ms: p99 as f64 / 1000.0,
             }
         })
         .collect()
@@ -459,16 +466,7 @@ mod tests {
         a.record(1, Outcome::Admitted(10), us(100), ms(5));
         b.record(2, Outcome::Admitted(11), us(300), ms(250));
         b.record(3, Outcome::Code("sold_out"), us(5), ms(260));
-        let meta = RunMeta {
-            variant: "ours".into(),
-            target: "in-process".into(),
-            scenario: "sale".into(),
-            callers: 2,
-            planned: 3,
-            users: 3,
-            stock: Some(2),
-        };
-        let r = merge(meta, vec![a, b], ms(300));
+        let r = merge(RunMeta::sale("ours", 3, 2), vec![a, b], ms(300));
         assert_eq!(r.completed, 3);
         assert_eq!(r.admitted, 2);
         assert_eq!(r.outcomes["sold_out"], 1);
