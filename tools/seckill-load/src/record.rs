@@ -206,19 +206,14 @@ impl CpuSample {
         let used = |info: &String| Some(get(info, "used_cpu_user")? + get(info, "used_cpu_sys")?);
         let redis_s = cpu.iter().map(used).sum::<Option<f64>>();
         // cmdstat_<name>:calls=N,usec=N,usec_per_call=...
-        let usec = |stats: &str| -> Option<f64> {
+        let usec = |line: &str| {
+            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let stats = CLIENT_COMMANDS.contains(&name).then_some(stats)?;
             let v = stats.split(',').find_map(|kv| kv.strip_prefix("usec="))?;
-            v.trim().parse().ok()
+            v.trim().parse::<f64>().ok()
         };
-        let redis_command_us = (!commandstats.is_empty()).then(|| {
-            commandstats
-                .iter()
-                .flat_map(|info| info.lines())
-                .filter_map(|l| l.strip_prefix("cmdstat_")?.split_once(':'))
-                .filter(|(name, _)| CLIENT_COMMANDS.contains(name))
-                .filter_map(|(_, stats)| usec(stats))
-                .sum()
-        });
+        let lines = commandstats.iter().flat_map(|info| info.lines());
+        let redis_command_us = (!commandstats.is_empty()).then(|| lines.filter_map(usec).sum());
         CpuSample {
             redis_s: redis_s.filter(|_| !cpu.is_empty()),
             redis_command_us,
@@ -228,23 +223,17 @@ impl CpuSample {
 
     /// The CPU spent from `self` to `later` over `attempts` attempts.
     pub fn until(&self, later: &CpuSample, attempts: u64) -> CpuUse {
-        let n = attempts.max(1) as f64;
-        let redis_s = self
-            .redis_s
-            .zip(later.redis_s)
-            .map(|(a, b)| (b - a).max(0.0));
-        let process_s = (later.process_s - self.process_s).max(0.0);
-        let command_us = self
-            .redis_command_us
-            .zip(later.redis_command_us)
-            .filter(|(a, b)| b >= a && *b > 0.0)
-            .map(|(a, b)| b - a);
+        let (n, a, b) = (attempts.max(1) as f64, self, later);
+        let redis_s = a.redis_s.zip(b.redis_s).map(|(x, y)| (y - x).max(0.0));
+        let process_s = (b.process_s - a.process_s).max(0.0);
+        let command_us = a.redis_command_us.zip(b.redis_command_us);
+        let command_us = command_us.filter(|(x, y)| y >= x && *y > 0.0);
         CpuUse {
             redis_s,
             process_s,
             redis_us_per_attempt: redis_s.map(|s| s * 1e6 / n),
             process_us_per_attempt: process_s * 1e6 / n,
-            redis_command_us_per_attempt: command_us.map(|u| u / n),
+            redis_command_us_per_attempt: command_us.map(|(x, y)| (y - x) / n),
         }
     }
 }
@@ -302,6 +291,7 @@ pub fn merge(meta: RunMeta, recorders: Vec<Recorder>, elapsed: Duration) -> RunR
     // Both the first `sold_out` answer and the last admission end after the stock ran
     // out; the earlier of them is the closer bound.
     let sell_out = earliest(all.first_sold_out, all.last_admit.filter(|_| sold_out));
+    let outcomes = all.outcomes.into_iter().map(|(k, v)| (k.into(), v));
     RunResult {
         variant: meta.variant,
         target: meta.target,
@@ -314,11 +304,7 @@ pub fn merge(meta: RunMeta, recorders: Vec<Recorder>, elapsed: Duration) -> RunR
         elapsed_s: elapsed.as_secs_f64(),
         attempts_per_s: completed as f64 / elapsed.as_secs_f64().max(1e-9),
         admitted,
-        outcomes: all
-            .outcomes
-            .into_iter()
-            .map(|(k, v)| (k.into(), v))
-            .collect(),
+        outcomes: outcomes.collect(),
         failure_samples: all.failure_samples,
         latency: latency_of_values(latencies),
         sell_out_s: sell_out.map(|d| d.as_secs_f64()),

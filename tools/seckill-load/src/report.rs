@@ -116,18 +116,15 @@ impl Machine {
             let kib = kib.and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok());
             kib.unwrap_or(0.0) / 1048576.0
         };
-        let load: Vec<f64> = proc("loadavg")
-            .split_whitespace()
-            .take(3)
-            .map(|v| v.parse().unwrap_or(0.0))
-            .collect();
+        let loadavg = proc("loadavg");
+        let mut load = loadavg.split_whitespace().map(|v| v.parse().unwrap_or(0.0));
         Machine {
             at: now_rfc3339(),
             nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
             cpu_model: model.unwrap_or("unknown").to_string(),
             mem_total_gib: gib("MemTotal:"),
             mem_available_gib: gib("MemAvailable:"),
-            loadavg: std::array::from_fn(|i| load.get(i).copied().unwrap_or(0.0)),
+            loadavg: std::array::from_fn(|_| load.next().unwrap_or(0.0)),
             builders: count_builders(),
             kernel: proc("sys/kernel/osrelease").trim().to_string(),
             redis_version: None,
@@ -155,10 +152,8 @@ fn count_builders() -> usize {
     let names = [
         "rustc", "cc1", "cc1plus", "ld", "ld.lld", "collect2", "cc", "clang",
     ];
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return 0;
-    };
     // Every process's directory (and self, which is no builder).
+    let dir = std::fs::read_dir("/proc").into_iter().flatten();
     dir.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
         .filter(|c| names.contains(&c.trim()))
         .count()
