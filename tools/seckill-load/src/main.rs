@@ -23,6 +23,7 @@ use seckill_load::engine::Ui;
 use seckill_load::footprint::{self, FootprintOptions};
 use seckill_load::report::{self, Machine, Results};
 use seckill_load::svg;
+use seckill_shared::domain::{format_rfc3339_millis, now_millis};
 
 #[derive(Parser)]
 #[command(
@@ -188,7 +189,7 @@ async fn bench_cmd(g: &Global, mut b: BenchArgs) -> anyhow::Result<u8> {
     let mut results = Results {
         tool: format!("seckill-load {}", env!("CARGO_PKG_VERSION")),
         command: std::env::args().collect::<Vec<_>>().join(" "),
-        started_at: report::now_rfc3339(),
+        started_at: format_rfc3339_millis(now_millis()),
         machine_before: Machine::read(),
         ..Results::default()
     };
@@ -250,7 +251,7 @@ async fn bench_cmd(g: &Global, mut b: BenchArgs) -> anyhow::Result<u8> {
         eprintln!("warning: cleanup failed: {e:#}");
     }
     outcome?;
-    results.finished_at = report::now_rfc3339();
+    results.finished_at = format_rfc3339_millis(now_millis());
     let mut after = Machine::read();
     after.redis_version = results.machine_before.redis_version.clone();
     after.mariadb_version = results.machine_before.mariadb_version.clone();
@@ -266,13 +267,9 @@ async fn versions(b: &Bench, m: &mut Machine) {
         (r, Some(v)) => Some(format!("{} (Valkey {v})", r.unwrap_or("?"))),
         (r, None) => r.map(str::to_string),
     };
-    if let Ok(out) = b.db.execute("SELECT VERSION()", vec![], None).await {
-        m.mariadb_version = out
-            .records()
-            .first()
-            .and_then(|r| r.first())
-            .and_then(seckill_shared::adapters::data_api::field::string);
-    }
+    let out = b.db.execute("SELECT VERSION()", vec![], None).await;
+    let version = out.as_ref().ok().and_then(|o| o.records().first()?.first());
+    m.mariadb_version = version.and_then(seckill_shared::adapters::data_api::field::string);
 }
 
 /// Prints the table, writes the files; `Ok` with the exit status.

@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+use seckill_shared::domain::{format_rfc3339_millis, now_millis};
 use serde::{Deserialize, Serialize};
 
 use crate::admission::{AdmitReport, SaleReport};
@@ -119,7 +120,7 @@ impl Machine {
         let loadavg = proc("loadavg");
         let mut load = loadavg.split_whitespace().map(|v| v.parse().unwrap_or(0.0));
         Machine {
-            at: now_rfc3339(),
+            at: format_rfc3339_millis(now_millis()),
             nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
             cpu_model: model.unwrap_or("unknown").to_string(),
             mem_total_gib: gib("MemTotal:"),
@@ -157,12 +158,6 @@ fn count_builders() -> usize {
     dir.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
         .filter(|c| names.contains(&c.trim()))
         .count()
-}
-
-pub fn now_rfc3339() -> String {
-    time::OffsetDateTime::now_utc()
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
 }
 
 /// One line about a finished variant.
