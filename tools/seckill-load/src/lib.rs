@@ -1,11 +1,7 @@
-//! seckill-load: the load tool and benchmarks of the seckill engine.
-//!
-//! It drives the real seckill-http handler in this process (the engine, not an
-//! emulator) and measures it in the same run, on the same Redis and with the same
-//! callers, against baselines written from the widely copied Redis "seckill" tutorial and
-//! against the floor of what a round trip costs. Every run checks the sale's invariants
-//! and fails loudly when one breaks. (A sale over HTTP against a running stack is `seckill
-//! demo`.)
+//! seckill-load: the load tool and benchmarks of the seckill engine. It drives the real
+//! seckill-http handler in process and measures it in the same run, on the same Redis and
+//! callers, against baselines from the widely copied Redis "seckill" tutorial and against
+//! the floor of a round trip, checking the sale's invariants after every run.
 
 pub mod admission;
 pub mod backends;

@@ -3,13 +3,8 @@
 //! `seckill-load bench` runs every scenario (or those of `--only`) against the local
 //! stack and prints the table of ratios; `seckill-load report` turns a results file into
 //! the table, `docs/benchmarks.md`'s results section and the sale's chart again. See
-//! `--help` of each, and `docs/benchmarks.md` for the method.
-//!
-//! Exit status: 0 when every invariant held and every variant ran, 2 when an invariant
-//! was violated, 3 when every invariant held but a baseline FAILED on this server (the
-//! tutorial's script on a Redis cluster of several shards: the table shows FAILED and
-//! the server's error), 1 on any other failure (backends unreachable, bad arguments,
-//! ...).
+//! `--help` of each, and `docs/benchmarks.md` for the method. Exit status: see
+//! [`Results::exit_status`]; 1 on any other failure (backends unreachable, bad arguments).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -28,6 +23,7 @@ use seckill_load::engine::Ui;
 use seckill_load::footprint::{self, FootprintOptions};
 use seckill_load::report::{self, Machine, Results};
 use seckill_load::svg;
+use seckill_shared::domain::{format_rfc3339_millis, now_millis};
 
 #[derive(Parser)]
 #[command(
@@ -154,7 +150,10 @@ fn main() -> ExitCode {
     let cli = parse(&args).unwrap_or_else(|e| e.exit());
     let status = tokio::runtime::Runtime::new()
         .context("cannot start the async runtime")
-        .and_then(|rt| rt.block_on(run(cli)));
+        .and_then(|rt| match cli.cmd {
+            Cmd::Bench(b) => rt.block_on(bench_cmd(&cli.global, b)),
+            Cmd::Report(r) => report_cmd(&cli.global, &r),
+        });
     match status {
         Ok(status) => ExitCode::from(status),
         Err(e) => {
@@ -164,14 +163,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// Runs the command; `Ok` with the exit status ([`Results::exit_status`]).
-async fn run(cli: Cli) -> anyhow::Result<u8> {
-    match cli.cmd {
-        Cmd::Bench(b) => bench_cmd(&cli.global, b).await,
-        Cmd::Report(r) => report_cmd(&cli.global, &r),
-    }
-}
-
+/// Runs every scenario asked for; `Ok` with the exit status.
 async fn bench_cmd(g: &Global, mut b: BenchArgs) -> anyhow::Result<u8> {
     let baseline = !g.no_baseline;
     (b.sale.baseline, b.admit.baseline, b.drain.baseline) = (baseline, baseline, baseline);
@@ -197,7 +189,7 @@ async fn bench_cmd(g: &Global, mut b: BenchArgs) -> anyhow::Result<u8> {
     let mut results = Results {
         tool: format!("seckill-load {}", env!("CARGO_PKG_VERSION")),
         command: std::env::args().collect::<Vec<_>>().join(" "),
-        started_at: report::now_rfc3339(),
+        started_at: format_rfc3339_millis(now_millis()),
         machine_before: Machine::read(),
         ..Results::default()
     };
@@ -259,7 +251,7 @@ async fn bench_cmd(g: &Global, mut b: BenchArgs) -> anyhow::Result<u8> {
         eprintln!("warning: cleanup failed: {e:#}");
     }
     outcome?;
-    results.finished_at = report::now_rfc3339();
+    results.finished_at = format_rfc3339_millis(now_millis());
     let mut after = Machine::read();
     after.redis_version = results.machine_before.redis_version.clone();
     after.mariadb_version = results.machine_before.mariadb_version.clone();
@@ -275,13 +267,9 @@ async fn versions(b: &Bench, m: &mut Machine) {
         (r, Some(v)) => Some(format!("{} (Valkey {v})", r.unwrap_or("?"))),
         (r, None) => r.map(str::to_string),
     };
-    if let Ok(out) = b.db.execute("SELECT VERSION()", vec![], None).await {
-        m.mariadb_version = out
-            .records()
-            .first()
-            .and_then(|r| r.first())
-            .and_then(seckill_shared::adapters::data_api::field::string);
-    }
+    let out = b.db.execute("SELECT VERSION()", vec![], None).await;
+    let version = out.as_ref().ok().and_then(|o| o.records().first()?.first());
+    m.mariadb_version = version.and_then(seckill_shared::adapters::data_api::field::string);
 }
 
 /// Prints the table, writes the files; `Ok` with the exit status.

@@ -55,32 +55,31 @@ impl Recorder {
     pub fn record(&mut self, user: u32, outcome: Outcome, latency: Duration, at: Duration) {
         let us = (latency.as_micros() as u64).clamp(1, MAX_LATENCY_US);
         let at_us = at.as_micros().min(u128::from(u32::MAX)) as u32;
-        let admitted = matches!(outcome, Outcome::Admitted(_));
-        self.events
-            .push((at_us, us as u32 | if admitted { ADMITTED_BIT } else { 0 }));
+        let key = match &outcome {
+            Outcome::Admitted(_) => "admitted",
+            Outcome::Code(code) => code,
+            Outcome::Failed(_) => "failed",
+            Outcome::Refused(_) => "refused",
+        };
+        *self.outcomes.entry(key).or_default() += 1;
+        let admitted = if key == "admitted" { ADMITTED_BIT } else { 0 };
+        self.events.push((at_us, us as u32 | admitted));
         match outcome {
             Outcome::Admitted(id) => {
-                *self.outcomes.entry("admitted").or_default() += 1;
                 self.admitted_users.push(user);
                 self.order_ids.push(id);
                 self.last_admit = self.last_admit.max(Some(at));
             }
-            Outcome::Code(code) => {
-                if code == "sold_out" {
-                    self.first_sold_out.get_or_insert(at);
-                }
-                *self.outcomes.entry(code).or_default() += 1
+            Outcome::Code("sold_out") => {
+                self.first_sold_out.get_or_insert(at);
             }
-            Outcome::Failed(why) => {
-                *self.outcomes.entry("failed").or_default() += 1;
-                if self.failure_samples.len() < 3 {
-                    self.failure_samples.push(why);
-                }
+            Outcome::Failed(why) if self.failure_samples.len() < 3 => {
+                self.failure_samples.push(why);
             }
             Outcome::Refused(why) => {
-                *self.outcomes.entry("refused").or_default() += 1;
                 self.refusal.get_or_insert(why);
             }
+            _ => {}
         }
     }
 }
@@ -168,25 +167,21 @@ pub struct RunResult {
 /// CPU time spent during a run.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct CpuUse {
-    /// Redis's own `used_cpu_user + used_cpu_sys` (INFO cpu), summed over every primary;
-    /// `None` when unknown.
+    /// Redis's `used_cpu_user + used_cpu_sys` (INFO cpu) over every primary, if known.
     pub redis_s: Option<f64>,
     /// This process (the callers, and the handlers when in process).
     pub process_s: f64,
     pub redis_us_per_attempt: Option<f64>,
     pub process_us_per_attempt: f64,
-    /// Time Redis spent executing the commands the callers sent (INFO commandstats
-    /// `usec` of [`CLIENT_COMMANDS`], every primary, so without their network I/O) per
-    /// attempt.
+    /// Redis's time executing the callers' commands per attempt (INFO commandstats `usec`
+    /// of [`CLIENT_COMMANDS`], every primary, without network I/O).
     #[serde(default)]
     pub redis_command_us_per_attempt: Option<f64>,
 }
 
 /// The commands the callers of the admit path send. A script's `usec` already includes
-/// every command it runs, and INFO commandstats counts those inner commands again under
-/// their own names, so summing every line would count a script's work twice; none of the
-/// scripts in `lua/` calls any of these (a unit test of `lua/` would need updating if
-/// one did: `inner_commands_are_not_client_commands`).
+/// the commands it runs, which commandstats lists again under their own names: summing
+/// every line would count them twice (no script in `lua/` calls these: a test checks).
 pub const CLIENT_COMMANDS: [&str; 6] = ["evalsha", "eval", "evalsha_ro", "eval_ro", "incr", "wait"];
 
 /// A point in CPU time.
@@ -198,34 +193,27 @@ pub struct CpuSample {
 }
 
 impl CpuSample {
-    /// Reads this process's CPU time (`/proc/self/stat`, in USER_HZ = 100 ticks per
-    /// second) and the server's, summed over the `INFO cpu` and `INFO commandstats`
-    /// texts of every primary.
+    /// This process's CPU time (`/proc/self/stat`, 100 ticks a second) and the server's,
+    /// summed over the `INFO cpu` and `INFO commandstats` texts of every primary.
     pub fn take(cpu: &[String], commandstats: &[String]) -> CpuSample {
         let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
         // Fields after the command name (which may hold spaces) start at state (3).
         let after = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
-        let f: Vec<&str> = after.split_whitespace().collect();
-        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
         // utime is field 14 and stime 15 of the whole line: 11 and 12 after the name.
-        let process_s = (ticks(11) + ticks(12)) / 100.0;
+        let ticks = after.split_whitespace().skip(11).take(2);
+        let process_s = ticks.filter_map(|v| v.parse::<f64>().ok()).sum::<f64>() / 100.0;
         let get = |info: &str, k: &str| crate::backends::info_field(info, k)?.parse::<f64>().ok();
         let used = |info: &String| Some(get(info, "used_cpu_user")? + get(info, "used_cpu_sys")?);
         let redis_s = cpu.iter().map(used).sum::<Option<f64>>();
         // cmdstat_<name>:calls=N,usec=N,usec_per_call=...
-        let usec = |stats: &str| -> Option<f64> {
+        let usec = |line: &str| {
+            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let stats = CLIENT_COMMANDS.contains(&name).then_some(stats)?;
             let v = stats.split(',').find_map(|kv| kv.strip_prefix("usec="))?;
-            v.trim().parse().ok()
+            v.trim().parse::<f64>().ok()
         };
-        let redis_command_us = (!commandstats.is_empty()).then(|| {
-            commandstats
-                .iter()
-                .flat_map(|info| info.lines())
-                .filter_map(|l| l.strip_prefix("cmdstat_")?.split_once(':'))
-                .filter(|(name, _)| CLIENT_COMMANDS.contains(name))
-                .filter_map(|(_, stats)| usec(stats))
-                .sum()
-        });
+        let lines = commandstats.iter().flat_map(|info| info.lines());
+        let redis_command_us = (!commandstats.is_empty()).then(|| lines.filter_map(usec).sum());
         CpuSample {
             redis_s: redis_s.filter(|_| !cpu.is_empty()),
             redis_command_us,
@@ -235,23 +223,17 @@ impl CpuSample {
 
     /// The CPU spent from `self` to `later` over `attempts` attempts.
     pub fn until(&self, later: &CpuSample, attempts: u64) -> CpuUse {
-        let n = attempts.max(1) as f64;
-        let redis_s = self
-            .redis_s
-            .zip(later.redis_s)
-            .map(|(a, b)| (b - a).max(0.0));
-        let process_s = (later.process_s - self.process_s).max(0.0);
-        let command_us = self
-            .redis_command_us
-            .zip(later.redis_command_us)
-            .filter(|(a, b)| b >= a && *b > 0.0)
-            .map(|(a, b)| b - a);
+        let (n, a, b) = (attempts.max(1) as f64, self, later);
+        let redis_s = a.redis_s.zip(b.redis_s).map(|(x, y)| (y - x).max(0.0));
+        let process_s = (b.process_s - a.process_s).max(0.0);
+        let command_us = a.redis_command_us.zip(b.redis_command_us);
+        let command_us = command_us.filter(|(x, y)| y >= x && *y > 0.0);
         CpuUse {
             redis_s,
             process_s,
             redis_us_per_attempt: redis_s.map(|s| s * 1e6 / n),
             process_us_per_attempt: process_s * 1e6 / n,
-            redis_command_us_per_attempt: command_us.map(|u| u / n),
+            redis_command_us_per_attempt: command_us.map(|(x, y)| (y - x) / n),
         }
     }
 }
@@ -265,6 +247,22 @@ pub struct RunMeta {
     pub planned: u64,
     pub users: u64,
     pub stock: Option<i64>,
+}
+
+#[cfg(test)]
+impl RunMeta {
+    /// A sale of `stock` units: `n` users, one attempt each, from `n` callers.
+    pub(crate) fn sale(variant: &str, n: u64, stock: i64) -> RunMeta {
+        RunMeta {
+            variant: variant.into(),
+            target: "in-process".into(),
+            scenario: "sale".into(),
+            callers: n as usize,
+            planned: n,
+            users: n,
+            stock: Some(stock),
+        }
+    }
 }
 
 /// Merges the callers' records of a run that took `elapsed`.
@@ -293,6 +291,7 @@ pub fn merge(meta: RunMeta, recorders: Vec<Recorder>, elapsed: Duration) -> RunR
     // Both the first `sold_out` answer and the last admission end after the stock ran
     // out; the earlier of them is the closer bound.
     let sell_out = earliest(all.first_sold_out, all.last_admit.filter(|_| sold_out));
+    let outcomes = all.outcomes.into_iter().map(|(k, v)| (k.into(), v));
     RunResult {
         variant: meta.variant,
         target: meta.target,
@@ -305,11 +304,7 @@ pub fn merge(meta: RunMeta, recorders: Vec<Recorder>, elapsed: Duration) -> RunR
         elapsed_s: elapsed.as_secs_f64(),
         attempts_per_s: completed as f64 / elapsed.as_secs_f64().max(1e-9),
         admitted,
-        outcomes: all
-            .outcomes
-            .into_iter()
-            .map(|(k, v)| (k.into(), v))
-            .collect(),
+        outcomes: outcomes.collect(),
         failure_samples: all.failure_samples,
         latency: latency_of_values(latencies),
         sell_out_s: sell_out.map(|d| d.as_secs_f64()),
@@ -364,17 +359,15 @@ fn timeline(events: Vec<(u32, u32)>, elapsed: Duration) -> Vec<TimelinePoint> {
     bins.into_iter()
         .enumerate()
         .filter(|(_, (_, lat))| !lat.is_empty())
-        .map(|(i, (admitted, mut lat))| {
+        .map(|(i, (admitted, lat))| {
             let w = edges[i + 1] - edges[i];
-            let n = lat.len();
-            let rank = ((n as f64) * 0.99).ceil() as usize;
-            let p99 = *lat.select_nth_unstable(rank.clamp(1, n) - 1).1;
+            let p99 = latency_of_values(lat.iter().map(|&us| u64::from(us))).p99_us;
             TimelinePoint {
                 from_s: edges[i],
                 to_s: edges[i + 1],
-                attempts_per_s: n as f64 / w,
+                attempts_per_s: lat.len() as f64 / w,
                 admitted_per_s: admitted as f64 / w,
-                p99_ms: f64::from(p99) / 1000.0,
+                p99_ms: p99 as f64 / 1000.0,
             }
         })
         .collect()
@@ -459,16 +452,7 @@ mod tests {
         a.record(1, Outcome::Admitted(10), us(100), ms(5));
         b.record(2, Outcome::Admitted(11), us(300), ms(250));
         b.record(3, Outcome::Code("sold_out"), us(5), ms(260));
-        let meta = RunMeta {
-            variant: "ours".into(),
-            target: "in-process".into(),
-            scenario: "sale".into(),
-            callers: 2,
-            planned: 3,
-            users: 3,
-            stock: Some(2),
-        };
-        let r = merge(meta, vec![a, b], ms(300));
+        let r = merge(RunMeta::sale("ours", 3, 2), vec![a, b], ms(300));
         assert_eq!(r.completed, 3);
         assert_eq!(r.admitted, 2);
         assert_eq!(r.outcomes["sold_out"], 1);

@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+use seckill_shared::domain::{format_rfc3339_millis, now_millis};
 use serde::{Deserialize, Serialize};
 
 use crate::admission::{AdmitReport, SaleReport};
@@ -30,20 +31,18 @@ impl Results {
     /// Every admission run (sale, admit, the paced admissions of commit-latency), in the
     /// order the details table lists them.
     pub fn runs(&self) -> Vec<&RunResult> {
-        let mut runs = Vec::new();
-        if let Some(s) = &self.sale {
-            runs.push(&s.ours);
-            runs.extend(&s.tutorial);
-        }
-        if let Some(a) = &self.admit {
-            runs.push(&a.ours);
-            let others = [&a.ours_adapter, &a.tutorial, &a.floor, &a.ours_durable];
-            runs.extend(others.into_iter().flatten());
-        }
-        if let Some(l) = &self.commit_latency {
-            runs.push(&l.admissions);
-        }
-        runs
+        let (sale, admit) = (self.sale.as_ref(), self.admit.as_ref());
+        let runs = [
+            sale.map(|s| &s.ours),
+            sale.and_then(|s| s.tutorial.as_ref()),
+            admit.map(|a| &a.ours),
+            admit.and_then(|a| a.ours_adapter.as_ref()),
+            admit.and_then(|a| a.tutorial.as_ref()),
+            admit.and_then(|a| a.floor.as_ref()),
+            admit.and_then(|a| a.ours_durable.as_ref()),
+            self.commit_latency.as_ref().map(|l| &l.admissions),
+        ];
+        runs.into_iter().flatten().collect()
     }
 
     /// Every invariant check of every run, with the run it belongs to.
@@ -67,22 +66,14 @@ impl Results {
 
     /// The baselines that FAILED on this server, with the server's error.
     pub fn failed(&self) -> Vec<(String, String)> {
-        let sale = self
-            .sale
-            .as_ref()
-            .and_then(|s| s.tutorial.as_ref()?.error.clone());
-        let admit = self
-            .admit
-            .as_ref()
-            .and_then(|a| a.tutorial.as_ref()?.error.clone());
-        let drain = self
-            .drain
-            .as_ref()
-            .and_then(|d| d.tutorial.as_ref()?.error.clone());
-        let runs = [("sale", sale), ("admit", admit), ("drain", drain)];
-        let failed = runs.into_iter().filter_map(|(run, e)| Some((run, e?)));
-        failed
-            .map(|(run, e)| (format!("{run} tutorial"), e))
+        let (s, a, d) = (self.sale.as_ref(), self.admit.as_ref(), self.drain.as_ref());
+        let errors = [
+            s.and_then(|s| s.tutorial.as_ref()?.error.as_ref()),
+            a.and_then(|a| a.tutorial.as_ref()?.error.as_ref()),
+            d.and_then(|d| d.tutorial.as_ref()?.error.as_ref()),
+        ];
+        let runs = ["sale", "admit", "drain"].into_iter().zip(errors);
+        runs.filter_map(|(run, e)| Some((format!("{run} tutorial"), e?.clone())))
             .collect()
     }
 
@@ -126,18 +117,15 @@ impl Machine {
             let kib = kib.and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok());
             kib.unwrap_or(0.0) / 1048576.0
         };
-        let load: Vec<f64> = proc("loadavg")
-            .split_whitespace()
-            .take(3)
-            .map(|v| v.parse().unwrap_or(0.0))
-            .collect();
+        let loadavg = proc("loadavg");
+        let mut load = loadavg.split_whitespace().map(|v| v.parse().unwrap_or(0.0));
         Machine {
-            at: now_rfc3339(),
+            at: format_rfc3339_millis(now_millis()),
             nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
             cpu_model: model.unwrap_or("unknown").to_string(),
             mem_total_gib: gib("MemTotal:"),
             mem_available_gib: gib("MemAvailable:"),
-            loadavg: std::array::from_fn(|i| load.get(i).copied().unwrap_or(0.0)),
+            loadavg: std::array::from_fn(|_| load.next().unwrap_or(0.0)),
             builders: count_builders(),
             kernel: proc("sys/kernel/osrelease").trim().to_string(),
             redis_version: None,
@@ -165,19 +153,11 @@ fn count_builders() -> usize {
     let names = [
         "rustc", "cc1", "cc1plus", "ld", "ld.lld", "collect2", "cc", "clang",
     ];
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return 0;
-    };
     // Every process's directory (and self, which is no builder).
+    let dir = std::fs::read_dir("/proc").into_iter().flatten();
     dir.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
         .filter(|c| names.contains(&c.trim()))
         .count()
-}
-
-pub fn now_rfc3339() -> String {
-    time::OffsetDateTime::now_utc()
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
 }
 
 /// One line about a finished variant.
@@ -220,7 +200,7 @@ fn mib(kib: Option<u64>) -> String {
 }
 
 /// One row of the ratio table.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Default)]
 pub struct Row {
     pub what: String,
     pub ours: String,
@@ -234,9 +214,8 @@ pub struct Row {
 impl Row {
     /// A figure of ours alone.
     fn new(what: impl Into<String>, ours: String) -> Row {
-        let what = what.into();
         Row {
-            what,
+            what: what.into(),
             ours,
             ..Row::default()
         }
@@ -330,13 +309,15 @@ pub fn rows(r: &Results) -> Vec<Row> {
             let rates = (best.orders_per_s, f.orders_per_s, None);
             rows.push(Row::rate(what, "orders/s", 0.5, rates));
         }
-        let sweep: Vec<String> = d
+        let sweep = d
             .ours
             .iter()
-            .map(|o| format!("{}: {}", o.batch_size, thousands(o.orders_per_s)))
-            .collect();
-        let sweep = sweep.join(", ");
-        rows.push(Row::new("drain: batch-size sweep (orders/s)", sweep));
+            .map(|o| (o.batch_size, thousands(o.orders_per_s)));
+        let sweep: Vec<String> = sweep.map(|(b, x)| format!("{b}: {x}")).collect();
+        rows.push(Row::new(
+            "drain: batch-size sweep (orders/s)",
+            sweep.join(", "),
+        ));
         if let Some(single) = d.spread.iter().find(|r| r.sales == 1) {
             for many in d.spread.iter().filter(|r| r.sales > 1) {
                 let what = format!(
@@ -452,47 +433,26 @@ fn admit_rows(rows: &mut Vec<Row>, a: &AdmitReport) {
     ));
 }
 
-/// The ratio table as Markdown.
-pub fn markdown_table(rows: &[Row]) -> String {
-    let mut s = String::from(
-        "| measurement | ours | baseline | ratio | target | met |\n|---|---:|---:|---:|---|:-:|\n",
-    );
-    for r in rows {
-        let met = r.met.map_or("", |met| if met { "yes" } else { "**no**" });
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {} | {} | {met} |",
-            r.what, r.ours, r.baseline, r.ratio, r.target
-        );
-    }
-    s
-}
-
 /// The ratio table as aligned plain text.
 pub fn text_table(rows: &[Row]) -> String {
     let mut s = String::new();
     for r in rows {
         let met = r.met.map_or("", |met| if met { "met" } else { "MISSED" });
-        let _ = writeln!(s, "{}", r.what);
-        if r.baseline.is_empty() {
-            let _ = writeln!(s, "    {:<40} {:>10} {met}", r.ours, r.target);
-        } else {
-            let target = match r.target.as_str() {
-                "" => String::new(),
-                t => format!("   (target {t})"),
-            };
-            let _ = writeln!(
+        let (what, ours, base, ratio) = (&r.what, &r.ours, &r.baseline, &r.ratio);
+        let _ = match (base.is_empty(), r.target.as_str()) {
+            (true, t) => writeln!(s, "{what}\n    {ours:<40} {t:>10} {met}"),
+            (false, "") => writeln!(s, "{what}\n    {ours} vs {base} = {ratio} {met}"),
+            (false, t) => writeln!(
                 s,
-                "    {} vs {} = {}{target} {met}",
-                r.ours, r.baseline, r.ratio
-            );
-        }
+                "{what}\n    {ours} vs {base} = {ratio}   (target {t}) {met}"
+            ),
+        };
     }
     s
 }
 
 /// 12345.6 → "12,346".
-pub fn thousands(v: f64) -> String {
+fn thousands(v: f64) -> String {
     if !v.is_finite() {
         return "n/a".into();
     }
@@ -523,7 +483,17 @@ pub fn results_markdown(r: &Results, rows: &[Row], svg_link: &str) -> String {
     if let Some(m) = &r.machine_after {
         let _ = writeln!(s, "- machine at the end: {}", m.describe());
     }
-    let _ = writeln!(s, "\n{}", markdown_table(rows));
+    s.push_str("\n| measurement | ours | baseline | ratio | target | met |\n|---|---:|---:|---:|---|:-:|\n");
+    for r in rows {
+        let met = r.met.map_or("", |met| if met { "yes" } else { "**no**" });
+        let (what, ours, base, ratio) = (&r.what, &r.ours, &r.baseline, &r.ratio);
+        let _ = writeln!(
+            s,
+            "| {what} | {ours} | {base} | {ratio} | {} | {met} |",
+            r.target
+        );
+    }
+    s.push('\n');
     if r.sale.is_some() {
         let _ = writeln!(s, "![the sale's timeline]({svg_link})\n");
     }
@@ -629,16 +599,7 @@ mod tests {
             let mut rec = Recorder::new();
             let ms = Duration::from_millis(1);
             rec.record(1, outcome, ms, ms);
-            let meta = RunMeta {
-                variant: variant.into(),
-                target: "redis".into(),
-                scenario: "sale".into(),
-                callers: 1,
-                planned: 1,
-                users: 1,
-                stock: Some(1),
-            };
-            merge(meta, vec![rec], ms)
+            merge(RunMeta::sale(variant, 1, 1), vec![rec], ms)
         };
         let refused = "ERR Attempted to access a non local key in a cluster node script";
         let mut r = Results {
