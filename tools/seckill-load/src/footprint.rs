@@ -2,8 +2,8 @@
 //!
 //! The real release binary (`target/release/seckill-http`, `target/release/order-drainer`)
 //! is started with the run's backends in its environment and `AWS_LAMBDA_RUNTIME_API`
-//! pointing at a minimal Lambda Runtime API of its own on loopback (plain HTTP/1.1),
-//! which hands it one invocation at a time, as one Lambda instance gets them. Its peak
+//! pointing at a minimal Lambda Runtime API of its own on loopback (one axum fallback
+//! route), which hands it one invocation at a time, as one Lambda instance gets them. Its peak
 //! resident memory (`VmHWM` of `/proc/<pid>/status`) is read before it is stopped.
 //!
 //! seckill-http gets `requests` admissions of distinct users; order-drainer one
@@ -14,12 +14,13 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use axum::body::Bytes;
+use axum::response::{IntoResponse, Response};
 use indicatif::ProgressBar;
 use seckill_shared::domain::now_millis;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::backends::Bench;
@@ -199,8 +200,11 @@ async fn drainer_footprint(
 }
 
 /// A request of the function's runtime client: its path, its body, and where the
-/// HTTP reply to write back goes.
-type Call = (String, Vec<u8>, oneshot::Sender<String>);
+/// reply to send back goes.
+type Call = (String, Bytes, oneshot::Sender<Response>);
+
+const ARN: &str = "arn:aws:lambda:us-east-1:123456789012:function:bench";
+const TRACE_ID: &str = "Root=1-00000000-000000000000000000000000;Parent=0000000000000000;Sampled=0";
 
 /// Runs `bin` under a Lambda Runtime API of its own on a free loopback port and hands it
 /// `events` one at a time, as one Lambda instance gets them; returns its size, its
@@ -216,12 +220,14 @@ async fn run_function(
 ) -> anyhow::Result<(BinaryFootprint, Vec<Value>)> {
     let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
     env.push(("AWS_LAMBDA_RUNTIME_API", listener.local_addr()?.to_string()));
-    let (calls_tx, mut calls) = mpsc::channel(1);
-    let server = tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(connection(stream, calls_tx.clone()));
-        }
+    let (calls_tx, mut calls) = mpsc::channel::<Call>(1);
+    // Every request goes to the loop below, which answers it.
+    let api = axum::Router::new().fallback(move |uri: http::Uri, body: Bytes| async move {
+        let (reply, rx) = oneshot::channel();
+        let _ = calls_tx.send((uri.path().into(), body, reply)).await;
+        rx.await.map_err(|_| http::StatusCode::SERVICE_UNAVAILABLE)
     });
+    let server = tokio::spawn(axum::serve(listener, api).into_future());
     let log = std::env::temp_dir().join(format!("seckill-load-{name}-{}.log", std::process::id()));
     let file =
         std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
@@ -247,16 +253,16 @@ async fn run_function(
             let t0 = Instant::now();
             // `GET .../invocation/next` gets the event with the headers the runtime
             // client reads; then comes its `POST .../response` (or an error).
-            let mut next = Some(format!(
-                "HTTP/1.1 200 OK\r\n\
-                 lambda-runtime-aws-request-id: bench-{n:08}\r\n\
-                 lambda-runtime-deadline-ms: {}\r\n\
-                 lambda-runtime-invoked-function-arn: arn:aws:lambda:us-east-1:123456789012:function:bench\r\n\
-                 lambda-runtime-trace-id: Root=1-00000000-000000000000000000000000;Parent=0000000000000000;Sampled=0\r\n\
-                 content-type: application/json\r\ncontent-length: {}\r\n\r\n{event}",
-                now_millis() + 60_000,
-                event.len()
-            ));
+            let headers = [
+                ("lambda-runtime-aws-request-id", format!("bench-{n:08}")),
+                (
+                    "lambda-runtime-deadline-ms",
+                    (now_millis() + 60_000).to_string(),
+                ),
+                ("lambda-runtime-invoked-function-arn", ARN.into()),
+                ("lambda-runtime-trace-id", TRACE_ID.into()),
+            ];
+            let mut next = Some((headers, event).into_response());
             let timeout = tokio::time::sleep(Duration::from_secs(120));
             tokio::pin!(timeout);
             let response = loop {
@@ -270,13 +276,16 @@ async fn run_function(
                     }
                 };
                 if path.ends_with("/invocation/next") {
-                    let event = next.take().context("the function asked for a second event")?;
+                    let event = next
+                        .take()
+                        .context("the function asked for a second event")?;
                     let _ = reply.send(event);
                     continue;
                 }
-                let _ = reply.send("HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n".into());
+                let _ = reply.send(http::StatusCode::ACCEPTED.into_response());
                 if path.ends_with("/response") {
-                    break serde_json::from_slice::<Value>(&body).context("the response is not JSON")?;
+                    break serde_json::from_slice::<Value>(&body)
+                        .context("the response is not JSON")?;
                 }
                 bail!(
                     "the invocation failed: {}; the function's log:\n{}",
@@ -318,39 +327,4 @@ async fn run_function(
         latency: Some(latency_of_values(latencies)),
     };
     Ok((footprint, responses))
-}
-
-/// Serves one keep-alive HTTP/1.1 connection of the runtime client (requests with a
-/// `content-length` body, as it sends them): each request goes to [`run_function`],
-/// whose reply is written back.
-async fn connection(stream: TcpStream, calls: mpsc::Sender<Call>) -> std::io::Result<()> {
-    let mut stream = BufReader::new(stream);
-    let mut line = String::new();
-    while stream.read_line(&mut line).await? > 0 {
-        let path = line.split(' ').nth(1).unwrap_or_default().to_string();
-        let mut len = 0;
-        loop {
-            line.clear();
-            if stream.read_line(&mut line).await? == 0 {
-                return Ok(());
-            }
-            match line.trim_end().split_once(':') {
-                Some((k, v)) if k.eq_ignore_ascii_case("content-length") => {
-                    len = v.trim().parse().unwrap_or(0)
-                }
-                Some(_) => {}
-                None => break,
-            }
-        }
-        let mut body = vec![0; len];
-        stream.read_exact(&mut body).await?;
-        let (reply, rx) = oneshot::channel();
-        if calls.send((path, body, reply)).await.is_err() {
-            break;
-        }
-        let Ok(reply) = rx.await else { break };
-        stream.write_all(reply.as_bytes()).await?;
-        line.clear();
-    }
-    Ok(())
 }
