@@ -102,12 +102,6 @@ pub struct AdmitReport {
     pub rounds: Vec<Vec<(String, f64)>>,
 }
 
-/// A voucher on sale, and tokens of its users.
-pub(crate) struct Prepared {
-    pub(crate) voucher: Voucher,
-    pub(crate) tokens: Arc<Tokens>,
-}
-
 /// `sale`: ours, then the tutorial's admission, over the same sequence of users.
 pub async fn sale(bench: &Bench, o: &SaleOptions, ui: &Ui) -> anyhow::Result<SaleReport> {
     anyhow::ensure!(
@@ -115,15 +109,16 @@ pub async fn sale(bench: &Bench, o: &SaleOptions, ui: &Ui) -> anyhow::Result<Sal
         "sizes must be positive"
     );
     let plan = Arc::new(Plan::mixed(o.attempts, o.users, o.seed));
-    let p = prepare(bench, "bench sale", o.stock, plan.users(), None).await?;
-    let drivers = ours_drivers(&bench.http, &p, o.callers).await?;
+    let tokens = bench.tokens(plan.users());
+    let voucher = bench.voucher("bench sale", o.stock, false).await?;
+    let drivers = ours_drivers(&bench.http, voucher.id, &tokens, o.callers).await?;
     let what = ["sale", "ours", "in-process"];
     let mut ours = run(drivers, plan.clone(), what, o.stock, None, ui).await?;
-    check_ours(bench, &p, &mut ours).await?;
+    check_ours(bench, &voucher, &mut ours).await?;
     eprintln!("  {}", one_line(&ours));
     let mut tutorial = None;
     if o.baseline {
-        let t = self::tutorial(bench, "sale", p.voucher.id, o.stock, plan, o.callers, ui).await?;
+        let t = self::tutorial(bench, "sale", voucher.id, o.stock, plan, o.callers, ui).await?;
         eprintln!("  {}", one_line(&t));
         tutorial = Some(t);
     }
@@ -142,6 +137,7 @@ pub async fn admit(bench: &Bench, o: &AdmitOptions, ui: &Ui) -> anyhow::Result<A
     );
     let plan = Arc::new(Plan::distinct(o.attempts));
     let stock = o.attempts as i64;
+    let tokens = bench.tokens(plan.users());
     // Each variant, with the configuration of its handlers in this process (ours).
     let mut variants: Vec<(&str, Option<Config>)> = vec![("ours", Some(bench.http.clone()))];
     if o.baseline {
@@ -153,7 +149,6 @@ pub async fn admit(bench: &Bench, o: &AdmitOptions, ui: &Ui) -> anyhow::Result<A
         Err(why) => eprintln!("  admit: ours-durable skipped: {why}"),
     }
     let mut results: Vec<Vec<RunResult>> = vec![Vec::new(); variants.len()];
-    let mut tokens: Option<Arc<Tokens>> = None;
     for round in 0..o.rounds as usize {
         for k in 0..variants.len() {
             if ui.stopped() {
@@ -180,15 +175,13 @@ pub async fn admit(bench: &Bench, o: &AdmitOptions, ui: &Ui) -> anyhow::Result<A
                     r
                 }
                 (_, cfg) => {
-                    let p = prepare(bench, "bench admit", stock, plan.users(), tokens).await?;
-                    tokens = Some(p.tokens.clone());
-                    let v = p.voucher.id;
+                    let v = bench.voucher("bench admit", stock, false).await?;
                     let drivers = match cfg {
-                        Some(cfg) => ours_drivers(cfg, &p, callers).await?,
-                        None => many(callers, || Driver::adapter(redis, v)).await?,
+                        Some(cfg) => ours_drivers(cfg, v.id, &tokens, callers).await?,
+                        None => many(callers, || Driver::adapter(redis, v.id)).await?,
                     };
                     let mut r = run(drivers, plan.clone(), what, stock, None, ui).await?;
-                    check_ours(bench, &p, &mut r).await?;
+                    check_ours(bench, &v, &mut r).await?;
                     r
                 }
             };
@@ -300,35 +293,14 @@ fn median_round(mut rs: Vec<RunResult>) -> Option<RunResult> {
     Some(m)
 }
 
-/// A voucher of `stock` units, and tokens for `users` users (`tokens` when they are
-/// enough).
-pub(crate) async fn prepare(
-    bench: &Bench,
-    title: &str,
-    stock: i64,
-    users: u32,
-    tokens: Option<Arc<Tokens>>,
-) -> anyhow::Result<Prepared> {
-    let tokens = match tokens {
-        Some(t) if t.len() >= users => t,
-        _ => Arc::new(Tokens::mint(bench.jwt_secret().as_bytes(), users)),
-    };
-    Ok(Prepared {
-        voucher: bench.voucher(title, stock, false).await?,
-        tokens,
-    })
-}
-
 /// `callers` handlers in this process, each an instance of its own configured by `cfg`.
 pub(crate) async fn ours_drivers(
     cfg: &Config,
-    p: &Prepared,
+    voucher: VoucherId,
+    tokens: &Arc<Tokens>,
     callers: usize,
 ) -> anyhow::Result<Vec<Driver>> {
-    many(callers, || {
-        Driver::in_process(cfg, p.voucher.id, p.tokens.clone())
-    })
-    .await
+    many(callers, || Driver::in_process(cfg, voucher, tokens.clone())).await
 }
 
 /// The tutorial's keys under `prefix` (one "deployment" of the tutorial: one global
@@ -355,14 +327,14 @@ pub(crate) async fn tutorial_keys(
 }
 
 /// Checks an admission run of ours against Redis, then frees the voucher's keys.
-async fn check_ours(bench: &Bench, p: &Prepared, r: &mut RunResult) -> anyhow::Result<()> {
-    let k = VoucherKeys::new(p.voucher.id);
+async fn check_ours(bench: &Bench, v: &Voucher, r: &mut RunResult) -> anyhow::Result<()> {
+    let k = VoucherKeys::new(v.id);
     let mut c = bench.redis.clone();
     let left: Option<i64> = c.hget(&k.sale, sale_fields::STOCK).await?;
     let buyers: i64 = c.hlen(&k.buyers).await?;
     let queued: i64 = c.xlen(&k.orders).await?;
-    r.checks = checks(r, p.voucher.stock, left, buyers, queued);
-    bench.release_voucher(p.voucher.id).await
+    r.checks = checks(r, v.stock, left, buyers, queued);
+    bench.release_voucher(v.id).await
 }
 
 /// The invariants of an admission run. `left`: units Redis says are left; `recorded`:

@@ -7,7 +7,7 @@
 //! (`seckill:{<voucher>}:*`, and the baselines' `bench:<run>:*`) are its own.
 //! [`Bench::cleanup`] deletes all of it.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use anyhow::Context;
 use seckill_cli::scratch_db;
@@ -20,6 +20,9 @@ use seckill_shared::config::{EnvReader, RedisConfig};
 use seckill_shared::domain::{NewVoucher, SaleWindow, Voucher, VoucherId, now_millis};
 use seckill_shared::keys::VoucherKeys;
 use seckill_shared::migrate;
+
+use crate::drivers::connect;
+use crate::workload::Tokens;
 
 /// The backends of one run and what it created in them.
 pub struct Bench {
@@ -114,9 +117,7 @@ impl Bench {
         )
         .await
         .context("setting the voucher id base")?;
-        let redis = RedisConn::connect(&http.redis)
-            .await
-            .with_context(|| format!("cannot connect to Redis at {}", http.redis.url))?;
+        let redis = connect(&http.redis).await?;
         Ok(Bench {
             tutorial_redis: http.redis.clone(),
             tutorial: redis.clone(),
@@ -137,9 +138,7 @@ impl Bench {
     /// several shards refuses it ("Script attempted to access a non local key"), so there
     /// the tutorial needs a Redis whose one node owns every slot, as the local stack's.
     pub async fn use_tutorial_redis(&mut self, cfg: RedisConfig) -> anyhow::Result<()> {
-        self.tutorial = RedisConn::connect(&cfg)
-            .await
-            .with_context(|| format!("cannot connect to Redis at {}", cfg.url))?;
+        self.tutorial = connect(&cfg).await?;
         self.tutorial_redis = cfg;
         Ok(())
     }
@@ -157,6 +156,11 @@ impl Bench {
     /// The functions' dev secret, which the users' tokens are signed with.
     pub fn jwt_secret(&self) -> String {
         self.http.dev_jwt_secret.clone().unwrap_or_default()
+    }
+
+    /// Tokens of users `0..users`, signed with the functions' dev secret.
+    pub fn tokens(&self, users: u32) -> Arc<Tokens> {
+        Arc::new(Tokens::mint(self.jwt_secret().as_bytes(), users))
     }
 
     /// A voucher on sale now for an hour, in the database and preloaded in Redis. Unless

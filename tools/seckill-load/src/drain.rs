@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 
 use seckill_cli::scratch_db::mysql;
 
-use crate::admission::{ours_drivers, prepare, tutorial_keys};
+use crate::admission::{ours_drivers, tutorial_keys};
 use crate::backends::Bench;
 use crate::drivers::{Driver, TutorialKeys, many};
 use crate::engine::{Ui, run};
@@ -569,14 +569,15 @@ pub async fn commit_latency(
         "sizes must be positive"
     );
     let n = (o.rate * o.seconds).round().max(1.0) as u64;
-    let prepared = prepare(bench, "bench commit latency", n as i64, n as u32, None).await?;
-    let voucher = &prepared.voucher;
+    let voucher = bench
+        .voucher("bench commit latency", n as i64, false)
+        .await?;
     let max_run = Duration::from_secs_f64(o.seconds + 60.0);
     let drainer = drainer(bench, &[voucher.id], o.batch_size, max_run).await?;
     let consumer = format!("bench-latency-{}", bench.run_id);
     let invocation =
         tokio::spawn(async move { drainer.run(&consumer, Instant::now() + max_run).await });
-    let drivers = ours_drivers(&bench.http, &prepared, o.callers).await?;
+    let drivers = ours_drivers(&bench.http, voucher.id, &bench.tokens(n as u32), o.callers).await?;
     let plan = Arc::new(Plan::distinct(n));
     let what = ["commit-latency", "ours", "in-process"];
     let admissions = run(drivers, plan, what, n as i64, Some(o.rate), ui).await?;

@@ -234,8 +234,8 @@ async fn tutorial_attempt(conn: &mut RedisConn, keys: &TutorialKeys, user: u32) 
     }
 }
 
-/// A connection of a caller of its own.
-async fn connect(cfg: &RedisConfig) -> anyhow::Result<RedisConn> {
+/// A Redis connection of its own (a caller's, or the run's).
+pub(crate) async fn connect(cfg: &RedisConfig) -> anyhow::Result<RedisConn> {
     RedisConn::connect(cfg)
         .await
         .with_context(|| format!("cannot connect to Redis at {}", cfg.url))

@@ -27,7 +27,6 @@ use crate::backends::Bench;
 use crate::drivers::seckill_event;
 use crate::engine::Ui;
 use crate::record::{Latency, latency_of_values};
-use crate::workload::Tokens;
 
 #[derive(Debug, Clone, Serialize, Deserialize, clap::Args)]
 pub struct FootprintOptions {
@@ -136,7 +135,7 @@ async fn http_footprint(
         .voucher("bench footprint", o.requests.max(1) as i64, false)
         .await?;
     let secret = bench.jwt_secret();
-    let tokens = Tokens::mint(secret.as_bytes(), o.requests as u32);
+    let tokens = bench.tokens(o.requests as u32);
     let mut env = base_env(bench, "seckill-http");
     env.push(("SECKILL_DEV_JWT_SECRET", secret));
     // A local emulator of Lambda, as the stack's: the function refuses the dev secret

@@ -79,10 +79,6 @@ impl Tokens {
         )
     }
 
-    pub(crate) fn len(&self) -> u32 {
-        self.0.len() as u32
-    }
-
     /// The header of user `idx`.
     pub fn header(&self, idx: u32) -> &HeaderValue {
         &self.0[idx as usize]
