@@ -190,22 +190,14 @@ pub async fn drain(bench: &Bench, o: &DrainOptions, ui: &Ui) -> anyhow::Result<D
         db_floor: None,
         spread: Vec::new(),
     };
-    for &b in &o.batch_sizes {
-        if ui.stopped() {
-            break;
-        }
-        report
-            .ours
-            .push(drain_sales(bench, "ours", o.orders, 1, b, ui).await?);
+    for &b in o.batch_sizes.iter().take_while(|_| !ui.stopped()) {
+        let run = drain_sales(bench, "ours", o.orders, 1, b, ui).await?;
+        report.ours.push(run);
     }
     let best = report.best().map_or(defaults::BATCH_SIZE, |r| r.batch_size);
-    for &k in &o.sales {
-        if ui.stopped() {
-            break;
-        }
-        report
-            .spread
-            .push(drain_sales(bench, "spread", o.orders, k, best, ui).await?);
+    for &k in o.sales.iter().take_while(|_| !ui.stopped()) {
+        let run = drain_sales(bench, "spread", o.orders, k, best, ui).await?;
+        report.spread.push(run);
     }
     if o.baseline && !ui.stopped() {
         report.tutorial = Some(drain_tutorial(bench, o.tutorial_orders, ui).await?);
@@ -261,9 +253,10 @@ async fn drainer(
         .map_err(|e| anyhow::anyhow!("connecting the drainer: {e}"))
 }
 
-/// Admits `n` distinct users to `voucher` with our engine (adapter callers), so that
-/// `n` orders wait in its stream.
-pub(crate) async fn fill(bench: &Bench, voucher: &Voucher, n: u64, ui: &Ui) -> anyhow::Result<()> {
+/// A voucher of `n` units to which our engine (adapter callers) admitted `n` distinct
+/// users, so that `n` orders wait in its stream.
+pub(crate) async fn filled(bench: &Bench, title: &str, n: u64, ui: &Ui) -> anyhow::Result<Voucher> {
+    let voucher = bench.voucher(title, n.max(1) as i64, false).await?;
     let callers = (n as usize).clamp(1, 16);
     let drivers = many(callers, || Driver::adapter(&bench.http.redis, voucher.id)).await?;
     let plan = Arc::new(Plan::distinct(n));
@@ -282,7 +275,7 @@ pub(crate) async fn fill(bench: &Bench, voucher: &Voucher, n: u64, ui: &Ui) -> a
         r.admitted,
         r.failure_samples
     );
-    Ok(())
+    Ok(voucher)
 }
 
 /// Waits until no stream of `ids` has anything undelivered or pending, showing the
@@ -340,9 +333,7 @@ async fn drain_sales(
     let mut ids = Vec::with_capacity(sales);
     for i in 0..sales {
         let title = format!("bench drain {variant} {i}/{sales} batch {batch}");
-        let v = bench.voucher(&title, per as i64, false).await?;
-        fill(bench, &v, per, ui).await?;
-        ids.push(v.id);
+        ids.push(filled(bench, &title, per, ui).await?.id);
     }
     let drainer = drainer(bench, &ids, batch, ui.max_run).await?;
     let streams = OrderStreams::new(bench.redis.clone());
@@ -480,14 +471,17 @@ async fn tutorial_consume(
         let Some(entry) = reply.keys.into_iter().flat_map(|k| k.ids).next() else {
             break;
         };
-        let get = |f: &str| -> anyhow::Result<String> {
-            entry
-                .get::<String>(f)
-                .with_context(|| format!("tutorial stream entry {} has no {f}", entry.id))
+        let fields = (
+            entry.get::<String>("userId"),
+            entry.get("voucherId"),
+            entry.get("id"),
+        );
+        let (Some(user), Some(voucher), Some(id)) = fields else {
+            anyhow::bail!(
+                "tutorial stream entry {} lacks userId, voucherId or id",
+                entry.id
+            );
         };
-        let (user, voucher, id) = (get("userId")?, get("voucherId")?, get("id")?);
-        let voucher: i64 = voucher.parse().context("voucherId")?;
-        let id: i64 = id.parse().context("id")?;
         let tx = db.begin().await?;
         let count = db
             .execute(

@@ -167,10 +167,7 @@ async fn drainer_footprint(
     o: &FootprintOptions,
     ui: &Ui,
 ) -> anyhow::Result<BinaryFootprint> {
-    let voucher = bench
-        .voucher("bench footprint drain", o.orders.max(1) as i64, false)
-        .await?;
-    crate::drain::fill(bench, &voucher, o.orders, ui).await?;
+    let voucher = crate::drain::filled(bench, "bench footprint drain", o.orders, ui).await?;
     let mut env = base_env(bench, "order-drainer");
     env.push(("DRAINER_VOUCHERS", voucher.id.to_string()));
     // Long enough to drain them all (at a few thousand orders per second); the
