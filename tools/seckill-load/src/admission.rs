@@ -20,7 +20,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use redis::AsyncCommands;
 use seckill_http::Config;
-use seckill_shared::config::{EnvReader, RedisConfig};
+use seckill_shared::config::{RedisConfig, minimal_env_with};
 use seckill_shared::domain::{Voucher, VoucherId};
 use seckill_shared::keys::VoucherKeys;
 use seckill_shared::protocol::sale_fields;
@@ -258,28 +258,21 @@ async fn durable_config(bench: &Bench) -> Result<Config, String> {
         ));
     }
     let mut cfg = bench.http.clone();
-    let env = [
-        ("REDIS_URL", cfg.redis.url.as_str()),
-        ("REDIS_DURABLE_REPLICAS", "1"),
-    ]
-    .map(|(k, v)| (k.to_string(), v.to_string()));
-    cfg.redis.durable = RedisConfig::read(&mut EnvReader::from_map(env.into())).durable;
+    let mut env = minimal_env_with(&[("REDIS_DURABLE_REPLICAS", "1")]);
+    cfg.redis.durable = RedisConfig::read(&mut env).durable;
     Ok(cfg)
 }
 
 /// The round with the median rate (the lower middle of an even count). Every round's
 /// failed checks and first refusal are kept on it, so they are reported.
 fn median_round(mut rs: Vec<RunResult>) -> Option<RunResult> {
-    if rs.is_empty() {
-        return None;
-    }
     let error = rs.iter().find_map(|r| r.error.clone());
     let failed: Vec<Check> = rs
         .iter()
         .flat_map(|r| r.checks.iter().filter(|c| !c.ok).cloned())
         .collect();
     rs.sort_by(|a, b| a.attempts_per_s.total_cmp(&b.attempts_per_s));
-    let mut m = rs.swap_remove((rs.len() - 1) / 2);
+    let mut m = rs.swap_remove(rs.len().checked_sub(1)? / 2);
     m.error = m.error.or(error);
     for c in failed {
         if !m
@@ -376,18 +369,13 @@ pub fn checks(
             ids.len() == r.order_ids.len(),
             format!("{} ids, {} distinct", r.order_ids.len(), ids.len()),
         ),
-        match left {
-            Some(left) => Check::new(
-                "stock left + admitted = initial",
-                left + admitted == initial,
-                format!("{left} left + {admitted} admitted vs {initial} initial"),
-            ),
-            None => Check::new(
-                "stock left + admitted = initial",
-                false,
-                "the sale's stock is missing",
-            ),
-        },
+        Check::new(
+            "stock left + admitted = initial",
+            left.is_some_and(|left| left + admitted == initial),
+            left.map_or("the sale's stock is missing".into(), |left| {
+                format!("{left} left + {admitted} admitted vs {initial} initial")
+            }),
+        ),
         Check::new(
             "answers agree with Redis",
             seen <= admitted && admitted <= seen + ambiguous,
