@@ -110,7 +110,7 @@ pub async fn sale(bench: &Bench, o: &SaleOptions, ui: &Ui) -> anyhow::Result<Sal
     );
     let plan = Arc::new(Plan::mixed(o.attempts, o.users, o.seed));
     let tokens = bench.tokens(plan.users());
-    let voucher = bench.voucher("bench sale", o.stock, false).await?;
+    let voucher = bench.voucher("bench sale", o.stock).await?;
     let drivers = ours_drivers(&bench.http, voucher.id, &tokens, o.callers).await?;
     let what = ["sale", "ours", "in-process"];
     let mut ours = run(drivers, plan.clone(), what, o.stock, None, ui).await?;
@@ -175,7 +175,7 @@ pub async fn admit(bench: &Bench, o: &AdmitOptions, ui: &Ui) -> anyhow::Result<A
                     r
                 }
                 (_, cfg) => {
-                    let v = bench.voucher("bench admit", stock, false).await?;
+                    let v = bench.voucher("bench admit", stock).await?;
                     let drivers = match cfg {
                         Some(cfg) => ours_drivers(cfg, v.id, &tokens, callers).await?,
                         None => many(callers, || Driver::adapter(redis, v.id)).await?,

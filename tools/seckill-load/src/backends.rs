@@ -74,20 +74,21 @@ impl Bench {
                 .await
                 .context("starting a Data API server in this process")?;
             let mut vars = vec![
-                ("REDIS_URL".to_string(), stack.get("REDIS_URL")?),
-                ("DB_CLUSTER_ARN".to_string(), stack.get("DB_CLUSTER_ARN")?),
-                ("DB_SECRET_ARN".to_string(), secret_arn),
-                ("DB_NAME".to_string(), database.clone()),
-                ("DATA_API_URL".to_string(), server.url()),
+                ("REDIS_URL", stack.get("REDIS_URL")?),
+                ("DB_CLUSTER_ARN", stack.get("DB_CLUSTER_ARN")?),
+                ("DB_SECRET_ARN", secret_arn),
+                ("DB_NAME", database.clone()),
+                ("DATA_API_URL", server.url()),
                 (
-                    "SECKILL_DEV_JWT_SECRET".to_string(),
+                    "SECKILL_DEV_JWT_SECRET",
                     format!("{:032x}", rand::random::<u128>()),
                 ),
             ];
             for key in ["REDIS_CLUSTER", "REDIS_TIMEOUT_MS"] {
-                vars.extend(stack.optional(key).map(|v| (key.to_string(), v)));
+                vars.extend(stack.optional(key).map(|v| (key, v)));
             }
-            let http = Config::read(EnvReader::from_map(vars.into_iter().collect()))
+            let vars = vars.into_iter().map(|(k, v)| (k.to_string(), v));
+            let http = Config::read(EnvReader::from_map(vars.collect()))
                 .context("building seckill-http's configuration from the stack")?;
             let mut b = Bench::attach(http, mysql_url, run_id).await?;
             b.owned_db = Some((admin_url.clone(), database.clone()));
@@ -163,15 +164,10 @@ impl Bench {
         Arc::new(Tokens::mint(self.jwt_secret().as_bytes(), users))
     }
 
-    /// A voucher on sale now for an hour, in the database and preloaded in Redis. Unless
-    /// `drainable`, it is taken out of `seckill:active` again so that no drainer of the
-    /// stack visits its stream (its orders are not in the stack's database).
-    pub async fn voucher(
-        &self,
-        title: &str,
-        stock: i64,
-        drainable: bool,
-    ) -> anyhow::Result<Voucher> {
+    /// A voucher on sale now for an hour, in the database and preloaded in Redis, then
+    /// taken out of `seckill:active` again so that no drainer of the stack visits its
+    /// stream (its orders are not in the stack's database).
+    pub async fn voucher(&self, title: &str, stock: i64) -> anyhow::Result<Voucher> {
         let now = now_millis();
         let window = SaleWindow::new(now - 60_000, now + 3_600_000)
             .map_err(|e| anyhow::anyhow!("sale window: {}", e.0))?;
@@ -190,11 +186,9 @@ impl Bench {
             .preload(&voucher)
             .await
             .context("preloading the voucher into Redis")?;
-        if !drainable {
-            OrderStreams::new(self.redis.clone())
-                .retire(voucher.id)
-                .await?;
-        }
+        OrderStreams::new(self.redis.clone())
+            .retire(voucher.id)
+            .await?;
         Ok(voucher)
     }
 

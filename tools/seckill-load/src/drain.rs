@@ -256,7 +256,7 @@ async fn drainer(
 /// A voucher of `n` units to which our engine (adapter callers) admitted `n` distinct
 /// users, so that `n` orders wait in its stream.
 pub(crate) async fn filled(bench: &Bench, title: &str, n: u64, ui: &Ui) -> anyhow::Result<Voucher> {
-    let voucher = bench.voucher(title, n.max(1) as i64, false).await?;
+    let voucher = bench.voucher(title, n.max(1) as i64).await?;
     let callers = (n as usize).clamp(1, 16);
     let drivers = many(callers, || Driver::adapter(&bench.http.redis, voucher.id)).await?;
     let plan = Arc::new(Plan::distinct(n));
@@ -414,9 +414,7 @@ async fn db_checks(
 /// The tutorial's admission fills a stream of its own (the admission runs' orders sit
 /// in the run's global stream), then the tutorial's consumer drains it.
 async fn drain_tutorial(bench: &Bench, n: u64, ui: &Ui) -> anyhow::Result<DrainRun> {
-    let voucher = bench
-        .voucher("bench drain tutorial", n as i64, false)
-        .await?;
+    let voucher = bench.voucher("bench drain tutorial", n as i64).await?;
     let prefix = format!("{}drain:", bench.prefix());
     let keys = tutorial_keys(bench, &prefix, voucher.id, n as i64).await?;
     let drivers = many(16, || Driver::tutorial(&bench.tutorial_redis, keys.clone())).await?;
@@ -526,7 +524,7 @@ async fn tutorial_consume(
 }
 
 async fn drain_floor(bench: &Bench, n: u64, batch: usize) -> anyhow::Result<DrainRun> {
-    let voucher = bench.voucher("bench drain floor", n as i64, false).await?;
+    let voucher = bench.voucher("bench drain floor", n as i64).await?;
     let mut conn = mysql(&bench.mysql_url).await?;
     let admitted = format_datetime(now_millis());
     let start = Instant::now();
@@ -563,9 +561,7 @@ pub async fn commit_latency(
         "sizes must be positive"
     );
     let n = (o.rate * o.seconds).round().max(1.0) as u64;
-    let voucher = bench
-        .voucher("bench commit latency", n as i64, false)
-        .await?;
+    let voucher = bench.voucher("bench commit latency", n as i64).await?;
     let max_run = Duration::from_secs_f64(o.seconds + 60.0);
     let drainer = drainer(bench, &[voucher.id], o.batch_size, max_run).await?;
     let consumer = format!("bench-latency-{}", bench.run_id);

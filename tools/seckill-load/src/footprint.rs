@@ -132,7 +132,7 @@ async fn http_footprint(
     ui: &Ui,
 ) -> anyhow::Result<BinaryFootprint> {
     let voucher = bench
-        .voucher("bench footprint", o.requests.max(1) as i64, false)
+        .voucher("bench footprint", o.requests.max(1) as i64)
         .await?;
     let secret = bench.jwt_secret();
     let tokens = bench.tokens(o.requests as u32);
