@@ -26,7 +26,7 @@ use seckill_shared::keys::VoucherKeys;
 use seckill_shared::protocol::sale_fields;
 use serde::{Deserialize, Serialize};
 
-use crate::backends::{Bench, replicas_per_primary};
+use crate::backends::{Bench, info_field, redis_infos};
 use crate::drivers::{Driver, TutorialKeys, many};
 use crate::engine::{Ui, run};
 use crate::record::{Check, RunResult};
@@ -250,7 +250,12 @@ async fn tutorial(
 /// seckill-http's configuration with durable admissions (`REDIS_DURABLE_REPLICAS=1`, the
 /// function's default timeout), or why `ours-durable` cannot run here.
 async fn durable_config(bench: &Bench) -> Result<Config, String> {
-    let n = replicas_per_primary(&bench.redis).await;
+    // The fewest replicas of a primary (`None`: no primary answered).
+    let infos = redis_infos(&bench.redis, "replication").await;
+    let replicas = infos
+        .iter()
+        .map(|i| info_field(i, "connected_slaves")?.parse::<u32>().ok());
+    let n = replicas.min().flatten();
     if n.is_none_or(|n| n < 1) {
         return Err(format!(
             "it needs a replica per Redis primary (WAIT 1) and the primaries have {} (the cluster stack has one: SECKILL_REDIS_TOPOLOGY=cluster)",

@@ -272,17 +272,6 @@ fn texts(v: redis::Value) -> Vec<String> {
     }
 }
 
-/// The fewest replicas connected to a primary (`INFO replication`), `None` when no
-/// primary answered: durable admissions (`WAIT n`) need at least `n`.
-pub async fn replicas_per_primary(conn: &RedisConn) -> Option<u32> {
-    redis_infos(conn, "replication")
-        .await
-        .iter()
-        .map(|i| info_field(i, "connected_slaves").and_then(|n| n.parse().ok()))
-        .min()
-        .flatten()
-}
-
 /// A field of INFO text.
 pub fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
     info.lines()

@@ -134,10 +134,9 @@ async fn http_footprint(
     let voucher = bench
         .voucher("bench footprint", o.requests.max(1) as i64)
         .await?;
-    let secret = bench.jwt_secret();
     let tokens = bench.tokens(o.requests as u32);
     let mut env = base_env(bench, "seckill-http");
-    env.push(("SECKILL_DEV_JWT_SECRET", secret));
+    env.push(("SECKILL_DEV_JWT_SECRET", bench.jwt_secret()));
     // A local emulator of Lambda, as the stack's: the function refuses the dev secret
     // inside Lambda otherwise.
     env.push(("SECKILL_DEV_JWT_IN_LAMBDA", "allow".into()));
@@ -259,15 +258,14 @@ async fn run_function(
                 ("lambda-runtime-trace-id", TRACE_ID.into()),
             ];
             let mut next = Some((headers, event).into_response());
-            let timeout = tokio::time::sleep(Duration::from_secs(120));
-            tokio::pin!(timeout);
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
             let response = loop {
                 let (path, body, reply) = tokio::select! {
                     call = calls.recv() => call.context("the runtime API stopped")?,
                     status = child.wait() => {
                         bail!("the function exited ({status:?}); its log:\n{}", log_tail())
                     }
-                    _ = &mut timeout => {
+                    _ = tokio::time::sleep_until(deadline) => {
                         bail!("an invocation took over 120 s; the function's log:\n{}", log_tail())
                     }
                 };
