@@ -150,10 +150,7 @@ pub async fn admit(bench: &Bench, o: &AdmitOptions, ui: &Ui) -> anyhow::Result<A
     }
     let mut results: Vec<Vec<RunResult>> = vec![Vec::new(); variants.len()];
     for round in 0..o.rounds as usize {
-        for k in 0..variants.len() {
-            if ui.stopped() {
-                break;
-            }
+        for k in (0..variants.len()).take_while(|_| !ui.stopped()) {
             let idx = (k + round) % variants.len();
             let (variant, cfg) = &variants[idx];
             let target = if cfg.is_some() { "in-process" } else { "redis" };
