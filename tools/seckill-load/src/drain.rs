@@ -422,12 +422,11 @@ async fn drain_tutorial(bench: &Bench, n: u64, ui: &Ui) -> anyhow::Result<DrainR
     let what = ["drain", "tutorial fill", "redis"];
     let filled = run(drivers, plan, what, n as i64, None, ui).await?;
     let run = if let Some(e) = filled.error {
-        DrainRun {
-            error: Some(format!(
-                "filling its stream with the tutorial's admission: {e}"
-            )),
-            ..DrainRun::new("tutorial", 1, 1, 0, Duration::ZERO, Vec::new())
-        }
+        let mut run = DrainRun::new("tutorial", 1, 1, 0, Duration::ZERO, Vec::new());
+        run.error = Some(format!(
+            "filling its stream with the tutorial's admission: {e}"
+        ));
+        run
     } else {
         anyhow::ensure!(
             filled.admitted == n,

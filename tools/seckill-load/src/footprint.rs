@@ -194,10 +194,6 @@ async fn drainer_footprint(
     })
 }
 
-/// A request of the function's runtime client: its path, its body, and where the
-/// reply to send back goes.
-type Call = (String, Bytes, oneshot::Sender<Response>);
-
 const ARN: &str = "arn:aws:lambda:us-east-1:123456789012:function:bench";
 const TRACE_ID: &str = "Root=1-00000000-000000000000000000000000;Parent=0000000000000000;Sampled=0";
 
@@ -215,8 +211,9 @@ async fn run_function(
 ) -> anyhow::Result<(BinaryFootprint, Vec<Value>)> {
     let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
     env.push(("AWS_LAMBDA_RUNTIME_API", listener.local_addr()?.to_string()));
-    let (calls_tx, mut calls) = mpsc::channel::<Call>(1);
-    // Every request goes to the loop below, which answers it.
+    // Every request of its runtime client (path, body, where the reply goes) goes to the
+    // loop below, which answers it.
+    let (calls_tx, mut calls) = mpsc::channel::<(String, Bytes, oneshot::Sender<Response>)>(1);
     let api = axum::Router::new().fallback(move |uri: http::Uri, body: Bytes| async move {
         let (reply, rx) = oneshot::channel();
         let _ = calls_tx.send((uri.path().into(), body, reply)).await;
