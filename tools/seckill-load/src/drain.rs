@@ -44,7 +44,7 @@ use crate::record::{Check, Latency, RunResult, latency_of_values};
 use crate::workload::{Plan, user_name};
 
 /// Sizes of the drain scenario.
-#[derive(Debug, Clone, Serialize, Deserialize, clap::Args)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, clap::Args)]
 pub struct DrainOptions {
     /// Orders waiting in the stream for each run of ours and for the database floor
     #[arg(long, default_value_t = 20_000)]
@@ -88,7 +88,7 @@ pub struct DrainRun {
     pub error: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct DrainReport {
     pub options: DrainOptions,
     pub ours: Vec<DrainRun>,
@@ -185,10 +185,7 @@ pub async fn drain(bench: &Bench, o: &DrainOptions, ui: &Ui) -> anyhow::Result<D
     );
     let mut report = DrainReport {
         options: o.clone(),
-        ours: Vec::new(),
-        tutorial: None,
-        db_floor: None,
-        spread: Vec::new(),
+        ..DrainReport::default()
     };
     for &b in o.batch_sizes.iter().take_while(|_| !ui.stopped()) {
         let run = drain_sales(bench, "ours", o.orders, 1, b, ui).await?;
