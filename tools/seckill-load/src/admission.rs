@@ -14,7 +14,7 @@
 //! whose commands the server refuses (the tutorial's script on a cluster of several
 //! shards) is not checked: it FAILED, with the server's error ([`RunResult::error`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -276,15 +276,10 @@ fn median_round(mut rs: Vec<RunResult>) -> Option<RunResult> {
     rs.sort_by(|a, b| a.attempts_per_s.total_cmp(&b.attempts_per_s));
     let mut m = rs.swap_remove(rs.len().checked_sub(1)? / 2);
     m.error = m.error.or(error);
-    for c in failed {
-        if !m
-            .checks
-            .iter()
-            .any(|x| x.name == c.name && x.detail == c.detail)
-        {
-            m.checks.push(c);
-        }
-    }
+    let key = |c: &Check| (c.name.clone(), c.detail.clone());
+    let mut seen: HashSet<_> = m.checks.iter().map(key).collect();
+    m.checks
+        .extend(failed.into_iter().filter(|c| seen.insert(key(c))));
     Some(m)
 }
 
