@@ -83,10 +83,63 @@ pub async fn footprint(
             bin.display()
         );
     }
-    let binaries = vec![
-        http_footprint(bench, o, ui).await?,
-        drainer_footprint(bench, o, ui).await?,
-    ];
+    let mut binaries = Vec::new();
+    // seckill-http: `requests` admissions of distinct users.
+    let voucher = bench
+        .voucher("bench footprint", o.requests.max(1) as i64)
+        .await?;
+    let tokens = bench.tokens(o.requests as u32);
+    let mut env = base_env(bench, "seckill-http");
+    env.push(("SECKILL_DEV_JWT_SECRET", bench.jwt_secret()));
+    // A local emulator of Lambda, as the stack's: the function refuses the dev secret
+    // inside Lambda otherwise.
+    env.push(("SECKILL_DEV_JWT_IN_LAMBDA", "allow".into()));
+    let events = (0..o.requests as u32).map(|i| {
+        let auth = tokens.header(i).to_str().unwrap_or_default();
+        seckill_event(voucher.id, Some(auth)).to_string()
+    });
+    let bar = ui.bar(o.requests, "footprint seckill-http");
+    let workload = format!("{} admissions, one at a time", o.requests);
+    let run = run_function(&o.http_bin, "seckill-http", workload, env, events, bar).await;
+    bench.release_voucher(voucher.id).await?;
+    let (footprint, responses) = run?;
+    let admitted = responses
+        .iter()
+        .filter(|r| r["statusCode"].as_u64() == Some(202))
+        .count() as u64;
+    anyhow::ensure!(
+        admitted == o.requests,
+        "seckill-http admitted {admitted} of {} requests",
+        o.requests
+    );
+    binaries.push(footprint);
+    // order-drainer: one invocation while `orders` orders wait in its stream.
+    let voucher = crate::drain::filled(bench, "bench footprint drain", o.orders, ui).await?;
+    let mut env = base_env(bench, "order-drainer");
+    env.push(("DRAINER_VOUCHERS", voucher.id.to_string()));
+    // Long enough to drain them all (at a few thousand orders per second); the
+    // invocation then idles until this is up.
+    env.push(("DRAINER_MAX_RUN_MS", (3_000 + o.orders / 2).to_string()));
+    env.push(("DRAINER_MIN_IDLE_MS", "120000".into()));
+    // Any JSON will do (the event carries no input): the fixture `cargo lambda invoke` sends.
+    let event = include_str!("../../../tests/fixtures/eventbridge-scheduled.json");
+    let workload = format!("one invocation draining {} orders", o.orders);
+    let events = [event.to_string()];
+    let bar = ProgressBar::hidden();
+    let run = run_function(&o.drainer_bin, "order-drainer", workload, env, events, bar).await;
+    bench.release_voucher(voucher.id).await?;
+    let (footprint, responses) = run?;
+    let inserted = responses[0]["inserted"].as_u64().unwrap_or(0);
+    anyhow::ensure!(
+        inserted == o.orders,
+        "the drainer invocation inserted {inserted} of {} orders: {}",
+        o.orders,
+        responses[0]
+    );
+    binaries.push(BinaryFootprint {
+        invocations_per_s: None,
+        ..footprint
+    });
     for b in &binaries {
         eprintln!(
             "  footprint {}: {:.2} MiB, peak RSS {} KiB, {}",
@@ -124,74 +177,6 @@ fn base_env(bench: &Bench, name: &str) -> Vec<(&'static str, String)> {
     ];
     env.extend(h.data_api.endpoint.clone().map(|e| ("DATA_API_URL", e)));
     env
-}
-
-async fn http_footprint(
-    bench: &Bench,
-    o: &FootprintOptions,
-    ui: &Ui,
-) -> anyhow::Result<BinaryFootprint> {
-    let voucher = bench
-        .voucher("bench footprint", o.requests.max(1) as i64)
-        .await?;
-    let tokens = bench.tokens(o.requests as u32);
-    let mut env = base_env(bench, "seckill-http");
-    env.push(("SECKILL_DEV_JWT_SECRET", bench.jwt_secret()));
-    // A local emulator of Lambda, as the stack's: the function refuses the dev secret
-    // inside Lambda otherwise.
-    env.push(("SECKILL_DEV_JWT_IN_LAMBDA", "allow".into()));
-    let events = (0..o.requests as u32).map(|i| {
-        let auth = tokens.header(i).to_str().unwrap_or_default();
-        seckill_event(voucher.id, Some(auth)).to_string()
-    });
-    let bar = ui.bar(o.requests, "footprint seckill-http");
-    let workload = format!("{} admissions, one at a time", o.requests);
-    let run = run_function(&o.http_bin, "seckill-http", workload, env, events, bar).await;
-    bench.release_voucher(voucher.id).await?;
-    let (footprint, responses) = run?;
-    let admitted = responses
-        .iter()
-        .filter(|r| r["statusCode"].as_u64() == Some(202))
-        .count() as u64;
-    anyhow::ensure!(
-        admitted == o.requests,
-        "seckill-http admitted {admitted} of {} requests",
-        o.requests
-    );
-    Ok(footprint)
-}
-
-async fn drainer_footprint(
-    bench: &Bench,
-    o: &FootprintOptions,
-    ui: &Ui,
-) -> anyhow::Result<BinaryFootprint> {
-    let voucher = crate::drain::filled(bench, "bench footprint drain", o.orders, ui).await?;
-    let mut env = base_env(bench, "order-drainer");
-    env.push(("DRAINER_VOUCHERS", voucher.id.to_string()));
-    // Long enough to drain them all (at a few thousand orders per second); the
-    // invocation then idles until this is up.
-    env.push(("DRAINER_MAX_RUN_MS", (3_000 + o.orders / 2).to_string()));
-    env.push(("DRAINER_MIN_IDLE_MS", "120000".into()));
-    // Any JSON will do (the event carries no input): the fixture `cargo lambda invoke` sends.
-    let event = include_str!("../../../tests/fixtures/eventbridge-scheduled.json");
-    let workload = format!("one invocation draining {} orders", o.orders);
-    let events = [event.to_string()];
-    let bar = ProgressBar::hidden();
-    let run = run_function(&o.drainer_bin, "order-drainer", workload, env, events, bar).await;
-    bench.release_voucher(voucher.id).await?;
-    let (footprint, responses) = run?;
-    let inserted = responses[0]["inserted"].as_u64().unwrap_or(0);
-    anyhow::ensure!(
-        inserted == o.orders,
-        "the drainer invocation inserted {inserted} of {} orders: {}",
-        o.orders,
-        responses[0]
-    );
-    Ok(BinaryFootprint {
-        invocations_per_s: None,
-        ..footprint
-    })
 }
 
 const ARN: &str = "arn:aws:lambda:us-east-1:123456789012:function:bench";
