@@ -50,20 +50,16 @@ pub struct Bench {
 }
 
 impl Bench {
-    /// A fresh database on the stack's MariaDB and the stack's Redis. The functions
-    /// reach the database through a Data API server in this process: the same
-    /// `data-api-local` code as the stack's, built with this tool (in release for
-    /// benchmarks, where the stack runs a debug build).
+    /// A fresh database on the stack's MariaDB and the stack's Redis, reached through a
+    /// Data API server in this process (the stack's `data-api-local`, built with this tool).
     pub async fn on_stack(stack: &StackEnv) -> anyhow::Result<Bench> {
         let admin_url = stack.get("MYSQL_URL")?;
         let database = scratch_db::create_database(&admin_url, "seckill_b_").await?;
         let run_id = database["seckill_b_".len()..].to_string();
         let bench = async {
             let mysql_url = url_with_database(&admin_url, &database)?;
-            // A database of the benchmark's own: the stack's application user has no
-            // rights on it, so everything here signs in with the master secret (the
-            // stack's admin user; DB_SECRET_ARN on a stack from before the application
-            // user).
+            // The stack's application user has no rights on a database of the benchmark's
+            // own: everything signs in as the stack's admin (DB_SECRET_ARN on older stacks).
             let secret_arn = stack
                 .optional("DB_MASTER_SECRET_ARN")
                 .map_or_else(|| stack.get("DB_SECRET_ARN"), Ok)?;

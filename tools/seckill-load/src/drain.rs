@@ -310,9 +310,8 @@ async fn wait_drained(
     }
 }
 
-/// One invocation of ours draining `n` orders spread evenly over `sales` fresh sales:
-/// the clock stops when no stream has anything undelivered or pending (or when the
-/// invocation ends first, which a check records), then the database is checked.
+/// One invocation of ours draining `n` orders spread evenly over `sales` fresh sales (a
+/// check records it when the invocation ends before they are drained).
 async fn drain_sales(
     bench: &Bench,
     variant: &str,

@@ -182,10 +182,8 @@ fn base_env(bench: &Bench, name: &str) -> Vec<(&'static str, String)> {
 const ARN: &str = "arn:aws:lambda:us-east-1:123456789012:function:bench";
 const TRACE_ID: &str = "Root=1-00000000-000000000000000000000000;Parent=0000000000000000;Sampled=0";
 
-/// Runs `bin` under a Lambda Runtime API of its own on a free loopback port and hands it
-/// `events` one at a time, as one Lambda instance gets them; returns its size, its
-/// memory after them (VmHWM, VmRSS), the invocations' rate and latency, and their
-/// responses.
+/// Runs `bin` under a runtime API of its own on a free loopback port, hands it `events`
+/// one at a time, and returns its footprint after them and their responses.
 async fn run_function(
     bin: &Path,
     name: &str,
