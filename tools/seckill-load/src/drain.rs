@@ -256,16 +256,8 @@ pub(crate) async fn filled(bench: &Bench, title: &str, n: u64, ui: &Ui) -> anyho
     let voucher = bench.voucher(title, n.max(1) as i64).await?;
     let callers = (n as usize).clamp(1, 16);
     let drivers = many(callers, || Driver::adapter(&bench.http.redis, voucher.id)).await?;
-    let plan = Arc::new(Plan::distinct(n));
-    let r = run(
-        drivers,
-        plan,
-        ["drain", "fill", "redis"],
-        voucher.stock,
-        None,
-        ui,
-    )
-    .await?;
+    let (plan, what) = (Arc::new(Plan::distinct(n)), ["drain", "fill", "redis"]);
+    let r = run(drivers, plan, what, voucher.stock, None, ui).await?;
     anyhow::ensure!(
         r.admitted == n,
         "filling the stream admitted {} of {n} orders ({:?})",
