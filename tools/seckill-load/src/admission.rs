@@ -14,19 +14,19 @@
 //! whose commands the server refuses (the tutorial's script on a cluster of several
 //! shards) is not checked: it FAILED, with the server's error ([`RunResult::error`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use anyhow::Context;
 use redis::AsyncCommands;
 use seckill_http::Config;
-use seckill_shared::config::{EnvReader, RedisConfig};
+use seckill_shared::config::{RedisConfig, minimal_env_with};
 use seckill_shared::domain::{Voucher, VoucherId};
 use seckill_shared::keys::VoucherKeys;
 use seckill_shared::protocol::sale_fields;
 use serde::{Deserialize, Serialize};
 
-use crate::backends::{Bench, replicas_per_primary};
+use crate::backends::{Bench, info_field, redis_infos};
 use crate::drivers::{Driver, TutorialKeys, many};
 use crate::engine::{Ui, run};
 use crate::record::{Check, RunResult};
@@ -102,12 +102,6 @@ pub struct AdmitReport {
     pub rounds: Vec<Vec<(String, f64)>>,
 }
 
-/// A voucher on sale, and tokens of its users.
-pub(crate) struct Prepared {
-    pub(crate) voucher: Voucher,
-    pub(crate) tokens: Arc<Tokens>,
-}
-
 /// `sale`: ours, then the tutorial's admission, over the same sequence of users.
 pub async fn sale(bench: &Bench, o: &SaleOptions, ui: &Ui) -> anyhow::Result<SaleReport> {
     anyhow::ensure!(
@@ -115,15 +109,16 @@ pub async fn sale(bench: &Bench, o: &SaleOptions, ui: &Ui) -> anyhow::Result<Sal
         "sizes must be positive"
     );
     let plan = Arc::new(Plan::mixed(o.attempts, o.users, o.seed));
-    let p = prepare(bench, "bench sale", o.stock, plan.users(), None).await?;
-    let drivers = ours_drivers(&bench.http, &p, o.callers).await?;
+    let tokens = bench.tokens(plan.users());
+    let voucher = bench.voucher("bench sale", o.stock).await?;
+    let drivers = ours_drivers(&bench.http, voucher.id, &tokens, o.callers).await?;
     let what = ["sale", "ours", "in-process"];
     let mut ours = run(drivers, plan.clone(), what, o.stock, None, ui).await?;
-    check_ours(bench, &p, &mut ours).await?;
+    check_ours(bench, &voucher, &mut ours).await?;
     eprintln!("  {}", one_line(&ours));
     let mut tutorial = None;
     if o.baseline {
-        let t = self::tutorial(bench, "sale", p.voucher.id, o.stock, plan, o.callers, ui).await?;
+        let t = self::tutorial(bench, "sale", voucher.id, o.stock, plan, o.callers, ui).await?;
         eprintln!("  {}", one_line(&t));
         tutorial = Some(t);
     }
@@ -142,6 +137,7 @@ pub async fn admit(bench: &Bench, o: &AdmitOptions, ui: &Ui) -> anyhow::Result<A
     );
     let plan = Arc::new(Plan::distinct(o.attempts));
     let stock = o.attempts as i64;
+    let tokens = bench.tokens(plan.users());
     // Each variant, with the configuration of its handlers in this process (ours).
     let mut variants: Vec<(&str, Option<Config>)> = vec![("ours", Some(bench.http.clone()))];
     if o.baseline {
@@ -153,12 +149,8 @@ pub async fn admit(bench: &Bench, o: &AdmitOptions, ui: &Ui) -> anyhow::Result<A
         Err(why) => eprintln!("  admit: ours-durable skipped: {why}"),
     }
     let mut results: Vec<Vec<RunResult>> = vec![Vec::new(); variants.len()];
-    let mut tokens: Option<Arc<Tokens>> = None;
     for round in 0..o.rounds as usize {
-        for k in 0..variants.len() {
-            if ui.stopped() {
-                break;
-            }
+        for k in (0..variants.len()).take_while(|_| !ui.stopped()) {
             let idx = (k + round) % variants.len();
             let (variant, cfg) = &variants[idx];
             let target = if cfg.is_some() { "in-process" } else { "redis" };
@@ -180,15 +172,13 @@ pub async fn admit(bench: &Bench, o: &AdmitOptions, ui: &Ui) -> anyhow::Result<A
                     r
                 }
                 (_, cfg) => {
-                    let p = prepare(bench, "bench admit", stock, plan.users(), tokens).await?;
-                    tokens = Some(p.tokens.clone());
-                    let v = p.voucher.id;
+                    let v = bench.voucher("bench admit", stock).await?;
                     let drivers = match cfg {
-                        Some(cfg) => ours_drivers(cfg, &p, callers).await?,
-                        None => many(callers, || Driver::adapter(redis, v)).await?,
+                        Some(cfg) => ours_drivers(cfg, v.id, &tokens, callers).await?,
+                        None => many(callers, || Driver::adapter(redis, v.id)).await?,
                     };
                     let mut r = run(drivers, plan.clone(), what, stock, None, ui).await?;
-                    check_ours(bench, &p, &mut r).await?;
+                    check_ours(bench, &v, &mut r).await?;
                     r
                 }
             };
@@ -257,7 +247,12 @@ async fn tutorial(
 /// seckill-http's configuration with durable admissions (`REDIS_DURABLE_REPLICAS=1`, the
 /// function's default timeout), or why `ours-durable` cannot run here.
 async fn durable_config(bench: &Bench) -> Result<Config, String> {
-    let n = replicas_per_primary(&bench.redis).await;
+    // The fewest replicas of a primary (`None`: no primary answered).
+    let infos = redis_infos(&bench.redis, "replication").await;
+    let replicas = infos
+        .iter()
+        .map(|i| info_field(i, "connected_slaves")?.parse::<u32>().ok());
+    let n = replicas.min().flatten();
     if n.is_none_or(|n| n < 1) {
         return Err(format!(
             "it needs a replica per Redis primary (WAIT 1) and the primaries have {} (the cluster stack has one: SECKILL_REDIS_TOPOLOGY=cluster)",
@@ -265,70 +260,37 @@ async fn durable_config(bench: &Bench) -> Result<Config, String> {
         ));
     }
     let mut cfg = bench.http.clone();
-    let env = [
-        ("REDIS_URL", cfg.redis.url.as_str()),
-        ("REDIS_DURABLE_REPLICAS", "1"),
-    ]
-    .map(|(k, v)| (k.to_string(), v.to_string()));
-    cfg.redis.durable = RedisConfig::read(&mut EnvReader::from_map(env.into())).durable;
+    let mut env = minimal_env_with(&[("REDIS_DURABLE_REPLICAS", "1")]);
+    cfg.redis.durable = RedisConfig::read(&mut env).durable;
     Ok(cfg)
 }
 
 /// The round with the median rate (the lower middle of an even count). Every round's
 /// failed checks and first refusal are kept on it, so they are reported.
 fn median_round(mut rs: Vec<RunResult>) -> Option<RunResult> {
-    if rs.is_empty() {
-        return None;
-    }
     let error = rs.iter().find_map(|r| r.error.clone());
     let failed: Vec<Check> = rs
         .iter()
         .flat_map(|r| r.checks.iter().filter(|c| !c.ok).cloned())
         .collect();
     rs.sort_by(|a, b| a.attempts_per_s.total_cmp(&b.attempts_per_s));
-    let mut m = rs.swap_remove((rs.len() - 1) / 2);
+    let mut m = rs.swap_remove(rs.len().checked_sub(1)? / 2);
     m.error = m.error.or(error);
-    for c in failed {
-        if !m
-            .checks
-            .iter()
-            .any(|x| x.name == c.name && x.detail == c.detail)
-        {
-            m.checks.push(c);
-        }
-    }
+    let key = |c: &Check| (c.name.clone(), c.detail.clone());
+    let mut seen: HashSet<_> = m.checks.iter().map(key).collect();
+    m.checks
+        .extend(failed.into_iter().filter(|c| seen.insert(key(c))));
     Some(m)
-}
-
-/// A voucher of `stock` units, and tokens for `users` users (`tokens` when they are
-/// enough).
-pub(crate) async fn prepare(
-    bench: &Bench,
-    title: &str,
-    stock: i64,
-    users: u32,
-    tokens: Option<Arc<Tokens>>,
-) -> anyhow::Result<Prepared> {
-    let tokens = match tokens {
-        Some(t) if t.len() >= users => t,
-        _ => Arc::new(Tokens::mint(bench.jwt_secret().as_bytes(), users)),
-    };
-    Ok(Prepared {
-        voucher: bench.voucher(title, stock, false).await?,
-        tokens,
-    })
 }
 
 /// `callers` handlers in this process, each an instance of its own configured by `cfg`.
 pub(crate) async fn ours_drivers(
     cfg: &Config,
-    p: &Prepared,
+    voucher: VoucherId,
+    tokens: &Arc<Tokens>,
     callers: usize,
 ) -> anyhow::Result<Vec<Driver>> {
-    many(callers, || {
-        Driver::in_process(cfg, p.voucher.id, p.tokens.clone())
-    })
-    .await
+    many(callers, || Driver::in_process(cfg, voucher, tokens.clone())).await
 }
 
 /// The tutorial's keys under `prefix` (one "deployment" of the tutorial: one global
@@ -355,14 +317,14 @@ pub(crate) async fn tutorial_keys(
 }
 
 /// Checks an admission run of ours against Redis, then frees the voucher's keys.
-async fn check_ours(bench: &Bench, p: &Prepared, r: &mut RunResult) -> anyhow::Result<()> {
-    let k = VoucherKeys::new(p.voucher.id);
+async fn check_ours(bench: &Bench, v: &Voucher, r: &mut RunResult) -> anyhow::Result<()> {
+    let k = VoucherKeys::new(v.id);
     let mut c = bench.redis.clone();
     let left: Option<i64> = c.hget(&k.sale, sale_fields::STOCK).await?;
     let buyers: i64 = c.hlen(&k.buyers).await?;
     let queued: i64 = c.xlen(&k.orders).await?;
-    r.checks = checks(r, p.voucher.stock, left, buyers, queued);
-    bench.release_voucher(p.voucher.id).await
+    r.checks = checks(r, v.stock, left, buyers, queued);
+    bench.release_voucher(v.id).await
 }
 
 /// The invariants of an admission run. `left`: units Redis says are left; `recorded`:
@@ -404,18 +366,13 @@ pub fn checks(
             ids.len() == r.order_ids.len(),
             format!("{} ids, {} distinct", r.order_ids.len(), ids.len()),
         ),
-        match left {
-            Some(left) => Check::new(
-                "stock left + admitted = initial",
-                left + admitted == initial,
-                format!("{left} left + {admitted} admitted vs {initial} initial"),
-            ),
-            None => Check::new(
-                "stock left + admitted = initial",
-                false,
-                "the sale's stock is missing",
-            ),
-        },
+        Check::new(
+            "stock left + admitted = initial",
+            left.is_some_and(|left| left + admitted == initial),
+            left.map_or("the sale's stock is missing".into(), |left| {
+                format!("{left} left + {admitted} admitted vs {initial} initial")
+            }),
+        ),
         Check::new(
             "answers agree with Redis",
             seen <= admitted && admitted <= seen + ambiguous,

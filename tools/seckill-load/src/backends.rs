@@ -7,7 +7,7 @@
 //! (`seckill:{<voucher>}:*`, and the baselines' `bench:<run>:*`) are its own.
 //! [`Bench::cleanup`] deletes all of it.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use anyhow::Context;
 use seckill_cli::scratch_db;
@@ -20,6 +20,9 @@ use seckill_shared::config::{EnvReader, RedisConfig};
 use seckill_shared::domain::{NewVoucher, SaleWindow, Voucher, VoucherId, now_millis};
 use seckill_shared::keys::VoucherKeys;
 use seckill_shared::migrate;
+
+use crate::drivers::connect;
+use crate::workload::Tokens;
 
 /// The backends of one run and what it created in them.
 pub struct Bench {
@@ -47,20 +50,16 @@ pub struct Bench {
 }
 
 impl Bench {
-    /// A fresh database on the stack's MariaDB and the stack's Redis. The functions
-    /// reach the database through a Data API server in this process: the same
-    /// `data-api-local` code as the stack's, built with this tool (in release for
-    /// benchmarks, where the stack runs a debug build).
+    /// A fresh database on the stack's MariaDB and the stack's Redis, reached through a
+    /// Data API server in this process (the stack's `data-api-local`, built with this tool).
     pub async fn on_stack(stack: &StackEnv) -> anyhow::Result<Bench> {
         let admin_url = stack.get("MYSQL_URL")?;
         let database = scratch_db::create_database(&admin_url, "seckill_b_").await?;
         let run_id = database["seckill_b_".len()..].to_string();
         let bench = async {
             let mysql_url = url_with_database(&admin_url, &database)?;
-            // A database of the benchmark's own: the stack's application user has no
-            // rights on it, so everything here signs in with the master secret (the
-            // stack's admin user; DB_SECRET_ARN on a stack from before the application
-            // user).
+            // The stack's application user has no rights on a database of the benchmark's
+            // own: everything signs in as the stack's admin (DB_SECRET_ARN on older stacks).
             let secret_arn = stack
                 .optional("DB_MASTER_SECRET_ARN")
                 .map_or_else(|| stack.get("DB_SECRET_ARN"), Ok)?;
@@ -71,20 +70,21 @@ impl Bench {
                 .await
                 .context("starting a Data API server in this process")?;
             let mut vars = vec![
-                ("REDIS_URL".to_string(), stack.get("REDIS_URL")?),
-                ("DB_CLUSTER_ARN".to_string(), stack.get("DB_CLUSTER_ARN")?),
-                ("DB_SECRET_ARN".to_string(), secret_arn),
-                ("DB_NAME".to_string(), database.clone()),
-                ("DATA_API_URL".to_string(), server.url()),
+                ("REDIS_URL", stack.get("REDIS_URL")?),
+                ("DB_CLUSTER_ARN", stack.get("DB_CLUSTER_ARN")?),
+                ("DB_SECRET_ARN", secret_arn),
+                ("DB_NAME", database.clone()),
+                ("DATA_API_URL", server.url()),
                 (
-                    "SECKILL_DEV_JWT_SECRET".to_string(),
+                    "SECKILL_DEV_JWT_SECRET",
                     format!("{:032x}", rand::random::<u128>()),
                 ),
             ];
             for key in ["REDIS_CLUSTER", "REDIS_TIMEOUT_MS"] {
-                vars.extend(stack.optional(key).map(|v| (key.to_string(), v)));
+                vars.extend(stack.optional(key).map(|v| (key, v)));
             }
-            let http = Config::read(EnvReader::from_map(vars.into_iter().collect()))
+            let vars = vars.into_iter().map(|(k, v)| (k.to_string(), v));
+            let http = Config::read(EnvReader::from_map(vars.collect()))
                 .context("building seckill-http's configuration from the stack")?;
             let mut b = Bench::attach(http, mysql_url, run_id).await?;
             b.owned_db = Some((admin_url.clone(), database.clone()));
@@ -114,9 +114,7 @@ impl Bench {
         )
         .await
         .context("setting the voucher id base")?;
-        let redis = RedisConn::connect(&http.redis)
-            .await
-            .with_context(|| format!("cannot connect to Redis at {}", http.redis.url))?;
+        let redis = connect(&http.redis).await?;
         Ok(Bench {
             tutorial_redis: http.redis.clone(),
             tutorial: redis.clone(),
@@ -137,9 +135,7 @@ impl Bench {
     /// several shards refuses it ("Script attempted to access a non local key"), so there
     /// the tutorial needs a Redis whose one node owns every slot, as the local stack's.
     pub async fn use_tutorial_redis(&mut self, cfg: RedisConfig) -> anyhow::Result<()> {
-        self.tutorial = RedisConn::connect(&cfg)
-            .await
-            .with_context(|| format!("cannot connect to Redis at {}", cfg.url))?;
+        self.tutorial = connect(&cfg).await?;
         self.tutorial_redis = cfg;
         Ok(())
     }
@@ -159,15 +155,15 @@ impl Bench {
         self.http.dev_jwt_secret.clone().unwrap_or_default()
     }
 
-    /// A voucher on sale now for an hour, in the database and preloaded in Redis. Unless
-    /// `drainable`, it is taken out of `seckill:active` again so that no drainer of the
-    /// stack visits its stream (its orders are not in the stack's database).
-    pub async fn voucher(
-        &self,
-        title: &str,
-        stock: i64,
-        drainable: bool,
-    ) -> anyhow::Result<Voucher> {
+    /// Tokens of users `0..users`, signed with the functions' dev secret.
+    pub fn tokens(&self, users: u32) -> Arc<Tokens> {
+        Arc::new(Tokens::mint(self.jwt_secret().as_bytes(), users))
+    }
+
+    /// A voucher on sale now for an hour, in the database and preloaded in Redis, then
+    /// taken out of `seckill:active` again so that no drainer of the stack visits its
+    /// stream (its orders are not in the stack's database).
+    pub async fn voucher(&self, title: &str, stock: i64) -> anyhow::Result<Voucher> {
         let now = now_millis();
         let window = SaleWindow::new(now - 60_000, now + 3_600_000)
             .map_err(|e| anyhow::anyhow!("sale window: {}", e.0))?;
@@ -186,11 +182,9 @@ impl Bench {
             .preload(&voucher)
             .await
             .context("preloading the voucher into Redis")?;
-        if !drainable {
-            OrderStreams::new(self.redis.clone())
-                .retire(voucher.id)
-                .await?;
-        }
+        OrderStreams::new(self.redis.clone())
+            .retire(voucher.id)
+            .await?;
         Ok(voucher)
     }
 
@@ -272,17 +266,6 @@ fn texts(v: redis::Value) -> Vec<String> {
         redis::Value::Array(items) => items.into_iter().flat_map(texts).collect(),
         _ => Vec::new(),
     }
-}
-
-/// The fewest replicas connected to a primary (`INFO replication`), `None` when no
-/// primary answered: durable admissions (`WAIT n`) need at least `n`.
-pub async fn replicas_per_primary(conn: &RedisConn) -> Option<u32> {
-    redis_infos(conn, "replication")
-        .await
-        .iter()
-        .map(|i| info_field(i, "connected_slaves").and_then(|n| n.parse().ok()))
-        .min()
-        .flatten()
 }
 
 /// A field of INFO text.

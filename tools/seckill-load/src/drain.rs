@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 
 use seckill_cli::scratch_db::mysql;
 
-use crate::admission::{ours_drivers, prepare, tutorial_keys};
+use crate::admission::{ours_drivers, tutorial_keys};
 use crate::backends::Bench;
 use crate::drivers::{Driver, TutorialKeys, many};
 use crate::engine::{Ui, run};
@@ -44,7 +44,7 @@ use crate::record::{Check, Latency, RunResult, latency_of_values};
 use crate::workload::{Plan, user_name};
 
 /// Sizes of the drain scenario.
-#[derive(Debug, Clone, Serialize, Deserialize, clap::Args)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, clap::Args)]
 pub struct DrainOptions {
     /// Orders waiting in the stream for each run of ours and for the database floor
     #[arg(long, default_value_t = 20_000)]
@@ -88,7 +88,7 @@ pub struct DrainRun {
     pub error: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct DrainReport {
     pub options: DrainOptions,
     pub ours: Vec<DrainRun>,
@@ -185,27 +185,16 @@ pub async fn drain(bench: &Bench, o: &DrainOptions, ui: &Ui) -> anyhow::Result<D
     );
     let mut report = DrainReport {
         options: o.clone(),
-        ours: Vec::new(),
-        tutorial: None,
-        db_floor: None,
-        spread: Vec::new(),
+        ..DrainReport::default()
     };
-    for &b in &o.batch_sizes {
-        if ui.stopped() {
-            break;
-        }
-        report
-            .ours
-            .push(drain_sales(bench, "ours", o.orders, 1, b, ui).await?);
+    for &b in o.batch_sizes.iter().take_while(|_| !ui.stopped()) {
+        let run = drain_sales(bench, "ours", o.orders, 1, b, ui).await?;
+        report.ours.push(run);
     }
     let best = report.best().map_or(defaults::BATCH_SIZE, |r| r.batch_size);
-    for &k in &o.sales {
-        if ui.stopped() {
-            break;
-        }
-        report
-            .spread
-            .push(drain_sales(bench, "spread", o.orders, k, best, ui).await?);
+    for &k in o.sales.iter().take_while(|_| !ui.stopped()) {
+        let run = drain_sales(bench, "spread", o.orders, k, best, ui).await?;
+        report.spread.push(run);
     }
     if o.baseline && !ui.stopped() {
         report.tutorial = Some(drain_tutorial(bench, o.tutorial_orders, ui).await?);
@@ -261,28 +250,21 @@ async fn drainer(
         .map_err(|e| anyhow::anyhow!("connecting the drainer: {e}"))
 }
 
-/// Admits `n` distinct users to `voucher` with our engine (adapter callers), so that
-/// `n` orders wait in its stream.
-pub(crate) async fn fill(bench: &Bench, voucher: &Voucher, n: u64, ui: &Ui) -> anyhow::Result<()> {
+/// A voucher of `n` units to which our engine (adapter callers) admitted `n` distinct
+/// users, so that `n` orders wait in its stream.
+pub(crate) async fn filled(bench: &Bench, title: &str, n: u64, ui: &Ui) -> anyhow::Result<Voucher> {
+    let voucher = bench.voucher(title, n.max(1) as i64).await?;
     let callers = (n as usize).clamp(1, 16);
     let drivers = many(callers, || Driver::adapter(&bench.http.redis, voucher.id)).await?;
-    let plan = Arc::new(Plan::distinct(n));
-    let r = run(
-        drivers,
-        plan,
-        ["drain", "fill", "redis"],
-        voucher.stock,
-        None,
-        ui,
-    )
-    .await?;
+    let (plan, what) = (Arc::new(Plan::distinct(n)), ["drain", "fill", "redis"]);
+    let r = run(drivers, plan, what, voucher.stock, None, ui).await?;
     anyhow::ensure!(
         r.admitted == n,
         "filling the stream admitted {} of {n} orders ({:?})",
         r.admitted,
         r.failure_samples
     );
-    Ok(())
+    Ok(voucher)
 }
 
 /// Waits until no stream of `ids` has anything undelivered or pending, showing the
@@ -320,9 +302,8 @@ async fn wait_drained(
     }
 }
 
-/// One invocation of ours draining `n` orders spread evenly over `sales` fresh sales:
-/// the clock stops when no stream has anything undelivered or pending (or when the
-/// invocation ends first, which a check records), then the database is checked.
+/// One invocation of ours draining `n` orders spread evenly over `sales` fresh sales (a
+/// check records it when the invocation ends before they are drained).
 async fn drain_sales(
     bench: &Bench,
     variant: &str,
@@ -340,9 +321,7 @@ async fn drain_sales(
     let mut ids = Vec::with_capacity(sales);
     for i in 0..sales {
         let title = format!("bench drain {variant} {i}/{sales} batch {batch}");
-        let v = bench.voucher(&title, per as i64, false).await?;
-        fill(bench, &v, per, ui).await?;
-        ids.push(v.id);
+        ids.push(filled(bench, &title, per, ui).await?.id);
     }
     let drainer = drainer(bench, &ids, batch, ui.max_run).await?;
     let streams = OrderStreams::new(bench.redis.clone());
@@ -423,9 +402,7 @@ async fn db_checks(
 /// The tutorial's admission fills a stream of its own (the admission runs' orders sit
 /// in the run's global stream), then the tutorial's consumer drains it.
 async fn drain_tutorial(bench: &Bench, n: u64, ui: &Ui) -> anyhow::Result<DrainRun> {
-    let voucher = bench
-        .voucher("bench drain tutorial", n as i64, false)
-        .await?;
+    let voucher = bench.voucher("bench drain tutorial", n as i64).await?;
     let prefix = format!("{}drain:", bench.prefix());
     let keys = tutorial_keys(bench, &prefix, voucher.id, n as i64).await?;
     let drivers = many(16, || Driver::tutorial(&bench.tutorial_redis, keys.clone())).await?;
@@ -433,12 +410,11 @@ async fn drain_tutorial(bench: &Bench, n: u64, ui: &Ui) -> anyhow::Result<DrainR
     let what = ["drain", "tutorial fill", "redis"];
     let filled = run(drivers, plan, what, n as i64, None, ui).await?;
     let run = if let Some(e) = filled.error {
-        DrainRun {
-            error: Some(format!(
-                "filling its stream with the tutorial's admission: {e}"
-            )),
-            ..DrainRun::new("tutorial", 1, 1, 0, Duration::ZERO, Vec::new())
-        }
+        let mut run = DrainRun::new("tutorial", 1, 1, 0, Duration::ZERO, Vec::new());
+        run.error = Some(format!(
+            "filling its stream with the tutorial's admission: {e}"
+        ));
+        run
     } else {
         anyhow::ensure!(
             filled.admitted == n,
@@ -480,14 +456,17 @@ async fn tutorial_consume(
         let Some(entry) = reply.keys.into_iter().flat_map(|k| k.ids).next() else {
             break;
         };
-        let get = |f: &str| -> anyhow::Result<String> {
-            entry
-                .get::<String>(f)
-                .with_context(|| format!("tutorial stream entry {} has no {f}", entry.id))
+        let fields = (
+            entry.get::<String>("userId"),
+            entry.get("voucherId"),
+            entry.get("id"),
+        );
+        let (Some(user), Some(voucher), Some(id)) = fields else {
+            anyhow::bail!(
+                "tutorial stream entry {} lacks userId, voucherId or id",
+                entry.id
+            );
         };
-        let (user, voucher, id) = (get("userId")?, get("voucherId")?, get("id")?);
-        let voucher: i64 = voucher.parse().context("voucherId")?;
-        let id: i64 = id.parse().context("id")?;
         let tx = db.begin().await?;
         let count = db
             .execute(
@@ -532,7 +511,7 @@ async fn tutorial_consume(
 }
 
 async fn drain_floor(bench: &Bench, n: u64, batch: usize) -> anyhow::Result<DrainRun> {
-    let voucher = bench.voucher("bench drain floor", n as i64, false).await?;
+    let voucher = bench.voucher("bench drain floor", n as i64).await?;
     let mut conn = mysql(&bench.mysql_url).await?;
     let admitted = format_datetime(now_millis());
     let start = Instant::now();
@@ -569,14 +548,13 @@ pub async fn commit_latency(
         "sizes must be positive"
     );
     let n = (o.rate * o.seconds).round().max(1.0) as u64;
-    let prepared = prepare(bench, "bench commit latency", n as i64, n as u32, None).await?;
-    let voucher = &prepared.voucher;
+    let voucher = bench.voucher("bench commit latency", n as i64).await?;
     let max_run = Duration::from_secs_f64(o.seconds + 60.0);
     let drainer = drainer(bench, &[voucher.id], o.batch_size, max_run).await?;
     let consumer = format!("bench-latency-{}", bench.run_id);
     let invocation =
         tokio::spawn(async move { drainer.run(&consumer, Instant::now() + max_run).await });
-    let drivers = ours_drivers(&bench.http, &prepared, o.callers).await?;
+    let drivers = ours_drivers(&bench.http, voucher.id, &bench.tokens(n as u32), o.callers).await?;
     let plan = Arc::new(Plan::distinct(n));
     let what = ["commit-latency", "ours", "in-process"];
     let admissions = run(drivers, plan, what, n as i64, Some(o.rate), ui).await?;
@@ -586,12 +564,9 @@ pub async fn commit_latency(
     let wait = wait_drained(&streams, std::slice::from_ref(&voucher.id), 0, poll, &bar);
     let drained = tokio::time::timeout(Duration::from_secs(60), wait).await;
     let drained_after = admitted_end.elapsed();
-    let summary = if invocation.is_finished() {
-        invocation.await.ok()
-    } else {
-        invocation.abort();
-        None
-    };
+    // Still running (idle-polling) unless its time was up: no summary then.
+    invocation.abort();
+    let summary = invocation.await.ok();
     let mut conn = mysql(&bench.mysql_url).await?;
     let lat: Vec<i64> = conn
         .exec(

@@ -125,46 +125,43 @@ impl Driver {
         Ok(Driver::Floor(connect(cfg).await?))
     }
 
-    /// One attempt by user `user`.
+    /// One attempt by user `user` (an error of the caller's own is [`Outcome::Failed`]).
     pub async fn attempt(&mut self, user: u32) -> Outcome {
-        match self {
-            Driver::InProcess(d) => {
-                let mut req = Request::from_parts(d.template.clone(), Body::Empty);
-                req.headers_mut()
-                    .insert(AUTHORIZATION, d.tokens.header(user).clone());
-                let res = seckill_http::handle(&d.app, req).await;
-                classify(res.status().as_u16(), res.body().as_ref())
-            }
-            Driver::Adapter {
-                sales,
-                ids,
-                voucher,
-            } => {
-                let Ok(user) = UserId::parse(&user_name(user)) else {
-                    return Outcome::Failed("invalid user id".into());
-                };
-                let id = match ids.next(sales, *voucher, now_millis()).await {
-                    Ok(id) => id,
-                    Err(e) => return Outcome::Failed(e.to_string()),
-                };
-                match sales.admit(*voucher, &user, id).await {
-                    Ok(reply) => match reply.admission {
+        let outcome = async {
+            Ok(match self {
+                Driver::InProcess(d) => {
+                    let mut req = Request::from_parts(d.template.clone(), Body::Empty);
+                    req.headers_mut()
+                        .insert(AUTHORIZATION, d.tokens.header(user).clone());
+                    let res = seckill_http::handle(&d.app, req).await;
+                    classify(res.status().as_u16(), res.body().as_ref())
+                }
+                Driver::Adapter {
+                    sales,
+                    ids,
+                    voucher,
+                } => {
+                    let user = UserId::parse(&user_name(user)).context("invalid user id")?;
+                    let id = ids.next(sales, *voucher, now_millis()).await?;
+                    match sales.admit(*voucher, &user, id).await?.admission {
                         Admission::Admitted { order_id, .. } => Outcome::Admitted(order_id.get()),
                         Admission::SoldOut => Outcome::Code("sold_out"),
                         Admission::AlreadyPurchased { .. } => Outcome::Code("already_purchased"),
                         Admission::NotLoaded => Outcome::Code("not_found"),
                         Admission::NotStarted => Outcome::Code("not_started"),
                         Admission::Ended => Outcome::Code("ended"),
-                    },
-                    Err(e) => Outcome::Failed(e.to_string()),
+                    }
                 }
-            }
-            Driver::Tutorial { conn, keys } => tutorial_attempt(conn, keys, user).await,
-            Driver::Floor(conn) => match NOOP.prepare_invoke().invoke_async::<i64>(conn).await {
-                Ok(_) => Outcome::Code("ok"),
-                Err(e) => Outcome::Failed(e.to_string()),
-            },
-        }
+                Driver::Tutorial { conn, keys } => tutorial_attempt(conn, keys, user).await,
+                Driver::Floor(conn) => {
+                    NOOP.prepare_invoke().invoke_async::<i64>(conn).await?;
+                    Outcome::Code("ok")
+                }
+            })
+        };
+        outcome
+            .await
+            .unwrap_or_else(|e: anyhow::Error| Outcome::Failed(e.to_string()))
     }
 }
 
@@ -234,8 +231,8 @@ async fn tutorial_attempt(conn: &mut RedisConn, keys: &TutorialKeys, user: u32) 
     }
 }
 
-/// A connection of a caller of its own.
-async fn connect(cfg: &RedisConfig) -> anyhow::Result<RedisConn> {
+/// A Redis connection of its own (a caller's, or the run's).
+pub(crate) async fn connect(cfg: &RedisConfig) -> anyhow::Result<RedisConn> {
     RedisConn::connect(cfg)
         .await
         .with_context(|| format!("cannot connect to Redis at {}", cfg.url))

@@ -115,10 +115,7 @@ pub async fn run(
         );
         tokio::spawn(async move {
             let mut rec = Recorder::new();
-            loop {
-                if stop.load(Ordering::Relaxed) || Instant::now() >= deadline {
-                    break;
-                }
+            while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= planned {
                     break;

@@ -2,8 +2,8 @@
 //!
 //! The real release binary (`target/release/seckill-http`, `target/release/order-drainer`)
 //! is started with the run's backends in its environment and `AWS_LAMBDA_RUNTIME_API`
-//! pointing at a minimal Lambda Runtime API of its own on loopback (plain HTTP/1.1),
-//! which hands it one invocation at a time, as one Lambda instance gets them. Its peak
+//! pointing at a minimal Lambda Runtime API of its own on loopback (one axum fallback
+//! route), which hands it one invocation at a time, as one Lambda instance gets them. Its peak
 //! resident memory (`VmHWM` of `/proc/<pid>/status`) is read before it is stopped.
 //!
 //! seckill-http gets `requests` admissions of distinct users; order-drainer one
@@ -14,19 +14,19 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use axum::body::Bytes;
+use axum::response::{IntoResponse, Response};
 use indicatif::ProgressBar;
 use seckill_shared::domain::now_millis;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::backends::Bench;
 use crate::drivers::seckill_event;
 use crate::engine::Ui;
 use crate::record::{Latency, latency_of_values};
-use crate::workload::Tokens;
 
 #[derive(Debug, Clone, Serialize, Deserialize, clap::Args)]
 pub struct FootprintOptions {
@@ -83,10 +83,63 @@ pub async fn footprint(
             bin.display()
         );
     }
-    let binaries = vec![
-        http_footprint(bench, o, ui).await?,
-        drainer_footprint(bench, o, ui).await?,
-    ];
+    let mut binaries = Vec::new();
+    // seckill-http: `requests` admissions of distinct users.
+    let voucher = bench
+        .voucher("bench footprint", o.requests.max(1) as i64)
+        .await?;
+    let tokens = bench.tokens(o.requests as u32);
+    let mut env = base_env(bench, "seckill-http");
+    env.push(("SECKILL_DEV_JWT_SECRET", bench.jwt_secret()));
+    // A local emulator of Lambda, as the stack's: the function refuses the dev secret
+    // inside Lambda otherwise.
+    env.push(("SECKILL_DEV_JWT_IN_LAMBDA", "allow".into()));
+    let events = (0..o.requests as u32).map(|i| {
+        let auth = tokens.header(i).to_str().unwrap_or_default();
+        seckill_event(voucher.id, Some(auth)).to_string()
+    });
+    let bar = ui.bar(o.requests, "footprint seckill-http");
+    let workload = format!("{} admissions, one at a time", o.requests);
+    let run = run_function(&o.http_bin, "seckill-http", workload, env, events, bar).await;
+    bench.release_voucher(voucher.id).await?;
+    let (footprint, responses) = run?;
+    let admitted = responses
+        .iter()
+        .filter(|r| r["statusCode"].as_u64() == Some(202))
+        .count() as u64;
+    anyhow::ensure!(
+        admitted == o.requests,
+        "seckill-http admitted {admitted} of {} requests",
+        o.requests
+    );
+    binaries.push(footprint);
+    // order-drainer: one invocation while `orders` orders wait in its stream.
+    let voucher = crate::drain::filled(bench, "bench footprint drain", o.orders, ui).await?;
+    let mut env = base_env(bench, "order-drainer");
+    env.push(("DRAINER_VOUCHERS", voucher.id.to_string()));
+    // Long enough to drain them all (at a few thousand orders per second); the
+    // invocation then idles until this is up.
+    env.push(("DRAINER_MAX_RUN_MS", (3_000 + o.orders / 2).to_string()));
+    env.push(("DRAINER_MIN_IDLE_MS", "120000".into()));
+    // Any JSON will do (the event carries no input): the fixture `cargo lambda invoke` sends.
+    let event = include_str!("../../../tests/fixtures/eventbridge-scheduled.json");
+    let workload = format!("one invocation draining {} orders", o.orders);
+    let events = [event.to_string()];
+    let bar = ProgressBar::hidden();
+    let run = run_function(&o.drainer_bin, "order-drainer", workload, env, events, bar).await;
+    bench.release_voucher(voucher.id).await?;
+    let (footprint, responses) = run?;
+    let inserted = responses[0]["inserted"].as_u64().unwrap_or(0);
+    anyhow::ensure!(
+        inserted == o.orders,
+        "the drainer invocation inserted {inserted} of {} orders: {}",
+        o.orders,
+        responses[0]
+    );
+    binaries.push(BinaryFootprint {
+        invocations_per_s: None,
+        ..footprint
+    });
     for b in &binaries {
         eprintln!(
             "  footprint {}: {:.2} MiB, peak RSS {} KiB, {}",
@@ -126,86 +179,11 @@ fn base_env(bench: &Bench, name: &str) -> Vec<(&'static str, String)> {
     env
 }
 
-async fn http_footprint(
-    bench: &Bench,
-    o: &FootprintOptions,
-    ui: &Ui,
-) -> anyhow::Result<BinaryFootprint> {
-    let voucher = bench
-        .voucher("bench footprint", o.requests.max(1) as i64, false)
-        .await?;
-    let secret = bench.jwt_secret();
-    let tokens = Tokens::mint(secret.as_bytes(), o.requests as u32);
-    let mut env = base_env(bench, "seckill-http");
-    env.push(("SECKILL_DEV_JWT_SECRET", secret));
-    // A local emulator of Lambda, as the stack's: the function refuses the dev secret
-    // inside Lambda otherwise.
-    env.push(("SECKILL_DEV_JWT_IN_LAMBDA", "allow".into()));
-    let events = (0..o.requests as u32).map(|i| {
-        let auth = tokens.header(i).to_str().unwrap_or_default();
-        seckill_event(voucher.id, Some(auth)).to_string()
-    });
-    let bar = ui.bar(o.requests, "footprint seckill-http");
-    let workload = format!("{} admissions, one at a time", o.requests);
-    let run = run_function(&o.http_bin, "seckill-http", workload, env, events, bar).await;
-    bench.release_voucher(voucher.id).await?;
-    let (footprint, responses) = run?;
-    let admitted = responses
-        .iter()
-        .filter(|r| r["statusCode"].as_u64() == Some(202))
-        .count() as u64;
-    anyhow::ensure!(
-        admitted == o.requests,
-        "seckill-http admitted {admitted} of {} requests",
-        o.requests
-    );
-    Ok(footprint)
-}
+const ARN: &str = "arn:aws:lambda:us-east-1:123456789012:function:bench";
+const TRACE_ID: &str = "Root=1-00000000-000000000000000000000000;Parent=0000000000000000;Sampled=0";
 
-async fn drainer_footprint(
-    bench: &Bench,
-    o: &FootprintOptions,
-    ui: &Ui,
-) -> anyhow::Result<BinaryFootprint> {
-    let voucher = bench
-        .voucher("bench footprint drain", o.orders.max(1) as i64, false)
-        .await?;
-    crate::drain::fill(bench, &voucher, o.orders, ui).await?;
-    let mut env = base_env(bench, "order-drainer");
-    env.push(("DRAINER_VOUCHERS", voucher.id.to_string()));
-    // Long enough to drain them all (at a few thousand orders per second); the
-    // invocation then idles until this is up.
-    env.push(("DRAINER_MAX_RUN_MS", (3_000 + o.orders / 2).to_string()));
-    env.push(("DRAINER_MIN_IDLE_MS", "120000".into()));
-    // Any JSON will do (the event carries no input): the fixture `cargo lambda invoke` sends.
-    let event = include_str!("../../../tests/fixtures/eventbridge-scheduled.json");
-    let workload = format!("one invocation draining {} orders", o.orders);
-    let events = [event.to_string()];
-    let bar = ProgressBar::hidden();
-    let run = run_function(&o.drainer_bin, "order-drainer", workload, env, events, bar).await;
-    bench.release_voucher(voucher.id).await?;
-    let (footprint, responses) = run?;
-    let inserted = responses[0]["inserted"].as_u64().unwrap_or(0);
-    anyhow::ensure!(
-        inserted == o.orders,
-        "the drainer invocation inserted {inserted} of {} orders: {}",
-        o.orders,
-        responses[0]
-    );
-    Ok(BinaryFootprint {
-        invocations_per_s: None,
-        ..footprint
-    })
-}
-
-/// A request of the function's runtime client: its path, its body, and where the
-/// HTTP reply to write back goes.
-type Call = (String, Vec<u8>, oneshot::Sender<String>);
-
-/// Runs `bin` under a Lambda Runtime API of its own on a free loopback port and hands it
-/// `events` one at a time, as one Lambda instance gets them; returns its size, its
-/// memory after them (VmHWM, VmRSS), the invocations' rate and latency, and their
-/// responses.
+/// Runs `bin` under a runtime API of its own on a free loopback port, hands it `events`
+/// one at a time, and returns its footprint after them and their responses.
 async fn run_function(
     bin: &Path,
     name: &str,
@@ -216,12 +194,15 @@ async fn run_function(
 ) -> anyhow::Result<(BinaryFootprint, Vec<Value>)> {
     let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
     env.push(("AWS_LAMBDA_RUNTIME_API", listener.local_addr()?.to_string()));
-    let (calls_tx, mut calls) = mpsc::channel(1);
-    let server = tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(connection(stream, calls_tx.clone()));
-        }
+    // Every request of its runtime client (path, body, where the reply goes) goes to the
+    // loop below, which answers it.
+    let (calls_tx, mut calls) = mpsc::channel::<(String, Bytes, oneshot::Sender<Response>)>(1);
+    let api = axum::Router::new().fallback(move |uri: http::Uri, body: Bytes| async move {
+        let (reply, rx) = oneshot::channel();
+        let _ = calls_tx.send((uri.path().into(), body, reply)).await;
+        rx.await.map_err(|_| http::StatusCode::SERVICE_UNAVAILABLE)
     });
+    let server = tokio::spawn(axum::serve(listener, api).into_future());
     let log = std::env::temp_dir().join(format!("seckill-load-{name}-{}.log", std::process::id()));
     let file =
         std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
@@ -247,36 +228,38 @@ async fn run_function(
             let t0 = Instant::now();
             // `GET .../invocation/next` gets the event with the headers the runtime
             // client reads; then comes its `POST .../response` (or an error).
-            let mut next = Some(format!(
-                "HTTP/1.1 200 OK\r\n\
-                 lambda-runtime-aws-request-id: bench-{n:08}\r\n\
-                 lambda-runtime-deadline-ms: {}\r\n\
-                 lambda-runtime-invoked-function-arn: arn:aws:lambda:us-east-1:123456789012:function:bench\r\n\
-                 lambda-runtime-trace-id: Root=1-00000000-000000000000000000000000;Parent=0000000000000000;Sampled=0\r\n\
-                 content-type: application/json\r\ncontent-length: {}\r\n\r\n{event}",
-                now_millis() + 60_000,
-                event.len()
-            ));
-            let timeout = tokio::time::sleep(Duration::from_secs(120));
-            tokio::pin!(timeout);
+            let headers = [
+                ("lambda-runtime-aws-request-id", format!("bench-{n:08}")),
+                (
+                    "lambda-runtime-deadline-ms",
+                    (now_millis() + 60_000).to_string(),
+                ),
+                ("lambda-runtime-invoked-function-arn", ARN.into()),
+                ("lambda-runtime-trace-id", TRACE_ID.into()),
+            ];
+            let mut next = Some((headers, event).into_response());
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
             let response = loop {
                 let (path, body, reply) = tokio::select! {
                     call = calls.recv() => call.context("the runtime API stopped")?,
                     status = child.wait() => {
                         bail!("the function exited ({status:?}); its log:\n{}", log_tail())
                     }
-                    _ = &mut timeout => {
+                    _ = tokio::time::sleep_until(deadline) => {
                         bail!("an invocation took over 120 s; the function's log:\n{}", log_tail())
                     }
                 };
                 if path.ends_with("/invocation/next") {
-                    let event = next.take().context("the function asked for a second event")?;
+                    let event = next
+                        .take()
+                        .context("the function asked for a second event")?;
                     let _ = reply.send(event);
                     continue;
                 }
-                let _ = reply.send("HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n".into());
+                let _ = reply.send(http::StatusCode::ACCEPTED.into_response());
                 if path.ends_with("/response") {
-                    break serde_json::from_slice::<Value>(&body).context("the response is not JSON")?;
+                    break serde_json::from_slice::<Value>(&body)
+                        .context("the response is not JSON")?;
                 }
                 bail!(
                     "the invocation failed: {}; the function's log:\n{}",
@@ -318,39 +301,4 @@ async fn run_function(
         latency: Some(latency_of_values(latencies)),
     };
     Ok((footprint, responses))
-}
-
-/// Serves one keep-alive HTTP/1.1 connection of the runtime client (requests with a
-/// `content-length` body, as it sends them): each request goes to [`run_function`],
-/// whose reply is written back.
-async fn connection(stream: TcpStream, calls: mpsc::Sender<Call>) -> std::io::Result<()> {
-    let mut stream = BufReader::new(stream);
-    let mut line = String::new();
-    while stream.read_line(&mut line).await? > 0 {
-        let path = line.split(' ').nth(1).unwrap_or_default().to_string();
-        let mut len = 0;
-        loop {
-            line.clear();
-            if stream.read_line(&mut line).await? == 0 {
-                return Ok(());
-            }
-            match line.trim_end().split_once(':') {
-                Some((k, v)) if k.eq_ignore_ascii_case("content-length") => {
-                    len = v.trim().parse().unwrap_or(0)
-                }
-                Some(_) => {}
-                None => break,
-            }
-        }
-        let mut body = vec![0; len];
-        stream.read_exact(&mut body).await?;
-        let (reply, rx) = oneshot::channel();
-        if calls.send((path, body, reply)).await.is_err() {
-            break;
-        }
-        let Ok(reply) = rx.await else { break };
-        stream.write_all(reply.as_bytes()).await?;
-        line.clear();
-    }
-    Ok(())
 }

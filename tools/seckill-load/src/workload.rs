@@ -22,11 +22,8 @@ impl Plan {
     pub fn mixed(attempts: u64, users: u32, seed: u64) -> Plan {
         let users = users.max(1);
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let mut order: Vec<u32> = Vec::with_capacity(attempts as usize);
-        order.extend((0..users).take(attempts as usize));
-        while (order.len() as u64) < attempts {
-            order.push(rng.random_range(0..users));
-        }
+        let mut order: Vec<u32> = (0..users).take(attempts as usize).collect();
+        order.extend((order.len() as u64..attempts).map(|_| rng.random_range(0..users)));
         order.shuffle(&mut rng);
         Plan { order, users }
     }
@@ -77,10 +74,6 @@ impl Tokens {
                 })
                 .collect(),
         )
-    }
-
-    pub(crate) fn len(&self) -> u32 {
-        self.0.len() as u32
     }
 
     /// The header of user `idx`.

@@ -8,7 +8,7 @@ use seckill_load::admission::{self, SaleOptions};
 use seckill_load::backends::Bench;
 use seckill_load::drain::{self, DrainOptions};
 use seckill_load::engine::Ui;
-use seckill_load::record::RunResult;
+use seckill_load::record::Check;
 use seckill_tests::harness::Backends;
 use seckill_tests::mysql::url_with_database;
 use seckill_tests::redis::RedisServer;
@@ -38,14 +38,11 @@ async fn bench_on(b: &Backends, run_id: &str) -> (Bench, Option<RedisServer>) {
     (bench, tutorial)
 }
 
-fn assert_invariants(r: &RunResult) {
-    assert!(!r.checks.is_empty(), "{} ran no checks", r.variant);
-    for c in &r.checks {
-        assert!(
-            c.ok,
-            "{} {}: {} ({})",
-            r.scenario, r.variant, c.name, c.detail
-        );
+/// Every check of the run `what` held, and it ran some.
+fn assert_checks(what: String, checks: &[Check]) {
+    assert!(!checks.is_empty(), "{what} ran no checks");
+    for c in checks {
+        assert!(c.ok, "{what}: {} ({})", c.name, c.detail);
     }
 }
 
@@ -66,7 +63,7 @@ async fn the_quick_sale_keeps_every_invariant() {
         .expect("the sale runs");
     let tutorial = r.tutorial.as_ref().expect("the baseline ran");
     for run in [&r.ours, tutorial] {
-        assert_invariants(run);
+        assert_checks(format!("{} {}", run.scenario, run.variant), &run.checks);
         assert_eq!(
             run.completed, o.attempts,
             "{}: every attempt answered",
@@ -115,14 +112,8 @@ async fn a_small_drain_commits_every_order_once() {
         vec![(1, 600), (3, 600)]
     );
     for run in r.runs() {
-        assert!(!run.checks.is_empty());
-        for c in &run.checks {
-            assert!(
-                c.ok,
-                "drain {} batch {}: {} ({})",
-                run.variant, run.batch_size, c.name, c.detail
-            );
-        }
+        let what = format!("drain {} batch {}", run.variant, run.batch_size);
+        assert_checks(what, &run.checks);
     }
     bench.cleanup().await.expect("cleanup");
     backends.cleanup().await;
