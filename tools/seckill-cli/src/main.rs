@@ -19,12 +19,6 @@ use serde::Serialize;
     name = "seckill",
     about = "Operator commands for the seckill flash-sale engine"
 )]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
 enum Command {
     /// Run a small flash sale end to end over the HTTP API and check the invariants.
     Demo(demo::DemoArgs),
@@ -125,7 +119,7 @@ fn exit_code(done: bool) -> ExitCode {
 #[tokio::main]
 async fn main() -> anyhow::Result<ExitCode> {
     seckill_shared::telemetry::init();
-    match Cli::parse().command {
+    match Command::parse() {
         Command::Status {
             voucher,
             json,

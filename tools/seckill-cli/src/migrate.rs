@@ -23,10 +23,8 @@ pub struct MigrateConfig {
 
 impl MigrateConfig {
     pub fn read(env: &mut EnvReader) -> MigrateConfig {
-        let secret_arn = match env.optional("DB_MASTER_SECRET_ARN") {
-            Some(master) => master,
-            None => env.required("DB_SECRET_ARN"),
-        };
+        let master = env.optional("DB_MASTER_SECRET_ARN");
+        let secret_arn = master.unwrap_or_else(|| env.required("DB_SECRET_ARN"));
         MigrateConfig {
             data_api: DataApiConfig {
                 cluster_arn: env.required("DB_CLUSTER_ARN"),
@@ -109,9 +107,7 @@ pub async fn read_app_user(secret_arn: &str, endpoint: Option<&str>) -> anyhow::
             .operation_timeout(Duration::from_secs(10))
             .build(),
     );
-    if let Some(endpoint) = endpoint {
-        builder = builder.endpoint_url(endpoint);
-    }
+    builder.set_endpoint_url(endpoint.map(str::to_string));
     let client = aws_sdk_secretsmanager::Client::from_conf(builder.build());
     let out = client
         .get_secret_value()

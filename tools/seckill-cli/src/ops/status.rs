@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use futures::{StreamExt, TryStreamExt};
+
 use seckill_shared::domain::{Phase, SaleWindow, VoucherId, now_millis};
 use serde::Serialize;
 
@@ -85,21 +87,15 @@ pub async fn voucher_status(b: &Backends, voucher: VoucherId) -> anyhow::Result<
         pending: stats.pending,
         lag: stats.undelivered,
         stream_length: stats.length,
-        oldest_unfinished_ms: oldest.map(|id| age_of(&id, now)),
+        // How long ago the entry was written: its id is `<ms>-<seq>`.
+        oldest_unfinished_ms: oldest.map(|id| {
+            let ms = id.split('-').next().and_then(|m| m.parse().ok());
+            u64::try_from(now - ms.unwrap_or(now)).unwrap_or(0)
+        }),
         dead_letters,
         active,
         drained: stats.pending == 0 && stats.undelivered == 0 && stats.fully_delivered,
     })
-}
-
-/// How long ago a stream id (`<ms>-<seq>`) was written.
-fn age_of(id: &str, now: i64) -> u64 {
-    let ms: i64 = id
-        .split('-')
-        .next()
-        .and_then(|m| m.parse().ok())
-        .unwrap_or(now);
-    u64::try_from(now - ms).unwrap_or(0)
 }
 
 /// The status of `vouchers`, or of every active voucher when empty.
@@ -109,11 +105,8 @@ pub async fn status(b: &Backends, vouchers: &[VoucherId]) -> anyhow::Result<Vec<
     } else {
         vouchers.to_vec()
     };
-    let mut out = Vec::with_capacity(ids.len());
-    for id in ids {
-        out.push(voucher_status(b, id).await?);
-    }
-    Ok(out)
+    let all = futures::stream::iter(ids).then(|id| voucher_status(b, id));
+    all.try_collect().await
 }
 
 fn or_dash<T: ToString>(v: Option<T>) -> String {
