@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 
 /// The addresses of the running local stack.
 #[derive(Debug, Clone)]
@@ -59,17 +59,14 @@ impl StackEnv {
 
     /// One value; the error names the file and how to start the stack.
     pub fn get(&self, key: &str) -> anyhow::Result<String> {
-        match self.optional(key) {
-            Some(v) => Ok(v),
-            None => bail!(
+        let file = self.path.as_ref().map(|p| format!("read {}", p.display()));
+        self.optional(key).with_context(|| {
+            format!(
                 "{key} is not set: is the local stack running? ({}). Start it with \
                  `scripts/stack.sh up`, or run the whole suite with `scripts/test.sh`.",
-                match &self.path {
-                    Some(p) => format!("read {}", p.display()),
-                    None => "no .dev/stack.env found".to_string(),
-                }
-            ),
-        }
+                file.unwrap_or_else(|| "no .dev/stack.env found".to_string())
+            )
+        })
     }
 
     /// One value, `None` when missing or empty.
