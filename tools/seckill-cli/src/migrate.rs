@@ -51,14 +51,11 @@ pub struct Report {
 
 impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.applied.is_empty() {
-            writeln!(f, "schema of {} is up to date", self.database)?;
+        let (applied, database) = (&self.applied, &self.database);
+        if applied.is_empty() {
+            writeln!(f, "schema of {database} is up to date")?;
         } else {
-            writeln!(
-                f,
-                "applied migrations {:?} to {}",
-                self.applied, self.database
-            )?;
+            writeln!(f, "applied migrations {applied:?} to {database}")?;
         }
         match &self.app_user {
             None => writeln!(

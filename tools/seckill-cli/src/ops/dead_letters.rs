@@ -7,7 +7,7 @@ use seckill_shared::domain::{DeadLetter, VoucherId};
 use seckill_shared::protocol::fields;
 use serde::Serialize;
 
-use super::{Backend, Backends};
+use super::{Backend, Backends, or_dash};
 
 /// One dead letter, for people and for `--json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -138,15 +138,14 @@ pub async fn replay(
 pub fn render_list(voucher: VoucherId, all: &[DeadLetterView]) -> String {
     let mut out = format!("voucher {voucher}: {} dead letter(s)\n", all.len());
     for v in all {
-        let dash = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".into());
         out.push_str(&format!(
             "  {}  order {}  user {}  reason {:?}  deliveries {}  database {}  {}\n",
             v.id,
-            dash(&v.order_id),
-            dash(&v.user_id),
+            or_dash(v.order_id.as_ref()),
+            or_dash(v.user_id.as_ref()),
             v.reason,
             v.deliveries,
-            dash(&v.in_database),
+            or_dash(v.in_database.as_ref()),
             v.not_replayable
                 .as_deref()
                 .map_or("replayable".to_string(), |w| format!("not replayable: {w}")),

@@ -107,6 +107,11 @@ impl<T> Backend<T> for Result<T, StoreError> {
     }
 }
 
+/// `v`, or `-` when there is none, for the text forms.
+pub(crate) fn or_dash<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| v.to_string())
+}
+
 /// Parses a voucher id argument.
 pub fn voucher_arg(s: &str) -> anyhow::Result<VoucherId> {
     s.parse::<VoucherId>()

@@ -86,18 +86,6 @@ impl Report {
         self.discrepancies.iter().find(|d| d.class == class)
     }
 
-    fn add(&mut self, class: &str, items: Vec<String>) {
-        if !items.is_empty() {
-            self.discrepancies.push(Discrepancy {
-                class: class.to_string(),
-                count: items.len() as u64,
-                examples: items.into_iter().take(EXAMPLES).collect(),
-                repairable: class::REPAIRABLE.contains(&class),
-                repaired: Vec::new(),
-            });
-        }
-    }
-
     fn repaired(&mut self, class: &str, what: String) {
         if let Some(d) = self.discrepancies.iter_mut().find(|d| d.class == class) {
             d.repaired.push(what);
@@ -272,7 +260,7 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
     let active = b.streams.is_active(voucher).await.redis()?;
     let inactive = (!active && (report.undrained > 0 || !lost.is_empty()))
         .then(|| format!("{} undrained entries", report.undrained));
-    for (class, items) in [
+    let found = [
         (class::ADMITTED_LOST, lost_listed.clone()),
         (class::DB_NOT_IN_REDIS, listed(&not_in_buyers)),
         (class::STREAM_NOT_IN_BUYERS, listed(&stream_lost_buyers)),
@@ -287,9 +275,17 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
         (class::REDIS_STOCK, Vec::from_iter(redis_stock)),
         (class::DB_STOCK, Vec::from_iter(db_stock)),
         (class::INACTIVE, Vec::from_iter(inactive)),
-    ] {
-        report.add(class, items);
-    }
+    ];
+    let found = found.into_iter().filter(|(_, items)| !items.is_empty());
+    report.discrepancies = found
+        .map(|(class, items)| Discrepancy {
+            class: class.to_string(),
+            count: items.len() as u64,
+            examples: items.into_iter().take(EXAMPLES).collect(),
+            repairable: class::REPAIRABLE.contains(&class),
+            repaired: Vec::new(),
+        })
+        .collect();
 
     if repair {
         for (o, listed) in lost.iter().zip(lost_listed) {

@@ -4,11 +4,10 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use futures::{StreamExt, TryStreamExt};
-
 use seckill_shared::domain::{Phase, SaleWindow, VoucherId, now_millis};
 use serde::Serialize;
 
-use super::{Backend, Backends};
+use super::{Backend, Backends, or_dash};
 
 /// One voucher's sale, as Redis and the database see it now.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -109,10 +108,6 @@ pub async fn status(b: &Backends, vouchers: &[VoucherId]) -> anyhow::Result<Vec<
     all.try_collect().await
 }
 
-fn or_dash<T: ToString>(v: Option<T>) -> String {
-    v.map_or_else(|| "-".to_string(), |v| v.to_string())
-}
-
 /// A duration in ms, for people: `850ms`, `12.3s`, `4m05s`, `2h03m`.
 pub fn human_ms(ms: u64) -> String {
     match ms {
@@ -155,7 +150,7 @@ pub fn render(all: &[VoucherStatus]) -> String {
             s.dead_letters,
             s.pending,
             s.lag,
-            s.oldest_unfinished_ms.map_or("-".to_string(), human_ms),
+            or_dash(s.oldest_unfinished_ms.map(human_ms)),
             s.stream_length,
             if s.drained { "  (drained)" } else { "" }
         );
