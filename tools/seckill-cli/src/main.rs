@@ -27,14 +27,7 @@ enum Command {
     /// master secret DB_MASTER_SECRET_ARN, else DB_SECRET_ARN, the application user's
     /// secret DB_APP_SECRET_ARN, optional DATA_API_URL and SECRETS_MANAGER_URL, and the
     /// standard AWS credentials and region).
-    Migrate {
-        /// Apply to this database instead of DB_NAME.
-        #[arg(long)]
-        database: Option<String>,
-        /// The application user's secret, instead of DB_APP_SECRET_ARN.
-        #[arg(long)]
-        app_secret_arn: Option<String>,
-    },
+    Migrate,
     /// Print a signed dev token (HS256 with SECKILL_DEV_JWT_SECRET) for local calls.
     Token {
         /// The user id (the `sub` claim).
@@ -160,14 +153,9 @@ async fn main() -> anyhow::Result<ExitCode> {
             return Ok(exit_code(report.clean_after()));
         }
         Command::Demo(args) => demo::run(args).await?,
-        Command::Migrate {
-            database,
-            app_secret_arn,
-        } => {
+        Command::Migrate => {
             let mut env = EnvReader::from_env();
-            let mut cfg = MigrateConfig::read(&mut env);
-            cfg.data_api.database = database.unwrap_or(cfg.data_api.database);
-            cfg.app_secret_arn = app_secret_arn.or(cfg.app_secret_arn);
+            let cfg = MigrateConfig::read(&mut env);
             env.finish()?;
             print!("{}", migrate::run(&cfg).await?);
         }
