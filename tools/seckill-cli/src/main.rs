@@ -50,12 +50,9 @@ enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
-        /// Refresh with a progress bar of the sale until it is drained.
+        /// Refresh with a progress bar of the sale every second until it is drained.
         #[arg(long)]
         watch: bool,
-        /// Seconds between refreshes with --watch.
-        #[arg(long, default_value_t = 1.0)]
-        interval: f64,
     },
     /// List dead letters and why they failed, or replay them through the drainer.
     #[command(subcommand)]
@@ -117,13 +114,11 @@ async fn main() -> anyhow::Result<ExitCode> {
             voucher,
             json,
             watch,
-            interval,
         } => {
             let ids = voucher.as_deref().map(voucher_arg).transpose()?;
             let b = Backends::from_env().await?;
             if watch {
-                let every = Duration::from_secs_f64(interval.max(0.1));
-                status::watch(&b, ids.as_slice(), every).await?;
+                status::watch(&b, ids.as_slice(), Duration::from_secs(1)).await?;
             } else {
                 let all = status::status(&b, ids.as_slice()).await?;
                 print(json, all.as_slice(), status::render)?;
