@@ -56,10 +56,7 @@ pub async fn list(b: &Backends, voucher: VoucherId) -> anyhow::Result<Vec<DeadLe
         let no_voucher = db_voucher
             .is_none()
             .then(|| "the database has no such voucher".into());
-        let text = |name| {
-            let value = dead.entry.field(name)?;
-            Some(String::from_utf8_lossy(value).into_owned())
-        };
+        let text = |name| Some(String::from_utf8_lossy(dead.entry.field(name)?).into_owned());
         out.push(DeadLetterView {
             id: dead.id.clone(),
             source_id: dead.entry.id.clone(),

@@ -1,7 +1,6 @@
-//! Operator commands over a sale's Redis state and its database: `seckill status`,
-//! `dead-letters`, `reconcile`. They read their configuration like the functions do,
-//! from the environment completed by `.dev/stack.env` (every missing variable at once),
-//! and reach Redis and the database through the shared adapters.
+//! Operator commands over a sale's Redis state and its database (`seckill status`,
+//! `dead-letters`, `reconcile`), configured and connected like the functions, from the
+//! environment completed by `.dev/stack.env`.
 
 pub mod dead_letters;
 pub mod reconcile;
