@@ -14,11 +14,9 @@ use seckill_shared::auth;
 use seckill_shared::config::EnvReader;
 use serde::Serialize;
 
+/// Operator commands for the seckill flash-sale engine
 #[derive(Parser)]
-#[command(
-    name = "seckill",
-    about = "Operator commands for the seckill flash-sale engine"
-)]
+#[command(name = "seckill")]
 enum Command {
     /// Run a small flash sale end to end over the HTTP API and check the invariants.
     Demo(demo::DemoArgs),
