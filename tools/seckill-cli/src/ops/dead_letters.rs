@@ -112,13 +112,9 @@ pub async fn replay(
             out.push(Replay::Refused { id, why });
             continue;
         }
+        let dead = &v.dead;
         out.push(
-            match b
-                .streams
-                .replay_dead_letter(voucher, &v.dead)
-                .await
-                .redis()?
-            {
+            match b.streams.replay_dead_letter(voucher, dead).await.redis()? {
                 Some(entry_id) => Replay::Replayed {
                     id,
                     entry_id,
