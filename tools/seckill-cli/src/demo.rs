@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, ensure};
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
+use rand::seq::SliceRandom;
 use reqwest::{Client, StatusCode};
 use seckill_shared::auth;
 use seckill_shared::domain::format_rfc3339_millis;
@@ -35,18 +36,13 @@ pub struct DemoArgs {
     concurrency: usize,
 }
 
-const SCHEDULED_EVENT: &str = r#"{"version":"0","id":"demo","detail-type":"Scheduled Event","source":"aws.events","account":"123456789012","time":"2026-11-22T00:00:00Z","region":"us-east-1","resources":["arn:aws:events:us-east-1:123456789012:rule/seckill-drainer"],"detail":{}}"#;
+const SCHEDULED_EVENT: &str = include_str!("../../../tests/fixtures/eventbridge-scheduled.json");
 
 /// A progress bar drawn with `template`.
 fn bar(len: usize, template: &str) -> ProgressBar {
     let style =
         ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar());
     ProgressBar::new(len as u64).with_style(style)
-}
-
-/// The number `key` counts in `counts` (0 when absent).
-fn count(counts: &BTreeMap<String, usize>, key: &str) -> usize {
-    counts.get(key).copied().unwrap_or(0)
 }
 
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
@@ -91,9 +87,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let mut attempts: Vec<String> = (0..args.buyers).map(user).collect();
     attempts.extend((0..args.buyers).step_by(5).map(user));
     let n = attempts.len() as u64;
-    for i in (1..attempts.len()).rev() {
-        attempts.swap(i, rand::random_range(0..=i));
-    }
+    attempts.shuffle(&mut rand::rng());
     let rush_bar = bar(
         attempts.len(),
         "{spinner} rush {bar:40} {pos}/{len} attempts {per_sec} [{elapsed}]",
@@ -101,24 +95,25 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let buy_url = format!("{}/vouchers/{id}/seckill", args.url);
     let (http, buy_url, rush_bar, token) = (&http, &buy_url, &rush_bar, &token);
-    // Per attempt: admitted (the order id) or the refusal's code.
-    let results: Vec<(String, Result<String, String>)> = futures::stream::iter(attempts)
+    // Per attempt: `admitted` and the order id, or the refusal's code.
+    let results: Vec<(String, String, Option<String>)> = futures::stream::iter(attempts)
         .map(|user| async move {
             let res = http.post(buy_url).bearer_auth(token(&user, false)).send();
-            let outcome = match res.await {
+            let (code, order) = match res.await {
                 Ok(res) => {
                     let status = res.status();
                     let body = res.json::<Value>().await.unwrap_or(Value::Null);
+                    let text = |key| body[key].as_str().unwrap_or("?").to_string();
                     if status == StatusCode::ACCEPTED {
-                        Ok(body["order_id"].as_str().unwrap_or_default().to_string())
+                        ("admitted".to_string(), Some(text("order_id")))
                     } else {
-                        Err(body["code"].as_str().unwrap_or("?").to_string())
+                        (text("code"), None)
                     }
                 }
-                Err(e) => Err(format!("transport: {e}")),
+                Err(e) => (format!("transport: {e}"), None),
             };
             rush_bar.inc(1);
-            (user, outcome)
+            (user, code, order)
         })
         .buffer_unordered(args.concurrency.max(1))
         .collect()
@@ -128,15 +123,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 
     let mut by_code: BTreeMap<String, usize> = BTreeMap::new();
     let mut admitted: Vec<(String, String)> = Vec::new();
-    for (user, outcome) in results {
-        let code = match outcome {
-            Ok(order) => {
-                admitted.push((user, order));
-                "admitted".to_string()
-            }
-            Err(code) => code,
-        };
+    for (user, code, order) in results {
         *by_code.entry(code).or_default() += 1;
+        admitted.extend(order.map(|order| (user, order)));
     }
     println!(
         "{n} attempts by {} buyers in {:.2?} ({:.0}/s):",
@@ -176,7 +165,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
                 .entry(body["status"].as_str().unwrap_or("?").to_string())
                 .or_default() += 1;
         }
-        let pending = count(&statuses, "pending");
+        let pending = statuses.get("pending").copied().unwrap_or(0);
         drain_bar.set_position((admitted.len() - pending) as u64);
         if pending == 0 || Instant::now() > deadline {
             break summary;
@@ -207,7 +196,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         "Redis stock does not add up: {v}"
     );
     ensure!(
-        count(&statuses, "confirmed") == admitted.len(),
+        statuses.get("confirmed").copied().unwrap_or(0) == admitted.len(),
         "not every admitted order was confirmed: {statuses:?}"
     );
     println!(

@@ -14,17 +14,9 @@ use seckill_shared::auth;
 use seckill_shared::config::EnvReader;
 use serde::Serialize;
 
+/// Operator commands for the seckill flash-sale engine
 #[derive(Parser)]
-#[command(
-    name = "seckill",
-    about = "Operator commands for the seckill flash-sale engine"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
+#[command(name = "seckill")]
 enum Command {
     /// Run a small flash sale end to end over the HTTP API and check the invariants.
     Demo(demo::DemoArgs),
@@ -33,14 +25,7 @@ enum Command {
     /// master secret DB_MASTER_SECRET_ARN, else DB_SECRET_ARN, the application user's
     /// secret DB_APP_SECRET_ARN, optional DATA_API_URL and SECRETS_MANAGER_URL, and the
     /// standard AWS credentials and region).
-    Migrate {
-        /// Apply to this database instead of DB_NAME.
-        #[arg(long)]
-        database: Option<String>,
-        /// The application user's secret, instead of DB_APP_SECRET_ARN.
-        #[arg(long)]
-        app_secret_arn: Option<String>,
-    },
+    Migrate,
     /// Print a signed dev token (HS256 with SECKILL_DEV_JWT_SECRET) for local calls.
     Token {
         /// The user id (the `sub` claim).
@@ -63,12 +48,9 @@ enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
-        /// Refresh with a progress bar of the sale until it is drained.
+        /// Refresh with a progress bar of the sale every second until it is drained.
         #[arg(long)]
         watch: bool,
-        /// Seconds between refreshes with --watch.
-        #[arg(long, default_value_t = 1.0)]
-        interval: f64,
     },
     /// List dead letters and why they failed, or replay them through the drainer.
     #[command(subcommand)]
@@ -125,18 +107,16 @@ fn exit_code(done: bool) -> ExitCode {
 #[tokio::main]
 async fn main() -> anyhow::Result<ExitCode> {
     seckill_shared::telemetry::init();
-    match Cli::parse().command {
+    match Command::parse() {
         Command::Status {
             voucher,
             json,
             watch,
-            interval,
         } => {
             let ids = voucher.as_deref().map(voucher_arg).transpose()?;
             let b = Backends::from_env().await?;
             if watch {
-                let every = Duration::from_secs_f64(interval.max(0.1));
-                status::watch(&b, ids.as_slice(), every).await?;
+                status::watch(&b, ids.as_slice(), Duration::from_secs(1)).await?;
             } else {
                 let all = status::status(&b, ids.as_slice()).await?;
                 print(json, all.as_slice(), status::render)?;
@@ -166,14 +146,9 @@ async fn main() -> anyhow::Result<ExitCode> {
             return Ok(exit_code(report.clean_after()));
         }
         Command::Demo(args) => demo::run(args).await?,
-        Command::Migrate {
-            database,
-            app_secret_arn,
-        } => {
+        Command::Migrate => {
             let mut env = EnvReader::from_env();
-            let mut cfg = MigrateConfig::read(&mut env);
-            cfg.data_api.database = database.unwrap_or(cfg.data_api.database);
-            cfg.app_secret_arn = app_secret_arn.or(cfg.app_secret_arn);
+            let cfg = MigrateConfig::read(&mut env);
             env.finish()?;
             print!("{}", migrate::run(&cfg).await?);
         }

@@ -23,10 +23,8 @@ pub struct MigrateConfig {
 
 impl MigrateConfig {
     pub fn read(env: &mut EnvReader) -> MigrateConfig {
-        let secret_arn = match env.optional("DB_MASTER_SECRET_ARN") {
-            Some(master) => master,
-            None => env.required("DB_SECRET_ARN"),
-        };
+        let master = env.optional("DB_MASTER_SECRET_ARN");
+        let secret_arn = master.unwrap_or_else(|| env.required("DB_SECRET_ARN"));
         MigrateConfig {
             data_api: DataApiConfig {
                 cluster_arn: env.required("DB_CLUSTER_ARN"),
@@ -53,14 +51,11 @@ pub struct Report {
 
 impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.applied.is_empty() {
-            writeln!(f, "schema of {} is up to date", self.database)?;
+        let (applied, database) = (&self.applied, &self.database);
+        if applied.is_empty() {
+            writeln!(f, "schema of {database} is up to date")?;
         } else {
-            writeln!(
-                f,
-                "applied migrations {:?} to {}",
-                self.applied, self.database
-            )?;
+            writeln!(f, "applied migrations {applied:?} to {database}")?;
         }
         match &self.app_user {
             None => writeln!(
@@ -109,9 +104,7 @@ pub async fn read_app_user(secret_arn: &str, endpoint: Option<&str>) -> anyhow::
             .operation_timeout(Duration::from_secs(10))
             .build(),
     );
-    if let Some(endpoint) = endpoint {
-        builder = builder.endpoint_url(endpoint);
-    }
+    builder.set_endpoint_url(endpoint.map(str::to_string));
     let client = aws_sdk_secretsmanager::Client::from_conf(builder.build());
     let out = client
         .get_secret_value()

@@ -1,8 +1,6 @@
-//! Databases of one's own on the stack's MariaDB, for a benchmark run (`seckill_b_…`) or
-//! a test (`seckill_t_…`): the stack's MySQL user has every right on `seckill%`
-//! databases, so each run or test creates an empty one with a random name, works in it
-//! without seeing anybody else's rows, and drops it at the end. Nothing else is ever
-//! dropped: [`drop_database`] refuses names outside those two prefixes.
+//! Databases of one's own on the stack's MariaDB (whose MySQL user may do anything on
+//! `seckill%`), for a benchmark run (`seckill_b_…`) or a test (`seckill_t_…`): made empty
+//! with a random name, dropped at the end; [`drop_database`] drops nothing else.
 
 use anyhow::Context;
 use mysql_async::prelude::Queryable;

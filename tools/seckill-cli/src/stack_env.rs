@@ -2,35 +2,12 @@
 //! the `KEY=VALUE` file `scripts/stack.sh up` writes, for the operator commands, the load
 //! tool and the test fixtures. Which file: the one named explicitly (`--stack-env`), else
 //! `$SECKILL_STACK_ENV`, else `.dev/stack.env` here or in the nearest parent that has one.
-//! A variable of the same name set (non-empty) in the environment wins, for the [`KEYS`].
+//! A variable of the same name set (non-empty) in the environment wins.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
-
-/// The keys an environment variable of the same name overrides.
-pub const KEYS: &[&str] = &[
-    "SECKILL_HTTP_URL",
-    "DRAINER_INVOKE_URL",
-    "REDIS_URL",
-    "REDIS_CLUSTER",
-    "REDIS_TIMEOUT_MS",
-    "REDIS_NODES",
-    "MYSQL_URL",
-    "DATA_API_URL",
-    "SECKILL_DEV_JWT_SECRET",
-    "DB_CLUSTER_ARN",
-    "DB_SECRET_ARN",
-    "DB_MASTER_SECRET_ARN",
-    "DB_APP_SECRET_ARN",
-    "SECRETS_MANAGER_URL",
-    "DB_NAME",
-    "AWS_REGION",
-    "SECKILL_REDIS_ENGINE",
-    "SECKILL_REDIS_TOPOLOGY",
-    "SECKILL_REDIS_SERVER",
-];
+use anyhow::Context;
 
 /// The addresses of the running local stack.
 #[derive(Debug, Clone)]
@@ -58,13 +35,9 @@ impl StackEnv {
                 .with_context(|| format!("cannot read the stack file {}", p.display()))?;
             vars = parse(&text);
         }
-        for key in KEYS {
-            if let Ok(v) = std::env::var(key)
-                && !v.trim().is_empty()
-            {
-                vars.insert(key.to_string(), v);
-            }
-        }
+        let set = std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
+        vars.extend(set.filter(|(_, v)| !v.trim().is_empty()));
         Ok(StackEnv { path, vars })
     }
 
@@ -86,17 +59,14 @@ impl StackEnv {
 
     /// One value; the error names the file and how to start the stack.
     pub fn get(&self, key: &str) -> anyhow::Result<String> {
-        match self.optional(key) {
-            Some(v) => Ok(v),
-            None => bail!(
+        let file = self.path.as_ref().map(|p| format!("read {}", p.display()));
+        self.optional(key).with_context(|| {
+            format!(
                 "{key} is not set: is the local stack running? ({}). Start it with \
                  `scripts/stack.sh up`, or run the whole suite with `scripts/test.sh`.",
-                match &self.path {
-                    Some(p) => format!("read {}", p.display()),
-                    None => "no .dev/stack.env found".to_string(),
-                }
-            ),
-        }
+                file.unwrap_or_else(|| "no .dev/stack.env found".to_string())
+            )
+        })
     }
 
     /// One value, `None` when missing or empty.

@@ -7,7 +7,7 @@ use seckill_shared::domain::{DeadLetter, VoucherId};
 use seckill_shared::protocol::fields;
 use serde::Serialize;
 
-use super::{Backend, Backends};
+use super::{Backend, Backends, or_dash};
 
 /// One dead letter, for people and for `--json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -25,13 +25,13 @@ pub struct DeadLetterView {
     pub in_database: Option<String>,
     /// Why a replay would be refused; `None`: it can be replayed.
     pub not_replayable: Option<String>,
+    /// The dead letter itself, what a replay writes back.
+    #[serde(skip)]
+    pub dead: DeadLetter,
 }
 
-/// Every dead letter of the voucher, with its view.
-async fn views(
-    b: &Backends,
-    voucher: VoucherId,
-) -> anyhow::Result<Vec<(DeadLetter, DeadLetterView)>> {
+/// Every dead letter of the voucher, with why it failed and whether it can be replayed.
+pub async fn list(b: &Backends, voucher: VoucherId) -> anyhow::Result<Vec<DeadLetterView>> {
     let db_voucher = b.voucher(voucher).await?;
     let all = b.streams.dead_letters(voucher).await.redis()?;
     let mut out = Vec::with_capacity(all.len());
@@ -56,11 +56,8 @@ async fn views(
         let no_voucher = db_voucher
             .is_none()
             .then(|| "the database has no such voucher".into());
-        let text = |name| {
-            let value = dead.entry.field(name)?;
-            Some(String::from_utf8_lossy(value).into_owned())
-        };
-        let view = DeadLetterView {
+        let text = |name| Some(String::from_utf8_lossy(dead.entry.field(name)?).into_owned());
+        out.push(DeadLetterView {
             id: dead.id.clone(),
             source_id: dead.entry.id.clone(),
             reason: dead.reason.clone(),
@@ -71,16 +68,10 @@ async fn views(
                 .or_else(|| dead.entry.id_ms().map(|ms| ms.to_string())),
             in_database,
             not_replayable: refusal.or(no_voucher),
-        };
-        out.push((dead, view));
+            dead,
+        });
     }
     Ok(out)
-}
-
-/// Every dead letter of the voucher, with why it failed and whether it can be replayed.
-pub async fn list(b: &Backends, voucher: VoucherId) -> anyhow::Result<Vec<DeadLetterView>> {
-    let views = views(b, voucher).await?;
-    Ok(views.into_iter().map(|(_, v)| v).collect())
 }
 
 /// What a replay did with one dead letter.
@@ -105,15 +96,15 @@ pub async fn replay(
     voucher: VoucherId,
     ids: &[String],
 ) -> anyhow::Result<Vec<Replay>> {
-    let listed = views(b, voucher).await?;
+    let listed = list(b, voucher).await?;
     let wanted: Vec<String> = if ids.is_empty() {
-        listed.iter().map(|(d, _)| d.id.clone()).collect()
+        listed.iter().map(|v| v.id.clone()).collect()
     } else {
         ids.to_vec()
     };
     let mut out = Vec::with_capacity(wanted.len());
     for id in wanted {
-        let Some((dead, v)) = listed.iter().find(|(d, _)| d.id == id) else {
+        let Some(v) = listed.iter().find(|v| v.id == id) else {
             out.push(Replay::Missing { id });
             continue;
         };
@@ -121,6 +112,7 @@ pub async fn replay(
             out.push(Replay::Refused { id, why });
             continue;
         }
+        let dead = &v.dead;
         out.push(
             match b.streams.replay_dead_letter(voucher, dead).await.redis()? {
                 Some(entry_id) => Replay::Replayed {
@@ -139,15 +131,14 @@ pub async fn replay(
 pub fn render_list(voucher: VoucherId, all: &[DeadLetterView]) -> String {
     let mut out = format!("voucher {voucher}: {} dead letter(s)\n", all.len());
     for v in all {
-        let dash = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".into());
         out.push_str(&format!(
             "  {}  order {}  user {}  reason {:?}  deliveries {}  database {}  {}\n",
             v.id,
-            dash(&v.order_id),
-            dash(&v.user_id),
+            or_dash(v.order_id.as_ref()),
+            or_dash(v.user_id.as_ref()),
             v.reason,
             v.deliveries,
-            dash(&v.in_database),
+            or_dash(v.in_database.as_ref()),
             v.not_replayable
                 .as_deref()
                 .map_or("replayable".to_string(), |w| format!("not replayable: {w}")),

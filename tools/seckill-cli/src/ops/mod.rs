@@ -1,7 +1,6 @@
-//! Operator commands over a sale's Redis state and its database: `seckill status`,
-//! `dead-letters`, `reconcile`. They read their configuration like the functions do,
-//! from the environment completed by `.dev/stack.env` (every missing variable at once),
-//! and reach Redis and the database through the shared adapters.
+//! Operator commands over a sale's Redis state and its database (`seckill status`,
+//! `dead-letters`, `reconcile`), configured and connected like the functions, from the
+//! environment completed by `.dev/stack.env`.
 
 pub mod dead_letters;
 pub mod reconcile;
@@ -105,6 +104,11 @@ impl<T> Backend<T> for Result<T, StoreError> {
     fn redis(self) -> anyhow::Result<T> {
         self.context("redis")
     }
+}
+
+/// `v`, or `-` when there is none, for the text forms.
+pub(crate) fn or_dash<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| v.to_string())
 }
 
 /// Parses a voucher id argument.

@@ -4,6 +4,7 @@
 //! flight is never reported lost. `--repair` fixes only what cannot oversell or duplicate
 //! (README.md, "Operating a sale"); the other classes are left to an operator.
 
+use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 
@@ -85,28 +86,11 @@ impl Report {
         self.discrepancies.iter().find(|d| d.class == class)
     }
 
-    fn add(&mut self, class: &str, items: Vec<String>) {
-        if !items.is_empty() {
-            self.discrepancies.push(Discrepancy {
-                class: class.to_string(),
-                count: items.len() as u64,
-                examples: items.into_iter().take(EXAMPLES).collect(),
-                repairable: class::REPAIRABLE.contains(&class),
-                repaired: Vec::new(),
-            });
-        }
-    }
-
     fn repaired(&mut self, class: &str, what: String) {
         if let Some(d) = self.discrepancies.iter_mut().find(|d| d.class == class) {
             d.repaired.push(what);
         }
     }
-}
-
-/// When an order id's block was leased: no later than its admission.
-fn leased_ms(id: OrderId) -> i64 {
-    EPOCH_UNIX_MS + OrderIdParts::of(id).ms
 }
 
 /// `order 12 of "buyer-3"`, as examples name an order.
@@ -222,14 +206,14 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
             mismatched.push(format!("buyer {user:?} is not a valid user id"));
             continue;
         };
+        // Not in the stream any more: when its order id's block was leased, no later
+        // than its admission.
+        let leased_ms = || EPOCH_UNIX_MS + OrderIdParts::of(order).ms;
         lost.push(AdmittedOrder {
             id: order,
             voucher,
             user: user_id,
-            admitted_ms: admitted_ms
-                .get(&order)
-                .copied()
-                .unwrap_or_else(|| leased_ms(order)),
+            admitted_ms: admitted_ms.get(&order).copied().unwrap_or_else(leased_ms),
         });
     }
     let not_in_buyers: Vec<(String, OrderId)> = db_orders
@@ -245,7 +229,38 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
         .iter()
         .map(|o| order_of(o.id, o.user.as_str()))
         .collect();
-    for (class, items) in [
+    // Stock. Units the database still has to cover: undrained orders, lost ones, and
+    // dead letters whose order is not in the database (they may be replayed).
+    let not_in_db = |orders: &HashSet<OrderId>| orders.difference(&db_ids).count();
+    let owed = not_in_db(&undrained_orders) + lost.len() + not_in_db(&dead_orders);
+    let sale = b.sales.sale_state(voucher).await.redis()?;
+    let redis_stock = db_left
+        .zip(sale.and_then(|s| s.stock))
+        .and_then(|(left, stock)| {
+            let expected = (left - owed as i64).max(0);
+            let what = match stock.cmp(&expected) {
+                Ordering::Equal => return None,
+                Ordering::Greater => "later admissions will be rejected by the database",
+                Ordering::Less => "units will stay unsold",
+            };
+            Some(format!(
+                "redis stock {stock}, database can still cover {expected} \
+                 (stock_left {left} minus {owed} admitted orders not in it): {what}"
+            ))
+        });
+    let db_stock = db_voucher.as_ref().and_then(|v| {
+        let (stock, left) = (v.stock, v.db_stock_left);
+        let sold = stock - left;
+        (sold != confirmed as i64).then(|| {
+            format!(
+                "stock {stock} - stock_left {left} = {sold}, but {confirmed} orders are confirmed"
+            )
+        })
+    });
+    let active = b.streams.is_active(voucher).await.redis()?;
+    let inactive = (!active && (report.undrained > 0 || !lost.is_empty()))
+        .then(|| format!("{} undrained entries", report.undrained));
+    let found = [
         (class::ADMITTED_LOST, lost_listed.clone()),
         (class::DB_NOT_IN_REDIS, listed(&not_in_buyers)),
         (class::STREAM_NOT_IN_BUYERS, listed(&stream_lost_buyers)),
@@ -257,49 +272,20 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
                 .map(|d| format!("{} ({})", d.id, d.reason))
                 .collect(),
         ),
-    ] {
-        report.add(class, items);
-    }
-    // Stock. Units the database still has to cover: undrained orders, lost ones, and
-    // dead letters whose order is not in the database (they may be replayed).
-    let not_in_db = |orders: &HashSet<OrderId>| orders.difference(&db_ids).count();
-    let owed = not_in_db(&undrained_orders) + lost.len() + not_in_db(&dead_orders);
-    let sale = b.sales.sale_state(voucher).await.redis()?;
-    if let (Some(left), Some(redis_stock)) = (db_left, sale.and_then(|s| s.stock)) {
-        let expected = (left - owed as i64).max(0);
-        if redis_stock != expected {
-            let what = if redis_stock > expected {
-                "later admissions will be rejected by the database"
-            } else {
-                "units will stay unsold"
-            };
-            report.add(
-                class::REDIS_STOCK,
-                vec![format!(
-                    "redis stock {redis_stock}, database can still cover {expected} \
-                     (stock_left {left} minus {owed} admitted orders not in it): {what}"
-                )],
-            );
-        }
-    }
-    if let Some(v) = &db_voucher
-        && v.stock - v.db_stock_left != confirmed as i64
-    {
-        report.add(
-            class::DB_STOCK,
-            vec![format!(
-                "stock {} - stock_left {} = {}, but {confirmed} orders are confirmed",
-                v.stock,
-                v.db_stock_left,
-                v.stock - v.db_stock_left
-            )],
-        );
-    }
-    let active = b.streams.is_active(voucher).await.redis()?;
-    if !active && (report.undrained > 0 || !lost.is_empty()) {
-        let what = format!("{} undrained entries", report.undrained);
-        report.add(class::INACTIVE, vec![what]);
-    }
+        (class::REDIS_STOCK, Vec::from_iter(redis_stock)),
+        (class::DB_STOCK, Vec::from_iter(db_stock)),
+        (class::INACTIVE, Vec::from_iter(inactive)),
+    ];
+    let found = found.into_iter().filter(|(_, items)| !items.is_empty());
+    report.discrepancies = found
+        .map(|(class, items)| Discrepancy {
+            class: class.to_string(),
+            count: items.len() as u64,
+            examples: items.into_iter().take(EXAMPLES).collect(),
+            repairable: class::REPAIRABLE.contains(&class),
+            repaired: Vec::new(),
+        })
+        .collect();
 
     if repair {
         for (o, listed) in lost.iter().zip(lost_listed) {

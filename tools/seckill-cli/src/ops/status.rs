@@ -3,10 +3,11 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use futures::{StreamExt, TryStreamExt};
 use seckill_shared::domain::{Phase, SaleWindow, VoucherId, now_millis};
 use serde::Serialize;
 
-use super::{Backend, Backends};
+use super::{Backend, Backends, or_dash};
 
 /// One voucher's sale, as Redis and the database see it now.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -85,21 +86,15 @@ pub async fn voucher_status(b: &Backends, voucher: VoucherId) -> anyhow::Result<
         pending: stats.pending,
         lag: stats.undelivered,
         stream_length: stats.length,
-        oldest_unfinished_ms: oldest.map(|id| age_of(&id, now)),
+        // How long ago the entry was written: its id is `<ms>-<seq>`.
+        oldest_unfinished_ms: oldest.map(|id| {
+            let ms = id.split('-').next().and_then(|m| m.parse().ok());
+            u64::try_from(now - ms.unwrap_or(now)).unwrap_or(0)
+        }),
         dead_letters,
         active,
         drained: stats.pending == 0 && stats.undelivered == 0 && stats.fully_delivered,
     })
-}
-
-/// How long ago a stream id (`<ms>-<seq>`) was written.
-fn age_of(id: &str, now: i64) -> u64 {
-    let ms: i64 = id
-        .split('-')
-        .next()
-        .and_then(|m| m.parse().ok())
-        .unwrap_or(now);
-    u64::try_from(now - ms).unwrap_or(0)
 }
 
 /// The status of `vouchers`, or of every active voucher when empty.
@@ -109,15 +104,8 @@ pub async fn status(b: &Backends, vouchers: &[VoucherId]) -> anyhow::Result<Vec<
     } else {
         vouchers.to_vec()
     };
-    let mut out = Vec::with_capacity(ids.len());
-    for id in ids {
-        out.push(voucher_status(b, id).await?);
-    }
-    Ok(out)
-}
-
-fn or_dash<T: ToString>(v: Option<T>) -> String {
-    v.map_or_else(|| "-".to_string(), |v| v.to_string())
+    let all = futures::stream::iter(ids).then(|id| voucher_status(b, id));
+    all.try_collect().await
 }
 
 /// A duration in ms, for people: `850ms`, `12.3s`, `4m05s`, `2h03m`.
@@ -162,7 +150,7 @@ pub fn render(all: &[VoucherStatus]) -> String {
             s.dead_letters,
             s.pending,
             s.lag,
-            s.oldest_unfinished_ms.map_or("-".to_string(), human_ms),
+            or_dash(s.oldest_unfinished_ms.map(human_ms)),
             s.stream_length,
             if s.drained { "  (drained)" } else { "" }
         );
