@@ -25,7 +25,14 @@ enum Command {
     /// master secret DB_MASTER_SECRET_ARN, else DB_SECRET_ARN, the application user's
     /// secret DB_APP_SECRET_ARN, optional DATA_API_URL and SECRETS_MANAGER_URL, and the
     /// standard AWS credentials and region).
-    Migrate,
+    Migrate {
+        /// Apply to this database instead of DB_NAME.
+        #[arg(long)]
+        database: Option<String>,
+        /// The application user's secret, instead of DB_APP_SECRET_ARN.
+        #[arg(long)]
+        app_secret_arn: Option<String>,
+    },
     /// Print a signed dev token (HS256 with SECKILL_DEV_JWT_SECRET) for local calls.
     Token {
         /// The user id (the `sub` claim).
@@ -48,9 +55,12 @@ enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
-        /// Refresh with a progress bar of the sale every second until it is drained.
+        /// Refresh with a progress bar of the sale until it is drained.
         #[arg(long)]
         watch: bool,
+        /// Seconds between refreshes with --watch.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
     },
     /// List dead letters and why they failed, or replay them through the drainer.
     #[command(subcommand)]
@@ -112,11 +122,13 @@ async fn main() -> anyhow::Result<ExitCode> {
             voucher,
             json,
             watch,
+            interval,
         } => {
             let ids = voucher.as_deref().map(voucher_arg).transpose()?;
             let b = Backends::from_env().await?;
             if watch {
-                status::watch(&b, ids.as_slice(), Duration::from_secs(1)).await?;
+                let every = Duration::from_secs_f64(interval.max(0.1));
+                status::watch(&b, ids.as_slice(), every).await?;
             } else {
                 let all = status::status(&b, ids.as_slice()).await?;
                 print(json, all.as_slice(), status::render)?;
@@ -146,9 +158,14 @@ async fn main() -> anyhow::Result<ExitCode> {
             return Ok(exit_code(report.clean_after()));
         }
         Command::Demo(args) => demo::run(args).await?,
-        Command::Migrate => {
+        Command::Migrate {
+            database,
+            app_secret_arn,
+        } => {
             let mut env = EnvReader::from_env();
-            let cfg = MigrateConfig::read(&mut env);
+            let mut cfg = MigrateConfig::read(&mut env);
+            cfg.data_api.database = database.unwrap_or(cfg.data_api.database);
+            cfg.app_secret_arn = app_secret_arn.or(cfg.app_secret_arn);
             env.finish()?;
             print!("{}", migrate::run(&cfg).await?);
         }
