@@ -281,43 +281,31 @@ pub struct Outcome {
     pub last_insert_id: Option<u64>,
 }
 
-/// Runs the statement once per set of bound values and reads all of each result.
+/// Runs the statement once per set of bound values and reads all of each result. Rows
+/// are converted as they stream in; once they pass the response size limit the rest is
+/// read and discarded (the connection must be drained) and the call fails like Aurora's.
 pub async fn run_sets(
     conn: &mut Conn,
     sql: &PlaceholderSql,
     sets: Vec<Vec<Value>>,
     options: ResultSetOptions,
 ) -> Result<Vec<Outcome>, ApiError> {
+    let sql = sql.sql.as_str();
     let mut outcomes = Vec::with_capacity(sets.len());
     for values in sets {
-        outcomes.push(run_statement(conn, sql, values, options).await?);
+        let plain = values.is_empty();
+        let outcome = match conn.exec_iter(sql, Params::from(values)).await {
+            Ok(result) => collect(result, options).await,
+            // A few statements cannot be prepared; without parameters they can run as a
+            // plain query just as well.
+            Err(mysql_async::Error::Server(e)) if e.code == ER_UNSUPPORTED_PS && plain => {
+                collect(conn.query_iter(sql).await?, options).await
+            }
+            Err(e) => Err(e.into()),
+        };
+        outcomes.push(outcome?);
     }
     Ok(outcomes)
-}
-
-/// Runs one statement. Rows are converted as they stream in; once they pass the response
-/// size limit the rest is read and discarded (the connection must be drained) and the
-/// call fails like Aurora's.
-async fn run_statement(
-    conn: &mut Conn,
-    sql: &PlaceholderSql,
-    values: Vec<Value>,
-    options: ResultSetOptions,
-) -> Result<Outcome, ApiError> {
-    let sql = sql.sql.as_str();
-    if !values.is_empty() {
-        let result = conn.exec_iter(sql, Params::Positional(values)).await?;
-        return collect(result, options).await;
-    }
-    match conn.exec_iter(sql, Params::Empty).await {
-        Ok(result) => collect(result, options).await,
-        // A few statements cannot be prepared; without parameters they can run as a
-        // plain query just as well.
-        Err(mysql_async::Error::Server(e)) if e.code == ER_UNSUPPORTED_PS => {
-            collect(conn.query_iter(sql).await?, options).await
-        }
-        Err(e) => Err(e.into()),
-    }
 }
 
 async fn collect<P: Protocol>(
