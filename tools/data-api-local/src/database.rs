@@ -33,6 +33,7 @@ pub struct Database {
     base: Opts,
     /// Keyed by the credentials too: a changed password makes a new pool.
     pools: Mutex<HashMap<(SecretCredentials, String), Pool>>,
+    /// Open transactions by id.
     transactions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Transaction>>>>,
     statement_timeout: Duration,
     transaction_idle_timeout: Duration,
