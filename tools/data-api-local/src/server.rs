@@ -221,7 +221,7 @@ fn check_sql(sql: Option<&str>) -> Result<PlaceholderSql, ApiError> {
             "SQL statement exceeds the maximum length of {MAX_SQL_CHARS} characters"
         )));
     }
-    sql::parse(sql).map_err(|e| ApiError::bad_request(e.to_string()))
+    sql::parse(sql)
 }
 
 fn generated_fields(outcome: &Outcome) -> Result<Vec<Field>, ApiError> {
