@@ -1,40 +1,28 @@
 //! Every error the server answers with, and its wire form, in one place.
 //!
 //! The SDK picks the typed error variant from the `X-Amzn-Errortype` header (then the
-//! body's `code`) and the text from the body's `message`, so each variant here carries
-//! the exception name of the Data API model and the HTTP status AWS uses for it.
+//! body's `code`) and the text from the body's `message`.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 #[derive(Debug, thiserror::Error)]
+#[error("{}", self.wire().2)]
 pub enum ApiError {
     /// Malformed request, bad parameter, limit exceeded, wrong ARN.
-    #[error("{0}")]
     BadRequest(String),
-    /// The SQL failed in the database (syntax, duplicate key, CHECK constraint, ...):
-    /// the message is MariaDB's own text.
-    #[error("{message}")]
-    Database { message: String, code: u16 },
-    /// The statement ran longer than the statement timeout and was cancelled.
-    #[error("{message}")]
-    StatementTimeout {
-        message: String,
-        db_connection_id: u32,
-    },
-    #[error("{0}")]
+    /// The SQL failed in MariaDB (with its own text) with this error code.
+    Database(String, u16),
+    /// The statement on this connection ran past the statement timeout.
+    StatementTimeout(String, u32),
     TransactionNotFound(String),
     /// A value the API cannot represent (e.g. BIGINT UNSIGNED above i64::MAX).
-    #[error("{0}")]
     UnsupportedResult(String),
     /// MariaDB cannot be reached (refused, reset, gone away).
-    #[error("{0}")]
     DatabaseUnavailable(String),
     /// A defect of this server, never caused by request data.
-    #[error("{0}")]
     Internal(String),
     /// Not a local SDK client (a browser page, a rebound DNS name).
-    #[error("{0}")]
     Forbidden(String),
 }
 
@@ -43,30 +31,27 @@ impl ApiError {
         ApiError::BadRequest(message.into())
     }
 
-    /// The exception name the SDK maps to its typed variant.
-    pub fn code(&self) -> &'static str {
+    /// The exception name the SDK maps to its typed variant, AWS's HTTP status for it,
+    /// and the message.
+    pub fn wire(&self) -> (&'static str, StatusCode, &str) {
+        use ApiError::*;
         match self {
-            ApiError::BadRequest(_) => "BadRequestException",
-            ApiError::Database { .. } => "DatabaseErrorException",
-            ApiError::StatementTimeout { .. } => "StatementTimeoutException",
-            ApiError::TransactionNotFound(_) => "TransactionNotFoundException",
-            ApiError::UnsupportedResult(_) => "UnsupportedResultException",
-            ApiError::DatabaseUnavailable(_) => "DatabaseUnavailableException",
-            ApiError::Internal(_) => "InternalServerErrorException",
-            ApiError::Forbidden(_) => "ForbiddenException",
-        }
-    }
-
-    pub fn status(&self) -> StatusCode {
-        match self {
-            ApiError::BadRequest(_)
-            | ApiError::Database { .. }
-            | ApiError::StatementTimeout { .. }
-            | ApiError::UnsupportedResult(_) => StatusCode::BAD_REQUEST,
-            ApiError::TransactionNotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::DatabaseUnavailable(_) => StatusCode::GATEWAY_TIMEOUT,
-            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            BadRequest(m) => ("BadRequestException", StatusCode::BAD_REQUEST, m),
+            Database(m, _) => ("DatabaseErrorException", StatusCode::BAD_REQUEST, m),
+            StatementTimeout(m, _) => ("StatementTimeoutException", StatusCode::BAD_REQUEST, m),
+            TransactionNotFound(m) => ("TransactionNotFoundException", StatusCode::NOT_FOUND, m),
+            UnsupportedResult(m) => ("UnsupportedResultException", StatusCode::BAD_REQUEST, m),
+            DatabaseUnavailable(m) => (
+                "DatabaseUnavailableException",
+                StatusCode::GATEWAY_TIMEOUT,
+                m,
+            ),
+            Internal(m) => (
+                "InternalServerErrorException",
+                StatusCode::INTERNAL_SERVER_ERROR,
+                m,
+            ),
+            Forbidden(m) => ("ForbiddenException", StatusCode::FORBIDDEN, m),
         }
     }
 
@@ -76,12 +61,10 @@ impl ApiError {
     /// call"), so code that keeps using it after such an error must fail here too.
     /// Request validation errors happen before the database is touched and do not.
     pub fn aborts_transaction(&self) -> bool {
+        use ApiError::*;
         matches!(
             self,
-            ApiError::Database { .. }
-                | ApiError::StatementTimeout { .. }
-                | ApiError::DatabaseUnavailable(_)
-                | ApiError::Internal(_)
+            Database(..) | StatementTimeout(..) | DatabaseUnavailable(_) | Internal(_)
         )
     }
 }
@@ -91,10 +74,7 @@ impl ApiError {
 impl From<mysql_async::Error> for ApiError {
     fn from(err: mysql_async::Error) -> Self {
         match err {
-            mysql_async::Error::Server(server) => ApiError::Database {
-                message: server.message,
-                code: server.code,
-            },
+            mysql_async::Error::Server(server) => ApiError::Database(server.message, server.code),
             mysql_async::Error::Io(io) => {
                 ApiError::DatabaseUnavailable(format!("Communications link failure: {io}"))
             }
@@ -114,20 +94,17 @@ impl From<mysql_async::Error> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let code = self.code();
-        let mut body = serde_json::json!({ "message": self.to_string(), "code": code });
+        let (code, status, message) = self.wire();
+        let mut body = serde_json::json!({ "message": message, "code": code });
         // Only StatementTimeoutException models a connection id.
-        if let ApiError::StatementTimeout {
-            db_connection_id, ..
-        } = &self
-        {
-            body["dbConnectionId"] = (*db_connection_id).into();
+        if let ApiError::StatementTimeout(_, id) = self {
+            body["dbConnectionId"] = id.into();
         }
         let headers = [
             ("content-type", "application/json"),
             ("x-amzn-errortype", code),
         ];
-        (self.status(), headers, body.to_string()).into_response()
+        (status, headers, body.to_string()).into_response()
     }
 }
 
@@ -142,8 +119,14 @@ mod tests {
             message: "Duplicate entry 'x' for key 'PRIMARY'".into(),
             state: "23000".into(),
         }));
-        assert_eq!(err.code(), "DatabaseErrorException");
-        assert_eq!(err.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            err.wire(),
+            (
+                "DatabaseErrorException",
+                StatusCode::BAD_REQUEST,
+                "Duplicate entry 'x' for key 'PRIMARY'"
+            )
+        );
         assert_eq!(err.to_string(), "Duplicate entry 'x' for key 'PRIMARY'");
         assert!(err.aborts_transaction());
         assert!(!ApiError::bad_request("x").aborts_transaction());

@@ -16,11 +16,10 @@ pub mod error;
 pub mod secrets;
 pub mod server;
 pub mod sql;
-pub mod transactions;
 pub mod values;
 pub mod wire;
 
-use std::future::Future;
+use std::iter;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,55 +64,10 @@ impl ServerConfig {
     }
 }
 
-/// Serves on `listener` until `shutdown` completes, then finishes the calls in flight,
-/// rolls back open transactions and closes the MariaDB connections.
-///
-/// The listener must be bound to a loopback address: the server accepts any
-/// credentials, so it must not be reachable from elsewhere.
-pub async fn serve_with_shutdown(
-    listener: TcpListener,
-    config: ServerConfig,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
-    let state = app_state(&listener, config)?;
-    serve_state(listener, state, shutdown).await
-}
-
-fn app_state(listener: &TcpListener, config: ServerConfig) -> anyhow::Result<Arc<AppState>> {
-    let addr = listener.local_addr()?;
-    anyhow::ensure!(
-        addr.ip().is_loopback(),
-        "refusing to listen on {addr}: data-api-local accepts any credentials and must stay on loopback"
-    );
-    let db = database::Database::new(&config.mysql_url)?;
-    let secrets = secrets::SecretStore::new(&config, db.url_credentials())?;
-    Ok(Arc::new(AppState {
-        transactions: Arc::new(transactions::Registry::new(config.transaction_idle_timeout)),
-        config,
-        db,
-        secrets: Arc::new(secrets),
-    }))
-}
-
-async fn serve_state(
-    listener: TcpListener,
-    state: Arc<AppState>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
-    let reaper = state.transactions.spawn_reaper();
-    let served = axum::serve(listener, server::router(state.clone()))
-        .with_graceful_shutdown(shutdown)
-        .await;
-    reaper.abort();
-    state.transactions.rollback_all().await;
-    state.db.disconnect_all().await;
-    served.context("HTTP server failed")
-}
-
-/// A server running in this process (for tests).
+/// A server running in this process.
 pub struct RunningServer {
     addr: SocketAddr,
-    secrets: Arc<secrets::SecretStore>,
+    state: Arc<AppState>,
     shutdown: oneshot::Sender<()>,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
@@ -127,35 +81,63 @@ impl RunningServer {
     /// Adds a secret, or changes the user or password of one (as rotating it in Secrets
     /// Manager would): later calls with it sign in with these credentials.
     pub fn set_secret(&self, secret: secrets::SecretCredentials) {
-        self.secrets.set(secret);
+        self.state.secrets.set(secret);
     }
 
-    /// Stops accepting calls, waits for those in flight, and cleans up.
+    /// Stops accepting calls, waits for those in flight, rolls back open transactions
+    /// and closes the MariaDB connections.
     pub async fn shutdown(self) -> anyhow::Result<()> {
         let _ = self.shutdown.send(());
         self.task.await.context("server task panicked")?
     }
 }
 
-/// Starts a server on `127.0.0.1:0` in the current runtime. Dropping the handle leaves
-/// it running until the runtime ends.
-pub async fn spawn(config: ServerConfig) -> anyhow::Result<RunningServer> {
-    let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+/// Serves on `listener` in the current runtime until [`RunningServer::shutdown`]
+/// (dropping the handle leaves it running until the runtime ends).
+///
+/// The listener must be bound to a loopback address: the server accepts any
+/// credentials, so it must not be reachable from elsewhere.
+pub fn serve(listener: TcpListener, config: ServerConfig) -> anyhow::Result<RunningServer> {
     let addr = listener.local_addr()?;
-    let state = app_state(&listener, config)?;
-    let secrets = state.secrets.clone();
+    anyhow::ensure!(
+        addr.ip().is_loopback(),
+        "refusing to listen on {addr}: data-api-local accepts any credentials and must stay on loopback"
+    );
+    let db = database::Database::new(&config)?;
+    let master = db.url_secret(&config.secret_arn);
+    let secrets = secrets::SecretStore::new(iter::once(master).chain(config.secrets.clone()))?;
+    let state = Arc::new(AppState {
+        config,
+        db,
+        secrets,
+    });
     let (shutdown, stop) = oneshot::channel::<()>();
-    let stopped = async move {
-        // Only an explicit `shutdown()` stops it; a dropped handle does not.
-        if stop.await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    let task = tokio::spawn(serve_state(listener, state, stopped));
+    let served = state.clone();
+    let task = tokio::spawn(async move {
+        let reaping = served.clone();
+        let reaper = tokio::spawn(async move { reaping.db.reap_idle_transactions().await });
+        let stopped = async move {
+            // Only an explicit `shutdown()` stops it; a dropped handle does not.
+            if stop.await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        let result = axum::serve(listener, server::router(served.clone()))
+            .with_graceful_shutdown(stopped)
+            .await;
+        reaper.abort();
+        served.db.close().await;
+        result.context("HTTP server failed")
+    });
     Ok(RunningServer {
         addr,
-        secrets,
+        state,
         shutdown,
         task,
     })
+}
+
+/// Starts a server on `127.0.0.1:0` (for tests).
+pub async fn spawn(config: ServerConfig) -> anyhow::Result<RunningServer> {
+    serve(TcpListener::bind(("127.0.0.1", 0)).await?, config)
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use data_api_local::{DEFAULT_RESOURCE_ARN, DEFAULT_SECRET_ARN, ServerConfig};
+use tokio::signal::unix::{SignalKind, signal};
 
 #[derive(Debug, Parser)]
 #[command(version, about = "Local RDS Data API server over MariaDB/MySQL")]
@@ -54,11 +55,6 @@ async fn main() -> anyhow::Result<()> {
         .init();
 
     let cli = Cli::parse();
-    anyhow::ensure!(
-        cli.listen.ip().is_loopback(),
-        "--listen {} is not a loopback address: this server accepts any credentials",
-        cli.listen
-    );
     let secrets = match &cli.secrets_file {
         Some(path) => data_api_local::secrets::read_secrets_file(path)?,
         None => Vec::new(),
@@ -74,30 +70,15 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(cli.listen)
         .await
         .with_context(|| format!("cannot listen on {}", cli.listen))?;
-    let addr = listener.local_addr()?;
+    let mut sigterm = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
+    let server = data_api_local::serve(listener, config)?;
     // Scripts wait for this exact line.
-    println!("data-api-local listening on http://{addr}");
-    data_api_local::serve_with_shutdown(listener, config, shutdown_signal()).await
-}
-
-/// Completes on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut sigterm) => sigterm.recv().await,
-            Err(err) => {
-                tracing::error!(%err, "cannot listen for SIGTERM");
-                std::future::pending().await
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<Option<()>>();
+    println!("data-api-local listening on {}", server.url());
     tokio::select! {
         // A failed SIGINT listener disables only its branch.
         Ok(()) = tokio::signal::ctrl_c() => {},
-        _ = terminate => {},
+        _ = sigterm.recv() => {},
     }
     tracing::info!("shutting down");
+    server.shutdown().await
 }

@@ -15,25 +15,18 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::RwLock;
+use std::sync::Mutex;
 
 use anyhow::{Context as _, bail};
 
-use crate::ServerConfig;
+use crate::database::lock;
 
 /// A secret's ARN and the MariaDB credentials it holds.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct SecretCredentials {
     pub arn: String,
     pub username: String,
     pub password: String,
-}
-
-impl SecretCredentials {
-    fn into_parts(self) -> (String, Credentials) {
-        let (username, password) = (self.username, self.password);
-        (self.arn, Credentials { username, password })
-    }
 }
 
 impl std::fmt::Debug for SecretCredentials {
@@ -44,13 +37,6 @@ impl std::fmt::Debug for SecretCredentials {
             .field("username", &self.username)
             .finish_non_exhaustive()
     }
-}
-
-/// MariaDB credentials (what a secret holds).
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Credentials {
-    pub username: String,
-    pub password: String,
 }
 
 /// Reads a secrets file (see the module header). Refuses a file others can read.
@@ -104,50 +90,34 @@ pub fn parse_secrets(text: &str) -> anyhow::Result<Vec<SecretCredentials>> {
 }
 
 /// Secret ARN → credentials, changeable while the server runs (a rotation).
-pub struct SecretStore {
-    by_arn: RwLock<BTreeMap<String, Credentials>>,
-}
+pub struct SecretStore(Mutex<BTreeMap<String, SecretCredentials>>);
 
 impl SecretStore {
-    /// The master secret (`config.secret_arn`, holding `master`, the MySQL URL's user)
-    /// and `config.secrets`.
-    pub fn new(config: &ServerConfig, master: Credentials) -> anyhow::Result<SecretStore> {
-        let mut by_arn = BTreeMap::from([(config.secret_arn.clone(), master)]);
-        for (arn, creds) in config
-            .secrets
-            .iter()
-            .cloned()
-            .map(SecretCredentials::into_parts)
-        {
-            if by_arn.insert(arn.clone(), creds).is_some() {
+    /// Refuses an ARN given twice.
+    pub fn new(secrets: impl IntoIterator<Item = SecretCredentials>) -> anyhow::Result<Self> {
+        let mut by_arn = BTreeMap::new();
+        for secret in secrets {
+            let arn = secret.arn.clone();
+            if by_arn.insert(arn.clone(), secret).is_some() {
                 bail!("the secret {arn} is configured twice");
             }
         }
-        Ok(SecretStore {
-            by_arn: RwLock::new(by_arn),
-        })
+        Ok(SecretStore(Mutex::new(by_arn)))
     }
 
     /// The credentials of a secret, `None` when it is unknown.
-    pub fn get(&self, arn: &str) -> Option<Credentials> {
-        self.by_arn
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(arn)
-            .cloned()
+    pub fn get(&self, arn: &str) -> Option<SecretCredentials> {
+        lock(&self.0).get(arn).cloned()
     }
 
     /// Adds a secret or replaces its credentials.
     pub fn set(&self, secret: SecretCredentials) {
-        let (arn, creds) = secret.into_parts();
-        let mut by_arn = self.by_arn.write().unwrap_or_else(|p| p.into_inner());
-        by_arn.insert(arn, creds);
+        lock(&self.0).insert(secret.arn.clone(), secret);
     }
 
     /// The known ARNs, sorted (for messages).
     pub fn arns(&self) -> Vec<String> {
-        let by_arn = self.by_arn.read().unwrap_or_else(|p| p.into_inner());
-        by_arn.keys().cloned().collect()
+        lock(&self.0).keys().cloned().collect()
     }
 }
 

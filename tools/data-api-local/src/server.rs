@@ -27,17 +27,18 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, post};
-use mysql_async::Value;
 use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Value};
 use serde::Serialize;
 use serde_json::json;
 
 use crate::ServerConfig;
-use crate::database::{self, Database, Outcome, response_too_large};
+use crate::database::{
+    self, Database, Deadline, Outcome, response_too_large, transaction_not_found,
+};
 use crate::error::ApiError;
-use crate::secrets::{Credentials, SecretStore};
+use crate::secrets::{SecretCredentials, SecretStore};
 use crate::sql::{self, PlaceholderSql};
-use crate::transactions::{self, Registry};
 use crate::values;
 use crate::wire::{ExecuteStatementResponse, Field, RecordsFormat, Request};
 
@@ -53,8 +54,7 @@ pub const SECRETS_MANAGER_CONTENT_TYPE: &str = "application/x-amz-json-1.1";
 pub struct AppState {
     pub config: ServerConfig,
     pub db: Database,
-    pub secrets: Arc<SecretStore>,
-    pub transactions: Arc<Registry>,
+    pub secrets: SecretStore,
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -78,8 +78,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             }),
         )
         .route("/", post(secrets_manager))
-        // One byte over the limit is enough to tell that the body is too large.
-        .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES + 1))
+        .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .layer(middleware::from_fn(only_local_clients))
         .with_state(state)
 }
@@ -145,14 +144,15 @@ where
                     ([(header::CONTENT_TYPE, "application/json")], json).into_response()
                 }
                 Err(err) => {
+                    let (error, status, _) = err.wire();
                     let mysql_code = match &err {
-                        ApiError::Database { code, .. } => Some(*code),
+                        ApiError::Database(_, code) => Some(*code),
                         _ => None,
                     };
                     tracing::info!(
                         operation = name,
-                        status = err.status().as_u16(),
-                        error = err.code(),
+                        status = status.as_u16(),
+                        error,
                         mysql_code,
                         elapsed_ms,
                         "failed"
@@ -165,21 +165,13 @@ where
 }
 
 fn parse(body: Body) -> Result<Request, ApiError> {
-    let too_large = || {
-        ApiError::bad_request(format!(
-            "Request size exceeds the Data API limit of {MAX_REQUEST_BYTES} bytes (4 MiB)"
-        ))
-    };
     let bytes = body.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            too_large()
+        ApiError::bad_request(if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            format!("Request size exceeds the Data API limit of {MAX_REQUEST_BYTES} bytes (4 MiB)")
         } else {
-            ApiError::bad_request(format!("Could not read the request body: {rejection}"))
-        }
+            format!("Could not read the request body: {rejection}")
+        })
     })?;
-    if bytes.len() > MAX_REQUEST_BYTES {
-        return Err(too_large());
-    }
     serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("Malformed request body: {e}")))
 }
@@ -197,7 +189,7 @@ fn respond<T: Serialize>(body: &T) -> Result<Vec<u8>, ApiError> {
 /// The resource ARN must be the one this server was started with and the secret one it
 /// knows: a caller configured for another cluster or secret must fail here as it would
 /// against AWS. Returns the secret's credentials, the user the call signs in as.
-fn check_arns(app: &AppState, req: &Request) -> Result<Credentials, ApiError> {
+fn check_arns(app: &AppState, req: &Request) -> Result<SecretCredentials, ApiError> {
     let resource_arn = req
         .resource_arn
         .as_deref()
@@ -229,7 +221,7 @@ fn check_sql(sql: Option<&str>) -> Result<PlaceholderSql, ApiError> {
             "SQL statement exceeds the maximum length of {MAX_SQL_CHARS} characters"
         )));
     }
-    sql::parse(sql).map_err(|e| ApiError::bad_request(e.to_string()))
+    sql::parse(sql)
 }
 
 fn generated_fields(outcome: &Outcome) -> Result<Vec<Field>, ApiError> {
@@ -308,19 +300,18 @@ async fn batch_execute(app: Arc<AppState>, req: Request) -> Result<Vec<u8>, ApiE
 /// back), or else on a pooled connection, several sets in one transaction of their own
 /// (all or none).
 async fn run(
-    app: &AppState,
-    creds: &Credentials,
+    app: &Arc<AppState>,
+    creds: &SecretCredentials,
     req: &Request,
     sql: PlaceholderSql,
     sets: Vec<Vec<Value>>,
 ) -> Result<Vec<Outcome>, ApiError> {
-    let timeout = app.config.statement_timeout;
     let continue_after_timeout = req.continue_after_timeout;
     let options = req.result_set_options;
-    let Some(id) = req.transaction_id.as_deref() else {
+    let Some(id) = req.transaction_id.clone() else {
         let mut conn = app.db.conn(creds, req.database.as_deref()).await?;
         let connection_id = conn.id();
-        let work = |deadline: database::Deadline| async move {
+        let work = |deadline: Deadline| async move {
             if sets.len() == 1 {
                 // Autocommit: a killed statement is rolled back by MariaDB itself.
                 return database::run_sets(&mut conn, &sql, sets, options).await;
@@ -339,38 +330,33 @@ async fn run(
             result
         };
         return (app.db)
-            .with_timeout(creds, connection_id, timeout, continue_after_timeout, work)
+            .with_timeout(creds, connection_id, continue_after_timeout, work)
             .await;
     };
-    let tx = app.transactions.get(id)?;
-    let mut slot = tx.lock().await?;
-    let connection_id = slot.as_ref().map_or(0, |c| c.id());
-    let registry = app.transactions.clone();
-    let tx_id = tx.id.clone();
-    let work = |deadline: database::Deadline| async move {
-        let result = match slot.as_mut() {
+    let mut tx = app.db.transaction(&id).await?;
+    let connection_id = tx.conn.as_ref().map_or(0, Conn::id);
+    let state = app.clone();
+    let work = |deadline: Deadline| async move {
+        let result = match tx.conn.as_mut() {
             Some(conn) => database::run_sets(conn, &sql, sets, options).await,
-            None => Err(transactions::not_found(&tx_id)),
+            None => Err(transaction_not_found(&id)),
         };
+        tx.last_used = Instant::now();
         let in_time = deadline.finish();
         let failed = result.as_ref().is_err_and(ApiError::aborts_transaction);
         if failed || (!in_time && !continue_after_timeout) {
-            registry.abort(&tx_id, &mut slot).await;
+            state.db.abort(&id, &mut tx).await;
         }
         result
     };
-    let result = (app.db)
-        .with_timeout(creds, connection_id, timeout, continue_after_timeout, work)
-        .await;
-    tx.touch();
-    result
+    (app.db)
+        .with_timeout(creds, connection_id, continue_after_timeout, work)
+        .await
 }
 
 async fn begin(app: Arc<AppState>, req: Request) -> Result<Vec<u8>, ApiError> {
     let creds = check_arns(&app, &req)?;
-    let mut conn = app.db.conn(&creds, req.database.as_deref()).await?;
-    conn.query_drop("START TRANSACTION").await?;
-    let transaction_id = app.transactions.insert(conn);
+    let transaction_id = app.db.begin(&creds, req.database.as_deref()).await?;
     respond(&json!({ "transactionId": transaction_id }))
 }
 
@@ -387,9 +373,8 @@ async fn end(
         .transaction_id
         .filter(|id| !id.is_empty())
         .ok_or_else(|| ApiError::bad_request("transactionId is required"))?;
-    let tx = app.transactions.get(&id)?;
-    let mut slot = tx.lock().await?;
-    let mut conn = app.transactions.end(&id, &mut slot)?;
+    let mut tx = app.db.transaction(&id).await?;
+    let mut conn = app.db.end(&id, &mut tx)?;
     conn.query_drop(statement).await?;
     respond(&json!({ "transactionStatus": status }))
 }

@@ -7,21 +7,18 @@
 //! literals (with backslash escapes and doubled quotes), back-quoted identifiers and
 //! comments, so a `:word` inside them stays text. A name may appear several times.
 
+use crate::error::ApiError;
+
 /// The SQL as MariaDB will prepare it and the parameter name for each `?`, in order.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct PlaceholderSql {
     pub sql: String,
     pub names: Vec<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PlaceholderError {
-    /// The Data API has no positional parameters; a `?` would shift every binding.
-    #[error(
-        "Positional '?' placeholders are not supported by the Data API; use :name placeholders"
-    )]
-    Positional,
-}
+/// The Data API has no positional parameters; a `?` would shift every binding.
+const POSITIONAL: &str =
+    "Positional '?' placeholders are not supported by the Data API; use :name placeholders";
 
 #[derive(Clone, Copy)]
 enum State {
@@ -41,7 +38,7 @@ fn is_name_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '_'
 }
 
-pub fn parse(sql: &str) -> Result<PlaceholderSql, PlaceholderError> {
+pub fn parse(sql: &str) -> Result<PlaceholderSql, ApiError> {
     let mut out = String::with_capacity(sql.len());
     let mut names = Vec::new();
     let mut state = State::Code;
@@ -70,7 +67,7 @@ pub fn parse(sql: &str) -> Result<PlaceholderSql, PlaceholderError> {
                     state = State::BlockComment;
                     continue;
                 }
-                '?' => return Err(PlaceholderError::Positional),
+                '?' => return Err(ApiError::bad_request(POSITIONAL)),
                 ':' => {
                     if let Some(&(start, next)) = chars.peek()
                         && is_name_start(next)
@@ -161,7 +158,7 @@ mod tests {
 
     #[test]
     fn rejects_positional_placeholders_outside_literals() {
-        assert_eq!(parse("SELECT ?"), Err(PlaceholderError::Positional));
+        assert_eq!(parse("SELECT ?").unwrap_err().to_string(), POSITIONAL);
         assert!(parse("SELECT '?'").is_ok());
     }
 }

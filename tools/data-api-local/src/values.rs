@@ -257,29 +257,20 @@ pub fn to_field(
                 }
             }
         }
-        (Kind::Decimal, value) => {
-            let text = lossy_text(value);
-            if options.decimal_return_type == DecimalReturnType::DoubleOrLong {
-                // DOUBLE_OR_LONG: a scale-0 decimal that fits i64 is a long, else a double.
-                match text.parse::<i64>() {
-                    Ok(n) if column.decimals() == 0 => Field::LongValue(n),
-                    _ => Field::DoubleValue(text.parse::<f64>().map_err(|_| {
-                        ApiError::Internal(format!("unreadable DECIMAL from MariaDB: {text}"))
-                    })?),
-                }
-            } else {
-                Field::StringValue(text)
-            }
+        (Kind::Decimal, value) if options.decimal_return_type == DecimalReturnType::String => {
+            Field::StringValue(lossy_text(value))
         }
         (Kind::Float, Value::Double(f)) => Field::DoubleValue(f),
-        // A FLOAT through its shortest decimal form: 1.1, not 1.100000023841858.
-        (Kind::Float, other) => {
-            let text = lossy_text(other);
-            Field::DoubleValue(text.parse::<f64>().map_err(|_| {
-                ApiError::Internal(format!(
-                    "unreadable floating point value from MariaDB: {text}"
-                ))
-            })?)
+        // DOUBLE_OR_LONG: a scale-0 DECIMAL that fits i64 is a long, else a double. A FLOAT
+        // through its shortest decimal form: 1.1, not 1.100000023841858.
+        (kind @ (Kind::Decimal | Kind::Float), value) => {
+            let text = lossy_text(value);
+            match text.parse::<i64>() {
+                Ok(n) if kind == Kind::Decimal && column.decimals() == 0 => Field::LongValue(n),
+                _ => Field::DoubleValue(text.parse().map_err(|_| {
+                    ApiError::Internal(format!("unreadable number from MariaDB: {text}"))
+                })?),
+            }
         }
         (Kind::DateTime, Value::Date(y, mo, d, h, mi, s, us)) => Field::StringValue(format!(
             "{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{s:02}{}",
