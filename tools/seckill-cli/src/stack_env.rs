@@ -10,11 +10,22 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 
 /// The addresses of the running local stack.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct StackEnv {
     /// The file read, if one was found.
     path: Option<PathBuf>,
     vars: HashMap<String, String>,
+}
+
+/// Shows the file and how many values, never the values: they include the whole
+/// environment (credentials too).
+impl std::fmt::Debug for StackEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StackEnv")
+            .field("path", &self.path)
+            .field("vars", &self.vars.len())
+            .finish()
+    }
 }
 
 impl StackEnv {
@@ -52,7 +63,7 @@ impl StackEnv {
         }
     }
 
-    /// Every key and value read.
+    /// Every key and value read: the file's, and the environment's non-empty ones over them.
     pub fn vars(&self) -> &HashMap<String, String> {
         &self.vars
     }

@@ -6,8 +6,6 @@ pub mod dead_letters;
 pub mod reconcile;
 pub mod status;
 
-use std::collections::HashMap;
-
 use anyhow::{Context, anyhow, bail};
 use seckill_shared::adapters::data_api::DataApi;
 use seckill_shared::adapters::order_stream::OrderStreams;
@@ -38,11 +36,8 @@ impl Backends {
     /// Reads the configuration from the environment completed by the local stack's
     /// `.dev/stack.env` (every problem at once), and connects.
     pub async fn from_env() -> anyhow::Result<Backends> {
-        let mut vars: HashMap<String, String> = StackEnv::load(None)
-            .map(|stack| stack.vars().clone())
-            .unwrap_or_default();
-        vars.extend(std::env::vars());
-        let mut env = EnvReader::from_map(vars);
+        // The stack file's values, overridden by those set in the environment.
+        let mut env = EnvReader::from_map(StackEnv::load(None)?.vars().clone());
         let redis = RedisConfig::read(&mut env);
         let data = DataApiConfig::read(&mut env);
         env.finish()?;

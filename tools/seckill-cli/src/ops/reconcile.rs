@@ -225,10 +225,7 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
     let listed = |pairs: &[(String, OrderId)]| -> Vec<String> {
         pairs.iter().map(|(u, o)| order_of(*o, u)).collect()
     };
-    let lost_listed: Vec<String> = lost
-        .iter()
-        .map(|o| order_of(o.id, o.user.as_str()))
-        .collect();
+    let lost_listed = lost.iter().map(|o| order_of(o.id, o.user.as_str()));
     // Stock. Units the database still has to cover: undrained orders, lost ones, and
     // dead letters whose order is not in the database (they may be replayed).
     let not_in_db = |orders: &HashSet<OrderId>| orders.difference(&db_ids).count();
@@ -261,7 +258,7 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
     let inactive = (!active && (report.undrained > 0 || !lost.is_empty()))
         .then(|| format!("{} undrained entries", report.undrained));
     let found = [
-        (class::ADMITTED_LOST, lost_listed.clone()),
+        (class::ADMITTED_LOST, lost_listed.collect()),
         (class::DB_NOT_IN_REDIS, listed(&not_in_buyers)),
         (class::STREAM_NOT_IN_BUYERS, listed(&stream_lost_buyers)),
         (class::BUYER_MISMATCH, mismatched),
@@ -288,9 +285,12 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
         .collect();
 
     if repair {
-        for (o, listed) in lost.iter().zip(lost_listed) {
+        for o in &lost {
             let id = b.streams.requeue(o).await.redis()?;
-            let what = format!("re-enqueued {listed} as entry {id}");
+            let what = format!(
+                "re-enqueued {} as entry {id}",
+                order_of(o.id, o.user.as_str())
+            );
             report.repaired(class::ADMITTED_LOST, what);
         }
         // `restore_buyers` of nothing asks Redis nothing; `repaired` of a class not
