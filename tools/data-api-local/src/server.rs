@@ -40,7 +40,7 @@ use crate::error::ApiError;
 use crate::secrets::{SecretCredentials, SecretStore};
 use crate::sql::{self, PlaceholderSql};
 use crate::values;
-use crate::wire::{ExecuteStatementResponse, Field, RecordsFormat, Request};
+use crate::wire::{ExecuteStatementResponse, Field, RecordsFormat, Request, ResultSetOptions};
 
 /// Data API request limit (headers and JSON included; we count the body).
 pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
@@ -75,6 +75,15 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/RollbackTransaction",
             operation("RollbackTransaction", |app, req| {
                 end(app, req, "ROLLBACK", "Rollback Complete")
+            }),
+        )
+        // The deprecated ExecuteSql (Aurora Serverless v1 only) is not offered.
+        .route(
+            "/ExecuteSql",
+            operation("ExecuteSql", |_, _| async {
+                Err(ApiError::bad_request(
+                    "ExecuteSql is not supported; use ExecuteStatement",
+                ))
             }),
         )
         .route("/", post(secrets_manager))
@@ -240,7 +249,7 @@ async fn execute(app: Arc<AppState>, req: Request) -> Result<Vec<u8>, ApiError> 
     let creds = check_arns(&app, &req)?;
     let sql = check_sql(req.sql.as_deref())?;
     let values = values::bind(&sql.names, &req.parameters)?;
-    let outcome = run(&app, &creds, &req, sql, vec![values]).await?;
+    let outcome = run(&app, &creds, &req, sql, vec![values], false).await?;
     let outcome = outcome.into_iter().next().unwrap_or_default();
     let generated_fields = generated_fields(&outcome)?;
     let column_metadata = match (&outcome.columns, req.include_result_metadata) {
@@ -286,7 +295,7 @@ async fn batch_execute(app: Arc<AppState>, req: Request) -> Result<Vec<u8>, ApiE
     // Like Aurora: with no parameter set there is nothing to run.
     let outcomes = match sets.is_empty() {
         true => Vec::new(),
-        false => run(&app, &creds, &req, sql, sets).await?,
+        false => run(&app, &creds, &req, sql, sets, true).await?,
     };
     let update_results = outcomes
         .iter()
@@ -297,22 +306,27 @@ async fn batch_execute(app: Arc<AppState>, req: Request) -> Result<Vec<u8>, ApiE
 
 /// Runs the statement once per set of values under the statement timeout: in the call's
 /// transaction, which an error from the database or a cancelled statement ends (rolled
-/// back), or else on a pooled connection, several sets in one transaction of their own
-/// (all or none).
+/// back), or else on a pooled connection: ExecuteStatement autocommitted, a batch
+/// (`batch`) in a transaction of its own (all or none). A batch, as in the real API, has
+/// no `continueAfterTimeout` nor `resultSetOptions`.
 async fn run(
     app: &Arc<AppState>,
     creds: &SecretCredentials,
     req: &Request,
     sql: PlaceholderSql,
     sets: Vec<Vec<Value>>,
+    batch: bool,
 ) -> Result<Vec<Outcome>, ApiError> {
-    let continue_after_timeout = req.continue_after_timeout;
-    let options = req.result_set_options;
+    let continue_after_timeout = !batch && req.continue_after_timeout;
+    let options = match batch {
+        true => ResultSetOptions::default(),
+        false => req.result_set_options,
+    };
     let Some(id) = req.transaction_id.clone() else {
         let mut conn = app.db.conn(creds, req.database.as_deref()).await?;
         let connection_id = conn.id();
         let work = |deadline: Deadline| async move {
-            if sets.len() == 1 {
+            if !batch {
                 // Autocommit: a killed statement is rolled back by MariaDB itself.
                 return database::run_sets(&mut conn, &sql, sets, options).await;
             }
