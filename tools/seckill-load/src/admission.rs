@@ -20,7 +20,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use redis::AsyncCommands;
 use seckill_http::Config;
-use seckill_shared::config::{RedisConfig, minimal_env_with};
+use seckill_shared::config::{EnvReader, RedisConfig};
 use seckill_shared::domain::{Voucher, VoucherId};
 use seckill_shared::keys::VoucherKeys;
 use seckill_shared::protocol::sale_fields;
@@ -260,8 +260,13 @@ async fn durable_config(bench: &Bench) -> Result<Config, String> {
         ));
     }
     let mut cfg = bench.http.clone();
-    let mut env = minimal_env_with(&[("REDIS_DURABLE_REPLICAS", "1")]);
-    cfg.redis.durable = RedisConfig::read(&mut env).durable;
+    // Read as the function reads it, so its default timeout applies.
+    let env = [
+        ("REDIS_URL", cfg.redis.url.as_str()),
+        ("REDIS_DURABLE_REPLICAS", "1"),
+    ]
+    .map(|(k, v)| (k.to_string(), v.to_string()));
+    cfg.redis.durable = RedisConfig::read(&mut EnvReader::from_map(env.into())).durable;
     Ok(cfg)
 }
 

@@ -236,6 +236,7 @@ async fn run_function(
                 ),
                 ("lambda-runtime-invoked-function-arn", ARN.into()),
                 ("lambda-runtime-trace-id", TRACE_ID.into()),
+                ("content-type", "application/json".into()),
             ];
             let mut next = Some((headers, event).into_response());
             let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
