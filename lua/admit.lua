@@ -3,6 +3,8 @@
 -- KEYS[1] sale hash    seckill:{<voucher>}:sale    (stock, total, begins_ms, ends_ms)
 -- KEYS[2] buyers hash  seckill:{<voucher>}:buyers  (user id -> order id)
 -- KEYS[3] orders stream seckill:{<voucher>}:orders
+-- KEYS[4] deadlines    seckill:{<voucher>}:deadlines (written when the sale has pay_ms;
+--                      it always exists, see lua/preload.lua)
 -- ARGV[1] user id, ARGV[2] order id
 --
 -- The clock is the Redis server's (TIME), not the caller's: every instance sees the
@@ -22,6 +24,11 @@
 -- the same server clock) is the admission time, and the key names the voucher. Fewer,
 -- smaller fields are less for the server to write and for the stream to hold.
 --
+-- A voucher with a payment step (`pay_ms` in its sale hash) also gets the order's
+-- payment deadline: the entry id's time plus pay_ms, so the database computes the same
+-- deadline from the admission time (admitted_at + pay_within_ms). The member is
+-- `<order id>\n<user id>`: lua/close.lua finds an order only with its buyer's id.
+--
 -- Every key is in KEYS and shares the {<voucher>} hash tag, so this runs unchanged on
 -- Redis Cluster. A script that fails part-way keeps its earlier writes, so every check
 -- comes before the first write (HSETNX: the last check and the first write). No MAXLEN
@@ -38,6 +45,7 @@ local ALREADY_BOUGHT = 5
 local STOCK = 'stock'
 local BEGINS_MS = 'begins_ms'
 local ENDS_MS = 'ends_ms'
+local PAY_MS = 'pay_ms'
 -- Orders stream entry fields:
 local ORDER_ID = 'order_id'
 local USER_ID = 'user_id'
@@ -45,7 +53,7 @@ local USER_ID = 'user_id'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local sale = redis.call('HMGET', KEYS[1], STOCK, BEGINS_MS, ENDS_MS)
+local sale = redis.call('HMGET', KEYS[1], STOCK, BEGINS_MS, ENDS_MS, PAY_MS)
 local stock, begins, ends = tonumber(sale[1]), tonumber(sale[2]), tonumber(sale[3])
 if stock == nil or begins == nil or ends == nil then
   return {NOT_LOADED, '', 0, 0, 0, now}
@@ -72,5 +80,9 @@ if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then
   return {ALREADY_BOUGHT, redis.call('HGET', KEYS[2], ARGV[1]), begins, ends, stock, now}
 end
 local left = redis.call('HINCRBY', KEYS[1], STOCK, -1)
-redis.call('XADD', KEYS[3], '*', ORDER_ID, ARGV[2], USER_ID, ARGV[1])
+local id = redis.call('XADD', KEYS[3], '*', ORDER_ID, ARGV[2], USER_ID, ARGV[1])
+if sale[4] then
+  local admitted = tonumber(string.match(id, '^%d+'))
+  redis.call('ZADD', KEYS[4], admitted + tonumber(sale[4]), ARGV[2] .. '\n' .. ARGV[1])
+end
 return left

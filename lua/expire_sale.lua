@@ -6,11 +6,15 @@
 -- KEYS[4] dead letters  seckill:{<voucher>}:dead
 -- KEYS[5] transactions  seckill:{<voucher>}:drain_tx
 -- KEYS[6] repair lock   seckill:{<voucher>}:repair
+-- KEYS[7] deadlines     seckill:{<voucher>}:deadlines
+-- KEYS[8] closed orders seckill:{<voucher>}:closed
+-- KEYS[9] to settle     seckill:{<voucher>}:to_settle
 -- ARGV[1] consumer group, ARGV[2] retention (ms)
 --
 -- Returns EXPIRING when the keys now expire, UNDRAINED when the stream still holds
 -- undrained orders
--- (something pending, or an entry never delivered to the group): then nothing changes.
+-- (something pending, or an entry never delivered to the group), or orders still
+-- waiting for payment or for their close to reach the database: then nothing changes.
 --
 -- The drainer calls it when it retires a sale (over for a minute, its stream drained).
 -- The check is made again here, in the same script as the expiries, so no order can be
@@ -35,8 +39,13 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
   end
 end
 
+-- Open orders have finite deadlines (the sentinel's is +inf).
+if redis.call('ZCOUNT', KEYS[7], '-inf', '(+inf') > 0 or redis.call('SCARD', KEYS[9]) > 0 then
+  return UNDRAINED
+end
+
 local ttl = tonumber(ARGV[2])
-for i = 1, 6 do
+for i = 1, 9 do
   if i ~= 4 or redis.call('XLEN', KEYS[4]) == 0 then
     redis.call('PEXPIRE', KEYS[i], ttl)
   end

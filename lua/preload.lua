@@ -4,10 +4,13 @@
 -- KEYS[1] sale hash     seckill:{<voucher>}:sale
 -- KEYS[2] buyers hash   seckill:{<voucher>}:buyers
 -- KEYS[3] orders stream seckill:{<voucher>}:orders
+-- KEYS[4] deadlines     seckill:{<voucher>}:deadlines
 -- ARGV[1] the database's stock_left, ARGV[2] total stock, ARGV[3] begins_ms,
 -- ARGV[4] ends_ms, ARGV[5] consumer group name,
 -- ARGV[6] settled: how many orders of this voucher the database held when stock_left was
 --         read (their buyers are already in the buyers hash: the caller merged them)
+-- ARGV[7] the payment window in ms ('' when the voucher has no payment step),
+-- ARGV[8] '1' when a buyer whose order was cancelled or expired may buy again
 --
 -- Stock = stock_left - pending, where pending = buyers the database had not settled
 -- (HLEN(buyers) - settled): orders admitted but not yet drained, whose units the
@@ -24,11 +27,20 @@
 local CREATED = 1
 local ALREADY_LIVE = 0
 local BUYERS_LOST = -1
+-- The deadlines' sentinel member (score +inf: never due):
+local SENTINEL = '~'
 -- Sale hash fields:
 local STOCK = 'stock'
 local TOTAL = 'total'
 local BEGINS_MS = 'begins_ms'
 local ENDS_MS = 'ends_ms'
+local PAY_MS = 'pay_ms'
+local REBUY = 'rebuy'
+
+-- The deadlines set always exists (a sentinel member, never due): the admission script
+-- names it in KEYS, and while a slot migrates, a script naming a key the source node
+-- does not have is refused (TRYAGAIN) for as long as the migration lasts.
+redis.call('ZADD', KEYS[4], 'NX', '+inf', SENTINEL)
 
 if redis.call('EXISTS', KEYS[1]) == 1 then
   -- The group may still be missing (a stream lost on its own); BUSYGROUP is fine.
@@ -57,4 +69,7 @@ if not ok and not string.find(tostring(err), 'BUSYGROUP', 1, true) then
 end
 redis.call('HSET', KEYS[1], STOCK, string.format('%.0f', stock), TOTAL, ARGV[2],
   BEGINS_MS, ARGV[3], ENDS_MS, ARGV[4])
+if ARGV[7] ~= '' then
+  redis.call('HSET', KEYS[1], PAY_MS, ARGV[7], REBUY, ARGV[8])
+end
 return CREATED

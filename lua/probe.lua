@@ -2,13 +2,15 @@
 --
 -- KEYS[1] orders stream seckill:{<voucher>}:orders
 -- KEYS[2] sale hash     seckill:{<voucher>}:sale
+-- KEYS[3] deadlines     seckill:{<voucher>}:deadlines
+-- KEYS[4] to settle     seckill:{<voucher>}:to_settle
 -- ARGV[1] consumer group, ARGV[2] min idle (ms) before a pending entry may be claimed,
 -- ARGV[3] the caller's consumer name, ARGV[4] the most spent consumers to delete,
 -- ARGV[5] '1' to delete the caller's own consumer too when it holds nothing (its run
 -- is ending)
 --
 -- Returns {length, pending, undelivered, fully_delivered, claimable, oldest_idle_ms,
---          ends_ms, last_delivered, reaped}:
+--          ends_ms, last_delivered, reaped, closing}:
 --   undelivered     entries not yet delivered to the group (XINFO lag; when Redis cannot
 --                   tell, 0 if the newest entry was delivered, else length - pending)
 --   fully_delivered 1 when the group was delivered the newest entry (or none exist)
@@ -16,6 +18,9 @@
 --   oldest_idle_ms  idle time of the oldest pending entry, -1 when none is pending
 --   ends_ms         the sale's end (unix ms), -1 when Redis has no sale hash
 --   reaped          spent consumers deleted
+--   closing         1 when an order's payment deadline has passed (by the server's
+--                   clock) or a close waits to be settled in the database (vouchers
+--                   with a payment step; lua/close.lua)
 --
 -- Consumer hygiene rides along (the drainer asks for it on its last look at a stream,
 -- ARGV[4] > 0; its survey passes 0): up to ARGV[4] other consumers that hold no pending entry
@@ -28,12 +33,14 @@
 -- The drainer probes every active voucher with this one script instead of ~7 commands,
 -- and only reads, claims or trims where the probe found work. It also makes the stream
 -- and the drain group when missing (MKSTREAM, from id 0 so nothing admitted before is
--- skipped), so no other call is needed before a read. Both keys share the {<voucher>} tag.
+-- skipped), so no other call is needed before a read. Every key shares the {<voucher>} tag.
 -- Loaded after lua/lib/streams.lua (id_less, stream_group).
 
 -- Shared with Rust (shared/src/protocol.rs; its test checks that the two agree).
 -- Sale hash field:
 local ENDS_MS = 'ends_ms'
+-- The deadlines' sentinel member (lua/preload.lua):
+local SENTINEL = '~'
 
 local group = ARGV[1]
 local ends = tonumber(redis.call('HGET', KEYS[2], ENDS_MS) or '-1') or -1
@@ -84,4 +91,16 @@ if most > 0 then
   end
 end
 
-return {length, pending, undelivered, fully, claimable, oldest_idle, ends, last_delivered, reaped}
+-- A sale preloaded before the deadlines set existed gets its sentinel here (see
+-- lua/preload.lua): the admission script names the key.
+if ends >= 0 then
+  redis.call('ZADD', KEYS[3], 'NX', '+inf', SENTINEL)
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local closing = 0
+if redis.call('SCARD', KEYS[4]) > 0 or redis.call('ZCOUNT', KEYS[3], '-inf', now) > 0 then
+  closing = 1
+end
+
+return {length, pending, undelivered, fully, claimable, oldest_idle, ends, last_delivered, reaped, closing}

@@ -202,12 +202,48 @@ pub const MAX_TITLE_CHARS: usize = 200;
 /// 9999-12-31 is later in UTC and parses, and the database would refuse its row.
 pub const MAX_SALE_TIME_MS: UnixMillis = 253_402_300_799_999;
 
+/// The longest payment window a voucher may give, in seconds (one day).
+pub const MAX_PAY_WITHIN_S: i64 = 86_400;
+
+/// A voucher's payment step (issue #17): each admitted order must be paid within
+/// `pay_within_ms` of its admission, or it expires and its unit goes back on sale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PaymentTerms {
+    /// From admission to the payment deadline, 1 s ..= [`MAX_PAY_WITHIN_S`].
+    pub pay_within_ms: i64,
+    /// Whether a buyer whose order was cancelled or expired may buy again.
+    pub rebuy_after_close: bool,
+}
+
+impl PaymentTerms {
+    /// Checks an admin's `pay_within_s` and `rebuy_after_close`: none without a
+    /// payment window; `rebuy_after_close` alone is refused (it means nothing then).
+    pub fn parse(
+        pay_within_s: Option<i64>,
+        rebuy_after_close: Option<bool>,
+    ) -> Result<Option<PaymentTerms>, ValidationError> {
+        match (pay_within_s, rebuy_after_close) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(invalid("rebuy_after_close needs pay_within_s")),
+            (Some(s), _) if !(1..=MAX_PAY_WITHIN_S).contains(&s) => Err(invalid(format!(
+                "pay_within_s must be between 1 and {MAX_PAY_WITHIN_S}"
+            ))),
+            (Some(s), rebuy) => Ok(Some(PaymentTerms {
+                pay_within_ms: s * 1000,
+                rebuy_after_close: rebuy.unwrap_or(false),
+            })),
+        }
+    }
+}
+
 /// A voucher as an admin asks to create it, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewVoucher {
     pub title: String,
     pub stock: i64,
     pub window: SaleWindow,
+    /// `None`: orders end `confirmed` at once (no payment step).
+    pub payment: Option<PaymentTerms>,
 }
 
 impl NewVoucher {
@@ -254,6 +290,7 @@ impl NewVoucher {
             title: title.to_string(),
             stock,
             window,
+            payment: None,
         })
     }
 }
@@ -268,6 +305,7 @@ pub struct Voucher {
     /// Units the database still has (decremented by the drainer).
     pub db_stock_left: i64,
     pub window: SaleWindow,
+    pub payment: Option<PaymentTerms>,
 }
 
 /// What a buyer sees of an order.
@@ -279,15 +317,102 @@ pub enum OrderStatus {
     Confirmed,
     /// Admitted by Redis but refused by the database (its stock could not cover it).
     Rejected,
+    /// Vouchers with a payment step: holding a unit until paid or its deadline passes.
+    AwaitingPayment,
+    /// Paid before the deadline: keeps its unit.
+    Paid,
+    /// Cancelled by the buyer before paying: its unit went back on sale.
+    Cancelled,
+    /// Not paid by the deadline: its unit went back on sale.
+    Expired,
 }
 
 impl OrderStatus {
+    /// Every status (the database's ENUM holds all but `pending`).
+    pub const ALL: [OrderStatus; 7] = [
+        OrderStatus::Pending,
+        OrderStatus::Confirmed,
+        OrderStatus::Rejected,
+        OrderStatus::AwaitingPayment,
+        OrderStatus::Paid,
+        OrderStatus::Cancelled,
+        OrderStatus::Expired,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             OrderStatus::Pending => "pending",
             OrderStatus::Confirmed => "confirmed",
             OrderStatus::Rejected => "rejected",
+            OrderStatus::AwaitingPayment => "awaiting_payment",
+            OrderStatus::Paid => "paid",
+            OrderStatus::Cancelled => "cancelled",
+            OrderStatus::Expired => "expired",
         }
+    }
+
+    /// The status a name spells, as the database and the API write it.
+    pub fn parse(s: &str) -> Option<OrderStatus> {
+        OrderStatus::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+
+    /// Whether the order gave its unit back (cancelled or expired).
+    pub fn returned_unit(self) -> bool {
+        matches!(self, OrderStatus::Cancelled | OrderStatus::Expired)
+    }
+}
+
+/// How an order of a voucher with a payment step was closed, as `lua/close.lua` decided
+/// it, once: the state, the deadline, the payment reference (paid only) and the buyer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClosedOrder {
+    /// [`OrderStatus::Paid`], [`OrderStatus::Cancelled`] or [`OrderStatus::Expired`].
+    pub status: OrderStatus,
+    pub pay_by_ms: UnixMillis,
+    pub payment_ref: String,
+    pub user: String,
+}
+
+impl ClosedOrder {
+    /// Parses the value the close script writes: `<state>\n<deadline>\n<ref>\n<user>`.
+    pub fn parse(value: &str) -> Option<ClosedOrder> {
+        let mut it = value.splitn(4, '\n');
+        let status = OrderStatus::parse(it.next()?)?;
+        if !matches!(
+            status,
+            OrderStatus::Paid | OrderStatus::Cancelled | OrderStatus::Expired
+        ) {
+            return None;
+        }
+        Some(ClosedOrder {
+            status,
+            pay_by_ms: it.next()?.parse().ok()?,
+            payment_ref: it.next()?.to_string(),
+            user: it.next()?.to_string(),
+        })
+    }
+}
+
+/// A payment reference (the payment provider's id, used as the idempotency key of
+/// `POST /orders/{id}/pay`): 1 to 128 characters of `[A-Za-z0-9._:-]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaymentRef(String);
+
+impl PaymentRef {
+    pub fn parse(s: &str) -> Result<PaymentRef, ValidationError> {
+        let ok = (1..=128).contains(&s.len())
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
+        if !ok {
+            return Err(invalid(
+                "the payment reference must be 1 to 128 characters of A-Z a-z 0-9 . _ : -",
+            ));
+        }
+        Ok(PaymentRef(s.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
     }
 }
 
@@ -442,6 +567,31 @@ mod tests {
         // Trailing zeros of the fraction are dropped (the contract's Timestamp form).
         assert_eq!(format_rfc3339_millis(ms - 123), "2026-11-22T10:00:00Z");
         assert_eq!(format_rfc3339_millis(ms + 377), "2026-11-22T10:00:00.5Z");
+    }
+
+    #[test]
+    fn payment_terms_and_references_are_checked() {
+        assert_eq!(PaymentTerms::parse(None, None).unwrap(), None);
+        assert!(PaymentTerms::parse(None, Some(true)).is_err());
+        assert!(PaymentTerms::parse(Some(0), None).is_err());
+        assert!(PaymentTerms::parse(Some(MAX_PAY_WITHIN_S + 1), None).is_err());
+        let t = PaymentTerms::parse(Some(30), None).unwrap().unwrap();
+        assert_eq!((t.pay_within_ms, t.rebuy_after_close), (30_000, false));
+        assert!(PaymentRef::parse("pi_3Nx:01-a.b_c").is_ok());
+        for bad in ["", "a b", "é", &"x".repeat(129)] {
+            assert!(PaymentRef::parse(bad).is_err(), "{bad:?}");
+        }
+        let c = ClosedOrder::parse("paid\n1700000000123\npi_1\nal ice").unwrap();
+        assert_eq!(c.status, OrderStatus::Paid);
+        assert_eq!(
+            (c.pay_by_ms, c.payment_ref.as_str(), c.user.as_str()),
+            (1_700_000_000_123, "pi_1", "al ice")
+        );
+        assert!(ClosedOrder::parse("confirmed\n1\n\nu").is_none());
+        assert!(ClosedOrder::parse("expired\nx\n\nu").is_none());
+        for st in OrderStatus::ALL {
+            assert_eq!(OrderStatus::parse(st.as_str()), Some(st));
+        }
     }
 
     #[test]

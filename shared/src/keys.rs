@@ -28,6 +28,13 @@ pub struct VoucherKeys {
     pub drain_tx: String,
     /// String: held (SET NX PX) by the one instance repairing a lost sale.
     pub repair: String,
+    /// Sorted set, vouchers with a payment step only: `<order id>\n<user id>` scored by
+    /// its payment deadline (unix ms); an order leaves it when it is closed.
+    pub deadlines: String,
+    /// Hash: order id → how it was closed (`lua/close.lua`, written once per order).
+    pub closed: String,
+    /// Set: ids of closed orders whose close the database has not recorded yet.
+    pub to_settle: String,
 }
 
 impl VoucherKeys {
@@ -40,6 +47,9 @@ impl VoucherKeys {
             dead: format!("{tag}:dead"),
             drain_tx: format!("{tag}:drain_tx"),
             repair: format!("{tag}:repair"),
+            deadlines: format!("{tag}:deadlines"),
+            closed: format!("{tag}:closed"),
+            to_settle: format!("{tag}:to_settle"),
         }
     }
 }
@@ -88,6 +98,9 @@ mod tests {
             &k.dead,
             &k.drain_tx,
             &k.repair,
+            &k.deadlines,
+            &k.closed,
+            &k.to_settle,
         ] {
             assert_eq!(hash_tag(key), "42", "{key}");
         }

@@ -73,6 +73,10 @@ pub const EMBEDDED: &[(&str, &str)] = &[
         "0003_user_id_binary.sql",
         include_str!("../../migrations/0003_user_id_binary.sql"),
     ),
+    (
+        "0004_order_payment.sql",
+        include_str!("../../migrations/0004_order_payment.sql"),
+    ),
 ];
 
 /// Splits SQL text into statements at the delimiter (`;`) outside quotes and comments;

@@ -33,6 +33,22 @@ pub mod preload {
     pub const BUYERS_LOST: i64 = -1;
 }
 
+/// `lua/close.lua`: its actions (`ARGV[1]`) and the states of a closed order (the first
+/// line of the value it returns).
+pub mod close {
+    pub const PAY: &str = "pay";
+    pub const CANCEL: &str = "cancel";
+    pub const EXPIRE_DUE: &str = "expire_due";
+    pub const PAID: &str = "paid";
+    pub const CANCELLED: &str = "cancelled";
+    pub const EXPIRED: &str = "expired";
+}
+
+/// The member that keeps a voucher's deadlines set in existence (score `+inf`, never
+/// due): the admission script names the key, and a slot migration refuses a script that
+/// names a key its source node lacks (`lua/preload.lua`, `lua/probe.lua`).
+pub const DEADLINES_SENTINEL: &str = "~";
+
 /// `lua/lease.lua`: the first element of a reply that leased nothing.
 pub mod lease {
     /// The stamp falls on another UTC day than the key names; the second element is
@@ -94,6 +110,10 @@ pub mod sale_fields {
     pub const TOTAL: &str = "total";
     pub const BEGINS_MS: &str = "begins_ms";
     pub const ENDS_MS: &str = "ends_ms";
+    /// The payment window in ms; present only for vouchers with a payment step.
+    pub const PAY_MS: &str = "pay_ms";
+    /// `1` when a buyer whose order was cancelled or expired may buy again.
+    pub const REBUY: &str = "rebuy";
 }
 
 #[cfg(test)]
@@ -131,6 +151,7 @@ mod tests {
                     ("STOCK", text(s::STOCK)),
                     ("BEGINS_MS", text(s::BEGINS_MS)),
                     ("ENDS_MS", text(s::ENDS_MS)),
+                    ("PAY_MS", text(s::PAY_MS)),
                     ("ORDER_ID", text(f::ORDER_ID)),
                     ("USER_ID", text(f::USER_ID)),
                 ],
@@ -146,6 +167,23 @@ mod tests {
                     ("TOTAL", text(s::TOTAL)),
                     ("BEGINS_MS", text(s::BEGINS_MS)),
                     ("ENDS_MS", text(s::ENDS_MS)),
+                    ("PAY_MS", text(s::PAY_MS)),
+                    ("REBUY", text(s::REBUY)),
+                    ("SENTINEL", text(DEADLINES_SENTINEL)),
+                ],
+            ),
+            (
+                "close.lua",
+                include_str!("../../lua/close.lua"),
+                vec![
+                    ("PAY", text(close::PAY)),
+                    ("CANCEL", text(close::CANCEL)),
+                    ("EXPIRE_DUE", text(close::EXPIRE_DUE)),
+                    ("PAID", text(close::PAID)),
+                    ("CANCELLED", text(close::CANCELLED)),
+                    ("EXPIRED", text(close::EXPIRED)),
+                    ("STOCK", text(s::STOCK)),
+                    ("REBUY", text(s::REBUY)),
                 ],
             ),
             (
@@ -185,7 +223,10 @@ mod tests {
             (
                 "probe.lua",
                 include_str!("../../lua/probe.lua"),
-                vec![("ENDS_MS", text(s::ENDS_MS))],
+                vec![
+                    ("ENDS_MS", text(s::ENDS_MS)),
+                    ("SENTINEL", text(DEADLINES_SENTINEL)),
+                ],
             ),
             ("trim.lua", include_str!("../../lua/trim.lua"), vec![]),
             (
@@ -251,7 +292,17 @@ mod tests {
     #[test]
     fn keys_named_in_scripts_are_the_voucher_keys() {
         let k = VoucherKeys::new(VoucherId::new(7).unwrap());
-        let known = [k.sale, k.buyers, k.orders, k.dead, k.drain_tx, k.repair];
+        let known = [
+            k.sale,
+            k.buyers,
+            k.orders,
+            k.dead,
+            k.drain_tx,
+            k.repair,
+            k.deadlines,
+            k.closed,
+            k.to_settle,
+        ];
         let mut seen = 0;
         for (file, script, _) in expected() {
             for (at, _) in script.match_indices("seckill:{<voucher>}:") {

@@ -181,6 +181,7 @@ impl DrainCtx {
             title: "drainer test".into(),
             stock,
             window,
+            payment: None,
         };
         let db = self.db().await;
         let mut v = db.create_voucher(&new).await.expect("voucher created");

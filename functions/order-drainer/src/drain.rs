@@ -231,6 +231,7 @@ impl Drainer {
 
         let now = now_millis();
         let mut claimable = Vec::new();
+        let mut closing = Vec::new();
         let mut with_work: Vec<(u64, VoucherId)> = Vec::new();
         let mut open = Vec::new();
         for (voucher, probe) in probes {
@@ -247,6 +248,9 @@ impl Drainer {
             if probe.claimable {
                 claimable.push(voucher);
             }
+            if probe.closing {
+                closing.push(voucher);
+            }
             if probe.undelivered > 0 || !probe.fully_delivered {
                 with_work.push((probe.undelivered.max(1), voucher));
             } else if probe.ends_ms.is_some_and(|end| end > now) {
@@ -261,6 +265,12 @@ impl Drainer {
         // 2. Recover what crashed, timed-out or failed invocations left pending.
         futures::stream::iter(claimable)
             .for_each_concurrent(self.cfg.concurrency, |v| self.recover(run, v))
+            .await;
+
+        // Vouchers with a payment step: expire unpaid orders past their deadline, record
+        // closes in the database (after recovery: a recovered batch settles too).
+        futures::stream::iter(closing)
+            .for_each_concurrent(self.cfg.concurrency, |v| self.sweep(run, v))
             .await;
 
         with_work
@@ -343,6 +353,7 @@ impl Drainer {
             .iter()
             .chain(&split.rejected)
             .chain(&split.duplicates)
+            .chain(&split.closed)
             .map(|&i| entries[indexes[i]].id.as_str())
             .collect();
         if let Err(e) = self.streams.ack(voucher, &ids).await {

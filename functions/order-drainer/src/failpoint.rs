@@ -10,7 +10,9 @@
 //! The points, in the order a batch meets them: `after_claim`, `after_read`,
 //! `before_dead_letter`, `after_dead_letter`, `before_begin`, `after_begin`, `after_lock`,
 //! `after_insert`, `after_stock_update`, `before_commit`, `after_commit`, `after_ack`,
-//! `before_trim`, `after_trim` ([`ALL`]).
+//! `before_trim`, `after_trim` ([`ALL`]); and for vouchers with a payment step:
+//! `after_expire` (units returned in Redis, nothing in the database yet), `after_settle`
+//! (closes recorded, not committed), `after_settled` (committed, `to_settle` cleared).
 
 use std::io::Write as _;
 use std::sync::OnceLock;
@@ -32,6 +34,9 @@ pub const ALL: &[&str] = &[
     "after_ack",
     "before_trim",
     "after_trim",
+    "after_expire",
+    "after_settle",
+    "after_settled",
 ];
 
 /// The environment variable that arms a failpoint.

@@ -153,21 +153,27 @@ pub struct Split {
     pub duplicates: Vec<usize>,
     /// Orders that cannot be recorded: dead-letter.
     pub dead: Vec<(usize, Reason)>,
+    /// New orders already cancelled or expired in Redis (vouchers with a payment step):
+    /// insert with that status; their unit went back on sale, so they take none.
+    pub closed: Vec<usize>,
 }
 
 impl Split {
     /// Rows the transaction writes.
     pub fn writes(&self) -> usize {
-        self.confirmed.len() + self.rejected.len()
+        self.confirmed.len() + self.rejected.len() + self.closed.len()
     }
 }
 
-/// Splits the orders of one voucher's batch against the database's view.
+/// Splits the orders of one voucher's batch against the database's view. `gave_back`:
+/// the orders Redis already closed with their unit returned (cancelled or expired before
+/// they were drained): they hold no unit and no buyer's place.
 pub fn split(
     voucher: VoucherId,
     orders: &[AdmittedOrder],
     existing: &[ExistingOrder],
     stock_left: i64,
+    gave_back: &HashSet<OrderId>,
 ) -> Split {
     let by_id: HashMap<OrderId, &ExistingOrder> = existing.iter().map(|e| (e.id, e)).collect();
     // Buyers of this voucher who already hold an order, and the order they hold.
@@ -195,6 +201,10 @@ pub fn split(
                 Some(id) if *id == order.id => out.duplicates.push(i),
                 _ => out.dead.push((i, Reason::OrderIdConflict)),
             }
+            continue;
+        }
+        if gave_back.contains(&order.id) {
+            out.closed.push(i);
             continue;
         }
         if buyers.contains_key(order.user.as_str()) {
@@ -384,16 +394,36 @@ mod tests {
     }
 
     #[test]
+    fn orders_closed_before_their_drain_take_no_unit_and_no_buyers_place() {
+        // u1 cancelled before the drain, then bought again (a voucher allowing it): the
+        // closed order is written as closed and the new one takes the one unit.
+        let orders = vec![order(1, "u1"), order(2, "u2"), order(3, "u1")];
+        let gave_back: HashSet<OrderId> = [orders[0].id].into_iter().collect();
+        let s = split(v(), &orders, &[], 1, &gave_back);
+        assert_eq!(s.closed, vec![0]);
+        assert_eq!(s.confirmed, vec![1]);
+        assert_eq!(s.rejected, vec![2]);
+        assert!(s.dead.is_empty());
+        assert_eq!(s.writes(), 3);
+    }
+
+    #[test]
     fn new_orders_are_confirmed_up_to_the_stock_in_stream_order() {
         let orders: Vec<_> = (1..=5).map(|n| order(n, &format!("u{n}"))).collect();
-        let s = split(v(), &orders, &[], 3);
+        let s = split(v(), &orders, &[], 3, &HashSet::new());
         assert_eq!(s.confirmed, vec![0, 1, 2]);
         assert_eq!(s.rejected, vec![3, 4]);
         assert!(s.duplicates.is_empty() && s.dead.is_empty());
         assert_eq!(s.writes(), 5);
         // No stock at all (or a negative reading): everything rejected, nothing taken.
-        assert_eq!(split(v(), &orders, &[], 0).confirmed.len(), 0);
-        assert_eq!(split(v(), &orders, &[], -1).rejected.len(), 5);
+        assert_eq!(
+            split(v(), &orders, &[], 0, &HashSet::new()).confirmed.len(),
+            0
+        );
+        assert_eq!(
+            split(v(), &orders, &[], -1, &HashSet::new()).rejected.len(),
+            5
+        );
     }
 
     #[test]
@@ -407,7 +437,7 @@ mod tests {
                 user: o.user.to_string(),
             })
             .collect();
-        let s = split(v(), &orders, &existing, 100);
+        let s = split(v(), &orders, &existing, 100, &HashSet::new());
         assert_eq!(s.duplicates, vec![0, 1, 2, 3]);
         assert_eq!(s.writes(), 0);
     }
@@ -440,7 +470,7 @@ mod tests {
                 user: "x".into(),
             },
         ];
-        let s = split(v(), &orders, &existing, 1);
+        let s = split(v(), &orders, &existing, 1, &HashSet::new());
         assert_eq!(s.duplicates, vec![0, 4]);
         assert_eq!(s.confirmed, vec![2]);
         assert_eq!(s.rejected, vec![6]);
@@ -469,7 +499,7 @@ mod tests {
     fn buyers_are_compared_byte_for_byte_as_in_the_database() {
         // The orders table's user_id is binary (no PAD SPACE): these are three buyers.
         let orders = vec![order(1, "pad"), order(2, "pad "), order(3, "Pad")];
-        let s = split(v(), &orders, &[], 10);
+        let s = split(v(), &orders, &[], 10, &HashSet::new());
         assert_eq!(s.confirmed, vec![0, 1, 2]);
         assert!(s.dead.is_empty(), "{:?}", s.dead);
         // And against a row already in the database.
@@ -478,9 +508,9 @@ mod tests {
             voucher: v(),
             user: "pad".into(),
         }];
-        let s = split(v(), &orders[1..2], &existing, 10);
+        let s = split(v(), &orders[1..2], &existing, 10, &HashSet::new());
         assert_eq!(s.confirmed, vec![0]);
-        let s = split(v(), &orders[0..1], &existing, 10);
+        let s = split(v(), &orders[0..1], &existing, 10, &HashSet::new());
         assert_eq!(s.dead, vec![(0, Reason::DuplicateBuyer)]);
     }
 

@@ -196,6 +196,16 @@ impl VoucherCache {
         });
     }
 
+    /// Forgets that `voucher` is sold out: this instance returned a unit to it (a
+    /// cancelled or expired order). Other instances forget within [`SOLD_OUT_TTL_MS`].
+    pub fn forget_sold_out(&self, voucher: VoucherId) {
+        self.with(|s| {
+            if let Some(e) = s.entries.get_mut(&voucher) {
+                e.sold_out_until = None;
+            }
+        });
+    }
+
     /// Remembers that the database does not know `voucher`, until `now + MISSING_TTL_MS`.
     pub fn learn_missing(&self, voucher: VoucherId, now: UnixMillis) {
         self.with(|s| {
@@ -325,6 +335,7 @@ mod tests {
                 stock: 1,
                 db_stock_left: 1,
                 window: w,
+                payment: None,
             });
             assert_eq!(c.short_circuit(v, begins - HOUR + skew), None, "{skew}");
             // Redis answered not started 10 s early; the instance's clock is `skew` off

@@ -21,6 +21,12 @@ pub const CODES: &[&str] = &[
     "ended",
     "sold_out",
     "already_purchased",
+    "order_expired",
+    "order_cancelled",
+    "order_paid",
+    "order_rejected",
+    "already_paid",
+    "payment_not_required",
     "rate_limited",
     "unavailable",
 ];
@@ -45,6 +51,24 @@ pub enum ApiError {
     /// The caller holds `order_id` for this voucher (the body names it).
     #[error("you already hold an order for this voucher")]
     AlreadyPurchased { order_id: OrderId },
+    /// Pay or cancel: the order expired (unpaid at its deadline); its unit went back.
+    #[error("the order expired: it was not paid in time")]
+    OrderExpired,
+    /// Pay or cancel: the buyer cancelled the order.
+    #[error("the order was cancelled")]
+    OrderCancelled,
+    /// Cancel: the order is paid.
+    #[error("the order is paid and can no longer be cancelled")]
+    OrderPaid,
+    /// Pay or cancel: the database could not cover the order (see `rejected`).
+    #[error("the order was rejected")]
+    OrderRejected,
+    /// Pay: the order was paid with another payment reference.
+    #[error("the order was already paid with another payment reference")]
+    AlreadyPaid,
+    /// Pay or cancel an order of a voucher without a payment step.
+    #[error("orders of this voucher need no payment and cannot be cancelled")]
+    PaymentNotRequired,
     #[error("too many attempts, slow down")]
     RateLimited,
     /// Durable mode: admitted on the Redis primary, but not yet held by enough replicas
@@ -72,6 +96,12 @@ impl ApiError {
             ApiError::Ended => (StatusCode::CONFLICT, "ended"),
             ApiError::SoldOut => (StatusCode::CONFLICT, "sold_out"),
             ApiError::AlreadyPurchased { .. } => (StatusCode::CONFLICT, "already_purchased"),
+            ApiError::OrderExpired => (StatusCode::CONFLICT, "order_expired"),
+            ApiError::OrderCancelled => (StatusCode::CONFLICT, "order_cancelled"),
+            ApiError::OrderPaid => (StatusCode::CONFLICT, "order_paid"),
+            ApiError::OrderRejected => (StatusCode::CONFLICT, "order_rejected"),
+            ApiError::AlreadyPaid => (StatusCode::CONFLICT, "already_paid"),
+            ApiError::PaymentNotRequired => (StatusCode::CONFLICT, "payment_not_required"),
             ApiError::RateLimited => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
             ApiError::Unavailable(_) | ApiError::Unconfirmed { .. } => {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
@@ -189,6 +219,12 @@ mod tests {
             ApiError::Ended,
             ApiError::SoldOut,
             ApiError::AlreadyPurchased { order_id },
+            ApiError::OrderExpired,
+            ApiError::OrderCancelled,
+            ApiError::OrderPaid,
+            ApiError::OrderRejected,
+            ApiError::AlreadyPaid,
+            ApiError::PaymentNotRequired,
             ApiError::RateLimited,
             ApiError::Unconfirmed {
                 order_id,
@@ -206,6 +242,12 @@ mod tests {
                 | ApiError::Ended
                 | ApiError::SoldOut
                 | ApiError::AlreadyPurchased { .. }
+                | ApiError::OrderExpired
+                | ApiError::OrderCancelled
+                | ApiError::OrderPaid
+                | ApiError::OrderRejected
+                | ApiError::AlreadyPaid
+                | ApiError::PaymentNotRequired
                 | ApiError::RateLimited
                 | ApiError::Unconfirmed { .. }
                 | ApiError::Unavailable(_) => {}

@@ -8,9 +8,10 @@ use http::{Method, StatusCode};
 use lambda_http::aws_lambda_events::query_map::QueryMap;
 use lambda_http::request::RequestContext;
 use lambda_http::{Body, Request, RequestExt, Response};
+use seckill_shared::adapters::redis::CloseAction;
 use seckill_shared::domain::{
-    Admission, NewVoucher, OrderId, OrderStatus, UnixMillis, UserId, Voucher, VoucherId,
-    format_rfc3339_millis, now_millis,
+    Admission, NewVoucher, OrderId, OrderStatus, PaymentRef, PaymentTerms, UnixMillis, UserId,
+    Voucher, VoucherId, format_rfc3339_millis, now_millis,
 };
 use serde::Deserialize;
 use serde_json::json;
@@ -30,6 +31,8 @@ pub const ROUTES: &[(&str, &str, bool)] = &[
     ("POST", "/vouchers/{id}/seckill", true),
     ("GET", "/orders/{order_id}", true),
     ("GET", "/vouchers/{id}/order", true),
+    ("POST", "/orders/{order_id}/pay", true),
+    ("POST", "/orders/{order_id}/cancel", true),
 ];
 
 /// The largest request body accepted (a voucher is a few hundred bytes).
@@ -44,6 +47,10 @@ pub enum Route<'a> {
     GetOrder(&'a str),
     /// The caller's order for a voucher.
     BuyerOrder(&'a str),
+    /// Pay an order (vouchers with a payment step).
+    PayOrder(&'a str),
+    /// Cancel an unpaid order (vouchers with a payment step).
+    CancelOrder(&'a str),
 }
 
 impl<'a> Route<'a> {
@@ -74,6 +81,8 @@ impl<'a> Route<'a> {
             "POST /vouchers/{id}/seckill" => Route::Seckill(param("id")?),
             "GET /orders/{order_id}" => Route::GetOrder(param("order_id")?),
             "GET /vouchers/{id}/order" => Route::BuyerOrder(param("id")?),
+            "POST /orders/{order_id}/pay" => Route::PayOrder(param("order_id")?),
+            "POST /orders/{order_id}/cancel" => Route::CancelOrder(param("order_id")?),
             _ => return None,
         })
     }
@@ -87,6 +96,8 @@ impl<'a> Route<'a> {
             Route::Seckill(id) => ("POST /vouchers/{id}/seckill", Some(("id", id))),
             Route::GetOrder(id) => ("GET /orders/{order_id}", Some(("order_id", id))),
             Route::BuyerOrder(id) => ("GET /vouchers/{id}/order", Some(("id", id))),
+            Route::PayOrder(id) => ("POST /orders/{order_id}/pay", Some(("order_id", id))),
+            Route::CancelOrder(id) => ("POST /orders/{order_id}/cancel", Some(("order_id", id))),
         }
     }
 
@@ -105,6 +116,10 @@ impl<'a> Route<'a> {
                 Some(Route::BuyerOrder(id))
             }
             ("GET", [Some("orders"), Some(id), None, _]) => Some(Route::GetOrder(id)),
+            ("POST", [Some("orders"), Some(id), Some("pay"), None]) => Some(Route::PayOrder(id)),
+            ("POST", [Some("orders"), Some(id), Some("cancel"), None]) => {
+                Some(Route::CancelOrder(id))
+            }
             _ => None,
         }
     }
@@ -116,6 +131,8 @@ impl Route<'_> {
         match self {
             Route::CreateVoucher => "created",
             Route::Seckill(_) => "admitted",
+            Route::PayOrder(_) => "paid",
+            Route::CancelOrder(_) => "cancelled",
             Route::GetVoucher(_) | Route::GetOrder(_) | Route::BuyerOrder(_) => "ok",
         }
     }
@@ -124,7 +141,10 @@ impl Route<'_> {
     fn voucher_param(&self) -> &str {
         match self {
             Route::GetVoucher(id) | Route::Seckill(id) | Route::BuyerOrder(id) => id,
-            Route::CreateVoucher | Route::GetOrder(_) => "",
+            Route::CreateVoucher
+            | Route::GetOrder(_)
+            | Route::PayOrder(_)
+            | Route::CancelOrder(_) => "",
         }
     }
 }
@@ -190,6 +210,8 @@ async fn dispatch(app: &App, req: &Request, route: &Route<'_>) -> Result<Respons
         Route::Seckill(id) => seckill(app, req, id.parse()?).await,
         Route::GetOrder(id) => get_order(app, req, id.parse()?).await,
         Route::BuyerOrder(id) => buyer_order(app, req, id.parse()?).await,
+        Route::PayOrder(id) => close_order(app, req, id.parse()?, true).await,
+        Route::CancelOrder(id) => close_order(app, req, id.parse()?, false).await,
     }
 }
 
@@ -212,6 +234,13 @@ struct CreateVoucherBody {
     stock: i64,
     begins_at: String,
     ends_at: String,
+    /// Opt-in payment step: seconds a buyer has to pay after admission.
+    #[serde(default)]
+    pay_within_s: Option<i64>,
+    /// With `pay_within_s`: whether a buyer whose order was cancelled or expired may
+    /// buy again (default false).
+    #[serde(default)]
+    rebuy_after_close: Option<bool>,
 }
 
 /// `POST /vouchers` (admin): writes the database, then preloads Redis.
@@ -230,13 +259,14 @@ async fn create_voucher(app: &App, req: &Request) -> Result<Response<Body>, ApiE
             "body must be a JSON object with title, stock (integer), begins_at and ends_at (RFC 3339): {e}"
         ))
     })?;
-    let new = NewVoucher::parse(
+    let mut new = NewVoucher::parse(
         &input.title,
         input.stock,
         &input.begins_at,
         &input.ends_at,
         now,
     )?;
+    new.payment = PaymentTerms::parse(input.pay_within_s, input.rebuy_after_close)?;
     let voucher = app.db.create_voucher(&new).await?;
     tracing::info!(
         voucher_id = voucher.id.get(),
@@ -378,19 +408,162 @@ async fn get_order(app: &App, req: &Request, id: OrderId) -> Result<Response<Bod
             "order {id} not found (GET /vouchers/{{voucher_id}}/order finds your order for a voucher)"
         ))
     };
-    if let Some((voucher, buyer, status)) = app.db.order(id).await? {
+    if let Some((voucher, buyer, status, pay_by)) = app.db.order(id).await? {
         if buyer != caller.user {
             return Err(not_found());
         }
-        return Ok(order_json(id, voucher, status));
+        let view = overlay_close(app, voucher, &caller.user, (id, status, pay_by)).await?;
+        return Ok(order_json(voucher, view));
     }
     let Some(voucher) = app.sales().await?.voucher_of_order(id).await? else {
         return Err(not_found());
     };
     match caller_order(app, voucher, &caller.user).await? {
-        Some((held, status)) if held == id => Ok(order_json(id, voucher, status)),
+        Some(view) if view.0 == id => Ok(order_json(voucher, view)),
         _ => Err(not_found()),
     }
+}
+
+/// `POST /orders/{order_id}/pay` and `/cancel` (the buyer; vouchers with a payment
+/// step). Redis decides, once, in `lua/close.lua`: the first close of an order wins and
+/// every later call is told that outcome. A payment repeated with the same reference
+/// (the `Idempotency-Key` header, or `payment_ref` in the body) gets the same 200; a
+/// payment at or after the deadline expires the order instead (409 `order_expired`).
+/// The database follows when the drainer next runs; `GET /orders/{id}` shows the close
+/// at once.
+async fn close_order(
+    app: &App,
+    req: &Request,
+    id: OrderId,
+    pay: bool,
+) -> Result<Response<Body>, ApiError> {
+    let now = now_millis();
+    let caller = identify(req, app.dev_secret.as_deref(), now_secs(now))?;
+    let action = if pay {
+        CloseAction::Pay(payment_ref_of(req)?)
+    } else {
+        CloseAction::Cancel
+    };
+    if !app.limiter.allow(&caller.user, now) {
+        return Err(ApiError::RateLimited);
+    }
+    let not_found = || ApiError::NotFound(format!("order {id} not found"));
+    // The voucher the order belongs to: its row once drained, else its id's lease record.
+    let voucher = match app.db.order(id).await? {
+        Some((_, buyer, _, _)) if buyer != caller.user => return Err(not_found()),
+        Some((_, _, OrderStatus::Rejected, _)) => return Err(ApiError::OrderRejected),
+        Some((voucher, ..)) => voucher,
+        None => match app.sales().await?.voucher_of_order(id).await? {
+            Some(voucher) => voucher,
+            None => return Err(not_found()),
+        },
+    };
+    let terms = match app.cache.voucher(voucher) {
+        Some(v) => v.payment,
+        None => match app.db.voucher(voucher).await? {
+            Some(v) => {
+                app.cache.learn_voucher(&v);
+                v.payment
+            }
+            None => return Err(not_found()),
+        },
+    };
+    if terms.is_none() {
+        return Err(ApiError::PaymentNotRequired);
+    }
+    let sales = app.sales().await?;
+    let Some(closed) = sales.close(voucher, id, &caller.user, &action).await? else {
+        return Err(not_found());
+    };
+    if closed.status.returned_unit() {
+        // The unit is back on sale: this instance must not keep answering sold out.
+        app.cache.forget_sold_out(voucher);
+    }
+    match (&action, closed.status) {
+        (CloseAction::Pay(r), OrderStatus::Paid) if closed.payment_ref == r.as_str() => {}
+        (CloseAction::Pay(_), OrderStatus::Paid) => return Err(ApiError::AlreadyPaid),
+        (CloseAction::Cancel, OrderStatus::Cancelled) => {}
+        (CloseAction::Cancel, OrderStatus::Paid) => return Err(ApiError::OrderPaid),
+        (_, OrderStatus::Cancelled) => return Err(ApiError::OrderCancelled),
+        _ => return Err(ApiError::OrderExpired),
+    }
+    tracing::info!(
+        voucher_id = voucher.get(),
+        order_id = id.get(),
+        status = closed.status.as_str(),
+        "order closed"
+    );
+    Ok(order_json(
+        voucher,
+        (id, closed.status, Some(closed.pay_by_ms)),
+    ))
+}
+
+/// The payment reference of `POST /orders/{id}/pay`: the `Idempotency-Key` header, or
+/// `payment_ref` in a JSON body (both given: they must agree).
+fn payment_ref_of(req: &Request) -> Result<PaymentRef, ApiError> {
+    #[derive(Deserialize)]
+    struct PayBody {
+        payment_ref: Option<String>,
+    }
+    let header = match req.headers().get("idempotency-key") {
+        Some(v) => Some(v.to_str().map_err(|_| {
+            ApiError::InvalidRequest("Idempotency-Key must be printable ASCII".into())
+        })?),
+        None => None,
+    };
+    let body = req.body().as_ref();
+    if body.len() > MAX_BODY_BYTES {
+        return Err(ApiError::InvalidRequest(format!(
+            "body is larger than {MAX_BODY_BYTES} bytes"
+        )));
+    }
+    let from_body = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        serde_json::from_slice::<PayBody>(body)
+            .map_err(|e| {
+                ApiError::InvalidRequest(format!(
+                    "body must be a JSON object with an optional payment_ref string: {e}"
+                ))
+            })?
+            .payment_ref
+    };
+    let reference = match (header, from_body.as_deref()) {
+        (Some(h), Some(b)) if h != b => {
+            return Err(ApiError::InvalidRequest(
+                "Idempotency-Key and payment_ref differ".into(),
+            ));
+        }
+        (Some(r), _) | (None, Some(r)) => r,
+        (None, None) => {
+            return Err(ApiError::InvalidRequest(
+                "a payment needs an Idempotency-Key header (or payment_ref in the body): the payment provider's reference".into(),
+            ));
+        }
+    };
+    Ok(PaymentRef::parse(reference)?)
+}
+
+/// An order's status with what Redis decided since the database last heard of it: a
+/// `pending` or `awaiting_payment` order may already be paid, cancelled or expired
+/// (the drainer records closes on its next run), and a pending order's deadline is in
+/// Redis only. Other statuses are final and cost no Redis call.
+async fn overlay_close(
+    app: &App,
+    voucher: VoucherId,
+    user: &UserId,
+    view: OrderView,
+) -> Result<OrderView, ApiError> {
+    let (id, status, pay_by) = view;
+    if !matches!(status, OrderStatus::Pending | OrderStatus::AwaitingPayment) {
+        return Ok(view);
+    }
+    let (closed, deadline) = app.sales().await?.payment_state(voucher, id, user).await?;
+    Ok(match closed {
+        Some(c) => (id, c.status, Some(c.pay_by_ms)),
+        None => (id, status, pay_by.or(deadline)),
+    })
 }
 
 /// `GET /vouchers/{id}/order` (the buyer): the caller's order for a voucher, found by
@@ -400,7 +573,7 @@ async fn buyer_order(app: &App, req: &Request, id: VoucherId) -> Result<Response
     let now = now_millis();
     let caller = identify(req, app.dev_secret.as_deref(), now_secs(now))?;
     match caller_order(app, id, &caller.user).await? {
-        Some((order, status)) => Ok(order_json(order, id, status)),
+        Some(view) => Ok(order_json(id, view)),
         None => Err(ApiError::NotFound(format!(
             "you hold no order for voucher {id}"
         ))),
@@ -415,41 +588,54 @@ async fn caller_order(
     app: &App,
     voucher: VoucherId,
     user: &UserId,
-) -> Result<Option<(OrderId, OrderStatus)>, ApiError> {
-    if let Some(found) = app.db.order_of_buyer(voucher, user).await? {
-        return Ok(Some(found));
-    }
-    let Some(held) = app.sales().await?.order_of_buyer(voucher, user).await? else {
-        return Ok(None);
+) -> Result<Option<OrderView>, ApiError> {
+    let found = match app.db.order_of_buyer(voucher, user).await? {
+        Some(found) => Some(found),
+        None => match app.sales().await?.order_of_buyer(voucher, user).await? {
+            None => None,
+            Some(held) => Some(app.db.order_of_buyer(voucher, user).await?.unwrap_or((
+                held,
+                OrderStatus::Pending,
+                None,
+            ))),
+        },
     };
-    Ok(Some(
-        app.db
-            .order_of_buyer(voucher, user)
-            .await?
-            .unwrap_or((held, OrderStatus::Pending)),
-    ))
+    match found {
+        Some(view) => Ok(Some(overlay_close(app, voucher, user, view).await?)),
+        None => Ok(None),
+    }
 }
+
+/// An order as a buyer sees it: id, status, payment deadline (vouchers with a payment
+/// step).
+type OrderView = (OrderId, OrderStatus, Option<UnixMillis>);
 
 fn not_found_voucher(id: VoucherId) -> ApiError {
     ApiError::NotFound(format!("voucher {id} not found"))
 }
 
 fn voucher_json(v: &Voucher, stock_left: i64) -> serde_json::Value {
-    json!({
+    let mut body = json!({
         "id": v.id.to_string(),
         "title": v.title,
         "stock": v.stock,
         "stock_left": stock_left.max(0),
         "begins_at": format_rfc3339_millis(v.window.begins_ms()),
         "ends_at": format_rfc3339_millis(v.window.ends_ms()),
-    })
+    });
+    if let Some(p) = v.payment {
+        body["pay_within_s"] = json!(p.pay_within_ms / 1000);
+        body["rebuy_after_close"] = json!(p.rebuy_after_close);
+    }
+    body
 }
 
-fn order_json(id: OrderId, voucher: VoucherId, status: OrderStatus) -> Response<Body> {
-    json_response(
-        StatusCode::OK,
-        &json!({ "order_id": id.to_string(), "voucher_id": voucher.to_string(), "status": status.as_str() }),
-    )
+fn order_json(voucher: VoucherId, (id, status, pay_by): OrderView) -> Response<Body> {
+    let mut body = json!({ "order_id": id.to_string(), "voucher_id": voucher.to_string(), "status": status.as_str() });
+    if let Some(ms) = pay_by {
+        body["pay_by"] = json!(format_rfc3339_millis(ms));
+    }
+    json_response(StatusCode::OK, &body)
 }
 
 #[cfg(test)]

@@ -17,7 +17,8 @@ use time::macros::format_description;
 
 use crate::config::DataApiConfig;
 use crate::domain::{
-    NewVoucher, OrderId, OrderStatus, SaleWindow, UnixMillis, UserId, Voucher, VoucherId,
+    NewVoucher, OrderId, OrderStatus, PaymentTerms, SaleWindow, UnixMillis, UserId, Voucher,
+    VoucherId,
 };
 use crate::error::StoreError;
 
@@ -160,15 +161,22 @@ impl DataApi {
 
     /// Inserts a voucher with all its stock left; returns it with its new id.
     pub async fn create_voucher(&self, v: &NewVoucher) -> Result<Voucher, StoreError> {
+        let pay_within = match v.payment {
+            Some(p) => param::long("pay_within_ms", p.pay_within_ms),
+            None => param::null("pay_within_ms"),
+        };
+        let rebuy = v.payment.is_some_and(|p| p.rebuy_after_close);
         let out = self
             .execute(
-                "INSERT INTO vouchers (title, stock, stock_left, begins_at, ends_at) \
-                 VALUES (:title, :stock, :stock, :begins_at, :ends_at)",
+                "INSERT INTO vouchers (title, stock, stock_left, begins_at, ends_at, pay_within_ms, rebuy_after_close) \
+                 VALUES (:title, :stock, :stock, :begins_at, :ends_at, :pay_within_ms, :rebuy)",
                 vec![
                     param::string("title", &v.title),
                     param::long("stock", v.stock),
                     param::timestamp("begins_at", v.window.begins_ms()),
                     param::timestamp("ends_at", v.window.ends_ms()),
+                    pay_within,
+                    param::long("rebuy", i64::from(rebuy)),
                 ],
                 None,
             )
@@ -184,6 +192,7 @@ impl DataApi {
             stock: v.stock,
             db_stock_left: v.stock,
             window: v.window,
+            payment: v.payment,
         })
     }
 
@@ -200,7 +209,8 @@ impl DataApi {
     ) -> Result<Option<Voucher>, StoreError> {
         let out = self
             .execute(
-                "SELECT id, title, stock, stock_left, begins_at, ends_at FROM vouchers WHERE id = :id",
+                "SELECT id, title, stock, stock_left, begins_at, ends_at, pay_within_ms, rebuy_after_close + 0 \
+                 FROM vouchers WHERE id = :id",
                 vec![param::long("id", id.get())],
                 transaction,
             )
@@ -209,9 +219,13 @@ impl DataApi {
             return Ok(None);
         };
         let bad = || StoreError::Corrupt(format!("vouchers row {id} has an unexpected shape"));
-        let [_, title, stock, left, begins, ends] = row.as_slice() else {
+        let [_, title, stock, left, begins, ends, pay_within, rebuy] = row.as_slice() else {
             return Err(bad());
         };
+        let payment = field::long(pay_within).map(|ms| PaymentTerms {
+            pay_within_ms: ms,
+            rebuy_after_close: field::long(rebuy).unwrap_or(0) != 0,
+        });
         let window = SaleWindow::new(
             field::datetime(begins).ok_or_else(bad)?,
             field::datetime(ends).ok_or_else(bad)?,
@@ -223,6 +237,7 @@ impl DataApi {
             stock: field::long(stock).ok_or_else(bad)?,
             db_stock_left: field::long(left).ok_or_else(bad)?,
             window,
+            payment,
         }))
     }
 
@@ -259,15 +274,18 @@ impl DataApi {
         }
     }
 
-    /// The order `user` holds for `voucher` in the database: (order id, status).
+    /// The order `user` holds for `voucher` in the database: (order id, status, payment
+    /// deadline). The one still counting when the buyer also has closed ones (a voucher
+    /// that allows buying again), else their latest.
     pub async fn order_of_buyer(
         &self,
         voucher: VoucherId,
         user: &UserId,
-    ) -> Result<Option<(OrderId, OrderStatus)>, StoreError> {
+    ) -> Result<Option<(OrderId, OrderStatus, Option<UnixMillis>)>, StoreError> {
         let out = self
             .execute(
-                "SELECT id, status FROM orders WHERE voucher_id = :v AND user_id = :u",
+                "SELECT id, status, pay_by FROM orders WHERE voucher_id = :v AND user_id = :u \
+                 ORDER BY holder IS NULL, id DESC LIMIT 1",
                 vec![
                     param::long("v", voucher.get()),
                     param::string("u", user.as_str()),
@@ -283,22 +301,24 @@ impl DataApi {
                 "order of {user} for voucher {voucher} has an unexpected shape"
             ))
         };
-        let [id, status] = row.as_slice() else {
+        let [id, status, pay_by] = row.as_slice() else {
             return Err(bad());
         };
         let id = field::long(id).and_then(OrderId::new).ok_or_else(bad)?;
         let status = parse_status(status).ok_or_else(bad)?;
-        Ok(Some((id, status)))
+        Ok(Some((id, status, field::datetime(pay_by))))
     }
 
-    /// An order as the database has it: (voucher, buyer, status).
+    /// An order as the database has it: (voucher, buyer, status, payment deadline).
     pub async fn order(
         &self,
         id: OrderId,
-    ) -> Result<Option<(VoucherId, UserId, OrderStatus)>, StoreError> {
+    ) -> Result<Option<(VoucherId, UserId, OrderStatus, Option<UnixMillis>)>, StoreError> {
         let out = self
             .execute(
-                &format!("SELECT voucher_id, {USER_ID_TEXT}, status FROM orders WHERE id = :id"),
+                &format!(
+                    "SELECT voucher_id, {USER_ID_TEXT}, status, pay_by FROM orders WHERE id = :id"
+                ),
                 vec![param::long("id", id.get())],
                 None,
             )
@@ -307,7 +327,7 @@ impl DataApi {
             return Ok(None);
         };
         let bad = || StoreError::Corrupt(format!("orders row {id} has an unexpected shape"));
-        let [voucher, user, status] = row.as_slice() else {
+        let [voucher, user, status, pay_by] = row.as_slice() else {
             return Err(bad());
         };
         let voucher = field::long(voucher)
@@ -317,10 +337,12 @@ impl DataApi {
             .and_then(|u| UserId::parse(&u).ok())
             .ok_or_else(bad)?;
         let status = parse_status(status).ok_or_else(bad)?;
-        Ok(Some((voucher, user, status)))
+        Ok(Some((voucher, user, status, field::datetime(pay_by))))
     }
 
-    /// How many orders of the voucher the database holds: (confirmed, rejected).
+    /// How many orders of the voucher the database holds: (holding a unit, rejected).
+    /// Holding: `confirmed`, `awaiting_payment` and `paid`; a cancelled or expired order
+    /// gave its unit back and counts in neither.
     pub async fn order_counts(&self, voucher: VoucherId) -> Result<(u64, u64), StoreError> {
         let out = self
             .execute(
@@ -338,9 +360,11 @@ impl DataApi {
                 .and_then(|n| u64::try_from(n).ok())
                 .unwrap_or(0);
             match parse_status(status) {
-                Some(OrderStatus::Confirmed) => confirmed = n,
+                Some(OrderStatus::Confirmed | OrderStatus::AwaitingPayment | OrderStatus::Paid) => {
+                    confirmed += n
+                }
                 Some(OrderStatus::Rejected) => rejected = n,
-                Some(OrderStatus::Pending) | None => {}
+                _ => {}
             }
         }
         Ok((confirmed, rejected))
@@ -424,11 +448,10 @@ impl SaleSnapshot<'_> {
 }
 
 fn parse_status(f: &Field) -> Option<OrderStatus> {
-    match field::string(f).as_deref() {
-        Some("confirmed") => Some(OrderStatus::Confirmed),
-        Some("rejected") => Some(OrderStatus::Rejected),
-        _ => None,
-    }
+    field::string(f)
+        .as_deref()
+        .and_then(OrderStatus::parse)
+        .filter(|s| *s != OrderStatus::Pending)
 }
 
 /// Sorts an SDK failure into transient (the service, network or database is not there

@@ -23,8 +23,10 @@
 pub mod sql;
 
 use self::sql::MAX_ROWS_PER_STATEMENT;
-use super::data_api::{DataApi, field};
-use crate::domain::{AdmittedOrder, ExistingOrder, OrderId, OrderStatus, UserId, VoucherId};
+use super::data_api::{DataApi, field, param};
+use crate::domain::{
+    AdmittedOrder, ClosedOrder, ExistingOrder, OrderId, OrderStatus, UserId, VoucherId,
+};
 use crate::error::StoreError;
 
 /// The ledger of orders, over one Data API client.
@@ -100,6 +102,14 @@ impl Ledger {
     }
 }
 
+/// The voucher row as a batch transaction locked it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockedVoucher {
+    pub stock_left: i64,
+    /// The payment window; `None` for a voucher whose orders end `confirmed`.
+    pub pay_within_ms: Option<i64>,
+}
+
 /// One open batch transaction.
 #[derive(Debug)]
 pub struct LedgerTx<'a> {
@@ -120,7 +130,10 @@ impl LedgerTx<'_> {
     /// "lock wait" error) instead of waiting up to `innodb_lock_wait_timeout` (50 s).
     /// The holder may be a killed drainer's transaction, which the Data API keeps open
     /// for 3 minutes; the caller decides whether to wait a little or to roll it back.
-    pub async fn lock_voucher(&self, voucher: VoucherId) -> Result<Option<i64>, StoreError> {
+    pub async fn lock_voucher(
+        &self,
+        voucher: VoucherId,
+    ) -> Result<Option<LockedVoucher>, StoreError> {
         let out = self
             .api
             .execute(
@@ -131,13 +144,89 @@ impl LedgerTx<'_> {
             .await?;
         match out.records().first().map(|r| r.as_slice()) {
             None => Ok(None),
-            Some([left]) => field::long(left).map(Some).ok_or_else(|| {
-                StoreError::Corrupt(format!("stock_left of voucher {voucher} is not a number"))
-            }),
+            Some([left, pay_within]) => {
+                let stock_left = field::long(left).ok_or_else(|| {
+                    StoreError::Corrupt(format!("stock_left of voucher {voucher} is not a number"))
+                })?;
+                Ok(Some(LockedVoucher {
+                    stock_left,
+                    pay_within_ms: field::long(pay_within),
+                }))
+            }
             Some(_) => Err(StoreError::Corrupt(
                 "SELECT stock_left returned an unexpected shape".into(),
             )),
         }
+    }
+
+    /// Records the closes Redis decided for orders of `voucher` (see
+    /// [`sql::settle_closes`]) and gives their units back to the database stock. Returns
+    /// the units given back and the orders whose close the database now holds (the
+    /// others have no row yet: their batch has not been drained).
+    pub async fn settle(
+        &self,
+        voucher: VoucherId,
+        closes: &[(OrderId, ClosedOrder)],
+    ) -> Result<(u64, Vec<OrderId>), StoreError> {
+        let mut returned = 0;
+        let mut done = Vec::new();
+        for chunk in closes.chunks(MAX_ROWS_PER_STATEMENT) {
+            let pairs: Vec<(OrderId, &ClosedOrder)> = chunk.iter().map(|(i, c)| (*i, c)).collect();
+            for gives_back in [false, true] {
+                if !pairs
+                    .iter()
+                    .any(|(_, c)| c.status.returned_unit() == gives_back)
+                {
+                    continue;
+                }
+                let (sql, params) = sql::settle_closes(voucher, &pairs, gives_back);
+                let out = self.api.execute(&sql, params, Some(&self.id)).await?;
+                if gives_back {
+                    returned += u64::try_from(out.number_of_records_updated()).unwrap_or(0);
+                }
+            }
+            let ids: Vec<i64> = chunk.iter().map(|(i, _)| i.get()).collect();
+            let ids = serde_json::to_string(&ids).expect("ids serialise");
+            let out = self
+                .api
+                .execute(
+                    sql::SETTLED_ORDERS,
+                    vec![param::string("rows", &ids), param::long("v", voucher.get())],
+                    Some(&self.id),
+                )
+                .await?;
+            done.extend(
+                out.records()
+                    .iter()
+                    .filter_map(|r| r.first().and_then(field::long).and_then(OrderId::new)),
+            );
+        }
+        if returned > 0 {
+            let n = i64::try_from(returned).unwrap_or(i64::MAX);
+            self.api
+                .execute(
+                    sql::RETURN_STOCK,
+                    vec![param::long("n", n), param::long("v", voucher.get())],
+                    Some(&self.id),
+                )
+                .await?;
+        }
+        Ok((returned, done))
+    }
+
+    /// Inserts orders of a voucher with a payment step, each with its own status,
+    /// `INSERT IGNORE`, in chunks; returns the rows actually inserted.
+    pub async fn insert_payment_orders(
+        &self,
+        rows: &[sql::PaymentRow<'_>],
+    ) -> Result<u64, StoreError> {
+        let mut inserted = 0;
+        for chunk in rows.chunks(MAX_ROWS_PER_STATEMENT) {
+            let (sql, params) = sql::insert_payment_orders(chunk);
+            let out = self.api.execute(&sql, params, Some(&self.id)).await?;
+            inserted += u64::try_from(out.number_of_records_updated()).unwrap_or(0);
+        }
+        Ok(inserted)
     }
 
     /// The existing orders that collide with `orders`: same id, or same buyer of

@@ -1,5 +1,6 @@
 //! Adapters: the only code that talks to Redis or the database.
 
+pub mod closes;
 pub mod data_api;
 pub mod ledger;
 pub mod order_stream;

@@ -137,6 +137,9 @@ pub struct Probe {
     pub last_delivered: String,
     /// Spent consumers this probe deleted.
     pub reaped: u64,
+    /// An order's payment deadline has passed or a close waits for the database
+    /// (vouchers with a payment step): the drainer sweeps the voucher.
+    pub closing: bool,
 }
 
 impl Probe {
@@ -158,7 +161,7 @@ pub struct Trimmed {
 /// The orders streams of all vouchers, seen from the drain group.
 #[derive(Clone)]
 pub struct OrderStreams {
-    conn: RedisConn,
+    pub(super) conn: RedisConn,
     durable: Option<Durable>,
 }
 
@@ -258,6 +261,9 @@ impl OrderStreams {
             .key(&k.dead)
             .key(&k.drain_tx)
             .key(&k.repair)
+            .key(&k.deadlines)
+            .key(&k.closed)
+            .key(&k.to_settle)
             .arg(keys::DRAIN_GROUP)
             .arg(retention.as_millis() as u64)
             .invoke_async(&mut self.conn.clone())
@@ -291,6 +297,8 @@ impl OrderStreams {
         let reply: Vec<Value> = PROBE
             .key(&k.orders)
             .key(&k.sale)
+            .key(&k.deadlines)
+            .key(&k.to_settle)
             .arg(keys::DRAIN_GROUP)
             .arg(min_idle.as_millis() as u64)
             .arg(consumer)
@@ -307,6 +315,7 @@ impl OrderStreams {
         let (fully, claimable, oldest_idle, ends) = (int(3)?, int(4)?, int(5)?, int(6)?);
         let last_delivered = reply.get(7).cloned().and_then(string_of).ok_or_else(bad)?;
         let reaped = int(8)?;
+        let closing = int(9)? == 1;
         let count = |n: i64| u64::try_from(n).map_err(|_| bad());
         let (length, pending, undelivered) = (count(length)?, count(pending)?, count(undelivered)?);
         Ok(Probe {
@@ -319,6 +328,7 @@ impl OrderStreams {
             ends_ms: (ends >= 0).then_some(ends),
             last_delivered,
             reaped: count(reaped)?,
+            closing,
         })
     }
 

@@ -17,8 +17,8 @@ use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Script, Value};
 
 use crate::config::{Durable, RedisConfig};
 use crate::domain::{
-    Admission, AdmitReply, OrderId, Reopen, SaleState, SaleWindow, UnixMillis, UserId, Voucher,
-    VoucherId,
+    Admission, AdmitReply, ClosedOrder, OrderId, PaymentRef, Reopen, SaleState, SaleWindow,
+    UnixMillis, UserId, Voucher, VoucherId,
 };
 use crate::error::StoreError;
 use crate::keys::{self, IdKeys, VoucherKeys};
@@ -26,7 +26,7 @@ use crate::order_id::{
     self, CLOCK_BEHIND_JUMP_MS, DAY_KEY_TTL_SECS, EPOCH_UNIX_MS, IdBlocks, Lease, SLOTS_PER_MS,
     Take,
 };
-use crate::protocol::{self, admit, preload, sale_fields};
+use crate::protocol::{self, admit, close, preload, sale_fields};
 
 static ADMIT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/admit.lua")));
@@ -36,6 +36,16 @@ static RESTORE_BUYERS: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/restore_buyers.lua")));
 static LEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/lease.lua")));
+/// `lua/close.lua`: paying, cancelling and expiring orders (also run by the drainer).
+pub(crate) static CLOSE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/close.lua")));
+
+/// What a buyer asks of their order of a voucher with a payment step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CloseAction {
+    Pay(PaymentRef),
+    Cancel,
+}
 
 /// How the cluster client rides out a slot that moves or a primary that fails over.
 ///
@@ -396,30 +406,10 @@ impl RedisSales {
         let mut call = ADMIT.key(&k.sale);
         call.key(&k.buyers)
             .key(&k.orders)
+            .key(&k.deadlines)
             .arg(user.as_str())
             .arg(order_id.get());
-        let mut conn = self.conn.clone();
-        let (wire, acked): (AdmitWire, Option<u32>) = match self.durable {
-            None => (call.invoke_async(&mut conn).await?, None),
-            Some(d) => {
-                let mut pipe = redis::pipe();
-                pipe.invoke_script(&call).add_command(d.wait_cmd());
-                let reply = match pipe.query_async(&mut conn).await {
-                    Err(e)
-                        if e.kind()
-                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                    {
-                        // A primary that never ran the script (new, or promoted):
-                        // load it on every primary, then send the pipeline again.
-                        call.load_async(&mut conn).await?;
-                        pipe.query_async(&mut conn).await?
-                    }
-                    other => other?,
-                };
-                let (wire, acked): (AdmitWire, u32) = reply;
-                (wire, Some(acked))
-            }
-        };
+        let (wire, acked): (AdmitWire, Option<u32>) = self.invoke_durable(&call).await?;
         let (admission, window, server_ms) = match wire {
             AdmitWire::Admitted(left) => (
                 admission_of(voucher, order_id, admit::ADMITTED, "", left)?,
@@ -452,6 +442,103 @@ impl RedisSales {
         })
     }
 
+    /// Runs a script that writes; in durable mode with a `WAIT` in the same pipeline
+    /// (see [`Self::admit`]), returning how many replicas acknowledged it.
+    async fn invoke_durable<T: redis::FromRedisValue>(
+        &self,
+        call: &redis::ScriptInvocation<'_>,
+    ) -> Result<(T, Option<u32>), StoreError> {
+        let mut conn = self.conn.clone();
+        let Some(d) = self.durable else {
+            return Ok((call.invoke_async(&mut conn).await?, None));
+        };
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(call).add_command(d.wait_cmd());
+        let reply = match pipe.query_async(&mut conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                // A primary that never ran the script (new, or promoted): load it on
+                // every primary, then send the pipeline again.
+                call.load_async(&mut conn).await?;
+                pipe.query_async(&mut conn).await?
+            }
+            other => other?,
+        };
+        let (value, acked): (T, u32) = reply;
+        Ok((value, Some(acked)))
+    }
+
+    /// Pays or cancels `user`'s order `order` of `voucher` (`lua/close.lua`): the order's
+    /// close as Redis decided it, now or earlier (the caller compares it with what was
+    /// asked), or `None` when `user` holds no open order `order` there (another user's,
+    /// unknown, or a voucher without a payment step). A payment at or after the deadline
+    /// expires the order instead. In durable mode a close too few replicas acknowledged
+    /// is [`StoreError::Unconfirmed`]: a failover could still undo it.
+    pub async fn close(
+        &self,
+        voucher: VoucherId,
+        order: OrderId,
+        user: &UserId,
+        action: &CloseAction,
+    ) -> Result<Option<ClosedOrder>, StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let mut call = CLOSE.key(&k.sale);
+        call.key(&k.buyers)
+            .key(&k.deadlines)
+            .key(&k.closed)
+            .key(&k.to_settle);
+        match action {
+            CloseAction::Pay(r) => call
+                .arg(close::PAY)
+                .arg(order.get())
+                .arg(user.as_str())
+                .arg(r.as_str()),
+            CloseAction::Cancel => call.arg(close::CANCEL).arg(order.get()).arg(user.as_str()),
+        };
+        let (value, acked): (Option<String>, Option<u32>) = self.invoke_durable(&call).await?;
+        let Some(value) = value else {
+            return Ok(None);
+        };
+        let closed = ClosedOrder::parse(&value).ok_or_else(|| {
+            StoreError::Corrupt(format!(
+                "closed order {order} of voucher {voucher}: {value:?}"
+            ))
+        })?;
+        if closed.user != user.as_str() {
+            return Ok(None);
+        }
+        if let (Some(d), Some(acked)) = (self.durable, acked)
+            && !d.held_by(acked)
+        {
+            return Err(StoreError::Unconfirmed {
+                order_id: order,
+                detail: format!("close acknowledged by {acked} of {} replica(s)", d.replicas),
+            });
+        }
+        Ok(Some(closed))
+    }
+
+    /// Where `user`'s order `order` of `voucher` stands in its payment step, in one round
+    /// trip: its close if it was closed (and it is `user`'s), and its deadline while it
+    /// is open. (`None`, `None` for vouchers without a payment step.)
+    pub async fn payment_state(
+        &self,
+        voucher: VoucherId,
+        order: OrderId,
+        user: &UserId,
+    ) -> Result<(Option<ClosedOrder>, Option<UnixMillis>), StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let (closed, deadline): (Option<String>, Option<f64>) = redis::pipe()
+            .hget(&k.closed, order.get())
+            .zscore(&k.deadlines, format!("{order}\n{user}"))
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let closed = closed
+            .as_deref()
+            .and_then(ClosedOrder::parse)
+            .filter(|c| c.user == user.as_str());
+        Ok((closed, deadline.map(|d| d as UnixMillis)))
+    }
+
     /// Makes a new voucher sellable: registers it for the drainer, then creates its sale
     /// hash (only if absent) and its consumer group. Idempotent; returns true when the
     /// sale hash was created now.
@@ -479,12 +566,23 @@ impl RedisSales {
             .key(&k.sale)
             .key(&k.buyers)
             .key(&k.orders)
+            .key(&k.deadlines)
             .arg(voucher.db_stock_left)
             .arg(voucher.stock)
             .arg(voucher.window.begins_ms())
             .arg(voucher.window.ends_ms())
             .arg(keys::DRAIN_GROUP)
             .arg(settled)
+            .arg(
+                voucher
+                    .payment
+                    .map_or(String::new(), |p| p.pay_within_ms.to_string()),
+            )
+            .arg(if voucher.payment.is_some_and(|p| p.rebuy_after_close) {
+                "1"
+            } else {
+                "0"
+            })
             .invoke_async(&mut conn)
             .await?;
         match created {

@@ -34,6 +34,7 @@ fn voucher_in(id: i64, stock: i64, window: SaleWindow) -> Voucher {
         stock,
         db_stock_left: stock,
         window,
+        payment: None,
     }
 }
 

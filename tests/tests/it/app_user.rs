@@ -86,6 +86,7 @@ fn open_voucher() -> NewVoucher {
         title: "app user".into(),
         stock: 5,
         window: SaleWindow::new(now - 60_000, now + 3_600_000).unwrap(),
+        payment: None,
     }
 }
 
@@ -108,7 +109,10 @@ async fn do_what_the_functions_do(db: &DataApi) {
     assert!(ledger.accepts_an_ordinary_row(v.id).await.unwrap());
     let tx = ledger.begin().await.expect("BeginTransaction");
     assert_eq!(
-        tx.lock_voucher(v.id).await.expect("SELECT ... FOR UPDATE"),
+        tx.lock_voucher(v.id)
+            .await
+            .expect("SELECT ... FOR UPDATE")
+            .map(|l| l.stock_left),
         Some(5)
     );
     assert!(
@@ -127,7 +131,7 @@ async fn do_what_the_functions_do(db: &DataApi) {
     tx.commit().await.expect("CommitTransaction");
 
     assert_eq!(
-        db.order(order.id).await.unwrap().map(|(_, _, s)| s),
+        db.order(order.id).await.unwrap().map(|(_, _, s, _)| s),
         Some(OrderStatus::Confirmed)
     );
     assert!(

@@ -254,6 +254,7 @@ async fn poison_entries_are_dead_lettered_and_their_neighbours_commit() {
         stock: 10,
         db_stock_left: 10,
         window: SaleWindow::new(now_millis() - 60_000, now_millis() + 3_600_000).unwrap(),
+        payment: None,
     };
     ctx.sales.preload(&ghost).await.unwrap();
     let orphans = ctx.admit(ghost.id, "orphan", 3).await;
@@ -890,6 +891,7 @@ async fn many_vouchers(ctx: &DrainCtx, first_id: i64, n: i64, stock: i64) -> Vec
             stock,
             db_stock_left: stock,
             window,
+            payment: None,
         })
         .collect();
     futures::stream::iter(&vouchers)
@@ -1160,13 +1162,13 @@ async fn user_ids_differing_only_in_trailing_spaces_or_case_are_different_buyers
     let db = ctx.db().await;
     for (u, id) in &orders {
         let user = UserId::parse(u).unwrap();
-        let (found, _) = db
+        let (found, ..) = db
             .order_of_buyer(v.id, &user)
             .await
             .unwrap()
             .unwrap_or_else(|| panic!("{u:?} has no order"));
         assert_eq!(found, *id, "{u:?} finds its own order");
-        let (_, stored, _) = db.order(*id).await.unwrap().expect("order");
+        let (_, stored, ..) = db.order(*id).await.unwrap().expect("order");
         assert_eq!(stored.as_str(), *u, "the id comes back byte for byte");
     }
     let (_, mut snapshot) = db.sale_snapshot(v.id).await.unwrap().expect("voucher");

@@ -455,6 +455,7 @@ async fn not_started_and_ended_sales_are_refused() {
         stock: 5,
         db_stock_left: 5,
         window: SaleWindow::new(now - 7_200_000, now - 3_600_000).unwrap(),
+        payment: None,
     };
     b.sales.preload(&past).await.unwrap();
     assert_error(buy(&app, "987654321", "alice").await, 409, "ended");
@@ -693,6 +694,7 @@ async fn a_voucher_missing_in_redis_is_repaired_from_the_database() {
         title: "repair me".into(),
         stock: 4,
         window: SaleWindow::new(now - 1_000, now + 3_600_000).unwrap(),
+        payment: None,
     };
     let v = b.db.create_voucher(&new).await.unwrap();
     let app = App::new(&b.http_config()).await;

@@ -23,6 +23,7 @@ mod e2e_http;
 mod http_fuzz;
 mod http_handlers;
 mod ops_cli;
+mod payment;
 mod redis_fixture;
 mod repair;
 mod stack_smoke;

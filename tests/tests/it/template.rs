@@ -859,6 +859,8 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
     ("existing_orders", &["ExecuteStatement"]),
     ("insert_orders", &["ExecuteStatement"]),
     ("take_stock", &["ExecuteStatement"]),
+    ("settle", &["ExecuteStatement"]),
+    ("insert_payment_orders", &["ExecuteStatement"]),
 ];
 
 fn rust_sources(dir: &Path, out: &mut Vec<String>) {

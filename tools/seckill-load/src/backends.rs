@@ -171,6 +171,7 @@ impl Bench {
             title: title.to_string(),
             stock,
             window,
+            payment: None,
         };
         let voucher = self
             .db

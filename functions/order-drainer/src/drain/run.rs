@@ -49,6 +49,10 @@ pub struct Summary {
     pub rejected: u64,
     /// Entries moved to a dead-letter stream.
     pub dead_lettered: u64,
+    /// Orders this run expired (payment deadline passed; unit back on sale).
+    pub expired: u64,
+    /// Closes (paid, cancelled, expired) this run recorded in the database.
+    pub settled: u64,
     /// Batches committed (one Data API transaction each).
     pub batches: u64,
     /// Entries this run read but gave back unfinished (pending, claimable at once).

@@ -24,8 +24,14 @@
 use std::ops::Range;
 use std::time::Duration;
 
+use std::collections::HashSet;
+
+use seckill_shared::adapters::closes::EXPIRE_PER_CALL;
 use seckill_shared::adapters::ledger::LedgerTx;
-use seckill_shared::domain::{AdmittedOrder, OrderStatus, VoucherId, now_millis};
+use seckill_shared::adapters::ledger::sql::PaymentRow;
+use seckill_shared::domain::{
+    AdmittedOrder, ClosedOrder, OrderId, OrderStatus, VoucherId, now_millis,
+};
 use seckill_shared::error::StoreError;
 
 use super::Drainer;
@@ -50,11 +56,21 @@ enum BatchOutcome {
 
 /// How one attempt at a batch transaction ended (before commit).
 enum Attempt {
-    Planned(Split),
+    /// The batch's plan, and the closes settled in the same transaction (vouchers with a
+    /// payment step).
+    Planned(Split, Settled),
     UnknownVoucher,
     Raced(String),
     /// The voucher row is locked by another transaction.
     Locked(StoreError),
+}
+
+/// Closes recorded in a batch transaction: units given back, and the orders whose close
+/// the database holds once it commits (they leave `to_settle` then).
+#[derive(Default)]
+struct Settled {
+    returned: u64,
+    done: Vec<OrderId>,
 }
 
 /// What became of a batch's orders, with their indexes into the batch's orders.
@@ -76,6 +92,7 @@ impl Isolated {
         self.committed.confirmed.extend(shift(part.confirmed));
         self.committed.rejected.extend(shift(part.rejected));
         self.committed.duplicates.extend(shift(part.duplicates));
+        self.committed.closed.extend(shift(part.closed));
         self.committed
             .dead
             .extend(part.dead.into_iter().map(|(i, r)| (i + offset, r)));
@@ -83,6 +100,37 @@ impl Isolated {
 }
 
 impl Drainer {
+    /// Closes `voucher`'s orders whose payment deadline has passed (`lua/close.lua`,
+    /// which returns their units to the sale), then records every close Redis decided
+    /// in the database (a batch transaction without orders). Failures are the run's,
+    /// never an order's: what is left waits in Redis for the next sweep.
+    pub(super) async fn sweep(&self, run: &Run, voucher: VoucherId) {
+        let waiting = loop {
+            match self.streams.expire_due(voucher).await {
+                Ok((expired, to_settle)) => {
+                    run.count(|s| s.expired += expired);
+                    if expired < EXPIRE_PER_CALL || !run.fits(1) {
+                        break to_settle;
+                    }
+                }
+                Err(e) => {
+                    run.fail(
+                        voucher,
+                        DrainError::store("expiring unpaid orders", Some(voucher), e),
+                    );
+                    return;
+                }
+            }
+        };
+        failpoint::hit("after_expire");
+        if waiting > 0
+            && run.fits(1)
+            && let Err(e) = self.commit_batch(run, voucher, &[], true).await
+        {
+            run.fail(voucher, e);
+        }
+    }
+
     /// Commits a batch's orders; when the database refuses its rows (an insert failing
     /// with a permanent error, or row counts that keep differing from the plan), splits
     /// it in halves, in stream order, until each refused order stands alone. Returns what
@@ -183,7 +231,7 @@ impl Drainer {
             failpoint::hit("before_begin");
             let attempt = self.attempt(run, voucher, orders, look_up).await?;
             match attempt {
-                Attempt::Planned(split) => return Ok(BatchOutcome::Committed(split)),
+                Attempt::Planned(split, _) => return Ok(BatchOutcome::Committed(split)),
                 Attempt::UnknownVoucher => return Ok(BatchOutcome::UnknownVoucher),
                 Attempt::Raced(detail) if !look_up => {
                     look_up = true;
@@ -248,12 +296,21 @@ impl Drainer {
         }
         let planned = self.plan_and_write(&tx, voucher, orders, look_up).await;
         let (outcome, over) = match planned {
-            Ok(Attempt::Planned(split)) if split.writes() > 0 => {
+            Ok(Attempt::Planned(split, settled))
+                if split.writes() > 0 || settled.returned > 0 || !settled.done.is_empty() =>
+            {
                 failpoint::hit("before_commit");
                 match tx.commit().await {
                     Ok(()) => {
                         failpoint::hit("after_commit");
-                        (Ok(Attempt::Planned(split)), true)
+                        // The database holds these closes now; a failure here only
+                        // makes a later run find them settled again.
+                        if let Err(e) = self.streams.settled(voucher, &settled.done).await {
+                            tracing::warn!(%voucher, error = %e, "could not forget settled closes");
+                        }
+                        failpoint::hit("after_settled");
+                        run.count(|s| s.settled += settled.done.len() as u64);
+                        (Ok(Attempt::Planned(split, settled)), true)
                     }
                     Err(e) => {
                         // The commit may not have reached the server: end it for sure.
@@ -338,13 +395,32 @@ impl Drainer {
         look_up: bool,
     ) -> Result<Attempt, DrainError> {
         let db = |step, e| DrainError::store(step, Some(voucher), e);
-        let stock_left = match tx.lock_voucher(voucher).await {
-            Ok(Some(left)) => left,
+        let locked = match tx.lock_voucher(voucher).await {
+            Ok(Some(locked)) => locked,
             Ok(None) => return Ok(Attempt::UnknownVoucher),
             Err(e @ StoreError::Locked { .. }) => return Ok(Attempt::Locked(e)),
             Err(e) => return Err(db("locking the voucher", e)),
         };
         failpoint::hit("after_lock");
+        let mut stock_left = locked.stock_left;
+        // Vouchers with a payment step: first record every close Redis decided so far,
+        // under this row lock, so that a unit given back in Redis and sold again is back
+        // in the database before its new order is written (else the database stock
+        // would refuse the new order). Then learn which orders of the batch are closed.
+        let (settled, closes) = match locked.pay_within_ms {
+            None => (Settled::default(), Vec::new()),
+            Some(_) => {
+                let settled = self.settle_in(tx, voucher).await?;
+                stock_left += i64::try_from(settled.returned).unwrap_or(0);
+                let ids: Vec<OrderId> = orders.iter().map(|o| o.id).collect();
+                let closes = self
+                    .streams
+                    .closed_orders(voucher, &ids)
+                    .await
+                    .map_err(|e| DrainError::store("reading closed orders", Some(voucher), e))?;
+                (settled, closes)
+            }
+        };
         let existing = if look_up {
             tx.existing_orders(voucher, orders)
                 .await
@@ -352,12 +428,56 @@ impl Drainer {
         } else {
             Vec::new()
         };
-        let split = plan::split(voucher, orders, &existing, stock_left);
+        let gave_back: HashSet<OrderId> = orders
+            .iter()
+            .zip(&closes)
+            .filter(|(_, c)| c.as_ref().is_some_and(|c| c.status.returned_unit()))
+            .map(|(o, _)| o.id)
+            .collect();
+        let split = plan::split(voucher, orders, &existing, stock_left, &gave_back);
 
+        if let Some(pay_within_ms) = locked.pay_within_ms {
+            // Confirmed ones wait for payment (or are paid already); closed ones are
+            // written as Redis closed them.
+            let rows: Vec<PaymentRow<'_>> = split
+                .confirmed
+                .iter()
+                .chain(&split.closed)
+                .map(|&i| {
+                    let closed = closes.get(i).and_then(Option::as_ref);
+                    PaymentRow {
+                        order: &orders[i],
+                        status: closed.map_or(OrderStatus::AwaitingPayment, |c| c.status),
+                        pay_by_ms: orders[i].admitted_ms + pay_within_ms,
+                        payment_ref: closed
+                            .filter(|c| c.status == OrderStatus::Paid)
+                            .map(|c| c.payment_ref.as_str()),
+                    }
+                })
+                .collect();
+            if !rows.is_empty() {
+                let inserted = tx
+                    .insert_payment_orders(&rows)
+                    .await
+                    .map_err(|e| db("inserting orders", e))?;
+                failpoint::hit("after_insert");
+                if inserted != rows.len() as u64 {
+                    return Ok(Attempt::Raced(format!(
+                        "{inserted} of {} payment rows inserted",
+                        rows.len()
+                    )));
+                }
+            }
+        }
+        let confirmed = if locked.pay_within_ms.is_some() {
+            &[][..]
+        } else {
+            &split.confirmed[..]
+        };
         for (indexes, status, reason) in [
-            (&split.confirmed, OrderStatus::Confirmed, None),
+            (confirmed, OrderStatus::Confirmed, None),
             (
-                &split.rejected,
+                &split.rejected[..],
                 OrderStatus::Rejected,
                 Some(DB_STOCK_EXHAUSTED),
             ),
@@ -390,6 +510,39 @@ impl Drainer {
             }
             failpoint::hit("after_stock_update");
         }
-        Ok(Attempt::Planned(split))
+        Ok(Attempt::Planned(split, settled))
+    }
+
+    /// Records, inside `tx`, the closes of `voucher` waiting in Redis (`to_settle`).
+    async fn settle_in(
+        &self,
+        tx: &LedgerTx<'_>,
+        voucher: VoucherId,
+    ) -> Result<Settled, DrainError> {
+        let redis = |step, e| DrainError::store(step, Some(voucher), e);
+        let ids = self
+            .streams
+            .to_settle(voucher)
+            .await
+            .map_err(|e| redis("reading closes to settle", e))?;
+        if ids.is_empty() {
+            return Ok(Settled::default());
+        }
+        let closed = self
+            .streams
+            .closed_orders(voucher, &ids)
+            .await
+            .map_err(|e| redis("reading closed orders", e))?;
+        let closes: Vec<(OrderId, ClosedOrder)> = ids
+            .into_iter()
+            .zip(closed)
+            .filter_map(|(id, c)| Some((id, c?)))
+            .collect();
+        let (returned, done) = tx
+            .settle(voucher, &closes)
+            .await
+            .map_err(|e| DrainError::store("settling closed orders", Some(voucher), e))?;
+        failpoint::hit("after_settle");
+        Ok(Settled { returned, done })
     }
 }

@@ -13,7 +13,7 @@
 use aws_sdk_rdsdata::types::SqlParameter;
 
 use crate::adapters::data_api::{USER_ID_TEXT, format_datetime, param};
-use crate::domain::{AdmittedOrder, OrderStatus, VoucherId};
+use crate::domain::{AdmittedOrder, ClosedOrder, OrderId, OrderStatus, UnixMillis, VoucherId};
 
 /// Rows (or ids) per statement. At most ~45 characters of SQL and ~400 bytes of request
 /// per row, so 1,000 rows stay far below 65,536 characters and 4 MiB; a lookup returns at
@@ -23,9 +23,10 @@ pub const MAX_ROWS_PER_STATEMENT: usize = 1_000;
 /// The longest `reason` the `orders` table holds.
 pub const MAX_REASON_CHARS: usize = 64;
 
-/// Locks the voucher row and reads its database stock (`:v`). `NOWAIT`: a row held by
+/// Locks the voucher row and reads its database stock and payment window (`:v`). `NOWAIT`: a row held by
 /// another transaction fails at once instead of waiting up to `innodb_lock_wait_timeout`.
-pub const LOCK_VOUCHER: &str = "SELECT stock_left FROM vouchers WHERE id = :v FOR UPDATE NOWAIT";
+pub const LOCK_VOUCHER: &str =
+    "SELECT stock_left, pay_within_ms FROM vouchers WHERE id = :v FOR UPDATE NOWAIT";
 
 /// The parameters of [`LOCK_VOUCHER`].
 pub fn lock_voucher(voucher: VoucherId) -> Vec<SqlParameter> {
@@ -96,10 +97,12 @@ pub fn existing_orders(voucher: VoucherId, chunk: &[AdmittedOrder]) -> (String, 
     let ids: Vec<String> = (0..chunk.len()).map(|i| format!(":i{i}")).collect();
     let users: Vec<String> = (0..chunk.len()).map(|i| format!(":u{i}")).collect();
     // A UNION rather than `OR`: each half is a range on its own index (primary key;
-    // unique (voucher, user)) whatever the optimizer thinks of the table's size.
+    // unique (voucher, holder)) whatever the optimizer thinks of the table's size. By
+    // holder, not user: a buyer's cancelled or expired order (holder NULL) does not
+    // collide with their new one.
     let sql = format!(
         "SELECT id, voucher_id, {USER_ID_TEXT} FROM orders WHERE id IN ({}) \
-         UNION SELECT id, voucher_id, {USER_ID_TEXT} FROM orders WHERE voucher_id = :v AND user_id IN ({})",
+         UNION SELECT id, voucher_id, {USER_ID_TEXT} FROM orders WHERE voucher_id = :v AND holder IN ({})",
         ids.join(","),
         users.join(",")
     );
@@ -111,6 +114,111 @@ pub fn existing_orders(voucher: VoucherId, chunk: &[AdmittedOrder]) -> (String, 
     }
     (sql, params)
 }
+
+/// One row of [`insert_payment_orders`]: an order of a voucher with a payment step, its
+/// status (`awaiting_payment`, or the close Redis already decided), its deadline and
+/// payment reference.
+pub struct PaymentRow<'a> {
+    pub order: &'a AdmittedOrder,
+    pub status: OrderStatus,
+    pub pay_by_ms: UnixMillis,
+    pub payment_ref: Option<&'a str>,
+}
+
+#[derive(serde::Serialize)]
+struct PayRow<'a> {
+    i: i64,
+    v: i64,
+    u: &'a str,
+    a: String,
+    s: &'static str,
+    p: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    r: Option<&'a str>,
+}
+
+/// `INSERT IGNORE` of orders of a voucher with a payment step, each with its own status,
+/// deadline and reference (the same `JSON_TABLE` shape as [`insert_orders`]); a closed
+/// order gets `closed_at` now.
+pub fn insert_payment_orders(chunk: &[PaymentRow<'_>]) -> (String, Vec<SqlParameter>) {
+    const SQL: &str = "INSERT IGNORE INTO orders \
+        (id, voucher_id, user_id, status, pay_by, pay_ref, closed_at, admitted_at) \
+        SELECT j.id, j.v, j.u, j.s, j.p, j.r, \
+        IF(j.s IN ('paid', 'cancelled', 'expired'), UTC_TIMESTAMP(3), NULL), j.a \
+        FROM JSON_TABLE(:rows, '$[*]' COLUMNS (\
+        id BIGINT UNSIGNED PATH '$.i' ERROR ON EMPTY, \
+        v BIGINT UNSIGNED PATH '$.v' ERROR ON EMPTY, \
+        u VARCHAR(64) PATH '$.u' ERROR ON EMPTY, \
+        a DATETIME(3) PATH '$.a' ERROR ON EMPTY, \
+        s VARCHAR(20) PATH '$.s' ERROR ON EMPTY, \
+        p DATETIME(3) PATH '$.p' ERROR ON EMPTY, \
+        r VARCHAR(128) PATH '$.r')) AS j";
+    let rows: Vec<PayRow<'_>> = chunk
+        .iter()
+        .map(|row| PayRow {
+            i: row.order.id.get(),
+            v: row.order.voucher.get(),
+            u: row.order.user.as_str(),
+            a: format_datetime(row.order.admitted_ms),
+            s: row.status.as_str(),
+            p: format_datetime(row.pay_by_ms),
+            r: row.payment_ref,
+        })
+        .collect();
+    let rows = serde_json::to_string(&rows).expect("rows of numbers and strings serialise");
+    (SQL.to_string(), vec![param::string("rows", &rows)])
+}
+
+/// Records closes Redis decided (`lua/close.lua`) on orders of voucher `:v` still
+/// `awaiting_payment`: `paid` with its reference, or `cancelled` / `expired`. Only rows
+/// still awaiting payment change, so a close recorded once is never recorded again; the
+/// row count of the `cancelled` / `expired` statement is the units to give back.
+pub fn settle_closes(
+    voucher: VoucherId,
+    closes: &[(OrderId, &ClosedOrder)],
+    returned: bool,
+) -> (String, Vec<SqlParameter>) {
+    const SQL: &str = "UPDATE orders o JOIN JSON_TABLE(:rows, '$[*]' COLUMNS (\
+        id BIGINT UNSIGNED PATH '$.i' ERROR ON EMPTY, \
+        s VARCHAR(20) PATH '$.s' ERROR ON EMPTY, \
+        r VARCHAR(128) PATH '$.r')) AS j ON o.id = j.id \
+        SET o.status = j.s, o.pay_ref = j.r, o.closed_at = UTC_TIMESTAMP(3) \
+        WHERE o.voucher_id = :v AND o.status = 'awaiting_payment'";
+    #[derive(serde::Serialize)]
+    struct Close<'a> {
+        i: i64,
+        s: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        r: Option<&'a str>,
+    }
+    let rows: Vec<Close<'_>> = closes
+        .iter()
+        .filter(|(_, c)| c.status.returned_unit() == returned)
+        .map(|(id, c)| Close {
+            i: id.get(),
+            s: c.status.as_str(),
+            r: (c.status == OrderStatus::Paid).then_some(c.payment_ref.as_str()),
+        })
+        .collect();
+    let rows = serde_json::to_string(&rows).expect("rows of numbers and strings serialise");
+    (
+        SQL.to_string(),
+        vec![
+            param::string("rows", &rows),
+            param::long("v", voucher.get()),
+        ],
+    )
+}
+
+/// Gives `:n` units back to voucher `:v`'s database stock (closes recorded by
+/// [`settle_closes`]); the table's CHECK keeps `stock_left <= stock`.
+pub const RETURN_STOCK: &str = "UPDATE vouchers SET stock_left = stock_left + :n WHERE id = :v";
+
+/// Which of the orders `:rows` (a JSON array of ids) of voucher `:v` the database holds
+/// closed or refused (anything but `awaiting_payment`): their close is recorded.
+pub const SETTLED_ORDERS: &str = "SELECT o.id FROM orders o JOIN JSON_TABLE(:rows, '$[*]' COLUMNS (\
+    id BIGINT UNSIGNED PATH '$' ERROR ON EMPTY)) AS j ON o.id = j.id \
+    WHERE o.voucher_id = :v AND o.status <> 'awaiting_payment'";
 
 fn truncate_chars(s: &str, max: usize) -> String {
     s.chars().take(max).collect()

@@ -42,15 +42,15 @@ pub async fn list(b: &Backends, voucher: VoucherId) -> anyhow::Result<Vec<DeadLe
                 let row = b.db.order(order.id).await.db()?;
                 let holder = b.db.order_of_buyer(voucher, &order.user).await.db()?;
                 let refusal = match (&row, holder) {
-                    (Some((v, u, _)), _) if *v != voucher || *u != order.user => {
+                    (Some((v, u, ..)), _) if *v != voucher || *u != order.user => {
                         Some("its order id belongs to another order in the database".to_string())
                     }
-                    (None, Some((other, _))) => Some(format!(
+                    (None, Some((other, ..))) => Some(format!(
                         "the buyer already holds order {other} in the database"
                     )),
                     _ => None,
                 };
-                (row.map(|(_, _, s)| s.as_str().to_string()), refusal)
+                (row.map(|(_, _, s, _)| s.as_str().to_string()), refusal)
             }
         };
         let no_voucher = db_voucher

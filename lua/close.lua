@@ -1,0 +1,96 @@
+-- Close: the one decision of an order's end after admission (vouchers with a payment
+-- step only). Paid, cancelled or expired, decided once: whoever closes the order first
+-- wins, and every later call is told that outcome.
+--
+-- KEYS[1] sale hash    seckill:{<voucher>}:sale
+-- KEYS[2] buyers hash  seckill:{<voucher>}:buyers
+-- KEYS[3] deadlines    seckill:{<voucher>}:deadlines
+-- KEYS[4] closed hash  seckill:{<voucher>}:closed
+-- KEYS[5] to settle    seckill:{<voucher>}:to_settle
+-- ARGV[1] action:
+--   PAY        ARGV[2] order id, ARGV[3] user id, ARGV[4] payment reference
+--   CANCEL     ARGV[2] order id, ARGV[3] user id
+--   EXPIRE_DUE ARGV[2] the most orders to expire in this call
+--
+-- PAY and CANCEL return the order's closed value `<state>\n<deadline ms>\n<ref>\n<user>`
+-- (state PAID, CANCELLED or EXPIRED), whether this call closed it or an earlier one did
+-- (the caller compares: a repeat of the same payment gets the same answer), or nil
+-- when the user holds no open order of that id here. A payment at or after the deadline
+-- expires the order instead (the deadline is the server's clock, as for admission).
+-- EXPIRE_DUE closes up to ARGV[2] orders whose deadline has passed and returns
+-- {expired now, orders still to settle}.
+--
+-- The unit of a cancelled or expired order goes back to the sale's stock here, once:
+-- only the call that writes the closed value returns it. The order joins `to_settle`
+-- until the drainer records its close in the database (and, for a return, gives the
+-- database its unit back). With `rebuy` = 1 in the sale hash, the buyer's record is
+-- dropped too, so they may buy again. Every key shares the {<voucher>} tag. Checks
+-- first, writes last.
+
+-- Shared with Rust (shared/src/protocol.rs; its test checks that the two agree).
+-- Actions:
+local PAY = 'pay'
+local CANCEL = 'cancel'
+local EXPIRE_DUE = 'expire_due'
+-- Closed states:
+local PAID = 'paid'
+local CANCELLED = 'cancelled'
+local EXPIRED = 'expired'
+-- Sale hash fields:
+local STOCK = 'stock'
+local REBUY = 'rebuy'
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local function close(order, user, deadline, state, ref)
+  local value = state .. '\n' .. deadline .. '\n' .. ref .. '\n' .. user
+  redis.call('HSET', KEYS[4], order, value)
+  redis.call('ZREM', KEYS[3], order .. '\n' .. user)
+  if state ~= PAID then
+    redis.call('HINCRBY', KEYS[1], STOCK, 1)
+    if redis.call('HGET', KEYS[1], REBUY) == '1' and redis.call('HGET', KEYS[2], user) == order then
+      redis.call('HDEL', KEYS[2], user)
+    end
+  end
+  redis.call('SADD', KEYS[5], order)
+  return value
+end
+
+if ARGV[1] == EXPIRE_DUE then
+  local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
+  local expired = 0
+  for i = 1, #due, 2 do
+    local member = due[i]
+    local sep = string.find(member, '\n', 1, true)
+    local order, user = string.sub(member, 1, sep - 1), string.sub(member, sep + 1)
+    if redis.call('HEXISTS', KEYS[4], order) == 0 then
+      close(order, user, string.format('%.0f', tonumber(due[i + 1])), EXPIRED, '')
+      expired = expired + 1
+    else
+      redis.call('ZREM', KEYS[3], member)
+    end
+  end
+  return {expired, redis.call('SCARD', KEYS[5])}
+end
+
+if ARGV[1] ~= PAY and ARGV[1] ~= CANCEL then
+  return redis.error_reply('close: unknown action ' .. tostring(ARGV[1]))
+end
+local order, user = ARGV[2], ARGV[3]
+local prior = redis.call('HGET', KEYS[4], order)
+if prior then
+  return prior
+end
+local deadline = redis.call('ZSCORE', KEYS[3], order .. '\n' .. user)
+if not deadline then
+  return nil
+end
+deadline = string.format('%.0f', tonumber(deadline))
+if now >= tonumber(deadline) then
+  return close(order, user, deadline, EXPIRED, '')
+end
+if ARGV[1] == PAY then
+  return close(order, user, deadline, PAID, ARGV[4])
+end
+return close(order, user, deadline, CANCELLED, '')

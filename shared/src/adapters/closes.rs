@@ -1,0 +1,87 @@
+//! The drainer's side of closed orders (vouchers with a payment step, issue #17):
+//! expiring orders past their deadline, and carrying every close to the database.
+//!
+//! `lua/close.lua` decides each close once, in Redis, and returns a cancelled or expired
+//! order's unit to the sale there; the order then waits in the voucher's `to_settle` set
+//! until the drainer has recorded the close in the database (and given the database its
+//! unit back). These are the calls the drainer makes for that; they are
+//! [`OrderStreams`] methods because the drainer holds one connection for all of it.
+//!
+//! Invariant kept here: an order leaves `to_settle` only through [`OrderStreams::settled`],
+//! which the drainer calls after the database committed the order's final status.
+
+use redis::AsyncCommands;
+
+use super::order_stream::OrderStreams;
+use super::redis::CLOSE;
+use crate::domain::{ClosedOrder, OrderId, VoucherId};
+use crate::error::StoreError;
+use crate::keys::VoucherKeys;
+use crate::protocol::close;
+
+/// Orders one [`OrderStreams::expire_due`] call closes at most: a long backlog of due
+/// orders goes in steps, never one long script.
+pub const EXPIRE_PER_CALL: u64 = 500;
+
+impl OrderStreams {
+    /// Expires up to [`EXPIRE_PER_CALL`] orders of `voucher` whose payment deadline has
+    /// passed (by the Redis server's clock), returning each unit to the sale. Returns
+    /// (expired now, orders waiting to be settled).
+    pub async fn expire_due(&self, voucher: VoucherId) -> Result<(u64, u64), StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let reply: (u64, u64) = CLOSE
+            .key(&k.sale)
+            .key(&k.buyers)
+            .key(&k.deadlines)
+            .key(&k.closed)
+            .key(&k.to_settle)
+            .arg(close::EXPIRE_DUE)
+            .arg(EXPIRE_PER_CALL)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(reply)
+    }
+
+    /// The orders of `voucher` closed in Redis whose close the database may not have yet.
+    pub async fn to_settle(&self, voucher: VoucherId) -> Result<Vec<OrderId>, StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let ids: Vec<String> = self.conn.clone().smembers(&k.to_settle).await?;
+        Ok(ids
+            .iter()
+            .filter_map(|id| id.parse::<OrderId>().ok())
+            .collect())
+    }
+
+    /// How each of `orders` was closed, in order (`None`: still open, or no such order).
+    pub async fn closed_orders(
+        &self,
+        voucher: VoucherId,
+        orders: &[OrderId],
+    ) -> Result<Vec<Option<ClosedOrder>>, StoreError> {
+        if orders.is_empty() {
+            return Ok(Vec::new());
+        }
+        let k = VoucherKeys::new(voucher);
+        let ids: Vec<i64> = orders.iter().map(|o| o.get()).collect();
+        let values: Vec<Option<String>> = redis::cmd("HMGET")
+            .arg(&k.closed)
+            .arg(&ids)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(values
+            .iter()
+            .map(|v| v.as_deref().and_then(ClosedOrder::parse))
+            .collect())
+    }
+
+    /// Forgets orders whose close the database has committed.
+    pub async fn settled(&self, voucher: VoucherId, orders: &[OrderId]) -> Result<(), StoreError> {
+        if orders.is_empty() {
+            return Ok(());
+        }
+        let k = VoucherKeys::new(voucher);
+        let ids: Vec<i64> = orders.iter().map(|o| o.get()).collect();
+        let _: i64 = self.conn.clone().srem(&k.to_settle, &ids).await?;
+        Ok(())
+    }
+}

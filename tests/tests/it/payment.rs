@@ -1,0 +1,764 @@
+//! The payment step (issue #17) against real parts: seckill-http's handler with fixture
+//! events, the real scripts on a private Redis, the drainer in process and as a process
+//! killed between its Redis and database steps, and a fresh database behind the Data API.
+//!
+//! What is proved: each order is closed once (paid xor cancelled xor expired, whoever
+//! comes first), each returned unit goes back exactly once to Redis and to the database,
+//! returned units are sold again within the sale, and a warm instance stops answering
+//! `sold_out` within a second of a return.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use mysql_async::prelude::Queryable;
+use redis::AsyncCommands;
+use seckill_http::App;
+use seckill_shared::adapters::redis::CloseAction;
+use seckill_shared::domain::{
+    Admission, NewVoucher, OrderId, PaymentRef, PaymentTerms, SaleWindow, UserId, Voucher,
+    VoucherId, format_rfc3339_millis, now_millis,
+};
+use seckill_shared::keys::VoucherKeys;
+use seckill_tests::drainer::{DrainCtx, DrainerProcess};
+use seckill_tests::harness::{call, request, test_http_config, token};
+use serde_json::{Value, json};
+
+const FAILPOINT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A voucher on sale now (for an hour) with a payment window of `pay_within_s`,
+/// preloaded into Redis.
+async fn pay_voucher(ctx: &DrainCtx, stock: i64, pay_within_s: i64, rebuy: bool) -> Voucher {
+    let now = now_millis();
+    let new = NewVoucher {
+        title: "pay test".into(),
+        stock,
+        window: SaleWindow::new(now - 60_000, now + 3_600_000).unwrap(),
+        payment: Some(PaymentTerms {
+            pay_within_ms: pay_within_s * 1000,
+            rebuy_after_close: rebuy,
+        }),
+    };
+    let v = ctx.db().await.create_voucher(&new).await.expect("voucher");
+    ctx.sales.preload(&v).await.expect("preload");
+    v
+}
+
+async fn app_of(ctx: &DrainCtx) -> App {
+    App::new(&test_http_config(ctx.redis.config(), ctx.data_api_config())).await
+}
+
+async fn buy(app: &App, voucher: impl std::fmt::Display, user: &str) -> (u16, Value) {
+    let path = format!("/vouchers/{voucher}/seckill");
+    call(
+        app,
+        request("POST", &path, Some(&token(user, false)), None, None),
+    )
+    .await
+}
+
+async fn pay(app: &App, order: &str, user: &str, reference: &str) -> (u16, Value) {
+    let body = json!({ "payment_ref": reference }).to_string();
+    let path = format!("/orders/{order}/pay");
+    call(
+        app,
+        request("POST", &path, Some(&token(user, false)), Some(&body), None),
+    )
+    .await
+}
+
+async fn cancel(app: &App, order: &str, user: &str) -> (u16, Value) {
+    let path = format!("/orders/{order}/cancel");
+    call(
+        app,
+        request("POST", &path, Some(&token(user, false)), None, None),
+    )
+    .await
+}
+
+async fn get_order(app: &App, order: &str, user: &str) -> (u16, Value) {
+    let path = format!("/orders/{order}");
+    call(
+        app,
+        request("GET", &path, Some(&token(user, false)), None, None),
+    )
+    .await
+}
+
+fn code(res: &(u16, Value)) -> (u16, &str) {
+    (res.0, res.1["code"].as_str().unwrap_or(""))
+}
+
+fn status(res: &(u16, Value)) -> (u16, &str) {
+    (res.0, res.1["status"].as_str().unwrap_or(""))
+}
+
+/// Runs the drainer in process until every close is in the database: nothing waits in
+/// `to_settle`, no open order is past its deadline, nothing is pending or undelivered.
+async fn drain_until_settled(ctx: &DrainCtx, v: VoucherId) {
+    let k = VoucherKeys::new(v);
+    for _ in 0..30 {
+        let summary = quick_drain(ctx).await;
+        assert_eq!(summary.errors, 0, "{summary:?}");
+        let mut conn = ctx.conn();
+        let waiting: u64 = conn.scard(&k.to_settle).await.unwrap();
+        let due: u64 = conn
+            .zcount(&k.deadlines, "-inf", now_millis())
+            .await
+            .unwrap();
+        if waiting == 0 && due == 0 && summary.lag == 0 && summary.pending == 0 {
+            return;
+        }
+    }
+    panic!("closes of voucher {v} still not settled after 30 drainer runs");
+}
+
+/// One in-process drainer run that stops soon when idle.
+async fn quick_drain(ctx: &DrainCtx) -> order_drainer::Summary {
+    let mut cfg = ctx.drainer_config();
+    cfg.max_run = Duration::from_millis(400);
+    ctx.drain(cfg).await
+}
+
+/// Sleeps until the unix time `ms`.
+async fn sleep_until(ms: i64) {
+    if let Ok(wait) = u64::try_from(ms - now_millis()) {
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+    }
+}
+
+/// The voucher's orders in the database by status.
+async fn status_counts(ctx: &DrainCtx, v: VoucherId) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for (status, _) in ctx.orders_in_db(v).await.values() {
+        *counts.entry(status.clone()).or_default() += 1;
+    }
+    counts
+}
+
+fn count(c: &BTreeMap<String, usize>, status: &str) -> usize {
+    c.get(status).copied().unwrap_or(0)
+}
+
+async fn redis_stock(ctx: &DrainCtx, v: VoucherId) -> i64 {
+    ctx.sales.stock_left(v).await.unwrap().expect("sale loaded")
+}
+
+#[tokio::test]
+async fn pay_cancel_and_expiry_follow_the_contract() {
+    let ctx = DrainCtx::start().await;
+    let app = app_of(&ctx).await;
+    let admin = token("admin", true);
+    let now = now_millis();
+    let body = |extra: Value| {
+        let mut b = json!({
+            "title": "pay later",
+            "stock": 3,
+            "begins_at": format_rfc3339_millis(now - 1_000),
+            "ends_at": format_rfc3339_millis(now + 3_600_000),
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b.to_string()
+    };
+    // Bad terms are a 400.
+    for extra in [
+        json!({ "pay_within_s": 0 }),
+        json!({ "pay_within_s": 86_401 }),
+        json!({ "rebuy_after_close": true }),
+        json!({ "pay_within_s": "2" }),
+    ] {
+        let res = call(
+            &app,
+            request(
+                "POST",
+                "/vouchers",
+                Some(&admin),
+                Some(&body(extra.clone())),
+                None,
+            ),
+        )
+        .await;
+        assert_eq!(code(&res), (400, "invalid_request"), "{extra}");
+    }
+    let (st, created) = call(
+        &app,
+        request(
+            "POST",
+            "/vouchers",
+            Some(&admin),
+            Some(&body(json!({ "pay_within_s": 5 }))),
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(st, 201, "{created}");
+    assert_eq!(created["pay_within_s"], 5);
+    assert_eq!(created["rebuy_after_close"], false);
+    let vid = created["id"].as_str().unwrap().to_string();
+    let v: VoucherId = vid.parse().unwrap();
+
+    let mut orders = HashMap::new();
+    for user in ["alice", "bob", "carol"] {
+        let res = buy(&app, &vid, user).await;
+        assert_eq!(status(&res), (202, "pending"), "{user}");
+        orders.insert(user, res.1["order_id"].as_str().unwrap().to_string());
+    }
+    let (a, b, c) = (&orders["alice"], &orders["bob"], &orders["carol"]);
+    assert_eq!(code(&buy(&app, &vid, "dave").await), (409, "sold_out"));
+
+    // A pending order shows its deadline.
+    let res = get_order(&app, a, "alice").await;
+    assert_eq!(status(&res), (200, "pending"));
+    let pay_by = res.1["pay_by"].as_str().expect("pay_by").to_string();
+
+    // Paying needs a reference; the first close wins and repeats get the same answer.
+    let res = call(
+        &app,
+        request(
+            "POST",
+            &format!("/orders/{a}/pay"),
+            Some(&token("alice", false)),
+            None,
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(code(&res), (400, "invalid_request"));
+    let mut req = request(
+        "POST",
+        &format!("/orders/{a}/pay"),
+        Some(&token("alice", false)),
+        None,
+        None,
+    );
+    req.headers_mut()
+        .insert("idempotency-key", "pi_alice-1".parse().unwrap());
+    let res = call(&app, req).await;
+    assert_eq!(status(&res), (200, "paid"), "{}", res.1);
+    assert_eq!(res.1["pay_by"], pay_by.as_str());
+    assert_eq!(
+        status(&pay(&app, a, "alice", "pi_alice-1").await),
+        (200, "paid")
+    );
+    assert_eq!(
+        code(&pay(&app, a, "alice", "pi_other").await),
+        (409, "already_paid")
+    );
+    assert_eq!(code(&cancel(&app, a, "alice").await), (409, "order_paid"));
+    assert_eq!(
+        code(&pay(&app, a, "alice", "bad ref").await),
+        (400, "invalid_request")
+    );
+    // Another user's order does not exist for them.
+    assert_eq!(
+        code(&pay(&app, a, "mallory", "pi_m").await),
+        (404, "not_found")
+    );
+    assert_eq!(code(&cancel(&app, a, "mallory").await), (404, "not_found"));
+
+    // Bob cancels before the drainer ran: his unit is back at once, once.
+    assert_eq!(status(&cancel(&app, b, "bob").await), (200, "cancelled"));
+    assert_eq!(status(&cancel(&app, b, "bob").await), (200, "cancelled"));
+    assert_eq!(
+        code(&pay(&app, b, "bob", "pi_bob").await),
+        (409, "order_cancelled")
+    );
+    assert_eq!(redis_stock(&ctx, v).await, 1);
+    // No second purchase by default.
+    assert_eq!(
+        code(&buy(&app, &vid, "bob").await),
+        (409, "already_purchased")
+    );
+    assert_eq!(status(&get_order(&app, b, "bob").await), (200, "cancelled"));
+
+    drain_until_settled(&ctx, v).await;
+    let rows = status_counts(&ctx, v).await;
+    assert_eq!(
+        (
+            count(&rows, "paid"),
+            count(&rows, "cancelled"),
+            count(&rows, "awaiting_payment")
+        ),
+        (1, 1, 1),
+        "{rows:?}"
+    );
+    assert_eq!(ctx.db_stock_left(v).await, 1, "alice and carol hold units");
+    assert_eq!(
+        status(&get_order(&app, c, "carol").await),
+        (200, "awaiting_payment")
+    );
+
+    // Carol's deadline passes: paying now expires her order instead.
+    let carol_by = get_order(&app, c, "carol").await.1["pay_by"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let carol_by = seckill_shared::domain::parse_rfc3339_millis(&carol_by, "pay_by").unwrap();
+    sleep_until(carol_by + 50).await;
+    assert_eq!(
+        code(&pay(&app, c, "carol", "pi_late").await),
+        (409, "order_expired")
+    );
+    assert_eq!(
+        code(&cancel(&app, c, "carol").await),
+        (409, "order_expired")
+    );
+    let res = get_order(&app, c, "carol").await;
+    assert_eq!(status(&res), (200, "expired"));
+    assert!(res.1["pay_by"].is_string());
+    assert_eq!(redis_stock(&ctx, v).await, 2);
+    drain_until_settled(&ctx, v).await;
+    let rows = status_counts(&ctx, v).await;
+    assert_eq!(
+        (
+            count(&rows, "paid"),
+            count(&rows, "cancelled"),
+            count(&rows, "expired")
+        ),
+        (1, 1, 1),
+        "{rows:?}"
+    );
+    assert_eq!(
+        ctx.db_stock_left(v).await,
+        2,
+        "two units back in the database, once each"
+    );
+    let mut my = ctx.mysql().await;
+    let pay_ref: Option<String> = my
+        .exec_first(
+            "SELECT pay_ref FROM orders WHERE id = ?",
+            (a.parse::<i64>().unwrap(),),
+        )
+        .await
+        .unwrap();
+    assert_eq!(pay_ref.as_deref(), Some("pi_alice-1"));
+    my.disconnect().await.ok();
+
+    // The units are on sale again.
+    assert_eq!(status(&buy(&app, &vid, "dave").await), (202, "pending"));
+    assert_eq!(status(&buy(&app, &vid, "erin").await), (202, "pending"));
+    assert_eq!(code(&buy(&app, &vid, "frank").await), (409, "sold_out"));
+
+    // A voucher without a payment step keeps today's states.
+    let (st, plain) = call(
+        &app,
+        request(
+            "POST",
+            "/vouchers",
+            Some(&admin),
+            Some(&body(json!({}))),
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(st, 201);
+    assert!(plain.get("pay_within_s").is_none(), "{plain}");
+    let pid = plain["id"].as_str().unwrap();
+    let res = buy(&app, pid, "alice").await;
+    let order = res.1["order_id"].as_str().unwrap();
+    assert_eq!(
+        code(&pay(&app, order, "alice", "pi_1").await),
+        (409, "payment_not_required")
+    );
+    assert_eq!(
+        code(&cancel(&app, order, "alice").await),
+        (409, "payment_not_required")
+    );
+    let res = get_order(&app, order, "alice").await;
+    assert_eq!(status(&res), (200, "pending"));
+    assert!(res.1.get("pay_by").is_none());
+    ctx.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_voucher_that_allows_it_lets_a_cancelled_buyer_buy_again() {
+    let ctx = DrainCtx::start().await;
+    let app = app_of(&ctx).await;
+    let v = pay_voucher(&ctx, 2, 60, true).await;
+    let first = buy(&app, v.id, "dave").await.1["order_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    drain_until_settled(&ctx, v.id).await;
+    assert_eq!(
+        status(&cancel(&app, &first, "dave").await),
+        (200, "cancelled")
+    );
+    let res = buy(&app, v.id, "dave").await;
+    assert_eq!(status(&res), (202, "pending"), "{}", res.1);
+    let second = res.1["order_id"].as_str().unwrap().to_string();
+    assert_ne!(first, second);
+    // Still one live order per buyer.
+    assert_eq!(
+        code(&buy(&app, v.id, "dave").await),
+        (409, "already_purchased")
+    );
+    drain_until_settled(&ctx, v.id).await;
+    let rows = ctx.orders_in_db(v.id).await;
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(rows[&first.parse::<i64>().unwrap()].0, "cancelled");
+    assert_eq!(rows[&second.parse::<i64>().unwrap()].0, "awaiting_payment");
+    assert_eq!(ctx.db_stock_left(v.id).await, 1);
+    let path = format!("/vouchers/{}/order", v.id);
+    let res = call(
+        &app,
+        request("GET", &path, Some(&token("dave", false)), None, None),
+    )
+    .await;
+    assert_eq!(
+        res.1["order_id"],
+        second.as_str(),
+        "the live order is the buyer's order"
+    );
+    ctx.cleanup().await;
+}
+
+/// ≥ 5,000 orders whose payment and expiry race: the payments start around the first
+/// deadlines and run past the last ones while drainers expire orders at the same time.
+/// Every order ends paid xor expired, as its payer was told; stock is conserved exactly
+/// in Redis and in the database, and the expired units sell again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pay_and_expiry_racing_have_one_winner_per_order() {
+    const N: usize = 5_000;
+    let ctx = Arc::new(DrainCtx::start().await);
+    let app = Arc::new(app_of(&ctx).await);
+    let v = pay_voucher(&ctx, N as i64, 5, false).await;
+    // Admitted over ~3 s (so deadlines spread over ~3 s), in 10 waves.
+    let first = now_millis();
+    let mut orders: Vec<(OrderId, String)> = Vec::with_capacity(N);
+    for wave in 0..10 {
+        let prefix = format!("r{wave}");
+        let ids = ctx.admit(v.id, &prefix, N / 10).await;
+        orders.extend(
+            ids.into_iter()
+                .enumerate()
+                .map(|(i, id)| (id, format!("{prefix}-{i}"))),
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let last = now_millis();
+    // Some orders drained before the race (awaiting_payment rows), the rest not.
+    quick_drain(&ctx).await;
+    // At the middle deadline, pay from the latest admitted order back to the first:
+    // the first payments beat their deadlines, the last ones come after theirs, and in
+    // between payments and the sweeps race order by order.
+    sleep_until((first + last) / 2 + 5_000).await;
+    orders.reverse();
+    let payers = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            futures::stream::iter(orders.into_iter())
+                .map(|(id, user)| {
+                    let app = app.clone();
+                    async move {
+                        let res = pay(&app, &id.to_string(), &user, &format!("pi_{user}")).await;
+                        (id, code(&res).0, res.1["code"].as_str().map(str::to_string))
+                    }
+                })
+                .buffer_unordered(64)
+                .collect::<Vec<_>>()
+                .await
+        })
+    };
+    let sweepers = {
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let mut expired = 0;
+            for _ in 0..4 {
+                let (a, b) = tokio::join!(
+                    ctx.drain(ctx.drainer_config()),
+                    ctx.drain(ctx.drainer_config())
+                );
+                expired += a.expired + b.expired;
+            }
+            expired
+        })
+    };
+    let answers = payers.await.unwrap();
+    let swept = sweepers.await.unwrap();
+    drain_until_settled(&ctx, v.id).await;
+
+    let mut told = BTreeMap::new();
+    for (id, st, code) in &answers {
+        let outcome = match (st, code.as_deref()) {
+            (200, None) => "paid",
+            (409, Some("order_expired")) => "expired",
+            other => panic!("order {id}: unexpected answer {other:?}"),
+        };
+        told.insert(id.get(), outcome);
+    }
+    let rows = ctx.orders_in_db(v.id).await;
+    assert_eq!(rows.len(), N);
+    for (id, outcome) in &told {
+        assert_eq!(
+            rows[id].0, *outcome,
+            "order {id} ended as its payer was told"
+        );
+    }
+    let paid = told.values().filter(|o| **o == "paid").count();
+    let expired = N - paid;
+    println!("{paid} paid, {expired} expired ({swept} by the sweep)");
+    assert!(
+        paid > 0 && expired > 0,
+        "the race had both outcomes: {paid} paid"
+    );
+    assert_eq!(redis_stock(&ctx, v.id).await, (N - paid) as i64);
+    assert_eq!(ctx.db_stock_left(v.id).await, (N - paid) as i64);
+
+    // The expired units are sold again, exactly that many.
+    let resold = ctx.admit(v.id, "t", expired).await;
+    let late = UserId::parse("too-late").unwrap();
+    let id = ctx.ids.next(&ctx.sales, v.id, now_millis()).await.unwrap();
+    let reply = ctx.sales.admit(v.id, &late, id).await.unwrap();
+    assert_eq!(reply.admission, Admission::SoldOut);
+    drain_until_settled(&ctx, v.id).await;
+    let rows = status_counts(&ctx, v.id).await;
+    assert_eq!(count(&rows, "paid"), paid);
+    assert_eq!(count(&rows, "expired"), expired);
+    assert_eq!(count(&rows, "awaiting_payment"), resold.len());
+    assert_eq!(
+        count(&rows, "paid") + count(&rows, "awaiting_payment"),
+        N,
+        "paid + awaiting (resold) = stock: {rows:?}"
+    );
+    assert_eq!(ctx.db_stock_left(v.id).await, 0);
+    assert_eq!(redis_stock(&ctx, v.id).await, 0);
+    Arc::into_inner(ctx).unwrap().cleanup().await;
+}
+
+/// A sale where 30 % of the winners never pay: their orders expire, their units sell
+/// again within the sale, and the sale ends with every unit paid, nobody holding two
+/// orders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sale_where_a_third_never_pay_ends_with_every_unit_paid() {
+    const STOCK: usize = 100;
+    const USERS: usize = 600;
+    let ctx = DrainCtx::start().await;
+    let app = app_of(&ctx).await;
+    let v = pay_voucher(&ctx, STOCK as i64, 1, false).await;
+    let never_pays = |u: usize| u % 10 < 3;
+    let mut holders: BTreeSet<usize> = BTreeSet::new();
+    let (mut winners, mut paid) = (0, 0);
+    for round in 1..=20 {
+        let tries: Vec<usize> = (0..USERS).filter(|u| !holders.contains(u)).collect();
+        let results: Vec<(usize, (u16, Value))> = futures::stream::iter(tries)
+            .map(|u| {
+                let app = &app;
+                async move { (u, buy(app, v.id, &format!("buyer-{u}")).await) }
+            })
+            .buffer_unordered(32)
+            .collect()
+            .await;
+        for (u, res) in results {
+            match code(&res) {
+                (202, _) => {
+                    winners += 1;
+                    holders.insert(u);
+                    if !never_pays(u) {
+                        let order = res.1["order_id"].as_str().unwrap();
+                        let res = pay(&app, order, &format!("buyer-{u}"), &format!("pi_{u}")).await;
+                        assert_eq!(status(&res), (200, "paid"), "{}", res.1);
+                        paid += 1;
+                    }
+                }
+                (409, "sold_out") => {}
+                other => panic!("buyer-{u}: {other:?}"),
+            }
+        }
+        if paid == STOCK {
+            println!("every unit paid after {round} rounds, {winners} winners");
+            break;
+        }
+        // Past every open deadline (and the instance's 1 s sold-out memory): the
+        // drainer expires the unpaid and gives their units back.
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        drain_until_settled(&ctx, v.id).await;
+    }
+    assert_eq!(paid, STOCK, "every unit ends paid");
+    assert!(winners > STOCK, "units were sold again: {winners} winners");
+    drain_until_settled(&ctx, v.id).await;
+    let rows = status_counts(&ctx, v.id).await;
+    assert_eq!(count(&rows, "paid"), STOCK, "{rows:?}");
+    assert_eq!(count(&rows, "expired"), winners - STOCK, "{rows:?}");
+    assert_eq!(count(&rows, "awaiting_payment"), 0, "{rows:?}");
+    assert_eq!(ctx.db_stock_left(v.id).await, 0);
+    assert_eq!(redis_stock(&ctx, v.id).await, 0);
+    let mut my = ctx.mysql().await;
+    let most: Option<i64> = my
+        .exec_first(
+            "SELECT MAX(n) FROM (SELECT COUNT(*) AS n FROM orders WHERE voucher_id = ? GROUP BY user_id) AS per_user",
+            (v.id.get(),),
+        )
+        .await
+        .unwrap();
+    assert_eq!(most, Some(1), "nobody holds two orders");
+    my.disconnect().await.ok();
+    ctx.cleanup().await;
+}
+
+/// A warm instance that learned "sold out" admits again at most a second after another
+/// instance returned a unit.
+#[tokio::test]
+async fn a_returned_unit_is_buyable_on_a_warm_instance_within_a_second() {
+    let ctx = DrainCtx::start().await;
+    let (warm, other) = (app_of(&ctx).await, app_of(&ctx).await);
+    let v = pay_voucher(&ctx, 1, 60, false).await;
+    let order = buy(&warm, v.id, "alice").await.1["order_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(code(&buy(&warm, v.id, "bob").await), (409, "sold_out"));
+    assert_eq!(
+        status(&cancel(&other, &order, "alice").await),
+        (200, "cancelled")
+    );
+    let returned = Instant::now();
+    loop {
+        let res = buy(&warm, v.id, "bob").await;
+        if res.0 == 202 {
+            break;
+        }
+        assert_eq!(code(&res), (409, "sold_out"));
+        assert!(
+            returned.elapsed() < Duration::from_millis(1_200),
+            "still sold out {:?} after the return",
+            returned.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("bought again {:?} after the return", returned.elapsed());
+    ctx.cleanup().await;
+}
+
+/// Closes the sweeper's crash test sets up: orders drained and not, paid, cancelled and
+/// left to expire. Returns the voucher and the counts the end state must have.
+async fn closes_to_sweep(ctx: &DrainCtx) -> (Voucher, [usize; 3]) {
+    let v = pay_voucher(ctx, 40, 3, false).await;
+    let drained = ctx.admit(v.id, "d", 30).await;
+    quick_drain(ctx).await;
+    let undrained = ctx.admit(v.id, "u", 10).await;
+    let close = |prefix: &'static str, i: usize, id: OrderId, action: CloseAction| async move {
+        let user = UserId::parse(&format!("{prefix}-{i}")).unwrap();
+        let closed = ctx
+            .sales
+            .close(v.id, id, &user, &action)
+            .await
+            .unwrap()
+            .expect("an open order");
+        let want = match action {
+            CloseAction::Pay(_) => "paid",
+            CloseAction::Cancel => "cancelled",
+        };
+        assert_eq!(closed.status.as_str(), want, "closed before its deadline");
+    };
+    for (i, id) in drained.iter().enumerate().take(10) {
+        close(
+            "d",
+            i,
+            *id,
+            CloseAction::Pay(PaymentRef::parse(&format!("pi-{i}")).unwrap()),
+        )
+        .await;
+    }
+    for (i, id) in drained.iter().enumerate().skip(10).take(5) {
+        close("d", i, *id, CloseAction::Cancel).await;
+    }
+    for (i, id) in undrained.iter().enumerate().take(3) {
+        close("u", i, *id, CloseAction::Cancel).await;
+    }
+    // Every other order's deadline passes (the last admitted ones' too).
+    sleep_until(now_millis() + 3_100).await;
+    (v, [10, 5 + 3, 15 + 7])
+}
+
+async fn assert_swept_once(ctx: &DrainCtx, v: &Voucher, [paid, cancelled, expired]: [usize; 3]) {
+    let rows = status_counts(ctx, v.id).await;
+    assert_eq!(
+        (
+            count(&rows, "paid"),
+            count(&rows, "cancelled"),
+            count(&rows, "expired")
+        ),
+        (paid, cancelled, expired),
+        "{rows:?}"
+    );
+    assert_eq!(rows.values().sum::<usize>(), 40);
+    let left = 40 - paid as i64;
+    assert_eq!(
+        ctx.db_stock_left(v.id).await,
+        left,
+        "each unit back in the database once"
+    );
+    assert_eq!(
+        redis_stock(ctx, v.id).await,
+        left,
+        "each unit back in Redis once"
+    );
+    let k = VoucherKeys::new(v.id);
+    let waiting: u64 = ctx.conn().scard(&k.to_settle).await.unwrap();
+    assert_eq!(waiting, 0);
+}
+
+/// The sweeper SIGKILLed between its Redis and database steps at several points in a
+/// row (a crash loop); the next run finishes the job and nothing is returned twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweeper_killed_between_its_steps_again_and_again_returns_each_unit_once() {
+    let ctx = DrainCtx::start().await;
+    let (v, want) = closes_to_sweep(&ctx).await;
+    let mut cfg = ctx.drainer_config();
+    cfg.max_run = Duration::from_secs(10);
+    let env = ctx.drainer_env(&cfg);
+    for failpoint in [
+        "after_expire",
+        "after_settle",
+        "before_commit",
+        "after_commit",
+        "after_settled",
+    ] {
+        let mut p = DrainerProcess::spawn(&env, Some(failpoint));
+        p.wait_for_failpoint(failpoint, FAILPOINT_TIMEOUT);
+        p.kill();
+        // The killed run's open transaction (if any) holds the voucher row, as Aurora
+        // would for 3 minutes: the next run rolls it back once it counts as abandoned.
+        tokio::time::sleep(cfg.min_idle + Duration::from_millis(200)).await;
+    }
+    let mut last = cfg.clone();
+    last.max_run = Duration::from_secs(3);
+    let (ok, summary) =
+        DrainerProcess::spawn(&ctx.drainer_env(&last), None).finish(Duration::from_secs(60));
+    assert!(
+        ok && summary.errors == 0,
+        "the last run failed: {summary:?}"
+    );
+    drain_until_settled(&ctx, v.id).await;
+    assert_swept_once(&ctx, &v, want).await;
+    ctx.cleanup().await;
+}
+
+macro_rules! sweeper_cut_points {
+    ($($test:ident => $failpoint:literal;)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $test() {
+            let ctx = DrainCtx::start().await;
+            let (v, want) = closes_to_sweep(&ctx).await;
+            let mut cfg = ctx.drainer_config();
+            cfg.max_run = Duration::from_secs(10);
+            let mut p = DrainerProcess::spawn(&ctx.drainer_env(&cfg), Some($failpoint));
+            p.wait_for_failpoint($failpoint, FAILPOINT_TIMEOUT);
+            p.kill();
+            tokio::time::sleep(cfg.min_idle + Duration::from_millis(200)).await;
+            drain_until_settled(&ctx, v.id).await;
+            assert_swept_once(&ctx, &v, want).await;
+            ctx.cleanup().await;
+        }
+    )*};
+}
+
+sweeper_cut_points! {
+    sweeper_killed_after_expiring_in_redis => "after_expire";
+    sweeper_killed_after_settling_before_commit => "after_settle";
+    sweeper_killed_after_commit_before_forgetting => "after_commit";
+}
