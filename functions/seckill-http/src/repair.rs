@@ -31,12 +31,18 @@
 //! to [`REPAIR_WAIT_MS`] for the sale to reappear and then go on, or answer `503`
 //! (retry). A repairer that dies leaves the lock to expire.
 //!
+//! 4. for a voucher with a payment step, restores the deadlines of the orders the database
+//!    holds `awaiting_payment` (orders not drained yet get theirs back when the drainer
+//!    writes them), so they can still be paid and still expire.
+//!
 //! What no repair can bring back: admissions whose stream entry and buyer were both lost
-//! (acknowledged in the last moment before Redis lost unsynced writes). README,
-//! "Promises", states that window.
+//! (acknowledged in the last moment before Redis lost unsynced writes), and closes (paid,
+//! cancelled) Redis decided but lost before the drainer recorded them: those orders are
+//! open again until paid or expired. README, "Promises", states that window.
 
 use std::time::Duration;
 
+use seckill_shared::adapters::closes::restore_deadlines;
 use seckill_shared::adapters::redis::RedisSales;
 use seckill_shared::domain::{Reopen, UnixMillis, VoucherId, now_millis};
 use seckill_shared::error::StoreError;
@@ -137,6 +143,16 @@ async fn repair_locked(
                 backend: "redis",
                 detail: format!("voucher {id}: buyers lost again during repair"),
             }));
+        }
+    }
+    if voucher.payment.is_some() {
+        let mut after = 0;
+        loop {
+            let page = app.db.awaiting_payment(id, after).await?;
+            let Some((last, ..)) = page.last() else { break };
+            after = last.get();
+            let open: Vec<_> = page.iter().map(|(o, u, d)| (*o, u.as_str(), *d)).collect();
+            restore_deadlines(&sales.conn(), id, &open).await?;
         }
     }
     Ok(true)

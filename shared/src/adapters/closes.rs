@@ -13,8 +13,8 @@
 use redis::AsyncCommands;
 
 use super::order_stream::OrderStreams;
-use super::redis::CLOSE;
-use crate::domain::{ClosedOrder, OrderId, VoucherId};
+use super::redis::{CLOSE, RedisConn};
+use crate::domain::{ClosedOrder, OrderId, UnixMillis, VoucherId};
 use crate::error::StoreError;
 use crate::keys::VoucherKeys;
 use crate::protocol::close;
@@ -23,7 +23,41 @@ use crate::protocol::close;
 /// orders goes in steps, never one long script.
 pub const EXPIRE_PER_CALL: u64 = 500;
 
+/// Deadlines per `ZADD` when deadlines are restored.
+const DEADLINES_PER_CALL: usize = 1_000;
+
+/// Records payment deadlines of open orders, `(order, buyer, deadline)`, unless present
+/// (`ZADD NX`). Safe at any time: a deadline restored for an order closed meanwhile is
+/// only removed again, since `lua/close.lua` consults the closed hash before the
+/// deadlines. The admission script writes each deadline first; this restores them after
+/// Redis lost them (a repair, and every order the drainer writes `awaiting_payment`).
+pub async fn restore_deadlines(
+    conn: &RedisConn,
+    voucher: VoucherId,
+    open: &[(OrderId, &str, UnixMillis)],
+) -> Result<(), StoreError> {
+    let k = VoucherKeys::new(voucher);
+    for chunk in open.chunks(DEADLINES_PER_CALL) {
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(&k.deadlines).arg("NX");
+        for (order, user, deadline) in chunk {
+            zadd.arg(*deadline).arg(format!("{order}\n{user}"));
+        }
+        let _: i64 = zadd.query_async(&mut conn.clone()).await?;
+    }
+    Ok(())
+}
+
 impl OrderStreams {
+    /// [`restore_deadlines`] on this connection.
+    pub async fn restore_deadlines(
+        &self,
+        voucher: VoucherId,
+        open: &[(OrderId, &str, UnixMillis)],
+    ) -> Result<(), StoreError> {
+        restore_deadlines(&self.conn, voucher, open).await
+    }
+
     /// Expires up to [`EXPIRE_PER_CALL`] orders of `voucher` whose payment deadline has
     /// passed (by the Redis server's clock), returning each unit to the sale. Returns
     /// (expired now, orders waiting to be settled).

@@ -340,6 +340,37 @@ impl DataApi {
         Ok(Some((voucher, user, status, field::datetime(pay_by))))
     }
 
+    /// A page of the voucher's orders waiting for payment, after order id `after` (0 for
+    /// the first): (order, buyer, deadline), at most [`SNAPSHOT_PAGE_ROWS`].
+    pub async fn awaiting_payment(
+        &self,
+        voucher: VoucherId,
+        after: i64,
+    ) -> Result<Vec<(OrderId, String, UnixMillis)>, StoreError> {
+        let out = self
+            .execute(
+                &format!(
+                    "SELECT id, {USER_ID_TEXT}, pay_by FROM orders WHERE voucher_id = :v \
+                     AND status = 'awaiting_payment' AND id > :after ORDER BY id LIMIT {SNAPSHOT_PAGE_ROWS}"
+                ),
+                vec![param::long("v", voucher.get()), param::long("after", after)],
+                None,
+            )
+            .await?;
+        let bad = || StoreError::Corrupt("awaiting_payment page: unexpected row".into());
+        out.records()
+            .iter()
+            .map(|row| match row.as_slice() {
+                [id, user, pay_by] => Ok((
+                    field::long(id).and_then(OrderId::new).ok_or_else(bad)?,
+                    field::string(user).ok_or_else(bad)?,
+                    field::datetime(pay_by).ok_or_else(bad)?,
+                )),
+                _ => Err(bad()),
+            })
+            .collect()
+    }
+
     /// How many orders of the voucher the database holds: (holding a unit, rejected).
     /// Holding: `confirmed`, `awaiting_payment` and `paid`; a cancelled or expired order
     /// gave its unit back and counts in neither.
@@ -398,7 +429,10 @@ pub struct SaleSnapshot<'a> {
 impl SaleSnapshot<'_> {
     /// The next page of (user id, order id) of the voucher's orders, confirmed or
     /// rejected (either way the buyer holds an order), in user id order; `None` after the
-    /// last.
+    /// last. These are the buyers the voucher's buyers hash holds: one order per buyer (a
+    /// buyer with a cancelled or expired order and a new one is listed with the new one),
+    /// and a buyer whose only order was cancelled or expired only when the voucher does
+    /// not let them buy again.
     pub async fn next_page(&mut self) -> Result<Option<Vec<(String, OrderId)>>, StoreError> {
         let Some(after) = self.after.take() else {
             return Ok(None);
@@ -406,7 +440,11 @@ impl SaleSnapshot<'_> {
         // The page size is a constant of this build, not input: written into the SQL,
         // since not every driver binds a LIMIT.
         let sql = format!(
-            "SELECT {USER_ID_TEXT}, id FROM orders WHERE voucher_id = :v AND user_id > :after \
+            "SELECT {USER_ID_TEXT}, id FROM orders o WHERE voucher_id = :v AND user_id > :after \
+             AND id = (SELECT b.id FROM orders b WHERE b.voucher_id = o.voucher_id \
+             AND b.user_id = o.user_id ORDER BY b.holder IS NULL, b.id DESC LIMIT 1) \
+             AND (o.holder IS NOT NULL OR NOT EXISTS (SELECT 1 FROM vouchers v \
+             WHERE v.id = o.voucher_id AND v.rebuy_after_close = 1)) \
              ORDER BY user_id LIMIT {SNAPSHOT_PAGE_ROWS}"
         );
         let out = self

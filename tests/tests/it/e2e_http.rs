@@ -165,8 +165,14 @@ async fn a_sale_with_payment_over_http() {
     let (s, b) = buy(bob.clone()).await;
     assert_eq!(s, StatusCode::ACCEPTED, "{b}");
     let (s, c) = buy(carol.clone()).await;
-    assert_eq!((s, c["code"].as_str()), (StatusCode::CONFLICT, Some("sold_out")));
-    let (a, b) = (a["order_id"].as_str().unwrap(), b["order_id"].as_str().unwrap());
+    assert_eq!(
+        (s, c["code"].as_str()),
+        (StatusCode::CONFLICT, Some("sold_out"))
+    );
+    let (a, b) = (
+        a["order_id"].as_str().unwrap(),
+        b["order_id"].as_str().unwrap(),
+    );
 
     // Pay with the header; the same key again is the same answer.
     for _ in 0..2 {
@@ -185,27 +191,74 @@ async fn a_sale_with_payment_over_http() {
     }
     let path = format!("/orders/{a}/pay");
     let (s, e) = api
-        .call("POST", &path, Some(&alice), Some(json!({ "payment_ref": "pi_other" })))
+        .call(
+            "POST",
+            &path,
+            Some(&alice),
+            Some(json!({ "payment_ref": "pi_other" })),
+        )
         .await;
-    assert_eq!((s, e["code"].as_str()), (StatusCode::CONFLICT, Some("already_paid")));
-    let (s, e) = api.call("POST", &path, Some(&bob), Some(json!({ "payment_ref": "x" }))).await;
-    assert_eq!((s, e["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
-    let (s, e) = api.call("POST", &format!("/orders/{a}/cancel"), Some(&alice), None).await;
-    assert_eq!((s, e["code"].as_str()), (StatusCode::CONFLICT, Some("order_paid")));
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (StatusCode::CONFLICT, Some("already_paid"))
+    );
+    let (s, e) = api
+        .call(
+            "POST",
+            &path,
+            Some(&bob),
+            Some(json!({ "payment_ref": "x" })),
+        )
+        .await;
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found"))
+    );
+    let (s, e) = api
+        .call("POST", &format!("/orders/{a}/cancel"), Some(&alice), None)
+        .await;
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (StatusCode::CONFLICT, Some("order_paid"))
+    );
 
     // Bob cancels: his unit is on sale again at once.
-    let (s, e) = api.call("POST", &format!("/orders/{b}/cancel"), Some(&bob), None).await;
-    assert_eq!((s, e["status"].as_str()), (StatusCode::OK, Some("cancelled")), "{e}");
     let (s, e) = api
-        .call("POST", &format!("/orders/{b}/pay"), Some(&bob), Some(json!({ "payment_ref": "pi_b" })))
+        .call("POST", &format!("/orders/{b}/cancel"), Some(&bob), None)
         .await;
-    assert_eq!((s, e["code"].as_str()), (StatusCode::CONFLICT, Some("order_cancelled")));
+    assert_eq!(
+        (s, e["status"].as_str()),
+        (StatusCode::OK, Some("cancelled")),
+        "{e}"
+    );
+    let (s, e) = api
+        .call(
+            "POST",
+            &format!("/orders/{b}/pay"),
+            Some(&bob),
+            Some(json!({ "payment_ref": "pi_b" })),
+        )
+        .await;
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (StatusCode::CONFLICT, Some("order_cancelled"))
+    );
     let (s, c) = buy(carol.clone()).await;
     assert_eq!(s, StatusCode::ACCEPTED, "{c}");
     let c = c["order_id"].as_str().unwrap();
-    for (token, id, want) in [(&alice, a, "paid"), (&bob, b, "cancelled"), (&carol, c, "pending")] {
-        let (s, o) = api.call("GET", &format!("/orders/{id}"), Some(token), None).await;
-        assert_eq!((s, o["status"].as_str()), (StatusCode::OK, Some(want)), "{o}");
+    for (token, id, want) in [
+        (&alice, a, "paid"),
+        (&bob, b, "cancelled"),
+        (&carol, c, "pending"),
+    ] {
+        let (s, o) = api
+            .call("GET", &format!("/orders/{id}"), Some(token), None)
+            .await;
+        assert_eq!(
+            (s, o["status"].as_str()),
+            (StatusCode::OK, Some(want)),
+            "{o}"
+        );
         assert!(o["pay_by"].is_string(), "{o}");
     }
 }

@@ -762,3 +762,202 @@ sweeper_cut_points! {
     sweeper_killed_after_settling_before_commit => "after_settle";
     sweeper_killed_after_commit_before_forgetting => "after_commit";
 }
+
+/// Migration 0004 on a database that already holds vouchers and orders: every row keeps
+/// its meaning (no payment step, statuses unchanged, one order per buyer still enforced),
+/// and the new columns read as "no payment".
+#[tokio::test]
+async fn the_payment_migration_keeps_existing_rows_valid() {
+    let mysql_url = seckill_tests::StackEnv::load().mysql_url();
+    let database = seckill_tests::mysql::fresh_database(&mysql_url).await;
+    let mut db = seckill_tests::mysql::connect(&seckill_tests::mysql::url_with_database(
+        &mysql_url, &database,
+    ))
+    .await;
+    let all = seckill_shared::migrate::embedded();
+    let (before, after): (Vec<_>, Vec<_>) = all.into_iter().partition(|m| m.version < 4);
+    assert_eq!(after.len(), 1, "this test is about 0004");
+    let run = |sql: Vec<String>| sql.into_iter();
+    for statement in before.iter().flat_map(|m| run(m.statements())) {
+        db.query_drop(statement).await.expect("an old migration");
+    }
+    db.query_drop(
+        "INSERT INTO vouchers (id, title, stock, stock_left, begins_at, ends_at) \
+         VALUES (7, 'old sale', 3, 1, '2026-01-01 00:00:00', '2026-01-02 00:00:00')",
+    )
+    .await
+    .unwrap();
+    db.query_drop(
+        "INSERT INTO orders (id, voucher_id, user_id, status, reason, admitted_at) VALUES \
+         (101, 7, 'ann', 'confirmed', NULL, '2026-01-01 00:00:01'), \
+         (102, 7, 'ben', 'confirmed', NULL, '2026-01-01 00:00:02'), \
+         (103, 7, 'cid', 'rejected', 'db_stock_exhausted', '2026-01-01 00:00:03')",
+    )
+    .await
+    .unwrap();
+    for statement in after.iter().flat_map(|m| run(m.statements())) {
+        db.query_drop(statement)
+            .await
+            .expect("0004 applies over existing rows");
+    }
+    let voucher: Option<(Option<i64>, i64, i64)> = db
+        .query_first(
+            "SELECT pay_within_ms, rebuy_after_close + 0, stock_left FROM vouchers WHERE id = 7",
+        )
+        .await
+        .unwrap();
+    assert_eq!(voucher, Some((None, 0, 1)));
+    let rows: Vec<(i64, String, Option<String>, Option<String>)> = db
+        .query(
+            "SELECT id, status, CONVERT(holder USING utf8mb4), CAST(pay_by AS CHAR) FROM orders ORDER BY id",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        rows,
+        vec![
+            (101, "confirmed".into(), Some("ann".into()), None),
+            (102, "confirmed".into(), Some("ben".into()), None),
+            (103, "rejected".into(), Some("cid".into()), None),
+        ]
+    );
+    // Still one order per buyer of a voucher.
+    let again = db
+        .query_drop(
+            "INSERT INTO orders (id, voucher_id, user_id, status, admitted_at) \
+             VALUES (104, 7, 'ann', 'confirmed', '2026-01-01 00:00:04')",
+        )
+        .await;
+    assert!(
+        again.is_err(),
+        "a second live order of one buyer is refused"
+    );
+    db.disconnect().await.ok();
+    seckill_tests::mysql::drop_database(&mysql_url, &database).await;
+}
+
+/// `seckill reconcile` through a payment sale with closes waiting for the drainer and a
+/// buyer who bought again: no false discrepancy before or after the drainer settles.
+#[tokio::test]
+async fn reconcile_sees_no_discrepancy_in_a_payment_sale() {
+    use seckill_cli::ops::Backends;
+    use seckill_cli::ops::reconcile;
+    let ctx = DrainCtx::start().await;
+    let b = Backends::connect(&ctx.redis.config(), &ctx.data_api_config())
+        .await
+        .expect("backends");
+    let v = pay_voucher(&ctx, 10, 60, true).await;
+    let ids = ctx.admit(v.id, "p", 8).await;
+    quick_drain(&ctx).await;
+    let user = |i: usize| UserId::parse(&format!("p-{i}")).unwrap();
+    for (i, id) in ids.iter().enumerate().take(3) {
+        let paid = CloseAction::Pay(PaymentRef::parse(&format!("pi-{i}")).unwrap());
+        ctx.sales
+            .close(v.id, *id, &user(i), &paid)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    for (i, id) in ids.iter().enumerate().skip(3).take(2) {
+        ctx.sales
+            .close(v.id, *id, &user(i), &CloseAction::Cancel)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    // p-3 buys again (the voucher allows it).
+    let again = ctx.ids.next(&ctx.sales, v.id, now_millis()).await.unwrap();
+    let reply = ctx.sales.admit(v.id, &user(3), again).await.unwrap();
+    assert!(
+        matches!(reply.admission, Admission::Admitted { .. }),
+        "{reply:?}"
+    );
+
+    let r = reconcile::reconcile(&b, v.id, false).await.unwrap();
+    assert_eq!(r.closes_to_settle, 5);
+    assert!(r.discrepancies.is_empty(), "{}", reconcile::render(&r));
+    drain_until_settled(&ctx, v.id).await;
+    let r = reconcile::reconcile(&b, v.id, false).await.unwrap();
+    assert_eq!(r.closes_to_settle, 0);
+    assert!(r.discrepancies.is_empty(), "{}", reconcile::render(&r));
+    assert_eq!(ctx.db_stock_left(v.id).await, 10 - 8 + 2 - 1);
+    assert_eq!(redis_stock(&ctx, v.id).await, 10 - 8 + 2 - 1);
+    ctx.cleanup().await;
+}
+
+/// Redis loses a payment sale (sale, buyers and deadlines): the repair restores the
+/// deadlines of the orders the database holds, the drainer those of the orders it writes
+/// afterwards, so every open order can still be paid, cancelled or expire.
+#[tokio::test]
+async fn deadlines_lost_with_the_sale_come_back_with_the_repair_and_the_drain() {
+    let ctx = DrainCtx::start().await;
+    let app = app_of(&ctx).await;
+    let v = pay_voucher(&ctx, 6, 60, false).await;
+    let mut orders = HashMap::new();
+    for user in ["alice", "bob", "carol", "dave"] {
+        let res = buy(&app, v.id, user).await;
+        orders.insert(user, res.1["order_id"].as_str().unwrap().to_string());
+    }
+    drain_until_settled(&ctx, v.id).await;
+    let res = buy(&app, v.id, "erin").await;
+    orders.insert("erin", res.1["order_id"].as_str().unwrap().to_string());
+
+    let k = VoucherKeys::new(v.id);
+    let _: i64 = ctx
+        .conn()
+        .del(&[&k.sale, &k.buyers, &k.deadlines])
+        .await
+        .unwrap();
+    let open = |ctx: &DrainCtx| {
+        let k = k.clone();
+        let mut conn = ctx.conn();
+        async move {
+            conn.zcount::<_, _, _, u64>(&k.deadlines, "-inf", "(+inf")
+                .await
+                .unwrap()
+        }
+    };
+    // A read finds the sale missing and repairs it.
+    let path = format!("/vouchers/{}", v.id);
+    let (st, body) = call(&app, request("GET", &path, None, None, None)).await;
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(body["stock_left"], 1);
+    assert_eq!(
+        open(&ctx).await,
+        4,
+        "the drained orders' deadlines are back"
+    );
+    quick_drain(&ctx).await;
+    assert_eq!(
+        open(&ctx).await,
+        5,
+        "erin's deadline is back once her order is written"
+    );
+
+    assert_eq!(
+        status(&pay(&app, &orders["alice"], "alice", "pi_a").await),
+        (200, "paid")
+    );
+    assert_eq!(
+        status(&cancel(&app, &orders["erin"], "erin").await),
+        (200, "cancelled")
+    );
+    assert_eq!(
+        code(&buy(&app, v.id, "bob").await),
+        (409, "already_purchased")
+    );
+    assert_eq!(redis_stock(&ctx, v.id).await, 2);
+    drain_until_settled(&ctx, v.id).await;
+    let rows = status_counts(&ctx, v.id).await;
+    assert_eq!(
+        (
+            count(&rows, "paid"),
+            count(&rows, "cancelled"),
+            count(&rows, "awaiting_payment")
+        ),
+        (1, 1, 3),
+        "{rows:?}"
+    );
+    assert_eq!(ctx.db_stock_left(v.id).await, 2);
+    ctx.cleanup().await;
+}

@@ -861,6 +861,7 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
     ("take_stock", &["ExecuteStatement"]),
     ("settle", &["ExecuteStatement"]),
     ("insert_payment_orders", &["ExecuteStatement"]),
+    ("awaiting_payment", &["ExecuteStatement"]),
 ];
 
 fn rust_sources(dir: &Path, out: &mut Vec<String>) {

@@ -467,6 +467,17 @@ impl Drainer {
                         rows.len()
                     )));
                 }
+                // The admission wrote these deadlines; if Redis lost them since, the
+                // orders would never expire. Restoring them is harmless otherwise.
+                let open: Vec<_> = rows
+                    .iter()
+                    .filter(|r| r.status == OrderStatus::AwaitingPayment)
+                    .map(|r| (r.order.id, r.order.user.as_str(), r.pay_by_ms))
+                    .collect();
+                self.streams
+                    .restore_deadlines(voucher, &open)
+                    .await
+                    .map_err(|e| DrainError::store("restoring deadlines", Some(voucher), e))?;
             }
         }
         let confirmed = if locked.pay_within_ms.is_some() {

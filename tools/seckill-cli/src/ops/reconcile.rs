@@ -69,6 +69,10 @@ pub struct Report {
     pub undrained: u64,
     pub dead_letters: u64,
     pub db_orders: u64,
+    /// Closes of orders (vouchers with a payment step) the drainer has not recorded in
+    /// the database yet; while any wait, Redis holds returned units the database does
+    /// not, and the Redis stock is not compared.
+    pub closes_to_settle: u64,
     pub discrepancies: Vec<Discrepancy>,
     pub repaired: bool,
 }
@@ -153,6 +157,17 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
         ..Report::default()
     };
 
+    // Closes Redis decided that the database has not recorded yet (payment step): their
+    // rows still read `awaiting_payment`, so the database's view of those buyers lags.
+    let settling: HashSet<OrderId> = b
+        .streams
+        .to_settle(voucher)
+        .await
+        .redis()?
+        .into_iter()
+        .collect();
+    report.closes_to_settle = settling.len() as u64;
+
     // Admission times of the orders in the stream.
     let mut admitted_ms: HashMap<OrderId, i64> = HashMap::new();
     let mut undrained_orders: HashSet<OrderId> = HashSet::new();
@@ -190,6 +205,7 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
         };
         if let Some(db_order) = db_orders.get(user)
             && *db_order != order
+            && !settling.contains(db_order)
         {
             mismatched.push(format!(
                 "buyer {user:?}: redis order {order}, database order {db_order}"
@@ -218,7 +234,7 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
     }
     let not_in_buyers: Vec<(String, OrderId)> = db_orders
         .iter()
-        .filter(|(u, _)| unknown(u))
+        .filter(|(u, o)| unknown(u) && !settling.contains(o))
         .map(|(u, o)| (u.clone(), *o))
         .collect();
 
@@ -232,6 +248,7 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
     let owed = not_in_db(&undrained_orders) + lost.len() + not_in_db(&dead_orders);
     let sale = b.sales.sale_state(voucher).await.redis()?;
     let redis_stock = db_left
+        .filter(|_| report.closes_to_settle == 0)
         .zip(sale.and_then(|s| s.stock))
         .and_then(|(left, stock)| {
             let expected = (left - owed as i64).max(0);
@@ -316,6 +333,12 @@ pub fn render(r: &Report) -> String {
         "voucher {}: {} buyers in redis, {} stream entries ({} undrained), {} dead letters, {} orders in the database\n",
         r.voucher, r.buyers, r.stream_entries, r.undrained, r.dead_letters, r.db_orders
     );
+    if r.closes_to_settle > 0 {
+        out.push_str(&format!(
+            "{} closes wait for the drainer (payment step): redis stock not compared\n",
+            r.closes_to_settle
+        ));
+    }
     if r.discrepancies.is_empty() {
         out.push_str("clean: no discrepancy\n");
     }
