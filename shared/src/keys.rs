@@ -54,6 +54,22 @@ impl VoucherKeys {
     }
 }
 
+impl VoucherKeys {
+    /// The keys `lua/admit.lua` takes, in its `KEYS` order (sale, buyers, orders,
+    /// deadlines), and only those: the admission runs on every purchase attempt, and
+    /// [`VoucherKeys::new`] formats every key of the voucher.
+    pub fn admission(voucher: VoucherId) -> [String; 4] {
+        let tag = format!("seckill:{{{voucher}}}:");
+        let key = |name: &str| {
+            let mut k = String::with_capacity(tag.len() + name.len());
+            k.push_str(&tag);
+            k.push_str(name);
+            k
+        };
+        [key("sale"), key("buyers"), key("orders"), key("deadlines")]
+    }
+}
+
 /// The keys of order-id leasing (`lua/lease.lua`), all in the slot of `{ids}`: the lease
 /// clock, and the block map of the UTC day `yyyymmdd`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,6 +121,16 @@ mod tests {
             assert_eq!(hash_tag(key), "42", "{key}");
         }
         assert_eq!(k.orders, "seckill:{42}:orders");
+        let admission = VoucherKeys::admission(VoucherId::new(42).unwrap());
+        assert_eq!(
+            admission,
+            [
+                k.sale.clone(),
+                k.buyers.clone(),
+                k.orders.clone(),
+                k.deadlines.clone()
+            ]
+        );
         let s = IdKeys::for_day("20261122");
         assert_eq!(hash_tag(&s.clock), hash_tag(&s.blocks));
         assert_eq!(s.blocks, "seckill:{ids}:blocks:20261122");

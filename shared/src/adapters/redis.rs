@@ -402,11 +402,11 @@ impl RedisSales {
         user: &UserId,
         order_id: OrderId,
     ) -> Result<AdmitReply, StoreError> {
-        let k = VoucherKeys::new(voucher);
-        let mut call = ADMIT.key(&k.sale);
-        call.key(&k.buyers)
-            .key(&k.orders)
-            .key(&k.deadlines)
+        let [sale, buyers, orders, deadlines] = VoucherKeys::admission(voucher);
+        let mut call = ADMIT.key(&sale);
+        call.key(&buyers)
+            .key(&orders)
+            .key(&deadlines)
             .arg(user.as_str())
             .arg(order_id.get());
         let (wire, acked): (AdmitWire, Option<u32>) = self.invoke_durable(&call).await?;
