@@ -27,7 +27,9 @@ pub struct VoucherStatus {
     pub stock_left_db: Option<i64>,
     /// Buyers Redis admitted (its buyers hash).
     pub admitted: u64,
-    /// Orders in the database.
+    /// Orders in the database holding a unit: `confirmed`, and for a voucher with a
+    /// payment step `awaiting_payment` and `paid` (cancelled and expired ones gave it
+    /// back).
     pub confirmed: u64,
     pub rejected: u64,
     /// Entries not yet acked: delivered to a drainer (`pending`) or not yet read (`lag`).
