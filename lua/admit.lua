@@ -55,7 +55,8 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local sale = redis.call('HMGET', KEYS[1], STOCK, BEGINS_MS, ENDS_MS, PAY_MS)
 local stock, begins, ends = tonumber(sale[1]), tonumber(sale[2]), tonumber(sale[3])
-if stock == nil or begins == nil or ends == nil then
+local pay = sale[4] and tonumber(sale[4])
+if stock == nil or begins == nil or ends == nil or pay == nil then
   return {NOT_LOADED, '', 0, 0, 0, now}
 end
 
@@ -81,8 +82,8 @@ if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then
 end
 local left = redis.call('HINCRBY', KEYS[1], STOCK, -1)
 local id = redis.call('XADD', KEYS[3], '*', ORDER_ID, ARGV[2], USER_ID, ARGV[1])
-if sale[4] then
+if pay then
   local admitted = tonumber(string.match(id, '^%d+'))
-  redis.call('ZADD', KEYS[4], admitted + tonumber(sale[4]), ARGV[2] .. '\n' .. ARGV[1])
+  redis.call('ZADD', KEYS[4], admitted + pay, ARGV[2] .. '\n' .. ARGV[1])
 end
 return left

@@ -39,6 +39,8 @@ local EXPIRED = 'expired'
 -- Sale hash fields:
 local STOCK = 'stock'
 local REBUY = 'rebuy'
+-- The sentinel member of the deadlines, closed and to-settle keys (lua/preload.lua):
+local SENTINEL = '~'
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -71,7 +73,8 @@ if ARGV[1] == EXPIRE_DUE then
       redis.call('ZREM', KEYS[3], member)
     end
   end
-  return {expired, redis.call('SCARD', KEYS[5])}
+  local waiting = redis.call('SCARD', KEYS[5]) - redis.call('SISMEMBER', KEYS[5], SENTINEL)
+  return {expired, waiting}
 end
 
 if ARGV[1] ~= PAY and ARGV[1] ~= CANCEL then

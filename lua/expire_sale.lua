@@ -24,6 +24,8 @@
 -- lua/lib/streams.lua (id_less, stream_group).
 
 -- Shared with Rust (shared/src/protocol.rs; its test checks that the two agree).
+-- The sentinel member of the to-settle set (lua/preload.lua):
+local SENTINEL = '~'
 -- Results:
 local EXPIRING = 1
 local UNDRAINED = 0
@@ -40,7 +42,8 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
 end
 
 -- Open orders have finite deadlines (the sentinel's is +inf).
-if redis.call('ZCOUNT', KEYS[7], '-inf', '(+inf') > 0 or redis.call('SCARD', KEYS[9]) > 0 then
+if redis.call('ZCOUNT', KEYS[7], '-inf', '(+inf') > 0
+  or redis.call('SCARD', KEYS[9]) - redis.call('SISMEMBER', KEYS[9], SENTINEL) > 0 then
   return UNDRAINED
 end
 

@@ -5,6 +5,8 @@
 -- KEYS[2] buyers hash   seckill:{<voucher>}:buyers
 -- KEYS[3] orders stream seckill:{<voucher>}:orders
 -- KEYS[4] deadlines     seckill:{<voucher>}:deadlines
+-- KEYS[5] closed orders seckill:{<voucher>}:closed
+-- KEYS[6] to settle     seckill:{<voucher>}:to_settle
 -- ARGV[1] the database's stock_left, ARGV[2] total stock, ARGV[3] begins_ms,
 -- ARGV[4] ends_ms, ARGV[5] consumer group name,
 -- ARGV[6] settled: how many orders of this voucher the database held when stock_left was
@@ -27,7 +29,8 @@
 local CREATED = 1
 local ALREADY_LIVE = 0
 local BUYERS_LOST = -1
--- The deadlines' sentinel member (score +inf: never due):
+-- The sentinel member of the deadlines (score +inf: never due), closed and to-settle
+-- keys:
 local SENTINEL = '~'
 -- Sale hash fields:
 local STOCK = 'stock'
@@ -37,10 +40,13 @@ local ENDS_MS = 'ends_ms'
 local PAY_MS = 'pay_ms'
 local REBUY = 'rebuy'
 
--- The deadlines set always exists (a sentinel member, never due): the admission script
--- names it in KEYS, and while a slot migrates, a script naming a key the source node
--- does not have is refused (TRYAGAIN) for as long as the migration lasts.
+-- The deadlines, closed and to-settle keys always exist (a sentinel member; a deadline
+-- of +inf, never due): the admission, probe and close scripts name them in KEYS, and
+-- while a slot migrates, a script naming a key the source node does not have is refused
+-- (TRYAGAIN) for as long as the migration lasts.
 redis.call('ZADD', KEYS[4], 'NX', '+inf', SENTINEL)
+redis.call('HSETNX', KEYS[5], SENTINEL, SENTINEL)
+redis.call('SADD', KEYS[6], SENTINEL)
 
 if redis.call('EXISTS', KEYS[1]) == 1 then
   -- The group may still be missing (a stream lost on its own); BUSYGROUP is fine.

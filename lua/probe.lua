@@ -4,6 +4,7 @@
 -- KEYS[2] sale hash     seckill:{<voucher>}:sale
 -- KEYS[3] deadlines     seckill:{<voucher>}:deadlines
 -- KEYS[4] to settle     seckill:{<voucher>}:to_settle
+-- KEYS[5] closed orders seckill:{<voucher>}:closed
 -- ARGV[1] consumer group, ARGV[2] min idle (ms) before a pending entry may be claimed,
 -- ARGV[3] the caller's consumer name, ARGV[4] the most spent consumers to delete,
 -- ARGV[5] '1' to delete the caller's own consumer too when it holds nothing (its run
@@ -39,7 +40,7 @@
 -- Shared with Rust (shared/src/protocol.rs; its test checks that the two agree).
 -- Sale hash field:
 local ENDS_MS = 'ends_ms'
--- The deadlines' sentinel member (lua/preload.lua):
+-- The sentinel member of the deadlines, closed and to-settle keys (lua/preload.lua):
 local SENTINEL = '~'
 
 local group = ARGV[1]
@@ -91,15 +92,18 @@ if most > 0 then
   end
 end
 
--- A sale preloaded before the deadlines set existed gets its sentinel here (see
--- lua/preload.lua): the admission script names the key.
+-- A sale preloaded before these keys existed gets their sentinels here (see
+-- lua/preload.lua): the scripts name the keys.
 if ends >= 0 then
   redis.call('ZADD', KEYS[3], 'NX', '+inf', SENTINEL)
+  redis.call('SADD', KEYS[4], SENTINEL)
+  redis.call('HSETNX', KEYS[5], SENTINEL, SENTINEL)
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local closing = 0
-if redis.call('SCARD', KEYS[4]) > 0 or redis.call('ZCOUNT', KEYS[3], '-inf', now) > 0 then
+if redis.call('SCARD', KEYS[4]) - redis.call('SISMEMBER', KEYS[4], SENTINEL) > 0
+  or redis.call('ZCOUNT', KEYS[3], '-inf', now) > 0 then
   closing = 1
 end
 

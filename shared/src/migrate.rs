@@ -199,7 +199,16 @@ pub async fn apply(db: &DataApi, migrations: &[Migration]) -> Result<Vec<u32>, M
             continue;
         }
         for statement in m.statements() {
-            db.execute(&statement, vec![], None).await?;
+            match db.execute(&statement, vec![], None).await {
+                Ok(_) => {}
+                // A file that stopped part-way (a timeout, a crash) or ran twice at once:
+                // an ALTER is atomic, so "already there / already gone" means this
+                // statement was applied before.
+                Err(StoreError::Database(message)) if already_applied(&message) => {
+                    tracing::warn!(version = m.version, %message, "statement already applied; going on");
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
         // INSERT IGNORE: a concurrent runner that applied the same (idempotent) file
         // first is not an error.
@@ -213,6 +222,22 @@ pub async fn apply(db: &DataApi, migrations: &[Migration]) -> Result<Vec<u32>, M
         done.push(m.version);
     }
     Ok(done)
+}
+
+/// Whether a DDL error says the statement's change is already in place (MariaDB and
+/// MySQL 8 wording): a duplicate column, key or check constraint, or a key to drop
+/// that is gone.
+fn already_applied(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    [
+        "duplicate column name",
+        "duplicate key name",
+        "duplicate check constraint name",
+        "check that column/key exists",
+        "check that it exists",
+    ]
+    .iter()
+    .any(|p| m.contains(p))
 }
 
 /// The tables the functions use and the statements they run on them: all the
@@ -414,6 +439,25 @@ mod tests {
         assert_eq!(files, names, "add the new file to migrate::EMBEDDED");
         let versions: Vec<u32> = embedded().iter().map(|m| m.version).collect();
         assert!(versions.windows(2).all(|w| w[0] < w[1]) && versions[0] == 1);
+    }
+
+    #[test]
+    fn only_already_applied_ddl_errors_are_skipped() {
+        for applied in [
+            "Duplicate column name 'pay_within_ms'",
+            "Duplicate key name 'orders_one_holder'",
+            "Can't DROP INDEX `orders_one_per_user`; check that it exists",
+            "Can't DROP 'orders_one_per_user'; check that column/key exists",
+            "Duplicate check constraint name 'vouchers_pay_within_positive'.",
+        ] {
+            assert!(already_applied(applied), "{applied}");
+        }
+        for other in [
+            "Table 'orders' doesn't exist",
+            "Duplicate entry '7' for key 'PRIMARY'",
+        ] {
+            assert!(!already_applied(other), "{other}");
+        }
     }
 
     #[test]

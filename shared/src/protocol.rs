@@ -44,9 +44,10 @@ pub mod close {
     pub const EXPIRED: &str = "expired";
 }
 
-/// The member that keeps a voucher's deadlines set in existence (score `+inf`, never
-/// due): the admission script names the key, and a slot migration refuses a script that
-/// names a key its source node lacks (`lua/preload.lua`, `lua/probe.lua`).
+/// The member that keeps a voucher's deadlines set (score `+inf`, never due), closed
+/// hash and to-settle set in existence: scripts name these keys, and a slot migration
+/// refuses a script that names a key its source node lacks (`lua/preload.lua`,
+/// `lua/probe.lua`). Never an order id.
 pub const DEADLINES_SENTINEL: &str = "~";
 
 /// `lua/lease.lua`: the first element of a reply that leased nothing.
@@ -184,6 +185,7 @@ mod tests {
                     ("EXPIRED", text(close::EXPIRED)),
                     ("STOCK", text(s::STOCK)),
                     ("REBUY", text(s::REBUY)),
+                    ("SENTINEL", text(DEADLINES_SENTINEL)),
                 ],
             ),
             (
@@ -208,6 +210,7 @@ mod tests {
                 vec![
                     ("EXPIRING", num(expire_sale::EXPIRING)),
                     ("UNDRAINED", num(expire_sale::UNDRAINED)),
+                    ("SENTINEL", text(DEADLINES_SENTINEL)),
                 ],
             ),
             (

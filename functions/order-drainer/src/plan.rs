@@ -179,7 +179,7 @@ pub fn split(
     // Buyers of this voucher who already hold an order, and the order they hold.
     let mut buyers: HashMap<&str, OrderId> = existing
         .iter()
-        .filter(|e| e.voucher == voucher)
+        .filter(|e| e.voucher == voucher && e.live)
         .map(|e| (e.user.as_str(), e.id))
         .collect();
     let mut seen: HashSet<OrderId> = HashSet::new();
@@ -195,16 +195,21 @@ pub fn split(
             }
             continue;
         }
+        if gave_back.contains(&order.id) {
+            // Closed in Redis before it was drained: recorded once, holding no place.
+            if seen.insert(order.id) {
+                out.closed.push(i);
+            } else {
+                out.duplicates.push(i);
+            }
+            continue;
+        }
         if !seen.insert(order.id) {
             // The same order twice in one batch: the first occurrence records it.
             match buyers.get(order.user.as_str()) {
                 Some(id) if *id == order.id => out.duplicates.push(i),
                 _ => out.dead.push((i, Reason::OrderIdConflict)),
             }
-            continue;
-        }
-        if gave_back.contains(&order.id) {
-            out.closed.push(i);
             continue;
         }
         if buyers.contains_key(order.user.as_str()) {
@@ -408,6 +413,33 @@ mod tests {
     }
 
     #[test]
+    fn a_closed_order_in_the_database_leaves_its_buyer_free_to_hold_a_new_one() {
+        // X (u1's cancelled order) was committed but not acked, so it comes back with
+        // u1's new order Y in a recovery batch: X is a duplicate, Y a new order, and the
+        // closed order seen twice in a batch is recorded once.
+        let orders = vec![
+            order(1, "u1"),
+            order(2, "u1"),
+            order(3, "u2"),
+            order(3, "u2"),
+        ];
+        let existing = vec![ExistingOrder {
+            id: orders[0].id,
+            voucher: v(),
+            user: "u1".into(),
+            live: false,
+        }];
+        let s = split(v(), &orders, &existing, 5, &HashSet::new());
+        assert_eq!(s.duplicates, vec![0, 3]);
+        assert_eq!(s.confirmed, vec![1, 2]);
+        assert!(s.dead.is_empty(), "{:?}", s.dead);
+        let gave_back: HashSet<OrderId> = [orders[2].id].into_iter().collect();
+        let s = split(v(), &orders[2..], &[], 5, &gave_back);
+        assert_eq!((s.closed, s.duplicates), (vec![0], vec![1]));
+        assert!(s.dead.is_empty());
+    }
+
+    #[test]
     fn new_orders_are_confirmed_up_to_the_stock_in_stream_order() {
         let orders: Vec<_> = (1..=5).map(|n| order(n, &format!("u{n}"))).collect();
         let s = split(v(), &orders, &[], 3, &HashSet::new());
@@ -435,6 +467,7 @@ mod tests {
                 id: o.id,
                 voucher: o.voucher,
                 user: o.user.to_string(),
+                live: true,
             })
             .collect();
         let s = split(v(), &orders, &existing, 100, &HashSet::new());
@@ -458,16 +491,19 @@ mod tests {
                 id: orders[0].id,
                 voucher: v(),
                 user: "a".into(),
+                live: true,
             },
             ExistingOrder {
                 id: OrderId::new(9).unwrap(),
                 voucher: v(),
                 user: "b".into(),
+                live: true,
             },
             ExistingOrder {
                 id: OrderId::new(5).unwrap(),
                 voucher: VoucherId::new(99).unwrap(),
                 user: "x".into(),
+                live: true,
             },
         ];
         let s = split(v(), &orders, &existing, 1, &HashSet::new());
@@ -507,6 +543,7 @@ mod tests {
             id: OrderId::new(9).unwrap(),
             voucher: v(),
             user: "pad".into(),
+            live: true,
         }];
         let s = split(v(), &orders[1..2], &existing, 10, &HashSet::new());
         assert_eq!(s.confirmed, vec![0]);

@@ -8,10 +8,11 @@ use http::{Method, StatusCode};
 use lambda_http::aws_lambda_events::query_map::QueryMap;
 use lambda_http::request::RequestContext;
 use lambda_http::{Body, Request, RequestExt, Response};
+use seckill_shared::adapters::closes::restore_deadlines;
 use seckill_shared::adapters::redis::CloseAction;
 use seckill_shared::domain::{
-    Admission, NewVoucher, OrderId, OrderStatus, PaymentRef, PaymentTerms, UnixMillis, UserId,
-    Voucher, VoucherId, format_rfc3339_millis, now_millis,
+    Admission, ClosedOrder, NewVoucher, OrderId, OrderStatus, PaymentRef, PaymentTerms, UnixMillis,
+    UserId, Voucher, VoucherId, format_rfc3339_millis, now_millis,
 };
 use serde::Deserialize;
 use serde_json::json;
@@ -420,7 +421,20 @@ async fn get_order(app: &App, req: &Request, id: OrderId) -> Result<Response<Bod
     };
     match caller_order(app, voucher, &caller.user).await? {
         Some(view) if view.0 == id => Ok(order_json(voucher, view)),
-        _ => Err(not_found()),
+        _ => {
+            // Not the buyer's current order: it may be one they cancelled or let expire
+            // before it was drained (a voucher that lets them buy again no longer lists
+            // it among the buyers).
+            let (closed, _) = app
+                .sales()
+                .await?
+                .payment_state(voucher, id, &caller.user)
+                .await?;
+            match closed {
+                Some(c) => Ok(order_json(voucher, (id, c.status, Some(c.pay_by_ms)))),
+                None => Err(not_found()),
+            }
+        }
     }
 }
 
@@ -449,10 +463,11 @@ async fn close_order(
     }
     let not_found = || ApiError::NotFound(format!("order {id} not found"));
     // The voucher the order belongs to: its row once drained, else its id's lease record.
-    let voucher = match app.db.order(id).await? {
-        Some((_, buyer, _, _)) if buyer != caller.user => return Err(not_found()),
+    let row = app.db.order(id).await?;
+    let voucher = match &row {
+        Some((_, buyer, ..)) if *buyer != caller.user => return Err(not_found()),
         Some((_, _, OrderStatus::Rejected, _)) => return Err(ApiError::OrderRejected),
-        Some((voucher, ..)) => voucher,
+        Some((voucher, ..)) => *voucher,
         None => match app.sales().await?.voucher_of_order(id).await? {
             Some(voucher) => voucher,
             None => return Err(not_found()),
@@ -468,11 +483,47 @@ async fn close_order(
             None => return Err(not_found()),
         },
     };
-    if terms.is_none() {
-        return Err(ApiError::PaymentNotRequired);
-    }
     let sales = app.sales().await?;
-    let Some(closed) = sales.close(voucher, id, &caller.user, &action).await? else {
+    if terms.is_none() {
+        // Only the order's buyer learns what kind of order it is.
+        let theirs =
+            row.is_some() || sales.order_of_buyer(voucher, &caller.user).await? == Some(id);
+        return Err(if theirs {
+            ApiError::PaymentNotRequired
+        } else {
+            not_found()
+        });
+    }
+    let mut closed = sales.close(voucher, id, &caller.user, &action).await?;
+    if closed.is_none()
+        && let Some((_, _, status, pay_by)) = &row
+    {
+        // Redis knows the order neither open nor closed: its keys expired after the
+        // sale, or Redis lost them. The database has the order.
+        closed = match (status, pay_by) {
+            (OrderStatus::AwaitingPayment, Some(pay_by)) => {
+                // Its deadline back (as the repair and the drainer restore it), then the
+                // close decides as always.
+                let open = [(id, caller.user.as_str(), *pay_by)];
+                restore_deadlines(&sales.conn(), voucher, &open).await?;
+                sales.close(voucher, id, &caller.user, &action).await?
+            }
+            (OrderStatus::Paid | OrderStatus::Cancelled | OrderStatus::Expired, _) => {
+                let payment_ref = match status {
+                    OrderStatus::Paid => app.db.payment_ref(id).await?.unwrap_or_default(),
+                    _ => String::new(),
+                };
+                Some(ClosedOrder {
+                    status: *status,
+                    pay_by_ms: pay_by.unwrap_or_default(),
+                    payment_ref,
+                    user: caller.user.as_str().to_string(),
+                })
+            }
+            _ => None,
+        };
+    }
+    let Some(closed) = closed else {
         return Err(not_found());
     };
     if closed.status.returned_unit() {
@@ -589,15 +640,21 @@ async fn caller_order(
     voucher: VoucherId,
     user: &UserId,
 ) -> Result<Option<OrderView>, ApiError> {
-    let found = match app.db.order_of_buyer(voucher, user).await? {
-        Some(found) => Some(found),
-        None => match app.sales().await?.order_of_buyer(voucher, user).await? {
-            None => None,
-            Some(held) => Some(app.db.order_of_buyer(voucher, user).await?.unwrap_or((
-                held,
-                OrderStatus::Pending,
-                None,
-            ))),
+    let in_db = app.db.order_of_buyer(voucher, user).await?;
+    let found = match in_db {
+        // A drained order that still counts is the buyer's order.
+        Some(found) if !found.1.returned_unit() => Some(found),
+        // None drained, or only one they cancelled or let expire: a newer admitted order
+        // (a voucher that lets them buy again) is theirs now.
+        closed => match app.sales().await?.order_of_buyer(voucher, user).await? {
+            Some(held) if closed.is_none_or(|c| c.0 != held) => Some(
+                // Drained meanwhile? The database's word then.
+                match app.db.order_of_buyer(voucher, user).await? {
+                    Some(found) if found.0 == held => found,
+                    _ => (held, OrderStatus::Pending, None),
+                },
+            ),
+            _ => closed,
         },
     };
     match found {

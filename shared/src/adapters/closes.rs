@@ -108,6 +108,45 @@ impl OrderStreams {
             .collect())
     }
 
+    /// Takes dead-lettered orders out of the payment step (`(order, buyer)`): no deadline
+    /// (the sweep must not expire an order the database never holds) and nothing to
+    /// settle (no row will ever record it). No-ops for vouchers without one.
+    pub async fn forget_orders(
+        &self,
+        voucher: VoucherId,
+        orders: &[(OrderId, &str)],
+    ) -> Result<(), StoreError> {
+        if orders.is_empty() {
+            return Ok(());
+        }
+        let k = VoucherKeys::new(voucher);
+        let members: Vec<String> = orders.iter().map(|(o, u)| format!("{o}\n{u}")).collect();
+        let ids: Vec<i64> = orders.iter().map(|(o, _)| o.get()).collect();
+        let _: (i64, i64) = redis::pipe()
+            .zrem(&k.deadlines, &members)
+            .srem(&k.to_settle, &ids)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
+    /// Removes the deadlines of orders the database recorded `rejected` (its stock could
+    /// not cover them): such an order holds no unit there, so it must never expire and
+    /// give Redis a unit back.
+    pub async fn drop_deadlines(
+        &self,
+        voucher: VoucherId,
+        orders: &[(OrderId, &str)],
+    ) -> Result<(), StoreError> {
+        if orders.is_empty() {
+            return Ok(());
+        }
+        let k = VoucherKeys::new(voucher);
+        let members: Vec<String> = orders.iter().map(|(o, u)| format!("{o}\n{u}")).collect();
+        let _: i64 = self.conn.clone().zrem(&k.deadlines, &members).await?;
+        Ok(())
+    }
+
     /// Forgets orders whose close the database has committed.
     pub async fn settled(&self, voucher: VoucherId, orders: &[OrderId]) -> Result<(), StoreError> {
         if orders.is_empty() {

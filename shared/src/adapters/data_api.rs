@@ -340,6 +340,22 @@ impl DataApi {
         Ok(Some((voucher, user, status, field::datetime(pay_by))))
     }
 
+    /// The payment reference recorded with a paid order.
+    pub async fn payment_ref(&self, id: OrderId) -> Result<Option<String>, StoreError> {
+        let out = self
+            .execute(
+                "SELECT pay_ref FROM orders WHERE id = :id",
+                vec![param::long("id", id.get())],
+                None,
+            )
+            .await?;
+        Ok(out
+            .records()
+            .first()
+            .and_then(|r| r.first())
+            .and_then(field::string))
+    }
+
     /// A page of the voucher's orders waiting for payment, after order id `after` (0 for
     /// the first): (order, buyer, deadline), at most [`SNAPSHOT_PAGE_ROWS`].
     pub async fn awaiting_payment(

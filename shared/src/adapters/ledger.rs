@@ -102,6 +102,10 @@ impl Ledger {
     }
 }
 
+/// Closes one transaction records at most (ten statements' worth): a backlog after a
+/// mass expiry is settled over several transactions, each well within a run.
+pub const SETTLE_PER_TRANSACTION: usize = 10 * MAX_ROWS_PER_STATEMENT;
+
 /// The voucher row as a batch transaction locked it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LockedVoucher {
@@ -159,7 +163,8 @@ impl LedgerTx<'_> {
         }
     }
 
-    /// Records the closes Redis decided for orders of `voucher` (see
+    /// Records the closes Redis decided for orders of `voucher` (at most
+    /// [`SETTLE_PER_TRANSACTION`] of them: the caller passes no more; see
     /// [`sql::settle_closes`]) and gives their units back to the database stock. Returns
     /// the units given back and the orders whose close the database now holds (the
     /// others have no row yet: their batch has not been drained).
@@ -242,13 +247,14 @@ impl LedgerTx<'_> {
             let out = self.api.execute(&sql, params, Some(&self.id)).await?;
             for row in out.records() {
                 let bad = || StoreError::Corrupt("orders lookup returned an unexpected row".into());
-                let [id, v, user] = row.as_slice() else {
+                let [id, v, user, live] = row.as_slice() else {
                     return Err(bad());
                 };
                 found.push(ExistingOrder {
                     id: field::long(id).and_then(OrderId::new).ok_or_else(bad)?,
                     voucher: field::long(v).and_then(VoucherId::new).ok_or_else(bad)?,
                     user: field::string(user).ok_or_else(bad)?,
+                    live: field::long(live).ok_or_else(bad)? != 0,
                 });
             }
         }

@@ -299,6 +299,7 @@ impl OrderStreams {
             .key(&k.sale)
             .key(&k.deadlines)
             .key(&k.to_settle)
+            .key(&k.closed)
             .arg(keys::DRAIN_GROUP)
             .arg(min_idle.as_millis() as u64)
             .arg(consumer)

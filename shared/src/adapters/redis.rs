@@ -567,6 +567,8 @@ impl RedisSales {
             .key(&k.buyers)
             .key(&k.orders)
             .key(&k.deadlines)
+            .key(&k.closed)
+            .key(&k.to_settle)
             .arg(voucher.db_stock_left)
             .arg(voucher.stock)
             .arg(voucher.window.begins_ms())

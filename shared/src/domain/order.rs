@@ -23,6 +23,9 @@ pub struct ExistingOrder {
     pub id: OrderId,
     pub voucher: VoucherId,
     pub user: String,
+    /// Still counts as the buyer's order (not cancelled or expired): only such an order
+    /// keeps its buyer from holding another.
+    pub live: bool,
 }
 
 /// One entry of an orders stream as Redis holds it, not yet parsed.

@@ -862,6 +862,7 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
     ("settle", &["ExecuteStatement"]),
     ("insert_payment_orders", &["ExecuteStatement"]),
     ("awaiting_payment", &["ExecuteStatement"]),
+    ("payment_ref", &["ExecuteStatement"]),
 ];
 
 fn rust_sources(dir: &Path, out: &mut Vec<String>) {

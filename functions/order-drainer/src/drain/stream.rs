@@ -17,7 +17,7 @@
 
 use futures::StreamExt;
 use seckill_shared::adapters::order_stream::Probe;
-use seckill_shared::domain::{AdmittedOrder, StreamEntry, VoucherId, now_millis};
+use seckill_shared::domain::{AdmittedOrder, OrderId, StreamEntry, VoucherId, now_millis};
 use seckill_shared::error::StoreError;
 
 use super::run::Run;
@@ -151,6 +151,7 @@ impl Drainer {
                 return false;
             }
         }
+        let orders: Vec<AdmittedOrder> = dead.iter().filter_map(|(_, _, o)| o.clone()).collect();
         for (index, reason, _) in dead {
             let entry = &entries[index];
             let text = reason.text();
@@ -172,6 +173,12 @@ impl Drainer {
                 }
             }
             failpoint::hit("after_dead_letter");
+        }
+        // Vouchers with a payment step: a dead-lettered order neither expires nor waits
+        // to be settled (a replay admits it again through the stream).
+        let gone: Vec<(OrderId, &str)> = orders.iter().map(|o| (o.id, o.user.as_str())).collect();
+        if let Err(e) = self.streams.forget_orders(voucher, &gone).await {
+            tracing::warn!(%voucher, error = %e, "could not take dead-lettered orders out of the payment step");
         }
         true
     }

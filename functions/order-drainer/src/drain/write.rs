@@ -27,8 +27,8 @@ use std::time::Duration;
 use std::collections::HashSet;
 
 use seckill_shared::adapters::closes::EXPIRE_PER_CALL;
-use seckill_shared::adapters::ledger::LedgerTx;
 use seckill_shared::adapters::ledger::sql::PaymentRow;
+use seckill_shared::adapters::ledger::{LedgerTx, SETTLE_PER_TRANSACTION};
 use seckill_shared::domain::{
     AdmittedOrder, ClosedOrder, OrderId, OrderStatus, VoucherId, now_millis,
 };
@@ -123,11 +123,29 @@ impl Drainer {
             }
         };
         failpoint::hit("after_expire");
-        if waiting > 0
-            && run.fits(1)
-            && let Err(e) = self.commit_batch(run, voucher, &[], true).await
-        {
-            run.fail(voucher, e);
+        let mut waiting = waiting;
+        // Settling transactions record up to SETTLE_PER_TRANSACTION closes each; closes
+        // of orders not drained yet stay waiting, so the rounds are bounded too.
+        let mut rounds = 0;
+        while waiting > 0 && run.fits(1) && rounds < 10 {
+            rounds += 1;
+            if let Err(e) = self.commit_batch(run, voucher, &[], true).await {
+                run.fail(voucher, e);
+                return;
+            }
+            if waiting <= SETTLE_PER_TRANSACTION as u64 {
+                return;
+            }
+            waiting = match self.streams.to_settle(voucher).await {
+                Ok(left) => left.len() as u64,
+                Err(e) => {
+                    run.fail(
+                        voucher,
+                        DrainError::store("reading closes to settle", Some(voucher), e),
+                    );
+                    return;
+                }
+            };
         }
     }
 
@@ -509,6 +527,16 @@ impl Drainer {
                     status.as_str()
                 )));
             }
+            if status == OrderStatus::Rejected && locked.pay_within_ms.is_some() {
+                // A rejected order holds no unit in the database: it must not expire and
+                // give Redis one back (were this attempt rolled back and the order
+                // written awaiting payment after all, its deadline is restored then).
+                let gone: Vec<_> = rows.iter().map(|o| (o.id, o.user.as_str())).collect();
+                self.streams
+                    .drop_deadlines(voucher, &gone)
+                    .await
+                    .map_err(|e| DrainError::store("dropping deadlines", Some(voucher), e))?;
+            }
         }
         let take = split.confirmed.len() as i64;
         if take > 0 {
@@ -539,6 +567,7 @@ impl Drainer {
         if ids.is_empty() {
             return Ok(Settled::default());
         }
+        let ids: Vec<OrderId> = ids.into_iter().take(SETTLE_PER_TRANSACTION).collect();
         let closed = self
             .streams
             .closed_orders(voucher, &ids)

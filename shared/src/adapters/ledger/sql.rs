@@ -101,8 +101,8 @@ pub fn existing_orders(voucher: VoucherId, chunk: &[AdmittedOrder]) -> (String, 
     // holder, not user: a buyer's cancelled or expired order (holder NULL) does not
     // collide with their new one.
     let sql = format!(
-        "SELECT id, voucher_id, {USER_ID_TEXT} FROM orders WHERE id IN ({}) \
-         UNION SELECT id, voucher_id, {USER_ID_TEXT} FROM orders WHERE voucher_id = :v AND holder IN ({})",
+        "SELECT id, voucher_id, {USER_ID_TEXT}, holder IS NOT NULL FROM orders WHERE id IN ({}) \
+         UNION SELECT id, voucher_id, {USER_ID_TEXT}, 1 FROM orders WHERE voucher_id = :v AND holder IN ({})",
         ids.join(","),
         users.join(",")
     );

@@ -40,7 +40,12 @@ pub async fn list(b: &Backends, voucher: VoucherId) -> anyhow::Result<Vec<DeadLe
             Err(reason) => (None, Some(format!("would fail again: {}", reason.text()))),
             Ok(order) => {
                 let row = b.db.order(order.id).await.db()?;
-                let holder = b.db.order_of_buyer(voucher, &order.user).await.db()?;
+                // A cancelled or expired order no longer keeps its buyer from another.
+                let holder =
+                    b.db.order_of_buyer(voucher, &order.user)
+                        .await
+                        .db()?
+                        .filter(|(_, status, _)| !status.returned_unit());
                 let refusal = match (&row, holder) {
                     (Some((v, u, ..)), _) if *v != voucher || *u != order.user => {
                         Some("its order id belongs to another order in the database".to_string())
