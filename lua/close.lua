@@ -49,7 +49,10 @@ local function close(order, user, deadline, state, ref)
   local value = state .. '\n' .. deadline .. '\n' .. ref .. '\n' .. user
   redis.call('HSET', KEYS[4], order, value)
   redis.call('ZREM', KEYS[3], order .. '\n' .. user)
-  if state ~= PAID then
+  -- A sale hash Redis lost is not recreated here with a stock field alone (the
+  -- admission would take it for a live sale without a window): the repair rebuilds it
+  -- from the database, which gets this unit back when the close is settled.
+  if state ~= PAID and redis.call('EXISTS', KEYS[1]) == 1 then
     redis.call('HINCRBY', KEYS[1], STOCK, 1)
     if redis.call('HGET', KEYS[1], REBUY) == '1' and redis.call('HGET', KEYS[2], user) == order then
       redis.call('HDEL', KEYS[2], user)
