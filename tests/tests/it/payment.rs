@@ -1085,3 +1085,41 @@ async fn a_rejected_order_never_gives_redis_a_unit_back() {
     assert_eq!(ctx.db_stock_left(v.id).await, 2);
     ctx.cleanup().await;
 }
+
+/// A cancel while Redis has lost the sale hash does not recreate it with a stock field
+/// alone (which would pass for a live sale without a window); the repair rebuilds it and
+/// Redis never holds more units than the database.
+#[tokio::test]
+async fn a_return_while_the_sale_is_lost_leaves_the_repair_to_rebuild_it() {
+    let ctx = DrainCtx::start().await;
+    let app = app_of(&ctx).await;
+    let v = pay_voucher(&ctx, 3, 60, false).await;
+    let order = buy(&app, v.id, "alice").await.1["order_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    drain_until_settled(&ctx, v.id).await;
+    let k = VoucherKeys::new(v.id);
+    let _: i64 = ctx.conn().del(&[&k.sale, &k.deadlines]).await.unwrap();
+    assert_eq!(
+        status(&cancel(&app, &order, "alice").await),
+        (200, "cancelled")
+    );
+    let exists: bool = ctx.conn().exists(&k.sale).await.unwrap();
+    assert!(!exists, "the return did not recreate the sale hash");
+    let (st, body) = call(
+        &app,
+        request("GET", &format!("/vouchers/{}", v.id), None, None, None),
+    )
+    .await;
+    assert_eq!(st, 200, "{body}");
+    drain_until_settled(&ctx, v.id).await;
+    let (redis, db) = (redis_stock(&ctx, v.id).await, ctx.db_stock_left(v.id).await);
+    assert_eq!(db, 3, "the database got the unit back once");
+    assert!(redis <= db, "redis {redis} never above the database {db}");
+    assert_eq!(
+        code(&buy(&app, v.id, "alice").await),
+        (409, "already_purchased")
+    );
+    ctx.cleanup().await;
+}
