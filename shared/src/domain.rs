@@ -309,7 +309,7 @@ pub struct Voucher {
 }
 
 /// What a buyer sees of an order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OrderStatus {
     /// Admitted by Redis, not yet written to the database.
     Pending,

@@ -5,6 +5,8 @@
 //! never spliced into SQL. Errors are sorted once, in [`store_error`], into transient
 //! (retry later) and permanent.
 
+use std::collections::HashMap;
+
 use aws_config::BehaviorVersion;
 use aws_sdk_rdsdata::Client;
 use aws_sdk_rdsdata::config::{Credentials, Region};
@@ -391,6 +393,19 @@ impl DataApi {
     /// Holding: `confirmed`, `awaiting_payment` and `paid`; a cancelled or expired order
     /// gave its unit back and counts in neither.
     pub async fn order_counts(&self, voucher: VoucherId) -> Result<(u64, u64), StoreError> {
+        let counts = self.order_status_counts(voucher).await?;
+        let of = |st: OrderStatus| counts.get(&st).copied().unwrap_or(0);
+        Ok((
+            of(OrderStatus::Confirmed) + of(OrderStatus::AwaitingPayment) + of(OrderStatus::Paid),
+            of(OrderStatus::Rejected),
+        ))
+    }
+
+    /// How many orders of the voucher the database holds in each status.
+    pub async fn order_status_counts(
+        &self,
+        voucher: VoucherId,
+    ) -> Result<HashMap<OrderStatus, u64>, StoreError> {
         let out = self
             .execute(
                 "SELECT status, COUNT(*) FROM orders WHERE voucher_id = :v GROUP BY status",
@@ -398,7 +413,7 @@ impl DataApi {
                 None,
             )
             .await?;
-        let (mut confirmed, mut rejected) = (0, 0);
+        let mut counts = HashMap::new();
         for row in out.records() {
             let [status, n] = row.as_slice() else {
                 return Err(StoreError::Corrupt("order counts: unexpected row".into()));
@@ -406,15 +421,11 @@ impl DataApi {
             let n = field::long(n)
                 .and_then(|n| u64::try_from(n).ok())
                 .unwrap_or(0);
-            match parse_status(status) {
-                Some(OrderStatus::Confirmed | OrderStatus::AwaitingPayment | OrderStatus::Paid) => {
-                    confirmed += n
-                }
-                Some(OrderStatus::Rejected) => rejected = n,
-                _ => {}
+            if let Some(status) = parse_status(status) {
+                counts.insert(status, n);
             }
         }
-        Ok((confirmed, rejected))
+        Ok(counts)
     }
 }
 

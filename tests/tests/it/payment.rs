@@ -913,6 +913,19 @@ async fn reconcile_sees_no_discrepancy_in_a_payment_sale() {
     let r = reconcile::reconcile(&b, v.id, false).await.unwrap();
     assert_eq!(r.closes_to_settle, 0);
     assert!(r.discrepancies.is_empty(), "{}", reconcile::render(&r));
+    let st = seckill_cli::ops::status::voucher_status(&b, v.id)
+        .await
+        .unwrap();
+    assert_eq!(
+        (st.confirmed, st.awaiting_payment, st.paid, st.closed),
+        (7, 4, 3, 2),
+        "{st:?}"
+    );
+    let text = seckill_cli::ops::status::render(std::slice::from_ref(&st));
+    assert!(
+        text.contains("payment   awaiting 4, paid 3, cancelled or expired 2"),
+        "{text}"
+    );
     assert_eq!(ctx.db_stock_left(v.id).await, 10 - 8 + 2 - 1);
     assert_eq!(redis_stock(&ctx, v.id).await, 10 - 8 + 2 - 1);
     ctx.cleanup().await;

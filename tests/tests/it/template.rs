@@ -863,6 +863,7 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
     ("insert_payment_orders", &["ExecuteStatement"]),
     ("awaiting_payment", &["ExecuteStatement"]),
     ("payment_ref", &["ExecuteStatement"]),
+    ("order_status_counts", &["ExecuteStatement"]),
 ];
 
 fn rust_sources(dir: &Path, out: &mut Vec<String>) {

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use futures::{StreamExt, TryStreamExt};
-use seckill_shared::domain::{Phase, SaleWindow, VoucherId, now_millis};
+use seckill_shared::domain::{OrderStatus, Phase, SaleWindow, VoucherId, now_millis};
 use serde::Serialize;
 
 use super::{Backend, Backends, or_dash};
@@ -32,6 +32,11 @@ pub struct VoucherStatus {
     /// back).
     pub confirmed: u64,
     pub rejected: u64,
+    /// Vouchers with a payment step: of `confirmed`, those waiting for payment and
+    /// those paid; and the orders cancelled or expired (their unit went back).
+    pub awaiting_payment: u64,
+    pub paid: u64,
+    pub closed: u64,
     /// Entries not yet acked: delivered to a drainer (`pending`) or not yet read (`lag`).
     pub pending: u64,
     pub lag: u64,
@@ -55,7 +60,12 @@ pub async fn voucher_status(b: &Backends, voucher: VoucherId) -> anyhow::Result<
     let oldest = b.streams.oldest_unfinished(voucher).await.redis()?;
     let dead_letters = b.streams.dead_letter_count(voucher).await.redis()?;
     let active = b.streams.is_active(voucher).await.redis()?;
-    let (confirmed, rejected) = b.db.order_counts(voucher).await.db()?;
+    let counts = b.db.order_status_counts(voucher).await.db()?;
+    let of = |st: OrderStatus| counts.get(&st).copied().unwrap_or(0);
+    let (awaiting_payment, paid) = (of(OrderStatus::AwaitingPayment), of(OrderStatus::Paid));
+    let confirmed = of(OrderStatus::Confirmed) + awaiting_payment + paid;
+    let rejected = of(OrderStatus::Rejected);
+    let closed = of(OrderStatus::Cancelled) + of(OrderStatus::Expired);
     let now = now_millis();
     let (begins_ms, ends_ms) = match (&db_voucher, sale) {
         (Some(v), _) => (Some(v.window.begins_ms()), Some(v.window.ends_ms())),
@@ -85,6 +95,9 @@ pub async fn voucher_status(b: &Backends, voucher: VoucherId) -> anyhow::Result<
         admitted,
         confirmed,
         rejected,
+        awaiting_payment,
+        paid,
+        closed,
         pending: stats.pending,
         lag: stats.undelivered,
         stream_length: stats.length,
@@ -156,6 +169,13 @@ pub fn render(all: &[VoucherStatus]) -> String {
             s.stream_length,
             if s.drained { "  (drained)" } else { "" }
         );
+        if s.awaiting_payment + s.paid + s.closed > 0 {
+            let _ = writeln!(
+                out,
+                "  payment   awaiting {}, paid {}, cancelled or expired {} (units given back)",
+                s.awaiting_payment, s.paid, s.closed
+            );
+        }
     }
     out
 }
@@ -181,7 +201,7 @@ pub async fn watch(
                 let bar = ProgressBar::new(0).with_style(style.clone());
                 multi.add(bar.with_prefix(s.voucher.to_string()))
             });
-            let settled = s.confirmed + s.rejected + s.dead_letters;
+            let settled = s.confirmed + s.rejected + s.closed + s.dead_letters;
             bar.set_length(s.admitted.max(settled).max(1));
             bar.set_position(settled);
             bar.set_message(format!(
