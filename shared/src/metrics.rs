@@ -62,6 +62,10 @@ pub mod names {
     pub const DRAIN_REJECTED: &str = "DrainRejected";
     pub const DRAIN_DEAD_LETTERED: &str = "DrainDeadLettered";
     pub const DRAIN_BATCHES: &str = "DrainBatches";
+    /// Orders the run expired (payment step: unpaid at their deadline, unit returned).
+    pub const DRAIN_EXPIRED: &str = "DrainExpired";
+    /// Closes (paid, cancelled, expired) the run recorded in the database.
+    pub const DRAIN_SETTLED: &str = "DrainSettled";
     pub const DRAIN_ERRORS: &str = "DrainErrors";
     pub const DRAIN_RUN_TIME: &str = "DrainRunTime";
     /// Entries not yet acknowledged after the run: unread plus pending.
@@ -81,6 +85,8 @@ pub mod names {
         DRAIN_REJECTED,
         DRAIN_DEAD_LETTERED,
         DRAIN_BATCHES,
+        DRAIN_EXPIRED,
+        DRAIN_SETTLED,
         DRAIN_ERRORS,
         DRAIN_RUN_TIME,
         DRAIN_LAG,

@@ -191,6 +191,8 @@ async fn a_small_sale_shows_in_the_emf_lines_as_it_was_answered_and_drained() {
         (names::DRAIN_INSERTED, admitted),
         (names::DRAIN_READ, admitted),
         (names::DRAIN_DEAD_LETTERED, 0.0),
+        (names::DRAIN_EXPIRED, 0.0),
+        (names::DRAIN_SETTLED, 0.0),
         (names::DRAIN_ERRORS, 0.0),
         (names::DRAIN_LAG, 0.0),
         (names::DRAIN_OLDEST_PENDING_AGE, 0.0),

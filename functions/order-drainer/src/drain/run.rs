@@ -264,6 +264,8 @@ fn record_metrics(s: &Summary) {
         (DRAIN_REJECTED, s.rejected),
         (DRAIN_DEAD_LETTERED, s.dead_lettered),
         (DRAIN_BATCHES, s.batches),
+        (DRAIN_EXPIRED, s.expired),
+        (DRAIN_SETTLED, s.settled),
         (DRAIN_ERRORS, s.errors),
         (DRAIN_RUN_TIME, s.elapsed_ms),
         (DRAIN_LAG, s.lag + s.pending),
