@@ -592,6 +592,17 @@ mod tests {
         for st in OrderStatus::ALL {
             assert_eq!(OrderStatus::parse(st.as_str()), Some(st));
         }
+        // lua/close.lua writes the states under the names protocol::close holds.
+        use crate::protocol::close;
+        assert_eq!(
+            [close::PAID, close::CANCELLED, close::EXPIRED],
+            [
+                OrderStatus::Paid,
+                OrderStatus::Cancelled,
+                OrderStatus::Expired
+            ]
+            .map(OrderStatus::as_str)
+        );
     }
 
     #[test]

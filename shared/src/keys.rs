@@ -4,7 +4,7 @@
 //! `{<voucher id>}`, so the admission script, which receives all of them in `KEYS`, runs
 //! on a single cluster slot. Nothing else in the code builds a key by hand.
 
-use crate::domain::VoucherId;
+use crate::domain::{OrderId, VoucherId};
 
 /// The consumer group that drains every orders stream.
 pub const DRAIN_GROUP: &str = "drainers";
@@ -68,6 +68,12 @@ impl VoucherKeys {
         };
         [key("sale"), key("buyers"), key("orders"), key("deadlines")]
     }
+}
+
+/// The member of an open order in its voucher's `deadlines` set: `<order id>\n<user id>`
+/// (`lua/admit.lua` writes it, `lua/close.lua` finds an order only with its buyer's id).
+pub fn deadline_member(order: OrderId, user: &str) -> String {
+    format!("{order}\n{user}")
 }
 
 /// The keys of order-id leasing (`lua/lease.lua`), all in the slot of `{ids}`: the lease

@@ -302,18 +302,8 @@ async fn get_voucher(app: &App, req: &Request, id: VoucherId) -> Result<Response
     if app.cache.short_circuit(id, now) == Some(Known::Missing) {
         return Err(not_found_voucher(id));
     }
-    let voucher = match app.cache.voucher(id) {
-        Some(v) => v,
-        None => match app.db.voucher(id).await? {
-            Some(v) => {
-                app.cache.learn_voucher(&v);
-                v
-            }
-            None => {
-                app.cache.learn_missing(id, now);
-                return Err(not_found_voucher(id));
-            }
-        },
+    let Some(voucher) = voucher_of(app, id, now).await? else {
+        return Err(not_found_voucher(id));
     };
     let sales = app.sales().await?;
     let stock_left = match sales.stock_left(id).await? {
@@ -473,15 +463,8 @@ async fn close_order(
             None => return Err(not_found()),
         },
     };
-    let terms = match app.cache.voucher(voucher) {
-        Some(v) => v.payment,
-        None => match app.db.voucher(voucher).await? {
-            Some(v) => {
-                app.cache.learn_voucher(&v);
-                v.payment
-            }
-            None => return Err(not_found()),
-        },
+    let Some(terms) = voucher_of(app, voucher, now).await?.map(|v| v.payment) else {
+        return Err(not_found());
     };
     let sales = app.sales().await?;
     if terms.is_none() {
@@ -666,6 +649,24 @@ async fn caller_order(
 /// An order as a buyer sees it: id, status, payment deadline (vouchers with a payment
 /// step).
 type OrderView = (OrderId, OrderStatus, Option<UnixMillis>);
+
+/// The voucher's row: from this instance's memory, else the database (remembered
+/// either way, a missing one for a short while).
+async fn voucher_of(
+    app: &App,
+    id: VoucherId,
+    now: UnixMillis,
+) -> Result<Option<Voucher>, ApiError> {
+    if let Some(v) = app.cache.voucher(id) {
+        return Ok(Some(v));
+    }
+    let found = app.db.voucher(id).await?;
+    match &found {
+        Some(v) => app.cache.learn_voucher(v),
+        None => app.cache.learn_missing(id, now),
+    }
+    Ok(found)
+}
 
 fn not_found_voucher(id: VoucherId) -> ApiError {
     ApiError::NotFound(format!("voucher {id} not found"))

@@ -16,7 +16,7 @@ use super::order_stream::OrderStreams;
 use super::redis::{CLOSE, RedisConn};
 use crate::domain::{ClosedOrder, OrderId, UnixMillis, VoucherId};
 use crate::error::StoreError;
-use crate::keys::VoucherKeys;
+use crate::keys::{VoucherKeys, deadline_member};
 use crate::protocol::close;
 
 /// Orders one [`OrderStreams::expire_due`] call closes at most: a long backlog of due
@@ -41,7 +41,7 @@ pub async fn restore_deadlines(
         let mut zadd = redis::cmd("ZADD");
         zadd.arg(&k.deadlines).arg("NX");
         for (order, user, deadline) in chunk {
-            zadd.arg(*deadline).arg(format!("{order}\n{user}"));
+            zadd.arg(*deadline).arg(deadline_member(*order, user));
         }
         let _: i64 = zadd.query_async(&mut conn.clone()).await?;
     }
@@ -108,31 +108,10 @@ impl OrderStreams {
             .collect())
     }
 
-    /// Takes dead-lettered orders out of the payment step (`(order, buyer)`): no deadline
-    /// (the sweep must not expire an order the database never holds) and nothing to
-    /// settle (no row will ever record it). No-ops for vouchers without one.
-    pub async fn forget_orders(
-        &self,
-        voucher: VoucherId,
-        orders: &[(OrderId, &str)],
-    ) -> Result<(), StoreError> {
-        if orders.is_empty() {
-            return Ok(());
-        }
-        let k = VoucherKeys::new(voucher);
-        let members: Vec<String> = orders.iter().map(|(o, u)| format!("{o}\n{u}")).collect();
-        let ids: Vec<i64> = orders.iter().map(|(o, _)| o.get()).collect();
-        let _: (i64, i64) = redis::pipe()
-            .zrem(&k.deadlines, &members)
-            .srem(&k.to_settle, &ids)
-            .query_async(&mut self.conn.clone())
-            .await?;
-        Ok(())
-    }
-
-    /// Removes the deadlines of orders the database recorded `rejected` (its stock could
-    /// not cover them): such an order holds no unit there, so it must never expire and
-    /// give Redis a unit back.
+    /// Removes the deadlines of orders the database holds no unit for (`(order, buyer)`):
+    /// recorded `rejected` (its stock could not cover them) or dead-lettered. Such an
+    /// order must never expire and give Redis a unit back. No-op for vouchers without a
+    /// payment step.
     pub async fn drop_deadlines(
         &self,
         voucher: VoucherId,
@@ -142,7 +121,7 @@ impl OrderStreams {
             return Ok(());
         }
         let k = VoucherKeys::new(voucher);
-        let members: Vec<String> = orders.iter().map(|(o, u)| format!("{o}\n{u}")).collect();
+        let members: Vec<String> = orders.iter().map(|(o, u)| deadline_member(*o, u)).collect();
         let _: i64 = self.conn.clone().zrem(&k.deadlines, &members).await?;
         Ok(())
     }

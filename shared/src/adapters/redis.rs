@@ -529,7 +529,7 @@ impl RedisSales {
         let k = VoucherKeys::new(voucher);
         let (closed, deadline): (Option<String>, Option<f64>) = redis::pipe()
             .hget(&k.closed, order.get())
-            .zscore(&k.deadlines, format!("{order}\n{user}"))
+            .zscore(&k.deadlines, keys::deadline_member(order, user.as_str()))
             .query_async(&mut self.conn.clone())
             .await?;
         let closed = closed

@@ -177,7 +177,12 @@ impl Drainer {
         // Vouchers with a payment step: a dead-lettered order neither expires nor waits
         // to be settled (a replay admits it again through the stream).
         let gone: Vec<(OrderId, &str)> = orders.iter().map(|o| (o.id, o.user.as_str())).collect();
-        if let Err(e) = self.streams.forget_orders(voucher, &gone).await {
+        let ids: Vec<OrderId> = orders.iter().map(|o| o.id).collect();
+        let left = async {
+            self.streams.drop_deadlines(voucher, &gone).await?;
+            self.streams.settled(voucher, &ids).await
+        };
+        if let Err(e) = left.await {
             tracing::warn!(%voucher, error = %e, "could not take dead-lettered orders out of the payment step");
         }
         true

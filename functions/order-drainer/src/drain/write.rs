@@ -315,7 +315,8 @@ impl Drainer {
         let planned = self.plan_and_write(&tx, voucher, orders, look_up).await;
         let (outcome, over) = match planned {
             Ok(Attempt::Planned(split, settled))
-                if split.writes() > 0 || settled.returned > 0 || !settled.done.is_empty() =>
+                // Units given back are closes recorded, so they are in `done` too.
+                if split.writes() > 0 || !settled.done.is_empty() =>
             {
                 failpoint::hit("before_commit");
                 match tx.commit().await {
@@ -435,7 +436,7 @@ impl Drainer {
                     .streams
                     .closed_orders(voucher, &ids)
                     .await
-                    .map_err(|e| DrainError::store("reading closed orders", Some(voucher), e))?;
+                    .map_err(|e| db("reading closed orders", e))?;
                 (settled, closes)
             }
         };
@@ -454,49 +455,12 @@ impl Drainer {
             .collect();
         let split = plan::split(voucher, orders, &existing, stock_left, &gave_back);
 
-        if let Some(pay_within_ms) = locked.pay_within_ms {
-            // Confirmed ones wait for payment (or are paid already); closed ones are
-            // written as Redis closed them.
-            let rows: Vec<PaymentRow<'_>> = split
-                .confirmed
-                .iter()
-                .chain(&split.closed)
-                .map(|&i| {
-                    let closed = closes.get(i).and_then(Option::as_ref);
-                    PaymentRow {
-                        order: &orders[i],
-                        status: closed.map_or(OrderStatus::AwaitingPayment, |c| c.status),
-                        pay_by_ms: orders[i].admitted_ms + pay_within_ms,
-                        payment_ref: closed
-                            .filter(|c| c.status == OrderStatus::Paid)
-                            .map(|c| c.payment_ref.as_str()),
-                    }
-                })
-                .collect();
-            if !rows.is_empty() {
-                let inserted = tx
-                    .insert_payment_orders(&rows)
-                    .await
-                    .map_err(|e| db("inserting orders", e))?;
-                failpoint::hit("after_insert");
-                if inserted != rows.len() as u64 {
-                    return Ok(Attempt::Raced(format!(
-                        "{inserted} of {} payment rows inserted",
-                        rows.len()
-                    )));
-                }
-                // The admission wrote these deadlines; if Redis lost them since, the
-                // orders would never expire. Restoring them is harmless otherwise.
-                let open: Vec<_> = rows
-                    .iter()
-                    .filter(|r| r.status == OrderStatus::AwaitingPayment)
-                    .map(|r| (r.order.id, r.order.user.as_str(), r.pay_by_ms))
-                    .collect();
-                self.streams
-                    .restore_deadlines(voucher, &open)
-                    .await
-                    .map_err(|e| DrainError::store("restoring deadlines", Some(voucher), e))?;
-            }
+        if let Some(pay_within_ms) = locked.pay_within_ms
+            && let Some(raced) = self
+                .write_payment_rows(tx, voucher, orders, &split, &closes, pay_within_ms)
+                .await?
+        {
+            return Ok(Attempt::Raced(raced));
         }
         let confirmed = if locked.pay_within_ms.is_some() {
             &[][..]
@@ -535,7 +499,7 @@ impl Drainer {
                 self.streams
                     .drop_deadlines(voucher, &gone)
                     .await
-                    .map_err(|e| DrainError::store("dropping deadlines", Some(voucher), e))?;
+                    .map_err(|e| db("dropping deadlines", e))?;
             }
         }
         let take = split.confirmed.len() as i64;
@@ -550,6 +514,64 @@ impl Drainer {
             failpoint::hit("after_stock_update");
         }
         Ok(Attempt::Planned(split, settled))
+    }
+
+    /// Writes the orders of a voucher with a payment step the plan covers: `confirmed`
+    /// ones wait for payment (or are paid already), `closed` ones as Redis closed them;
+    /// then restores their deadlines in case Redis lost them. `Some(detail)` when the
+    /// row count differs from the plan.
+    async fn write_payment_rows(
+        &self,
+        tx: &LedgerTx<'_>,
+        voucher: VoucherId,
+        orders: &[AdmittedOrder],
+        split: &Split,
+        closes: &[Option<ClosedOrder>],
+        pay_within_ms: i64,
+    ) -> Result<Option<String>, DrainError> {
+        let rows: Vec<PaymentRow<'_>> = split
+            .confirmed
+            .iter()
+            .chain(&split.closed)
+            .map(|&i| {
+                let closed = closes.get(i).and_then(Option::as_ref);
+                PaymentRow {
+                    order: &orders[i],
+                    status: closed.map_or(OrderStatus::AwaitingPayment, |c| c.status),
+                    pay_by_ms: orders[i].admitted_ms + pay_within_ms,
+                    payment_ref: closed
+                        .filter(|c| c.status == OrderStatus::Paid)
+                        .map(|c| c.payment_ref.as_str()),
+                }
+            })
+            .collect();
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let err = |step, e| DrainError::store(step, Some(voucher), e);
+        let inserted = tx
+            .insert_payment_orders(&rows)
+            .await
+            .map_err(|e| err("inserting orders", e))?;
+        failpoint::hit("after_insert");
+        if inserted != rows.len() as u64 {
+            return Ok(Some(format!(
+                "{inserted} of {} payment rows inserted",
+                rows.len()
+            )));
+        }
+        // The admission wrote these deadlines; if Redis lost them since, the orders would
+        // never expire. Restoring them is harmless otherwise.
+        let open: Vec<_> = rows
+            .iter()
+            .filter(|r| r.status == OrderStatus::AwaitingPayment)
+            .map(|r| (r.order.id, r.order.user.as_str(), r.pay_by_ms))
+            .collect();
+        self.streams
+            .restore_deadlines(voucher, &open)
+            .await
+            .map_err(|e| err("restoring deadlines", e))?;
+        Ok(None)
     }
 
     /// Records, inside `tx`, the closes of `voucher` waiting in Redis (`to_settle`).
