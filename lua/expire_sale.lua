@@ -9,12 +9,15 @@
 -- KEYS[7] deadlines     seckill:{<voucher>}:deadlines
 -- KEYS[8] closed orders seckill:{<voucher>}:closed
 -- KEYS[9] to settle     seckill:{<voucher>}:to_settle
+-- KEYS[10] transfers    seckill:{<voucher>}:transfers (bucketed vouchers, issue #16)
+-- KEYS[11] received     seckill:{<voucher>}:received
 -- ARGV[1] consumer group, ARGV[2] retention (ms)
 --
 -- Returns EXPIRING when the keys now expire, UNDRAINED when the stream still holds
 -- undrained orders
 -- (something pending, or an entry never delivered to the group), or orders still
--- waiting for payment or for their close to reach the database: then nothing changes.
+-- waiting for payment or for their close to reach the database, or units this bucket
+-- gave that have not reached their recipient: then nothing changes.
 --
 -- The drainer calls it when it retires a sale (over for a minute, its stream drained).
 -- The check is made again here, in the same script as the expiries, so no order can be
@@ -43,12 +46,13 @@ end
 
 -- Open orders have finite deadlines (the sentinel's is +inf).
 if redis.call('ZCOUNT', KEYS[7], '-inf', '(+inf') > 0
-  or redis.call('SCARD', KEYS[9]) - redis.call('SISMEMBER', KEYS[9], SENTINEL) > 0 then
+  or redis.call('SCARD', KEYS[9]) - redis.call('SISMEMBER', KEYS[9], SENTINEL) > 0
+  or redis.call('HLEN', KEYS[10]) - redis.call('HEXISTS', KEYS[10], SENTINEL) > 0 then
   return UNDRAINED
 end
 
 local ttl = tonumber(ARGV[2])
-for i = 1, 9 do
+for i = 1, #KEYS do
   if i ~= 4 or redis.call('XLEN', KEYS[4]) == 0 then
     redis.call('PEXPIRE', KEYS[i], ttl)
   end

@@ -7,12 +7,20 @@
 -- KEYS[4] deadlines     seckill:{<voucher>}:deadlines
 -- KEYS[5] closed orders seckill:{<voucher>}:closed
 -- KEYS[6] to settle     seckill:{<voucher>}:to_settle
+-- KEYS[7] transfers     seckill:{<voucher>}:transfers
+-- KEYS[8] received      seckill:{<voucher>}:received
 -- ARGV[1] the database's stock_left, ARGV[2] total stock, ARGV[3] begins_ms,
 -- ARGV[4] ends_ms, ARGV[5] consumer group name,
 -- ARGV[6] settled: how many orders of this voucher the database held when stock_left was
 --         read (their buyers are already in the buyers hash: the caller merged them)
 -- ARGV[7] the payment window in ms ('' when the voucher has no payment step),
 -- ARGV[8] '1' when a buyer whose order was cancelled or expired may buy again
+-- ARGV[9] the voucher's stock buckets (issue #16). Every key above is one bucket's (a
+--         voucher of one bucket is its bucket 0); ARGV[1] and ARGV[6] are then that
+--         bucket's share and its settled orders. With more than one bucket the sale hash
+--         also records `buckets` (an instance that never saw the voucher learns from
+--         bucket 0 where a buyer belongs), and the transfers and received hashes get
+--         their sentinel (lua/give.lua, lua/take.lua name them).
 --
 -- Stock = stock_left - pending, where pending = buyers the database had not settled
 -- (HLEN(buyers) - settled): orders admitted but not yet drained, whose units the
@@ -39,6 +47,7 @@ local BEGINS_MS = 'begins_ms'
 local ENDS_MS = 'ends_ms'
 local PAY_MS = 'pay_ms'
 local REBUY = 'rebuy'
+local BUCKETS = 'buckets'
 
 -- The deadlines, closed and to-settle keys always exist (a sentinel member; a deadline
 -- of +inf, never due): the admission, probe and close scripts name them in KEYS, and
@@ -47,6 +56,11 @@ local REBUY = 'rebuy'
 redis.call('ZADD', KEYS[4], 'NX', '+inf', SENTINEL)
 redis.call('HSETNX', KEYS[5], SENTINEL, SENTINEL)
 redis.call('SADD', KEYS[6], SENTINEL)
+local buckets = tonumber(ARGV[9])
+if buckets > 1 then
+  redis.call('HSETNX', KEYS[7], SENTINEL, SENTINEL)
+  redis.call('HSETNX', KEYS[8], SENTINEL, SENTINEL)
+end
 
 if redis.call('EXISTS', KEYS[1]) == 1 then
   -- The group may still be missing (a stream lost on its own); BUSYGROUP is fine.
@@ -77,5 +91,8 @@ redis.call('HSET', KEYS[1], STOCK, string.format('%.0f', stock), TOTAL, ARGV[2],
   BEGINS_MS, ARGV[3], ENDS_MS, ARGV[4])
 if ARGV[7] ~= '' then
   redis.call('HSET', KEYS[1], PAY_MS, ARGV[7], REBUY, ARGV[8])
+end
+if buckets > 1 then
+  redis.call('HSET', KEYS[1], BUCKETS, ARGV[9])
 end
 return CREATED

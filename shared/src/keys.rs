@@ -2,14 +2,17 @@
 //!
 //! Invariant 4 (cluster safety) lives here: every key of one voucher carries the hash tag
 //! `{<voucher id>}`, so the admission script, which receives all of them in `KEYS`, runs
-//! on a single cluster slot. Nothing else in the code builds a key by hand.
+//! on a single cluster slot. A voucher with stock buckets (issue #16) has one such set of
+//! keys per bucket: bucket 0 the voucher's own tag, bucket b the tag `{<voucher id>.b}`
+//! (see [`Bucket`]). Nothing else in the code builds a key by hand.
 
-use crate::domain::{OrderId, VoucherId};
+use crate::domain::{Bucket, OrderId, VoucherId};
 
 /// The consumer group that drains every orders stream.
 pub const DRAIN_GROUP: &str = "drainers";
 
-/// The set of voucher ids whose streams the drainer visits.
+/// The set of buckets whose streams the drainer visits: voucher ids (bucket 0) and
+/// `<voucher id>.<bucket>` (see [`Bucket`]'s `Display`).
 pub const ACTIVE_VOUCHERS: &str = "seckill:active";
 
 /// The keys of one voucher's sale, all in the slot of `{<voucher id>}`.
@@ -35,11 +38,18 @@ pub struct VoucherKeys {
     pub closed: String,
     /// Set: ids of closed orders whose close the database has not recorded yet.
     pub to_settle: String,
+    /// Hash, bucketed vouchers: transfer id → `<recipient bucket> <units>`, units this
+    /// bucket gave away that the recipient may not have received yet (`lua/give.lua`).
+    pub transfers: String,
+    /// Hash, bucketed vouchers: transfer id → units, the transfers this bucket received
+    /// (`lua/take.lua`): a transfer is added to the stock once, however often retried.
+    pub received: String,
 }
 
 impl VoucherKeys {
-    pub fn new(voucher: VoucherId) -> VoucherKeys {
-        let tag = format!("seckill:{{{voucher}}}");
+    /// The keys of one bucket (a voucher id is its bucket 0).
+    pub fn new(bucket: impl Into<Bucket>) -> VoucherKeys {
+        let tag = format!("seckill:{{{}}}", bucket.into());
         VoucherKeys {
             sale: format!("{tag}:sale"),
             buyers: format!("{tag}:buyers"),
@@ -50,16 +60,26 @@ impl VoucherKeys {
             deadlines: format!("{tag}:deadlines"),
             closed: format!("{tag}:closed"),
             to_settle: format!("{tag}:to_settle"),
+            transfers: format!("{tag}:transfers"),
+            received: format!("{tag}:received"),
         }
     }
+}
+
+/// String, bucketed vouchers, in bucket 0's slot: set once every bucket was found
+/// empty with no transfer open, so instances stop asking each bucket in turn; deleted
+/// when a unit comes back (issue #17) and expiring on its own (a mark set just after a
+/// return would otherwise stay).
+pub fn sold_out(voucher: VoucherId) -> String {
+    format!("seckill:{{{voucher}}}:sold_out")
 }
 
 impl VoucherKeys {
     /// The keys `lua/admit.lua` takes, in its `KEYS` order (sale, buyers, orders,
     /// deadlines), and only those: the admission runs on every purchase attempt, and
     /// [`VoucherKeys::new`] formats every key of the voucher.
-    pub fn admission(voucher: VoucherId) -> [String; 4] {
-        let tag = format!("seckill:{{{voucher}}}:");
+    pub fn admission(bucket: impl Into<Bucket>) -> [String; 4] {
+        let tag = format!("seckill:{{{}}}:", bucket.into());
         let key = |name: &str| {
             let mut k = String::with_capacity(tag.len() + name.len());
             k.push_str(&tag);
@@ -95,6 +115,49 @@ impl IdKeys {
     }
 }
 
+/// How many hash slots a Redis Cluster has.
+pub const SLOTS: u16 = 16_384;
+
+/// The cluster slot of a key: CRC16 (XMODEM) of its hash tag, modulo [`SLOTS`].
+pub fn slot(key: &str) -> u16 {
+    let mut crc: u16 = 0;
+    for b in hash_tag(key).bytes() {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % SLOTS
+}
+
+/// The salt in the hash tag of bucket `index` (>= 1) of a voucher of `buckets` buckets
+/// (`{<voucher>.<index>.<salt>}`, see [`Bucket`]): the smallest one that puts the bucket
+/// in the middle half of its own k-th of the slot space. Bucket 0 keeps the voucher's
+/// own tag, whose slot names its k-th; bucket b takes the b-th k-th after it. A cluster
+/// whose primaries own equal, contiguous slot ranges (what `--cluster create` makes)
+/// then holds k buckets on k different primaries when it has k of them, and spreads
+/// them evenly when k is a multiple of its primaries. A random tag would put two of
+/// three buckets on one of three primaries more often than not.
+pub fn bucket_salt(voucher: VoucherId, index: u16, buckets: u16) -> u16 {
+    if index == 0 || buckets <= 1 {
+        return 0;
+    }
+    let k = u32::from(buckets);
+    let slots = u32::from(SLOTS);
+    let home = u32::from(slot(&voucher.to_string())) * k / slots;
+    let width = slots / k;
+    let lo = (home + u32::from(index)) % k * width + width / 4;
+    let window = lo..lo + width / 2;
+    // About 2k tries on average; CRC16 reaches every window long before the bound.
+    (0..u16::MAX)
+        .find(|salt| window.contains(&u32::from(slot(&format!("{voucher}.{index}.{salt}")))))
+        .unwrap_or(0)
+}
+
 /// The hash tag of a key: what Redis Cluster hashes to pick its slot.
 pub fn hash_tag(key: &str) -> &str {
     if let Some(open) = key.find('{')
@@ -123,9 +186,17 @@ mod tests {
             &k.deadlines,
             &k.closed,
             &k.to_settle,
+            &k.transfers,
+            &k.received,
         ] {
             assert_eq!(hash_tag(key), "42", "{key}");
         }
+        assert_eq!(hash_tag(&sold_out(VoucherId::new(42).unwrap())), "42");
+        let bucket = Bucket::new(VoucherId::new(42).unwrap(), 3, 4).unwrap();
+        let b = VoucherKeys::new(bucket);
+        assert_eq!(b.orders, format!("seckill:{{{bucket}}}:orders"));
+        assert_eq!(hash_tag(&b.received), bucket.to_string());
+        assert!(bucket.to_string().starts_with("42.3."));
         assert_eq!(k.orders, "seckill:{42}:orders");
         let admission = VoucherKeys::admission(VoucherId::new(42).unwrap());
         assert_eq!(
@@ -140,6 +211,40 @@ mod tests {
         let s = IdKeys::for_day("20261122");
         assert_eq!(hash_tag(&s.clock), hash_tag(&s.blocks));
         assert_eq!(s.blocks, "seckill:{ids}:blocks:20261122");
+    }
+
+    #[test]
+    fn slots_are_redis_cluster_slots() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(slot("123456789"), 0x31c3);
+        assert_eq!(slot("foo"), 12_182);
+        assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
+    }
+
+    #[test]
+    fn buckets_take_one_kth_of_the_slot_space_each() {
+        for id in [1, 42, 777, 123_456] {
+            let v = VoucherId::new(id).unwrap();
+            for k in [2u16, 3, 4, 16] {
+                let width = u32::from(SLOTS) / u32::from(k);
+                let ranges: std::collections::BTreeSet<u32> = Bucket::all(v, k)
+                    .map(|b| u32::from(slot(&VoucherKeys::new(b).sale)) / width)
+                    .map(|r| r.min(u32::from(k) - 1))
+                    .collect();
+                assert_eq!(ranges.len(), usize::from(k), "voucher {id}, {k} buckets");
+            }
+        }
+        // Three buckets over three primaries of `--cluster create` (0-5460, 5461-10922,
+        // 10923-16383): one each.
+        let v = VoucherId::new(42).unwrap();
+        let owners: std::collections::BTreeSet<u16> = Bucket::all(v, 3)
+            .map(|b| match slot(&VoucherKeys::new(b).sale) {
+                0..=5460 => 0,
+                5461..=10922 => 1,
+                _ => 2,
+            })
+            .collect();
+        assert_eq!(owners.len(), 3);
     }
 
     #[test]

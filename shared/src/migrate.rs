@@ -77,6 +77,10 @@ pub const EMBEDDED: &[(&str, &str)] = &[
         "0004_order_payment.sql",
         include_str!("../../migrations/0004_order_payment.sql"),
     ),
+    (
+        "0005_voucher_buckets.sql",
+        include_str!("../../migrations/0005_voucher_buckets.sql"),
+    ),
 ];
 
 /// Splits SQL text into statements at the delimiter (`;`) outside quotes and comments;

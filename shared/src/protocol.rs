@@ -50,6 +50,17 @@ pub mod close {
 /// `lua/probe.lua`). Never an order id.
 pub const DEADLINES_SENTINEL: &str = "~";
 
+/// `lua/give.lua` (first element of its reply) and `lua/take.lua` (its reply): moving
+/// units between the stock buckets of one voucher.
+pub mod transfer {
+    /// The bucket's sale is not loaded: nothing moved.
+    pub const NOT_LOADED: i64 = -1;
+    /// `lua/take.lua`: the units were added now.
+    pub const TAKEN: i64 = 1;
+    /// `lua/take.lua`: this transfer had been received before.
+    pub const ALREADY: i64 = 0;
+}
+
 /// `lua/lease.lua`: the first element of a reply that leased nothing.
 pub mod lease {
     /// The stamp falls on another UTC day than the key names; the second element is
@@ -115,6 +126,8 @@ pub mod sale_fields {
     pub const PAY_MS: &str = "pay_ms";
     /// `1` when a buyer whose order was cancelled or expired may buy again.
     pub const REBUY: &str = "rebuy";
+    /// The voucher's stock buckets; present only when more than one.
+    pub const BUCKETS: &str = "buckets";
 }
 
 #[cfg(test)]
@@ -170,7 +183,27 @@ mod tests {
                     ("ENDS_MS", text(s::ENDS_MS)),
                     ("PAY_MS", text(s::PAY_MS)),
                     ("REBUY", text(s::REBUY)),
+                    ("BUCKETS", text(s::BUCKETS)),
                     ("SENTINEL", text(DEADLINES_SENTINEL)),
+                ],
+            ),
+            (
+                "give.lua",
+                include_str!("../../lua/give.lua"),
+                vec![
+                    ("NOT_LOADED", num(transfer::NOT_LOADED)),
+                    ("STOCK", text(s::STOCK)),
+                    ("SENTINEL", text(DEADLINES_SENTINEL)),
+                ],
+            ),
+            (
+                "take.lua",
+                include_str!("../../lua/take.lua"),
+                vec![
+                    ("TAKEN", num(transfer::TAKEN)),
+                    ("ALREADY", num(transfer::ALREADY)),
+                    ("NOT_LOADED", num(transfer::NOT_LOADED)),
+                    ("STOCK", text(s::STOCK)),
                 ],
             ),
             (
@@ -305,6 +338,8 @@ mod tests {
             k.deadlines,
             k.closed,
             k.to_settle,
+            k.transfers,
+            k.received,
         ];
         let mut seen = 0;
         for (file, script, _) in expected() {

@@ -182,6 +182,7 @@ impl DrainCtx {
             stock,
             window,
             payment: None,
+            buckets: 1,
         };
         let db = self.db().await;
         let mut v = db.create_voucher(&new).await.expect("voucher created");

@@ -59,7 +59,8 @@ use seckill_shared::adapters::data_api::DataApi;
 use seckill_shared::adapters::ledger::Ledger;
 use seckill_shared::adapters::order_stream::{OrderStreams, Probe};
 use seckill_shared::adapters::redis::RedisConn;
-use seckill_shared::domain::{AdmittedOrder, StreamEntry, VoucherId, now_millis};
+use seckill_shared::adapters::transfers;
+use seckill_shared::domain::{AdmittedOrder, Bucket, StreamEntry, VoucherId, now_millis};
 use seckill_shared::error::StoreError;
 
 mod run;
@@ -136,25 +137,25 @@ impl Drainer {
             if last_survey.elapsed() >= MAINTENANCE_EVERY {
                 if let Some(fresh) = self.survey(&run).await {
                     // Vouchers that were busy stay first; newly found ones follow.
-                    let known: BTreeSet<VoucherId> = poll.iter().copied().collect();
+                    let known: BTreeSet<Bucket> = poll.iter().copied().collect();
                     poll.extend(fresh.into_iter().filter(|v| !known.contains(v)));
                 }
                 last_survey = Instant::now();
             }
-            let round: Vec<VoucherId> = poll.iter().copied().filter(|v| !run.failed(*v)).collect();
+            let round: Vec<Bucket> = poll.iter().copied().filter(|v| !run.failed(*v)).collect();
             if round.is_empty() && !poll.is_empty() {
                 // Every voucher with work was stopped: nothing left this run can do.
                 break;
             }
             let run_ref = &run;
-            let results: Vec<(VoucherId, bool)> = futures::stream::iter(round)
+            let results: Vec<(Bucket, bool)> = futures::stream::iter(round)
                 .map(|v| async move { (v, self.drain_batches(run_ref, v).await) })
                 .buffer_unordered(self.cfg.concurrency)
                 .collect()
                 .await;
             // Vouchers that had entries go first next round; quiet ones stay polled only
             // while their sale is open and they are few.
-            let busy: BTreeSet<VoucherId> = results.iter().filter(|r| r.1).map(|r| r.0).collect();
+            let busy: BTreeSet<Bucket> = results.iter().filter(|r| r.1).map(|r| r.0).collect();
             let now = now_millis();
             let mut quiet = 0;
             poll.sort_by_key(|v| !busy.contains(v));
@@ -188,25 +189,27 @@ impl Drainer {
     /// Probes every voucher (time-boxed), recovers claimable entries, and returns the
     /// vouchers to poll, largest backlog first. `None` when the vouchers cannot be
     /// listed.
-    async fn survey(&self, run: &Run) -> Option<Vec<VoucherId>> {
-        let mut vouchers = match &self.cfg.vouchers {
-            Some(fixed) => fixed.clone(),
-            None => match self.streams.active_vouchers().await {
-                Ok((ids, bad)) => {
-                    if !bad.is_empty() {
-                        tracing::warn!(
-                            ?bad,
-                            "the active set holds members that are not voucher ids"
-                        );
-                    }
-                    ids
+    async fn survey(&self, run: &Run) -> Option<Vec<Bucket>> {
+        let mut vouchers = match self.streams.active_vouchers().await {
+            Ok((ids, bad)) => {
+                if !bad.is_empty() {
+                    tracing::warn!(?bad, "the active set holds members that are not buckets");
                 }
-                Err(e) => {
-                    run.record(&DrainError::store("reading the active set", None, e));
-                    return None;
-                }
-            },
+                ids
+            }
+            Err(e) => {
+                run.record(&DrainError::store("reading the active set", None, e));
+                return None;
+            }
         };
+        if let Some(fixed) = &self.cfg.vouchers {
+            // Only these vouchers: each one's bucket 0 (active or not), and its other
+            // buckets the active set names.
+            vouchers.retain(|b| fixed.contains(&b.voucher()));
+            vouchers.extend(fixed.iter().map(|v| Bucket::from(*v)));
+            vouchers.sort();
+            vouchers.dedup();
+        }
         // Start somewhere else each run: a survey cut short by time skips other vouchers.
         if !vouchers.is_empty() {
             let turn = (run.started.elapsed().as_nanos() as usize
@@ -219,9 +222,9 @@ impl Drainer {
         let consumer = run.consumer.as_str();
         // Position in this run's rotated order: the tie-break between equal backlogs, so
         // that it too changes from run to run.
-        let position: BTreeMap<VoucherId, usize> =
+        let position: BTreeMap<Bucket, usize> =
             vouchers.iter().enumerate().map(|(i, v)| (*v, i)).collect();
-        let probes: Vec<(VoucherId, Result<Probe, StoreError>)> = futures::stream::iter(vouchers)
+        let probes: Vec<(Bucket, Result<Probe, StoreError>)> = futures::stream::iter(vouchers)
             .filter(|v| std::future::ready(!run.failed(*v)))
             .map(|v| async move { (v, self.streams.probe(v, consumer, min_idle, false).await) })
             .buffer_unordered(PROBES_IN_FLIGHT)
@@ -232,7 +235,7 @@ impl Drainer {
         let now = now_millis();
         let mut claimable = Vec::new();
         let mut closing = Vec::new();
-        let mut with_work: Vec<(u64, VoucherId)> = Vec::new();
+        let mut with_work: Vec<(u64, Bucket)> = Vec::new();
         let mut open = Vec::new();
         for (voucher, probe) in probes {
             let probe = match probe {
@@ -273,9 +276,32 @@ impl Drainer {
             .for_each_concurrent(self.cfg.concurrency, |v| self.sweep(run, v))
             .await;
 
+        // Bucketed vouchers: units a donor bucket gave whose caller died before the
+        // recipient had them are delivered now (at most once).
+        let bucketed: BTreeSet<VoucherId> = position
+            .keys()
+            .filter(|b| b.index() > 0)
+            .map(|b| b.voucher())
+            .collect();
+        let donors = position
+            .keys()
+            .filter(|b| bucketed.contains(&b.voucher()))
+            .copied();
+        futures::stream::iter(donors)
+            .for_each_concurrent(self.cfg.concurrency, |b| async move {
+                match transfers::finish_open(self.streams.conn(), b).await {
+                    Ok(0) => {}
+                    Ok(units) => {
+                        tracing::warn!(bucket = %b, units, "finished transfers a dead caller left")
+                    }
+                    Err(e) => run.record(&DrainError::store("finishing transfers", Some(b), e)),
+                }
+            })
+            .await;
+
         with_work
             .sort_by_key(|(backlog, v)| (std::cmp::Reverse(*backlog), position.get(v).copied()));
-        let mut poll: Vec<VoucherId> = with_work.into_iter().map(|(_, v)| v).collect();
+        let mut poll: Vec<Bucket> = with_work.into_iter().map(|(_, v)| v).collect();
         if open.len() <= POLL_OPEN_SALES {
             poll.extend(open);
         }
@@ -288,7 +314,7 @@ impl Drainer {
     /// While a full batch is being committed, the next one is read, so Redis and the
     /// database work at the same time instead of in turn; but only when both batches
     /// are expected to end before `stop_at`. A batch read ahead is always processed.
-    async fn drain_batches(&self, run: &Run, voucher: VoucherId) -> bool {
+    async fn drain_batches(&self, run: &Run, voucher: Bucket) -> bool {
         if !run.fits(1) {
             return false;
         }
@@ -324,12 +350,12 @@ impl Drainer {
     async fn process(
         &self,
         run: &Run,
-        voucher: VoucherId,
+        voucher: Bucket,
         entries: Vec<StreamEntry>,
         first_delivery: bool,
     ) {
         let _timer = BatchTimer(run, Instant::now());
-        let sorted = plan::sort_entries(voucher, &entries);
+        let sorted = plan::sort_entries(voucher.voucher(), &entries);
         let dead: Vec<(usize, Reason, Option<AdmittedOrder>)> = sorted
             .dead
             .into_iter()

@@ -8,7 +8,7 @@
 //! against an entry. Either way the invocation reports failure at the end so the
 //! scheduler's metrics and alarms see it.
 
-use seckill_shared::domain::VoucherId;
+use seckill_shared::domain::Bucket;
 use seckill_shared::error::StoreError;
 
 /// The step name of the insert statements, the only step whose refusals can be an
@@ -22,27 +22,27 @@ pub enum DrainError {
     #[error("{step} failed{}: {source}", voucher_suffix(.voucher))]
     Store {
         step: &'static str,
-        voucher: Option<VoucherId>,
+        voucher: Option<Bucket>,
         #[source]
         source: StoreError,
     },
     /// Row counts differed from the plan on every attempt: another drainer kept writing
     /// the same orders concurrently. The entries stay pending.
     #[error("batch of voucher {voucher} lost {attempts} races with a concurrent writer")]
-    Raced { voucher: VoucherId, attempts: u32 },
+    Raced { voucher: Bucket, attempts: u32 },
     /// The invocation finished but not everything went well; the summary lists why.
     #[error("drain finished with {count} error(s), first: {first}")]
     Incomplete { count: usize, first: String },
 }
 
-fn voucher_suffix(voucher: &Option<VoucherId>) -> String {
+fn voucher_suffix(voucher: &Option<Bucket>) -> String {
     voucher
         .map(|v| format!(" for voucher {v}"))
         .unwrap_or_default()
 }
 
 impl DrainError {
-    pub fn store(step: &'static str, voucher: Option<VoucherId>, source: StoreError) -> DrainError {
+    pub fn store(step: &'static str, voucher: Option<Bucket>, source: StoreError) -> DrainError {
         DrainError::Store {
             step,
             voucher,

@@ -46,6 +46,9 @@ struct Entry {
     missing_until: Option<UnixMillis>,
     /// The admission script answered for it (an admission's reply carries no window).
     live: bool,
+    /// Its stock buckets (issue #16), once learned: from its description, or from
+    /// bucket 0's sale hash. Immutable, like the description.
+    buckets: Option<u16>,
 }
 
 impl Entry {
@@ -127,16 +130,30 @@ impl VoucherCache {
         self.look(voucher, now).0
     }
 
-    /// [`short_circuit`](Self::short_circuit)'s answer, and whether this instance has
-    /// seen the voucher exist (its description, or a sale answer from Redis), under one
-    /// lock: the admission path asks both.
-    pub fn look(&self, voucher: VoucherId, now: UnixMillis) -> (Option<Known>, bool) {
+    /// [`short_circuit`](Self::short_circuit)'s answer, and the voucher's stock buckets
+    /// when this instance knows the voucher exists and how many buckets it has, under
+    /// one lock: the admission path asks both.
+    pub fn look(&self, voucher: VoucherId, now: UnixMillis) -> (Option<Known>, Option<u16>) {
         self.with(|s| {
             let Some(e) = s.entries.get(&voucher) else {
-                return (None, false);
+                return (None, None);
             };
-            (Self::answer(e, s.clock, now), e.seen())
+            let buckets = e
+                .buckets
+                .or(e.voucher.as_ref().map(|v| v.buckets))
+                .filter(|_| e.seen());
+            (Self::answer(e, s.clock, now), buckets)
         })
+    }
+
+    /// Remembers a voucher's stock buckets, as bucket 0's sale hash records them.
+    pub fn learn_buckets(&self, voucher: VoucherId, buckets: u16) {
+        self.with(|s| {
+            make_room(&mut s.entries, voucher);
+            let e = s.entries.entry(voucher).or_default();
+            e.buckets = Some(buckets);
+            e.live = true;
+        });
     }
 
     fn answer(e: &Entry, clock: Option<ClockOffset>, now: UnixMillis) -> Option<Known> {
@@ -239,13 +256,15 @@ mod tests {
     const HOUR: i64 = 3_600_000;
 
     #[test]
-    fn an_admission_alone_marks_the_voucher_seen() {
+    fn the_buckets_learned_from_redis_mark_the_voucher_seen() {
         let c = VoucherCache::default();
         let v = VoucherId::new(9).unwrap();
-        assert_eq!(c.look(v, 0), (None, false));
-        // An admission's reply: no window, no server time.
+        assert_eq!(c.look(v, 0), (None, None));
+        // An admission's reply (no window, no server time) says nothing of buckets.
         c.learn_sale(v, None, false, None, 0);
-        assert_eq!(c.look(v, 0), (None, true));
+        assert_eq!(c.look(v, 0), (None, None));
+        c.learn_buckets(v, 3);
+        assert_eq!(c.look(v, 0), (None, Some(3)));
     }
 
     #[test]
@@ -285,7 +304,7 @@ mod tests {
         let len = c.with(|s| s.entries.len());
         assert!(len <= MAX_VOUCHERS, "{len} entries");
         // Unknown ids are forgotten first: the real sale is still known.
-        assert!(c.look(real, 0).1);
+        assert!(c.with(|s| s.entries.contains_key(&real)));
         // Full of real vouchers, it still stays within the bound.
         for id in 100_000..(100_000 + 2 * MAX_VOUCHERS as i64) {
             c.learn_sale(
@@ -336,6 +355,7 @@ mod tests {
                 db_stock_left: 1,
                 window: w,
                 payment: None,
+                buckets: 1,
             });
             assert_eq!(c.short_circuit(v, begins - HOUR + skew), None, "{skew}");
             // Redis answered not started 10 s early; the instance's clock is `skew` off

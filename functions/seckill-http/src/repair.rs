@@ -35,16 +35,25 @@
 //!    holds `awaiting_payment` (orders not drained yet get theirs back when the drainer
 //!    writes them), so they can still be paid and still expire.
 //!
+//! A voucher with stock buckets (issue #16) repairs every bucket whose sale is missing,
+//! each from its own stream and its own buyers' rows. The stock goes where it is known
+//! exactly: with every bucket lost, all of it to bucket 0 (the others borrow from it);
+//! with some buckets still live, a lost bucket reopens empty, because the live buckets'
+//! stock and the database's cannot be read at one instant: its units stay unsold
+//! (`seckill reconcile` shows them) rather than risk selling one twice.
+//!
 //! What no repair can bring back: admissions whose stream entry and buyer were both lost
 //! (acknowledged in the last moment before Redis lost unsynced writes), and closes (paid,
 //! cancelled) Redis decided but lost before the drainer recorded them: those orders are
 //! open again until paid or expired. README, "Promises", states that window.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use seckill_shared::adapters::closes::restore_deadlines;
 use seckill_shared::adapters::redis::RedisSales;
-use seckill_shared::domain::{Reopen, UnixMillis, VoucherId, now_millis};
+use seckill_shared::adapters::transfers;
+use seckill_shared::domain::{Bucket, OrderId, Reopen, UnixMillis, VoucherId, now_millis};
 use seckill_shared::error::StoreError;
 
 use crate::app::App;
@@ -79,7 +88,7 @@ pub async fn repair(app: &App, id: VoucherId, now: UnixMillis) -> Result<bool, A
     // Who holds it, for someone inspecting Redis; nothing compares it.
     let holder = format!("pid {} at {now}", std::process::id());
     if !sales.try_lock_repair(id, &holder, REPAIR_LOCK_MS).await? {
-        return wait_for_repair(sales, id).await;
+        return wait_for_repair(app, sales, id).await;
     }
     let repaired = repair_locked(app, sales, id, now).await;
     if let Err(error) = sales.unlock_repair(id).await {
@@ -88,14 +97,18 @@ pub async fn repair(app: &App, id: VoucherId, now: UnixMillis) -> Result<bool, A
     repaired
 }
 
-/// Waits for another instance's repair to bring the sale back.
-async fn wait_for_repair(sales: &RedisSales, id: VoucherId) -> Result<bool, ApiError> {
+/// Waits for another instance's repair to bring the sale back (every bucket of it).
+async fn wait_for_repair(app: &App, sales: &RedisSales, id: VoucherId) -> Result<bool, ApiError> {
+    let buckets = app.cache.voucher(id).map_or(1, |v| v.buckets);
     let deadline = now_millis() + REPAIR_WAIT_MS;
-    while now_millis() < deadline {
+    'poll: while now_millis() < deadline {
         tokio::time::sleep(REPAIR_POLL).await;
-        if sales.stock_left(id).await?.is_some() {
-            return Ok(true);
+        for b in Bucket::all(id, buckets) {
+            if sales.stock_left(b).await?.is_none() {
+                continue 'poll;
+            }
         }
+        return Ok(true);
     }
     Err(ApiError::Unavailable(StoreError::Unavailable {
         backend: "redis",
@@ -103,47 +116,103 @@ async fn wait_for_repair(sales: &RedisSales, id: VoucherId) -> Result<bool, ApiE
     }))
 }
 
-/// The repair itself, under the lock.
+/// The repair itself, under the lock: every bucket of the voucher whose sale is missing
+/// (a voucher of one bucket: that bucket, whatever Redis says, as before buckets).
 async fn repair_locked(
     app: &App,
     sales: &RedisSales,
     id: VoucherId,
     now: UnixMillis,
 ) -> Result<bool, ApiError> {
-    let from_stream = sales.restore_buyers_from_stream(id).await?;
+    let k = app.cache.voucher(id).map_or(1, |v| v.buckets);
+    // A bucket can go missing while this runs, but none comes back (a repair holds the
+    // lock): the buckets found live here stay counted as live.
+    let mut missing = Vec::new();
+    for b in Bucket::all(id, k) {
+        if k == 1 || sales.stock_left(b).await?.is_none() {
+            missing.push(b);
+        }
+    }
+    if missing.is_empty() {
+        return Ok(true);
+    }
+    let mut from_stream: u64 = 0;
+    for b in &missing {
+        from_stream += sales.restore_buyers_from_stream(*b).await?;
+    }
     let Some((voucher, mut snapshot)) = app.db.sale_snapshot(id).await? else {
         app.cache.learn_missing(id, now);
         return Ok(false);
     };
     app.cache.learn_voucher(&voucher);
-    let mut settled: u64 = 0;
+    // Orders of the snapshot per bucket (their buyer's bucket), merged into the missing
+    // buckets' buyers hashes as they come.
+    let mut settled: BTreeMap<Bucket, u64> = BTreeMap::new();
     let mut from_db: u64 = 0;
     let merged: Result<(), StoreError> = async {
         while let Some(page) = snapshot.next_page().await? {
-            settled += page.len() as u64;
-            from_db += sales.restore_buyers(id, &page).await?;
+            let mut parts: BTreeMap<Bucket, Vec<(String, OrderId)>> = BTreeMap::new();
+            for (user, order) in page {
+                parts
+                    .entry(voucher.bucket_of(&user))
+                    .or_default()
+                    .push((user, order));
+            }
+            for (b, part) in parts {
+                *settled.entry(b).or_default() += part.len() as u64;
+                if missing.contains(&b) {
+                    from_db += sales.restore_buyers(b, &part).await?;
+                }
+            }
         }
         Ok(())
     }
     .await;
     snapshot.finish().await;
     merged?;
-    match sales.reopen(&voucher, settled).await? {
-        Reopen::Created => tracing::warn!(
-            voucher_id = id.get(),
-            db_stock_left = voucher.db_stock_left,
-            settled,
-            buyers_from_stream = from_stream,
-            buyers_from_db = from_db,
-            "voucher was missing in redis; reopened from the database"
-        ),
-        Reopen::AlreadyLive => {}
-        Reopen::BuyersLost => {
-            return Err(ApiError::Unavailable(StoreError::Unavailable {
-                backend: "redis",
-                detail: format!("voucher {id}: buyers lost again during repair"),
-            }));
+    // The database's stock_left, minus the units of orders it has not settled, is what
+    // the sale still has. With one bucket, or every bucket lost, it all goes to bucket 0
+    // (the others reopen empty and borrow from it). With other buckets still live, their
+    // stock cannot be read together with the database's, so a lost bucket reopens empty:
+    // its units are stranded, never sold twice (README, "Promises").
+    let all_lost = missing.len() == usize::from(k);
+    let mut bucket0_stock = if all_lost { voucher.db_stock_left } else { 0 };
+    if all_lost {
+        for b in missing.iter().filter(|b| b.index() > 0) {
+            let pending = sales
+                .buyer_count(*b)
+                .await?
+                .saturating_sub(settled.get(b).copied().unwrap_or(0));
+            bucket0_stock -= pending as i64;
         }
+    }
+    // Bucket 0 last: instances that never saw the voucher look for it first.
+    for b in missing.iter().rev() {
+        let stock = if b.index() == 0 { bucket0_stock } else { 0 };
+        let settled = settled.get(b).copied().unwrap_or(0);
+        match sales.reopen_bucket(&voucher, *b, stock, settled).await? {
+            Reopen::Created => tracing::warn!(
+                voucher_id = id.get(),
+                bucket = %b,
+                db_stock_left = voucher.db_stock_left,
+                settled,
+                buyers_from_stream = from_stream,
+                buyers_from_db = from_db,
+                "voucher was missing in redis; reopened from the database"
+            ),
+            Reopen::AlreadyLive => {}
+            Reopen::BuyersLost => {
+                return Err(ApiError::Unavailable(StoreError::Unavailable {
+                    backend: "redis",
+                    detail: format!("voucher {b}: buyers lost again during repair"),
+                }));
+            }
+        }
+    }
+    if k > 1 {
+        // Stock may be back (all of it in bucket 0): the voucher's sold-out mark, set
+        // while its buckets were empty or missing, must not outlive the repair.
+        transfers::clear_sold_out(&sales.conn(), id).await?;
     }
     if voucher.payment.is_some() {
         let mut after = 0;
@@ -151,8 +220,16 @@ async fn repair_locked(
             let page = app.db.awaiting_payment(id, after).await?;
             let Some((last, ..)) = page.last() else { break };
             after = last.get();
-            let open: Vec<_> = page.iter().map(|(o, u, d)| (*o, u.as_str(), *d)).collect();
-            restore_deadlines(&sales.conn(), id, &open).await?;
+            let mut parts: BTreeMap<Bucket, Vec<_>> = BTreeMap::new();
+            for (o, u, d) in &page {
+                parts
+                    .entry(voucher.bucket_of(u))
+                    .or_default()
+                    .push((*o, u.as_str(), *d));
+            }
+            for (b, open) in parts {
+                restore_deadlines(&sales.conn(), b, &open).await?;
+            }
         }
     }
     Ok(true)

@@ -9,10 +9,11 @@ use lambda_http::aws_lambda_events::query_map::QueryMap;
 use lambda_http::request::RequestContext;
 use lambda_http::{Body, Request, RequestExt, Response};
 use seckill_shared::adapters::closes::restore_deadlines;
-use seckill_shared::adapters::redis::CloseAction;
+use seckill_shared::adapters::redis::{CloseAction, RedisSales};
+use seckill_shared::adapters::transfers;
 use seckill_shared::domain::{
-    Admission, ClosedOrder, NewVoucher, OrderId, OrderStatus, PaymentRef, PaymentTerms, UnixMillis,
-    UserId, Voucher, VoucherId, format_rfc3339_millis, now_millis,
+    Admission, AdmitReply, Bucket, ClosedOrder, NewVoucher, OrderId, OrderStatus, PaymentRef,
+    PaymentTerms, UnixMillis, UserId, Voucher, VoucherId, format_rfc3339_millis, now_millis,
 };
 use serde::Deserialize;
 use serde_json::json;
@@ -242,6 +243,10 @@ struct CreateVoucherBody {
     /// buy again (default false).
     #[serde(default)]
     rebuy_after_close: Option<bool>,
+    /// Stock buckets, 1..=16 (default 1): the stock split over that many Redis hash
+    /// slots, so one hot sale can use several cluster primaries.
+    #[serde(default)]
+    buckets: Option<i64>,
 }
 
 /// `POST /vouchers` (admin): writes the database, then preloads Redis.
@@ -266,7 +271,8 @@ async fn create_voucher(app: &App, req: &Request) -> Result<Response<Body>, ApiE
         &input.begins_at,
         &input.ends_at,
         now,
-    )?;
+    )?
+    .with_buckets(input.buckets)?;
     new.payment = PaymentTerms::parse(input.pay_within_s, input.rebuy_after_close)?;
     let voucher = app.db.create_voucher(&new).await?;
     tracing::info!(
@@ -306,11 +312,14 @@ async fn get_voucher(app: &App, req: &Request, id: VoucherId) -> Result<Response
         return Err(not_found_voucher(id));
     };
     let sales = app.sales().await?;
-    let stock_left = match sales.stock_left(id).await? {
+    let stock_left = match sales.stock_left_all(&voucher).await? {
         Some(left) => left,
         None => {
             repair(app, id, now).await?;
-            sales.stock_left(id).await?.unwrap_or(voucher.db_stock_left)
+            sales
+                .stock_left_all(&voucher)
+                .await?
+                .unwrap_or(voucher.db_stock_left)
         }
     };
     Ok(json_response(
@@ -324,7 +333,7 @@ async fn seckill(app: &App, req: &Request, id: VoucherId) -> Result<Response<Bod
     let now = now_millis();
     let caller = identify(req, app.dev_secret.as_deref(), now_secs(now))?;
     // Answers this instance already knows cost no Redis call.
-    let (known, seen) = app.cache.look(id, now);
+    let (known, buckets) = app.cache.look(id, now);
     match known {
         Some(Known::NotStarted) => return Err(ApiError::NotStarted),
         Some(Known::Ended) => return Err(ApiError::Ended),
@@ -337,25 +346,44 @@ async fn seckill(app: &App, req: &Request, id: VoucherId) -> Result<Response<Bod
     }
     let sales = app.sales().await?;
     // Order ids are leased only for a voucher that exists: a voucher this instance has
-    // not seen yet is first looked up in Redis (then, if Redis lacks it, the database),
-    // so requests for made-up voucher ids lease nothing and write nothing.
-    if !seen && sales.stock_left(id).await?.is_none() && !repair(app, id, now).await? {
-        return Err(not_found_voucher(id));
-    }
+    // not seen yet is first looked up in Redis (bucket 0's sale hash, which also says
+    // how many stock buckets it has), then, if Redis lacks it, the database, so
+    // requests for made-up voucher ids lease nothing and write nothing.
+    let buckets = match buckets {
+        Some(k) => k,
+        None => match sales.sale_buckets(id).await? {
+            Some(k) => {
+                app.cache.learn_buckets(id, k);
+                k
+            }
+            None if repair(app, id, now).await? => app.cache.voucher(id).map_or(1, |v| v.buckets),
+            None => return Err(not_found_voucher(id)),
+        },
+    };
+    // The buyer's own bucket, always the same one: its buyers hash alone keeps one
+    // order per user (invariant 2).
+    let bucket = Bucket::of_user(id, buckets, caller.user.as_str());
     let order_id = app.ids.next(sales, id, now).await?;
     let asked = std::time::Instant::now();
-    let answer = sales.admit(id, &caller.user, order_id).await;
+    let answer = sales.admit(bucket, &caller.user, order_id).await;
     seckill_shared::metrics::redis_latency(asked.elapsed());
     let mut reply = answer?;
     if reply.admission == Admission::NotLoaded {
         if !repair(app, id, now).await? {
             return Err(not_found_voucher(id));
         }
-        reply = sales.admit(id, &caller.user, order_id).await?;
+        reply = sales.admit(bucket, &caller.user, order_id).await?;
+    }
+    // Whether a sold-out answer is final (the voucher, not only this bucket, is empty).
+    let mut final_sold_out = buckets == 1;
+    if reply.admission == Admission::SoldOut && buckets > 1 {
+        (reply, final_sold_out) =
+            borrow_and_admit(sales, buckets, bucket, &caller.user, order_id, reply).await?;
     }
     let sold_out = match reply.admission {
-        Admission::Admitted { stock_after, .. } => stock_after <= 0,
-        Admission::SoldOut => true,
+        // One empty bucket of several is not a sold-out voucher.
+        Admission::Admitted { stock_after, .. } => buckets == 1 && stock_after <= 0,
+        Admission::SoldOut => final_sold_out,
         _ => false,
     };
     // The clock offset is measured against the time the answer arrived. A sale still
@@ -381,6 +409,69 @@ async fn seckill(app: &App, req: &Request, id: VoucherId) -> Result<Response<Bod
             },
         )),
     }
+}
+
+/// Rounds of borrowing one attempt makes at most: each round moves half of a donor's
+/// stock, and the units may go to other buyers of the bucket before this one's
+/// admission runs again.
+const MAX_BORROW_ROUNDS: u32 = 8;
+
+/// How long an attempt waits for units on their way between two buckets (given by one,
+/// not yet received by the other) before it looks again: one round trip lands them.
+const TRANSIT_WAIT: std::time::Duration = std::time::Duration::from_millis(3);
+
+/// The buyer's bucket is empty (`reply` said so). Unless the voucher is marked sold
+/// out, borrows units from its other buckets and admits again, until admitted or the
+/// voucher is sold out (docs/design.md, "Stock buckets"). Returns the last reply and,
+/// for a refusal, whether it is final (the voucher is sold out: this instance may
+/// remember it).
+///
+/// Units are always in some bucket's stock or in a donor's transfer record, but the
+/// buckets are read one slot at a time, so a unit moving while they are read can hide:
+/// - units on their way (open records), or a bucket Redis lost, are waited for (a few
+///   ms) rather than answered sold out;
+/// - no donor giving anything, the attempt looks at every bucket's stock and records;
+///   only two empty looks a pause apart make the voucher sold out, and mark it so for
+///   every instance.
+async fn borrow_and_admit(
+    sales: &RedisSales,
+    buckets: u16,
+    bucket: Bucket,
+    user: &UserId,
+    order_id: OrderId,
+    mut reply: AdmitReply,
+) -> Result<(AdmitReply, bool), ApiError> {
+    let conn = sales.conn();
+    let voucher = bucket.voucher();
+    if transfers::is_marked_sold_out(&conn, voucher).await? {
+        return Ok((reply, true));
+    }
+    for round in 0..MAX_BORROW_ROUNDS {
+        let id = transfers::transfer_id(order_id, round);
+        let borrowed = transfers::borrow(&conn, buckets, bucket, &id).await?;
+        if borrowed.units == 0 {
+            let moving = borrowed.open > 0 || borrowed.missing > 0;
+            if moving || transfers::units_anywhere(&conn, voucher, buckets).await? > 0 {
+                // Units on their way, or landed where this round did not look (its own
+                // bucket included): wait for them to settle, then try again.
+                tokio::time::sleep(TRANSIT_WAIT).await;
+            } else {
+                tokio::time::sleep(TRANSIT_WAIT).await;
+                if transfers::units_anywhere(&conn, voucher, buckets).await? == 0 {
+                    transfers::mark_sold_out(&conn, voucher).await?;
+                    return Ok((reply, true));
+                }
+            }
+        }
+        reply = sales.admit(bucket, user, order_id).await?;
+        if reply.admission != Admission::SoldOut {
+            return Ok((reply, false));
+        }
+    }
+    // Units keep moving past this buyer (to other buyers of the bucket, or on their
+    // way): a refusal that may come early, and not one to remember.
+    tracing::warn!(%bucket, rounds = MAX_BORROW_ROUNDS, "still no unit after every borrowing round; answering sold out");
+    Ok((reply, false))
 }
 
 /// `GET /orders/{order_id}` (the buyer): `confirmed`/`rejected` from the database,
@@ -415,10 +506,11 @@ async fn get_order(app: &App, req: &Request, id: OrderId) -> Result<Response<Bod
             // Not the buyer's current order: it may be one they cancelled or let expire
             // before it was drained (a voucher that lets them buy again no longer lists
             // it among the buyers).
+            let bucket = buyer_bucket(app, voucher, &caller.user).await?;
             let (closed, _) = app
                 .sales()
                 .await?
-                .payment_state(voucher, id, &caller.user)
+                .payment_state(bucket, id, &caller.user)
                 .await?;
             match closed {
                 Some(c) => Ok(order_json(voucher, (id, c.status, Some(c.pay_by_ms)))),
@@ -463,21 +555,21 @@ async fn close_order(
             None => return Err(not_found()),
         },
     };
-    let Some(terms) = voucher_of(app, voucher, now).await?.map(|v| v.payment) else {
+    let Some(described) = voucher_of(app, voucher, now).await? else {
         return Err(not_found());
     };
+    let (terms, bucket) = (described.payment, described.bucket_of(caller.user.as_str()));
     let sales = app.sales().await?;
     if terms.is_none() {
         // Only the order's buyer learns what kind of order it is.
-        let theirs =
-            row.is_some() || sales.order_of_buyer(voucher, &caller.user).await? == Some(id);
+        let theirs = row.is_some() || sales.order_of_buyer(bucket, &caller.user).await? == Some(id);
         return Err(if theirs {
             ApiError::PaymentNotRequired
         } else {
             not_found()
         });
     }
-    let mut closed = sales.close(voucher, id, &caller.user, &action).await?;
+    let mut closed = sales.close(bucket, id, &caller.user, &action).await?;
     if closed.is_none()
         && let Some((_, _, status, pay_by)) = &row
     {
@@ -488,8 +580,8 @@ async fn close_order(
                 // Its deadline back (as the repair and the drainer restore it), then the
                 // close decides as always.
                 let open = [(id, caller.user.as_str(), *pay_by)];
-                restore_deadlines(&sales.conn(), voucher, &open).await?;
-                sales.close(voucher, id, &caller.user, &action).await?
+                restore_deadlines(&sales.conn(), bucket, &open).await?;
+                sales.close(bucket, id, &caller.user, &action).await?
             }
             (OrderStatus::Paid | OrderStatus::Cancelled | OrderStatus::Expired, _) => {
                 let payment_ref = match status {
@@ -510,8 +602,12 @@ async fn close_order(
         return Err(not_found());
     };
     if closed.status.returned_unit() {
-        // The unit is back on sale: this instance must not keep answering sold out.
+        // The unit is back on sale (in the buyer's bucket): this instance must not keep
+        // answering sold out, nor may the voucher's sold-out mark stay.
         app.cache.forget_sold_out(voucher);
+        if described.buckets > 1 {
+            transfers::clear_sold_out(&sales.conn(), voucher).await?;
+        }
     }
     match (&action, closed.status) {
         (CloseAction::Pay(r), OrderStatus::Paid) if closed.payment_ref == r.as_str() => {}
@@ -593,7 +689,8 @@ async fn overlay_close(
     if !matches!(status, OrderStatus::Pending | OrderStatus::AwaitingPayment) {
         return Ok(view);
     }
-    let (closed, deadline) = app.sales().await?.payment_state(voucher, id, user).await?;
+    let bucket = buyer_bucket(app, voucher, user).await?;
+    let (closed, deadline) = app.sales().await?.payment_state(bucket, id, user).await?;
     Ok(match closed {
         Some(c) => (id, c.status, Some(c.pay_by_ms)),
         None => (id, status, pay_by.or(deadline)),
@@ -629,7 +726,12 @@ async fn caller_order(
         Some(found) if !found.1.returned_unit() => Some(found),
         // None drained, or only one they cancelled or let expire: a newer admitted order
         // (a voucher that lets them buy again) is theirs now.
-        closed => match app.sales().await?.order_of_buyer(voucher, user).await? {
+        closed => match app
+            .sales()
+            .await?
+            .order_of_buyer(buyer_bucket(app, voucher, user).await?, user)
+            .await?
+        {
             Some(held) if closed.is_none_or(|c| c.0 != held) => Some(
                 // Drained meanwhile? The database's word then.
                 match app.db.order_of_buyer(voucher, user).await? {
@@ -668,6 +770,19 @@ async fn voucher_of(
     Ok(found)
 }
 
+/// The bucket `user` buys from in `voucher` (bucket 0 of a voucher the database does
+/// not know: nothing is found there either).
+async fn buyer_bucket(app: &App, voucher: VoucherId, user: &UserId) -> Result<Bucket, ApiError> {
+    let now = now_millis();
+    let buckets = match app.cache.look(voucher, now).1 {
+        Some(k) => k,
+        None => voucher_of(app, voucher, now)
+            .await?
+            .map_or(1, |v| v.buckets),
+    };
+    Ok(Bucket::of_user(voucher, buckets, user.as_str()))
+}
+
 fn not_found_voucher(id: VoucherId) -> ApiError {
     ApiError::NotFound(format!("voucher {id} not found"))
 }
@@ -681,6 +796,9 @@ fn voucher_json(v: &Voucher, stock_left: i64) -> serde_json::Value {
         "begins_at": format_rfc3339_millis(v.window.begins_ms()),
         "ends_at": format_rfc3339_millis(v.window.ends_ms()),
     });
+    if v.buckets > 1 {
+        body["buckets"] = json!(v.buckets);
+    }
     if let Some(p) = v.payment {
         body["pay_within_s"] = json!(p.pay_within_ms / 1000);
         body["rebuy_after_close"] = json!(p.rebuy_after_close);

@@ -14,7 +14,7 @@ use redis::AsyncCommands;
 
 use super::order_stream::OrderStreams;
 use super::redis::{CLOSE, RedisConn};
-use crate::domain::{ClosedOrder, OrderId, UnixMillis, VoucherId};
+use crate::domain::{Bucket, ClosedOrder, OrderId, UnixMillis};
 use crate::error::StoreError;
 use crate::keys::{VoucherKeys, deadline_member};
 use crate::protocol::close;
@@ -33,9 +33,10 @@ const DEADLINES_PER_CALL: usize = 1_000;
 /// Redis lost them (a repair, and every order the drainer writes `awaiting_payment`).
 pub async fn restore_deadlines(
     conn: &RedisConn,
-    voucher: VoucherId,
+    voucher: impl Into<Bucket>,
     open: &[(OrderId, &str, UnixMillis)],
 ) -> Result<(), StoreError> {
+    let voucher: Bucket = voucher.into();
     let k = VoucherKeys::new(voucher);
     for chunk in open.chunks(DEADLINES_PER_CALL) {
         let mut zadd = redis::cmd("ZADD");
@@ -52,16 +53,18 @@ impl OrderStreams {
     /// [`restore_deadlines`] on this connection.
     pub async fn restore_deadlines(
         &self,
-        voucher: VoucherId,
+        voucher: impl Into<Bucket>,
         open: &[(OrderId, &str, UnixMillis)],
     ) -> Result<(), StoreError> {
+        let voucher: Bucket = voucher.into();
         restore_deadlines(&self.conn, voucher, open).await
     }
 
     /// Expires up to [`EXPIRE_PER_CALL`] orders of `voucher` whose payment deadline has
     /// passed (by the Redis server's clock), returning each unit to the sale. Returns
     /// (expired now, orders waiting to be settled).
-    pub async fn expire_due(&self, voucher: VoucherId) -> Result<(u64, u64), StoreError> {
+    pub async fn expire_due(&self, voucher: impl Into<Bucket>) -> Result<(u64, u64), StoreError> {
+        let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
         let reply: (u64, u64) = CLOSE
             .key(&k.sale)
@@ -77,7 +80,8 @@ impl OrderStreams {
     }
 
     /// The orders of `voucher` closed in Redis whose close the database may not have yet.
-    pub async fn to_settle(&self, voucher: VoucherId) -> Result<Vec<OrderId>, StoreError> {
+    pub async fn to_settle(&self, voucher: impl Into<Bucket>) -> Result<Vec<OrderId>, StoreError> {
+        let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
         let ids: Vec<String> = self.conn.clone().smembers(&k.to_settle).await?;
         Ok(ids
@@ -89,9 +93,10 @@ impl OrderStreams {
     /// How each of `orders` was closed, in order (`None`: still open, or no such order).
     pub async fn closed_orders(
         &self,
-        voucher: VoucherId,
+        voucher: impl Into<Bucket>,
         orders: &[OrderId],
     ) -> Result<Vec<Option<ClosedOrder>>, StoreError> {
+        let voucher: Bucket = voucher.into();
         if orders.is_empty() {
             return Ok(Vec::new());
         }
@@ -114,9 +119,10 @@ impl OrderStreams {
     /// payment step.
     pub async fn drop_deadlines(
         &self,
-        voucher: VoucherId,
+        voucher: impl Into<Bucket>,
         orders: &[(OrderId, &str)],
     ) -> Result<(), StoreError> {
+        let voucher: Bucket = voucher.into();
         if orders.is_empty() {
             return Ok(());
         }
@@ -127,7 +133,12 @@ impl OrderStreams {
     }
 
     /// Forgets orders whose close the database has committed.
-    pub async fn settled(&self, voucher: VoucherId, orders: &[OrderId]) -> Result<(), StoreError> {
+    pub async fn settled(
+        &self,
+        voucher: impl Into<Bucket>,
+        orders: &[OrderId],
+    ) -> Result<(), StoreError> {
+        let voucher: Bucket = voucher.into();
         if orders.is_empty() {
             return Ok(());
         }

@@ -19,8 +19,8 @@ use time::macros::format_description;
 
 use crate::config::DataApiConfig;
 use crate::domain::{
-    NewVoucher, OrderId, OrderStatus, PaymentTerms, SaleWindow, UnixMillis, UserId, Voucher,
-    VoucherId,
+    MAX_BUCKETS, NewVoucher, OrderId, OrderStatus, PaymentTerms, SaleWindow, UnixMillis, UserId,
+    Voucher, VoucherId,
 };
 use crate::error::StoreError;
 
@@ -170,8 +170,8 @@ impl DataApi {
         let rebuy = v.payment.is_some_and(|p| p.rebuy_after_close);
         let out = self
             .execute(
-                "INSERT INTO vouchers (title, stock, stock_left, begins_at, ends_at, pay_within_ms, rebuy_after_close) \
-                 VALUES (:title, :stock, :stock, :begins_at, :ends_at, :pay_within_ms, :rebuy)",
+                "INSERT INTO vouchers (title, stock, stock_left, begins_at, ends_at, pay_within_ms, rebuy_after_close, buckets) \
+                 VALUES (:title, :stock, :stock, :begins_at, :ends_at, :pay_within_ms, :rebuy, :buckets)",
                 vec![
                     param::string("title", &v.title),
                     param::long("stock", v.stock),
@@ -179,6 +179,7 @@ impl DataApi {
                     param::timestamp("ends_at", v.window.ends_ms()),
                     pay_within,
                     param::long("rebuy", i64::from(rebuy)),
+                    param::long("buckets", i64::from(v.buckets)),
                 ],
                 None,
             )
@@ -195,6 +196,7 @@ impl DataApi {
             db_stock_left: v.stock,
             window: v.window,
             payment: v.payment,
+            buckets: v.buckets,
         })
     }
 
@@ -211,7 +213,7 @@ impl DataApi {
     ) -> Result<Option<Voucher>, StoreError> {
         let out = self
             .execute(
-                "SELECT id, title, stock, stock_left, begins_at, ends_at, pay_within_ms, rebuy_after_close + 0 \
+                "SELECT id, title, stock, stock_left, begins_at, ends_at, pay_within_ms, rebuy_after_close + 0, buckets \
                  FROM vouchers WHERE id = :id",
                 vec![param::long("id", id.get())],
                 transaction,
@@ -221,7 +223,18 @@ impl DataApi {
             return Ok(None);
         };
         let bad = || StoreError::Corrupt(format!("vouchers row {id} has an unexpected shape"));
-        let [_, title, stock, left, begins, ends, pay_within, rebuy] = row.as_slice() else {
+        let [
+            _,
+            title,
+            stock,
+            left,
+            begins,
+            ends,
+            pay_within,
+            rebuy,
+            buckets,
+        ] = row.as_slice()
+        else {
             return Err(bad());
         };
         let payment = field::long(pay_within).map(|ms| PaymentTerms {
@@ -240,6 +253,10 @@ impl DataApi {
             db_stock_left: field::long(left).ok_or_else(bad)?,
             window,
             payment,
+            buckets: field::long(buckets)
+                .and_then(|k| u16::try_from(k).ok())
+                .filter(|k| (1..=MAX_BUCKETS).contains(k))
+                .ok_or_else(bad)?,
         }))
     }
 

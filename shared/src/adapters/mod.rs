@@ -5,3 +5,4 @@ pub mod data_api;
 pub mod ledger;
 pub mod order_stream;
 pub mod redis;
+pub mod transfers;

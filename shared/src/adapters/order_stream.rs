@@ -27,7 +27,7 @@ use redis::{AsyncCommands, Cmd, Script, Value};
 
 use super::redis::RedisConn;
 use crate::config::Durable;
-use crate::domain::{AdmittedOrder, DeadLetter, StreamEntry, UnixMillis, VoucherId};
+use crate::domain::{AdmittedOrder, Bucket, DeadLetter, StreamEntry, UnixMillis};
 use crate::error::StoreError;
 use crate::keys::{self, VoucherKeys};
 use crate::protocol::{self, fields, sale_fields};
@@ -166,6 +166,12 @@ pub struct OrderStreams {
 }
 
 impl OrderStreams {
+    /// The connection, for the drainer's calls outside the streams (transfers between
+    /// stock buckets).
+    pub fn conn(&self) -> &RedisConn {
+        &self.conn
+    }
+
     pub fn new(conn: RedisConn) -> OrderStreams {
         OrderStreams {
             conn,
@@ -206,7 +212,7 @@ impl OrderStreams {
     /// claimable at once, and the caller sees a transient error.
     async fn not_yet_replicated(
         &self,
-        voucher: VoucherId,
+        voucher: Bucket,
         consumer: &str,
         ids: &[&str],
     ) -> StoreError {
@@ -229,14 +235,15 @@ impl OrderStreams {
         }
     }
 
-    /// The vouchers the drainer should visit (`SMEMBERS seckill:active`), sorted, and the
-    /// members that are not voucher ids (reported, never fatal).
-    pub async fn active_vouchers(&self) -> Result<(Vec<VoucherId>, Vec<String>), StoreError> {
+    /// The buckets the drainer should visit (`SMEMBERS seckill:active`: voucher ids, and
+    /// `<voucher>.<b>` for the other buckets of bucketed vouchers), sorted, and the
+    /// members that are neither (reported, never fatal).
+    pub async fn active_vouchers(&self) -> Result<(Vec<Bucket>, Vec<String>), StoreError> {
         let members: Vec<String> = self.conn.clone().smembers(keys::ACTIVE_VOUCHERS).await?;
         let mut ids = Vec::with_capacity(members.len());
         let mut bad = Vec::new();
         for m in members {
-            match m.parse::<VoucherId>() {
+            match m.parse::<Bucket>() {
                 Ok(id) => ids.push(id),
                 Err(_) => bad.push(m),
             }
@@ -250,9 +257,10 @@ impl OrderStreams {
     /// non-empty dead-letter stream is kept.
     pub async fn expire_finished(
         &self,
-        voucher: VoucherId,
+        voucher: impl Into<Bucket>,
         retention: Duration,
     ) -> Result<bool, StoreError> {
+        let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
         let done: i64 = EXPIRE_SALE
             .key(&k.sale)
@@ -264,6 +272,8 @@ impl OrderStreams {
             .key(&k.deadlines)
             .key(&k.closed)
             .key(&k.to_settle)
+            .key(&k.transfers)
+            .key(&k.received)
             .arg(keys::DRAIN_GROUP)
             .arg(retention.as_millis() as u64)
             .invoke_async(&mut self.conn.clone())
@@ -272,11 +282,12 @@ impl OrderStreams {
     }
 
     /// Removes a voucher from the active set; true when it was there.
-    pub async fn retire(&self, voucher: VoucherId) -> Result<bool, StoreError> {
+    pub async fn retire(&self, voucher: impl Into<Bucket>) -> Result<bool, StoreError> {
+        let voucher: Bucket = voucher.into();
         let removed: i64 = self
             .conn
             .clone()
-            .srem(keys::ACTIVE_VOUCHERS, voucher.get())
+            .srem(keys::ACTIVE_VOUCHERS, voucher.to_string())
             .await?;
         Ok(removed == 1)
     }
@@ -288,11 +299,12 @@ impl OrderStreams {
     /// if it holds nothing.
     pub async fn probe(
         &self,
-        voucher: VoucherId,
+        voucher: impl Into<Bucket>,
         consumer: &str,
         min_idle: Duration,
         leaving: bool,
     ) -> Result<Probe, StoreError> {
+        let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
         let reply: Vec<Value> = PROBE
             .key(&k.orders)
@@ -340,11 +352,12 @@ impl OrderStreams {
     /// were still pending.
     pub async fn release(
         &self,
-        voucher: VoucherId,
+        voucher: impl Into<Bucket>,
         consumer: &str,
         ids: &[&str],
         idle: Duration,
     ) -> Result<u64, StoreError> {
+        let voucher: Bucket = voucher.into();
         if ids.is_empty() {
             return Ok(0);
         }
@@ -363,17 +376,21 @@ impl OrderStreams {
         Ok(released.len() as u64)
     }
 
-    /// Records an open drainer transaction of `voucher` (see [`VoucherKeys::drain_tx`]).
+    /// Records an open drainer transaction of `voucher` (see [`VoucherKeys::drain_tx`]),
+    /// in bucket 0's registry for every bucket: a transaction holds the voucher's row
+    /// lock, so a run blocked while draining any bucket must find it there.
     /// The record expires an hour after the voucher's latest transaction: entries left
     /// by killed runs do not pile up on a sale nobody drains any more.
     pub async fn register_tx(
         &self,
-        voucher: VoucherId,
+        voucher: impl Into<Bucket>,
         transaction: &str,
         consumer: &str,
         now: UnixMillis,
     ) -> Result<(), StoreError> {
-        let k = VoucherKeys::new(voucher);
+        let voucher: Bucket = voucher.into();
+        // One registry per voucher, whatever the bucket: the row lock is the voucher's.
+        let k = VoucherKeys::new(voucher.voucher());
         let _: () = redis::pipe()
             .hset(&k.drain_tx, transaction, format!("{consumer} {now}"))
             .ignore()
@@ -387,10 +404,12 @@ impl OrderStreams {
     /// Forgets an ended transaction.
     pub async fn unregister_tx(
         &self,
-        voucher: VoucherId,
+        voucher: impl Into<Bucket>,
         transaction: &str,
     ) -> Result<(), StoreError> {
-        let k = VoucherKeys::new(voucher);
+        let voucher: Bucket = voucher.into();
+        // One registry per voucher, whatever the bucket: the row lock is the voucher's.
+        let k = VoucherKeys::new(voucher.voucher());
         let _: i64 = self.conn.clone().hdel(&k.drain_tx, transaction).await?;
         Ok(())
     }
@@ -399,9 +418,11 @@ impl OrderStreams {
     /// when it began; 0 when the record does not say).
     pub async fn registered_txs(
         &self,
-        voucher: VoucherId,
+        voucher: impl Into<Bucket>,
     ) -> Result<Vec<(String, String, UnixMillis)>, StoreError> {
-        let k = VoucherKeys::new(voucher);
+        let voucher: Bucket = voucher.into();
+        // One registry per voucher, whatever the bucket: the row lock is the voucher's.
+        let k = VoucherKeys::new(voucher.voucher());
         let all: HashMap<String, String> = self.conn.clone().hgetall(&k.drain_tx).await?;
         Ok(all
             .into_iter()
@@ -417,12 +438,13 @@ impl OrderStreams {
     /// itself incremented), read with the extended XPENDING form.
     pub async fn claim_idle(
         &self,
-        voucher: VoucherId,
+        voucher: impl Into<Bucket>,
         consumer: &str,
         min_idle: Duration,
         cursor: &str,
         count: usize,
     ) -> Result<ClaimPage, StoreError> {
+        let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
         let mut cmd = redis::cmd("XAUTOCLAIM");
         cmd.arg(&k.orders)
@@ -452,7 +474,7 @@ impl OrderStreams {
     /// Delivery counts of the pending entries of `consumer` in `[first, last]`.
     async fn delivery_counts(
         &self,
-        voucher: VoucherId,
+        voucher: Bucket,
         first: &str,
         last: &str,
         count: usize,
@@ -480,10 +502,11 @@ impl OrderStreams {
     /// a transient error (see [`Self::with_durability`]).
     pub async fn read_new(
         &self,
-        voucher: VoucherId,
+        voucher: impl Into<Bucket>,
         consumer: &str,
         count: usize,
     ) -> Result<Vec<StreamEntry>, StoreError> {
+        let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg("GROUP")
@@ -507,7 +530,8 @@ impl OrderStreams {
     }
 
     /// Acknowledges entries; returns how many were still pending.
-    pub async fn ack(&self, voucher: VoucherId, ids: &[&str]) -> Result<u64, StoreError> {
+    pub async fn ack(&self, voucher: impl Into<Bucket>, ids: &[&str]) -> Result<u64, StoreError> {
+        let voucher: Bucket = voucher.into();
         if ids.is_empty() {
             return Ok(0);
         }
@@ -524,10 +548,11 @@ impl OrderStreams {
     /// Returns false when the entry was no longer pending (someone else finished it).
     pub async fn dead_letter(
         &self,
-        voucher: VoucherId,
+        voucher: impl Into<Bucket>,
         entry: &StreamEntry,
         reason: &str,
     ) -> Result<bool, StoreError> {
+        let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
         let mut call = DEAD_LETTER.key(&k.orders);
         call.key(&k.dead)
@@ -544,7 +569,8 @@ impl OrderStreams {
 
     /// Trims the orders stream below every group's oldest pending entry and
     /// last-delivered id (`lua/trim.lua`).
-    pub async fn trim(&self, voucher: VoucherId) -> Result<Trimmed, StoreError> {
+    pub async fn trim(&self, voucher: impl Into<Bucket>) -> Result<Trimmed, StoreError> {
+        let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
         let (removed, min_id): (u64, String) = TRIM
             .key(&k.orders)
@@ -558,7 +584,11 @@ impl OrderStreams {
 
     /// Length, pending count and lag of the drain group (`None` when the stream or the
     /// group does not exist).
-    pub async fn stats(&self, voucher: VoucherId) -> Result<Option<StreamStats>, StoreError> {
+    pub async fn stats(
+        &self,
+        voucher: impl Into<Bucket>,
+    ) -> Result<Option<StreamStats>, StoreError> {
+        let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
         let mut conn = self.conn.clone();
         let exists: bool = conn.exists(&k.orders).await?;
@@ -626,16 +656,21 @@ impl OrderStreams {
     /// the oldest), acked or not: what an operator compares with the database.
     pub async fn entries(
         &self,
-        voucher: VoucherId,
+        voucher: impl Into<Bucket>,
         after: Option<&str>,
         count: usize,
     ) -> Result<Vec<StreamEntry>, StoreError> {
+        let voucher: Bucket = voucher.into();
         self.range(&VoucherKeys::new(voucher).orders, after, count)
             .await
     }
 
     /// Every dead letter of the voucher, oldest first (read in pages of [`RANGE_PAGE`]).
-    pub async fn dead_letters(&self, voucher: VoucherId) -> Result<Vec<DeadLetter>, StoreError> {
+    pub async fn dead_letters(
+        &self,
+        voucher: impl Into<Bucket>,
+    ) -> Result<Vec<DeadLetter>, StoreError> {
+        let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
         let mut out: Vec<DeadLetter> = Vec::new();
         loop {
@@ -650,7 +685,8 @@ impl OrderStreams {
     }
 
     /// How many dead letters the voucher has (XLEN).
-    pub async fn dead_letter_count(&self, voucher: VoucherId) -> Result<u64, StoreError> {
+    pub async fn dead_letter_count(&self, voucher: impl Into<Bucket>) -> Result<u64, StoreError> {
+        let voucher: Bucket = voucher.into();
         Ok(self
             .conn
             .clone()
@@ -659,7 +695,8 @@ impl OrderStreams {
     }
 
     /// Ids of every entry pending in the drain group (delivered, not acked), in order.
-    pub async fn pending_ids(&self, voucher: VoucherId) -> Result<Vec<String>, StoreError> {
+    pub async fn pending_ids(&self, voucher: impl Into<Bucket>) -> Result<Vec<String>, StoreError> {
+        let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
         let mut out: Vec<String> = Vec::new();
         if self.stats(voucher).await?.is_none() {
@@ -689,8 +726,9 @@ impl OrderStreams {
     /// first one after the group's last-delivered id. `None` when everything is acked.
     pub async fn oldest_unfinished(
         &self,
-        voucher: VoucherId,
+        voucher: impl Into<Bucket>,
     ) -> Result<Option<String>, StoreError> {
+        let voucher: Bucket = voucher.into();
         let Some(stats) = self.stats(voucher).await? else {
             return Ok(None);
         };
@@ -721,9 +759,10 @@ impl OrderStreams {
     /// dead letter was gone already (replayed by someone else): nothing was written.
     pub async fn replay_dead_letter(
         &self,
-        voucher: VoucherId,
+        voucher: impl Into<Bucket>,
         dead: &DeadLetter,
     ) -> Result<Option<String>, StoreError> {
+        let voucher: Bucket = voucher.into();
         self.activate(voucher).await?;
         let k = VoucherKeys::new(voucher);
         let mut call = REPLAY_DEAD_LETTER.key(&k.orders);
@@ -745,13 +784,18 @@ impl OrderStreams {
         Ok((!id.is_empty()).then_some(id))
     }
 
-    /// Appends an order to the voucher's orders stream with the fields admission writes
-    /// (an operator re-enqueueing an admitted order that is nowhere else), after adding
-    /// the voucher to the active set. Returns the new entry's id. The drainer writes it
-    /// like any admission; an order already in the database is a duplicate by its id.
-    pub async fn requeue(&self, order: &AdmittedOrder) -> Result<String, StoreError> {
-        self.activate(order.voucher).await?;
-        let k = VoucherKeys::new(order.voucher);
+    /// Appends an order to the orders stream of `bucket` (its buyer's bucket) with the
+    /// fields admission writes (an operator re-enqueueing an admitted order that is
+    /// nowhere else), after adding the bucket to the active set. Returns the new entry's
+    /// id. The drainer writes it like any admission; an order already in the database is
+    /// a duplicate by its id.
+    pub async fn requeue(
+        &self,
+        bucket: Bucket,
+        order: &AdmittedOrder,
+    ) -> Result<String, StoreError> {
+        self.activate(bucket).await?;
+        let k = VoucherKeys::new(bucket);
         let id: String = redis::cmd("XADD")
             .arg(&k.orders)
             .arg("*")
@@ -769,26 +813,32 @@ impl OrderStreams {
     }
 
     /// Adds the voucher to the set the drainer visits (idempotent).
-    pub async fn activate(&self, voucher: VoucherId) -> Result<(), StoreError> {
+    pub async fn activate(&self, voucher: impl Into<Bucket>) -> Result<(), StoreError> {
+        let voucher: Bucket = voucher.into();
         let _: i64 = self
             .conn
             .clone()
-            .sadd(keys::ACTIVE_VOUCHERS, voucher.get())
+            .sadd(keys::ACTIVE_VOUCHERS, voucher.to_string())
             .await?;
         Ok(())
     }
 
     /// Whether the voucher is in the set the drainer visits.
-    pub async fn is_active(&self, voucher: VoucherId) -> Result<bool, StoreError> {
+    pub async fn is_active(&self, voucher: impl Into<Bucket>) -> Result<bool, StoreError> {
+        let voucher: Bucket = voucher.into();
         Ok(self
             .conn
             .clone()
-            .sismember(keys::ACTIVE_VOUCHERS, voucher.get())
+            .sismember(keys::ACTIVE_VOUCHERS, voucher.to_string())
             .await?)
     }
 
     /// When the voucher's sale ends (`ends_ms` of its sale hash), if Redis has the sale.
-    pub async fn sale_ends_ms(&self, voucher: VoucherId) -> Result<Option<UnixMillis>, StoreError> {
+    pub async fn sale_ends_ms(
+        &self,
+        voucher: impl Into<Bucket>,
+    ) -> Result<Option<UnixMillis>, StoreError> {
+        let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
         let ends: Option<String> = self
             .conn

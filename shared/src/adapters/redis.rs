@@ -17,7 +17,7 @@ use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Script, Value};
 
 use crate::config::{Durable, RedisConfig};
 use crate::domain::{
-    Admission, AdmitReply, ClosedOrder, OrderId, PaymentRef, Reopen, SaleState, SaleWindow,
+    Admission, AdmitReply, Bucket, ClosedOrder, OrderId, PaymentRef, Reopen, SaleState, SaleWindow,
     UnixMillis, UserId, Voucher, VoucherId,
 };
 use crate::error::StoreError;
@@ -52,12 +52,15 @@ pub enum CloseAction {
 /// MOVED (the slot has a new owner) and ASK (the slot is migrating and this key already
 /// left) are followed at once; TRYAGAIN (a multi-key script during a migration, while
 /// some of its keys have moved and others not), CLUSTERDOWN and a lost connection wait
-/// first. The waits grow from 2 ms to at most 100 ms, so the 10 retries span about
-/// 0.6 s: long enough for a slot's keys to finish moving or a replica to be promoted,
-/// short enough to stay well inside an admission's budget. The library's defaults (16
-/// retries, waits from 1.28 s) would hold a buyer for minutes; two retries with them
-/// surfaced `MOVED` to buyers as 503s while a slot moved.
-const REDIRECT_RETRIES: u32 = 10;
+/// first. The waits grow from 2 ms to at most 100 ms, each drawn at random below its
+/// bound, so the 14 retries span about 0.55 s (at most 1.4 s): long enough for a slot's
+/// keys to finish moving or a replica to be promoted, short enough to stay well inside
+/// an admission's budget. (With 10, spanning 0.34 s on average but less than the 0.2 s
+/// a slot of seven keys took to move in about one draw in twenty, one of 48 buyers
+/// racing a move sometimes ran out of retries: the slot-moving test caught it.) The
+/// library's defaults (16 retries, waits from 1.28 s) would hold a buyer for minutes;
+/// two retries with them surfaced `MOVED` to buyers as 503s while a slot moved.
+const REDIRECT_RETRIES: u32 = 14;
 const REDIRECT_MIN_WAIT_MS: u64 = 2;
 const REDIRECT_MAX_WAIT_MS: u64 = 100;
 /// The n-th wait is drawn from `min .. min(max, factor * 2^n)` ms.
@@ -385,6 +388,11 @@ impl RedisSales {
         self.conn.clone()
     }
 
+    /// The connection, borrowed.
+    pub fn conn_ref(&self) -> &RedisConn {
+        &self.conn
+    }
+
     /// Runs the admission script (`lua/admit.lua`): one round trip, atomic. The sale
     /// window is judged by the Redis server's clock, never the caller's.
     ///
@@ -398,10 +406,11 @@ impl RedisSales {
     /// could lose it.
     pub async fn admit(
         &self,
-        voucher: VoucherId,
+        voucher: impl Into<Bucket>,
         user: &UserId,
         order_id: OrderId,
     ) -> Result<AdmitReply, StoreError> {
+        let voucher: Bucket = voucher.into();
         let [sale, buyers, orders, deadlines] = VoucherKeys::admission(voucher);
         let mut call = ADMIT.key(&sale);
         call.key(&buyers)
@@ -412,12 +421,12 @@ impl RedisSales {
         let (wire, acked): (AdmitWire, Option<u32>) = self.invoke_durable(&call).await?;
         let (admission, window, server_ms) = match wire {
             AdmitWire::Admitted(left) => (
-                admission_of(voucher, order_id, admit::ADMITTED, "", left)?,
+                admission_of(voucher.voucher(), order_id, admit::ADMITTED, "", left)?,
                 None,
                 None,
             ),
             AdmitWire::Other(code, detail, begins, ends, left, server_ms) => (
-                admission_of(voucher, order_id, code, &detail, left)?,
+                admission_of(voucher.voucher(), order_id, code, &detail, left)?,
                 SaleWindow::new(begins, ends).ok(),
                 Some(server_ms),
             ),
@@ -475,11 +484,12 @@ impl RedisSales {
     /// is [`StoreError::Unconfirmed`]: a failover could still undo it.
     pub async fn close(
         &self,
-        voucher: VoucherId,
+        voucher: impl Into<Bucket>,
         order: OrderId,
         user: &UserId,
         action: &CloseAction,
     ) -> Result<Option<ClosedOrder>, StoreError> {
+        let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
         let mut call = CLOSE.key(&k.sale);
         call.key(&k.buyers)
@@ -522,10 +532,11 @@ impl RedisSales {
     /// is open. (`None`, `None` for vouchers without a payment step.)
     pub async fn payment_state(
         &self,
-        voucher: VoucherId,
+        voucher: impl Into<Bucket>,
         order: OrderId,
         user: &UserId,
     ) -> Result<(Option<ClosedOrder>, Option<UnixMillis>), StoreError> {
+        let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
         let (closed, deadline): (Option<String>, Option<f64>) = redis::pipe()
             .hget(&k.closed, order.get())
@@ -539,29 +550,51 @@ impl RedisSales {
         Ok((closed, deadline.map(|d| d as UnixMillis)))
     }
 
-    /// Makes a new voucher sellable: registers it for the drainer, then creates its sale
-    /// hash (only if absent) and its consumer group. Idempotent; returns true when the
-    /// sale hash was created now.
+    /// Makes a new voucher sellable: registers each of its buckets for the drainer, then
+    /// creates each bucket's sale hash (only if absent, with the bucket's share of the
+    /// stock) and consumer group. Idempotent; returns true when bucket 0's sale hash was
+    /// created now.
     pub async fn preload(&self, voucher: &Voucher) -> Result<bool, StoreError> {
-        // A new voucher has no orders in the database.
-        Ok(self.reopen(voucher, 0).await? == Reopen::Created)
+        let mut created = false;
+        // Bucket 0 last: an instance that never saw the voucher looks for bucket 0, so
+        // every other bucket is live once bucket 0 is.
+        for bucket in voucher.buckets().collect::<Vec<_>>().into_iter().rev() {
+            // A new voucher has no orders in the database.
+            let share = bucket.share(voucher.stock, voucher.buckets);
+            created = self.reopen_bucket(voucher, bucket, share, 0).await? == Reopen::Created;
+        }
+        Ok(created)
     }
 
-    /// Makes a voucher sellable again after Redis lost its sale hash (`lua/preload.lua`):
-    /// registers it for the drainer, then, only if the sale hash is absent, creates it
-    /// with `voucher.db_stock_left` minus the buyers the database had not settled.
+    /// Makes a voucher of one bucket sellable again after Redis lost its sale hash: see
+    /// [`Self::reopen_bucket`], with the voucher's `db_stock_left`.
+    pub async fn reopen(&self, voucher: &Voucher, settled: u64) -> Result<Reopen, StoreError> {
+        self.reopen_bucket(voucher, voucher.id.into(), voucher.db_stock_left, settled)
+            .await
+    }
+
+    /// Makes one bucket sellable again after Redis lost its sale hash
+    /// (`lua/preload.lua`): registers it for the drainer, then, only if the sale hash is
+    /// absent, creates it with `stock_left` minus the bucket's buyers the database had
+    /// not settled.
     ///
-    /// `settled` is the number of the voucher's orders in the database when
-    /// `db_stock_left` was read (one consistent read), and every one of their buyers must
-    /// already be in the buyers hash ([`Self::restore_buyers`]); the buyers beyond those
-    /// are admitted orders the database has not taken stock for yet.
+    /// `settled` is the number of the bucket's orders in the database when `stock_left`
+    /// was read (one consistent read), and every one of their buyers must already be in
+    /// the buyers hash ([`Self::restore_buyers`]); the buyers beyond those are admitted
+    /// orders the database has not taken stock for yet.
     ///
     /// The active-set write comes first: if the second step fails, the drainer merely
     /// visits an empty stream, while the reverse order could leave orders undrained.
-    pub async fn reopen(&self, voucher: &Voucher, settled: u64) -> Result<Reopen, StoreError> {
+    pub async fn reopen_bucket(
+        &self,
+        voucher: &Voucher,
+        bucket: Bucket,
+        stock_left: i64,
+        settled: u64,
+    ) -> Result<Reopen, StoreError> {
         let mut conn = self.conn.clone();
-        let _: i64 = conn.sadd(keys::ACTIVE_VOUCHERS, voucher.id.get()).await?;
-        let k = VoucherKeys::new(voucher.id);
+        let _: i64 = conn.sadd(keys::ACTIVE_VOUCHERS, bucket.to_string()).await?;
+        let k = VoucherKeys::new(bucket);
         let created: i64 = PRELOAD
             .key(&k.sale)
             .key(&k.buyers)
@@ -569,7 +602,9 @@ impl RedisSales {
             .key(&k.deadlines)
             .key(&k.closed)
             .key(&k.to_settle)
-            .arg(voucher.db_stock_left)
+            .key(&k.transfers)
+            .key(&k.received)
+            .arg(stock_left)
             .arg(voucher.stock)
             .arg(voucher.window.begins_ms())
             .arg(voucher.window.ends_ms())
@@ -585,6 +620,7 @@ impl RedisSales {
             } else {
                 "0"
             })
+            .arg(voucher.buckets)
             .invoke_async(&mut conn)
             .await?;
         match created {
@@ -597,13 +633,39 @@ impl RedisSales {
         }
     }
 
+    /// The voucher's stock buckets as bucket 0's sale hash records them (1 when it
+    /// records none), `None` when bucket 0's sale is not loaded: what an instance that
+    /// never saw the voucher needs before its first admission.
+    pub async fn sale_buckets(&self, voucher: VoucherId) -> Result<Option<u16>, StoreError> {
+        let k = VoucherKeys::new(voucher);
+        let (stock, buckets): (Option<i64>, Option<u16>) = redis::cmd("HMGET")
+            .arg(&k.sale)
+            .arg(sale_fields::STOCK)
+            .arg(sale_fields::BUCKETS)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(stock.map(|_| buckets.unwrap_or(1).max(1)))
+    }
+
+    /// Units left in Redis over every bucket of the voucher (units on their way between
+    /// two buckets are not counted), `None` when bucket 0's sale is not loaded.
+    pub async fn stock_left_all(&self, voucher: &Voucher) -> Result<Option<i64>, StoreError> {
+        let stocks =
+            futures::future::try_join_all(voucher.buckets().map(|b| self.stock_left(b))).await?;
+        match stocks.first() {
+            Some(Some(_)) => Ok(Some(stocks.iter().flatten().sum())),
+            _ => Ok(None),
+        }
+    }
+
     /// Records buyers the buyers hash lost (`lua/restore_buyers.lua`, HSETNX: a buyer it
     /// still has is never overwritten). Returns how many were added.
     pub async fn restore_buyers(
         &self,
-        voucher: VoucherId,
+        voucher: impl Into<Bucket>,
         buyers: &[(String, OrderId)],
     ) -> Result<u64, StoreError> {
+        let voucher: Bucket = voucher.into();
         if buyers.is_empty() {
             return Ok(0);
         }
@@ -620,7 +682,11 @@ impl RedisSales {
     /// Records the buyer of every order still in the voucher's orders stream that the
     /// buyers hash lost, a page of [`RESTORE_STREAM_PAGE`] entries per call. Returns how
     /// many were added.
-    pub async fn restore_buyers_from_stream(&self, voucher: VoucherId) -> Result<u64, StoreError> {
+    pub async fn restore_buyers_from_stream(
+        &self,
+        voucher: impl Into<Bucket>,
+    ) -> Result<u64, StoreError> {
+        let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
         let mut start = "-".to_string();
         let mut added = 0;
@@ -672,7 +738,11 @@ impl RedisSales {
     }
 
     /// The sale hash as Redis holds it, `None` when the sale is not loaded.
-    pub async fn sale_state(&self, voucher: VoucherId) -> Result<Option<SaleState>, StoreError> {
+    pub async fn sale_state(
+        &self,
+        voucher: impl Into<Bucket>,
+    ) -> Result<Option<SaleState>, StoreError> {
+        let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
         let all: HashMap<String, String> = self.conn.clone().hgetall(&k.sale).await?;
         if all.is_empty() {
@@ -688,7 +758,8 @@ impl RedisSales {
     }
 
     /// How many buyers the buyers hash holds (HLEN).
-    pub async fn buyer_count(&self, voucher: VoucherId) -> Result<u64, StoreError> {
+    pub async fn buyer_count(&self, voucher: impl Into<Bucket>) -> Result<u64, StoreError> {
+        let voucher: Bucket = voucher.into();
         Ok(self
             .conn
             .clone()
@@ -700,8 +771,9 @@ impl RedisSales {
     /// id comes back as `None`.
     pub async fn buyers(
         &self,
-        voucher: VoucherId,
+        voucher: impl Into<Bucket>,
     ) -> Result<Vec<(String, Option<OrderId>)>, StoreError> {
+        let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
         let mut cursor = 0u64;
         let mut out = Vec::new();
@@ -726,7 +798,8 @@ impl RedisSales {
     }
 
     /// Units left in Redis, `None` when the sale is not loaded.
-    pub async fn stock_left(&self, voucher: VoucherId) -> Result<Option<i64>, StoreError> {
+    pub async fn stock_left(&self, voucher: impl Into<Bucket>) -> Result<Option<i64>, StoreError> {
+        let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
         Ok(self.conn.clone().hget(&k.sale, sale_fields::STOCK).await?)
     }
@@ -734,9 +807,10 @@ impl RedisSales {
     /// The order id `user` holds for `voucher`, if admitted.
     pub async fn order_of_buyer(
         &self,
-        voucher: VoucherId,
+        voucher: impl Into<Bucket>,
         user: &UserId,
     ) -> Result<Option<OrderId>, StoreError> {
+        let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
         let held: Option<i64> = self.conn.clone().hget(&k.buyers, user.as_str()).await?;
         Ok(held.and_then(OrderId::new))

@@ -35,6 +35,7 @@ fn voucher_in(id: i64, stock: i64, window: SaleWindow) -> Voucher {
         db_stock_left: stock,
         window,
         payment: None,
+        buckets: 1,
     }
 }
 

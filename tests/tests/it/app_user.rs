@@ -87,6 +87,7 @@ fn open_voucher() -> NewVoucher {
         stock: 5,
         window: SaleWindow::new(now - 60_000, now + 3_600_000).unwrap(),
         payment: None,
+        buckets: 1,
     }
 }
 

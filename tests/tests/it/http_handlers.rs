@@ -338,7 +338,7 @@ async fn a_sale_from_admission_to_sold_out() {
 
     // Once this instance has seen sold out, it answers without Redis: take Redis away
     // (rename the sale) and the answer is still sold_out, not unavailable or not_found.
-    let k = VoucherKeys::new(id.parse().unwrap());
+    let k = VoucherKeys::new(id.parse::<VoucherId>().unwrap());
     let _: () = b
         .sales
         .conn()
@@ -456,6 +456,7 @@ async fn not_started_and_ended_sales_are_refused() {
         db_stock_left: 5,
         window: SaleWindow::new(now - 7_200_000, now - 3_600_000).unwrap(),
         payment: None,
+        buckets: 1,
     };
     b.sales.preload(&past).await.unwrap();
     assert_error(buy(&app, "987654321", "alice").await, 409, "ended");
@@ -695,6 +696,7 @@ async fn a_voucher_missing_in_redis_is_repaired_from_the_database() {
         stock: 4,
         window: SaleWindow::new(now - 1_000, now + 3_600_000).unwrap(),
         payment: None,
+        buckets: 1,
     };
     let v = b.db.create_voucher(&new).await.unwrap();
     let app = App::new(&b.http_config()).await;

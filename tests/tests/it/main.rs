@@ -13,6 +13,7 @@
 
 mod admission_lua;
 mod app_user;
+mod buckets;
 mod cluster_topology;
 mod contract;
 mod data_api;

@@ -39,6 +39,7 @@ async fn pay_voucher(ctx: &DrainCtx, stock: i64, pay_within_s: i64, rebuy: bool)
             pay_within_ms: pay_within_s * 1000,
             rebuy_after_close: rebuy,
         }),
+        buckets: 1,
     };
     let v = ctx.db().await.create_voucher(&new).await.expect("voucher");
     ctx.sales.preload(&v).await.expect("preload");
@@ -796,9 +797,10 @@ sweeper_cut_points! {
     sweeper_killed_after_commit_before_forgetting => "after_commit";
 }
 
-/// Migration 0004 on a database that already holds vouchers and orders: every row keeps
-/// its meaning (no payment step, statuses unchanged, one order per buyer still enforced),
-/// and the new columns read as "no payment".
+/// Migration 0004 (and those after it: 0005, stock buckets) on a database that already
+/// holds vouchers and orders: every row keeps its meaning (no payment step, one bucket,
+/// statuses unchanged, one order per buyer still enforced), and the new columns read as
+/// "no payment" and "one bucket".
 #[tokio::test]
 async fn the_payment_migration_keeps_existing_rows_valid() {
     let mysql_url = seckill_tests::StackEnv::load().mysql_url();
@@ -809,7 +811,7 @@ async fn the_payment_migration_keeps_existing_rows_valid() {
     .await;
     let all = seckill_shared::migrate::embedded();
     let (before, after): (Vec<_>, Vec<_>) = all.into_iter().partition(|m| m.version < 4);
-    assert_eq!(after.len(), 1, "this test is about 0004");
+    assert_eq!(after[0].version, 4, "this test starts at 0004");
     let run = |sql: Vec<String>| sql.into_iter();
     for statement in before.iter().flat_map(|m| run(m.statements())) {
         db.query_drop(statement).await.expect("an old migration");
@@ -831,15 +833,15 @@ async fn the_payment_migration_keeps_existing_rows_valid() {
     for statement in after.iter().flat_map(|m| run(m.statements())) {
         db.query_drop(statement)
             .await
-            .expect("0004 applies over existing rows");
+            .expect("0004 and later apply over existing rows");
     }
-    let voucher: Option<(Option<i64>, i64, i64)> = db
+    let voucher: Option<(Option<i64>, i64, i64, i64)> = db
         .query_first(
-            "SELECT pay_within_ms, rebuy_after_close + 0, stock_left FROM vouchers WHERE id = 7",
+            "SELECT pay_within_ms, rebuy_after_close + 0, stock_left, buckets FROM vouchers WHERE id = 7",
         )
         .await
         .unwrap();
-    assert_eq!(voucher, Some((None, 0, 1)));
+    assert_eq!(voucher, Some((None, 0, 1, 1)));
     let rows: Vec<(i64, String, Option<String>, Option<String>)> = db
         .query(
             "SELECT id, status, CONVERT(holder USING utf8mb4), CAST(pay_by AS CHAR) FROM orders ORDER BY id",

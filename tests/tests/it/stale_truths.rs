@@ -22,6 +22,7 @@ async fn voucher(db: &DataApi, begins_offset_ms: i64) -> VoucherId {
         stock: 1,
         window: SaleWindow::new(now + begins_offset_ms, now + 7_200_000).unwrap(),
         payment: None,
+        buckets: 1,
     };
     db.create_voucher(&new).await.unwrap().id
 }

@@ -172,6 +172,7 @@ impl Bench {
             stock,
             window,
             payment: None,
+            buckets: 1,
         };
         let voucher = self
             .db

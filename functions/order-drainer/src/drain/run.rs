@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use seckill_shared::adapters::order_stream::Probe;
-use seckill_shared::domain::VoucherId;
+use seckill_shared::domain::Bucket;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
@@ -95,11 +95,11 @@ pub(super) struct Run {
 pub(super) struct RunState {
     pub(super) summary: Summary,
     /// Vouchers stopped for this invocation after a failure.
-    pub(super) failed: BTreeSet<VoucherId>,
+    pub(super) failed: BTreeSet<Bucket>,
     /// The latest probe of each voucher.
-    pub(super) probes: BTreeMap<VoucherId, Probe>,
+    pub(super) probes: BTreeMap<Bucket, Probe>,
     /// Vouchers this run read, claimed or acked entries of.
-    pub(super) touched: BTreeSet<VoucherId>,
+    pub(super) touched: BTreeSet<Bucket>,
 }
 
 impl Run {
@@ -166,7 +166,7 @@ impl Run {
             });
     }
 
-    pub(super) fn failed(&self, voucher: VoucherId) -> bool {
+    pub(super) fn failed(&self, voucher: Bucket) -> bool {
         self.with(|s| s.failed.contains(&voucher))
     }
 
@@ -174,7 +174,7 @@ impl Run {
         self.with(|s| f(&mut s.summary))
     }
 
-    pub(super) fn touch(&self, voucher: VoucherId) {
+    pub(super) fn touch(&self, voucher: Bucket) {
         self.with(|s| s.touched.insert(voucher));
     }
 
@@ -236,7 +236,7 @@ impl Run {
         summary
     }
 
-    pub(super) fn fail(&self, voucher: VoucherId, err: DrainError) {
+    pub(super) fn fail(&self, voucher: Bucket, err: DrainError) {
         self.record(&err);
         self.with(|s| s.failed.insert(voucher));
     }

@@ -17,7 +17,7 @@
 
 use futures::StreamExt;
 use seckill_shared::adapters::order_stream::Probe;
-use seckill_shared::domain::{AdmittedOrder, OrderId, StreamEntry, VoucherId, now_millis};
+use seckill_shared::domain::{AdmittedOrder, Bucket, OrderId, StreamEntry, now_millis};
 use seckill_shared::error::StoreError;
 
 use super::run::Run;
@@ -32,7 +32,7 @@ const RETIRE_GRACE_MS: i64 = 60_000;
 
 impl Drainer {
     /// Claims and processes the entries other consumers left idle, page by page.
-    pub(super) async fn recover(&self, run: &Run, voucher: VoucherId) {
+    pub(super) async fn recover(&self, run: &Run, voucher: Bucket) {
         let mut cursor = "0-0".to_string();
         while run.fits(1) && !run.failed(voucher) {
             let page = match self
@@ -73,7 +73,7 @@ impl Drainer {
 
     pub(super) async fn read_new(
         &self,
-        voucher: VoucherId,
+        voucher: Bucket,
         consumer: &str,
     ) -> Result<Vec<StreamEntry>, StoreError> {
         self.streams
@@ -88,7 +88,7 @@ impl Drainer {
     pub(super) async fn accept_read(
         &self,
         run: &Run,
-        voucher: VoucherId,
+        voucher: Bucket,
         read: Result<Vec<StreamEntry>, StoreError>,
     ) -> Option<Vec<StreamEntry>> {
         let entries = match read {
@@ -118,7 +118,7 @@ impl Drainer {
     pub(super) async fn dead_letter_all(
         &self,
         run: &Run,
-        voucher: VoucherId,
+        voucher: Bucket,
         entries: &[StreamEntry],
         dead: Vec<(usize, Reason, Option<AdmittedOrder>)>,
     ) -> bool {
@@ -191,7 +191,7 @@ impl Drainer {
     /// Gives the batch's still-pending entries back for the next invocation to claim at
     /// once (see [`OrderStreams::release`]); if that fails too, they are claimed after
     /// the claim threshold.
-    pub(super) async fn release(&self, run: &Run, voucher: VoucherId, entries: &[StreamEntry]) {
+    pub(super) async fn release(&self, run: &Run, voucher: Bucket, entries: &[StreamEntry]) {
         let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
         match self
             .streams
@@ -205,7 +205,7 @@ impl Drainer {
         }
     }
 
-    async fn trim(&self, run: &Run, voucher: VoucherId) {
+    async fn trim(&self, run: &Run, voucher: Bucket) {
         failpoint::hit("before_trim");
         match self.streams.trim(voucher).await {
             Ok(t) => run.count(|s| s.trimmed += t.removed),
@@ -217,12 +217,12 @@ impl Drainer {
     /// Trims and measures the streams this run touched (the last probe also deletes
     /// this run's consumer where it holds nothing), until the run's `finish_by`.
     pub(super) async fn trim_and_measure(&self, run: &Run) {
-        let touched: Vec<VoucherId> = run.with(|s| s.touched.iter().copied().collect());
+        let touched: Vec<Bucket> = run.with(|s| s.touched.iter().copied().collect());
         let end = tokio::time::sleep_until(run.finish_by.into());
         let consumer = run.consumer.as_str();
         let min_idle = self.cfg.min_idle;
         let run_ref = run;
-        let fresh: Vec<(VoucherId, Result<Probe, StoreError>)> = futures::stream::iter(touched)
+        let fresh: Vec<(Bucket, Result<Probe, StoreError>)> = futures::stream::iter(touched)
             .map(|v| async move {
                 self.trim(run_ref, v).await;
                 (v, self.streams.probe(v, consumer, min_idle, true).await)
@@ -248,7 +248,7 @@ impl Drainer {
     pub(super) async fn retire_finished(&self, run: &Run) {
         let run_ref = run;
         let now = now_millis();
-        let over: Vec<VoucherId> = run.with(|s| {
+        let over: Vec<Bucket> = run.with(|s| {
             s.probes
                 .iter()
                 .filter(|(_, p)| {

@@ -29,8 +29,9 @@ use std::collections::HashSet;
 use seckill_shared::adapters::closes::EXPIRE_PER_CALL;
 use seckill_shared::adapters::ledger::sql::PaymentRow;
 use seckill_shared::adapters::ledger::{LedgerTx, SETTLE_PER_TRANSACTION};
+use seckill_shared::adapters::transfers;
 use seckill_shared::domain::{
-    AdmittedOrder, ClosedOrder, OrderId, OrderStatus, VoucherId, now_millis,
+    AdmittedOrder, Bucket, ClosedOrder, OrderId, OrderStatus, now_millis,
 };
 use seckill_shared::error::StoreError;
 
@@ -104,11 +105,22 @@ impl Drainer {
     /// which returns their units to the sale), then records every close Redis decided
     /// in the database (a batch transaction without orders). Failures are the run's,
     /// never an order's: what is left waits in Redis for the next sweep.
-    pub(super) async fn sweep(&self, run: &Run, voucher: VoucherId) {
+    pub(super) async fn sweep(&self, run: &Run, voucher: Bucket) {
         let waiting = loop {
             match self.streams.expire_due(voucher).await {
                 Ok((expired, to_settle)) => {
                     run.count(|s| s.expired += expired);
+                    if expired > 0
+                        && let Err(e) =
+                            transfers::clear_sold_out(self.streams.conn(), voucher.voucher()).await
+                    {
+                        // The mark expires by itself within seconds.
+                        run.record(&DrainError::store(
+                            "clearing the sold-out mark",
+                            Some(voucher),
+                            e,
+                        ));
+                    }
                     if expired < EXPIRE_PER_CALL || !run.fits(1) {
                         break to_settle;
                     }
@@ -162,7 +174,7 @@ impl Drainer {
     pub(super) async fn commit_isolating(
         &self,
         run: &Run,
-        voucher: VoucherId,
+        voucher: Bucket,
         orders: &[AdmittedOrder],
         first_delivery: bool,
     ) -> (Isolated, Option<DrainError>) {
@@ -201,7 +213,7 @@ impl Drainer {
         }
         let blame_orders = refusals.len() < orders.len() || orders.len() == 1;
         let healthy = blame_orders
-            && match self.ledger.accepts_an_ordinary_row(voucher).await {
+            && match self.ledger.accepts_an_ordinary_row(voucher.voucher()).await {
                 Ok(ok) => ok,
                 Err(e) => {
                     return (
@@ -238,7 +250,7 @@ impl Drainer {
     async fn commit_batch(
         &self,
         run: &Run,
-        voucher: VoucherId,
+        voucher: Bucket,
         orders: &[AdmittedOrder],
         first_delivery: bool,
     ) -> Result<BatchOutcome, DrainError> {
@@ -291,7 +303,7 @@ impl Drainer {
     async fn attempt(
         &self,
         run: &Run,
-        voucher: VoucherId,
+        voucher: Bucket,
         orders: &[AdmittedOrder],
         look_up: bool,
     ) -> Result<Attempt, DrainError> {
@@ -365,7 +377,7 @@ impl Drainer {
     /// transaction rolled back here fails its commit and leaves its entries pending:
     /// nothing is lost. Each record is handled on its own; a failure is logged and the
     /// next one tried. Returns how many were rolled back.
-    async fn abort_abandoned(&self, run: &Run, voucher: VoucherId) -> Result<u64, DrainError> {
+    async fn abort_abandoned(&self, run: &Run, voucher: Bucket) -> Result<u64, DrainError> {
         let open = self
             .streams
             .registered_txs(voucher)
@@ -409,12 +421,12 @@ impl Drainer {
     async fn plan_and_write(
         &self,
         tx: &LedgerTx<'_>,
-        voucher: VoucherId,
+        voucher: Bucket,
         orders: &[AdmittedOrder],
         look_up: bool,
     ) -> Result<Attempt, DrainError> {
         let db = |step, e| DrainError::store(step, Some(voucher), e);
-        let locked = match tx.lock_voucher(voucher).await {
+        let locked = match tx.lock_voucher(voucher.voucher()).await {
             Ok(Some(locked)) => locked,
             Ok(None) => return Ok(Attempt::UnknownVoucher),
             Err(e @ StoreError::Locked { .. }) => return Ok(Attempt::Locked(e)),
@@ -441,7 +453,7 @@ impl Drainer {
             }
         };
         let existing = if look_up {
-            tx.existing_orders(voucher, orders)
+            tx.existing_orders(voucher.voucher(), orders)
                 .await
                 .map_err(|e| db("looking up existing orders", e))?
         } else {
@@ -453,7 +465,7 @@ impl Drainer {
             .filter(|(_, c)| c.as_ref().is_some_and(|c| c.status.returned_unit()))
             .map(|(o, _)| o.id)
             .collect();
-        let split = plan::split(voucher, orders, &existing, stock_left, &gave_back);
+        let split = plan::split(voucher.voucher(), orders, &existing, stock_left, &gave_back);
 
         if let Some(pay_within_ms) = locked.pay_within_ms
             && let Some(raced) = self
@@ -505,7 +517,7 @@ impl Drainer {
         let take = split.confirmed.len() as i64;
         if take > 0 {
             let taken = tx
-                .take_stock(voucher, take)
+                .take_stock(voucher.voucher(), take)
                 .await
                 .map_err(|e| db("taking stock", e))?;
             if !taken {
@@ -523,7 +535,7 @@ impl Drainer {
     async fn write_payment_rows(
         &self,
         tx: &LedgerTx<'_>,
-        voucher: VoucherId,
+        voucher: Bucket,
         orders: &[AdmittedOrder],
         split: &Split,
         closes: &[Option<ClosedOrder>],
@@ -575,11 +587,7 @@ impl Drainer {
     }
 
     /// Records, inside `tx`, the closes of `voucher` waiting in Redis (`to_settle`).
-    async fn settle_in(
-        &self,
-        tx: &LedgerTx<'_>,
-        voucher: VoucherId,
-    ) -> Result<Settled, DrainError> {
+    async fn settle_in(&self, tx: &LedgerTx<'_>, voucher: Bucket) -> Result<Settled, DrainError> {
         let redis = |step, e| DrainError::store(step, Some(voucher), e);
         let ids = self
             .streams
@@ -601,7 +609,7 @@ impl Drainer {
             .filter_map(|(id, c)| Some((id, c?)))
             .collect();
         let (returned, done) = tx
-            .settle(voucher, &closes)
+            .settle(voucher.voucher(), &closes)
             .await
             .map_err(|e| DrainError::store("settling closed orders", Some(voucher), e))?;
         failpoint::hit("after_settle");

@@ -10,7 +10,8 @@ use std::fmt::Write as _;
 
 use order_drainer::plan::parse_entry;
 use seckill_shared::adapters::order_stream::{RANGE_PAGE, id_less};
-use seckill_shared::domain::{AdmittedOrder, OrderId, StreamEntry, UserId, VoucherId};
+use seckill_shared::adapters::transfers;
+use seckill_shared::domain::{AdmittedOrder, Bucket, OrderId, StreamEntry, UserId, VoucherId};
 use seckill_shared::order_id::{EPOCH_UNIX_MS, OrderIdParts};
 use serde::Serialize;
 
@@ -105,31 +106,45 @@ fn order_of(order: OrderId, user: &str) -> String {
 /// Compares the four records of `voucher`; with `repair`, fixes the safe classes.
 pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow::Result<Report> {
     let db_voucher = b.voucher(voucher).await?;
+    // A voucher with stock buckets: every bucket's records, read bucket after bucket.
+    let k = db_voucher.as_ref().map_or(1, |v| v.buckets);
+    let buckets: Vec<Bucket> = Bucket::all(voucher, k).collect();
     // 1. Buyers.
-    let buyers = b.sales.buyers(voucher).await.redis()?;
+    let mut buyers = Vec::new();
+    for bk in &buckets {
+        buyers.extend(b.sales.buyers(*bk).await.redis()?);
+    }
     let known: HashSet<&str> = buyers.iter().map(|(u, _)| u.as_str()).collect();
-    // 2. The stream: every entry, and which are not acked yet.
-    let stats = b.streams.stats(voucher).await.redis()?;
-    let pending = b.streams.pending_ids(voucher).await.redis()?;
-    let pending: HashSet<&str> = pending.iter().map(String::as_str).collect();
-    let mut entries: Vec<StreamEntry> = Vec::new();
-    loop {
-        let after = entries.last().map(|e| e.id.clone());
-        let page = b
-            .streams
-            .entries(voucher, after.as_deref(), RANGE_PAGE)
-            .await
-            .redis()?;
-        let full = page.len() == RANGE_PAGE;
-        entries.extend(page);
-        if !full {
-            break;
+    // 2. The streams: every entry, and whether it is acked yet.
+    let mut entries: Vec<(StreamEntry, bool)> = Vec::new();
+    for bk in &buckets {
+        let stats = b.streams.stats(*bk).await.redis()?;
+        let pending = b.streams.pending_ids(*bk).await.redis()?;
+        let pending: HashSet<&str> = pending.iter().map(String::as_str).collect();
+        let last_delivered = stats.map_or("0-0".to_string(), |s| s.last_delivered);
+        let mut after: Option<String> = None;
+        loop {
+            let page = b
+                .streams
+                .entries(*bk, after.as_deref(), RANGE_PAGE)
+                .await
+                .redis()?;
+            let full = page.len() == RANGE_PAGE;
+            after = page.last().map(|e| e.id.clone());
+            for e in page {
+                let open = pending.contains(e.id.as_str()) || id_less(&last_delivered, &e.id);
+                entries.push((e, open));
+            }
+            if !full {
+                break;
+            }
         }
     }
-    let last_delivered = stats.map_or("0-0".to_string(), |s| s.last_delivered);
-    let unacked = |id: &str| pending.contains(id) || id_less(&last_delivered, id);
     // 3. Dead letters.
-    let dead = b.streams.dead_letters(voucher).await.redis()?;
+    let mut dead = Vec::new();
+    for bk in &buckets {
+        dead.extend(b.streams.dead_letters(*bk).await.redis()?);
+    }
     // 4. The database, one snapshot.
     let mut db_orders: BTreeMap<String, OrderId> = BTreeMap::new();
     let mut db_left = None;
@@ -143,7 +158,10 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
     let (confirmed, _rejected) = b.db.order_counts(voucher).await.db()?;
     let db_ids: HashSet<OrderId> = db_orders.values().copied().collect();
     // Buyers admitted since the first read are no discrepancy: look again.
-    let recheck = b.sales.buyers(voucher).await.redis()?;
+    let mut recheck = Vec::new();
+    for bk in &buckets {
+        recheck.extend(b.sales.buyers(*bk).await.redis()?);
+    }
     let known_now: HashSet<&str> = recheck.iter().map(|(u, _)| u.as_str()).collect();
     let unknown = |user: &str| !known.contains(user) && !known_now.contains(user);
 
@@ -159,13 +177,10 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
 
     // Closes Redis decided that the database has not recorded yet (payment step): their
     // rows still read `awaiting_payment`, so the database's view of those buyers lags.
-    let settling: HashSet<OrderId> = b
-        .streams
-        .to_settle(voucher)
-        .await
-        .redis()?
-        .into_iter()
-        .collect();
+    let mut settling: HashSet<OrderId> = HashSet::new();
+    for bk in &buckets {
+        settling.extend(b.streams.to_settle(*bk).await.redis()?);
+    }
     report.closes_to_settle = settling.len() as u64;
 
     // Admission times of the orders in the stream.
@@ -173,8 +188,8 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
     let mut undrained_orders: HashSet<OrderId> = HashSet::new();
     let mut unparseable = Vec::new();
     let mut stream_lost_buyers = Vec::new();
-    for e in &entries {
-        let open = unacked(&e.id);
+    for (e, open) in &entries {
+        let open = *open;
         report.undrained += u64::from(open);
         match parse_entry(voucher, e) {
             Ok(order) => {
@@ -246,10 +261,36 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
     // dead letters whose order is not in the database (they may be replayed).
     let not_in_db = |orders: &HashSet<OrderId>| orders.difference(&db_ids).count();
     let owed = not_in_db(&undrained_orders) + lost.len() + not_in_db(&dead_orders);
-    let sale = b.sales.sale_state(voucher).await.redis()?;
+    // Redis's stock: every bucket's, and the units on their way between two of them.
+    let mut sale_stock = b
+        .sales
+        .sale_state(voucher)
+        .await
+        .redis()?
+        .and_then(|s| s.stock);
+    for bk in buckets.iter().filter(|bk| bk.index() > 0) {
+        let stock = b.sales.stock_left(*bk).await.redis()?.unwrap_or(0);
+        let moving: i64 = transfers::open_transfers(b.sales.conn_ref(), *bk, 0)
+            .await
+            .redis()?
+            .iter()
+            .map(|t| t.2)
+            .sum();
+        sale_stock = sale_stock.map(|s| s + stock + moving);
+    }
+    if k > 1
+        && let Some(s) = sale_stock.as_mut()
+    {
+        *s += transfers::open_transfers(b.sales.conn_ref(), voucher.into(), 0)
+            .await
+            .redis()?
+            .iter()
+            .map(|t| t.2)
+            .sum::<i64>();
+    }
     let redis_stock = db_left
         .filter(|_| report.closes_to_settle == 0)
-        .zip(sale.and_then(|s| s.stock))
+        .zip(sale_stock)
         .and_then(|(left, stock)| {
             let expected = (left - owed as i64).max(0);
             let what = match stock.cmp(&expected) {
@@ -271,7 +312,10 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
             )
         })
     });
-    let active = b.streams.is_active(voucher).await.redis()?;
+    let mut active = true;
+    for bk in &buckets {
+        active &= b.streams.is_active(*bk).await.redis()?;
+    }
     let inactive = (!active && (report.undrained > 0 || !lost.is_empty()))
         .then(|| format!("{} undrained entries", report.undrained));
     let found = [
@@ -303,7 +347,8 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
 
     if repair {
         for o in &lost {
-            let id = b.streams.requeue(o).await.redis()?;
+            let bucket = Bucket::of_user(voucher, k, o.user.as_str());
+            let id = b.streams.requeue(bucket, o).await.redis()?;
             let what = format!(
                 "re-enqueued {} as entry {id}",
                 order_of(o.id, o.user.as_str())
@@ -316,11 +361,21 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
             (class::DB_NOT_IN_REDIS, &not_in_buyers),
             (class::STREAM_NOT_IN_BUYERS, &stream_lost_buyers),
         ] {
-            let added = b.sales.restore_buyers(voucher, pairs).await.redis()?;
+            let mut added = 0;
+            for bk in &buckets {
+                let theirs: Vec<(String, OrderId)> = pairs
+                    .iter()
+                    .filter(|(u, _)| Bucket::of_user(voucher, k, u) == *bk)
+                    .cloned()
+                    .collect();
+                added += b.sales.restore_buyers(*bk, &theirs).await.redis()?;
+            }
             report.repaired(class, format!("restored {added} buyer(s) (HSETNX)"));
         }
         if report.class(class::INACTIVE).is_some() {
-            b.streams.activate(voucher).await.redis()?;
+            for bk in &buckets {
+                b.streams.activate(*bk).await.redis()?;
+            }
             report.repaired(class::INACTIVE, "added to the active set".into());
         }
     }

@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use futures::{StreamExt, TryStreamExt};
-use seckill_shared::domain::{OrderStatus, Phase, SaleWindow, VoucherId, now_millis};
+use seckill_shared::adapters::order_stream::{StreamStats, id_less};
+use seckill_shared::adapters::transfers;
+use seckill_shared::domain::{Bucket, OrderStatus, Phase, SaleWindow, VoucherId, now_millis};
 use serde::Serialize;
 
 use super::{Backend, Backends, or_dash};
@@ -21,8 +23,12 @@ pub struct VoucherStatus {
     pub ends_ms: Option<i64>,
     /// Units on sale (database `stock`, else Redis `total`).
     pub stock: Option<i64>,
-    /// Units Redis can still admit (`None`: Redis has no sale hash).
+    /// Units Redis can still admit, over every bucket (`None`: Redis has no sale hash).
     pub stock_left_redis: Option<i64>,
+    /// Stock buckets (issue #16; 1 unless the voucher was created with more).
+    pub buckets: u16,
+    /// Units on their way between two buckets (given, not yet received).
+    pub in_transit: i64,
     /// Units the database can still confirm.
     pub stock_left_db: Option<i64>,
     /// Buyers Redis admitted (its buyers hash).
@@ -55,10 +61,46 @@ pub struct VoucherStatus {
 pub async fn voucher_status(b: &Backends, voucher: VoucherId) -> anyhow::Result<VoucherStatus> {
     let db_voucher = b.voucher(voucher).await?;
     let sale = b.sales.sale_state(voucher).await.redis()?;
-    let admitted = b.sales.buyer_count(voucher).await.redis()?;
-    let stats = b.streams.stats(voucher).await.redis()?.unwrap_or_default();
-    let oldest = b.streams.oldest_unfinished(voucher).await.redis()?;
-    let dead_letters = b.streams.dead_letter_count(voucher).await.redis()?;
+    let buckets = db_voucher.as_ref().map_or(1, |v| v.buckets);
+    // Every bucket's Redis numbers, added up (a voucher of one bucket: its own).
+    let mut stock_left_redis = sale.and_then(|s| s.stock);
+    let mut admitted = 0;
+    let mut stats = StreamStats {
+        fully_delivered: true,
+        lag_exact: true,
+        ..StreamStats::default()
+    };
+    let mut oldest: Option<String> = None;
+    let mut dead_letters = 0;
+    let mut in_transit = 0;
+    for bucket in Bucket::all(voucher, buckets) {
+        if bucket.index() > 0
+            && let Some(s) = b.sales.sale_state(bucket).await.redis()?
+        {
+            stock_left_redis = Some(stock_left_redis.unwrap_or(0) + s.stock.unwrap_or(0));
+        }
+        admitted += b.sales.buyer_count(bucket).await.redis()?;
+        let one = b.streams.stats(bucket).await.redis()?.unwrap_or_default();
+        stats.length += one.length;
+        stats.pending += one.pending;
+        stats.undelivered += one.undelivered;
+        stats.lag_exact &= one.lag_exact;
+        stats.fully_delivered &= one.fully_delivered;
+        if let Some(id) = b.streams.oldest_unfinished(bucket).await.redis()?
+            && oldest.as_ref().is_none_or(|o| id_less(&id, o))
+        {
+            oldest = Some(id);
+        }
+        dead_letters += b.streams.dead_letter_count(bucket).await.redis()?;
+        if buckets > 1 {
+            in_transit += transfers::open_transfers(b.sales.conn_ref(), bucket, 0)
+                .await
+                .redis()?
+                .iter()
+                .map(|t| t.2)
+                .sum::<i64>();
+        }
+    }
     let active = b.streams.is_active(voucher).await.redis()?;
     let counts = b.db.order_status_counts(voucher).await.db()?;
     let of = |st: OrderStatus| counts.get(&st).copied().unwrap_or(0);
@@ -90,7 +132,9 @@ pub async fn voucher_status(b: &Backends, voucher: VoucherId) -> anyhow::Result<
             .as_ref()
             .map(|v| v.stock)
             .or(sale.and_then(|s| s.total)),
-        stock_left_redis: sale.and_then(|s| s.stock),
+        stock_left_redis,
+        buckets,
+        in_transit,
         stock_left_db: db_voucher.as_ref().map(|v| v.db_stock_left),
         admitted,
         confirmed,
@@ -114,8 +158,13 @@ pub async fn voucher_status(b: &Backends, voucher: VoucherId) -> anyhow::Result<
 
 /// The status of `vouchers`, or of every active voucher when empty.
 pub async fn status(b: &Backends, vouchers: &[VoucherId]) -> anyhow::Result<Vec<VoucherStatus>> {
-    let ids = if vouchers.is_empty() {
-        b.streams.active_vouchers().await.redis()?.0
+    let ids: Vec<VoucherId> = if vouchers.is_empty() {
+        let mut ids: Vec<VoucherId> = (b.streams.active_vouchers().await.redis()?.0)
+            .into_iter()
+            .map(|b| b.voucher())
+            .collect();
+        ids.dedup();
+        ids
     } else {
         vouchers.to_vec()
     };
@@ -169,6 +218,13 @@ pub fn render(all: &[VoucherStatus]) -> String {
             s.stream_length,
             if s.drained { "  (drained)" } else { "" }
         );
+        if s.buckets > 1 {
+            let _ = writeln!(
+                out,
+                "  buckets   {} (units on their way between buckets: {})",
+                s.buckets, s.in_transit
+            );
+        }
         if s.awaiting_payment + s.paid + s.closed > 0 {
             let _ = writeln!(
                 out,

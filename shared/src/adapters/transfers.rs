@@ -1,0 +1,214 @@
+//! Moving stock between the buckets of one voucher (issue #16, docs/design.md "Stock
+//! buckets").
+//!
+//! A buyer always buys from their own bucket ([`Bucket::of_user`]). When it runs dry
+//! while other buckets still hold units, the instance serving that buyer borrows: a
+//! donor gives half of its stock and writes the transfer down (`lua/give.lua`, one
+//! script), the recipient adds it at most once (`lua/take.lua`, keyed by the transfer
+//! id), and only then is the donor's record deleted. Units are never created (a give
+//! takes them out first) and never lost: a record stays until its units arrived, and
+//! [`finish_open`] (the drainer's survey) completes records their caller left behind.
+//!
+//! Once every bucket was found empty with no transfer open, [`mark_sold_out`] sets the
+//! voucher's sold-out mark in bucket 0's slot, so instances that learn the voucher's own
+//! bucket is empty stop asking every other bucket in turn.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{AsyncCommands, Script};
+
+use super::redis::RedisConn;
+use crate::domain::{Bucket, OrderId, UnixMillis, VoucherId, now_millis};
+use crate::error::StoreError;
+use crate::keys::{self, VoucherKeys};
+use crate::protocol::{DEADLINES_SENTINEL, sale_fields, transfer};
+
+static GIVE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/give.lua")));
+static TAKE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/take.lua")));
+
+/// How long the voucher's sold-out mark lives unless a returned unit deletes it first.
+/// A mark set just after a unit came back (a race with the return's delete) is wrong
+/// for at most this long.
+pub const SOLD_OUT_MARK: Duration = Duration::from_secs(5);
+
+/// A transfer record older than this is finished by the drainer: the instance that
+/// gave it finishes it within one round trip unless it died.
+pub const STALE_TRANSFER_MS: i64 = 2_000;
+
+/// What one [`borrow`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Borrowed {
+    /// Units added to the recipient now.
+    pub units: i64,
+    /// Transfers that were open (units on their way) at the donors asked.
+    pub open: u64,
+    /// Donors whose sale is not loaded (lost; a repair brings them back).
+    pub missing: u16,
+}
+
+/// Borrows for `to` from the other buckets of its voucher (`buckets` in all), asking
+/// each in turn from the next one on, until one gives units. `transfer` must be unique
+/// per call (a transfer id is received once: reusing one would drop units).
+pub async fn borrow(
+    conn: &RedisConn,
+    buckets: u16,
+    to: Bucket,
+    transfer: &str,
+) -> Result<Borrowed, StoreError> {
+    let mut out = Borrowed::default();
+    for step in 1..buckets {
+        let index = (to.index() + step) % buckets;
+        let Some(donor) = Bucket::new(to.voucher(), index, buckets) else {
+            continue;
+        };
+        let k = VoucherKeys::new(donor);
+        let (given, open): (i64, u64) = GIVE
+            .key(&k.sale)
+            .key(&k.transfers)
+            .arg(transfer)
+            .arg(to.to_string())
+            .invoke_async(&mut conn.clone())
+            .await?;
+        out.open += open;
+        if given == transfer::NOT_LOADED {
+            out.missing += 1;
+            continue;
+        }
+        if given > 0 {
+            if deliver(conn, donor, to, transfer, given).await? {
+                out.units = given;
+            }
+            return Ok(out);
+        }
+    }
+    Ok(out)
+}
+
+/// Adds a recorded transfer to its recipient (at most once) and deletes the donor's
+/// record; false when the recipient's sale is not loaded (the record stays).
+async fn deliver(
+    conn: &RedisConn,
+    donor: Bucket,
+    to: Bucket,
+    transfer: &str,
+    units: i64,
+) -> Result<bool, StoreError> {
+    let k = VoucherKeys::new(to);
+    let taken: i64 = TAKE
+        .key(&k.sale)
+        .key(&k.received)
+        .arg(transfer)
+        .arg(units)
+        .invoke_async(&mut conn.clone())
+        .await?;
+    if taken == transfer::NOT_LOADED {
+        return Ok(false);
+    }
+    let _: i64 = conn
+        .clone()
+        .hdel(VoucherKeys::new(donor).transfers, transfer)
+        .await?;
+    Ok(true)
+}
+
+/// Transfer records of `donor` older than `older_than_ms`: (id, recipient, units, given
+/// at). Malformed records are skipped (and logged).
+pub async fn open_transfers(
+    conn: &RedisConn,
+    donor: Bucket,
+    older_than_ms: i64,
+) -> Result<Vec<(String, Bucket, i64, UnixMillis)>, StoreError> {
+    let all: Vec<(String, String)> = conn
+        .clone()
+        .hgetall(VoucherKeys::new(donor).transfers)
+        .await?;
+    let now = now_millis();
+    let mut out = Vec::new();
+    for (id, record) in all {
+        if id == DEADLINES_SENTINEL {
+            continue;
+        }
+        let mut parts = record.split(' ');
+        let parsed = (|| {
+            let to: Bucket = parts.next()?.parse().ok()?;
+            let units: i64 = parts.next()?.parse().ok()?;
+            let at: i64 = parts.next()?.parse().ok()?;
+            (to.voucher() == donor.voucher() && units > 0).then_some((to, units, at))
+        })();
+        match parsed {
+            Some((to, units, at)) if now - at >= older_than_ms => out.push((id, to, units, at)),
+            Some(_) => {}
+            None => tracing::error!(%donor, id, record, "malformed transfer record left alone"),
+        }
+    }
+    Ok(out)
+}
+
+/// Finishes the transfers `donor` recorded more than [`STALE_TRANSFER_MS`] ago (their
+/// caller died or lost its connection): each is added to its recipient at most once,
+/// then its record is deleted. Returns the units delivered (and already received ones).
+pub async fn finish_open(conn: &RedisConn, donor: Bucket) -> Result<i64, StoreError> {
+    let mut units = 0;
+    for (id, to, n, _) in open_transfers(conn, donor, STALE_TRANSFER_MS).await? {
+        if deliver(conn, donor, to, &id, n).await? {
+            units += n;
+        }
+    }
+    Ok(units)
+}
+
+/// Units anywhere in the voucher: every bucket's stock and the units of its open
+/// transfer records (one round trip per bucket, all at once; a bucket whose sale is not
+/// loaded counts 0). A unit given by a donor is in the donor's record until its
+/// recipient's stock has it, so one bucket's read never misses a unit moving out of it;
+/// a unit moving between two buckets read at different instants can still be missed.
+pub async fn units_anywhere(
+    conn: &RedisConn,
+    voucher: VoucherId,
+    buckets: u16,
+) -> Result<i64, StoreError> {
+    let each = futures::future::try_join_all(Bucket::all(voucher, buckets).map(|b| async move {
+        let k = VoucherKeys::new(b);
+        let (stock, records): (Option<i64>, Vec<String>) = redis::pipe()
+            .hget(&k.sale, sale_fields::STOCK)
+            .hvals(&k.transfers)
+            .query_async(&mut conn.clone())
+            .await?;
+        let moving: i64 = records
+            .iter()
+            .filter_map(|r| r.split(' ').nth(1)?.parse::<i64>().ok())
+            .sum();
+        Ok::<i64, StoreError>(stock.unwrap_or(0).max(0) + moving)
+    }))
+    .await?;
+    Ok(each.iter().sum())
+}
+
+/// Whether the voucher's sold-out mark is set.
+pub async fn is_marked_sold_out(conn: &RedisConn, voucher: VoucherId) -> Result<bool, StoreError> {
+    Ok(conn.clone().exists(keys::sold_out(voucher)).await?)
+}
+
+/// Sets the voucher's sold-out mark for [`SOLD_OUT_MARK`].
+pub async fn mark_sold_out(conn: &RedisConn, voucher: VoucherId) -> Result<(), StoreError> {
+    let _: () = conn
+        .clone()
+        .pset_ex(keys::sold_out(voucher), 1, SOLD_OUT_MARK.as_millis() as u64)
+        .await?;
+    Ok(())
+}
+
+/// Deletes the voucher's sold-out mark: a unit came back to one of its buckets.
+pub async fn clear_sold_out(conn: &RedisConn, voucher: VoucherId) -> Result<(), StoreError> {
+    let _: i64 = conn.clone().del(keys::sold_out(voucher)).await?;
+    Ok(())
+}
+
+/// A transfer id: unique per give (the attempt's order id, and which of its borrowing
+/// rounds), so a recipient never mistakes one transfer for another.
+pub fn transfer_id(order: OrderId, round: u32) -> String {
+    format!("{order}.{round}")
+}

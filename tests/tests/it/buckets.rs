@@ -1,0 +1,443 @@
+//! Stock buckets (issue #16) against real parts: a Redis Cluster of three primaries, the
+//! handler with fixture events (several instances, each its own caches), the drainer in
+//! process, and a fresh database behind the Data API.
+//!
+//! What is proved: a voucher split over three buckets lives on three primaries; its
+//! units are each sold once, to one order per buyer, across buckets and retries; no
+//! buyer is told `sold_out` while a unit was still to be sold; units moved between
+//! buckets by a caller that died are delivered by the drainer once; every bucket's
+//! orders reach the database; status adds the buckets up; a lost bucket is repaired
+//! without selling a unit twice.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use mysql_async::prelude::Queryable;
+use redis::AsyncCommands;
+use seckill_http::App;
+use seckill_shared::adapters::transfers;
+use seckill_shared::domain::{Bucket, VoucherId, format_rfc3339_millis, now_millis};
+use seckill_shared::keys::{self, VoucherKeys};
+use seckill_tests::drainer::DrainCtx;
+use seckill_tests::harness::{buy, call, request, test_http_config, token};
+use seckill_tests::redis::RedisServer;
+use serde_json::json;
+
+/// Creates a voucher of `stock` units in `buckets` buckets through `POST /vouchers`,
+/// on sale now for an hour.
+async fn create(app: &App, stock: i64, buckets: u16) -> VoucherId {
+    let now = now_millis();
+    let body = json!({
+        "title": "bucketed sale",
+        "stock": stock,
+        "buckets": buckets,
+        "begins_at": format_rfc3339_millis(now - 1_000),
+        "ends_at": format_rfc3339_millis(now + 3_600_000),
+    });
+    let (status, created) = call(
+        app,
+        request(
+            "POST",
+            "/vouchers",
+            Some(&token("admin", true)),
+            Some(&body.to_string()),
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["buckets"], json!(buckets), "{created}");
+    created["id"].as_str().unwrap().parse().unwrap()
+}
+
+/// Each bucket's stock in Redis.
+async fn stocks(ctx: &DrainCtx, voucher: VoucherId, buckets: u16) -> Vec<i64> {
+    let mut out = Vec::new();
+    for b in Bucket::all(voucher, buckets) {
+        out.push(
+            ctx.sales
+                .stock_left(b)
+                .await
+                .unwrap()
+                .expect("bucket loaded"),
+        );
+    }
+    out
+}
+
+/// The voucher's orders in the database: (order id, user id, status).
+async fn rows(ctx: &DrainCtx, voucher: VoucherId) -> Vec<(String, String, String)> {
+    let mut conn = ctx.mysql().await;
+    let rows: Vec<(i64, String, String)> = conn
+        .exec(
+            "SELECT id, CONVERT(user_id USING utf8mb4), status FROM orders WHERE voucher_id = ?",
+            (voucher.get(),),
+        )
+        .await
+        .expect("orders query");
+    conn.disconnect().await.ok();
+    rows.into_iter()
+        .map(|(id, u, s)| (id.to_string(), u, s))
+        .collect()
+}
+
+/// Drains until every bucket's orders are in the database (or a minute passes).
+async fn drain_all(ctx: &DrainCtx, voucher: VoucherId, expected: usize) {
+    let t0 = Instant::now();
+    loop {
+        ctx.drain(ctx.drainer_config()).await;
+        let rows = rows(ctx, voucher).await;
+        if rows.len() >= expected || t0.elapsed() > Duration::from_secs(60) {
+            return;
+        }
+    }
+}
+
+/// One answer a buyer got: status, code, order id, when the request started and ended.
+#[derive(Debug, Clone)]
+struct Answer {
+    user: String,
+    status: u16,
+    code: String,
+    order: Option<String>,
+    started: Instant,
+    ended: Instant,
+}
+
+/// The issue's proof: 1,000 units over 3 buckets on 3 primaries, 20,000 buyers, each
+/// trying twice and a fifth of them a third time, from 8 instances at once.
+#[tokio::test]
+async fn a_sale_over_three_buckets_sells_each_unit_once_and_never_early() {
+    const STOCK: i64 = 1_000;
+    const BUYERS: usize = 20_000;
+    const K: u16 = 3;
+    if std::env::var_os("RUST_LOG").is_some() {
+        seckill_shared::telemetry::init();
+    }
+    let redis = RedisServer::cluster(3, 0);
+    let ctx = DrainCtx::start_with(redis).await;
+    let cfg = test_http_config(ctx.redis.config(), ctx.data_api_config());
+    let mut apps = Vec::new();
+    for _ in 0..8 {
+        apps.push(Arc::new(App::new(&cfg).await));
+    }
+    let voucher = create(&apps[0], STOCK, K).await;
+
+    // Three buckets, three primaries, the stock split evenly.
+    let owners: BTreeSet<u16> = Bucket::all(voucher, K)
+        .map(|b| {
+            ctx.redis
+                .primary_of_slot(keys::slot(&VoucherKeys::new(b).sale))
+        })
+        .collect();
+    assert_eq!(owners.len(), 3, "one bucket per primary");
+    assert_eq!(stocks(&ctx, voucher, K).await, vec![334, 333, 333]);
+
+    // Attempts: every buyer twice, every fifth a third time, shuffled (a fixed seed).
+    let mut attempts: Vec<usize> = (0..BUYERS).flat_map(|u| [u, u]).collect();
+    attempts.extend((0..BUYERS).step_by(5));
+    let mut seed: u64 = 0x5eed;
+    for i in (1..attempts.len()).rev() {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        attempts.swap(i, (seed % (i as u64 + 1)) as usize);
+    }
+    let answers = Arc::new(Mutex::new(Vec::with_capacity(attempts.len())));
+    futures::stream::iter(attempts.into_iter().enumerate())
+        .for_each_concurrent(64, |(n, u)| {
+            let app = apps[n % apps.len()].clone();
+            let answers = answers.clone();
+            async move {
+                let user = format!("buyer-{u}");
+                let started = Instant::now();
+                let (status, body) = buy(&app, voucher, &user).await;
+                let ended = Instant::now();
+                answers.lock().unwrap().push(Answer {
+                    user,
+                    status,
+                    code: body["code"].as_str().unwrap_or_default().to_string(),
+                    order: body["order_id"].as_str().map(str::to_string),
+                    started,
+                    ended,
+                });
+            }
+        })
+        .await;
+    let answers = Arc::try_unwrap(answers).unwrap().into_inner().unwrap();
+
+    let mut by_status: BTreeMap<(u16, String), u64> = BTreeMap::new();
+    for a in &answers {
+        *by_status.entry((a.status, a.code.clone())).or_default() += 1;
+    }
+    println!("3 buckets, {BUYERS} buyers: {by_status:?}");
+    assert!(answers.iter().all(|a| a.status < 500), "{by_status:?}");
+
+    // Exactly the stock admitted, each to a different buyer, each buyer's later
+    // attempts told the same order.
+    let won: HashMap<&str, &str> = answers
+        .iter()
+        .filter(|a| a.status == 202)
+        .map(|a| (a.user.as_str(), a.order.as_deref().unwrap()))
+        .collect();
+    let admitted = answers.iter().filter(|a| a.status == 202).count();
+    assert_eq!(admitted as i64, STOCK, "{by_status:?}");
+    assert_eq!(won.len(), admitted, "a buyer admitted twice");
+    for a in answers.iter().filter(|a| a.code == "already_purchased") {
+        assert_eq!(
+            won.get(a.user.as_str()).copied(),
+            a.order.as_deref(),
+            "{a:?}"
+        );
+    }
+    // No early sold-out: a refusal that ended before an admitted request even began
+    // was given while a unit (the one that request got) was still to be sold.
+    let last_admitted_start = answers
+        .iter()
+        .filter(|a| a.status == 202)
+        .map(|a| a.started)
+        .max()
+        .unwrap();
+    let early = answers
+        .iter()
+        .filter(|a| a.code == "sold_out" && a.ended < last_admitted_start)
+        .count();
+    assert_eq!(early, 0, "sold-out answers while units were left");
+    assert_eq!(stocks(&ctx, voucher, K).await, vec![0, 0, 0]);
+    let conn = ctx.conn();
+    for b in Bucket::all(voucher, K) {
+        let open = transfers::open_transfers(&conn, b, 0).await.unwrap();
+        assert!(open.is_empty(), "{b}: {open:?}");
+    }
+
+    // Every bucket's orders reach the database: the stock, once each, no buyer twice.
+    drain_all(&ctx, voucher, admitted).await;
+    let rows = rows(&ctx, voucher).await;
+    let users: BTreeSet<&String> = rows.iter().map(|r| &r.1).collect();
+    assert_eq!(rows.len(), admitted);
+    assert_eq!(users.len(), admitted);
+    assert!(rows.iter().all(|r| r.2 == "confirmed"));
+    for (order, user, _) in &rows {
+        assert_eq!(won.get(user.as_str()).copied(), Some(order.as_str()));
+    }
+    assert_eq!(ctx.db_stock_left(voucher).await, 0);
+
+    // status adds the buckets up.
+    let b = seckill_cli::ops::Backends::connect(&ctx.redis.config(), &ctx.data_api_config())
+        .await
+        .unwrap();
+    let s = seckill_cli::ops::status::voucher_status(&b, voucher)
+        .await
+        .unwrap();
+    assert_eq!(
+        (s.buckets, s.admitted, s.confirmed),
+        (K, STOCK as u64, STOCK as u64)
+    );
+    assert_eq!(
+        (s.stock_left_redis, s.in_transit, s.pending, s.lag),
+        (Some(0), 0, 0, 0)
+    );
+}
+
+/// A caller that dies between the donor's give and the recipient's take leaves a
+/// transfer record: the units are in neither bucket's stock until the drainer delivers
+/// them, once, however often it runs.
+#[tokio::test]
+async fn units_given_by_a_caller_that_died_are_delivered_once_by_the_drainer() {
+    let ctx = DrainCtx::start_with(RedisServer::cluster(3, 0)).await;
+    let app = App::new(&test_http_config(ctx.redis.config(), ctx.data_api_config())).await;
+    let voucher = create(&app, 10, 2).await;
+    let [b0, b1]: [Bucket; 2] = Bucket::all(voucher, 2)
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap();
+    assert_eq!(stocks(&ctx, voucher, 2).await, vec![5, 5]);
+    // The give alone, as a caller that died right after it would leave it.
+    let k1 = VoucherKeys::new(b1);
+    let given: (i64, i64) = redis::Script::new(include_str!("../../../lua/give.lua"))
+        .key(&k1.sale)
+        .key(&k1.transfers)
+        .arg("dead-caller.0")
+        .arg(b0.to_string())
+        .invoke_async(&mut ctx.conn())
+        .await
+        .unwrap();
+    assert_eq!(given, (3, 0));
+    assert_eq!(stocks(&ctx, voucher, 2).await, vec![5, 2]);
+    // Fresh records are the living callers' to finish.
+    assert_eq!(transfers::finish_open(&ctx.conn(), b1).await.unwrap(), 0);
+    // Make the record old, as if its caller died seconds ago.
+    let record: String = ctx
+        .conn()
+        .hget(&k1.transfers, "dead-caller.0")
+        .await
+        .unwrap();
+    let old = record.replace(
+        record.rsplit(' ').next().unwrap(),
+        &(now_millis() - 60_000).to_string(),
+    );
+    let _: () = ctx
+        .conn()
+        .hset(&k1.transfers, "dead-caller.0", old)
+        .await
+        .unwrap();
+    // status sees the units on their way.
+    let b = seckill_cli::ops::Backends::connect(&ctx.redis.config(), &ctx.data_api_config())
+        .await
+        .unwrap();
+    let s = seckill_cli::ops::status::voucher_status(&b, voucher)
+        .await
+        .unwrap();
+    assert_eq!((s.stock_left_redis, s.in_transit), (Some(7), 3));
+    for _ in 0..3 {
+        ctx.drain(ctx.drainer_config()).await;
+    }
+    assert_eq!(stocks(&ctx, voucher, 2).await, vec![8, 2], "delivered once");
+    assert!(
+        transfers::open_transfers(&ctx.conn(), b1, 0)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // A retry of the delivered transfer adds nothing.
+    let k0 = VoucherKeys::new(b0);
+    let again: i64 = redis::Script::new(include_str!("../../../lua/take.lua"))
+        .key(&k0.sale)
+        .key(&k0.received)
+        .arg("dead-caller.0")
+        .arg(3)
+        .invoke_async(&mut ctx.conn())
+        .await
+        .unwrap();
+    assert_eq!(again, 0);
+    assert_eq!(stocks(&ctx, voucher, 2).await, vec![8, 2]);
+}
+
+/// A buyer whose bucket is empty borrows; once every bucket is empty the voucher is
+/// marked sold out (one Redis call answers everyone's bucket afterwards), and a returned
+/// unit clears the mark.
+#[tokio::test]
+async fn an_empty_bucket_borrows_and_the_last_unit_marks_the_voucher_sold_out() {
+    let ctx = DrainCtx::start_with(RedisServer::cluster(3, 0)).await;
+    let cfg = test_http_config(ctx.redis.config(), ctx.data_api_config());
+    let app = App::new(&cfg).await;
+    let voucher = create(&app, 4, 4).await;
+    assert_eq!(stocks(&ctx, voucher, 4).await, vec![1, 1, 1, 1]);
+    // Buyers of bucket 0 only: the first takes its unit, the next three borrow.
+    let of_bucket0: Vec<String> = (0..)
+        .map(|i| format!("zero-{i}"))
+        .filter(|u| Bucket::of_user(voucher, 4, u).index() == 0)
+        .take(5)
+        .collect();
+    for u in &of_bucket0[..4] {
+        let (status, body) = buy(&app, voucher, u).await;
+        assert_eq!(status, 202, "{u}: {body}");
+    }
+    assert_eq!(stocks(&ctx, voucher, 4).await, vec![0, 0, 0, 0]);
+    let marked: bool = ctx.conn().exists(keys::sold_out(voucher)).await.unwrap();
+    assert!(!marked, "no refusal yet, no mark");
+    // Another instance: its buyer is refused, and the voucher is marked.
+    let other = App::new(&cfg).await;
+    let (status, body) = buy(&other, voucher, &of_bucket0[4]).await;
+    assert_eq!((status, body["code"].as_str()), (409, Some("sold_out")));
+    let ttl: i64 = ctx.conn().pttl(keys::sold_out(voucher)).await.unwrap();
+    assert!(
+        ttl > 0 && ttl <= transfers::SOLD_OUT_MARK.as_millis() as i64,
+        "{ttl}"
+    );
+    drain_all(&ctx, voucher, 4).await;
+    assert_eq!(rows(&ctx, voucher).await.len(), 4);
+    assert_eq!(ctx.db_stock_left(voucher).await, 0);
+}
+
+/// Redis loses one bucket (its keys deleted, as a failover to a replica that missed them
+/// would) while the others live: the repair reopens it empty with its buyers, so no
+/// buyer of it buys twice and no unit is sold twice; with every bucket lost, bucket 0
+/// gets the whole of what is left.
+#[tokio::test]
+async fn a_lost_bucket_is_repaired_without_selling_a_unit_twice() {
+    let ctx = DrainCtx::start_with(RedisServer::cluster(3, 0)).await;
+    let cfg = test_http_config(ctx.redis.config(), ctx.data_api_config());
+    let app = App::new(&cfg).await;
+    let voucher = create(&app, 30, 3).await;
+    let users: Vec<String> = (0..12).map(|i| format!("early-{i}")).collect();
+    let mut held = HashMap::new();
+    for u in &users {
+        let (status, body) = buy(&app, voucher, u).await;
+        assert_eq!(status, 202, "{body}");
+        held.insert(u.clone(), body["order_id"].as_str().unwrap().to_string());
+    }
+    drain_all(&ctx, voucher, 12).await;
+    // Bucket 2 lost (all its keys), buckets 0 and 1 live.
+    let b2 = Bucket::all(voucher, 3).nth(2).unwrap();
+    let before: i64 = stocks(&ctx, voucher, 3).await.iter().sum();
+    let k2 = VoucherKeys::new(b2);
+    let _: () = ctx
+        .conn()
+        .del(&[
+            &k2.sale,
+            &k2.buyers,
+            &k2.orders,
+            &k2.transfers,
+            &k2.received,
+        ])
+        .await
+        .unwrap();
+    let lost_units = before - {
+        let mut live = 0;
+        for b in Bucket::all(voucher, 3).take(2) {
+            live += ctx.sales.stock_left(b).await.unwrap().unwrap();
+        }
+        live
+    };
+    // Its earlier buyers are still told their order; nobody buys twice.
+    for u in users
+        .iter()
+        .filter(|u| Bucket::of_user(voucher, 3, u) == b2)
+    {
+        let (status, body) = buy(&app, voucher, u).await;
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (409, Some("already_purchased")),
+            "{u}"
+        );
+        assert_eq!(body["order_id"].as_str(), Some(held[u].as_str()));
+    }
+    assert_eq!(
+        ctx.sales.stock_left(b2).await.unwrap(),
+        Some(0),
+        "reopened empty"
+    );
+    // Everyone else buys what the live buckets hold: the lost bucket's units stay unsold.
+    let mut sold = 0;
+    for i in 0..100 {
+        let (status, _) = buy(&app, voucher, &format!("late-{i}")).await;
+        sold += i64::from(status == 202);
+    }
+    assert_eq!(sold, 30 - 12 - lost_units);
+    drain_all(&ctx, voucher, (12 + sold) as usize).await;
+    let rows = rows(&ctx, voucher).await;
+    assert_eq!(rows.len() as i64, 12 + sold);
+    assert!(
+        rows.iter().all(|r| r.2 == "confirmed"),
+        "nothing rejected: nothing oversold"
+    );
+    assert_eq!(ctx.db_stock_left(voucher).await, lost_units);
+
+    // Every bucket lost: bucket 0 gets all the database has left.
+    for b in Bucket::all(voucher, 3) {
+        let k = VoucherKeys::new(b);
+        let _: () = ctx.conn().del(&[&k.sale, &k.buyers]).await.unwrap();
+    }
+    let fresh = App::new(&cfg).await;
+    let (status, body) = buy(&fresh, voucher, "after-the-loss").await;
+    assert_eq!(status, 202, "{body}");
+    let left: i64 = stocks(&ctx, voucher, 3).await.iter().sum();
+    assert_eq!(
+        left,
+        lost_units - 1,
+        "bucket 0 reopened with what the database has left"
+    );
+}
