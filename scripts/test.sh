@@ -27,7 +27,7 @@ ensure_path
 cd "$SECKILL_ROOT"
 
 # The suites run a second time on the Valkey cluster: admission, drainer, end to end.
-CLUSTER_SUITES="admission_lua http_handlers drainer_flow drainer_crash drainer_e2e e2e_http repair stack_smoke cluster_topology redis_fixture payment"
+CLUSTER_SUITES="admission_lua http_handlers drainer_flow drainer_crash drainer_e2e e2e_http repair stack_smoke cluster_topology redis_fixture payment buckets"
 
 TOPOLOGIES=${SECKILL_TEST_TOPOLOGIES:-both}
 case $TOPOLOGIES in

@@ -28,14 +28,22 @@ use serde_json::json;
 /// Creates a voucher of `stock` units in `buckets` buckets through `POST /vouchers`,
 /// on sale now for an hour.
 async fn create(app: &App, stock: i64, buckets: u16) -> VoucherId {
+    create_with(app, stock, buckets, json!({})).await
+}
+
+/// The same with more fields of the request body (a payment step).
+async fn create_with(app: &App, stock: i64, buckets: u16, more: serde_json::Value) -> VoucherId {
     let now = now_millis();
-    let body = json!({
+    let mut body = json!({
         "title": "bucketed sale",
         "stock": stock,
         "buckets": buckets,
         "begins_at": format_rfc3339_millis(now - 1_000),
         "ends_at": format_rfc3339_millis(now + 3_600_000),
     });
+    for (k, v) in more.as_object().unwrap() {
+        body[k] = v.clone();
+    }
     let (status, created) = call(
         app,
         request(
@@ -440,4 +448,149 @@ async fn a_lost_bucket_is_repaired_without_selling_a_unit_twice() {
         lost_units - 1,
         "bucket 0 reopened with what the database has left"
     );
+}
+
+/// `POST /orders/{order}/{pay|cancel}` as `user`.
+async fn close(app: &App, order: &str, user: &str, pay: bool) -> (u16, serde_json::Value) {
+    let (path, body) = if pay {
+        (
+            format!("/orders/{order}/pay"),
+            Some(json!({ "payment_ref": format!("ref-{order}") }).to_string()),
+        )
+    } else {
+        (format!("/orders/{order}/cancel"), None)
+    };
+    call(
+        app,
+        request(
+            "POST",
+            &path,
+            Some(&token(user, false)),
+            body.as_deref(),
+            None,
+        ),
+    )
+    .await
+}
+
+/// A bucketed voucher with a payment step: orders are paid and cancelled in their
+/// buyer's bucket, a cancelled unit clears the sold-out mark and is sold again (to a
+/// buyer of another bucket, by borrowing), unpaid orders expire bucket by bucket in the
+/// drainer's sweep, and Redis and the database agree on every unit at the end.
+#[tokio::test]
+async fn a_bucketed_sale_with_a_payment_step_returns_each_unit_once() {
+    let ctx = DrainCtx::start_with(RedisServer::cluster(3, 0)).await;
+    let cfg = test_http_config(ctx.redis.config(), ctx.data_api_config());
+    let app = App::new(&cfg).await;
+    let voucher = create_with(&app, 6, 3, json!({ "pay_within_s": 2 })).await;
+    let mut orders = Vec::new();
+    for i in 0..6 {
+        let user = format!("payer-{i}");
+        let (status, body) = buy(&app, voucher, &user).await;
+        assert_eq!(status, 202, "{user}: {body}");
+        orders.push((user, body["order_id"].as_str().unwrap().to_string()));
+    }
+    let buckets_used: BTreeSet<u16> = orders
+        .iter()
+        .map(|(u, _)| Bucket::of_user(voucher, 3, u).index())
+        .collect();
+    assert!(buckets_used.len() > 1, "buyers of several buckets");
+    // Sold out, and marked so.
+    let late = (0..)
+        .map(|i| format!("late-{i}"))
+        .find(|u| Bucket::of_user(voucher, 3, u) != Bucket::of_user(voucher, 3, &orders[0].0))
+        .unwrap();
+    let (status, body) = buy(&app, voucher, &late).await;
+    assert_eq!((status, body["code"].as_str()), (409, Some("sold_out")));
+    let marked: bool = ctx.conn().exists(keys::sold_out(voucher)).await.unwrap();
+    assert!(marked);
+    // The first buyer cancels: the unit is back in their bucket and the mark is gone;
+    // the late buyer, of another bucket, gets it.
+    let (status, body) = close(&app, &orders[0].1, &orders[0].0, false).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (200, Some("cancelled")),
+        "{body}"
+    );
+    let marked: bool = ctx.conn().exists(keys::sold_out(voucher)).await.unwrap();
+    assert!(!marked, "a returned unit clears the mark");
+    let (status, body) = buy(&app, voucher, &late).await;
+    assert_eq!(status, 202, "{body}");
+    // One buyer pays; the other four and the late buyer let their orders expire.
+    let (status, body) = close(&app, &orders[1].1, &orders[1].0, true).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (200, Some("paid")),
+        "{body}"
+    );
+    drain_all(&ctx, voucher, 7).await;
+    tokio::time::sleep(Duration::from_millis(2_200)).await;
+    for _ in 0..3 {
+        ctx.drain(ctx.drainer_config()).await;
+    }
+    let rows = rows(&ctx, voucher).await;
+    let mut by_status: BTreeMap<&str, u64> = BTreeMap::new();
+    for r in &rows {
+        *by_status.entry(r.2.as_str()).or_default() += 1;
+    }
+    assert_eq!(
+        by_status,
+        BTreeMap::from([("cancelled", 1), ("expired", 5), ("paid", 1)])
+    );
+    // Every unit but the paid one is back, once, in Redis and in the database.
+    assert_eq!(stocks(&ctx, voucher, 3).await.iter().sum::<i64>(), 5);
+    assert_eq!(ctx.db_stock_left(voucher).await, 5);
+    let (status, _) = buy(&app, voucher, "after-the-expiries").await;
+    assert_eq!(status, 202);
+}
+
+/// `seckill reconcile` reads every bucket: a clean sale reports nothing; an admitted
+/// order lost from its bucket's stream is found and re-enqueued into that bucket.
+#[tokio::test]
+async fn reconcile_reads_every_bucket() {
+    use seckill_cli::ops::reconcile::{class, reconcile};
+    let ctx = DrainCtx::start_with(RedisServer::cluster(3, 0)).await;
+    let cfg = test_http_config(ctx.redis.config(), ctx.data_api_config());
+    let app = App::new(&cfg).await;
+    let voucher = create(&app, 30, 3).await;
+    for i in 0..12 {
+        let (status, _) = buy(&app, voucher, &format!("r-{i}")).await;
+        assert_eq!(status, 202);
+    }
+    drain_all(&ctx, voucher, 12).await;
+    let b = seckill_cli::ops::Backends::connect(&ctx.redis.config(), &ctx.data_api_config())
+        .await
+        .unwrap();
+    let clean = reconcile(&b, voucher, false).await.unwrap();
+    assert!(clean.discrepancies.is_empty(), "{clean:?}");
+    assert_eq!((clean.buyers, clean.db_orders), (12, 12));
+    // An admitted order of bucket 2 whose stream entry is lost before it was drained.
+    let user = (0..)
+        .map(|i| format!("lost-{i}"))
+        .find(|u| Bucket::of_user(voucher, 3, u).index() == 2)
+        .unwrap();
+    let (status, body) = buy(&app, voucher, &user).await;
+    assert_eq!(status, 202);
+    let order = body["order_id"].as_str().unwrap().to_string();
+    let k2 = VoucherKeys::new(Bucket::of_user(voucher, 3, &user));
+    let entries: Vec<(String, Vec<(String, String)>)> = ctx
+        .conn()
+        .xrevrange_count(&k2.orders, "+", "-", 1)
+        .await
+        .unwrap();
+    let _: i64 = ctx.conn().xdel(&k2.orders, &[&entries[0].0]).await.unwrap();
+    let found = reconcile(&b, voucher, true).await.unwrap();
+    let lost = found
+        .class(class::ADMITTED_LOST)
+        .expect("the lost order is found");
+    assert_eq!(lost.count, 1, "{found:?}");
+    assert!(found.clean_after(), "{found:?}");
+    drain_all(&ctx, voucher, 13).await;
+    let rows = rows(&ctx, voucher).await;
+    assert!(
+        rows.iter()
+            .any(|r| r.0 == order && r.1 == user && r.2 == "confirmed")
+    );
+    let after = reconcile(&b, voucher, false).await.unwrap();
+    assert!(after.discrepancies.is_empty(), "{after:?}");
 }
