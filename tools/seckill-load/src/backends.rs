@@ -17,7 +17,7 @@ use seckill_shared::adapters::data_api::DataApi;
 use seckill_shared::adapters::order_stream::OrderStreams;
 use seckill_shared::adapters::redis::{RedisConn, RedisSales};
 use seckill_shared::config::{EnvReader, RedisConfig};
-use seckill_shared::domain::{NewVoucher, SaleWindow, Voucher, VoucherId, now_millis};
+use seckill_shared::domain::{Bucket, NewVoucher, SaleWindow, Voucher, VoucherId, now_millis};
 use seckill_shared::keys::VoucherKeys;
 use seckill_shared::migrate;
 
@@ -164,6 +164,16 @@ impl Bench {
     /// taken out of `seckill:active` again so that no drainer of the stack visits its
     /// stream (its orders are not in the stack's database).
     pub async fn voucher(&self, title: &str, stock: i64) -> anyhow::Result<Voucher> {
+        self.voucher_in_buckets(title, stock, 1).await
+    }
+
+    /// The same with its stock over `buckets` stock buckets.
+    pub async fn voucher_in_buckets(
+        &self,
+        title: &str,
+        stock: i64,
+        buckets: u16,
+    ) -> anyhow::Result<Voucher> {
         let now = now_millis();
         let window = SaleWindow::new(now - 60_000, now + 3_600_000)
             .map_err(|e| anyhow::anyhow!("sale window: {}", e.0))?;
@@ -172,7 +182,7 @@ impl Bench {
             stock,
             window,
             payment: None,
-            buckets: 1,
+            buckets,
         };
         let voucher = self
             .db
@@ -193,13 +203,30 @@ impl Bench {
     /// Deletes a voucher's Redis keys now (between runs: a dataset that only grows makes
     /// Redis rewrite its AOF ever more often, which would disturb later runs).
     pub async fn release_voucher(&self, voucher: VoucherId) -> anyhow::Result<()> {
-        let k = VoucherKeys::new(voucher);
+        // Every bucket of the voucher (bucket 0's sale hash says how many), each one's
+        // keys in one slot.
+        let buckets = RedisSales::new(self.redis.clone())
+            .sale_buckets(voucher)
+            .await?
+            .unwrap_or(1);
+        for bucket in Bucket::all(voucher, buckets) {
+            let k = VoucherKeys::new(bucket);
+            let _: i64 = redis::cmd("UNLINK")
+                .arg(&[
+                    &k.sale,
+                    &k.buyers,
+                    &k.orders,
+                    &k.dead,
+                    &k.transfers,
+                    &k.received,
+                ])
+                .query_async(&mut self.redis.clone())
+                .await?;
+            OrderStreams::new(self.redis.clone()).retire(bucket).await?;
+        }
         let _: i64 = redis::cmd("UNLINK")
-            .arg(&[&k.sale, &k.buyers, &k.orders, &k.dead])
+            .arg(seckill_shared::keys::sold_out(voucher))
             .query_async(&mut self.redis.clone())
-            .await?;
-        OrderStreams::new(self.redis.clone())
-            .retire(voucher)
             .await?;
         Ok(())
     }

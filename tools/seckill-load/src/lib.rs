@@ -5,6 +5,7 @@
 
 pub mod admission;
 pub mod backends;
+pub mod buckets;
 pub mod drain;
 pub mod drivers;
 pub mod engine;

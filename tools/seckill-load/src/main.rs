@@ -18,6 +18,7 @@ use order_drainer::config::defaults::BATCH_SIZE;
 use seckill_cli::stack_env::StackEnv;
 use seckill_load::admission::{self, AdmitOptions, SaleOptions};
 use seckill_load::backends::{self, Bench};
+use seckill_load::buckets::{self, BucketsOptions};
 use seckill_load::drain::{self, CommitLatencyOptions, DrainOptions};
 use seckill_load::engine::Ui;
 use seckill_load::footprint::{self, FootprintOptions};
@@ -67,6 +68,9 @@ enum Scenario {
     Drain,
     CommitLatency,
     Footprint,
+    /// One hot voucher over 1, 2, 3 stock buckets: server cost and per-primary load
+    /// (meaningful on the cluster stack), and a sale's early refusals.
+    Buckets,
 }
 
 /// The smoke sizes of --quick: the defaults of these arguments (by id) before parsing,
@@ -87,6 +91,11 @@ const QUICK: &[(&str, &str)] = &[
     ("latency_callers", "8"),
     ("requests", "1000"),
     ("footprint_orders", "1000"),
+    ("bucket_attempts", "5000"),
+    ("bucket_callers", "16"),
+    ("bucket_sale_stock", "100"),
+    ("bucket_sale_attempts", "10000"),
+    ("bucket_sale_users", "3000"),
 ];
 
 // Parsed once per process: the size of the larger variant costs nothing.
@@ -116,6 +125,8 @@ struct BenchArgs {
     latency: CommitLatencyOptions,
     #[command(flatten)]
     footprint: FootprintOptions,
+    #[command(flatten)]
+    buckets: BucketsOptions,
 }
 
 #[derive(Args)]
@@ -243,6 +254,18 @@ async fn bench_cmd(g: &Global, mut b: BenchArgs) -> anyhow::Result<u8> {
         }
         if runs(Scenario::Footprint) {
             results.footprint = Some(footprint::footprint(&bench, &b.footprint, &ui).await?);
+        }
+        if runs(Scenario::Buckets) {
+            let o = &b.buckets;
+            eprintln!(
+                "buckets: {} admissions for each of {:?} buckets from {} callers; a sale of {} units over {} buckets",
+                o.attempts,
+                o.counts,
+                o.callers,
+                o.sale_stock,
+                o.counts.iter().max().copied().unwrap_or(1)
+            );
+            results.buckets = Some(buckets::buckets(&bench, o, &ui).await?);
         }
         anyhow::Ok(())
     }

@@ -16,6 +16,10 @@ const FIRST_BIN_S: f64 = 0.001;
 const TIMELINE_BINS: usize = 120;
 /// The admitted flag in an event's latency word.
 const ADMITTED_BIT: u32 = 1 << 31;
+/// The `sold_out` flag in an event's latency word.
+const SOLD_OUT_BIT: u32 = 1 << 30;
+/// The latency in an event's latency word.
+const LATENCY_MASK: u32 = !(ADMITTED_BIT | SOLD_OUT_BIT);
 
 /// The outcome of one attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,7 +39,7 @@ pub enum Outcome {
 /// One caller's record.
 #[derive(Default)]
 pub struct Recorder {
-    /// (end since the start in µs, latency in µs | [`ADMITTED_BIT`]).
+    /// (end since the start in µs, latency in µs | [`ADMITTED_BIT`] | [`SOLD_OUT_BIT`]).
     events: Vec<(u32, u32)>,
     outcomes: BTreeMap<&'static str, u64>,
     admitted_users: Vec<u32>,
@@ -62,7 +66,11 @@ impl Recorder {
             Outcome::Refused(_) => "refused",
         };
         *self.outcomes.entry(key).or_default() += 1;
-        let admitted = if key == "admitted" { ADMITTED_BIT } else { 0 };
+        let admitted = match key {
+            "admitted" => ADMITTED_BIT,
+            "sold_out" => SOLD_OUT_BIT,
+            _ => 0,
+        };
         self.events.push((at_us, us as u32 | admitted));
         match outcome {
             Outcome::Admitted(id) => {
@@ -148,6 +156,10 @@ pub struct RunResult {
     /// Seconds from the start until the stock was gone: the first `sold_out` answer or the
     /// last admission (when every unit was seen admitted), whichever came first.
     pub sell_out_s: Option<f64>,
+    /// `sold_out` answers that ended before an admitted attempt began: refusals given
+    /// while a unit was still to be sold (stock buckets aim at 0).
+    #[serde(default)]
+    pub early_sold_out: u64,
     pub timeline: Vec<TimelinePoint>,
     /// CPU the run cost Redis and this process (callers and in-process handlers).
     pub cpu: Option<CpuUse>,
@@ -285,7 +297,20 @@ pub fn merge(meta: RunMeta, recorders: Vec<Recorder>, elapsed: Duration) -> RunR
     all.admitted_users.sort_unstable();
     all.order_ids.sort_unstable();
     let completed = all.events.len() as u64;
-    let latencies = all.events.iter().map(|(_, w)| u64::from(w & !ADMITTED_BIT));
+    let latencies = all.events.iter().map(|(_, w)| u64::from(w & LATENCY_MASK));
+    // Refusals given while a unit was still to be sold: `sold_out` answers that ended
+    // before an admitted attempt even began (the unit it got existed, unclaimed by any
+    // attempt under way, when the refusal was given).
+    let last_admitted_start = all
+        .events
+        .iter()
+        .filter(|(_, w)| w & ADMITTED_BIT != 0)
+        .map(|(end, w)| end.saturating_sub(w & LATENCY_MASK))
+        .max();
+    let early_sold_out = last_admitted_start.map_or(0, |start| {
+        let early = |(end, w): &&(u32, u32)| w & SOLD_OUT_BIT != 0 && *end < start;
+        all.events.iter().filter(early).count() as u64
+    });
     let admitted = all.outcomes.get("admitted").copied().unwrap_or(0);
     let sold_out = meta.stock.is_some_and(|s| admitted as i64 >= s);
     // Both the first `sold_out` answer and the last admission end after the stock ran
@@ -308,6 +333,7 @@ pub fn merge(meta: RunMeta, recorders: Vec<Recorder>, elapsed: Duration) -> RunR
         failure_samples: all.failure_samples,
         latency: latency_of_values(latencies),
         sell_out_s: sell_out.map(|d| d.as_secs_f64()),
+        early_sold_out,
         timeline: timeline(all.events, elapsed),
         cpu: None,
         checks: Vec::new(),
@@ -354,7 +380,7 @@ fn timeline(events: Vec<(u32, u32)>, elapsed: Duration) -> Vec<TimelinePoint> {
         let t = f64::from(at_us) / 1e6;
         let i = edges[1..].partition_point(|e| *e <= t).min(bins.len() - 1);
         bins[i].0 += u64::from(word & ADMITTED_BIT != 0);
-        bins[i].1.push(word & !ADMITTED_BIT);
+        bins[i].1.push(word & LATENCY_MASK);
     }
     bins.into_iter()
         .enumerate()

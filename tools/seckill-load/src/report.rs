@@ -25,6 +25,9 @@ pub struct Results {
     pub drain: Option<DrainReport>,
     pub commit_latency: Option<CommitLatencyReport>,
     pub footprint: Option<FootprintReport>,
+    /// One hot voucher over stock buckets (issue #16).
+    #[serde(default)]
+    pub buckets: Option<crate::buckets::BucketsReport>,
 }
 
 impl Results {
@@ -42,7 +45,12 @@ impl Results {
             admit.and_then(|a| a.ours_durable.as_ref()),
             self.commit_latency.as_ref().map(|l| &l.admissions),
         ];
-        runs.into_iter().flatten().collect()
+        let mut runs: Vec<&RunResult> = runs.into_iter().flatten().collect();
+        if let Some(b) = &self.buckets {
+            runs.extend(b.runs.iter().map(|r| &r.run));
+            runs.extend(b.sale.as_ref());
+        }
+        runs
     }
 
     /// Every invariant check of every run, with the run it belongs to.
@@ -339,6 +347,9 @@ pub fn rows(r: &Results) -> Vec<Row> {
         let met = l.latency.p99_us <= 2_000_000 && l.committed > 0;
         rows.push(Row::new(what, ours).target("p99 ≤ 2 s".into(), Some(met)));
     }
+    if let Some(b) = &r.buckets {
+        bucket_rows(&mut rows, b);
+    }
     for b in r.footprint.iter().flat_map(|f| &f.binaries) {
         let what = format!(
             "{}: release binary size / peak RSS ({})",
@@ -348,6 +359,70 @@ pub fn rows(r: &Results) -> Vec<Row> {
         rows.push(Row::new(what, format!("{size:.1} MiB / {peak}")));
     }
     rows
+}
+
+/// The rows of one hot voucher over stock buckets.
+fn bucket_rows(rows: &mut Vec<Row>, b: &crate::buckets::BucketsReport) {
+    let one = b.runs.iter().find(|x| x.buckets == 1);
+    for x in &b.runs {
+        let what = format!(
+            "buckets k={}: Redis command time per admission, and admissions/s",
+            x.buckets
+        );
+        let ours = format!(
+            "{}, {} /s",
+            micros(x.us_per_admission),
+            thousands(x.run.attempts_per_s)
+        );
+        let row = Row::new(what, ours);
+        rows.push(match one.filter(|o| o.buckets != x.buckets) {
+            Some(o) => row.vs(
+                format!("k=1: {}", micros(o.us_per_admission)),
+                format!("{:.2}×", x.us_per_admission / o.us_per_admission.max(1e-9)),
+            ),
+            None => row,
+        });
+        let nodes = x.node_us.len();
+        if x.buckets > 1 && nodes > 1 {
+            let (hi, lo) = x.spread_pct;
+            let what = format!(
+                "buckets k={}: busiest / idlest of the {} primaries it can load vs an even split",
+                x.buckets,
+                nodes.min(usize::from(x.buckets))
+            );
+            let met = hi <= 15.0 && lo >= -15.0;
+            rows.push(
+                Row::new(what, format!("{hi:+.1} % / {lo:+.1} %"))
+                    .target("within ±15 %".into(), Some(met)),
+            );
+        }
+    }
+    if let Some(s) = &b.sale {
+        let what = format!(
+            "bucket sale ({} units, {} buckets, {} attempts): sold_out answers while units were left",
+            s.stock.unwrap_or(0),
+            b.options.counts.iter().max().copied().unwrap_or(1),
+            s.completed
+        );
+        rows.push(
+            Row::new(what, s.early_sold_out.to_string())
+                .target("0".into(), Some(s.early_sold_out == 0)),
+        );
+    }
+    if let (Some(e1), Some(c1), Some(c16)) = (
+        b.ecpu_per_admission(1),
+        b.ceiling(1),
+        b.ceiling(*crate::buckets::CEILING_BUCKETS.end()),
+    ) {
+        rows.push(Row::new(
+            "ceiling on paper, ElastiCache Serverless, one voucher (30,000 ECPU/s per slot; ECPU per admission = its Redis CPU / a SET's)",
+            format!(
+                "{e1:.1} ECPU/admission: k=1 {} /s … k=16 {} /s",
+                thousands(c1),
+                thousands(c16)
+            ),
+        ));
+    }
 }
 
 /// The admit path's rows.
@@ -547,6 +622,39 @@ pub fn results_markdown(r: &Results, rows: &[Row], svg_link: &str) -> String {
             o.callers,
             o.batch_size
         );
+    }
+    if let Some(b) = &r.buckets {
+        s.push_str("\n| buckets | admissions/s | server µs/admission | server time per node |\n|---:|---:|---:|---|\n");
+        for x in &b.runs {
+            let total: f64 = x.node_us.values().sum();
+            let nodes: Vec<String> = x
+                .node_us
+                .iter()
+                .map(|(n, us)| format!("{n} {:.0} %", us / total.max(1e-9) * 100.0))
+                .collect();
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.2} | {} |",
+                x.buckets,
+                thousands(x.run.attempts_per_s),
+                x.us_per_admission,
+                nodes.join(", ")
+            );
+        }
+        if let Some(set) = b.set_us {
+            let _ = writeln!(
+                s,
+                "\nCeiling on paper for one voucher on ElastiCache Serverless: a slot serves at most 30,000 ECPU/s; a SET sent alone cost Redis {set:.2} µs of CPU here, network I/O included (1 ECPU), so an admission costs its Redis CPU / {set:.2} µs ECPUs, and k buckets in k slots give k times one slot's ceiling:\n"
+            );
+            s.push_str(
+                "| buckets | ECPU per admission | admissions/s per voucher |\n|---:|---:|---:|\n",
+            );
+            for k in crate::buckets::CEILING_BUCKETS {
+                if let (Some(e), Some(c)) = (b.ecpu_per_admission(k), b.ceiling(k)) {
+                    let _ = writeln!(s, "| {k} | {e:.1} | {} |", thousands(c));
+                }
+            }
+        }
     }
     if let Some(f) = &r.footprint {
         s.push_str("\n| function (release) | size | peak RSS | RSS at the end | workload | invocations/s | latency p50 / p99 |\n|---|---:|---:|---:|---|---:|---:|\n");
