@@ -134,28 +134,66 @@ pub fn slot(key: &str) -> u16 {
     crc % SLOTS
 }
 
+/// How far (in slots) a bucket may sit from its place in the lattice
+/// ([`bucket_salt`]): small enough that buckets stay at least `SLOTS / k - 64` apart
+/// (more than `SLOTS / n` for every k < n <= 16), large enough that a salt is found in
+/// about `SLOTS / 64` = 256 tries.
+const BUCKET_WINDOW: u32 = 64;
+
 /// The salt in the hash tag of bucket `index` (>= 1) of a voucher of `buckets` buckets
-/// (`{<voucher>.<index>.<salt>}`, see [`Bucket`]): the smallest one that puts the bucket
-/// in the middle half of its own k-th of the slot space. Bucket 0 keeps the voucher's
-/// own tag, whose slot names its k-th; bucket b takes the b-th k-th after it. A cluster
-/// whose primaries own equal, contiguous slot ranges (what `--cluster create` makes)
-/// then holds k buckets on k different primaries when it has k of them, and spreads
-/// them evenly when k is a multiple of its primaries. A random tag would put two of
-/// three buckets on one of three primaries more often than not.
+/// (`{<voucher>.<index>.<salt>}`, see [`Bucket`]): the smallest one that puts bucket b
+/// within [`BUCKET_WINDOW`] slots of `home + b * SLOTS / k` (mod `SLOTS`), home being the
+/// slot of the voucher's own tag (bucket 0). The k buckets then form a lattice of step
+/// `SLOTS / k`, each window leaning towards the middle of its k-th, so on a cluster
+/// whose n primaries own equal contiguous slot ranges (what `--cluster create` makes):
+/// - n = k: one bucket per primary (each bucket stays in its own k-th);
+/// - n > k: no two buckets on one primary (they are more than `SLOTS / n` apart);
+/// - n < k: as even as k buckets over n primaries go.
+///
+/// Random tags would put two of three buckets on one of three primaries more often than
+/// not. The search (about 256 CRC16s) runs once per bucket and process (memoised).
 pub fn bucket_salt(voucher: VoucherId, index: u16, buckets: u16) -> u16 {
+    use std::collections::HashMap;
+    use std::sync::{LazyLock, Mutex};
+    /// (voucher, index, buckets) → salt.
+    type Salts = HashMap<(VoucherId, u16, u16), u16>;
+    static FOUND: LazyLock<Mutex<Salts>> = LazyLock::new(Mutex::default);
     if index == 0 || buckets <= 1 {
         return 0;
     }
-    let k = u32::from(buckets);
-    let slots = u32::from(SLOTS);
-    let home = u32::from(slot(&voucher.to_string())) * k / slots;
-    let width = slots / k;
-    let lo = (home + u32::from(index)) % k * width + width / 4;
-    let window = lo..lo + width / 2;
-    // About 2k tries on average; CRC16 reaches every window long before the bound.
-    (0..u16::MAX)
-        .find(|salt| window.contains(&u32::from(slot(&format!("{voucher}.{index}.{salt}")))))
-        .unwrap_or(0)
+    let memo = |m: &Mutex<HashMap<_, u16>>| {
+        m.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(voucher, index, buckets))
+            .copied()
+    };
+    if let Some(salt) = memo(&FOUND) {
+        return salt;
+    }
+    let (k, slots) = (u32::from(buckets), u32::from(SLOTS));
+    let home = u32::from(slot(&voucher.to_string()));
+    // Lean inwards: a home in the lower half of its k-th takes windows above each
+    // lattice point, one in the upper half windows below, so no window crosses into the
+    // next k-th (every lattice point sits at home's offset in its own k-th).
+    let offset = home * k % slots;
+    let upward = offset < slots / 2;
+    let target = (home + (u32::from(index) * slots).div_ceil(k)) % slots;
+    let near = |s: u32| {
+        let d = if upward {
+            (s + slots - target) % slots
+        } else {
+            (target + slots - s) % slots
+        };
+        d < BUCKET_WINDOW
+    };
+    let salt = (0..u16::MAX)
+        .find(|salt| near(u32::from(slot(&format!("{voucher}.{index}.{salt}")))))
+        .unwrap_or(0);
+    FOUND
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert((voucher, index, buckets), salt);
+    salt
 }
 
 /// The hash tag of a key: what Redis Cluster hashes to pick its slot.
@@ -221,30 +259,35 @@ mod tests {
         assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
     }
 
+    /// The node owning `slot` when `n` primaries own equal contiguous ranges, as
+    /// `redis-cli --cluster create` splits them.
+    fn even_owner(slot: u16, n: u32) -> u32 {
+        let s = u32::from(SLOTS);
+        (0..n)
+            .find(|i| u32::from(slot) < ((i + 1) * s).div_ceil(n))
+            .unwrap_or(n - 1)
+    }
+
     #[test]
-    fn buckets_take_one_kth_of_the_slot_space_each() {
-        for id in [1, 42, 777, 123_456] {
+    fn buckets_land_on_distinct_primaries_of_an_even_split() {
+        for id in (1..120).chain([123_456, 9_876_543_210]) {
             let v = VoucherId::new(id).unwrap();
-            for k in [2u16, 3, 4, 16] {
-                let width = u32::from(SLOTS) / u32::from(k);
-                let ranges: std::collections::BTreeSet<u32> = Bucket::all(v, k)
-                    .map(|b| u32::from(slot(&VoucherKeys::new(b).sale)) / width)
-                    .map(|r| r.min(u32::from(k) - 1))
+            for k in 2..=16u16 {
+                let slots: Vec<u16> = Bucket::all(v, k)
+                    .map(|b| slot(&VoucherKeys::new(b).sale))
                     .collect();
-                assert_eq!(ranges.len(), usize::from(k), "voucher {id}, {k} buckets");
+                assert_eq!(slots.len(), usize::from(k));
+                for n in u32::from(k)..=16 {
+                    let owners: std::collections::BTreeSet<u32> =
+                        slots.iter().map(|s| even_owner(*s, n)).collect();
+                    assert_eq!(
+                        owners.len(),
+                        usize::from(k),
+                        "voucher {id}, {k} buckets on {n} primaries: slots {slots:?}"
+                    );
+                }
             }
         }
-        // Three buckets over three primaries of `--cluster create` (0-5460, 5461-10922,
-        // 10923-16383): one each.
-        let v = VoucherId::new(42).unwrap();
-        let owners: std::collections::BTreeSet<u16> = Bucket::all(v, 3)
-            .map(|b| match slot(&VoucherKeys::new(b).sale) {
-                0..=5460 => 0,
-                5461..=10922 => 1,
-                _ => 2,
-            })
-            .collect();
-        assert_eq!(owners.len(), 3);
     }
 
     #[test]

@@ -593,4 +593,30 @@ async fn reconcile_reads_every_bucket() {
     );
     let after = reconcile(&b, voucher, false).await.unwrap();
     assert!(after.discrepancies.is_empty(), "{after:?}");
+
+    // A malformed entry in bucket 1's stream is dead-lettered there, and the operator's
+    // tools find it there.
+    let b1 = Bucket::all(voucher, 3).nth(1).unwrap();
+    let _: String = ctx
+        .conn()
+        .xadd(
+            VoucherKeys::new(b1).orders,
+            "*",
+            &[("order_id", "not-a-number")],
+        )
+        .await
+        .unwrap();
+    ctx.drain(ctx.drainer_config()).await;
+    let letters = seckill_cli::ops::dead_letters::list(&b, voucher)
+        .await
+        .unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].bucket, b1);
+    assert!(letters[0].not_replayable.is_some());
+    let s = seckill_cli::ops::status::voucher_status(&b, voucher)
+        .await
+        .unwrap();
+    assert_eq!(s.dead_letters, 1);
+    let found = reconcile(&b, voucher, false).await.unwrap();
+    assert!(found.class(class::DEAD_LETTERED).is_some(), "{found:?}");
 }

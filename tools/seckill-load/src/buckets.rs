@@ -111,15 +111,14 @@ pub struct BucketsReport {
 }
 
 impl BucketsReport {
-    /// ECPUs per admission with `buckets` buckets (measured k, else the nearest
-    /// measured): Redis CPU per admission over a SET's, both with their network I/O
-    /// (ElastiCache bills vCPU time against a small SET's).
-    pub fn ecpu_per_admission(&self, buckets: u16) -> Option<f64> {
+    /// ECPUs per admission: Redis CPU per admission over a SET's, both with their network
+    /// I/O (ElastiCache bills vCPU time against a small SET's). Taken from the run with
+    /// the fewest buckets: every bucket runs the same script, and on one machine the runs
+    /// with more buckets also pay for several busy Redis processes sharing its cores,
+    /// which a service giving each slot its own share does not.
+    pub fn ecpu_per_admission(&self, _buckets: u16) -> Option<f64> {
         let set = self.set_us.filter(|s| *s > 0.0)?;
-        let run = self
-            .runs
-            .iter()
-            .min_by_key(|r| r.buckets.abs_diff(buckets))?;
+        let run = self.runs.iter().min_by_key(|r| r.buckets)?;
         Some(run.run.cpu.as_ref()?.redis_us_per_attempt? / set)
     }
 

@@ -644,7 +644,9 @@ pub fn results_markdown(r: &Results, rows: &[Row], svg_link: &str) -> String {
         if let Some(set) = b.set_us {
             let _ = writeln!(
                 s,
-                "\nCeiling on paper for one voucher on ElastiCache Serverless: a slot serves at most 30,000 ECPU/s; a SET sent alone cost Redis {set:.2} µs of CPU here, network I/O included (1 ECPU), so an admission costs its Redis CPU / {set:.2} µs ECPUs, and k buckets in k slots give k times one slot's ceiling:\n"
+                "\nCeiling on paper for one voucher on ElastiCache Serverless: a slot serves at most 30,000 ECPU/s; a SET sent alone cost Redis {set:.2} µs of CPU here, network I/O included (1 ECPU), so an admission of the run with the fewest buckets costs its Redis CPU / {set:.2} µs = {} ECPU, and k buckets in k slots give k times one slot's ceiling:\n",
+                b.ecpu_per_admission(1)
+                    .map_or("?".into(), |e| format!("{e:.1}"))
             );
             s.push_str(
                 "| buckets | ECPU per admission | admissions/s per voucher |\n|---:|---:|---:|\n",

@@ -3,7 +3,7 @@
 //! drainer to write like any admission; those that would fail again are refused.
 
 use order_drainer::plan::parse_entry;
-use seckill_shared::domain::{DeadLetter, VoucherId};
+use seckill_shared::domain::{Bucket, DeadLetter, VoucherId};
 use seckill_shared::protocol::fields;
 use serde::Serialize;
 
@@ -28,14 +28,23 @@ pub struct DeadLetterView {
     /// The dead letter itself, what a replay writes back.
     #[serde(skip)]
     pub dead: DeadLetter,
+    /// The stock bucket whose streams hold it (`<voucher>` or `<voucher>.<b>.<salt>`).
+    #[serde(skip)]
+    pub bucket: Bucket,
 }
 
-/// Every dead letter of the voucher, with why it failed and whether it can be replayed.
+/// Every dead letter of the voucher (of every stock bucket), with why it failed and
+/// whether it can be replayed.
 pub async fn list(b: &Backends, voucher: VoucherId) -> anyhow::Result<Vec<DeadLetterView>> {
     let db_voucher = b.voucher(voucher).await?;
-    let all = b.streams.dead_letters(voucher).await.redis()?;
+    let k = db_voucher.as_ref().map_or(1, |v| v.buckets);
+    let mut all = Vec::new();
+    for bucket in Bucket::all(voucher, k) {
+        let letters = b.streams.dead_letters(bucket).await.redis()?;
+        all.extend(letters.into_iter().map(|d| (bucket, d)));
+    }
     let mut out = Vec::with_capacity(all.len());
-    for dead in all {
+    for (bucket, dead) in all {
         let (in_database, refusal) = match parse_entry(voucher, &dead.entry) {
             Err(reason) => (None, Some(format!("would fail again: {}", reason.text()))),
             Ok(order) => {
@@ -74,6 +83,7 @@ pub async fn list(b: &Backends, voucher: VoucherId) -> anyhow::Result<Vec<DeadLe
             in_database,
             not_replayable: refusal.or(no_voucher),
             dead,
+            bucket,
         });
     }
     Ok(out)
@@ -119,7 +129,7 @@ pub async fn replay(
         }
         let dead = &v.dead;
         out.push(
-            match b.streams.replay_dead_letter(voucher, dead).await.redis()? {
+            match b.streams.replay_dead_letter(v.bucket, dead).await.redis()? {
                 Some(entry_id) => Replay::Replayed {
                     id,
                     entry_id,
