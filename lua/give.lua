@@ -16,6 +16,11 @@
 -- Returns {given, open}: the units moved now (0 when the donor has none, or -1 when its
 -- sale is not loaded), and how many transfers of this donor were still open before this
 -- one (units on their way somewhere: a caller must not call the voucher sold out then).
+--
+-- Safe to run twice with one transfer id (the client sends a script again when the
+-- connection dropped after it ran): a transfer already recorded is answered with its
+-- units, never given again. (A record is deleted only after its units arrived, by the
+-- caller that gave them, after this call returned.)
 
 -- Shared with Rust (shared/src/protocol.rs; its test checks that the two agree).
 local NOT_LOADED = -1
@@ -24,6 +29,10 @@ local STOCK = 'stock'
 local SENTINEL = '~'
 
 local open = redis.call('HLEN', KEYS[2]) - redis.call('HEXISTS', KEYS[2], SENTINEL)
+local recorded = redis.call('HGET', KEYS[2], ARGV[1])
+if recorded then
+  return {tonumber(string.match(recorded, ' (%d+) ')), open - 1}
+end
 local stock = tonumber(redis.call('HGET', KEYS[1], STOCK))
 if stock == nil then
   return {NOT_LOADED, open}

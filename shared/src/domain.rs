@@ -72,6 +72,12 @@ impl fmt::Display for VoucherId {
 /// The most stock buckets one voucher may have (issue #16; see [`Bucket`]).
 pub const MAX_BUCKETS: u16 = 16;
 
+/// Admissions per second one bucket is planned for when an admin gives an expected peak
+/// rate instead of a bucket count: two thirds of one ElastiCache Serverless slot's
+/// ceiling on paper (about 15,000 admissions/s, docs/benchmarks.md, "One hot voucher
+/// over stock buckets"), leaving room for the retries and lookups of a sale.
+pub const PLANNED_ADMISSIONS_PER_BUCKET: i64 = 10_000;
+
 /// One stock bucket of a voucher: a part of its stock with its own Redis keys, in a
 /// hash slot of its own, so one hot voucher can use several cluster primaries.
 ///
@@ -414,11 +420,32 @@ impl NewVoucher {
         })
     }
 
-    /// Sets the stock buckets an admin asked for: 1..=[`MAX_BUCKETS`], and at most the
-    /// stock (every bucket starts with at least one unit).
-    pub fn with_buckets(mut self, buckets: Option<i64>) -> Result<NewVoucher, ValidationError> {
-        let Some(k) = buckets else {
-            return Ok(self);
+    /// Sets the stock buckets an admin asked for, given as a count (`buckets`,
+    /// 1..=[`MAX_BUCKETS`]) or as the admissions per second expected at the sale's peak
+    /// (`expected_peak_per_s`: one bucket per [`PLANNED_ADMISSIONS_PER_BUCKET`], at most
+    /// [`MAX_BUCKETS`]), not both; never more buckets than units (every bucket starts
+    /// with at least one).
+    pub fn with_buckets(
+        mut self,
+        buckets: Option<i64>,
+        expected_peak_per_s: Option<i64>,
+    ) -> Result<NewVoucher, ValidationError> {
+        let k = match (buckets, expected_peak_per_s) {
+            (None, None) => return Ok(self),
+            (Some(_), Some(_)) => {
+                return Err(invalid("give buckets or expected_peak_per_s, not both"));
+            }
+            (None, Some(peak)) if !(1..=MAX_STOCK * 100).contains(&peak) => {
+                return Err(invalid(format!(
+                    "expected_peak_per_s must be between 1 and {}",
+                    MAX_STOCK * 100
+                )));
+            }
+            (None, Some(peak)) => {
+                let k = (peak + PLANNED_ADMISSIONS_PER_BUCKET - 1) / PLANNED_ADMISSIONS_PER_BUCKET;
+                k.clamp(1, i64::from(MAX_BUCKETS)).min(self.stock)
+            }
+            (Some(k), None) => k,
         };
         if !(1..=i64::from(MAX_BUCKETS)).contains(&k) {
             return Err(invalid(format!(
@@ -605,6 +632,31 @@ mod tests {
             assert!(bad.parse::<Bucket>().is_err(), "{bad}");
         }
         assert!(Bucket::new(v, 4, 4).is_none());
+        // From an expected peak: one bucket per 10,000 admissions/s, 1..=16, <= stock.
+        let new = |stock| {
+            NewVoucher::parse(
+                "t",
+                stock,
+                "2026-01-01T00:00:00Z",
+                "2999-01-01T00:00:00Z",
+                0,
+            )
+            .unwrap()
+        };
+        let k = |stock, peak| new(stock).with_buckets(None, Some(peak)).map(|n| n.buckets);
+        assert_eq!(k(1_000, 1), Ok(1));
+        assert_eq!(k(1_000, 10_000), Ok(1));
+        assert_eq!(k(1_000, 10_001), Ok(2));
+        assert_eq!(k(1_000, 45_000), Ok(5));
+        assert_eq!(k(1_000, 10_000_000), Ok(16));
+        assert_eq!(k(3, 90_000), Ok(3));
+        assert!(k(1_000, 0).is_err());
+        assert!(new(1_000).with_buckets(Some(2), Some(20_000)).is_err());
+        assert!(new(10).with_buckets(Some(11), None).is_err());
+        assert_eq!(
+            new(1_000).with_buckets(Some(16), None).map(|n| n.buckets),
+            Ok(16)
+        );
         assert!(Bucket::new(v, 1, MAX_BUCKETS + 1).is_none());
         // FNV-1a 64 of "u1" is 0x08c47b07b56747f3 (a fixed hash: any language can place
         // a buyer the same way).

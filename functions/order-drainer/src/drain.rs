@@ -58,7 +58,7 @@ use futures::StreamExt;
 use seckill_shared::adapters::data_api::DataApi;
 use seckill_shared::adapters::ledger::Ledger;
 use seckill_shared::adapters::order_stream::{OrderStreams, Probe};
-use seckill_shared::adapters::redis::RedisConn;
+use seckill_shared::adapters::redis::{RedisConn, RedisSales};
 use seckill_shared::adapters::transfers;
 use seckill_shared::domain::{AdmittedOrder, Bucket, StreamEntry, VoucherId, now_millis};
 use seckill_shared::error::StoreError;
@@ -287,9 +287,12 @@ impl Drainer {
             .keys()
             .filter(|b| bucketed.contains(&b.voucher()))
             .copied();
+        let sales =
+            RedisSales::new(self.streams.conn().clone()).with_durability(self.cfg.redis.durable);
+        let sales = &sales;
         futures::stream::iter(donors)
             .for_each_concurrent(self.cfg.concurrency, |b| async move {
-                match transfers::finish_open(self.streams.conn(), b).await {
+                match transfers::finish_open(sales, b).await {
                     Ok(0) => {}
                     Ok(units) => {
                         tracing::warn!(bucket = %b, units, "finished transfers a dead caller left")

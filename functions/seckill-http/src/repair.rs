@@ -75,22 +75,26 @@ const REPAIR_POLL: Duration = Duration::from_millis(50);
 pub async fn repair(app: &App, id: VoucherId, now: UnixMillis) -> Result<bool, ApiError> {
     // An id the database does not know is answered 404 without taking a lock (a
     // voucher seen before is known: vouchers can only be deleted before their sale).
-    if app.cache.voucher(id).is_none() {
-        match app.db.voucher(id).await? {
-            Some(v) => app.cache.learn_voucher(&v),
+    let buckets = match app.cache.voucher(id) {
+        Some(v) => v.buckets,
+        None => match app.db.voucher(id).await? {
+            Some(v) => {
+                app.cache.learn_voucher(&v);
+                v.buckets
+            }
             None => {
                 app.cache.learn_missing(id, now);
                 return Ok(false);
             }
-        }
-    }
+        },
+    };
     let sales = app.sales().await?;
     // Who holds it, for someone inspecting Redis; nothing compares it.
     let holder = format!("pid {} at {now}", std::process::id());
     if !sales.try_lock_repair(id, &holder, REPAIR_LOCK_MS).await? {
-        return wait_for_repair(app, sales, id).await;
+        return wait_for_repair(sales, id, buckets).await;
     }
-    let repaired = repair_locked(app, sales, id, now).await;
+    let repaired = repair_locked(app, sales, id, buckets, now).await;
     if let Err(error) = sales.unlock_repair(id).await {
         tracing::warn!(%error, "repair lock not released; it expires by itself");
     }
@@ -98,8 +102,11 @@ pub async fn repair(app: &App, id: VoucherId, now: UnixMillis) -> Result<bool, A
 }
 
 /// Waits for another instance's repair to bring the sale back (every bucket of it).
-async fn wait_for_repair(app: &App, sales: &RedisSales, id: VoucherId) -> Result<bool, ApiError> {
-    let buckets = app.cache.voucher(id).map_or(1, |v| v.buckets);
+async fn wait_for_repair(
+    sales: &RedisSales,
+    id: VoucherId,
+    buckets: u16,
+) -> Result<bool, ApiError> {
     let deadline = now_millis() + REPAIR_WAIT_MS;
     'poll: while now_millis() < deadline {
         tokio::time::sleep(REPAIR_POLL).await;
@@ -122,9 +129,9 @@ async fn repair_locked(
     app: &App,
     sales: &RedisSales,
     id: VoucherId,
+    k: u16,
     now: UnixMillis,
 ) -> Result<bool, ApiError> {
-    let k = app.cache.voucher(id).map_or(1, |v| v.buckets);
     // A bucket can go missing while this runs, but none comes back (a repair holds the
     // lock): the buckets found live here stay counted as live.
     let mut missing = Vec::new();
@@ -174,8 +181,18 @@ async fn repair_locked(
     // the sale still has. With one bucket, or every bucket lost, it all goes to bucket 0
     // (the others reopen empty and borrow from it). With other buckets still live, their
     // stock cannot be read together with the database's, so a lost bucket reopens empty:
-    // its units are stranded, never sold twice (README, "Promises").
+    // its units are stranded, never sold twice (README, "Promises"). Except before
+    // anything was sold (no buyer in any bucket, no order in the database: a preload
+    // that stopped part-way, or a loss before the sale began): then each missing bucket
+    // gets its share, as the preload would have given it.
     let all_lost = missing.len() == usize::from(k);
+    let mut pristine = k > 1 && settled.values().sum::<u64>() == 0;
+    for b in Bucket::all(id, k) {
+        if !pristine {
+            break;
+        }
+        pristine = sales.buyer_count(b).await? == 0;
+    }
     let mut bucket0_stock = if all_lost { voucher.db_stock_left } else { 0 };
     if all_lost {
         for b in missing.iter().filter(|b| b.index() > 0) {
@@ -188,7 +205,11 @@ async fn repair_locked(
     }
     // Bucket 0 last: instances that never saw the voucher look for it first.
     for b in missing.iter().rev() {
-        let stock = if b.index() == 0 { bucket0_stock } else { 0 };
+        let stock = match (pristine, b.index()) {
+            (true, _) => b.share(voucher.stock, k),
+            (false, 0) => bucket0_stock,
+            (false, _) => 0,
+        };
         let settled = settled.get(b).copied().unwrap_or(0);
         match sales.reopen_bucket(&voucher, *b, stock, settled).await? {
             Reopen::Created => tracing::warn!(

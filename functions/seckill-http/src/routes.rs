@@ -247,6 +247,10 @@ struct CreateVoucherBody {
     /// slots, so one hot sale can use several cluster primaries.
     #[serde(default)]
     buckets: Option<i64>,
+    /// Instead of `buckets`: the admissions per second expected at the sale's peak, from
+    /// which the buckets are chosen (one per 10,000/s, at most 16).
+    #[serde(default)]
+    expected_peak_per_s: Option<i64>,
 }
 
 /// `POST /vouchers` (admin): writes the database, then preloads Redis.
@@ -272,7 +276,7 @@ async fn create_voucher(app: &App, req: &Request) -> Result<Response<Body>, ApiE
         &input.ends_at,
         now,
     )?
-    .with_buckets(input.buckets)?;
+    .with_buckets(input.buckets, input.expected_peak_per_s)?;
     new.payment = PaymentTerms::parse(input.pay_within_s, input.rebuy_after_close)?;
     let voucher = app.db.create_voucher(&new).await?;
     tracing::info!(
@@ -356,7 +360,10 @@ async fn seckill(app: &App, req: &Request, id: VoucherId) -> Result<Response<Bod
                 app.cache.learn_buckets(id, k);
                 k
             }
-            None if repair(app, id, now).await? => app.cache.voucher(id).map_or(1, |v| v.buckets),
+            None if repair(app, id, now).await? => match app.cache.voucher(id) {
+                Some(v) => v.buckets,
+                None => sales.sale_buckets(id).await?.unwrap_or(1),
+            },
             None => return Err(not_found_voucher(id)),
         },
     };
@@ -448,7 +455,7 @@ async fn borrow_and_admit(
     }
     for round in 0..MAX_BORROW_ROUNDS {
         let id = transfers::transfer_id(order_id, round);
-        let borrowed = transfers::borrow(&conn, buckets, bucket, &id).await?;
+        let borrowed = transfers::borrow(sales, buckets, bucket, &id).await?;
         if borrowed.units == 0 {
             let moving = borrowed.open > 0 || borrowed.missing > 0;
             if moving || transfers::units_anywhere(&conn, voucher, buckets).await? > 0 {
@@ -605,8 +612,11 @@ async fn close_order(
         // The unit is back on sale (in the buyer's bucket): this instance must not keep
         // answering sold out, nor may the voucher's sold-out mark stay.
         app.cache.forget_sold_out(voucher);
-        if described.buckets > 1 {
-            transfers::clear_sold_out(&sales.conn(), voucher).await?;
+        if described.buckets > 1
+            && let Err(error) = transfers::clear_sold_out(&sales.conn(), voucher).await
+        {
+            // The close stands; the mark expires by itself within seconds.
+            tracing::warn!(%error, "sold-out mark not cleared after a returned unit");
         }
     }
     match (&action, closed.status) {

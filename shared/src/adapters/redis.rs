@@ -388,6 +388,11 @@ impl RedisSales {
         self.conn.clone()
     }
 
+    /// The durability admissions wait for (`None`: replication stays asynchronous).
+    pub fn durable(&self) -> Option<Durable> {
+        self.durable
+    }
+
     /// The connection, borrowed.
     pub fn conn_ref(&self) -> &RedisConn {
         &self.conn
@@ -453,7 +458,9 @@ impl RedisSales {
 
     /// Runs a script that writes; in durable mode with a `WAIT` in the same pipeline
     /// (see [`Self::admit`]), returning how many replicas acknowledged it.
-    async fn invoke_durable<T: redis::FromRedisValue>(
+    ///
+    /// [`Self::durable`] says whether that count is enough.
+    pub(crate) async fn invoke_durable<T: redis::FromRedisValue>(
         &self,
         call: &redis::ScriptInvocation<'_>,
     ) -> Result<(T, Option<u32>), StoreError> {

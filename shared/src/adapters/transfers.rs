@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use redis::{AsyncCommands, Script};
 
-use super::redis::RedisConn;
+use super::redis::{RedisConn, RedisSales};
 use crate::domain::{Bucket, OrderId, UnixMillis, VoucherId, now_millis};
 use crate::error::StoreError;
 use crate::keys::{self, VoucherKeys};
@@ -52,8 +52,13 @@ pub struct Borrowed {
 /// Borrows for `to` from the other buckets of its voucher (`buckets` in all), asking
 /// each in turn from the next one on, until one gives units. `transfer` must be unique
 /// per call (a transfer id is received once: reusing one would drop units).
+///
+/// In durable mode each step waits for the replicas like an admission, and the next
+/// step starts only once the one before is held: a give the replicas did not take is
+/// left to the drainer (whose take then waits too), so a failover can undo a step but
+/// never leave units both in their recipient and back in their donor.
 pub async fn borrow(
-    conn: &RedisConn,
+    sales: &RedisSales,
     buckets: u16,
     to: Bucket,
     transfer: &str,
@@ -65,20 +70,17 @@ pub async fn borrow(
             continue;
         };
         let k = VoucherKeys::new(donor);
-        let (given, open): (i64, u64) = GIVE
-            .key(&k.sale)
-            .key(&k.transfers)
-            .arg(transfer)
-            .arg(to.to_string())
-            .invoke_async(&mut conn.clone())
-            .await?;
+        let mut call = GIVE.key(&k.sale);
+        call.key(&k.transfers).arg(transfer).arg(to.to_string());
+        let ((given, open), acked): ((i64, u64), _) = sales.invoke_durable(&call).await?;
+        held(sales, acked, "give")?;
         out.open += open;
         if given == transfer::NOT_LOADED {
             out.missing += 1;
             continue;
         }
         if given > 0 {
-            if deliver(conn, donor, to, transfer, given).await? {
+            if deliver(sales, donor, to, transfer, given).await? {
                 out.units = given;
             }
             return Ok(out);
@@ -87,27 +89,40 @@ pub async fn borrow(
     Ok(out)
 }
 
+/// An error unless the replicas that acknowledged a step are enough (durable mode).
+fn held(sales: &RedisSales, acked: Option<u32>, step: &str) -> Result<(), StoreError> {
+    match (sales.durable(), acked) {
+        (Some(d), Some(acked)) if !d.held_by(acked) => Err(StoreError::Unavailable {
+            backend: "redis",
+            detail: format!(
+                "{step} of a transfer acknowledged by {acked} of {} replica(s); the drainer finishes it",
+                d.replicas
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Adds a recorded transfer to its recipient (at most once) and deletes the donor's
 /// record; false when the recipient's sale is not loaded (the record stays).
 async fn deliver(
-    conn: &RedisConn,
+    sales: &RedisSales,
     donor: Bucket,
     to: Bucket,
     transfer: &str,
     units: i64,
 ) -> Result<bool, StoreError> {
     let k = VoucherKeys::new(to);
-    let taken: i64 = TAKE
-        .key(&k.sale)
-        .key(&k.received)
-        .arg(transfer)
-        .arg(units)
-        .invoke_async(&mut conn.clone())
-        .await?;
+    let mut call = TAKE.key(&k.sale);
+    call.key(&k.received).arg(transfer).arg(units);
+    let (taken, acked): (i64, _) = sales.invoke_durable(&call).await?;
     if taken == transfer::NOT_LOADED {
+        tracing::warn!(%donor, %to, transfer, "a transfer's recipient is not loaded; its record stays");
         return Ok(false);
     }
-    let _: i64 = conn
+    held(sales, acked, "take")?;
+    let _: i64 = sales
+        .conn_ref()
         .clone()
         .hdel(VoucherKeys::new(donor).transfers, transfer)
         .await?;
@@ -139,7 +154,10 @@ pub async fn open_transfers(
             (to.voucher() == donor.voucher() && units > 0).then_some((to, units, at))
         })();
         match parsed {
-            Some((to, units, at)) if now - at >= older_than_ms => out.push((id, to, units, at)),
+            // 0: every record, also one stamped by a server clock ahead of this one.
+            Some((to, units, at)) if older_than_ms <= 0 || now - at >= older_than_ms => {
+                out.push((id, to, units, at))
+            }
             Some(_) => {}
             None => tracing::error!(%donor, id, record, "malformed transfer record left alone"),
         }
@@ -150,10 +168,10 @@ pub async fn open_transfers(
 /// Finishes the transfers `donor` recorded more than [`STALE_TRANSFER_MS`] ago (their
 /// caller died or lost its connection): each is added to its recipient at most once,
 /// then its record is deleted. Returns the units delivered (and already received ones).
-pub async fn finish_open(conn: &RedisConn, donor: Bucket) -> Result<i64, StoreError> {
+pub async fn finish_open(sales: &RedisSales, donor: Bucket) -> Result<i64, StoreError> {
     let mut units = 0;
-    for (id, to, n, _) in open_transfers(conn, donor, STALE_TRANSFER_MS).await? {
-        if deliver(conn, donor, to, &id, n).await? {
+    for (id, to, n, _) in open_transfers(sales.conn_ref(), donor, STALE_TRANSFER_MS).await? {
+        if deliver(sales, donor, to, &id, n).await? {
             units += n;
         }
     }

@@ -275,7 +275,7 @@ async fn units_given_by_a_caller_that_died_are_delivered_once_by_the_drainer() {
     assert_eq!(given, (3, 0));
     assert_eq!(stocks(&ctx, voucher, 2).await, vec![5, 2]);
     // Fresh records are the living callers' to finish.
-    assert_eq!(transfers::finish_open(&ctx.conn(), b1).await.unwrap(), 0);
+    assert_eq!(transfers::finish_open(&ctx.sales, b1).await.unwrap(), 0);
     // Make the record old, as if its caller died seconds ago.
     let record: String = ctx
         .conn()
@@ -619,4 +619,102 @@ async fn reconcile_reads_every_bucket() {
     assert_eq!(s.dead_letters, 1);
     let found = reconcile(&b, voucher, false).await.unwrap();
     assert!(found.class(class::DEAD_LETTERED).is_some(), "{found:?}");
+}
+
+/// Before anything was sold, a bucket missing (a preload that stopped part-way, bucket
+/// 0 last) gets its share back from the repair; a voucher may be created from an
+/// expected peak rate; a give sent twice (a retried script) moves its units once.
+#[tokio::test]
+async fn a_preload_cut_short_a_peak_rate_and_a_retried_give() {
+    let ctx = DrainCtx::start_with(RedisServer::cluster(3, 0)).await;
+    let cfg = test_http_config(ctx.redis.config(), ctx.data_api_config());
+    let app = App::new(&cfg).await;
+    // 25,000 admissions/s at the peak: one bucket per 10,000/s.
+    let voucher = create_with(&app, 30, 3, json!({})).await;
+    let from_peak = {
+        let now = now_millis();
+        let body = json!({
+            "title": "from a peak rate",
+            "stock": 30,
+            "expected_peak_per_s": 25_000,
+            "begins_at": format_rfc3339_millis(now - 1_000),
+            "ends_at": format_rfc3339_millis(now + 3_600_000),
+        });
+        let req = request(
+            "POST",
+            "/vouchers",
+            Some(&token("admin", true)),
+            Some(&body.to_string()),
+            None,
+        );
+        call(&app, req).await
+    };
+    assert_eq!(
+        (from_peak.0, from_peak.1["buckets"].as_u64()),
+        (201, Some(3)),
+        "{}",
+        from_peak.1
+    );
+    let both = json!({"title": "t", "stock": 30, "buckets": 2, "expected_peak_per_s": 1,
+        "begins_at": format_rfc3339_millis(now_millis()), "ends_at": format_rfc3339_millis(now_millis() + 60_000)});
+    let req = request(
+        "POST",
+        "/vouchers",
+        Some(&token("admin", true)),
+        Some(&both.to_string()),
+        None,
+    );
+    assert_eq!(call(&app, req).await.0, 400);
+
+    // The preload stopped before bucket 0: its keys never written.
+    let b0 = VoucherKeys::new(voucher);
+    let _: () = ctx
+        .conn()
+        .del(&[
+            &b0.sale,
+            &b0.buyers,
+            &b0.orders,
+            &b0.deadlines,
+            &b0.closed,
+            &b0.to_settle,
+        ])
+        .await
+        .unwrap();
+    let fresh = App::new(&cfg).await;
+    let (status, body) = buy(&fresh, voucher, "first-buyer").await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(
+        stocks(&ctx, voucher, 3).await.iter().sum::<i64>(),
+        29,
+        "every share back"
+    );
+
+    // A give sent twice with one transfer id.
+    let [_, b1, b2]: [Bucket; 3] = Bucket::all(voucher, 3)
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap();
+    let k1 = VoucherKeys::new(b1);
+    let before = ctx.sales.stock_left(b1).await.unwrap().unwrap();
+    let give = redis::Script::new(include_str!("../../../lua/give.lua"));
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let a: (i64, i64) = give
+            .key(&k1.sale)
+            .key(&k1.transfers)
+            .arg("retried.0")
+            .arg(b2.to_string())
+            .invoke_async(&mut ctx.conn())
+            .await
+            .unwrap();
+        answers.push(a.0);
+    }
+    assert_eq!(
+        answers[0], answers[1],
+        "the retry answers the recorded units"
+    );
+    assert_eq!(
+        ctx.sales.stock_left(b1).await.unwrap().unwrap(),
+        before - answers[0]
+    );
 }

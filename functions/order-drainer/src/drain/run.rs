@@ -11,12 +11,12 @@
 //!   ([`BatchTimer`]), and falls slowly.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use seckill_shared::adapters::order_stream::Probe;
-use seckill_shared::domain::Bucket;
+use seckill_shared::domain::{Bucket, VoucherId};
 use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
@@ -100,6 +100,10 @@ pub(super) struct RunState {
     pub(super) probes: BTreeMap<Bucket, Probe>,
     /// Vouchers this run read, claimed or acked entries of.
     pub(super) touched: BTreeSet<Bucket>,
+    /// One turn per voucher for its database transactions: the buckets of a voucher
+    /// (issue #16) are drained concurrently, but each transaction locks the voucher's
+    /// row (`NOWAIT`), so they take turns in process instead of failing on the lock.
+    pub(super) turns: BTreeMap<VoucherId, Arc<tokio::sync::Mutex<()>>>,
 }
 
 impl Run {
@@ -164,6 +168,12 @@ impl Run {
                     old - (old - took) / 4
                 })
             });
+    }
+
+    /// The turn of `voucher`'s database transactions in this run (see
+    /// [`RunState::turns`]).
+    pub(super) fn turn(&self, voucher: VoucherId) -> Arc<tokio::sync::Mutex<()>> {
+        self.with(|s| s.turns.entry(voucher).or_default().clone())
     }
 
     pub(super) fn failed(&self, voucher: Bucket) -> bool {

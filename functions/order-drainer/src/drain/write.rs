@@ -110,7 +110,15 @@ impl Drainer {
             match self.streams.expire_due(voucher).await {
                 Ok((expired, to_settle)) => {
                     run.count(|s| s.expired += expired);
+                    // Only a voucher with other buckets has a sold-out mark (the survey
+                    // probed them); one of a single bucket costs nothing more.
+                    let bucketed = run.with(|s| {
+                        s.probes
+                            .keys()
+                            .any(|b| b.voucher() == voucher.voucher() && b.index() > 0)
+                    });
                     if expired > 0
+                        && bucketed
                         && let Err(e) =
                             transfers::clear_sold_out(self.streams.conn(), voucher.voucher()).await
                     {
@@ -259,7 +267,12 @@ impl Drainer {
         let (mut raced, mut locked) = (0, 0);
         loop {
             failpoint::hit("before_begin");
-            let attempt = self.attempt(run, voucher, orders, look_up).await?;
+            // The voucher's other buckets wait while this transaction holds its row.
+            let turn = run.turn(voucher.voucher());
+            let held = turn.lock().await;
+            let attempt = self.attempt(run, voucher, orders, look_up).await;
+            drop(held);
+            let attempt = attempt?;
             match attempt {
                 Attempt::Planned(split, _) => return Ok(BatchOutcome::Committed(split)),
                 Attempt::UnknownVoucher => return Ok(BatchOutcome::UnknownVoucher),

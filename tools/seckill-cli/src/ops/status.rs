@@ -101,7 +101,10 @@ pub async fn voucher_status(b: &Backends, voucher: VoucherId) -> anyhow::Result<
                 .sum::<i64>();
         }
     }
-    let active = b.streams.is_active(voucher).await.redis()?;
+    let mut active = true;
+    for bucket in Bucket::all(voucher, buckets) {
+        active &= b.streams.is_active(bucket).await.redis()?;
+    }
     let counts = b.db.order_status_counts(voucher).await.db()?;
     let of = |st: OrderStatus| counts.get(&st).copied().unwrap_or(0);
     let (awaiting_payment, paid) = (of(OrderStatus::AwaitingPayment), of(OrderStatus::Paid));
