@@ -124,11 +124,7 @@ impl Bucket {
             h = h.wrapping_mul(0x0100_0000_01b3);
         }
         let index = (h % u64::from(buckets)) as u16;
-        Bucket {
-            voucher,
-            index,
-            salt: crate::keys::bucket_salt(voucher, index, buckets),
-        }
+        Bucket::new(voucher, index, buckets).unwrap_or(Bucket::from(voucher))
     }
     /// The units this bucket starts with when a voucher of `stock` units has `buckets`
     /// buckets: the stock split as evenly as it goes, the first buckets one more.

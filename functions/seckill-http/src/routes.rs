@@ -355,11 +355,8 @@ async fn seckill(app: &App, req: &Request, id: VoucherId) -> Result<Response<Bod
     // requests for made-up voucher ids lease nothing and write nothing.
     let buckets = match buckets {
         Some(k) => k,
-        None => match sales.sale_buckets(id).await? {
-            Some(k) => {
-                app.cache.learn_buckets(id, k);
-                k
-            }
+        None => match sale_buckets(app, sales, id).await? {
+            Some(k) => k,
             None if repair(app, id, now).await? => match app.cache.voucher(id) {
                 Some(v) => v.buckets,
                 None => sales.sale_buckets(id).await?.unwrap_or(1),
@@ -458,13 +455,13 @@ async fn borrow_and_admit(
         let borrowed = transfers::borrow(sales, buckets, bucket, &id).await?;
         if borrowed.units == 0 {
             let moving = borrowed.open > 0 || borrowed.missing > 0;
-            if moving || transfers::units_anywhere(&conn, voucher, buckets).await? > 0 {
+            if moving || transfers::units(&conn, voucher, buckets).await?.total() > 0 {
                 // Units on their way, or landed where this round did not look (its own
                 // bucket included): wait for them to settle, then try again.
                 tokio::time::sleep(TRANSIT_WAIT).await;
             } else {
                 tokio::time::sleep(TRANSIT_WAIT).await;
-                if transfers::units_anywhere(&conn, voucher, buckets).await? == 0 {
+                if transfers::units(&conn, voucher, buckets).await?.total() == 0 {
                     transfers::mark_sold_out(&conn, voucher).await?;
                     return Ok((reply, true));
                 }
@@ -784,13 +781,32 @@ async fn voucher_of(
 /// not know: nothing is found there either).
 async fn buyer_bucket(app: &App, voucher: VoucherId, user: &UserId) -> Result<Bucket, ApiError> {
     let now = now_millis();
+    // This instance's memory, else bucket 0's sale hash (one Redis read, as an
+    // admission makes), else the database.
     let buckets = match app.cache.look(voucher, now).1 {
         Some(k) => k,
-        None => voucher_of(app, voucher, now)
-            .await?
-            .map_or(1, |v| v.buckets),
+        None => match sale_buckets(app, app.sales().await?, voucher).await? {
+            Some(k) => k,
+            None => voucher_of(app, voucher, now)
+                .await?
+                .map_or(1, |v| v.buckets),
+        },
     };
     Ok(Bucket::of_user(voucher, buckets, user.as_str()))
+}
+
+/// The voucher's stock buckets as bucket 0's sale hash records them, remembered by this
+/// instance; `None` when Redis does not have the sale.
+async fn sale_buckets(
+    app: &App,
+    sales: &RedisSales,
+    voucher: VoucherId,
+) -> Result<Option<u16>, ApiError> {
+    let found = sales.sale_buckets(voucher).await?;
+    if let Some(k) = found {
+        app.cache.learn_buckets(voucher, k);
+    }
+    Ok(found)
 }
 
 fn not_found_voucher(id: VoucherId) -> ApiError {

@@ -146,13 +146,7 @@ pub async fn open_transfers(
         if id == DEADLINES_SENTINEL {
             continue;
         }
-        let mut parts = record.split(' ');
-        let parsed = (|| {
-            let to: Bucket = parts.next()?.parse().ok()?;
-            let units: i64 = parts.next()?.parse().ok()?;
-            let at: i64 = parts.next()?.parse().ok()?;
-            (to.voucher() == donor.voucher() && units > 0).then_some((to, units, at))
-        })();
+        let parsed = parse_record(&record).filter(|r| r.0.voucher() == donor.voucher());
         match parsed {
             // 0: every record, also one stamped by a server clock ahead of this one.
             Some((to, units, at)) if older_than_ms <= 0 || now - at >= older_than_ms => {
@@ -178,16 +172,31 @@ pub async fn finish_open(sales: &RedisSales, donor: Bucket) -> Result<i64, Store
     Ok(units)
 }
 
-/// Units anywhere in the voucher: every bucket's stock and the units of its open
-/// transfer records (one round trip per bucket, all at once; a bucket whose sale is not
-/// loaded counts 0). A unit given by a donor is in the donor's record until its
-/// recipient's stock has it, so one bucket's read never misses a unit moving out of it;
-/// a unit moving between two buckets read at different instants can still be missed.
-pub async fn units_anywhere(
+/// Where a voucher's units are in Redis: in its buckets' stock, or on their way between
+/// two buckets (in a donor's open transfer records).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Units {
+    pub stock: i64,
+    pub in_transit: i64,
+}
+
+impl Units {
+    /// Every unit Redis can still sell.
+    pub fn total(self) -> i64 {
+        self.stock + self.in_transit
+    }
+}
+
+/// The voucher's units over every bucket (one round trip per bucket, all at once; a
+/// bucket whose sale is not loaded counts 0). A unit given by a donor is in the donor's
+/// record until its recipient's stock has it, so one bucket's read never misses a unit
+/// moving out of it; a unit moving between two buckets read at different instants can
+/// still be missed.
+pub async fn units(
     conn: &RedisConn,
     voucher: VoucherId,
     buckets: u16,
-) -> Result<i64, StoreError> {
+) -> Result<Units, StoreError> {
     let each = futures::future::try_join_all(Bucket::all(voucher, buckets).map(|b| async move {
         let k = VoucherKeys::new(b);
         let (stock, records): (Option<i64>, Vec<String>) = redis::pipe()
@@ -195,14 +204,31 @@ pub async fn units_anywhere(
             .hvals(&k.transfers)
             .query_async(&mut conn.clone())
             .await?;
-        let moving: i64 = records
+        let in_transit = records
             .iter()
-            .filter_map(|r| r.split(' ').nth(1)?.parse::<i64>().ok())
+            .filter_map(|r| parse_record(r))
+            .map(|r| r.1)
             .sum();
-        Ok::<i64, StoreError>(stock.unwrap_or(0).max(0) + moving)
+        Ok::<Units, StoreError>(Units {
+            stock: stock.unwrap_or(0).max(0),
+            in_transit,
+        })
     }))
     .await?;
-    Ok(each.iter().sum())
+    Ok(each.iter().fold(Units::default(), |a, u| Units {
+        stock: a.stock + u.stock,
+        in_transit: a.in_transit + u.in_transit,
+    }))
+}
+
+/// A transfer record (`<recipient> <units> <given at ms>`, written by `lua/give.lua`);
+/// `None` for the sentinel or anything malformed.
+fn parse_record(record: &str) -> Option<(Bucket, i64, UnixMillis)> {
+    let mut parts = record.split(' ');
+    let to: Bucket = parts.next()?.parse().ok()?;
+    let units: i64 = parts.next()?.parse().ok()?;
+    let at: i64 = parts.next()?.parse().ok()?;
+    (units > 0).then_some((to, units, at))
 }
 
 /// Whether the voucher's sold-out mark is set.

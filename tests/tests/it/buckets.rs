@@ -103,6 +103,20 @@ async fn drain_all(ctx: &DrainCtx, voucher: VoucherId, expected: usize) {
     }
 }
 
+/// `lua/give.lua` alone from `donor` to `to`, as a mover that then died leaves it:
+/// (units given, transfers open before).
+async fn give(ctx: &DrainCtx, donor: Bucket, to: Bucket, id: &str) -> (i64, i64) {
+    let k = VoucherKeys::new(donor);
+    redis::Script::new(include_str!("../../../lua/give.lua"))
+        .key(&k.sale)
+        .key(&k.transfers)
+        .arg(id)
+        .arg(to.to_string())
+        .invoke_async(&mut ctx.conn())
+        .await
+        .unwrap()
+}
+
 /// One answer a buyer got: status, code, order id, when the request started and ended.
 #[derive(Debug, Clone)]
 struct Answer {
@@ -264,15 +278,7 @@ async fn units_given_by_a_caller_that_died_are_delivered_once_by_the_drainer() {
     assert_eq!(stocks(&ctx, voucher, 2).await, vec![5, 5]);
     // The give alone, as a caller that died right after it would leave it.
     let k1 = VoucherKeys::new(b1);
-    let given: (i64, i64) = redis::Script::new(include_str!("../../../lua/give.lua"))
-        .key(&k1.sale)
-        .key(&k1.transfers)
-        .arg("dead-caller.0")
-        .arg(b0.to_string())
-        .invoke_async(&mut ctx.conn())
-        .await
-        .unwrap();
-    assert_eq!(given, (3, 0));
+    assert_eq!(give(&ctx, b1, b0, "dead-caller.0").await, (3, 0));
     assert_eq!(stocks(&ctx, voucher, 2).await, vec![5, 2]);
     // Fresh records are the living callers' to finish.
     assert_eq!(transfers::finish_open(&ctx.sales, b1).await.unwrap(), 0);
@@ -694,20 +700,10 @@ async fn a_preload_cut_short_a_peak_rate_and_a_retried_give() {
         .collect::<Vec<_>>()
         .try_into()
         .unwrap();
-    let k1 = VoucherKeys::new(b1);
     let before = ctx.sales.stock_left(b1).await.unwrap().unwrap();
-    let give = redis::Script::new(include_str!("../../../lua/give.lua"));
     let mut answers = Vec::new();
     for _ in 0..2 {
-        let a: (i64, i64) = give
-            .key(&k1.sale)
-            .key(&k1.transfers)
-            .arg("retried.0")
-            .arg(b2.to_string())
-            .invoke_async(&mut ctx.conn())
-            .await
-            .unwrap();
-        answers.push(a.0);
+        answers.push(give(&ctx, b1, b2, "retried.0").await.0);
     }
     assert_eq!(
         answers[0], answers[1],

@@ -261,33 +261,17 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
     // dead letters whose order is not in the database (they may be replayed).
     let not_in_db = |orders: &HashSet<OrderId>| orders.difference(&db_ids).count();
     let owed = not_in_db(&undrained_orders) + lost.len() + not_in_db(&dead_orders);
-    // Redis's stock: every bucket's, and the units on their way between two of them.
-    let mut sale_stock = b
-        .sales
-        .sale_state(voucher)
-        .await
-        .redis()?
-        .and_then(|s| s.stock);
-    for bk in buckets.iter().filter(|bk| bk.index() > 0) {
-        let stock = b.sales.stock_left(*bk).await.redis()?.unwrap_or(0);
-        let moving: i64 = transfers::open_transfers(b.sales.conn_ref(), *bk, 0)
-            .await
-            .redis()?
-            .iter()
-            .map(|t| t.2)
-            .sum();
-        sale_stock = sale_stock.map(|s| s + stock + moving);
-    }
-    if k > 1
-        && let Some(s) = sale_stock.as_mut()
-    {
-        *s += transfers::open_transfers(b.sales.conn_ref(), voucher.into(), 0)
-            .await
-            .redis()?
-            .iter()
-            .map(|t| t.2)
-            .sum::<i64>();
-    }
+    // Redis's stock: every bucket's, and the units on their way between two of them
+    // (none without bucket 0's sale).
+    let sale_stock = match b.sales.stock_left(voucher).await.redis()? {
+        Some(_) => Some(
+            transfers::units(b.sales.conn_ref(), voucher, k)
+                .await
+                .redis()?
+                .total(),
+        ),
+        None => None,
+    };
     let redis_stock = db_left
         .filter(|_| report.closes_to_settle == 0)
         .zip(sale_stock)

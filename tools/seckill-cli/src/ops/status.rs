@@ -63,7 +63,6 @@ pub async fn voucher_status(b: &Backends, voucher: VoucherId) -> anyhow::Result<
     let sale = b.sales.sale_state(voucher).await.redis()?;
     let buckets = db_voucher.as_ref().map_or(1, |v| v.buckets);
     // Every bucket's Redis numbers, added up (a voucher of one bucket: its own).
-    let mut stock_left_redis = sale.and_then(|s| s.stock);
     let mut admitted = 0;
     let mut stats = StreamStats {
         fully_delivered: true,
@@ -72,13 +71,7 @@ pub async fn voucher_status(b: &Backends, voucher: VoucherId) -> anyhow::Result<
     };
     let mut oldest: Option<String> = None;
     let mut dead_letters = 0;
-    let mut in_transit = 0;
     for bucket in Bucket::all(voucher, buckets) {
-        if bucket.index() > 0
-            && let Some(s) = b.sales.sale_state(bucket).await.redis()?
-        {
-            stock_left_redis = Some(stock_left_redis.unwrap_or(0) + s.stock.unwrap_or(0));
-        }
         admitted += b.sales.buyer_count(bucket).await.redis()?;
         let one = b.streams.stats(bucket).await.redis()?.unwrap_or_default();
         stats.length += one.length;
@@ -92,15 +85,13 @@ pub async fn voucher_status(b: &Backends, voucher: VoucherId) -> anyhow::Result<
             oldest = Some(id);
         }
         dead_letters += b.streams.dead_letter_count(bucket).await.redis()?;
-        if buckets > 1 {
-            in_transit += transfers::open_transfers(b.sales.conn_ref(), bucket, 0)
-                .await
-                .redis()?
-                .iter()
-                .map(|t| t.2)
-                .sum::<i64>();
-        }
     }
+    // Stock and units on their way over every bucket (none without bucket 0's sale).
+    let units = transfers::units(b.sales.conn_ref(), voucher, buckets)
+        .await
+        .redis()?;
+    let stock_left_redis = sale.and_then(|s| s.stock).map(|_| units.stock);
+    let in_transit = units.in_transit;
     let mut active = true;
     for bucket in Bucket::all(voucher, buckets) {
         active &= b.streams.is_active(bucket).await.redis()?;
