@@ -12,7 +12,7 @@
 //!    by page, following the cursor to its end; each page is processed like a batch.
 //! 3. **Drain**: up to `DRAINER_CONCURRENCY` vouchers at once, largest backlog first,
 //!    XREADGROUP `>` in batches (up to [`BATCHES_PER_TURN`] per voucher per turn, the
-//!    next read while the current batch commits). Vouchers with work, and open sales
+//!    next read while the database writes the current batch). Vouchers with work, and open sales
 //!    when there are few, are polled every `DRAINER_IDLE_POLL_MS`; every
 //!    [`MAINTENANCE_EVERY`] the whole set is surveyed again.
 //! 4. **Finish**: trim the streams it acked, measure what is left, retire sales that are
@@ -314,9 +314,14 @@ impl Drainer {
     /// Reads and processes one voucher's new entries, batch after batch; true when there
     /// were any.
     ///
-    /// While a full batch is being committed, the next one is read, so Redis and the
-    /// database work at the same time instead of in turn; but only when both batches
-    /// are expected to end before `stop_at`. A batch read ahead is always processed.
+    /// Up to two batches are in flight: while the database writes one, the next is read
+    /// and begins its transaction, so Redis, the Data API round trips and the database
+    /// work at the same time instead of in turn. The batches still write the voucher's
+    /// row one after the other ([`Run::turn`]): the second locks it as soon as the first
+    /// commits, while the first forgets its transaction and acks. The next read waits
+    /// until the batch before holds the row and has made its own Redis calls before the
+    /// insert ([`Run::read_ahead_gate`]). A batch is read ahead only when it is expected
+    /// to end before `stop_at`, and a batch read is always processed.
     async fn drain_batches(&self, run: &Run, voucher: Bucket) -> bool {
         if !run.fits(1) {
             return false;
@@ -325,22 +330,38 @@ impl Drainer {
         let Some(mut entries) = self.accept_read(run, voucher, first).await else {
             return false;
         };
+        let mut in_flight = futures::stream::FuturesUnordered::new();
         for turn in 1..=BATCHES_PER_TURN {
             let read_ahead =
                 entries.len() >= self.cfg.batch_size && turn < BATCHES_PER_TURN && run.fits(2);
-            if !read_ahead {
+            let gate = run.read_ahead_gate(voucher);
+            let opened = gate.clone();
+            in_flight.push(async move {
                 self.process(run, voucher, entries, true).await;
+                // Opened at the latest when the batch is over, whatever happened.
+                opened.notify_one();
+            });
+            if !read_ahead {
                 break;
             }
-            let (_, next) = tokio::join!(
-                self.process(run, voucher, entries, true),
-                self.read_new(voucher, &run.consumer)
-            );
+            let read = async {
+                gate.notified().await;
+                self.read_new(voucher, &run.consumer).await
+            };
+            tokio::pin!(read);
+            // The batches in flight go on while the next one is read.
+            let next = loop {
+                tokio::select! {
+                    next = &mut read => break next,
+                    Some(()) = in_flight.next() => {}
+                }
+            };
             match self.accept_read(run, voucher, next).await {
                 Some(next) => entries = next,
                 None => break,
             }
         }
+        while in_flight.next().await.is_some() {}
         true
     }
 

@@ -267,13 +267,7 @@ impl Drainer {
         let (mut raced, mut locked) = (0, 0);
         loop {
             failpoint::hit("before_begin");
-            // The voucher's other buckets wait while this transaction holds its row.
-            let turn = run.turn(voucher.voucher());
-            let held = turn.lock().await;
-            let attempt = self.attempt(run, voucher, orders, look_up).await;
-            drop(held);
-            let attempt = attempt?;
-            match attempt {
+            match self.attempt(run, voucher, orders, look_up).await? {
                 Attempt::Planned(split, _) => return Ok(BatchOutcome::Committed(split)),
                 Attempt::UnknownVoucher => return Ok(BatchOutcome::UnknownVoucher),
                 Attempt::Raced(detail) if !look_up => {
@@ -337,7 +331,15 @@ impl Drainer {
             tx.rollback().await;
             return Err(db("recording the transaction", e));
         }
-        let planned = self.plan_and_write(&tx, voucher, orders, look_up).await;
+        // From the row lock to the commit, the voucher's other transactions of this run
+        // (its other buckets, the next batch of this one) wait for their turn here
+        // instead of failing on the lock: begun and recorded already, each locks the row
+        // as soon as the one before commits.
+        let turn = run.turn(voucher.voucher());
+        let held = turn.lock().await;
+        let planned = self
+            .plan_and_write(run, &tx, voucher, orders, look_up)
+            .await;
         let (outcome, over) = match planned {
             Ok(Attempt::Planned(split, settled))
                 // Units given back are closes recorded, so they are in `done` too.
@@ -376,6 +378,7 @@ impl Drainer {
                 (other, ended)
             }
         };
+        drop(held);
         if over && let Err(e) = self.streams.unregister_tx(voucher, &id).await {
             // A stale record costs a later run one rollback of an unknown transaction.
             tracing::warn!(%voucher, error = %e, "could not forget an ended transaction");
@@ -433,6 +436,7 @@ impl Drainer {
     /// `look_up`, planned as if no order of the batch were in the database yet.
     async fn plan_and_write(
         &self,
+        run: &Run,
         tx: &LedgerTx<'_>,
         voucher: Bucket,
         orders: &[AdmittedOrder],
@@ -479,6 +483,9 @@ impl Drainer {
             .map(|(o, _)| o.id)
             .collect();
         let split = plan::split(voucher.voucher(), orders, &existing, stock_left, &gave_back);
+        // The row is held and Redis is not needed before the insert: the next batch may
+        // be read now, while the database writes this one.
+        run.open_read_ahead(voucher);
 
         if let Some(pay_within_ms) = locked.pay_within_ms
             && let Some(raced) = self
