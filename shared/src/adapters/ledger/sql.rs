@@ -43,14 +43,12 @@ pub fn take_stock(voucher: VoucherId, n: i64) -> Vec<SqlParameter> {
     vec![param::long("n", n), param::long("v", voucher.get())]
 }
 
-/// The rows of one insert, as the JSON array `JSON_TABLE` reads.
-#[derive(serde::Serialize)]
-struct Row<'a> {
-    i: i64,
-    v: i64,
-    u: &'a str,
-    a: String,
-}
+/// One row of [`insert_orders`] as `JSON_TABLE` reads it: `[id, voucher, user,
+/// admitted_at]`, a JSON array rather than an object, because MariaDB then matches no
+/// key names: the statement took about a quarter less of the server's CPU per row
+/// (`mariadb` client, 20,000 rows in 2,000-row transactions: 19-23 against 25-28
+/// centiseconds), and the database's CPU is what limits one sale's drain.
+type Row<'a> = (i64, i64, &'a str, String);
 
 /// `INSERT IGNORE INTO orders ... SELECT ... FROM JSON_TABLE(:rows, ...)` for one chunk.
 ///
@@ -67,17 +65,15 @@ pub fn insert_orders(
 ) -> (String, Vec<SqlParameter>) {
     const SQL: &str = "INSERT IGNORE INTO orders (id, voucher_id, user_id, status, reason, admitted_at) \
         SELECT j.id, j.v, j.u, :s, :r, j.a FROM JSON_TABLE(:rows, '$[*]' COLUMNS (\
-        id BIGINT UNSIGNED PATH '$.i' ERROR ON EMPTY, \
-        v BIGINT UNSIGNED PATH '$.v' ERROR ON EMPTY, \
-        u VARCHAR(64) PATH '$.u' ERROR ON EMPTY, \
-        a DATETIME(3) PATH '$.a' ERROR ON EMPTY)) AS j";
+        id BIGINT UNSIGNED PATH '$[0]' ERROR ON EMPTY, \
+        v BIGINT UNSIGNED PATH '$[1]' ERROR ON EMPTY, \
+        u VARCHAR(64) PATH '$[2]' ERROR ON EMPTY, \
+        a DATETIME(3) PATH '$[3]' ERROR ON EMPTY)) AS j";
     let rows: Vec<Row<'_>> = chunk
         .iter()
-        .map(|o| Row {
-            i: o.id.get(),
-            v: o.voucher.get(),
-            u: o.user.as_str(),
-            a: format_datetime(o.admitted_ms),
+        .map(|o| {
+            let admitted = format_datetime(o.admitted_ms);
+            (o.id.get(), o.voucher.get(), o.user.as_str(), admitted)
         })
         .collect();
     let rows = serde_json::to_string(&rows).expect("rows of numbers and strings serialise");
@@ -256,6 +252,35 @@ mod tests {
         let (sql, params) = existing_orders(chunk[0].voucher, &chunk);
         assert!(sql.chars().count() < 65_536);
         assert_eq!(params.len(), 1 + 2 * chunk.len());
+    }
+
+    #[test]
+    fn insert_rows_are_arrays_in_the_order_of_the_statement_s_paths() {
+        let o = order(7);
+        let (sql, params) = insert_orders(std::slice::from_ref(&o), OrderStatus::Confirmed, None);
+        let rows = params
+            .iter()
+            .find(|p| p.name() == Some("rows"))
+            .and_then(|p| p.value.as_ref()?.as_string_value().ok())
+            .expect("a rows parameter");
+        let rows: serde_json::Value = serde_json::from_str(rows).unwrap();
+        let expected = serde_json::json!([[
+            o.id.get(),
+            o.voucher.get(),
+            o.user.as_str(),
+            format_datetime(o.admitted_ms)
+        ]]);
+        assert_eq!(rows, expected);
+        for (i, column) in ["id BIGINT", "v BIGINT", "u VARCHAR", "a DATETIME"]
+            .iter()
+            .enumerate()
+        {
+            // `<name> <type> PATH '$[i]' ERROR ON EMPTY`: the column reads element i.
+            let at = sql.find(column).expect(column);
+            let end = at + sql[at..].find(" ERROR ON EMPTY").expect("ERROR ON EMPTY");
+            let path = format!("PATH '$[{i}]'");
+            assert!(sql[at..end].ends_with(&path), "{column}: {}", &sql[at..end]);
+        }
     }
 
     #[test]
