@@ -314,14 +314,13 @@ impl Drainer {
     /// Reads and processes one voucher's new entries, batch after batch; true when there
     /// were any.
     ///
-    /// Up to two batches are in flight: while the database writes one, the next is read
-    /// and begins its transaction, so Redis, the Data API round trips and the database
-    /// work at the same time instead of in turn. The batches still write the voucher's
-    /// row one after the other ([`Run::turn`]): the second locks it as soon as the first
-    /// commits, while the first forgets its transaction and acks. The next read waits
-    /// until the batch before holds the row and has made its own Redis calls before the
-    /// insert ([`Run::read_ahead_gate`]). A batch is read ahead only when it is expected
-    /// to end before `stop_at`, and a batch read is always processed.
+    /// While the database writes a full batch, the next one is read, so Redis and the
+    /// database work at the same time instead of in turn; but only when both batches
+    /// are expected to end before `stop_at`. The read waits until the batch's
+    /// transaction holds the row and its own Redis calls before the insert are done
+    /// ([`Run::read_ahead_gate`]). A batch read ahead is always processed, and only once
+    /// the batch before it is over (committed, retried or failed): batches of one
+    /// voucher are written in the order they were read.
     async fn drain_batches(&self, run: &Run, voucher: Bucket) -> bool {
         if !run.fits(1) {
             return false;
@@ -330,38 +329,30 @@ impl Drainer {
         let Some(mut entries) = self.accept_read(run, voucher, first).await else {
             return false;
         };
-        let mut in_flight = futures::stream::FuturesUnordered::new();
         for turn in 1..=BATCHES_PER_TURN {
             let read_ahead =
                 entries.len() >= self.cfg.batch_size && turn < BATCHES_PER_TURN && run.fits(2);
-            let gate = run.read_ahead_gate(voucher);
-            let opened = gate.clone();
-            in_flight.push(async move {
-                self.process(run, voucher, entries, true).await;
-                // Opened at the latest when the batch is over, whatever happened.
-                opened.notify_one();
-            });
             if !read_ahead {
+                self.process(run, voucher, entries, true).await;
                 break;
             }
-            let read = async {
-                gate.notified().await;
-                self.read_new(voucher, &run.consumer).await
-            };
-            tokio::pin!(read);
-            // The batches in flight go on while the next one is read.
-            let next = loop {
-                tokio::select! {
-                    next = &mut read => break next,
-                    Some(()) = in_flight.next() => {}
+            let gate = run.read_ahead_gate(voucher);
+            let (_, next) = tokio::join!(
+                async {
+                    self.process(run, voucher, entries, true).await;
+                    // Opened at the latest when the batch is over, whatever happened.
+                    gate.notify_one();
+                },
+                async {
+                    gate.notified().await;
+                    self.read_new(voucher, &run.consumer).await
                 }
-            };
+            );
             match self.accept_read(run, voucher, next).await {
                 Some(next) => entries = next,
                 None => break,
             }
         }
-        while in_flight.next().await.is_some() {}
         true
     }
 

@@ -101,9 +101,9 @@ pub(super) struct RunState {
     /// Vouchers this run read, claimed or acked entries of.
     pub(super) touched: BTreeSet<Bucket>,
     /// One turn per voucher for its database transactions: the buckets of a voucher
-    /// (issue #16) and two consecutive batches of one bucket are written concurrently,
-    /// but each transaction locks the voucher's row (`NOWAIT`), so they take turns in
-    /// process, from the lock to the commit, instead of failing on the lock.
+    /// (issue #16) are drained concurrently, but each transaction locks the voucher's
+    /// row (`NOWAIT`), so they take turns in process, from the lock to the commit,
+    /// instead of failing on the lock.
     pub(super) turns: BTreeMap<VoucherId, Arc<tokio::sync::Mutex<()>>>,
     /// The signal a voucher's read-ahead waits for (see [`Run::read_ahead_gate`]).
     pub(super) read_gates: BTreeMap<Bucket, Arc<tokio::sync::Notify>>,
@@ -181,7 +181,9 @@ impl Run {
 
     /// A new gate for the read-ahead of `voucher`'s next batch: the batch being written
     /// opens it once its transaction holds the row and its Redis calls before the
-    /// insert are done ([`Run::open_read_ahead`]), or when it ends. Read earlier, the
+    /// insert are done ([`Run::open_read_ahead`]), or when it ends. The next batch is
+    /// processed only after this one, so every attempt of this batch (a retry, the
+    /// halves of a split) finds this gate, never the next batch's. Read earlier, the
     /// next batch's XREADGROUP (milliseconds of server time for a full batch, which
     /// also writes the pending list) would sit in front of those calls on the one Redis
     /// connection and server: a full batch's wait measured 8-10 ms, a quarter of the

@@ -332,9 +332,9 @@ impl Drainer {
             return Err(db("recording the transaction", e));
         }
         // From the row lock to the commit, the voucher's other transactions of this run
-        // (its other buckets, the next batch of this one) wait for their turn here
-        // instead of failing on the lock: begun and recorded already, each locks the row
-        // as soon as the one before commits.
+        // (its other buckets) wait for their turn here instead of failing on the lock:
+        // begun and recorded already, each locks the row as soon as the one before
+        // commits.
         let turn = run.turn(voucher.voucher());
         let held = turn.lock().await;
         let planned = self

@@ -134,8 +134,8 @@ struct PayRow<'a> {
 }
 
 /// `INSERT IGNORE` of orders of a voucher with a payment step, each with its own status,
-/// deadline and reference (the same `JSON_TABLE` shape as [`insert_orders`]); a closed
-/// order gets `closed_at` now.
+/// deadline and reference (`JSON_TABLE` as in [`insert_orders`], but over objects: a
+/// row's reference may be absent); a closed order gets `closed_at` now.
 pub fn insert_payment_orders(chunk: &[PaymentRow<'_>]) -> (String, Vec<SqlParameter>) {
     const SQL: &str = "INSERT IGNORE INTO orders \
         (id, voucher_id, user_id, status, pay_by, pay_ref, closed_at, admitted_at) \
