@@ -43,7 +43,7 @@ while (($#)); do
         ;;
     --instructions) instructions=1 ;;
     -h | --help)
-        sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *) die "unknown argument $1 (see scripts/script-cost.sh --help)" ;;
@@ -135,10 +135,9 @@ start_server
 for r in $(seq "$rounds"); do
     line="round $r:"
     for v in "${variants[@]}"; do
-        # shellcheck disable=SC2046 # the command line is meant to split into words
         cmd=$(prepare "$v")
         R CONFIG RESETSTAT >/dev/null
-        # shellcheck disable=SC2086
+        # shellcheck disable=SC2086 # the command line is meant to split into words
         bench "$calls" $cmd
         us=$(stat_of "$([[ $v == incr ]] && echo incr || echo evalsha)")
         echo "$us" >>"$work/$v.us"

@@ -12,8 +12,8 @@
 //!    by page, following the cursor to its end; each page is processed like a batch.
 //! 3. **Drain**: up to `DRAINER_CONCURRENCY` vouchers at once, largest backlog first,
 //!    XREADGROUP `>` in batches (up to [`BATCHES_PER_TURN`] per voucher per turn, the
-//!    next read while the database writes the current batch). Vouchers with work, and open sales
-//!    when there are few, are polled every `DRAINER_IDLE_POLL_MS`; every
+//!    next read while the database writes the current batch). Vouchers with work, and
+//!    open sales when there are few, are polled every `DRAINER_IDLE_POLL_MS`; every
 //!    [`MAINTENANCE_EVERY`] the whole set is surveyed again.
 //! 4. **Finish**: trim the streams it acked, measure what is left, retire sales that are
 //!    over and drained (their keys expire after `DRAINER_RETENTION_S`; a non-empty
