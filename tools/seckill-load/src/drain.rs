@@ -10,7 +10,11 @@
 //!   (count query for (user, voucher), `UPDATE ... stock_left = stock_left - 1 WHERE
 //!   stock_left > 0`, INSERT, commit), then XACK; one consumer, as in the tutorial.
 //! - **database floor**: multi-row INSERTs straight into MariaDB (mysql_async, no Data
-//!   API), one connection.
+//!   API), one connection. Compared in `floor_rounds` rounds, each a run of the floor
+//!   and a run of ours (the sweep's best batch size) back to back, the order alternating:
+//!   the floor's rate moves a lot between runs on a shared machine (and with the size of
+//!   the table, which every run grows), so each ratio is taken from two neighbouring
+//!   runs on the same table, and the round with the median ratio stands for the drain.
 //! - **spread**: the same N orders spread evenly over 1, 10 and 100 sales at once, one
 //!   invocation of ours (the sweep's best batch size, `DRAINER_CONCURRENCY` at its
 //!   default) draining them all: how the rate holds when many sales drain together.
@@ -58,6 +62,11 @@ pub struct DrainOptions {
     /// Rows per INSERT of the database floor
     #[arg(long, default_value_t = 1_000)]
     pub floor_batch: usize,
+    /// Rounds of the comparison with the database floor (a floor run and a run of ours
+    /// side by side in each; the median round's ratio is reported)
+    #[arg(long, default_value_t = 3)]
+    #[serde(default = "three")]
+    pub floor_rounds: usize,
     /// Run the tutorial consumer and the database floor too.
     #[arg(skip = true)]
     pub baseline: bool,
@@ -93,14 +102,38 @@ pub struct DrainReport {
     pub options: DrainOptions,
     pub ours: Vec<DrainRun>,
     pub tutorial: Option<DrainRun>,
+    /// The floor run of the median round (a report written before rounds existed: the
+    /// only floor run, made after every run of ours).
     pub db_floor: Option<DrainRun>,
+    /// The rounds of the comparison with the floor, in the order they ran.
+    #[serde(default)]
+    pub floor_rounds: Vec<FloorRound>,
     /// Ours over 1, 10, 100 sales at once.
     #[serde(default)]
     pub spread: Vec<DrainRun>,
 }
 
+/// A run of the database floor and a run of ours next to it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FloorRound {
+    pub floor_first: bool,
+    pub floor: DrainRun,
+    pub ours: DrainRun,
+}
+
+impl FloorRound {
+    /// Ours over the floor.
+    pub fn ratio(&self) -> f64 {
+        self.ours.orders_per_s / self.floor.orders_per_s.max(1e-9)
+    }
+}
+
 fn one() -> usize {
     1
+}
+
+fn three() -> usize {
+    3
 }
 
 impl DrainRun {
@@ -127,6 +160,14 @@ impl DrainRun {
 }
 
 impl DrainReport {
+    /// The round with the median ratio of ours to the floor (the lower middle one of
+    /// an even count).
+    pub fn median_round(&self) -> Option<&FloorRound> {
+        let mut rounds: Vec<&FloorRound> = self.floor_rounds.iter().collect();
+        rounds.sort_by(|a, b| a.ratio().total_cmp(&b.ratio()));
+        rounds.get(rounds.len().saturating_sub(1) / 2).copied()
+    }
+
     /// Our fastest batch size.
     pub fn best(&self) -> Option<&DrainRun> {
         self.ours
@@ -138,8 +179,8 @@ impl DrainReport {
         self.ours
             .iter()
             .chain(self.tutorial.iter())
-            .chain(self.db_floor.iter())
             .chain(self.spread.iter())
+            .chain(self.floor_rounds.iter().flat_map(|r| [&r.floor, &r.ours]))
     }
 }
 
@@ -198,7 +239,26 @@ pub async fn drain(bench: &Bench, o: &DrainOptions, ui: &Ui) -> anyhow::Result<D
     }
     if o.baseline && !ui.stopped() {
         report.tutorial = Some(drain_tutorial(bench, o.tutorial_orders, ui).await?);
-        report.db_floor = Some(drain_floor(bench, o.orders, o.floor_batch).await?);
+        for round in (0..o.floor_rounds.max(1)).take_while(|_| !ui.stopped()) {
+            let floor_first = round % 2 == 0;
+            let mut floor = None;
+            let mut ours = None;
+            for floor_now in [floor_first, !floor_first] {
+                if floor_now {
+                    floor = Some(drain_floor(bench, o.orders, o.floor_batch, round).await?);
+                } else {
+                    ours = Some(drain_sales(bench, "ours", o.orders, 1, best, ui).await?);
+                }
+            }
+            if let (Some(floor), Some(ours)) = (floor, ours) {
+                report.floor_rounds.push(FloorRound {
+                    floor_first,
+                    floor,
+                    ours,
+                });
+            }
+        }
+        report.db_floor = report.median_round().map(|r| r.floor.clone());
     }
     for r in report.runs() {
         let error = r
@@ -510,7 +570,15 @@ async fn tutorial_consume(
     Ok(done)
 }
 
-async fn drain_floor(bench: &Bench, n: u64, batch: usize) -> anyhow::Result<DrainRun> {
+/// The floor's `round`-th run (its order ids are the round's own: ids are unique across
+/// vouchers).
+async fn drain_floor(
+    bench: &Bench,
+    n: u64,
+    batch: usize,
+    round: usize,
+) -> anyhow::Result<DrainRun> {
+    let first_id = (1_i64 << 40) + ((round as i64) << 32);
     let voucher = bench.voucher("bench drain floor", n as i64).await?;
     let mut conn = mysql(&bench.mysql_url).await?;
     let admitted = format_datetime(now_millis());
@@ -518,7 +586,7 @@ async fn drain_floor(bench: &Bench, n: u64, batch: usize) -> anyhow::Result<Drai
     for first in (0..n).step_by(batch) {
         let rows: Vec<String> = (first..(first + batch as u64).min(n))
             .map(|k| {
-                let (id, user) = ((1_i64 << 40) + k as i64, user_name(k as u32));
+                let (id, user) = (first_id + k as i64, user_name(k as u32));
                 format!("({id},{},'{user}','confirmed','{admitted}')", voucher.id)
             })
             .collect();
@@ -596,4 +664,57 @@ pub async fn commit_latency(
         summary: summary.and_then(|s| serde_json::to_value(s).ok()),
         checks,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(variant: &str, orders_per_s: f64) -> DrainRun {
+        let elapsed = Duration::from_secs_f64(1000.0 / orders_per_s);
+        DrainRun::new(variant, 1000, 1, 1000, elapsed, Vec::new())
+    }
+
+    fn round(ours: f64, floor: f64) -> FloorRound {
+        FloorRound {
+            floor_first: true,
+            floor: run("db-floor", floor),
+            ours: run("ours", ours),
+        }
+    }
+
+    #[test]
+    fn the_median_round_is_the_middle_ratio_not_the_middle_rate() {
+        let report = DrainReport {
+            // Ratios 0.5, 0.8, 0.4: the median is the 0.5 round, although its floor is
+            // neither the fastest nor the slowest.
+            floor_rounds: vec![round(50.0, 100.0), round(96.0, 120.0), round(32.0, 80.0)],
+            ..DrainReport::default()
+        };
+        let m = report.median_round().expect("three rounds");
+        assert!((m.ratio() - 0.5).abs() < 1e-9, "{}", m.ratio());
+        let even = DrainReport {
+            floor_rounds: vec![round(60.0, 100.0), round(40.0, 100.0)],
+            ..DrainReport::default()
+        };
+        let m = even.median_round().expect("two rounds");
+        assert!(
+            (m.ratio() - 0.4).abs() < 1e-9,
+            "the lower middle: {}",
+            m.ratio()
+        );
+        assert!(DrainReport::default().median_round().is_none());
+    }
+
+    #[test]
+    fn a_report_from_before_the_rounds_still_reads() {
+        let old = serde_json::json!({
+            "options": {"orders": 10, "batch_sizes": [5], "tutorial_orders": 1,
+                        "floor_batch": 5, "baseline": true},
+            "ours": [], "tutorial": null, "db_floor": null
+        });
+        let report: DrainReport = serde_json::from_value(old).expect("old report");
+        assert!(report.floor_rounds.is_empty());
+        assert_eq!(report.options.floor_rounds, 3);
+    }
 }

@@ -86,6 +86,7 @@ const QUICK: &[(&str, &str)] = &[
     ("orders", "2000"),
     ("batch_sizes", "100,500"),
     ("tutorial_orders", "300"),
+    ("floor_rounds", "1"),
     ("rate", "300"),
     ("seconds", "3"),
     ("latency_callers", "8"),

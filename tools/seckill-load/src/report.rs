@@ -309,13 +309,37 @@ pub fn rows(r: &Results) -> Vec<Row> {
             let rates = (best.orders_per_s, t.orders_per_s, t.error.as_deref());
             rows.push(Row::rate(what, "orders/s", 20.0, rates));
         }
-        if let Some(f) = &d.db_floor {
+        // Issue #16, part 3: one sale drains at 0.6x a direct INSERT or better.
+        if let Some(m) = d.median_round() {
+            let what = format!(
+                "drain (N={n}): ours (batch {}) vs database floor (multi-row INSERT, {} rows), median of {} side-by-side rounds",
+                m.ours.batch_size,
+                m.floor.batch_size,
+                d.floor_rounds.len()
+            );
+            let rates = (m.ours.orders_per_s, m.floor.orders_per_s, None);
+            rows.push(Row::rate(what, "orders/s", 0.6, rates));
+            let rounds = d.floor_rounds.iter().map(|r| {
+                let (o, f) = (
+                    thousands(r.ours.orders_per_s),
+                    thousands(r.floor.orders_per_s),
+                );
+                let first = if r.floor_first {
+                    "floor first"
+                } else {
+                    "ours first"
+                };
+                format!("{:.2}× ({o} vs {f}, {first})", r.ratio())
+            });
+            let rounds: Vec<String> = rounds.collect();
+            rows.push(Row::new("drain: rounds vs the floor", rounds.join("; ")));
+        } else if let Some(f) = &d.db_floor {
+            // A report from before the rounds: one floor run after every run of ours.
             let what = format!(
                 "drain (N={n}): ours (batch {b}) vs database floor (multi-row INSERT, {} rows)",
                 f.batch_size
             );
             let rates = (best.orders_per_s, f.orders_per_s, None);
-            // Issue #16, part 3: one sale drains at 0.6x a direct INSERT or better.
             rows.push(Row::rate(what, "orders/s", 0.6, rates));
         }
         let sweep = d

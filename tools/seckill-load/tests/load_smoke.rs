@@ -96,6 +96,7 @@ async fn a_small_drain_commits_every_order_once() {
         batch_sizes: vec![100, 1000],
         tutorial_orders: 60,
         floor_batch: 250,
+        floor_rounds: 2,
         baseline: true,
         sales: vec![1, 3],
     };
@@ -104,6 +105,15 @@ async fn a_small_drain_commits_every_order_once() {
         .expect("the drain runs");
     assert_eq!(r.ours.len(), 2);
     assert!(r.tutorial.is_some() && r.db_floor.is_some());
+    // Two rounds side by side with the floor, the order alternating; each floor run
+    // writes its own order ids (a second run with the first's ids would fail).
+    let order: Vec<bool> = r.floor_rounds.iter().map(|f| f.floor_first).collect();
+    assert_eq!(order, [true, false]);
+    let median = r.median_round().expect("a median round");
+    assert_eq!(
+        r.db_floor.as_ref().map(|f| f.elapsed_s),
+        Some(median.floor.elapsed_s)
+    );
     assert_eq!(
         r.spread
             .iter()
