@@ -181,6 +181,12 @@ impl DrainReport {
             .chain(self.tutorial.iter())
             .chain(self.spread.iter())
             .chain(self.floor_rounds.iter().flat_map(|r| [&r.floor, &r.ours]))
+            // A report from before the rounds: its one floor run.
+            .chain(
+                self.db_floor
+                    .iter()
+                    .filter(|_| self.floor_rounds.is_empty()),
+            )
     }
 }
 
@@ -221,7 +227,7 @@ pub struct CommitLatencyReport {
 /// `drain`: the sweep of ours, then the baselines.
 pub async fn drain(bench: &Bench, o: &DrainOptions, ui: &Ui) -> anyhow::Result<DrainReport> {
     anyhow::ensure!(
-        o.orders >= 1 && !o.batch_sizes.is_empty(),
+        o.orders >= 1 && !o.batch_sizes.is_empty() && (o.floor_rounds >= 1 || !o.baseline),
         "sizes must be positive"
     );
     let mut report = DrainReport {
@@ -239,7 +245,7 @@ pub async fn drain(bench: &Bench, o: &DrainOptions, ui: &Ui) -> anyhow::Result<D
     }
     if o.baseline && !ui.stopped() {
         report.tutorial = Some(drain_tutorial(bench, o.tutorial_orders, ui).await?);
-        for round in (0..o.floor_rounds.max(1)).take_while(|_| !ui.stopped()) {
+        for round in (0..o.floor_rounds).take_while(|_| !ui.stopped()) {
             let floor_first = round % 2 == 0;
             let mut floor = None;
             let mut ours = None;
@@ -686,13 +692,16 @@ mod tests {
     #[test]
     fn the_median_round_is_the_middle_ratio_not_the_middle_rate() {
         let report = DrainReport {
-            // Ratios 0.5, 0.8, 0.4: the median is the 0.5 round, although its floor is
-            // neither the fastest nor the slowest.
-            floor_rounds: vec![round(50.0, 100.0), round(96.0, 120.0), round(32.0, 80.0)],
+            // Ratios 0.5, 0.2, 0.9: the median is the first round, whereas the middle
+            // floor rate (100) and the middle rate of ours (90) are other rounds'.
+            floor_rounds: vec![round(100.0, 200.0), round(20.0, 100.0), round(90.0, 100.0)],
             ..DrainReport::default()
         };
         let m = report.median_round().expect("three rounds");
         assert!((m.ratio() - 0.5).abs() < 1e-9, "{}", m.ratio());
+        assert_eq!(m.floor.orders_per_s.round(), 200.0);
+        // Every round's two runs are listed (their checks count).
+        assert_eq!(report.runs().count(), 6);
         let even = DrainReport {
             floor_rounds: vec![round(60.0, 100.0), round(40.0, 100.0)],
             ..DrainReport::default()
@@ -708,13 +717,53 @@ mod tests {
 
     #[test]
     fn a_report_from_before_the_rounds_still_reads() {
+        let floor = serde_json::to_value(run("db-floor", 100.0)).expect("a run");
         let old = serde_json::json!({
             "options": {"orders": 10, "batch_sizes": [5], "tutorial_orders": 1,
                         "floor_batch": 5, "baseline": true},
-            "ours": [], "tutorial": null, "db_floor": null
+            "ours": [], "tutorial": null, "db_floor": floor
         });
         let report: DrainReport = serde_json::from_value(old).expect("old report");
-        assert!(report.floor_rounds.is_empty());
+        assert!(report.floor_rounds.is_empty() && report.median_round().is_none());
         assert_eq!(report.options.floor_rounds, 3);
+        // Its one floor run is still listed, with its checks.
+        let variants: Vec<&str> = report.runs().map(|r| r.variant.as_str()).collect();
+        assert_eq!(variants, ["db-floor"]);
+    }
+
+    /// The rows the table shows for a drain: the floor row (and, with rounds, the rounds).
+    fn floor_rows(drain: DrainReport) -> Vec<crate::report::Row> {
+        let results = crate::report::Results {
+            drain: Some(drain),
+            ..crate::report::Results::default()
+        };
+        let rows = crate::report::rows(&results).into_iter();
+        rows.filter(|r| r.what.contains("floor")).collect()
+    }
+
+    #[test]
+    fn the_table_compares_the_median_round_or_an_old_report_s_one_floor_run() {
+        let rounds = DrainReport {
+            ours: vec![run("ours", 300.0)],
+            floor_rounds: vec![round(100.0, 200.0), round(20.0, 100.0), round(90.0, 100.0)],
+            ..DrainReport::default()
+        };
+        let rows = floor_rows(rounds);
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        // The median round's ratio, not the sweep's best (300) against any floor.
+        assert_eq!(
+            (rows[0].ratio.as_str(), rows[0].met),
+            ("0.50×", Some(false))
+        );
+        assert!(rows[0].what.contains("median of 3"), "{}", rows[0].what);
+        assert!(rows[1].ours.starts_with("0.50× (100 vs 200, floor first)"));
+        let old = DrainReport {
+            ours: vec![run("ours", 300.0)],
+            db_floor: Some(run("db-floor", 400.0)),
+            ..DrainReport::default()
+        };
+        let rows = floor_rows(old);
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!((rows[0].ratio.as_str(), rows[0].met), ("0.75×", Some(true)));
     }
 }

@@ -208,7 +208,7 @@ fn mib(kib: Option<u64>) -> String {
 }
 
 /// One row of the ratio table.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Row {
     pub what: String,
     pub ours: String,
