@@ -24,6 +24,7 @@ use crate::error::{ApiError, json_response};
 use crate::identity::{identify, require_admin};
 use crate::limiter::Source;
 use crate::repair::repair;
+use seckill_shared::auth::Identity;
 
 /// Every route: method, path pattern, whether it needs a token. The SAM template must
 /// declare exactly these (a test compares them).
@@ -206,14 +207,36 @@ fn record_metrics(route: Option<&Route<'_>>, outcome: &'static str, status: u16)
 }
 
 async fn dispatch(app: &App, req: &Request, route: &Route<'_>) -> Result<Response<Body>, ApiError> {
+    // On a protected route, who calls comes before what they ask: a request without a
+    // valid token is 401 whatever its path holds, as behind API Gateway, whose authorizer
+    // answers before the function runs.
+    let who = || {
+        let now = now_millis();
+        identify(req, app.dev_secret.as_deref(), now_secs(now)).map(|caller| (caller, now))
+    };
     match *route {
-        Route::CreateVoucher => create_voucher(app, req).await,
         Route::GetVoucher(id) => get_voucher(app, req, id.parse()?).await,
-        Route::Seckill(id) => seckill(app, req, id.parse()?).await,
-        Route::GetOrder(id) => get_order(app, req, id.parse()?).await,
-        Route::BuyerOrder(id) => buyer_order(app, req, id.parse()?).await,
-        Route::PayOrder(id) => close_order(app, req, id.parse()?, true).await,
-        Route::CancelOrder(id) => close_order(app, req, id.parse()?, false).await,
+        Route::CreateVoucher => {
+            let (caller, now) = who()?;
+            create_voucher(app, req, &caller, now).await
+        }
+        Route::Seckill(id) => {
+            let (caller, now) = who()?;
+            seckill(app, &caller, now, id.parse()?).await
+        }
+        Route::GetOrder(id) => {
+            let (caller, _) = who()?;
+            get_order(app, &caller, id.parse()?).await
+        }
+        Route::BuyerOrder(id) => {
+            let (caller, _) = who()?;
+            buyer_order(app, &caller, id.parse()?).await
+        }
+        Route::PayOrder(id) | Route::CancelOrder(id) => {
+            let (caller, now) = who()?;
+            let pay = matches!(route, Route::PayOrder(_));
+            close_order(app, req, &caller, now, id.parse()?, pay).await
+        }
     }
 }
 
@@ -254,10 +277,13 @@ struct CreateVoucherBody {
 }
 
 /// `POST /vouchers` (admin): writes the database, then preloads Redis.
-async fn create_voucher(app: &App, req: &Request) -> Result<Response<Body>, ApiError> {
-    let now = now_millis();
-    let caller = identify(req, app.dev_secret.as_deref(), now_secs(now))?;
-    require_admin(&caller)?;
+async fn create_voucher(
+    app: &App,
+    req: &Request,
+    caller: &Identity,
+    now: UnixMillis,
+) -> Result<Response<Body>, ApiError> {
+    require_admin(caller)?;
     let body = req.body().as_ref();
     if body.len() > MAX_BODY_BYTES {
         return Err(ApiError::InvalidRequest(format!(
@@ -333,9 +359,12 @@ async fn get_voucher(app: &App, req: &Request, id: VoucherId) -> Result<Response
 }
 
 /// `POST /vouchers/{id}/seckill` (user): the admission, one Redis round trip.
-async fn seckill(app: &App, req: &Request, id: VoucherId) -> Result<Response<Body>, ApiError> {
-    let now = now_millis();
-    let caller = identify(req, app.dev_secret.as_deref(), now_secs(now))?;
+async fn seckill(
+    app: &App,
+    caller: &Identity,
+    now: UnixMillis,
+    id: VoucherId,
+) -> Result<Response<Body>, ApiError> {
     // Answers this instance already knows cost no Redis call.
     let (known, buckets) = app.cache.look(id, now);
     match known {
@@ -486,9 +515,7 @@ async fn borrow_and_admit(
 /// ([`caller_order`]). If Redis lost the lease record the voucher cannot be named from
 /// the id alone: the answer is 404 with a pointer to `GET /vouchers/{id}/order`, which
 /// needs no such record.
-async fn get_order(app: &App, req: &Request, id: OrderId) -> Result<Response<Body>, ApiError> {
-    let now = now_millis();
-    let caller = identify(req, app.dev_secret.as_deref(), now_secs(now))?;
+async fn get_order(app: &App, caller: &Identity, id: OrderId) -> Result<Response<Body>, ApiError> {
     let not_found = || {
         ApiError::NotFound(format!(
             "order {id} not found (GET /vouchers/{{voucher_id}}/order finds your order for a voucher)"
@@ -534,11 +561,11 @@ async fn get_order(app: &App, req: &Request, id: OrderId) -> Result<Response<Bod
 async fn close_order(
     app: &App,
     req: &Request,
+    caller: &Identity,
+    now: UnixMillis,
     id: OrderId,
     pay: bool,
 ) -> Result<Response<Body>, ApiError> {
-    let now = now_millis();
-    let caller = identify(req, app.dev_secret.as_deref(), now_secs(now))?;
     let action = if pay {
         CloseAction::Pay(payment_ref_of(req)?)
     } else {
@@ -707,9 +734,11 @@ async fn overlay_close(
 /// `GET /vouchers/{id}/order` (the buyer): the caller's order for a voucher, found by
 /// (voucher, user): from the database once drained, else from the voucher's buyers hash
 /// in Redis (`pending`). 404 when the caller holds none.
-async fn buyer_order(app: &App, req: &Request, id: VoucherId) -> Result<Response<Body>, ApiError> {
-    let now = now_millis();
-    let caller = identify(req, app.dev_secret.as_deref(), now_secs(now))?;
+async fn buyer_order(
+    app: &App,
+    caller: &Identity,
+    id: VoucherId,
+) -> Result<Response<Body>, ApiError> {
     match caller_order(app, id, &caller.user).await? {
         Some(view) => Ok(order_json(id, view)),
         None => Err(ApiError::NotFound(format!(

@@ -225,6 +225,32 @@ async fn every_way_a_token_can_be_wrong_is_401_or_403() {
         401,
         "unauthorized",
     );
+    // The token comes before the path: a protected route with a malformed id is 401
+    // without a valid token (as behind API Gateway, whose authorizer answers first), with
+    // a dev secret configured and with neither a secret nor an authorizer.
+    let mut bare = b.http_config();
+    bare.dev_jwt_secret = None;
+    let bare = App::new(&bare).await;
+    for app in [&app, &bare] {
+        for (method, path) in [
+            ("POST", "/vouchers/abc/seckill"),
+            ("GET", "/orders/-1"),
+            ("GET", "/vouchers/0/order"),
+            ("POST", "/orders/1.5/pay"),
+            ("POST", "/orders/99999999999999999999/cancel"),
+        ] {
+            for t in [None, Some(expired.as_str())] {
+                let res = call(app, request(method, path, t, None, None)).await;
+                assert_error(res, 401, "unauthorized");
+            }
+        }
+        // The one public route still answers a malformed id with 400.
+        assert_error(
+            call(app, request("GET", "/vouchers/abc", None, None, None)).await,
+            400,
+            "invalid_request",
+        );
+    }
     b.cleanup().await;
 }
 
