@@ -446,6 +446,8 @@ impl Drainer {
         let failed = failure.is_some();
         if let Some(err) = failure {
             run.fail(voucher, err);
+        } else if isolated.unfinished {
+            run.stop(voucher);
         }
         if failed || !dead_ok || isolated.unfinished {
             // Whatever is still pending of this batch goes back for the next run; the

@@ -419,6 +419,71 @@ async fn an_order_the_database_refuses_alone_is_dead_lettered_and_its_batch_comm
     ctx.cleanup().await;
 }
 
+/// A batch whose search for a refused order runs out of the invocation's time leaves the
+/// rest of it pending, and the batch read ahead behind it is not committed either: the
+/// voucher's batches reach the database in the order read, or a later buyer could take
+/// the database's last unit from an earlier one.
+#[tokio::test]
+async fn a_batch_cut_short_by_the_run_s_time_holds_back_the_batch_read_behind_it() {
+    use mysql_async::prelude::Queryable;
+    let ctx = DrainCtx::start().await;
+    let v = ctx.voucher(100, 100).await;
+    // The refusal takes 2 s: longer than the run has left after it.
+    let mut conn = ctx.mysql().await;
+    conn.query_drop(
+        "CREATE TRIGGER refuse_slowly BEFORE INSERT ON orders FOR EACH ROW \
+         IF NEW.user_id LIKE 'slow%' THEN DO SLEEP(2); \
+         SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'order refused by a test trigger'; END IF",
+    )
+    .await
+    .expect("CREATE TRIGGER");
+    conn.disconnect().await.ok();
+    let mut first = ctx.admit(v.id, "a", 9).await;
+    let slow = ctx.admit(v.id, "slow", 1).await;
+    first.extend(&slow);
+    let second = ctx.admit(v.id, "b", 10).await;
+    let cfg = order_drainer::Config {
+        batch_size: 10,
+        ..ctx.drainer_config()
+    };
+
+    let summary = ctx.drain(cfg.clone()).await;
+    let rows = ctx.orders_in_db(v.id).await;
+    let behind = id_set(&second);
+    assert!(
+        rows.keys().all(|id| !behind.contains(id)),
+        "the batch read behind the unfinished one was committed: {rows:?} ({summary:?})"
+    );
+    assert!(rows.is_empty(), "{rows:?} ({summary:?})");
+    assert_eq!(
+        summary.errors, 0,
+        "running out of time is no error: {summary:?}"
+    );
+
+    // Later runs (with time to spare) finish both batches, in order.
+    let cfg = order_drainer::Config {
+        max_run: std::time::Duration::from_secs(20),
+        ..cfg
+    };
+    for _ in 0..3 {
+        ctx.drain(cfg.clone()).await;
+        if ctx.pending(v.id).await == 0 {
+            break;
+        }
+    }
+    let rows = ctx.orders_in_db(v.id).await;
+    let good: Vec<OrderId> = first
+        .iter()
+        .chain(&second)
+        .copied()
+        .filter(|id| *id != slow[0])
+        .collect();
+    assert_eq!(rows.keys().copied().collect::<BTreeSet<_>>(), id_set(&good));
+    assert_eq!(ctx.dead_letters(v.id).await.len(), 1);
+    assert_eq!(ctx.pending(v.id).await, 0);
+    ctx.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_database_that_refuses_every_order_dead_letters_none() {
     let ctx = DrainCtx::start().await;

@@ -94,7 +94,8 @@ pub(super) struct Run {
 #[derive(Default)]
 pub(super) struct RunState {
     pub(super) summary: Summary,
-    /// Vouchers stopped for this invocation after a failure.
+    /// Vouchers stopped for this invocation after a failure, or when the run's time ran
+    /// out in the middle of one of their batches.
     pub(super) failed: BTreeSet<Bucket>,
     /// The latest probe of each voucher.
     pub(super) probes: BTreeMap<Bucket, Probe>,
@@ -274,6 +275,14 @@ impl Run {
 
     pub(super) fn fail(&self, voucher: Bucket, err: DrainError) {
         self.record(&err);
+        self.with(|s| s.failed.insert(voucher));
+    }
+
+    /// Stops `voucher` for the rest of the run without an error: its time ran out in the
+    /// middle of a batch, whose unfinished part was released. The batch read ahead must
+    /// not commit before it (it is released too), or a later order could take the
+    /// database's last unit from an earlier one.
+    pub(super) fn stop(&self, voucher: Bucket) {
         self.with(|s| s.failed.insert(voucher));
     }
 }
