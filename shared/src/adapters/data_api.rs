@@ -582,9 +582,10 @@ where
 
 /// MySQL errors that the Data API reports as `DatabaseErrorException` although a later
 /// retry can succeed: lock waits (including `NOWAIT`), deadlocks, a writer that turned
-/// read-only during an Aurora failover, a connection killed or lost mid-statement. Sorting
-/// them as permanent would make the drainer blame (and dead-letter) the orders of a batch
-/// for what is the database's passing state.
+/// read-only during an Aurora failover, a connection killed or lost mid-statement, a
+/// transaction Aurora aborted while scaling or the Data API no longer knows, and any
+/// error that itself asks to be retried. Sorting them as permanent would make the drainer
+/// blame (and dead-letter) the orders of a batch for what is the database's passing state.
 pub fn is_transient_database_error(message: &str) -> bool {
     const PASSING: &[&str] = &[
         "lock wait timeout",
@@ -601,9 +602,19 @@ pub fn is_transient_database_error(message: &str) -> bool {
         "too many connections",
         "communications link failure",
         "database is resuming",
+        // "Table definition has changed, please retry transaction" (1412), Aurora's
+        // "... aborted due to Seamless Scaling. Please retry.", and their kin.
+        "please retry",
+        "retry transaction",
+        "seamless scaling",
+        // MariaDB 1020: a row changed under a consistent read; the next attempt reads it.
+        "record has changed since last read",
     ];
     let lower = message.to_ascii_lowercase();
-    PASSING.iter().any(|p| lower.contains(p))
+    // The transaction expired or went with a failover: the batch's next attempt begins
+    // a new one.
+    let lost_transaction = lower.contains("transaction") && lower.contains("not found");
+    lost_transaction || PASSING.iter().any(|p| lower.contains(p))
 }
 
 /// Whether a database error's text says a row lock was held by another transaction
@@ -740,6 +751,10 @@ mod tests {
             "The MySQL server is running with the --read-only option so it cannot execute this statement",
             "Connection was killed",
             "Communications link failure\n\nThe last packet sent successfully to the server was 0 milliseconds ago.",
+            "Table definition has changed, please retry transaction",
+            "The last transaction was aborted due to Seamless Scaling. Please retry.",
+            "Transaction AQC9dZ8l... is not found",
+            "Record has changed since last read in table 'orders'",
         ] {
             assert!(is_transient_database_error(transient), "{transient}");
         }
