@@ -28,8 +28,10 @@ impl Identity {
     /// Builds an identity from verified claims.
     pub fn from_claims(sub: Option<&str>, scope: Option<&str>) -> Result<Identity, AuthError> {
         let sub = sub.ok_or(AuthError::Invalid("token has no sub claim"))?;
-        // `alice` and `alice ` must not be two buyers: the database's unique key (PAD
-        // SPACE) would see one. Control characters are refused by `UserId::parse`.
+        // `alice` and `alice ` would be two buyers that look like one person in every log,
+        // report and support ticket: a padded sub is refused. (The database compares user
+        // ids byte for byte since migration 0003.) Control characters are refused by
+        // `UserId::parse`.
         if sub.trim() != sub {
             return Err(AuthError::Invalid(
                 "token sub claim has leading or trailing whitespace",
