@@ -10,11 +10,12 @@
 # Two passes, one stack at a time on the same ports (README.md, "Redis topologies and
 # engines"):
 #   single   the default stack (SECKILL_REDIS_ENGINE, default redis; one node owning all
-#            slots): `cargo test --workspace`, or the extra arguments
+#            slots): `cargo test --workspace` but the suites in SUITES_ALONE, then those
+#            on their own; or the extra arguments
 #   cluster  the stack brought down and up again with SECKILL_REDIS_ENGINE=valkey
 #            SECKILL_REDIS_TOPOLOGY=cluster (Valkey 9.1, 3 primaries with one replica
-#            each): the suites in CLUSTER_SUITES below; with extra arguments before
-#            `--`, those arguments instead
+#            each): the suites in CLUSTER_SUITES below, then SUITES_ALONE on their own;
+#            with extra arguments before `--`, those arguments instead
 # SECKILL_TEST_TOPOLOGIES=single|cluster|both (default both) runs one pass or both.
 #
 # The stack is stopped at exit unless SECKILL_KEEP_STACK=1 (then the last pass's stack
@@ -28,10 +29,11 @@ cd "$SECKILL_ROOT"
 
 # The suites run a second time on the Valkey cluster: admission, drainer, end to end.
 CLUSTER_SUITES="admission_lua http_handlers drainer_flow drainer_crash drainer_e2e e2e_http repair stack_smoke redis_fixture payment buckets"
-# Run after those, on their own: each of their tests starts clusters of its own (up to 9
-# more Valkey processes beside the stack's 6), which on 2 cores starved the other suites'
-# requests past their Redis timeout (a 503 where the test wanted a 409).
-CLUSTER_SUITES_ALONE="cluster_topology"
+# Run after the others in each pass, on their own: each of their tests starts clusters of
+# its own (up to 9 more Valkey processes beside the stack's), whose load on 2 cores pushed
+# other suites' requests past their Redis timeout (a 503 where the test wanted a 409), and
+# whose own slot-moving sale got 503s when other suites loaded the machine.
+SUITES_ALONE="cluster_topology"
 
 TOPOLOGIES=${SECKILL_TEST_TOPOLOGIES:-both}
 case $TOPOLOGIES in
@@ -110,17 +112,23 @@ done
 # The cluster pass selects its suites by name within the one integration binary
 # (tests/tests/it: a test's name starts with its suite); the caller's arguments after
 # `--` follow the filters.
+single_args=("${test_args[@]}" "$@")
 cluster_args=("$@")
-cluster_alone_args=()
+alone_args=()
 if ((!selection)); then
+    extra=()
+    [[ ${1:-} == -- ]] && extra=("${@:2}")
+    single_args=("${test_args[@]}" --)
     cluster_args=(-p seckill-tests --test it --)
-    cluster_alone_args=(-p seckill-tests --test it --)
+    alone_args=(-p seckill-tests --test it --)
+    for t in $SUITES_ALONE; do
+        single_args+=(--skip "$t::")
+        alone_args+=("$t::")
+    done
     for t in $CLUSTER_SUITES; do cluster_args+=("$t::"); done
-    for t in $CLUSTER_SUITES_ALONE; do cluster_alone_args+=("$t::"); done
-    if [[ ${1:-} == -- ]]; then
-        cluster_args+=("${@:2}")
-        cluster_alone_args+=("${@:2}")
-    fi
+    single_args+=("${extra[@]}")
+    cluster_args+=("${extra[@]}")
+    alone_args+=("${extra[@]}")
 fi
 
 # The stack and the tests see the same selection (tests read it from .dev/stack.env,
@@ -136,7 +144,10 @@ stack_started=1
 # The functions must run the code just built: restart the watch (cheap), keep the rest.
 if ((run_single)); then
     phase "stack up" "${single_env[@]}" SECKILL_LAMBDA_RELOAD=0 scripts/stack.sh up --restart-functions || exit 1
-    phase "cargo test" "${single_env[@]}" cargo test --no-fail-fast "${test_args[@]}" "$@" || true
+    phase "cargo test" "${single_env[@]}" cargo test --no-fail-fast "${single_args[@]}" || true
+    if ((${#alone_args[@]})); then
+        phase "cargo test (own clusters)" "${single_env[@]}" cargo test --no-fail-fast "${alone_args[@]}" || true
+    fi
 fi
 if ((run_cluster)); then
     # Down and up again on the same ports: MariaDB keeps its data, Redis starts from the
@@ -147,8 +158,8 @@ if ((run_cluster)); then
     }
     if phase "stack up (valkey cluster)" stack_down_then_up_as_valkey_cluster; then
         phase "cargo test (valkey cluster)" "${cluster_env[@]}" cargo test --no-fail-fast "${cluster_args[@]}" || true
-        if ((${#cluster_alone_args[@]})); then
-            phase "cargo test (valkey cluster, own clusters)" "${cluster_env[@]}" cargo test --no-fail-fast "${cluster_alone_args[@]}" || true
+        if ((${#alone_args[@]})); then
+            phase "cargo test (valkey cluster, own clusters)" "${cluster_env[@]}" cargo test --no-fail-fast "${alone_args[@]}" || true
         fi
     fi
 fi
