@@ -142,7 +142,7 @@ impl Drainer {
                 }
                 last_survey = Instant::now();
             }
-            let round: Vec<Bucket> = poll.iter().copied().filter(|v| !run.failed(*v)).collect();
+            let round: Vec<Bucket> = poll.iter().copied().filter(|v| !run.stopped(*v)).collect();
             if round.is_empty() && !poll.is_empty() {
                 // Every voucher with work was stopped: nothing left this run can do.
                 break;
@@ -225,7 +225,7 @@ impl Drainer {
         let position: BTreeMap<Bucket, usize> =
             vouchers.iter().enumerate().map(|(i, v)| (*v, i)).collect();
         let probes: Vec<(Bucket, Result<Probe, StoreError>)> = futures::stream::iter(vouchers)
-            .filter(|v| std::future::ready(!run.failed(*v)))
+            .filter(|v| std::future::ready(!run.stopped(*v)))
             .map(|v| async move { (v, self.streams.probe(v, consumer, min_idle, false).await) })
             .buffer_unordered(PROBES_IN_FLIGHT)
             .take_until(tokio::time::sleep_until(run.stop_at.into()))
@@ -446,8 +446,6 @@ impl Drainer {
         let failed = failure.is_some();
         if let Some(err) = failure {
             run.fail(voucher, err);
-        } else if isolated.unfinished {
-            run.stop(voucher);
         }
         if failed || !dead_ok || isolated.unfinished {
             // Whatever is still pending of this batch goes back for the next run; the

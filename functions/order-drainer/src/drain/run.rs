@@ -5,7 +5,8 @@
 //! Invariants kept here:
 //! - failures are counted, never thrown: every one adds to `errors` (the count is exact,
 //!   the texts are capped), and a voucher that failed is stopped for the rest of the run
-//!   ([`Run::fail`]), its unfinished entries left pending;
+//!   ([`Run::fail`]), its unfinished entries left pending; so is a voucher whose
+//!   entries the run gave back ([`Run::stop`]): nothing it reads later commits first;
 //! - a batch starts only when the run's estimate of a batch still fits before `stop_at`
 //!   ([`Run::fits`]); the estimate rises at once with a slow batch, failed or not
 //!   ([`BatchTimer`]), and falls slowly.
@@ -94,9 +95,9 @@ pub(super) struct Run {
 #[derive(Default)]
 pub(super) struct RunState {
     pub(super) summary: Summary,
-    /// Vouchers stopped for this invocation after a failure, or when the run's time ran
-    /// out in the middle of one of their batches.
-    pub(super) failed: BTreeSet<Bucket>,
+    /// Vouchers stopped for this invocation: after a failure, or once the run gave
+    /// entries of theirs back ([`Run::stop`]).
+    pub(super) stopped: BTreeSet<Bucket>,
     /// The latest probe of each voucher.
     pub(super) probes: BTreeMap<Bucket, Probe>,
     /// Vouchers this run read, claimed or acked entries of.
@@ -203,8 +204,8 @@ impl Run {
         }
     }
 
-    pub(super) fn failed(&self, voucher: Bucket) -> bool {
-        self.with(|s| s.failed.contains(&voucher))
+    pub(super) fn stopped(&self, voucher: Bucket) -> bool {
+        self.with(|s| s.stopped.contains(&voucher))
     }
 
     pub(super) fn count(&self, f: impl FnOnce(&mut Summary)) {
@@ -275,15 +276,12 @@ impl Run {
 
     pub(super) fn fail(&self, voucher: Bucket, err: DrainError) {
         self.record(&err);
-        self.with(|s| s.failed.insert(voucher));
+        self.stop(voucher);
     }
 
-    /// Stops `voucher` for the rest of the run without an error: its time ran out in the
-    /// middle of a batch, whose unfinished part was released. The batch read ahead must
-    /// not commit before it (it is released too), or a later order could take the
-    /// database's last unit from an earlier one.
+    /// Stops `voucher` for the rest of the run, without recording an error.
     pub(super) fn stop(&self, voucher: Bucket) {
-        self.with(|s| s.failed.insert(voucher));
+        self.with(|s| s.stopped.insert(voucher));
     }
 }
 

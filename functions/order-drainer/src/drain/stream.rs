@@ -34,7 +34,7 @@ impl Drainer {
     /// Claims and processes the entries other consumers left idle, page by page.
     pub(super) async fn recover(&self, run: &Run, voucher: Bucket) {
         let mut cursor = "0-0".to_string();
-        while run.fits(1) && !run.failed(voucher) {
+        while run.fits(1) && !run.stopped(voucher) {
             let page = match self
                 .streams
                 .claim_idle(
@@ -104,7 +104,7 @@ impl Drainer {
         }
         run.touch(voucher);
         run.count(|s| s.read += entries.len() as u64);
-        if run.failed(voucher) {
+        if run.stopped(voucher) {
             self.release(run, voucher, &entries).await;
             return None;
         }
@@ -190,8 +190,11 @@ impl Drainer {
 
     /// Gives the batch's still-pending entries back for the next invocation to claim at
     /// once (see [`OrderStreams::release`]); if that fails too, they are claimed after
-    /// the claim threshold.
+    /// the claim threshold. The voucher stops for the rest of the run: a batch read
+    /// after these entries (the one read ahead) must not commit before them, or a later
+    /// order could take the database's last unit from an earlier one.
     pub(super) async fn release(&self, run: &Run, voucher: Bucket, entries: &[StreamEntry]) {
+        run.stop(voucher);
         let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
         match self
             .streams
