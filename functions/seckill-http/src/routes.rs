@@ -232,10 +232,13 @@ async fn dispatch(app: &App, req: &Request, route: &Route<'_>) -> Result<Respons
             let (caller, _) = who()?;
             buyer_order(app, &caller, id.parse()?).await
         }
-        Route::PayOrder(id) | Route::CancelOrder(id) => {
+        Route::PayOrder(id) => {
             let (caller, now) = who()?;
-            let pay = matches!(route, Route::PayOrder(_));
-            close_order(app, req, &caller, now, id.parse()?, pay).await
+            close_order(app, req, &caller, now, id.parse()?, true).await
+        }
+        Route::CancelOrder(id) => {
+            let (caller, now) = who()?;
+            close_order(app, req, &caller, now, id.parse()?, false).await
         }
     }
 }
