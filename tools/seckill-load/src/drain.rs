@@ -247,22 +247,20 @@ pub async fn drain(bench: &Bench, o: &DrainOptions, ui: &Ui) -> anyhow::Result<D
         report.tutorial = Some(drain_tutorial(bench, o.tutorial_orders, ui).await?);
         for round in (0..o.floor_rounds).take_while(|_| !ui.stopped()) {
             let floor_first = round % 2 == 0;
-            let mut floor = None;
-            let mut ours = None;
-            for floor_now in [floor_first, !floor_first] {
-                if floor_now {
-                    floor = Some(drain_floor(bench, o.orders, o.floor_batch, round).await?);
-                } else {
-                    ours = Some(drain_sales(bench, "ours", o.orders, 1, best, ui).await?);
-                }
-            }
-            if let (Some(floor), Some(ours)) = (floor, ours) {
-                report.floor_rounds.push(FloorRound {
-                    floor_first,
-                    floor,
-                    ours,
-                });
-            }
+            let floor_run = || drain_floor(bench, o.orders, o.floor_batch, round);
+            let ours_run = || drain_sales(bench, "ours", o.orders, 1, best, ui);
+            let (floor, ours) = if floor_first {
+                let floor = floor_run().await?;
+                (floor, ours_run().await?)
+            } else {
+                let ours = ours_run().await?;
+                (floor_run().await?, ours)
+            };
+            report.floor_rounds.push(FloorRound {
+                floor_first,
+                floor,
+                ours,
+            });
         }
         report.db_floor = report.median_round().map(|r| r.floor.clone());
     }
