@@ -447,10 +447,11 @@ async fn seckill(
     }
 }
 
-/// Rounds of borrowing one attempt makes at most: each round moves half of a donor's
-/// stock, and the units may go to other buyers of the bucket before this one's
-/// admission runs again.
-const MAX_BORROW_ROUNDS: u32 = 8;
+/// How long one attempt keeps borrowing at most. Every round that ends without a unit
+/// for this buyer means units went to other buyers of its bucket or are on their way,
+/// so the sale moves on and the loop ends with it; the bound only stops an attempt that
+/// keeps losing the race from waiting without end.
+const BORROW_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How long an attempt waits for units on their way between two buckets (given by one,
 /// not yet received by the other) before it looks again: one round trip lands them.
@@ -466,9 +467,10 @@ const TRANSIT_WAIT: std::time::Duration = std::time::Duration::from_millis(3);
 /// buckets are read one slot at a time, so a unit moving while they are read can hide:
 /// - units on their way (open records), or a bucket Redis lost, are waited for (a few
 ///   ms) rather than answered sold out;
-/// - no donor giving anything, the attempt looks at every bucket's stock and records;
-///   only two empty looks a pause apart make the voucher sold out, and mark it so for
-///   every instance.
+/// - no donor giving anything, the attempt looks at every bucket twice, a pause apart;
+///   only when both looks find nothing and no transfer landed in between
+///   ([`transfers::sold_out_between`]) is the voucher sold out, and marked so for every
+///   instance.
 async fn borrow_and_admit(
     sales: &RedisSales,
     buckets: u16,
@@ -482,18 +484,21 @@ async fn borrow_and_admit(
     if transfers::is_marked_sold_out(&conn, voucher).await? {
         return Ok((reply, true));
     }
-    for round in 0..MAX_BORROW_ROUNDS {
+    let began = std::time::Instant::now();
+    let mut round = 0;
+    while began.elapsed() < BORROW_BUDGET {
         let id = transfers::transfer_id(order_id, round);
+        round += 1;
         let borrowed = transfers::borrow(sales, buckets, bucket, &id).await?;
         if borrowed.units == 0 {
+            // Nothing given: units on their way, landed where this round did not look
+            // (its own bucket included), or none left. Wait for moving ones to settle.
             let moving = borrowed.open > 0 || borrowed.missing > 0;
-            if moving || transfers::units(&conn, voucher, buckets).await?.total() > 0 {
-                // Units on their way, or landed where this round did not look (its own
-                // bucket included): wait for them to settle, then try again.
-                tokio::time::sleep(TRANSIT_WAIT).await;
-            } else {
-                tokio::time::sleep(TRANSIT_WAIT).await;
-                if transfers::units(&conn, voucher, buckets).await?.total() == 0 {
+            let first = transfers::units(&conn, voucher, buckets).await?;
+            tokio::time::sleep(TRANSIT_WAIT).await;
+            if !moving && first.total() == 0 {
+                let second = transfers::units(&conn, voucher, buckets).await?;
+                if transfers::sold_out_between(first, second) {
                     transfers::mark_sold_out(&conn, voucher).await?;
                     return Ok((reply, true));
                 }
@@ -504,9 +509,9 @@ async fn borrow_and_admit(
             return Ok((reply, false));
         }
     }
-    // Units keep moving past this buyer (to other buyers of the bucket, or on their
-    // way): a refusal that may come early, and not one to remember.
-    tracing::warn!(%bucket, rounds = MAX_BORROW_ROUNDS, "still no unit after every borrowing round; answering sold out");
+    // Units kept going to other buyers of the bucket, or kept moving, for the whole
+    // budget: a refusal that may come early, and not one to remember.
+    tracing::warn!(%bucket, rounds = round, "still no unit after borrowing for the whole budget; answering sold out");
     Ok((reply, false))
 }
 

@@ -173,11 +173,15 @@ pub async fn finish_open(sales: &RedisSales, donor: Bucket) -> Result<i64, Store
 }
 
 /// Where a voucher's units are in Redis: in its buckets' stock, or on their way between
-/// two buckets (in a donor's open transfer records).
+/// two buckets (in a donor's open transfer records), and how many transfers its buckets
+/// have received so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Units {
     pub stock: i64,
     pub in_transit: i64,
+    /// Transfers received over every bucket (their `received` hashes' sizes): only ever
+    /// grows during a sale, by one each time units land in a bucket.
+    pub received: u64,
 }
 
 impl Units {
@@ -187,11 +191,25 @@ impl Units {
     }
 }
 
+/// Whether two looks at a voucher's buckets ([`units`]), `second` begun after `first`
+/// ended, prove that Redis has no unit of it left: both found none, and no bucket
+/// received a transfer in between.
+///
+/// A look reads the buckets one at a time, so a unit moving from a bucket not yet read
+/// (its stock, then its transfer record) into one already read hides from that look;
+/// but it can only land there after that bucket was read and before the look ended, so
+/// the landing adds to the `received` count the second look reads. With no landing in
+/// between, the first look missed nothing, and units are never made (outside a return,
+/// which deletes the sold-out mark anyway): the voucher is sold out.
+pub fn sold_out_between(first: Units, second: Units) -> bool {
+    first.total() == 0 && second.total() == 0 && first.received == second.received
+}
+
 /// The voucher's units over every bucket (one round trip per bucket, all at once; a
 /// bucket whose sale is not loaded counts 0). A unit given by a donor is in the donor's
 /// record until its recipient's stock has it, so one bucket's read never misses a unit
 /// moving out of it; a unit moving between two buckets read at different instants can
-/// still be missed.
+/// still be missed ([`sold_out_between`] tells when two looks cannot have).
 pub async fn units(
     conn: &RedisConn,
     voucher: VoucherId,
@@ -199,9 +217,10 @@ pub async fn units(
 ) -> Result<Units, StoreError> {
     let each = futures::future::try_join_all(Bucket::all(voucher, buckets).map(|b| async move {
         let k = VoucherKeys::new(b);
-        let (stock, records): (Option<i64>, Vec<String>) = redis::pipe()
+        let (stock, records, received): (Option<i64>, Vec<String>, u64) = redis::pipe()
             .hget(&k.sale, sale_fields::STOCK)
             .hvals(&k.transfers)
+            .hlen(&k.received)
             .query_async(&mut conn.clone())
             .await?;
         let in_transit = records
@@ -212,12 +231,14 @@ pub async fn units(
         Ok::<Units, StoreError>(Units {
             stock: stock.unwrap_or(0).max(0),
             in_transit,
+            received,
         })
     }))
     .await?;
     Ok(each.iter().fold(Units::default(), |a, u| Units {
         stock: a.stock + u.stock,
         in_transit: a.in_transit + u.in_transit,
+        received: a.received + u.received,
     }))
 }
 
@@ -255,4 +276,38 @@ pub async fn clear_sold_out(conn: &RedisConn, voucher: VoucherId) -> Result<(), 
 /// rounds), so a recipient never mistakes one transfer for another.
 pub fn transfer_id(order: OrderId, round: u32) -> String {
     format!("{order}.{round}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn look(stock: i64, in_transit: i64, received: u64) -> Units {
+        Units {
+            stock,
+            in_transit,
+            received,
+        }
+    }
+
+    #[test]
+    fn two_empty_looks_with_no_landing_between_make_a_sold_out_voucher() {
+        assert!(sold_out_between(look(0, 0, 7), look(0, 0, 7)));
+    }
+
+    #[test]
+    fn a_unit_seen_by_either_look_is_not_sold_out() {
+        assert!(!sold_out_between(look(1, 0, 7), look(0, 0, 7)));
+        assert!(!sold_out_between(look(0, 1, 7), look(0, 0, 7)));
+        assert!(!sold_out_between(look(0, 0, 7), look(1, 0, 7)));
+        assert!(!sold_out_between(look(0, 0, 7), look(0, 2, 7)));
+    }
+
+    #[test]
+    fn a_transfer_landing_between_two_empty_looks_may_have_hidden_units() {
+        // Both looks saw nothing, but a bucket received a transfer in between: the
+        // first look may have read the recipient before the units landed and the
+        // donor after its record was deleted.
+        assert!(!sold_out_between(look(0, 0, 7), look(0, 0, 8)));
+    }
 }
