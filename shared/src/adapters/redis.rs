@@ -7,9 +7,8 @@
 //! [`crate::keys`] with one hash tag per call (invariant 4).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
@@ -74,81 +73,88 @@ pub enum RedisConn {
     Cluster(Cluster),
 }
 
-/// The cluster client of an instance, rebuilt from scratch when it stops answering.
+/// The cluster client of an instance, replaced by a new one when a request times out.
 ///
-/// Seen in the failover tests: after a failover the library's client can get into a
-/// state where every request times out, for minutes, while every node answers at once
-/// (it no longer sends to the new primary at all). A client that only times out for
-/// [`WEDGED_AFTER`] (no answer of any kind in between) is replaced by a new one built
-/// from the seed address, which reads the topology afresh. Answers, errors included,
-/// prove the client alive and reset the count.
+/// Seen in the failover and slot-moving tests: after a failover or a slot move the
+/// library's client can get into a state where the requests for a slot time out while
+/// every node answers at once: some requests are lost inside the client, and for
+/// seconds (after a failover, minutes) new ones are too. Other requests, even for the
+/// same slot, may still be answered meanwhile, so a lost request cannot be told from a
+/// slow server here. A request that times out therefore has the client replaced by a
+/// new one built from the seed address, which reads the topology afresh, and is sent
+/// once more on it; so are the requests timing out beside it, sent before the
+/// replacement. Buyers see one slow answer instead of a 503.
+///
+/// Sending again is safe: every write is a script that is idempotent per request
+/// (an admission finds its own order id, a transfer its id, a close its order), as the
+/// client's own resends after a lost connection already require. The cost when Redis
+/// is merely slow: at most one new client per response timeout per instance (a
+/// replacement covers every request sent before it), and one more try per timed-out
+/// request.
 #[derive(Clone)]
 pub struct Cluster {
     client: Arc<redis::cluster::ClusterClient>,
-    conn: Arc<RwLock<ClusterConnection>>,
-    health: Arc<Health>,
+    /// The current client's connection and its generation (one more per replacement).
+    conn: Arc<RwLock<(u64, ClusterConnection)>>,
+    /// When a replacement was last tried (successful or not), in microseconds since
+    /// `BORN` plus one (0: never). Held while one is under way, so the requests timing
+    /// out together wait for it instead of each replacing.
+    replaced_at: Arc<tokio::sync::Mutex<u64>>,
 }
 
-/// How the client's recent requests ended. Atomics: every request updates it, and an
-/// answered one costs a single load.
-#[derive(Default)]
-struct Health {
-    /// Milliseconds since `BORN` (plus one) when the current run of timeouts began; 0
-    /// while the last request was answered.
-    timing_out_since: AtomicU64,
-    /// One rebuild at a time.
-    rebuilding: AtomicBool,
-}
-
-/// The clock [`Health`] counts from.
+/// The clock replacements are timed by.
 static BORN: LazyLock<Instant> = LazyLock::new(Instant::now);
 
-/// How long a cluster client may answer nothing but timeouts before it is rebuilt.
-pub const WEDGED_AFTER: Duration = Duration::from_secs(3);
+/// Microseconds since [`BORN`], plus one: finer than a request's round trip.
+fn born_us() -> u64 {
+    BORN.elapsed().as_micros() as u64 + 1
+}
 
 impl Cluster {
-    fn conn(&self) -> ClusterConnection {
+    fn current(&self) -> (u64, ClusterConnection) {
         self.conn.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Notes how a request ended; rebuilds the client when it has only timed out for
-    /// [`WEDGED_AFTER`].
-    async fn observe<T>(&self, result: &redis::RedisResult<T>) {
-        let h = &self.health;
-        if !matches!(result, Err(e) if e.is_timeout()) {
-            if h.timing_out_since.load(Ordering::Relaxed) != 0 {
-                h.timing_out_since.store(0, Ordering::Relaxed);
-            }
-            return;
+    fn generation(&self) -> u64 {
+        self.conn.read().unwrap_or_else(|e| e.into_inner()).0
+    }
+
+    /// Sends `request`; when it times out, sends it once more on the client that
+    /// replaced the one it was sent on.
+    async fn request(&self, request: Request<'_>) -> redis::RedisResult<Value> {
+        let sent = born_us();
+        let (generation, mut conn) = self.current();
+        let result = redirected(&mut conn, request).await;
+        let timed_out = matches!(&result, Err(e) if e.is_timeout());
+        if !timed_out || !self.replaced_since(generation, sent).await {
+            return result;
         }
-        let now = BORN.elapsed().as_millis() as u64 + 1;
-        let since =
-            match h
-                .timing_out_since
-                .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
-            {
-                Ok(_) => return, // the first timeout of a run
-                Err(since) => since,
-            };
-        if now - since < WEDGED_AFTER.as_millis() as u64
-            || h.rebuilding.swap(true, Ordering::AcqRel)
-        {
-            return; // not long enough, or another request is rebuilding it
-        }
-        match self.client.get_async_connection().await {
-            Ok(fresh) => {
-                *self.conn.write().unwrap_or_else(|e| e.into_inner()) = fresh;
-                h.timing_out_since.store(0, Ordering::Relaxed);
-                tracing::warn!(
-                    after = ?WEDGED_AFTER,
-                    "redis cluster client answered only timeouts; replaced it with a new one"
-                );
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "redis cluster client wedged; rebuilding it failed")
+        let (_, mut conn) = self.current();
+        redirected(&mut conn, request).await
+    }
+
+    /// After a request sent at `sent` on client `generation` timed out: replaces that
+    /// client unless a replacement was tried since the request was sent, then says
+    /// whether a newer client is there to send the request again on.
+    async fn replaced_since(&self, generation: u64, sent: u64) -> bool {
+        let mut tried = self.replaced_at.lock().await;
+        if self.generation() == generation && *tried < sent {
+            *tried = born_us();
+            match self.client.get_async_connection().await {
+                Ok(fresh) => {
+                    *self.conn.write().unwrap_or_else(|e| e.into_inner()) = (generation + 1, fresh);
+                    tracing::warn!(
+                        "a redis cluster request timed out; replaced the client with a new one"
+                    );
+                }
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "a redis cluster request timed out; replacing the client failed"
+                ),
             }
         }
-        h.rebuilding.store(false, Ordering::Release);
+        drop(tried);
+        self.generation() != generation
     }
 }
 
@@ -182,8 +188,8 @@ impl RedisConn {
             let conn = client.get_async_connection().await?;
             Ok(RedisConn::Cluster(Cluster {
                 client: Arc::new(client),
-                conn: Arc::new(RwLock::new(conn)),
-                health: Arc::default(),
+                conn: Arc::new(RwLock::new((0, conn))),
+                replaced_at: Arc::default(),
             }))
         } else {
             let client = match certs {
@@ -213,11 +219,7 @@ impl ConnectionLike for RedisConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             RedisConn::Single(c) => c.req_packed_command(cmd),
-            RedisConn::Cluster(c) => Box::pin(async move {
-                let result = redirected(&mut c.conn(), Request::Command(cmd)).await;
-                c.observe(&result).await;
-                result
-            }),
+            RedisConn::Cluster(c) => Box::pin(c.request(Request::Command(cmd))),
         }
     }
 
@@ -230,9 +232,7 @@ impl ConnectionLike for RedisConn {
         match self {
             RedisConn::Single(c) => c.req_packed_commands(pipeline, offset, count),
             RedisConn::Cluster(c) => Box::pin(async move {
-                let result =
-                    redirected(&mut c.conn(), Request::Pipeline(pipeline, offset, count)).await;
-                c.observe(&result).await;
+                let result = c.request(Request::Pipeline(pipeline, offset, count)).await;
                 result.map(|v| match v {
                     Value::Array(items) => items,
                     other => vec![other],
@@ -244,7 +244,7 @@ impl ConnectionLike for RedisConn {
     fn get_db(&self) -> i64 {
         match self {
             RedisConn::Single(c) => c.get_db(),
-            RedisConn::Cluster(c) => c.conn().get_db(),
+            RedisConn::Cluster(c) => c.current().1.get_db(),
         }
     }
 }
