@@ -447,11 +447,12 @@ async fn seckill(
     }
 }
 
-/// How long one attempt keeps borrowing at most. Every round that ends without a unit
-/// for this buyer means units went to other buyers of its bucket or are on their way,
-/// so the sale moves on and the loop ends with it; the bound only stops an attempt that
-/// keeps losing the race from waiting without end.
+/// How long one attempt keeps borrowing at most, and in how many rounds. A round that
+/// ends without a unit for this buyer means units went to other buyers of its bucket
+/// or are on their way, so the sale moves on and the loop ends with it; the bounds only
+/// stop an attempt that keeps losing the race from waiting without end.
 const BORROW_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
+const MAX_BORROW_ROUNDS: u32 = 64;
 
 /// How long an attempt waits for units on their way between two buckets (given by one,
 /// not yet received by the other) before it looks again: one round trip lands them.
@@ -470,7 +471,10 @@ const TRANSIT_WAIT: std::time::Duration = std::time::Duration::from_millis(3);
 /// - no donor giving anything, the attempt looks at every bucket twice, a pause apart;
 ///   only when both looks find nothing and no transfer landed in between
 ///   ([`transfers::sold_out_between`]) is the voucher sold out, and marked so for every
-///   instance.
+///   instance;
+/// - units borrowed and then taken by another buyer of the bucket before this one's
+///   admission: a pause of random length before the next round, so two empty buckets
+///   never pass the last unit back and forth in step.
 async fn borrow_and_admit(
     sales: &RedisSales,
     buckets: u16,
@@ -486,21 +490,25 @@ async fn borrow_and_admit(
     }
     let began = std::time::Instant::now();
     let mut round = 0;
-    while began.elapsed() < BORROW_BUDGET {
+    while round < MAX_BORROW_ROUNDS && began.elapsed() < BORROW_BUDGET {
         let id = transfers::transfer_id(order_id, round);
         round += 1;
         let borrowed = transfers::borrow(sales, buckets, bucket, &id).await?;
         if borrowed.units == 0 {
-            // Nothing given: units on their way, landed where this round did not look
-            // (its own bucket included), or none left. Wait for moving ones to settle.
-            let moving = borrowed.open > 0 || borrowed.missing > 0;
-            let first = transfers::units(&conn, voucher, buckets).await?;
-            tokio::time::sleep(TRANSIT_WAIT).await;
-            if !moving && first.total() == 0 {
-                let second = transfers::units(&conn, voucher, buckets).await?;
-                if transfers::sold_out_between(first, second) {
-                    transfers::mark_sold_out(&conn, voucher).await?;
-                    return Ok((reply, true));
+            if borrowed.open > 0 || borrowed.missing > 0 {
+                // Units on their way, or a bucket Redis lost: wait for them to settle.
+                tokio::time::sleep(TRANSIT_WAIT).await;
+            } else {
+                // Nothing given: units landed where this round did not look (its own
+                // bucket included), or none are left.
+                let first = transfers::units(&conn, voucher, buckets).await?;
+                tokio::time::sleep(TRANSIT_WAIT).await;
+                if first.total() == 0 {
+                    let second = transfers::units(&conn, voucher, buckets).await?;
+                    if transfers::sold_out_between(first, second) {
+                        transfers::mark_sold_out(&conn, voucher).await?;
+                        return Ok((reply, true));
+                    }
                 }
             }
         }
@@ -508,10 +516,16 @@ async fn borrow_and_admit(
         if reply.admission != Admission::SoldOut {
             return Ok((reply, false));
         }
+        if borrowed.units > 0 {
+            // Another buyer of the bucket took the units first: let the next round
+            // start at a moment of its own.
+            let jitter = rand::random_range(0..=TRANSIT_WAIT.as_micros() as u64);
+            tokio::time::sleep(std::time::Duration::from_micros(jitter)).await;
+        }
     }
-    // Units kept going to other buyers of the bucket, or kept moving, for the whole
-    // budget: a refusal that may come early, and not one to remember.
-    tracing::warn!(%bucket, rounds = round, "still no unit after borrowing for the whole budget; answering sold out");
+    // Units kept going to other buyers of the bucket, or kept moving, for every round:
+    // a refusal that may come early, and not one to remember.
+    tracing::warn!(%bucket, rounds = round, elapsed = ?began.elapsed(), "still no unit after borrowing for every round; answering sold out");
     Ok((reply, false))
 }
 

@@ -197,10 +197,13 @@ impl Units {
 ///
 /// A look reads the buckets one at a time, so a unit moving from a bucket not yet read
 /// (its stock, then its transfer record) into one already read hides from that look;
-/// but it can only land there after that bucket was read and before the look ended, so
-/// the landing adds to the `received` count the second look reads. With no landing in
-/// between, the first look missed nothing, and units are never made (outside a return,
-/// which deletes the sold-out mark anyway): the voucher is sold out.
+/// but it can only land there after that bucket's stock was read, so after its
+/// `received` count was (each bucket's count is read first), and before the look
+/// ended: the landing adds to the count the second look reads. With no landing in
+/// between, the first look missed nothing, and units are never made: the voucher is
+/// sold out. (A unit given back by a payment's cancel or expiry while the looks run can
+/// still hide; the return deletes the sold-out mark, and a mark set just after it is
+/// wrong for at most its 5 s: see [`SOLD_OUT_MARK`].)
 pub fn sold_out_between(first: Units, second: Units) -> bool {
     first.total() == 0 && second.total() == 0 && first.received == second.received
 }
@@ -217,10 +220,13 @@ pub async fn units(
 ) -> Result<Units, StoreError> {
     let each = futures::future::try_join_all(Bucket::all(voucher, buckets).map(|b| async move {
         let k = VoucherKeys::new(b);
-        let (stock, records, received): (Option<i64>, Vec<String>, u64) = redis::pipe()
+        // `received` first: the three reads are not one atomic step, and a landing
+        // after the count was read must show in the next look's count, whether or not
+        // this look's stock read saw its units (see `sold_out_between`).
+        let (received, stock, records): (u64, Option<i64>, Vec<String>) = redis::pipe()
+            .hlen(&k.received)
             .hget(&k.sale, sale_fields::STOCK)
             .hvals(&k.transfers)
-            .hlen(&k.received)
             .query_async(&mut conn.clone())
             .await?;
         let in_transit = records
