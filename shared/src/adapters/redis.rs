@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
@@ -81,16 +81,10 @@ pub enum RedisConn {
 /// seconds (after a failover, minutes) new ones are too. Other requests, even for the
 /// same slot, may still be answered meanwhile, so a lost request cannot be told from a
 /// slow server here. A request that times out therefore has the client replaced by a
-/// new one built from the seed address, which reads the topology afresh, and is sent
-/// once more on it; so are the requests timing out beside it, sent before the
-/// replacement. Buyers see one slow answer instead of a 503.
-///
-/// Sending again is safe: every write is a script that is idempotent per request
-/// (an admission finds its own order id, a transfer its id, a close its order), as the
-/// client's own resends after a lost connection already require. The cost when Redis
-/// is merely slow: at most one new client per response timeout per instance (a
-/// replacement covers every request sent before it), and one more try per timed-out
-/// request.
+/// new one built from the seed address, which reads the topology afresh (at most once
+/// per [`REPLACE_AT_MOST_EVERY`]), and, if [`resendable`], is sent once more on it; so
+/// are the requests timing out beside it, sent before the replacement. Buyers see one
+/// slow answer instead of a 503.
 #[derive(Clone)]
 pub struct Cluster {
     client: Arc<redis::cluster::ClusterClient>,
@@ -102,12 +96,72 @@ pub struct Cluster {
     replaced_at: Arc<tokio::sync::Mutex<u64>>,
 }
 
+/// The least time between two replacements of an instance's cluster client: a Redis
+/// that is merely slow (every request timing out) costs each instance one new client
+/// a second, not one per response timeout.
+pub const REPLACE_AT_MOST_EVERY: Duration = Duration::from_secs(1);
+
 /// The clock replacements are timed by.
 static BORN: LazyLock<Instant> = LazyLock::new(Instant::now);
 
 /// Microseconds since [`BORN`], plus one: finer than a request's round trip.
 fn born_us() -> u64 {
     BORN.elapsed().as_micros() as u64 + 1
+}
+
+/// Whether a request that timed out may be sent once more: its first attempt may have
+/// run with only the reply lost. True when every command is a read or a script call.
+/// Our scripts already are idempotent per request, because the library itself sends a
+/// script again after a lost connection (an admission finds its own order id, a
+/// transfer its id, a close its order; a lease sent twice only wastes a block). Not
+/// resent: a `WAIT` (on a new connection it would count no write and vouch for one it
+/// never saw), a stream read for a group (the first read's entries would wait, pending,
+/// for the next claim), a lock taken with `SET NX`, plain writes.
+fn resendable(request: Request<'_>) -> bool {
+    let is_safe = |cmd: &Cmd| {
+        let Some(redis::Arg::Simple(name)) = cmd.args_iter().next() else {
+            return false;
+        };
+        const SAFE: &[&[u8]] = &[
+            b"EVALSHA",
+            b"EVAL",
+            b"SCRIPT",
+            b"GET",
+            b"MGET",
+            b"EXISTS",
+            b"PTTL",
+            b"TTL",
+            b"HGET",
+            b"HMGET",
+            b"HGETALL",
+            b"HVALS",
+            b"HKEYS",
+            b"HLEN",
+            b"HEXISTS",
+            b"HSCAN",
+            b"SMEMBERS",
+            b"SCARD",
+            b"SISMEMBER",
+            b"ZRANGE",
+            b"ZRANGEBYSCORE",
+            b"ZCARD",
+            b"ZSCORE",
+            b"ZCOUNT",
+            b"XLEN",
+            b"XRANGE",
+            b"XREVRANGE",
+            b"XPENDING",
+            b"XINFO",
+            b"PING",
+            b"TIME",
+            b"INFO",
+        ];
+        SAFE.iter().any(|safe| safe.eq_ignore_ascii_case(name))
+    };
+    match request {
+        Request::Command(cmd) => is_safe(cmd),
+        Request::Pipeline(p, ..) => p.cmd_iter().all(is_safe),
+    }
 }
 
 impl Cluster {
@@ -119,14 +173,14 @@ impl Cluster {
         self.conn.read().unwrap_or_else(|e| e.into_inner()).0
     }
 
-    /// Sends `request`; when it times out, sends it once more on the client that
-    /// replaced the one it was sent on.
+    /// Sends `request`; when it times out, replaces the client and, if the request is
+    /// [`resendable`], sends it once more on the new one.
     async fn request(&self, request: Request<'_>) -> redis::RedisResult<Value> {
         let sent = born_us();
         let (generation, mut conn) = self.current();
         let result = redirected(&mut conn, request).await;
         let timed_out = matches!(&result, Err(e) if e.is_timeout());
-        if !timed_out || !self.replaced_since(generation, sent).await {
+        if !timed_out || !self.replaced_since(generation, sent).await || !resendable(request) {
             return result;
         }
         let (_, mut conn) = self.current();
@@ -134,12 +188,16 @@ impl Cluster {
     }
 
     /// After a request sent at `sent` on client `generation` timed out: replaces that
-    /// client unless a replacement was tried since the request was sent, then says
-    /// whether a newer client is there to send the request again on.
+    /// client unless a replacement was tried since the request was sent or less than
+    /// [`REPLACE_AT_MOST_EVERY`] ago, then says whether a newer client is there to send
+    /// the request again on.
     async fn replaced_since(&self, generation: u64, sent: u64) -> bool {
         let mut tried = self.replaced_at.lock().await;
-        if self.generation() == generation && *tried < sent {
-            *tried = born_us();
+        let now = born_us();
+        let due = *tried < sent
+            && (*tried == 0 || now - *tried >= REPLACE_AT_MOST_EVERY.as_micros() as u64);
+        if self.generation() == generation && due {
+            *tried = now;
             match self.client.get_async_connection().await {
                 Ok(fresh) => {
                     *self.conn.write().unwrap_or_else(|e| e.into_inner()) = (generation + 1, fresh);
@@ -260,7 +318,7 @@ enum Request<'a> {
 }
 
 /// Sends `request` through the cluster client and finishes the redirections it gave
-/// up on.
+/// up on, sending the request straight to the node each redirection names.
 ///
 /// An ASK (the slot is migrating and this key already left) must reach the target
 /// node right after an `ASKING` on the same connection. The client sends `ASKING` as a
@@ -268,75 +326,95 @@ enum Request<'a> {
 /// another request's command can slip in between: the target then answers MOVED back
 /// to the source, which answers ASK again, until the client's retries run out (seen as
 /// 503s while a slot moved). Here `ASKING` and the request travel as one pipeline, which
-/// the connection writes contiguously. A pipeline's reply comes back as one array.
+/// the connection writes contiguously. A MOVED the client gave up on goes to the node
+/// it names, not through the client's slot map again: under load that map was still
+/// the old one after the client's retries, and each round met the same MOVED (seen as
+/// 503s in the slot-moving test while a failover test shared the CPU). A pipeline's
+/// reply comes back as one array.
 async fn redirected(c: &mut ClusterConnection, request: Request<'_>) -> redis::RedisResult<Value> {
     let mut result = send(c, request, None).await;
     for _ in 0..ASK_ROUNDS {
         let Err(err) = &result else { break };
-        result = match err.kind() {
-            redis::ErrorKind::Server(redis::ServerErrorKind::Ask) => {
-                let Some((host, port)) = err
-                    .redirect_node()
-                    .and_then(|(addr, _slot)| addr.rsplit_once(':'))
-                    .and_then(|(h, p)| Some((h.to_string(), p.parse::<u16>().ok()?)))
-                else {
-                    break;
-                };
-                send(c, request, Some((host, port))).await
-            }
-            // The slot map is refreshed by now (the client does so on MOVED).
-            redis::ErrorKind::Server(redis::ServerErrorKind::Moved) => send(c, request, None).await,
+        let asking = match err.kind() {
+            redis::ErrorKind::Server(redis::ServerErrorKind::Ask) => true,
+            redis::ErrorKind::Server(redis::ServerErrorKind::Moved) => false,
             _ => break,
         };
+        let Some((host, port)) = err
+            .redirect_node()
+            .and_then(|(addr, _slot)| addr.rsplit_once(':'))
+            .and_then(|(h, p)| Some((h.to_string(), p.parse::<u16>().ok()?)))
+        else {
+            break;
+        };
+        result = send(c, request, Some(Redirect { host, port, asking })).await;
     }
     result
 }
 
-/// One attempt: routed by the client, or to `asking` with `ASKING` in front.
+/// The node a MOVED or an ASK named, and whether it was an ASK.
+struct Redirect {
+    host: String,
+    port: u16,
+    asking: bool,
+}
+
+/// One attempt: routed by the client, or to the node `to` names (with `ASKING` in front
+/// of each command after an ASK).
 async fn send(
     c: &mut ClusterConnection,
     request: Request<'_>,
-    asking: Option<(String, u16)>,
+    to: Option<Redirect>,
 ) -> redis::RedisResult<Value> {
     use redis::cluster_routing::SingleNodeRoutingInfo;
-    match (request, asking) {
-        (Request::Command(cmd), None) => c.req_packed_command(cmd).await,
-        (Request::Pipeline(p, offset, count), None) => c
-            .req_packed_commands(p, offset, count)
-            .await
-            .map(Value::Array),
-        (request, Some((host, port))) => {
-            // `ASKING` lets only the next command in: one in front of each.
-            let mut p = redis::pipe();
-            let (offset, count) = match request {
-                Request::Command(cmd) => {
-                    p.cmd("ASKING").add_command(cmd.clone());
-                    (0, 1)
-                }
-                Request::Pipeline(original, offset, count) => {
-                    for cmd in original.cmd_iter() {
-                        p.cmd("ASKING").add_command(cmd.clone());
-                    }
-                    (offset, count)
-                }
-            };
-            let route = SingleNodeRoutingInfo::ByAddress { host, port };
-            let n = p.len();
-            let all = c.route_pipeline(p, 0, n, route).await?;
-            // Every second reply is a command's; the others are the `ASKING`s' OKs.
-            let mut replies: Vec<Value> = all
-                .into_iter()
-                .skip(1)
-                .step_by(2)
-                .skip(offset)
-                .take(count)
-                .collect();
-            Ok(match request {
-                Request::Command(_) => replies.pop().unwrap_or(Value::Nil),
-                Request::Pipeline(..) => Value::Array(replies),
-            })
+    let Some(to) = to else {
+        return match request {
+            Request::Command(cmd) => c.req_packed_command(cmd).await,
+            Request::Pipeline(p, offset, count) => c
+                .req_packed_commands(p, offset, count)
+                .await
+                .map(Value::Array),
+        };
+    };
+    // `ASKING` lets only the next command in: one in front of each.
+    let mut p = redis::pipe();
+    let mut add = |cmd: &Cmd| {
+        if to.asking {
+            p.cmd("ASKING");
         }
+        p.add_command(cmd.clone());
+    };
+    let (offset, count) = match request {
+        Request::Command(cmd) => {
+            add(cmd);
+            (0, 1)
+        }
+        Request::Pipeline(original, offset, count) => {
+            original.cmd_iter().for_each(add);
+            (offset, count)
+        }
+    };
+    let n = p.len();
+    let route = SingleNodeRoutingInfo::ByAddress {
+        host: to.host,
+        port: to.port,
+    };
+    let all = c.route_pipeline(p, 0, n, route).await?;
+    // After an ASK every second reply is a command's; the others are the `ASKING`s' OKs.
+    let (skip, step) = if to.asking { (1, 2) } else { (0, 1) };
+    let mut replies: Vec<Value> = all
+        .into_iter()
+        .skip(skip)
+        .step_by(step)
+        .skip(offset)
+        .take(count)
+        .collect();
+    // A MOVED or ASK met again comes back as an error, for the next round.
+    match request {
+        Request::Command(_) => replies.pop().unwrap_or(Value::Nil),
+        Request::Pipeline(..) => Value::Array(replies),
     }
+    .extract_error()
 }
 
 /// The admission script's reply: the stock left when admitted, else a table of code,
@@ -958,6 +1036,56 @@ impl OrderIds {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_reads_and_script_calls_are_sent_again_after_a_timeout() {
+        let mut admit = redis::cmd("EVALSHA");
+        admit
+            .arg("0123abcd")
+            .arg(1)
+            .arg("seckill:{42}:sale")
+            .arg("alice");
+        let mut read = redis::cmd("HMGET");
+        read.arg("seckill:{42}:sale").arg("stock");
+        assert!(resendable(Request::Command(&admit)));
+        assert!(resendable(Request::Command(&read)));
+        let mut p = redis::pipe();
+        p.add_command(read.clone()).hlen("seckill:{42}:received");
+        assert!(resendable(Request::Pipeline(&p, 0, 2)));
+
+        // A durable admission: the WAIT would vouch for nothing on a new connection.
+        let mut durable = redis::pipe();
+        durable
+            .add_command(admit.clone())
+            .cmd("WAIT")
+            .arg(1)
+            .arg(100);
+        assert!(!resendable(Request::Pipeline(&durable, 0, 2)));
+        // A group read, a lock, a plain write.
+        let mut group_read = redis::cmd("XREADGROUP");
+        group_read
+            .arg("GROUP")
+            .arg("g")
+            .arg("c")
+            .arg("STREAMS")
+            .arg("s")
+            .arg(">");
+        let mut lock = redis::cmd("SET");
+        lock.arg("seckill:{42}:repair")
+            .arg("1")
+            .arg("NX")
+            .arg("PX")
+            .arg(10_000);
+        let mut ack = redis::cmd("XACK");
+        ack.arg("s").arg("g").arg("1-1");
+        for cmd in [&group_read, &lock, &ack] {
+            assert!(
+                !resendable(Request::Command(cmd)),
+                "{:?}",
+                cmd.args_iter().next()
+            );
+        }
+    }
 
     #[test]
     fn a_retried_admission_that_finds_its_own_order_is_admitted() {

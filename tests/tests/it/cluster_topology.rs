@@ -800,6 +800,8 @@ struct Freezer {
     port: u16,
     generation: Arc<AtomicU64>,
     new_silent: Arc<AtomicBool>,
+    /// Connections accepted so far.
+    accepted: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -809,10 +811,13 @@ impl Freezer {
         let port = listener.local_addr().unwrap().port();
         let generation = Arc::new(AtomicU64::new(0));
         let new_silent = Arc::new(AtomicBool::new(false));
+        let accepted = Arc::new(AtomicU64::new(0));
         let g = generation.clone();
         let silent = new_silent.clone();
+        let count = accepted.clone();
         let task = tokio::spawn(async move {
             while let Ok((mut client, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
                 // A connection born silent never matches the generation.
                 let born = match silent.load(Ordering::SeqCst) {
                     true => u64::MAX,
@@ -848,6 +853,7 @@ impl Freezer {
             port,
             generation,
             new_silent,
+            accepted,
             task,
         }
     }
@@ -870,13 +876,16 @@ impl Drop for Freezer {
 
 /// The self-healing of the cluster client, without a failover's luck: every connection
 /// it has stops answering (as after the wedge the failover and slot-moving tests met),
-/// new ones work. The request that times out with nothing answered since it was sent
-/// has the client replaced and is sent again on the new one: the caller gets its answer
-/// one timeout late, not an error, and again each time the new client freezes too.
-/// With new connections silent as well, the caller gets a timeout error in bounded
-/// time, and the client heals once connections work again.
+/// new ones work. The request that times out has the client replaced and is sent again
+/// on the new one: the caller gets its answer one timeout late, not an error, and so do
+/// the callers beside it, with one new client for all of them. A client frozen again
+/// within `REPLACE_AT_MOST_EVERY` is not replaced (a slow Redis must not cost a new
+/// client per timeout): its callers get timeouts until that time has passed. With new
+/// connections silent as well, the caller gets a timeout error in bounded time, and the
+/// client heals once connections work again.
 #[tokio::test]
 async fn a_cluster_client_that_only_times_out_is_replaced() {
+    use seckill_shared::adapters::redis::REPLACE_AT_MOST_EVERY;
     let redis = RedisServer::single();
     let node = redis.port();
     let proxy = Freezer::start(node).await;
@@ -907,13 +916,15 @@ async fn a_cluster_client_that_only_times_out_is_replaced() {
             (got, t0.elapsed())
         }
     };
+    // Eight callers at once, as the buyers of one instance.
+    let eight = || futures::future::join_all((0..8).map(|_| get()));
+    let accepted = || proxy.accepted.load(Ordering::SeqCst);
     get().await.0.expect("answers before the freeze");
 
-    for round in 0..3 {
+    for round in 0..2 {
         proxy.freeze();
-        // Eight callers at once, as the buyers of one instance: all answered.
-        let answers = futures::future::join_all((0..8).map(|_| get())).await;
-        for (got, took) in answers {
+        let before = accepted();
+        for (got, took) in eight().await {
             assert!(got.is_ok(), "round {round}: {got:?} after {took:?}");
             assert!(
                 took >= cfg.timeout,
@@ -924,12 +935,33 @@ async fn a_cluster_client_that_only_times_out_is_replaced() {
                 "round {round}: answered only after {took:?}"
             );
         }
-        let (got, took) = get().await;
-        got.expect("the new client answers");
-        assert!(took < cfg.timeout, "the new client is slow: {took:?}");
+        let opened = accepted() - before;
+        assert!(
+            (1..=4).contains(&opened),
+            "round {round}: {opened} connections opened for eight timeouts, one new client"
+        );
+
+        // Frozen again at once: no second new client yet.
+        proxy.freeze();
+        let before = accepted();
+        for (got, took) in eight().await {
+            let err = got.expect_err("a client replaced just now is not replaced again");
+            assert!(err.is_timeout(), "round {round}: {err} after {took:?}");
+        }
+        assert_eq!(
+            accepted(),
+            before,
+            "round {round}: a new client per timeout"
+        );
+        tokio::time::sleep(REPLACE_AT_MOST_EVERY).await;
     }
+    // Time has passed: the frozen client is replaced at its next timeout.
+    let (got, took) = get().await;
+    got.expect("replaced once the time has passed");
+    assert!(took < Duration::from_secs(3), "healed only after {took:?}");
 
     // Nothing answers, not even new connections: a timeout, never a hang.
+    tokio::time::sleep(REPLACE_AT_MOST_EVERY).await;
     proxy.silence_new(true);
     proxy.freeze();
     let (got, took) = get().await;
@@ -940,6 +972,7 @@ async fn a_cluster_client_that_only_times_out_is_replaced() {
         "timed out only after {took:?}"
     );
     // Connections work again: the next request replaces the silent client.
+    tokio::time::sleep(REPLACE_AT_MOST_EVERY).await;
     proxy.silence_new(false);
     let (got, took) = get().await;
     got.expect("healed once new connections work");
