@@ -110,59 +110,45 @@ fn born_us() -> u64 {
 }
 
 /// Whether a request that timed out may be sent once more: its first attempt may have
-/// run with only the reply lost. True when every command is a read or a script call.
-/// Our scripts already are idempotent per request, because the library itself sends a
-/// script again after a lost connection (an admission finds its own order id, a
-/// transfer its id, a close its order; a lease sent twice only wastes a block). Not
-/// resent: a `WAIT` (on a new connection it would count no write and vouch for one it
-/// never saw), a stream read for a group (the first read's entries would wait, pending,
-/// for the next claim), a lock taken with `SET NX`, plain writes.
+/// run with only the reply lost, or may still run later (stuck on the old connection,
+/// overtaken by the resend on the new one). True when every command is a read or a
+/// script call that survives both: an admission finds its own order id, a close its
+/// order, a take its transfer id, a lease sent twice only wastes a block. Not resent:
+/// `lua/give.lua` (a late first copy arriving after the transfer's record was deleted
+/// would give the units again under an id already received, and they would be lost);
+/// a `WAIT` (on a new connection it would count no write and vouch for one it never
+/// saw); a stream read for a group (the first read's entries would wait, pending, for
+/// the next claim); a lock taken with `SET NX`; plain writes.
 fn resendable(request: Request<'_>) -> bool {
     let is_safe = |cmd: &Cmd| {
-        let Some(redis::Arg::Simple(name)) = cmd.args_iter().next() else {
+        let mut args = cmd.args_iter().map(|a| match a {
+            redis::Arg::Simple(bytes) => bytes,
+            _ => &b""[..],
+        });
+        let Some(name) = args.next() else {
             return false;
         };
-        const SAFE: &[&[u8]] = &[
-            b"EVALSHA",
-            b"EVAL",
-            b"SCRIPT",
-            b"GET",
-            b"MGET",
-            b"EXISTS",
-            b"PTTL",
-            b"TTL",
-            b"HGET",
-            b"HMGET",
-            b"HGETALL",
-            b"HVALS",
-            b"HKEYS",
-            b"HLEN",
-            b"HEXISTS",
-            b"HSCAN",
-            b"SMEMBERS",
-            b"SCARD",
-            b"SISMEMBER",
-            b"ZRANGE",
-            b"ZRANGEBYSCORE",
-            b"ZCARD",
-            b"ZSCORE",
-            b"ZCOUNT",
-            b"XLEN",
-            b"XRANGE",
-            b"XREVRANGE",
-            b"XPENDING",
-            b"XINFO",
-            b"PING",
-            b"TIME",
-            b"INFO",
-        ];
-        SAFE.iter().any(|safe| safe.eq_ignore_ascii_case(name))
+        if name.eq_ignore_ascii_case(b"EVALSHA") {
+            return args.next() != Some(super::transfers::GIVE.get_hash().as_bytes());
+        }
+        READS
+            .iter()
+            .any(|r| r.as_bytes().eq_ignore_ascii_case(name))
     };
     match request {
         Request::Command(cmd) => is_safe(cmd),
         Request::Pipeline(p, ..) => p.cmd_iter().all(is_safe),
     }
 }
+
+/// Commands that only read (and `SCRIPT`, which loads scripts): safe to send again.
+#[rustfmt::skip]
+const READS: &[&str] = &[
+    "SCRIPT", "GET", "MGET", "EXISTS", "PTTL", "TTL", "HGET", "HMGET", "HGETALL", "HVALS",
+    "HKEYS", "HLEN", "HEXISTS", "HSCAN", "SMEMBERS", "SCARD", "SISMEMBER", "ZRANGE",
+    "ZRANGEBYSCORE", "ZCARD", "ZSCORE", "ZCOUNT", "XLEN", "XRANGE", "XREVRANGE", "XPENDING",
+    "XINFO", "PING", "TIME", "INFO",
+];
 
 impl Cluster {
     fn current(&self) -> (u64, ClusterConnection) {
@@ -176,8 +162,10 @@ impl Cluster {
     /// Sends `request`; when it times out, replaces the client and, if the request is
     /// [`resendable`], sends it once more on the new one.
     async fn request(&self, request: Request<'_>) -> redis::RedisResult<Value> {
-        let sent = born_us();
+        // Stamped after the client is read: a replacement begun before this request
+        // took its client is not one that covers it.
         let (generation, mut conn) = self.current();
+        let sent = born_us();
         let result = redirected(&mut conn, request).await;
         let timed_out = matches!(&result, Err(e) if e.is_timeout());
         if !timed_out || !self.replaced_since(generation, sent).await || !resendable(request) {
@@ -326,17 +314,27 @@ enum Request<'a> {
 /// another request's command can slip in between: the target then answers MOVED back
 /// to the source, which answers ASK again, until the client's retries run out (seen as
 /// 503s while a slot moved). Here `ASKING` and the request travel as one pipeline, which
-/// the connection writes contiguously. A MOVED the client gave up on goes to the node
-/// it names, not through the client's slot map again: under load that map was still
-/// the old one after the client's retries, and each round met the same MOVED (seen as
+/// the connection writes contiguously. A MOVED the client gave up on is sent through
+/// the client once more, then to the node it names: under load the client's slot map
+/// was still the old one after its retries, and each round met the same MOVED (seen as
 /// 503s in the slot-moving test while a failover test shared the CPU). A pipeline's
-/// reply comes back as one array.
+/// reply comes back as one array. (A node is reached by its address only if the client
+/// already knows it: a brand-new node named by an ASK fails this way until the client's
+/// slot map has it. Atomic pipelines cannot be redirected here; none are used.)
 async fn redirected(c: &mut ClusterConnection, request: Request<'_>) -> redis::RedisResult<Value> {
     let mut result = send(c, request, None).await;
+    let mut moved_before = false;
     for _ in 0..ASK_ROUNDS {
         let Err(err) = &result else { break };
         let asking = match err.kind() {
             redis::ErrorKind::Server(redis::ServerErrorKind::Ask) => true,
+            // The first time through the client, whose slot map is usually refreshed
+            // by now (and which connects to a node it does not know yet).
+            redis::ErrorKind::Server(redis::ServerErrorKind::Moved) if !moved_before => {
+                moved_before = true;
+                result = send(c, request, None).await;
+                continue;
+            }
             redis::ErrorKind::Server(redis::ServerErrorKind::Moved) => false,
             _ => break,
         };
@@ -1078,7 +1076,12 @@ mod tests {
             .arg(10_000);
         let mut ack = redis::cmd("XACK");
         ack.arg("s").arg("g").arg("1-1");
-        for cmd in [&group_read, &lock, &ack] {
+        // A transfer's give: a late first copy would give its units again.
+        let mut give = redis::cmd("EVALSHA");
+        give.arg(super::super::transfers::GIVE.get_hash())
+            .arg(2)
+            .arg("seckill:{42}:sale");
+        for cmd in [&group_read, &lock, &ack, &give] {
             assert!(
                 !resendable(Request::Command(cmd)),
                 "{:?}",

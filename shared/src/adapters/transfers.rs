@@ -24,7 +24,8 @@ use crate::error::StoreError;
 use crate::keys::{self, VoucherKeys};
 use crate::protocol::{DEADLINES_SENTINEL, sale_fields, transfer};
 
-static GIVE: LazyLock<Script> =
+/// `lua/give.lua` (the Redis adapter never sends it twice: see its `resendable`).
+pub(crate) static GIVE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/give.lua")));
 static TAKE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/take.lua")));

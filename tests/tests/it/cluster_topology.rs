@@ -920,10 +920,14 @@ async fn a_cluster_client_that_only_times_out_is_replaced() {
     let eight = || futures::future::join_all((0..8).map(|_| get()));
     let accepted = || proxy.accepted.load(Ordering::SeqCst);
     get().await.0.expect("answers before the freeze");
+    // What one client opens through the proxy.
+    let per_client = accepted();
 
     for round in 0..2 {
         proxy.freeze();
         let before = accepted();
+        // The first timeout comes one timeout after the freeze: the replacement then.
+        let replaced = Instant::now() + cfg.timeout;
         for (got, took) in eight().await {
             assert!(got.is_ok(), "round {round}: {got:?} after {took:?}");
             assert!(
@@ -937,22 +941,34 @@ async fn a_cluster_client_that_only_times_out_is_replaced() {
         }
         let opened = accepted() - before;
         assert!(
-            (1..=4).contains(&opened),
-            "round {round}: {opened} connections opened for eight timeouts, one new client"
+            (1..=per_client).contains(&opened),
+            "round {round}: {opened} connections opened for eight timeouts; one client opens {per_client}"
         );
 
-        // Frozen again at once: no second new client yet.
+        // Frozen again at once: no second new client within REPLACE_AT_MOST_EVERY. (On
+        // a machine slow enough that these time out only after it, a replacement is
+        // right; that is printed, not failed.)
         proxy.freeze();
         let before = accepted();
-        for (got, took) in eight().await {
-            let err = got.expect_err("a client replaced just now is not replaced again");
-            assert!(err.is_timeout(), "round {round}: {err} after {took:?}");
+        let answers = eight().await;
+        let since = replaced.elapsed();
+        if since + Duration::from_millis(100) < REPLACE_AT_MOST_EVERY {
+            for (got, took) in answers {
+                let err = got.expect_err("a client replaced just now is not replaced again");
+                assert!(err.is_timeout(), "round {round}: {err} after {took:?}");
+            }
+            assert_eq!(
+                accepted(),
+                before,
+                "round {round}: a new client per timeout"
+            );
+        } else {
+            println!("round {round}: second freeze timed out {since:?} after the replacement");
+            assert!(
+                accepted() - before <= per_client,
+                "round {round}: two new clients"
+            );
         }
-        assert_eq!(
-            accepted(),
-            before,
-            "round {round}: a new client per timeout"
-        );
         tokio::time::sleep(REPLACE_AT_MOST_EVERY).await;
     }
     // Time has passed: the frozen client is replaced at its next timeout.
