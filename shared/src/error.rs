@@ -20,10 +20,11 @@ pub enum StoreError {
         backend: &'static str,
         detail: String,
     },
-    /// Durable mode: the admission script admitted `order_id`, but fewer replicas than
-    /// required acknowledged the write in time, so a failover could still lose it. Not
-    /// a refusal: the order exists on the primary and may well survive.
-    #[error("admission of order {order_id} not confirmed by replicas: {detail}")]
+    /// The admission of `order_id` may have happened but cannot be promised: in durable
+    /// mode the script admitted it but fewer replicas than required acknowledged the
+    /// write in time (a failover could still lose it); in any mode Redis gave no reply
+    /// in time (the script may have run). Not a refusal: the order may well exist.
+    #[error("admission of order {order_id} not confirmed: {detail}")]
     Unconfirmed {
         order_id: crate::domain::OrderId,
         detail: String,

@@ -11,8 +11,8 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use seckill_shared::adapters::redis::RedisConn;
@@ -648,11 +648,13 @@ impl RedisServer {
         self.dir.join("ca.crt")
     }
 
+    /// A client configuration for this server; its response timeout is
+    /// [`client_timeout`].
     pub fn config(&self) -> RedisConfig {
         RedisConfig {
             url: self.url(),
             cluster: true,
-            timeout: Duration::from_secs(2),
+            timeout: client_timeout(),
             tls_ca_file: self.spec.tls.then(|| self.ca_file().display().to_string()),
             durable: None,
         }
@@ -835,6 +837,9 @@ pub struct ReplyDropper {
     node_urls: Vec<String>,
     armed: std::sync::Arc<std::sync::Mutex<Option<Vec<Vec<u8>>>>>,
     dropped: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// [`Self::mute`]: the needles and how many more connections to mute.
+    mute: MuteNeedles,
+    muted: Arc<std::sync::atomic::AtomicUsize>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -848,6 +853,8 @@ impl ReplyDropper {
     pub async fn start(server: &RedisServer) -> ReplyDropper {
         let armed = std::sync::Arc::new(std::sync::Mutex::new(None::<Vec<Vec<u8>>>));
         let dropped = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mute = Arc::new(std::sync::Mutex::new(None));
+        let muted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut proxies = Vec::new();
         let mut tasks = Vec::new();
         for node in server.running() {
@@ -856,15 +863,19 @@ impl ReplyDropper {
                 .await
                 .expect("bind proxy");
             let port = listener.local_addr().expect("proxy address").port();
-            let (a, d) = (armed.clone(), dropped.clone());
+            let (a, d, m, md) = (armed.clone(), dropped.clone(), mute.clone(), muted.clone());
             tasks.push(tokio::spawn(async move {
                 while let Ok((client, _)) = listener.accept().await {
                     let (a, d) = (a.clone(), d.clone());
+                    let mute = Mute {
+                        needles: m.clone(),
+                        count: md.clone(),
+                    };
                     tokio::spawn(async move {
                         if let Ok(up) =
                             tokio::net::TcpStream::connect(("127.0.0.1", upstream_port)).await
                         {
-                            proxy(client, up, a, d).await;
+                            proxy(client, up, a, d, mute).await;
                         }
                     });
                 }
@@ -876,6 +887,8 @@ impl ReplyDropper {
             proxies,
             armed,
             dropped,
+            mute,
+            muted,
             tasks,
         };
         let mut ids = Vec::new();
@@ -927,6 +940,50 @@ impl ReplyDropper {
     pub fn dropped(&self) -> usize {
         self.dropped.load(std::sync::atomic::Ordering::SeqCst)
     }
+
+    /// Mutes the connections carrying the next `times` commands that contain every one
+    /// of `needles`: each command is forwarded and runs, but nothing the node sends on
+    /// that connection reaches the client any more, and the connection stays open (as a
+    /// wedged client's or a half-dead network path's would).
+    pub fn mute(&self, needles: &[&[u8]], times: usize) {
+        *self.mute.lock().unwrap() = Some((needles.iter().map(|n| n.to_vec()).collect(), times));
+    }
+
+    /// How many connections were muted so far.
+    pub fn muted(&self) -> usize {
+        self.muted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// The commands to mute connections for, and how many more (see [`ReplyDropper::mute`]).
+type MuteNeedles = Arc<std::sync::Mutex<Option<(Vec<Vec<u8>>, usize)>>>;
+
+/// What a proxy connection needs to know of [`ReplyDropper::mute`].
+struct Mute {
+    needles: MuteNeedles,
+    count: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Mute {
+    /// Whether `chunk` is a command to mute its connection for (counting it).
+    fn matches(&self, chunk: &[u8]) -> bool {
+        let mut needles = self.needles.lock().unwrap();
+        let Some((wanted, left)) = needles.as_mut() else {
+            return false;
+        };
+        if !wanted
+            .iter()
+            .all(|n| chunk.windows(n.len()).any(|w| w == n.as_slice()))
+        {
+            return false;
+        }
+        *left -= 1;
+        if *left == 0 {
+            *needles = None;
+        }
+        self.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        true
+    }
 }
 
 impl Drop for ReplyDropper {
@@ -954,10 +1011,12 @@ async fn proxy(
     mut up: tokio::net::TcpStream,
     armed: std::sync::Arc<std::sync::Mutex<Option<Vec<Vec<u8>>>>>,
     dropped: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    mute: Mute,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (mut cbuf, mut ubuf) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
     let mut doomed = false;
+    let mut silent = false;
     loop {
         tokio::select! {
             n = client.read(&mut cbuf) => {
@@ -972,6 +1031,7 @@ async fn proxy(
                         doomed = true;
                     }
                 }
+                silent = silent || mute.matches(chunk);
                 if up.write_all(chunk).await.is_err() {
                     return;
                 }
@@ -982,6 +1042,9 @@ async fn proxy(
                     // The command ran; its answer is lost with the connection.
                     dropped.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     return;
+                }
+                if silent {
+                    continue;
                 }
                 if client.write_all(&ubuf[..n]).await.is_err() {
                     return;
@@ -1109,4 +1172,14 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("free port")
+}
+
+/// The response timeout of test clients: 2 s, or `SECKILL_TEST_REDIS_TIMEOUT_MS` (e.g.
+/// 250, the production default, to run the cluster tests the way a deployment would).
+pub fn client_timeout() -> Duration {
+    let ms = std::env::var("SECKILL_TEST_REDIS_TIMEOUT_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000);
+    Duration::from_millis(ms)
 }

@@ -71,9 +71,11 @@ pub enum ApiError {
     PaymentNotRequired,
     #[error("too many attempts, slow down")]
     RateLimited,
-    /// Durable mode: admitted on the Redis primary, but not yet held by enough replicas
-    /// to survive a failover, so no promise is made. The body names the order: a lookup
-    /// or a retry (409 `already_purchased` with this id) tells whether it survived.
+    /// The admission may have happened but is not promised: in durable mode admitted on
+    /// the Redis primary but not yet held by enough replicas to survive a failover; in
+    /// any mode no reply from Redis in time. The body names the order: a lookup tells
+    /// whether it exists (a retry too, unless the instance already knows the voucher
+    /// sold out).
     #[error("your order {order_id} is not confirmed yet: look it up or retry shortly")]
     Unconfirmed {
         order_id: OrderId,
@@ -132,7 +134,7 @@ impl ApiError {
                 tracing::error!(error = %source, "backend unavailable")
             }
             ApiError::Unconfirmed { source, .. } => {
-                tracing::warn!(error = %source, "admission not confirmed by replicas")
+                tracing::warn!(error = %source, "admission not confirmed")
             }
             _ => {}
         }

@@ -484,7 +484,8 @@ impl RedisSales {
     /// primary that never saw the script and answer at once: the failover test lost a
     /// 202 that way.) An admission fewer replicas acknowledged in time is reported
     /// [`StoreError::Unconfirmed`]: the caller must not promise it, because a failover now
-    /// could lose it.
+    /// could lose it. So is, in any mode, an admission that got no reply in time: it may
+    /// have run, so the caller names the order instead of denying it.
     pub async fn admit(
         &self,
         voucher: impl Into<Bucket>,
@@ -499,7 +500,18 @@ impl RedisSales {
             .key(&deadlines)
             .arg(user.as_str())
             .arg(order_id.get());
-        let (wire, acked): (AdmitWire, Option<u32>) = self.invoke_durable(&call).await?;
+        let (wire, acked): (AdmitWire, Option<u32>) = match self.invoke_durable_raw(&call).await {
+            Ok(reply) => reply,
+            // No reply in time: the script may have run (its reply lost, or the request
+            // still queued somewhere), so this order may exist. Named, not promised.
+            Err(e) if e.is_timeout() => {
+                return Err(StoreError::Unconfirmed {
+                    order_id,
+                    detail: format!("no reply from redis in time ({e}); it may have run"),
+                });
+            }
+            Err(e) => return Err(e.into()),
+        };
         let (admission, window, server_ms) = match wire {
             AdmitWire::Admitted(left) => (
                 admission_of(voucher.voucher(), order_id, admit::ADMITTED, "", left)?,
@@ -519,7 +531,7 @@ impl RedisSales {
             return Err(StoreError::Unconfirmed {
                 order_id,
                 detail: format!(
-                    "{acked} of {} replica(s) acknowledged within {} ms",
+                    "only {acked} of {} replica(s) acknowledged within {} ms",
                     d.replicas,
                     d.timeout.as_millis()
                 ),
@@ -540,6 +552,14 @@ impl RedisSales {
         &self,
         call: &redis::ScriptInvocation<'_>,
     ) -> Result<(T, Option<u32>), StoreError> {
+        Ok(self.invoke_durable_raw(call).await?)
+    }
+
+    /// [`Self::invoke_durable`] with the client's error as it came.
+    async fn invoke_durable_raw<T: redis::FromRedisValue>(
+        &self,
+        call: &redis::ScriptInvocation<'_>,
+    ) -> redis::RedisResult<(T, Option<u32>)> {
         let mut conn = self.conn.clone();
         let Some(d) = self.durable else {
             return Ok((call.invoke_async(&mut conn).await?, None));

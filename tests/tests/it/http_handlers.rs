@@ -464,6 +464,54 @@ async fn an_admission_whose_reply_is_lost_is_still_admitted() {
     b.cleanup().await;
 }
 
+/// The admission script runs but no reply ever comes (its connection goes silent), not
+/// even to the request sent again on a new client: the answer is `503 unavailable`
+/// naming the attempt's order id, because it may exist, and here it does. Once Redis
+/// answers again, a retry names the same order.
+#[tokio::test]
+async fn an_admission_that_gets_no_reply_names_its_order_in_the_503() {
+    let b = Backends::start().await;
+    let proxy = ReplyDropper::start(&b.redis).await;
+    let mut cfg = b.http_config();
+    cfg.redis.url = proxy.url();
+    cfg.redis.timeout = Duration::from_millis(300);
+    let app = App::new(&cfg).await;
+    let id = create(&app, 5, -1_000, 3_600_000).await;
+    // A first purchase loads the admission script, so the next EVALSHA runs it.
+    assert_eq!(buy(&app, &id, "warmup").await.0, 202);
+
+    proxy.mute(&[b"EVALSHA", b":buyers"], 2);
+    let (status, body) = buy(&app, &id, "alice").await;
+    assert_eq!(
+        proxy.muted(),
+        2,
+        "the admission and its resend got no reply"
+    );
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["code"], "unavailable", "{body}");
+    let named: OrderId = body["order_id"]
+        .as_str()
+        .expect("the 503 names the order")
+        .parse()
+        .unwrap();
+    let voucher: VoucherId = id.parse().unwrap();
+    assert_eq!(
+        b.sales
+            .order_of_buyer(voucher, &UserId::parse("alice").unwrap())
+            .await
+            .unwrap(),
+        Some(named),
+        "the named order is alice's"
+    );
+
+    // The client was just replaced; once it may be again, a retry gets through.
+    tokio::time::sleep(seckill_shared::adapters::redis::REPLACE_AT_MOST_EVERY).await;
+    let again = buy(&app, &id, "alice").await;
+    assert_eq!(again.1["order_id"], named.to_string(), "{}", again.1);
+    assert_error(again, 409, "already_purchased");
+    b.cleanup().await;
+}
+
 #[tokio::test]
 async fn not_started_and_ended_sales_are_refused() {
     let b = Backends::start().await;
