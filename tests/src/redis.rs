@@ -958,6 +958,13 @@ impl ReplyDropper {
 /// The commands to mute connections for, and how many more (see [`ReplyDropper::mute`]).
 type MuteNeedles = Arc<std::sync::Mutex<Option<(Vec<Vec<u8>>, usize)>>>;
 
+/// Whether `chunk` contains every one of `needles`.
+fn contains_all(chunk: &[u8], needles: &[Vec<u8>]) -> bool {
+    needles
+        .iter()
+        .all(|n| chunk.windows(n.len()).any(|w| w == n.as_slice()))
+}
+
 /// What a proxy connection needs to know of [`ReplyDropper::mute`].
 struct Mute {
     needles: MuteNeedles,
@@ -971,10 +978,7 @@ impl Mute {
         let Some((wanted, left)) = needles.as_mut() else {
             return false;
         };
-        if !wanted
-            .iter()
-            .all(|n| chunk.windows(n.len()).any(|w| w == n.as_slice()))
-        {
+        if !contains_all(chunk, wanted) {
             return false;
         }
         *left -= 1;
@@ -1024,9 +1028,7 @@ async fn proxy(
                 let chunk = &cbuf[..n];
                 {
                     let mut armed = armed.lock().unwrap();
-                    if armed.as_ref().is_some_and(|needles| {
-                        needles.iter().all(|n| chunk.windows(n.len()).any(|w| w == n.as_slice()))
-                    }) {
+                    if armed.as_ref().is_some_and(|needles| contains_all(chunk, needles)) {
                         *armed = None;
                         doomed = true;
                     }

@@ -418,20 +418,32 @@ async fn a_warm_instance_admits_with_one_redis_call() {
     b.cleanup().await;
 }
 
+/// Backends, a [`ReplyDropper`] in front of their Redis, an app that reaches Redis only
+/// through it (with `timeout` as its reply timeout, if given), and an open sale of 5
+/// whose first purchase has loaded the admission script, so the next EVALSHA runs it.
+async fn behind_a_reply_dropper(
+    timeout: Option<Duration>,
+) -> (Backends, ReplyDropper, App, String) {
+    let b = Backends::start().await;
+    let proxy = ReplyDropper::start(&b.redis).await;
+    let mut cfg = b.http_config();
+    cfg.redis.url = proxy.url();
+    if let Some(timeout) = timeout {
+        cfg.redis.timeout = timeout;
+    }
+    let app = App::new(&cfg).await;
+    let id = create(&app, 5, -1_000, 3_600_000).await;
+    assert_eq!(buy(&app, &id, "warmup").await.0, 202);
+    (b, proxy, app, id)
+}
+
 /// The admission script runs but its reply is lost (the connection is cut right after
 /// Redis answered, as by a reset or a failover): the cluster client sends the same
 /// EVALSHA again, the script finds the buyer holding this very attempt's order id, and
 /// the answer is that attempt's 202, not a 409. A later purchase is 409 naming it.
 #[tokio::test]
 async fn an_admission_whose_reply_is_lost_is_still_admitted() {
-    let b = Backends::start().await;
-    let proxy = ReplyDropper::start(&b.redis).await;
-    let mut cfg = b.http_config();
-    cfg.redis.url = proxy.url();
-    let app = App::new(&cfg).await;
-    let id = create(&app, 5, -1_000, 3_600_000).await;
-    // A first purchase loads the admission script, so the next EVALSHA runs it.
-    assert_eq!(buy(&app, &id, "warmup").await.0, 202);
+    let (b, proxy, app, id) = behind_a_reply_dropper(None).await;
 
     proxy.arm(&[b"EVALSHA", b":buyers"]);
     let (status, body) = buy(&app, &id, "alice").await;
@@ -470,15 +482,7 @@ async fn an_admission_whose_reply_is_lost_is_still_admitted() {
 /// answers again, a retry names the same order.
 #[tokio::test]
 async fn an_admission_that_gets_no_reply_names_its_order_in_the_503() {
-    let b = Backends::start().await;
-    let proxy = ReplyDropper::start(&b.redis).await;
-    let mut cfg = b.http_config();
-    cfg.redis.url = proxy.url();
-    cfg.redis.timeout = Duration::from_millis(300);
-    let app = App::new(&cfg).await;
-    let id = create(&app, 5, -1_000, 3_600_000).await;
-    // A first purchase loads the admission script, so the next EVALSHA runs it.
-    assert_eq!(buy(&app, &id, "warmup").await.0, 202);
+    let (b, proxy, app, id) = behind_a_reply_dropper(Some(Duration::from_millis(300))).await;
 
     proxy.mute(&[b"EVALSHA", b":buyers"], 2);
     let (status, body) = buy(&app, &id, "alice").await;
