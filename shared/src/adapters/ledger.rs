@@ -112,6 +112,8 @@ pub struct LockedVoucher {
     pub stock_left: i64,
     /// The payment window; `None` for a voucher whose orders end `confirmed`.
     pub pay_within_ms: Option<i64>,
+    /// How many stock buckets the voucher's stock is split over in Redis.
+    pub buckets: u16,
 }
 
 /// One open batch transaction.
@@ -148,13 +150,20 @@ impl LedgerTx<'_> {
             .await?;
         match out.records().first().map(|r| r.as_slice()) {
             None => Ok(None),
-            Some([left, pay_within]) => {
+            Some([left, pay_within, buckets]) => {
                 let stock_left = field::long(left).ok_or_else(|| {
                     StoreError::Corrupt(format!("stock_left of voucher {voucher} is not a number"))
                 })?;
+                let buckets = field::long(buckets)
+                    .and_then(|k| u16::try_from(k).ok())
+                    .filter(|k| (1..=crate::domain::MAX_BUCKETS).contains(k))
+                    .ok_or_else(|| {
+                        StoreError::Corrupt(format!("buckets of voucher {voucher} out of range"))
+                    })?;
                 Ok(Some(LockedVoucher {
                     stock_left,
                     pay_within_ms: field::long(pay_within),
+                    buckets,
                 }))
             }
             Some(_) => Err(StoreError::Corrupt(

@@ -550,6 +550,77 @@ async fn a_bucketed_sale_with_a_payment_step_returns_each_unit_once() {
     assert_eq!(status, 202);
 }
 
+/// A unit cancelled in one bucket (B) and sold by borrowing to a buyer of another (C),
+/// drained in a run that reads C's new order before any sweep of B's close: the batch
+/// transaction settles every bucket's closes under the voucher's row lock before its
+/// insert, so the new order waits for payment (never `rejected` for a unit the database
+/// did not yet know was back), and Redis and the database agree on every unit.
+#[tokio::test]
+async fn a_unit_cancelled_in_one_bucket_and_borrowed_by_another_is_drained_there_first() {
+    let ctx = DrainCtx::start_with(RedisServer::cluster(3, 0)).await;
+    let cfg = test_http_config(ctx.redis.config(), ctx.data_api_config());
+    let app = App::new(&cfg).await;
+    let voucher = create_with(&app, 3, 3, json!({ "pay_within_s": 600 })).await;
+    // One buyer per bucket: every bucket sells its one unit.
+    let of_bucket = |b: u16, prefix: &str| {
+        (0..)
+            .map(|i| format!("{prefix}-{i}"))
+            .find(|u| Bucket::of_user(voucher, 3, u).index() == b)
+            .unwrap()
+    };
+    let mut orders = Vec::new();
+    for b in 0..3 {
+        let user = of_bucket(b, "buyer");
+        let (status, body) = buy(&app, voucher, &user).await;
+        assert_eq!(status, 202, "{user}: {body}");
+        orders.push((user, body["order_id"].as_str().unwrap().to_string()));
+    }
+    assert_eq!(stocks(&ctx, voucher, 3).await, [0, 0, 0]);
+    drain_all(&ctx, voucher, 3).await;
+    assert_eq!(ctx.db_stock_left(voucher).await, 0);
+
+    // A run long enough to poll the open sale's buckets after its survey (and to survey
+    // again only after it ends): B's close is settled by C's batch, or not at all.
+    let mut long = ctx.drainer_config();
+    long.max_run = Duration::from_millis(3_000);
+    let run = {
+        let ctx = &ctx;
+        async move { ctx.drain(long).await }
+    };
+    let act = async {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let (b_user, b_order) = &orders[1];
+        let (status, body) = close(&app, b_order, b_user, false).await;
+        assert_eq!(
+            (status, body["status"].as_str()),
+            (200, Some("cancelled")),
+            "{body}"
+        );
+        let late = of_bucket(2, "late");
+        let (status, body) = buy(&app, voucher, &late).await;
+        assert_eq!(status, 202, "{late} borrows the returned unit: {body}");
+        body["order_id"].as_str().unwrap().to_string()
+    };
+    let (_, late_order) = tokio::join!(run, act);
+    let rows = rows(&ctx, voucher).await;
+    let late_row = rows.iter().find(|r| r.0 == late_order);
+    assert_eq!(
+        late_row.map(|r| r.2.as_str()),
+        Some("awaiting_payment"),
+        "the borrowed unit's order after one run: {rows:?}"
+    );
+    assert_eq!(stocks(&ctx, voucher, 3).await.iter().sum::<i64>(), 0);
+    assert_eq!(ctx.db_stock_left(voucher).await, 0, "{rows:?}");
+    let mut by_status: BTreeMap<&str, u64> = BTreeMap::new();
+    for r in &rows {
+        *by_status.entry(r.2.as_str()).or_default() += 1;
+    }
+    assert_eq!(
+        by_status,
+        BTreeMap::from([("awaiting_payment", 3), ("cancelled", 1)])
+    );
+}
+
 /// `seckill reconcile` reads every bucket: a clean sale reports nothing; an admitted
 /// order lost from its bucket's stream is found and re-enqueued into that bucket.
 #[tokio::test]

@@ -66,12 +66,19 @@ enum Attempt {
     Locked(StoreError),
 }
 
-/// Closes recorded in a batch transaction: units given back, and the orders whose close
-/// the database holds once it commits (they leave `to_settle` then).
+/// Closes recorded in a batch transaction: units given back, and per bucket the orders
+/// whose close the database holds once it commits (they leave that bucket's `to_settle`
+/// then).
 #[derive(Default)]
 struct Settled {
     returned: u64,
-    done: Vec<OrderId>,
+    done: Vec<(Bucket, Vec<OrderId>)>,
+}
+
+impl Settled {
+    fn count(&self) -> usize {
+        self.done.iter().map(|(_, ids)| ids.len()).sum()
+    }
 }
 
 /// What became of a batch's orders, with their indexes into the batch's orders.
@@ -343,7 +350,7 @@ impl Drainer {
         let (outcome, over) = match planned {
             Ok(Attempt::Planned(split, settled))
                 // Units given back are closes recorded, so they are in `done` too.
-                if split.writes() > 0 || !settled.done.is_empty() =>
+                if split.writes() > 0 || settled.count() > 0 =>
             {
                 failpoint::hit("before_commit");
                 match tx.commit().await {
@@ -351,11 +358,13 @@ impl Drainer {
                         failpoint::hit("after_commit");
                         // The database holds these closes now; a failure here only
                         // makes a later run find them settled again.
-                        if let Err(e) = self.streams.settled(voucher, &settled.done).await {
-                            tracing::warn!(%voucher, error = %e, "could not forget settled closes");
+                        for (bucket, done) in &settled.done {
+                            if let Err(e) = self.streams.settled(*bucket, done).await {
+                                tracing::warn!(%bucket, error = %e, "could not forget settled closes");
+                            }
                         }
                         failpoint::hit("after_settled");
-                        run.count(|s| s.settled += settled.done.len() as u64);
+                        run.count(|s| s.settled += settled.count() as u64);
                         (Ok(Attempt::Planned(split, settled)), true)
                     }
                     Err(e) => {
@@ -452,13 +461,29 @@ impl Drainer {
         failpoint::hit("after_lock");
         let mut stock_left = locked.stock_left;
         // Vouchers with a payment step: first record every close Redis decided so far,
-        // under this row lock, so that a unit given back in Redis and sold again is back
-        // in the database before its new order is written (else the database stock
+        // in every bucket of the voucher, under this row lock, so that a unit given back
+        // in Redis and sold again (in its own bucket, or in another by borrowing) is
+        // back in the database before its new order is written (else the database stock
         // would refuse the new order). Then learn which orders of the batch are closed.
         let (settled, closes) = match locked.pay_within_ms {
             None => (Settled::default(), Vec::new()),
             Some(_) => {
-                let settled = self.settle_in(tx, voucher).await?;
+                let mut settled = Settled::default();
+                // The bucket being drained first; the transaction's budget of closes is
+                // shared by all of them (what is left waits for the next transaction).
+                let others =
+                    Bucket::all(voucher.voucher(), locked.buckets).filter(|b| *b != voucher);
+                for bucket in std::iter::once(voucher).chain(others) {
+                    let budget = SETTLE_PER_TRANSACTION.saturating_sub(settled.count());
+                    if budget == 0 {
+                        break;
+                    }
+                    let (returned, done) = self.settle_in(tx, bucket, budget).await?;
+                    settled.returned += returned;
+                    if !done.is_empty() {
+                        settled.done.push((bucket, done));
+                    }
+                }
                 stock_left += i64::try_from(settled.returned).unwrap_or(0);
                 let ids: Vec<OrderId> = orders.iter().map(|o| o.id).collect();
                 let closes = self
@@ -606,8 +631,14 @@ impl Drainer {
         Ok(None)
     }
 
-    /// Records, inside `tx`, the closes of `voucher` waiting in Redis (`to_settle`).
-    async fn settle_in(&self, tx: &LedgerTx<'_>, voucher: Bucket) -> Result<Settled, DrainError> {
+    /// Records, inside `tx`, up to `budget` closes of one bucket waiting in Redis
+    /// (`to_settle`): (units given back, orders whose close the database holds).
+    async fn settle_in(
+        &self,
+        tx: &LedgerTx<'_>,
+        voucher: Bucket,
+        budget: usize,
+    ) -> Result<(u64, Vec<OrderId>), DrainError> {
         let redis = |step, e| DrainError::store(step, Some(voucher), e);
         let ids = self
             .streams
@@ -615,9 +646,9 @@ impl Drainer {
             .await
             .map_err(|e| redis("reading closes to settle", e))?;
         if ids.is_empty() {
-            return Ok(Settled::default());
+            return Ok((0, Vec::new()));
         }
-        let ids: Vec<OrderId> = ids.into_iter().take(SETTLE_PER_TRANSACTION).collect();
+        let ids: Vec<OrderId> = ids.into_iter().take(budget).collect();
         let closed = self
             .streams
             .closed_orders(voucher, &ids)
@@ -633,6 +664,6 @@ impl Drainer {
             .await
             .map_err(|e| DrainError::store("settling closed orders", Some(voucher), e))?;
         failpoint::hit("after_settle");
-        Ok(Settled { returned, done })
+        Ok((returned, done))
     }
 }

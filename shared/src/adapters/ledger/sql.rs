@@ -23,10 +23,11 @@ pub const MAX_ROWS_PER_STATEMENT: usize = 1_000;
 /// The longest `reason` the `orders` table holds.
 pub const MAX_REASON_CHARS: usize = 64;
 
-/// Locks the voucher row and reads its database stock and payment window (`:v`). `NOWAIT`: a row held by
-/// another transaction fails at once instead of waiting up to `innodb_lock_wait_timeout`.
+/// Locks the voucher row and reads its database stock, payment window and bucket count
+/// (`:v`). `NOWAIT`: a row held by another transaction fails at once instead of waiting
+/// up to `innodb_lock_wait_timeout`.
 pub const LOCK_VOUCHER: &str =
-    "SELECT stock_left, pay_within_ms FROM vouchers WHERE id = :v FOR UPDATE NOWAIT";
+    "SELECT stock_left, pay_within_ms, buckets FROM vouchers WHERE id = :v FOR UPDATE NOWAIT";
 
 /// The parameters of [`LOCK_VOUCHER`].
 pub fn lock_voucher(voucher: VoucherId) -> Vec<SqlParameter> {
