@@ -5,7 +5,8 @@
 -- KEYS[3] orders stream seckill:{<voucher>}:orders
 -- KEYS[4] deadlines    seckill:{<voucher>}:deadlines (written when the sale has pay_ms;
 --                      it always exists, see lua/preload.lua)
--- ARGV[1] user id, ARGV[2] order id
+-- ARGV[1] user id, ARGV[2] order id, ARGV[3] (optional) 'again': this call is sent
+--         again after an earlier copy of the same attempt got no reply in time
 --
 -- The clock is the Redis server's (TIME), not the caller's: every instance sees the
 -- same window whatever its own clock says. Redis >= 5 replicates a script's effects,
@@ -18,6 +19,7 @@
 --   NOT_LOADED       (no sale hash: never preloaded, or lost)
 --   NOT_STARTED, ENDED, SOLD_OUT
 --   ALREADY_BOUGHT   detail = the order id the user already holds
+--   SUPERSEDED       a copy sent again already decided this attempt; nothing written
 -- now_ms is the server time the decision used (the caller learns its clock offset).
 --
 -- The order's stream entry holds only order_id and user_id: its id (`<ms>-<seq>`, from
@@ -28,6 +30,18 @@
 -- payment deadline: the entry id's time plus pay_ms, so the database computes the same
 -- deadline from the admission time (admitted_at + pay_within_ms). The member is
 -- `<order id>\n<user id>`: lua/close.lua finds an order only with its buyer's id.
+--
+-- Copies of one attempt (one order id): a caller that got no reply sends the call again
+-- (ARGV[3] 'again'), and the first copy may still run later, after the resend was
+-- answered. The resend decides: it first marks the order id in the sale hash (field
+-- 'again:<order id>'), and a copy without 'again' that finds the mark writes nothing.
+-- So a late first copy never admits an attempt its resend refused (sold out, then a
+-- unit came back), nor admits again an order the buyer has cancelled since. A copy
+-- that finds the buyer holding this very order id also marks it: that write is what a
+-- durable caller's WAIT then waits for (the order's own write may have gone out on
+-- another connection, which this connection's WAIT does not cover), and it voids any
+-- later copy. Marks are written only on resends and such finds, never on the common
+-- path, and go with the sale hash when the sale is retired.
 --
 -- Every key is in KEYS and shares the {<voucher>} hash tag, so this runs unchanged on
 -- Redis Cluster. A script that fails part-way keeps its earlier writes, so every check
@@ -41,11 +55,15 @@ local NOT_STARTED = 2
 local ENDED = 3
 local SOLD_OUT = 4
 local ALREADY_BOUGHT = 5
+local SUPERSEDED = 6
 -- Sale hash fields:
 local STOCK = 'stock'
 local BEGINS_MS = 'begins_ms'
 local ENDS_MS = 'ends_ms'
 local PAY_MS = 'pay_ms'
+local AGAIN_PREFIX = 'again:'
+-- ARGV[3] of a resend:
+local AGAIN = 'again'
 -- Orders stream entry fields:
 local ORDER_ID = 'order_id'
 local USER_ID = 'user_id'
@@ -60,6 +78,26 @@ if stock == nil or begins == nil or ends == nil or pay == nil then
   return {NOT_LOADED, '', 0, 0, 0, now}
 end
 
+local mark = AGAIN_PREFIX .. ARGV[2]
+-- The buyer holds an order: this attempt's own (a copy of it ran) is marked, see above.
+local function bought(held, left)
+  if held == ARGV[2] then
+    redis.call('HSET', KEYS[1], mark, 1)
+  end
+  return {ALREADY_BOUGHT, held, begins, ends, left, now}
+end
+
+-- A resend marks the attempt (only a loaded sale: a lone field would pass for a loaded
+-- sale hash). Marked already: a copy of this resend ran (the client sent it once more
+-- after a dropped connection) and decided; this one only reports.
+if ARGV[3] == AGAIN and redis.call('HSETNX', KEYS[1], mark, 1) == 0 then
+  local held = redis.call('HGET', KEYS[2], ARGV[1])
+  if held == ARGV[2] then
+    return bought(held, stock)
+  end
+  return {SUPERSEDED, held or '', begins, ends, stock, now}
+end
+
 if now < begins then
   return {NOT_STARTED, '', begins, ends, stock, now}
 end
@@ -70,15 +108,21 @@ end
 if stock <= 0 then
   local held = redis.call('HGET', KEYS[2], ARGV[1])
   if held then
-    return {ALREADY_BOUGHT, held, begins, ends, 0, now}
+    return bought(held, 0)
   end
   return {SOLD_OUT, '', begins, ends, 0, now}
+end
+
+-- A late copy of an attempt its resend decided: nothing to write.
+if ARGV[3] ~= AGAIN and redis.call('HEXISTS', KEYS[1], mark) == 1 then
+  local held = redis.call('HGET', KEYS[2], ARGV[1])
+  return {SUPERSEDED, held or '', begins, ends, stock, now}
 end
 
 -- All sale checks passed. HSETNX is both the already-bought check and the first write:
 -- one command instead of HGET then HSET on the path every admission takes.
 if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then
-  return {ALREADY_BOUGHT, redis.call('HGET', KEYS[2], ARGV[1]), begins, ends, stock, now}
+  return bought(redis.call('HGET', KEYS[2], ARGV[1]), stock)
 end
 local left = redis.call('HINCRBY', KEYS[1], STOCK, -1)
 local id = redis.call('XADD', KEYS[3], '*', ORDER_ID, ARGV[2], USER_ID, ARGV[1])

@@ -24,6 +24,9 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   return NOT_LOADED
 end
 if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then
+  -- Received before, maybe by a copy on another connection: written again (the same
+  -- value), so that a durable caller's WAIT on this connection covers the receipt.
+  redis.call('HSET', KEYS[2], ARGV[1], redis.call('HGET', KEYS[2], ARGV[1]))
   return ALREADY
 end
 redis.call('HINCRBY', KEYS[1], STOCK, tonumber(ARGV[2]))

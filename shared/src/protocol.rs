@@ -21,6 +21,14 @@ pub mod admit {
     pub const SOLD_OUT: i64 = 4;
     /// The buyer already holds an order; the reply's detail is its id.
     pub const ALREADY_BOUGHT: i64 = 5;
+    /// A late copy of an attempt that a copy sent again (`ARGV[3]` `again`) already
+    /// decided: nothing written.
+    pub const SUPERSEDED: i64 = 6;
+    /// What a resend passes as `ARGV[3]`.
+    pub const AGAIN: &str = "again";
+    /// The sale hash field that marks an order id decided by a resend: this prefix and
+    /// the order id.
+    pub const AGAIN_PREFIX: &str = "again:";
 }
 
 /// `lua/preload.lua`: its reply.
@@ -162,6 +170,9 @@ mod tests {
                     ("ENDED", num(admit::ENDED)),
                     ("SOLD_OUT", num(admit::SOLD_OUT)),
                     ("ALREADY_BOUGHT", num(admit::ALREADY_BOUGHT)),
+                    ("SUPERSEDED", num(admit::SUPERSEDED)),
+                    ("AGAIN_PREFIX", text(admit::AGAIN_PREFIX)),
+                    ("AGAIN", text(admit::AGAIN)),
                     ("STOCK", text(s::STOCK)),
                     ("BEGINS_MS", text(s::BEGINS_MS)),
                     ("ENDS_MS", text(s::ENDS_MS)),

@@ -43,6 +43,11 @@ pub struct Backends {
 impl Backends {
     /// Starts everything; the database lives on the stack's MariaDB.
     pub async fn start() -> Backends {
+        Backends::start_with(RedisServer::start()).await
+    }
+
+    /// The same with a Redis of the test's choosing (e.g. a cluster with replicas).
+    pub async fn start_with(redis: RedisServer) -> Backends {
         let mysql_url = StackEnv::load().mysql_url();
         let database = fresh_database(&mysql_url).await;
         // The user is named like the database: one of its own per test.
@@ -50,7 +55,6 @@ impl Backends {
         let mut config = ServerConfig::new(url_with_database(&mysql_url, &database));
         config.secrets.push(app.clone());
         let data_api = start_data_api(config).await;
-        let redis = RedisServer::start();
         let cfg = data_api_config(&data_api, &data_api.secret_arn, &database);
         let db = DataApi::connect(&cfg).await;
         migrate::apply(&db, &migrate::embedded())

@@ -840,7 +840,22 @@ pub struct ReplyDropper {
     /// [`Self::mute`]: the needles and how many more connections to mute.
     mute: MuteNeedles,
     muted: Arc<std::sync::atomic::AtomicUsize>,
+    /// [`Self::hold`] and [`Self::fail`].
+    late: Late,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// What [`ReplyDropper::hold`] and [`ReplyDropper::fail`] share with the proxies.
+#[derive(Clone)]
+struct Late {
+    /// The needles of the command to hold back (the first one only).
+    hold: Arc<std::sync::Mutex<Option<Vec<Vec<u8>>>>>,
+    /// Set once the held command may go to the node.
+    released: tokio::sync::watch::Sender<bool>,
+    /// How many commands are held (or were, until released).
+    held: Arc<std::sync::atomic::AtomicUsize>,
+    /// The needles of commands to answer with an error instead, and how many more.
+    fail: MuteNeedles,
 }
 
 impl ReplyDropper {
@@ -855,6 +870,12 @@ impl ReplyDropper {
         let dropped = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mute = Arc::new(std::sync::Mutex::new(None));
         let muted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let late = Late {
+            hold: Arc::default(),
+            released: tokio::sync::watch::channel(false).0,
+            held: Arc::default(),
+            fail: Arc::default(),
+        };
         let mut proxies = Vec::new();
         let mut tasks = Vec::new();
         for node in server.running() {
@@ -864,9 +885,10 @@ impl ReplyDropper {
                 .expect("bind proxy");
             let port = listener.local_addr().expect("proxy address").port();
             let (a, d, m, md) = (armed.clone(), dropped.clone(), mute.clone(), muted.clone());
+            let l = late.clone();
             tasks.push(tokio::spawn(async move {
                 while let Ok((client, _)) = listener.accept().await {
-                    let (a, d) = (a.clone(), d.clone());
+                    let (a, d, l) = (a.clone(), d.clone(), l.clone());
                     let mute = Mute {
                         needles: m.clone(),
                         count: md.clone(),
@@ -875,7 +897,7 @@ impl ReplyDropper {
                         if let Ok(up) =
                             tokio::net::TcpStream::connect(("127.0.0.1", upstream_port)).await
                         {
-                            proxy(client, up, a, d, mute).await;
+                            proxy(client, up, a, d, mute, l).await;
                         }
                     });
                 }
@@ -889,6 +911,7 @@ impl ReplyDropper {
             dropped,
             mute,
             muted,
+            late,
             tasks,
         };
         let mut ids = Vec::new();
@@ -953,6 +976,34 @@ impl ReplyDropper {
     pub fn muted(&self) -> usize {
         self.muted.load(std::sync::atomic::Ordering::SeqCst)
     }
+
+    /// Holds back the next command that contains every one of `needles`: it does not
+    /// reach the node (nor does anything sent after it on that connection) until
+    /// [`Self::release`], and nothing the node sends on that connection reaches the
+    /// client any more. The client sees no reply in time; the command runs late, as a
+    /// first copy stuck in a slow network path does after its resend was answered.
+    pub fn hold(&self, needles: &[&[u8]]) {
+        *self.late.hold.lock().unwrap() = Some(needles.iter().map(|n| n.to_vec()).collect());
+    }
+
+    /// How many commands were held so far.
+    pub fn held(&self) -> usize {
+        self.late.held.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Lets the held command (and what followed it) go to the node, and waits a moment
+    /// for the node to run it.
+    pub async fn release(&self) {
+        self.late.released.send_replace(true);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    /// Answers the next `times` commands that contain every one of `needles` (and are
+    /// not held) with an error reply instead of sending them to the node.
+    pub fn fail(&self, needles: &[&[u8]], times: usize) {
+        *self.late.fail.lock().unwrap() =
+            Some((needles.iter().map(|n| n.to_vec()).collect(), times));
+    }
 }
 
 /// The commands to mute connections for, and how many more (see [`ReplyDropper::mute`]).
@@ -1016,16 +1067,75 @@ async fn proxy(
     armed: std::sync::Arc<std::sync::Mutex<Option<Vec<Vec<u8>>>>>,
     dropped: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     mute: Mute,
+    late: Late,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (mut cbuf, mut ubuf) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
     let mut doomed = false;
     let mut silent = false;
+    // What the client sent from the held command on, until it is released.
+    let mut holding: Option<Vec<u8>> = None;
+    let mut released = late.released.subscribe();
     loop {
         tokio::select! {
+            changed = released.changed(), if holding.is_some() => {
+                if changed.is_err() {
+                    return; // the dropper is gone
+                }
+                if !*released.borrow_and_update() {
+                    continue;
+                }
+                let held = holding.take().unwrap_or_default();
+                if up.write_all(&held).await.is_err() {
+                    return;
+                }
+            }
             n = client.read(&mut cbuf) => {
-                let Ok(n @ 1..) = n else { return };
+                let Ok(n @ 1..) = n else {
+                    // Whatever was sent is on its way even when its sender has gone: a
+                    // held command still reaches the node once released.
+                    if let Some(held) = holding.take()
+                        && released.wait_for(|r| *r).await.is_ok()
+                        && up.write_all(&held).await.is_ok()
+                    {
+                        let _ = up.read(&mut ubuf).await;
+                    }
+                    return;
+                };
                 let chunk = &cbuf[..n];
+                if let Some(held) = holding.as_mut() {
+                    held.extend_from_slice(chunk);
+                    continue;
+                }
+                {
+                    let mut hold = late.hold.lock().unwrap();
+                    if hold.as_ref().is_some_and(|needles| contains_all(chunk, needles)) {
+                        *hold = None;
+                        late.held.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        holding = Some(chunk.to_vec());
+                        silent = true;
+                        continue;
+                    }
+                }
+                let failing = {
+                    let mut fail = late.fail.lock().unwrap();
+                    match fail.as_mut() {
+                        Some((needles, left)) if contains_all(chunk, needles) => {
+                            *left -= 1;
+                            if *left == 0 {
+                                *fail = None;
+                            }
+                            true
+                        }
+                        _ => false,
+                    }
+                };
+                if failing {
+                    if client.write_all(b"-ERR injected by the test proxy\r\n").await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
                 {
                     let mut armed = armed.lock().unwrap();
                     if armed.as_ref().is_some_and(|needles| contains_all(chunk, needles)) {

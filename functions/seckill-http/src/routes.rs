@@ -408,13 +408,22 @@ async fn seckill(
         if !repair(app, id, now).await? {
             return Err(not_found_voucher(id));
         }
+        // Every admission call gets an order id of its own: a late copy of an earlier
+        // call can then never admit under the id a later call decided (lua/admit.lua).
+        let order_id = app.ids.next(sales, id, now).await?;
         reply = sales.admit(bucket, &caller.user, order_id).await?;
     }
     // Whether a sold-out answer is final (the voucher, not only this bucket, is empty).
     let mut final_sold_out = buckets == 1;
     if reply.admission == Admission::SoldOut && buckets > 1 {
-        (reply, final_sold_out) =
-            borrow_and_admit(sales, buckets, bucket, &caller.user, order_id, reply).await?;
+        let attempt = Attempt {
+            app,
+            sales,
+            bucket,
+            user: &caller.user,
+            first_id: order_id,
+        };
+        (reply, final_sold_out) = borrow_and_admit(&attempt, buckets, reply).await?;
     }
     let sold_out = match reply.admission {
         // One empty bucket of several is not a sold-out voucher.
@@ -447,6 +456,19 @@ async fn seckill(
     }
 }
 
+/// One purchase attempt's parts that the borrowing loop needs. `first_id` is the order
+/// id of the attempt's first admission call (it names the transfers); every later call
+/// takes a new id, so that no copy of an earlier call can admit under the id a later
+/// call decided.
+#[derive(Clone, Copy)]
+struct Attempt<'a> {
+    app: &'a App,
+    sales: &'a RedisSales,
+    bucket: Bucket,
+    user: &'a UserId,
+    first_id: OrderId,
+}
+
 /// How long one attempt keeps borrowing at most, and in how many rounds. A round that
 /// ends without a unit for this buyer means units went to other buyers of its bucket
 /// or are on their way, so the sale moves on and the loop ends with it; the bounds only
@@ -475,14 +497,20 @@ const TRANSIT_WAIT: std::time::Duration = std::time::Duration::from_millis(3);
 /// - units borrowed and then taken by another buyer of the bucket before this one's
 ///   admission: a pause of random length before the next round, so two empty buckets
 ///   never pass the last unit back and forth in step.
+///
+/// Each admission call here has an order id of its own (see [`Attempt`]).
 async fn borrow_and_admit(
-    sales: &RedisSales,
+    attempt: &Attempt<'_>,
     buckets: u16,
-    bucket: Bucket,
-    user: &UserId,
-    order_id: OrderId,
     mut reply: AdmitReply,
 ) -> Result<(AdmitReply, bool), ApiError> {
+    let Attempt {
+        app,
+        sales,
+        bucket,
+        user,
+        first_id,
+    } = *attempt;
     let conn = sales.conn();
     let voucher = bucket.voucher();
     if transfers::is_marked_sold_out(&conn, voucher).await? {
@@ -491,7 +519,7 @@ async fn borrow_and_admit(
     let began = std::time::Instant::now();
     let mut round = 0;
     while round < MAX_BORROW_ROUNDS && began.elapsed() < BORROW_BUDGET {
-        let id = transfers::transfer_id(order_id, round);
+        let id = transfers::transfer_id(first_id, round);
         round += 1;
         let borrowed = transfers::borrow(sales, buckets, bucket, &id).await?;
         if borrowed.units == 0 {
@@ -512,6 +540,7 @@ async fn borrow_and_admit(
                 }
             }
         }
+        let order_id = app.ids.next(sales, voucher, now_millis()).await?;
         reply = sales.admit(bucket, user, order_id).await?;
         if reply.admission != Admission::SoldOut {
             return Ok((reply, false));

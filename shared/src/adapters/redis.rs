@@ -65,6 +65,10 @@ const REDIRECT_MAX_WAIT_MS: u64 = 100;
 /// The n-th wait is drawn from `min .. min(max, factor * 2^n)` ms.
 const REDIRECT_WAIT_FACTOR_MS: u64 = 5;
 
+/// A single attempt's response timeout, as a multiple of the whole request's: larger, so
+/// that the request's own timeout always fires first (see [`RedisConn::connect`]).
+const ATTEMPT_TIMEOUT_FACTOR: u32 = 4;
+
 /// A multiplexed, self-reconnecting connection to a single node or a cluster. Cheap to
 /// clone: clones share the underlying connections.
 #[derive(Clone)]
@@ -141,6 +145,41 @@ fn resendable(request: Request<'_>) -> bool {
     }
 }
 
+/// The form of `request` to send again after a timeout: an admission (`lua/admit.lua`)
+/// carries `ARGV[3]` [`admit::AGAIN`], so that it decides the attempt and a late first
+/// copy writes nothing (see the script's header); `None` for everything else, sent as
+/// it was.
+fn resend_of(request: Request<'_>) -> Option<Cmd> {
+    let Request::Command(cmd) = request else {
+        return None;
+    };
+    let mut args = cmd.args_iter().map(|a| match a {
+        redis::Arg::Simple(bytes) => bytes,
+        _ => &b""[..],
+    });
+    let (name, sha) = (args.next()?, args.next()?);
+    if !name.eq_ignore_ascii_case(b"EVALSHA") || sha != ADMIT.get_hash().as_bytes() {
+        return None;
+    }
+    let mut again = redis::cmd("EVALSHA");
+    again.arg(sha);
+    for arg in args {
+        again.arg(arg);
+    }
+    again.arg(admit::AGAIN);
+    Some(again)
+}
+
+/// A resend's failure as the caller must see it: no answer in time (an earlier copy
+/// may have run, or may still run), with the failure's own text.
+fn may_have_run(e: &redis::RedisError) -> redis::RedisError {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("no reply in time, and sending again failed: {e}"),
+    )
+    .into()
+}
+
 /// Commands that only read (and `SCRIPT`, which loads scripts): safe to send again.
 #[rustfmt::skip]
 const READS: &[&str] = &[
@@ -160,7 +199,13 @@ impl Cluster {
     }
 
     /// Sends `request`; when it times out, replaces the client and, if the request is
-    /// [`resendable`], sends it once more on the new one.
+    /// [`resendable`], sends it once more on the new one (an admission marked as a
+    /// resend: [`resend_of`]).
+    ///
+    /// The first copy may still run after that, or may have run: whatever becomes of
+    /// the resend, its caller must hear "no answer in time" rather than a refusal, so
+    /// a resend that fails any other way is reported as a timeout too (an admission
+    /// then names its order instead of denying it).
     async fn request(&self, request: Request<'_>) -> redis::RedisResult<Value> {
         // Stamped after the client is read: a replacement begun before this request
         // took its client is not one that covers it.
@@ -172,7 +217,16 @@ impl Cluster {
             return result;
         }
         let (_, mut conn) = self.current();
-        redirected(&mut conn, request).await
+        let again = resend_of(request);
+        let resend = again.as_ref().map_or(request, Request::Command);
+        // An error reply comes back as a value; it is a failure all the same.
+        match redirected(&mut conn, resend)
+            .await
+            .and_then(Value::extract_error)
+        {
+            Err(e) if !e.is_timeout() => Err(may_have_run(&e)),
+            other => other,
+        }
     }
 
     /// After a request sent at `sent` on client `generation` timed out: replaces that
@@ -220,9 +274,15 @@ impl RedisConn {
             None => None,
         };
         if cfg.cluster {
+            // The request as a whole times out after `cfg.timeout`; a single attempt only
+            // later. Were the attempt's own timeout to fire first, the client would send
+            // the command again by itself (a plain copy, unmarked, possibly after the
+            // caller had given up: see `Cluster::request`); a request whose caller has
+            // gone is dropped by the client instead of retried.
             let mut builder = redis::cluster::ClusterClientBuilder::new(vec![cfg.url.as_str()])
                 .connection_timeout(cfg.timeout)
-                .response_timeout(cfg.timeout)
+                .response_timeout(cfg.timeout * ATTEMPT_TIMEOUT_FACTOR)
+                .overall_response_timeout(Some(cfg.timeout))
                 .retries(REDIRECT_RETRIES)
                 .min_retry_wait(REDIRECT_MIN_WAIT_MS)
                 .max_retry_wait(REDIRECT_MAX_WAIT_MS)
@@ -502,9 +562,10 @@ impl RedisSales {
             .arg(order_id.get());
         let (wire, acked): (AdmitWire, Option<u32>) = match self.invoke_durable_raw(&call).await {
             Ok(reply) => reply,
-            // No reply in time: the script may have run (its reply lost, or the request
-            // still queued somewhere), so this order may exist. Named, not promised.
-            Err(e) if e.is_timeout() => {
+            // No reply in time, or the connection lost after the request went out: the
+            // script may have run (its reply lost, or the request still queued
+            // somewhere), so this order may exist. Named, not promised.
+            Err(e) if e.is_timeout() || e.is_io_error() || e.is_connection_dropped() => {
                 return Err(StoreError::Unconfirmed {
                     order_id,
                     detail: format!("no reply from redis in time ({e}); it may have run"),
@@ -1002,6 +1063,24 @@ pub fn admission_of(
             },
             held => Admission::AlreadyPurchased { order_id: held },
         },
+        // A copy of an attempt that another copy already decided, and whose answer
+        // was lost with it. The buyer's order, if any, is what counts; with none, the
+        // attempt was refused (or its order closed since): a retry decides anew.
+        admit::SUPERSEDED if detail.is_empty() => {
+            return Err(StoreError::Unavailable {
+                backend: "redis",
+                detail: format!(
+                    "order {order_id}: another copy decided it and its answer was lost"
+                ),
+            });
+        }
+        admit::SUPERSEDED => match held()? {
+            held if held == order_id => Admission::Admitted {
+                order_id,
+                stock_after,
+            },
+            held => Admission::AlreadyPurchased { order_id: held },
+        },
         other => {
             return Err(StoreError::Corrupt(format!(
                 "admission script answered code {other}"
@@ -1108,6 +1187,60 @@ mod tests {
                 cmd.args_iter().next()
             );
         }
+    }
+
+    #[test]
+    fn only_an_admission_is_resent_marked_as_a_resend() {
+        let mut admit = redis::cmd("EVALSHA");
+        admit
+            .arg(ADMIT.get_hash())
+            .arg(4)
+            .arg(&["s", "b", "o", "d", "alice", "41"]);
+        let again = resend_of(Request::Command(&admit)).expect("an admission");
+        let args: Vec<&[u8]> = again
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b,
+                _ => &b""[..],
+            })
+            .collect();
+        let want: Vec<&[u8]> = vec![
+            b"EVALSHA",
+            ADMIT.get_hash().as_bytes(),
+            b"4",
+            b"s",
+            b"b",
+            b"o",
+            b"d",
+            b"alice",
+            b"41",
+            admit::AGAIN.as_bytes(),
+        ];
+        assert_eq!(args, want);
+        let mut close = redis::cmd("EVALSHA");
+        close.arg(CLOSE.get_hash()).arg(1).arg("s");
+        assert!(resend_of(Request::Command(&close)).is_none());
+        let e = may_have_run(&redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain),
+            "slot moving",
+        )));
+        assert!(e.is_timeout(), "{e}");
+    }
+
+    #[test]
+    fn a_superseded_copy_reports_the_buyer_s_order_or_nothing() {
+        let v = VoucherId::new(7).unwrap();
+        let mine = OrderId::new(41).unwrap();
+        assert!(matches!(
+            admission_of(v, mine, admit::SUPERSEDED, "", 3),
+            Err(StoreError::Unavailable { .. })
+        ));
+        assert_eq!(
+            admission_of(v, mine, admit::SUPERSEDED, "42", 3).unwrap(),
+            Admission::AlreadyPurchased {
+                order_id: OrderId::new(42).unwrap()
+            }
+        );
     }
 
     #[test]

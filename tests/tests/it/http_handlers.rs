@@ -516,6 +516,211 @@ async fn an_admission_that_gets_no_reply_names_its_order_in_the_503() {
     b.cleanup().await;
 }
 
+/// A voucher on sale now for an hour with more fields of the request body (a payment
+/// step), created through `POST /vouchers`.
+async fn create_with(app: &App, stock: i64, more: Value) -> String {
+    let mut body: Value = serde_json::from_str(&voucher_body(stock, -1_000, 3_600_000)).unwrap();
+    for (k, v) in more.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    let (status, created) = call(
+        app,
+        request(
+            "POST",
+            "/vouchers",
+            Some(&token("admin", true)),
+            Some(&body.to_string()),
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    created["id"].as_str().unwrap().to_string()
+}
+
+/// `POST /orders/{order}/cancel` as `user`: the order's status after it.
+async fn cancel(app: &App, order: &str, user: &str) -> String {
+    let (status, body) = call(
+        app,
+        request(
+            "POST",
+            &format!("/orders/{order}/cancel"),
+            Some(&token(user, false)),
+            None,
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    body["status"].as_str().unwrap().to_string()
+}
+
+/// The voucher's stock in Redis, the order its buyer `user` holds there, and how many
+/// entries its orders stream has.
+async fn redis_sale(b: &Backends, id: &str, user: &str) -> (Option<i64>, Option<OrderId>, usize) {
+    let voucher: VoucherId = id.parse().unwrap();
+    let stock = b.sales.stock_left(voucher).await.unwrap();
+    let held = b
+        .sales
+        .order_of_buyer(voucher, &UserId::parse(user).unwrap())
+        .await
+        .unwrap();
+    let entries: usize = b
+        .sales
+        .conn()
+        .xlen(VoucherKeys::new(voucher).orders)
+        .await
+        .unwrap();
+    (stock, held, entries)
+}
+
+/// The first copy of an admission is held in the network until its resend was
+/// answered `sold_out`; a cancel then brings a unit back, and only then does the first
+/// copy reach Redis. It must write nothing: the buyer was told sold out.
+#[tokio::test]
+async fn a_late_first_copy_never_admits_an_attempt_its_resend_refused() {
+    let (b, proxy, app, _) = behind_a_reply_dropper(Some(Duration::from_millis(300))).await;
+    let id = create_with(&app, 1, json!({ "pay_within_s": 600 })).await;
+    // Sold out by another instance: this one has not learned it, so asks Redis.
+    let mut cfg = b.http_config();
+    cfg.redis.url = proxy.url();
+    let other = App::new(&cfg).await;
+    let (status, body) = buy(&other, &id, "first").await;
+    assert_eq!(status, 202, "{body}");
+    let first = body["order_id"].as_str().unwrap().to_string();
+
+    proxy.hold(&[b"EVALSHA", b":buyers", b"alice"]);
+    let answer = buy(&app, &id, "alice").await;
+    assert_eq!(proxy.held(), 1, "the first copy was held");
+    assert_error(answer, 409, "sold_out");
+    assert_eq!(cancel(&app, &first, "first").await, "cancelled");
+    assert_eq!(redis_sale(&b, &id, "alice").await, (Some(1), None, 1));
+
+    proxy.release().await;
+    assert_eq!(
+        redis_sale(&b, &id, "alice").await,
+        (Some(1), None, 1),
+        "the late first copy wrote nothing"
+    );
+    b.cleanup().await;
+}
+
+/// The first copy is held until its resend admitted the order and the buyer cancelled
+/// it (a voucher that lets a buyer buy again): the late first copy must not admit that
+/// cancelled order again (no second stream entry, no unit taken), and the buyer's next
+/// purchase is a new order.
+#[tokio::test]
+async fn a_late_first_copy_never_admits_again_an_order_cancelled_since() {
+    let (b, proxy, app, _) = behind_a_reply_dropper(Some(Duration::from_millis(300))).await;
+    let id = create_with(
+        &app,
+        2,
+        json!({ "pay_within_s": 600, "rebuy_after_close": true }),
+    )
+    .await;
+    proxy.hold(&[b"EVALSHA", b":buyers", b"alice"]);
+    let (status, body) = buy(&app, &id, "alice").await;
+    assert_eq!(proxy.held(), 1, "the first copy was held");
+    assert_eq!(status, 202, "the resend admitted: {body}");
+    let order = body["order_id"].as_str().unwrap().to_string();
+    assert_eq!(cancel(&app, &order, "alice").await, "cancelled");
+    assert_eq!(redis_sale(&b, &id, "alice").await, (Some(2), None, 1));
+
+    proxy.release().await;
+    assert_eq!(
+        redis_sale(&b, &id, "alice").await,
+        (Some(2), None, 1),
+        "the late first copy wrote nothing"
+    );
+    // The client was replaced for the held copy; once it may be again, a retry goes on.
+    tokio::time::sleep(seckill_shared::adapters::redis::REPLACE_AT_MOST_EVERY).await;
+    let (status, body) = buy(&app, &id, "alice").await;
+    assert_eq!(status, 202, "{body}");
+    assert_ne!(body["order_id"], order.as_str(), "a new order");
+    b.cleanup().await;
+}
+
+/// The first copy is held (no reply in time) and its resend fails with an error reply:
+/// the answer is a 503 naming the attempt's order, because the held copy may still
+/// run. Here it does, and the named order is the buyer's.
+#[tokio::test]
+async fn a_resend_that_fails_answers_503_naming_the_order() {
+    let (b, proxy, app, id) = behind_a_reply_dropper(Some(Duration::from_millis(300))).await;
+    proxy.hold(&[b"EVALSHA", b":buyers", b"alice"]);
+    proxy.fail(&[b"EVALSHA", b":buyers", b"alice"], 1);
+    let (status, body) = buy(&app, &id, "alice").await;
+    assert_eq!(proxy.held(), 1, "the first copy was held");
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["code"], "unavailable", "{body}");
+    let named: OrderId = body["order_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the 503 names the order: {body}"))
+        .parse()
+        .unwrap();
+    assert_eq!(redis_sale(&b, &id, "alice").await.1, None);
+    proxy.release().await;
+    assert_eq!(
+        redis_sale(&b, &id, "alice").await.1,
+        Some(named),
+        "the held copy ran late and admitted the order the 503 named"
+    );
+    b.cleanup().await;
+}
+
+/// Durable admissions: the script runs and the connection is cut before its reply,
+/// while the only replica receives nothing more (its replication link, which goes
+/// through the proxies too, is muted). The client sends the pipeline (script and
+/// `WAIT`) again on a new connection; that copy finds the order already admitted. The
+/// `WAIT` must still count the replicas holding the order, whichever connection wrote
+/// it: no durable 202, a 503 naming the order. The copy writes a mark that the `WAIT`
+/// covers (lua/admit.lua). Without it, Valkey 9.1 (the cluster pass) answered the new
+/// connection's `WAIT` at once with the muted replica counted: a durable 202 nobody
+/// held. (Redis 7.0's `WAIT` on a new connection waits for the primary's whole offset.)
+#[tokio::test]
+async fn a_durable_admission_resent_by_the_client_waits_for_the_replicas() {
+    let b = Backends::start_with(seckill_tests::redis::RedisServer::cluster(1, 1)).await;
+    let proxy = ReplyDropper::start(&b.redis).await;
+    let mut cfg = b.http_config();
+    cfg.redis.url = proxy.url();
+    cfg.redis.durable = Some(seckill_shared::config::Durable {
+        replicas: 1,
+        timeout: Duration::from_millis(300),
+    });
+    let app = App::new(&cfg).await;
+    let id = create(&app, 5, -1_000, 3_600_000).await;
+    // The replica follows its primary's announced (proxy) address.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = buy(&app, &id, "warmup").await;
+        if status == 202 || body["code"] == "already_purchased" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no durable 202: {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The replica acknowledges what it has every second: its link is muted from then on.
+    proxy.mute(&[b"REPLCONF", b"ACK"], 1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proxy.muted() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the replication link was not muted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    proxy.arm(&[b"EVALSHA", b":buyers", b"alice"]);
+    let (status, body) = buy(&app, &id, "alice").await;
+    assert_eq!(proxy.dropped(), 1, "the admission's reply was lost");
+    assert_eq!(status, 503, "no replica holds it: {body}");
+    let named: OrderId = body["order_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the 503 names the order: {body}"))
+        .parse()
+        .unwrap();
+    assert_eq!(redis_sale(&b, &id, "alice").await.1, Some(named));
+    b.cleanup().await;
+}
+
 #[tokio::test]
 async fn not_started_and_ended_sales_are_refused() {
     let b = Backends::start().await;
