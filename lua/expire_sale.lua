@@ -11,9 +11,11 @@
 -- KEYS[9] to settle     seckill:{<voucher>}:to_settle
 -- KEYS[10] transfers    seckill:{<voucher>}:transfers (bucketed vouchers, issue #16)
 -- KEYS[11] received     seckill:{<voucher>}:received
--- ARGV[1] consumer group, ARGV[2] retention (ms)
+-- ARGV[1] consumer group, ARGV[2] retention (ms; 0: the keys are kept, only the check
+-- is made)
 --
--- Returns EXPIRING when the keys now expire, UNDRAINED when the stream still holds
+-- Returns EXPIRING when the sale may be retired (its keys now expire, unless the
+-- retention is 0), UNDRAINED when the stream still holds
 -- undrained orders
 -- (something pending, or an entry never delivered to the group), or orders still
 -- waiting for payment or for their close to reach the database, or units this bucket
@@ -52,6 +54,9 @@ if redis.call('ZCOUNT', KEYS[7], '-inf', '(+inf') > 0
 end
 
 local ttl = tonumber(ARGV[2])
+if ttl <= 0 then
+  return EXPIRING
+end
 for i = 1, #KEYS do
   if i ~= 4 or redis.call('XLEN', KEYS[4]) == 0 then
     redis.call('PEXPIRE', KEYS[i], ttl)

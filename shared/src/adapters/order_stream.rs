@@ -252,13 +252,15 @@ impl OrderStreams {
         Ok((ids, bad))
     }
 
-    /// Gives a finished sale's keys an expiry of `retention` (`lua/expire_sale.lua`),
-    /// unless its stream still holds undrained orders (then false, nothing changed). A
-    /// non-empty dead-letter stream is kept.
+    /// Whether a finished sale may be retired (`lua/expire_sale.lua`): false while its
+    /// stream holds undrained orders, orders wait for payment or for their close to
+    /// reach the database, or units it gave are on their way (then nothing changes).
+    /// When it may, its keys get an expiry of `retention` (`None`: they are kept); a
+    /// non-empty dead-letter stream is kept either way.
     pub async fn expire_finished(
         &self,
         voucher: impl Into<Bucket>,
-        retention: Duration,
+        retention: Option<Duration>,
     ) -> Result<bool, StoreError> {
         let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
@@ -275,7 +277,7 @@ impl OrderStreams {
             .key(&k.transfers)
             .key(&k.received)
             .arg(keys::DRAIN_GROUP)
-            .arg(retention.as_millis() as u64)
+            .arg(retention.map_or(0, |r| r.as_millis() as u64))
             .invoke_async(&mut self.conn.clone())
             .await?;
         Ok(done == protocol::expire_sale::EXPIRING)

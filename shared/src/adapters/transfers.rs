@@ -19,7 +19,7 @@ use std::time::Duration;
 use redis::{AsyncCommands, Script};
 
 use super::redis::{RedisConn, RedisSales};
-use crate::domain::{Bucket, OrderId, UnixMillis, VoucherId, now_millis};
+use crate::domain::{Bucket, OrderId, UnixMillis, VoucherId};
 use crate::error::StoreError;
 use crate::keys::{self, VoucherKeys};
 use crate::protocol::{DEADLINES_SENTINEL, sale_fields, transfer};
@@ -29,6 +29,8 @@ pub(crate) static GIVE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/give.lua")));
 static TAKE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/take.lua")));
+static TRANSFER_RECORDS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/transfer_records.lua")));
 
 /// How long the voucher's sold-out mark lives unless a returned unit deletes it first.
 /// A mark set just after a unit came back (a race with the return's delete) is wrong
@@ -130,18 +132,29 @@ async fn deliver(
     Ok(true)
 }
 
-/// Transfer records of `donor` older than `older_than_ms`: (id, recipient, units, given
+/// Transfer records of `donor` older than `older_than_ms` by the donor's server clock,
+/// the one that stamped them (`lua/transfer_records.lua`): (id, recipient, units, given
 /// at). Malformed records are skipped (and logged).
 pub async fn open_transfers(
     conn: &RedisConn,
     donor: Bucket,
     older_than_ms: i64,
 ) -> Result<Vec<(String, Bucket, i64, UnixMillis)>, StoreError> {
-    let all: Vec<(String, String)> = conn
-        .clone()
-        .hgetall(VoucherKeys::new(donor).transfers)
+    let (now, all): (UnixMillis, Vec<(String, String)>) = TRANSFER_RECORDS
+        .key(VoucherKeys::new(donor).transfers)
+        .invoke_async(&mut conn.clone())
         .await?;
-    let now = now_millis();
+    Ok(records_older_than(donor, all, now, older_than_ms))
+}
+
+/// The records of `all` (a donor's transfers hash) at least `older_than_ms` old at
+/// `now`, both by the server's clock (0: every record).
+fn records_older_than(
+    donor: Bucket,
+    all: Vec<(String, String)>,
+    now: UnixMillis,
+    older_than_ms: i64,
+) -> Vec<(String, Bucket, i64, UnixMillis)> {
     let mut out = Vec::new();
     for (id, record) in all {
         if id == DEADLINES_SENTINEL {
@@ -149,7 +162,6 @@ pub async fn open_transfers(
         }
         let parsed = parse_record(&record).filter(|r| r.0.voucher() == donor.voucher());
         match parsed {
-            // 0: every record, also one stamped by a server clock ahead of this one.
             Some((to, units, at)) if older_than_ms <= 0 || now - at >= older_than_ms => {
                 out.push((id, to, units, at))
             }
@@ -157,7 +169,7 @@ pub async fn open_transfers(
             None => tracing::error!(%donor, id, record, "malformed transfer record left alone"),
         }
     }
-    Ok(out)
+    out
 }
 
 /// Finishes the transfers `donor` recorded more than [`STALE_TRANSFER_MS`] ago (their
@@ -295,6 +307,23 @@ mod tests {
             in_transit,
             received,
         }
+    }
+
+    #[test]
+    fn a_record_s_age_is_told_by_the_clock_that_stamped_it() {
+        let donor = Bucket::new(VoucherId::new(9).unwrap(), 0, 2).unwrap();
+        let to = Bucket::new(VoucherId::new(9).unwrap(), 1, 2).unwrap();
+        // Stamped by a server clock far from this process's: only the server's now
+        // tells which records are old.
+        let at = 5_000_000_000_000;
+        let all = vec![
+            ("old".to_string(), format!("{to} 3 {at}")),
+            ("new".to_string(), format!("{to} 1 {}", at + 1_500)),
+            ("bad".to_string(), "junk".to_string()),
+        ];
+        let old = records_older_than(donor, all.clone(), at + 2_000, STALE_TRANSFER_MS);
+        assert_eq!(old, vec![("old".to_string(), to, 3, at)]);
+        assert_eq!(records_older_than(donor, all, at, 0).len(), 2);
     }
 
     #[test]

@@ -773,7 +773,7 @@ async fn ended_and_drained_sales_are_retired_and_missing_groups_recreated() {
     // Asked directly, the script itself refuses a stream with an undrained order.
     assert!(
         !ctx.streams
-            .expire_finished(stuck.id, Duration::from_secs(60))
+            .expire_finished(stuck.id, Some(Duration::from_secs(60)))
             .await
             .unwrap()
     );

@@ -1138,3 +1138,51 @@ async fn a_return_while_the_sale_is_lost_leaves_the_repair_to_rebuild_it() {
     );
     ctx.cleanup().await;
 }
+
+/// Without a retention (`DRAINER_RETENTION_S=0`), a finished sale is retired from the
+/// drainer's active set only when `lua/expire_sale.lua` would let its keys expire:
+/// while its orders still wait for payment it stays surveyed (else they would never
+/// expire, and their units never come back); once they expired and their closes
+/// reached the database, it is retired.
+#[tokio::test]
+async fn without_retention_a_finished_sale_with_open_orders_is_not_retired() {
+    let ctx = DrainCtx::start().await;
+    let v = pay_voucher(&ctx, 5, 2, false).await;
+    let app = app_of(&ctx).await;
+    for user in ["a", "b"] {
+        let (status, body) = buy(&app, v.id, user).await;
+        assert_eq!(status, 202, "{body}");
+    }
+    let _: () = ctx
+        .conn()
+        .hset(
+            VoucherKeys::new(v.id).sale,
+            "ends_ms",
+            now_millis() - 120_000,
+        )
+        .await
+        .unwrap();
+    let mut cfg = ctx.drainer_config();
+    cfg.retention = None;
+    let s = ctx.drain(cfg.clone()).await;
+    assert_eq!(
+        (s.inserted, s.retired),
+        (2, 0),
+        "open orders: not retired {s:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(2_200)).await;
+    let mut retired = 0;
+    for _ in 0..5 {
+        let s = ctx.drain(cfg.clone()).await;
+        retired += s.retired;
+        if retired > 0 {
+            break;
+        }
+    }
+    assert_eq!(
+        retired, 1,
+        "retired once its orders expired and were settled"
+    );
+    assert_eq!(ctx.db_stock_left(v.id).await, 5, "both units came back");
+    ctx.cleanup().await;
+}

@@ -245,9 +245,11 @@ impl Drainer {
         }
     }
 
-    /// Retires the sales that are over and drained (by the latest probes): their keys
-    /// get an expiry when a retention is set (`lua/expire_sale.lua`, which checks again
-    /// that nothing is undrained), then they leave the active set. Until `finish_by`.
+    /// Retires the sales that are over and drained (by the latest probes), once
+    /// `lua/expire_sale.lua` agrees (nothing undrained, no order waiting for payment or
+    /// for its close to reach the database, no units on their way; with or without a
+    /// retention): their keys get an expiry when a retention is set, then they leave
+    /// the active set. Until `finish_by`.
     pub(super) async fn retire_finished(&self, run: &Run) {
         let run_ref = run;
         let now = now_millis();
@@ -265,15 +267,13 @@ impl Drainer {
         let end = tokio::time::sleep_until(run.finish_by.into());
         futures::stream::iter(over)
             .map(|v| async move {
-                if let Some(retention) = self.cfg.retention {
-                    match self.streams.expire_finished(v, retention).await {
-                        Ok(true) => {}
-                        // Not drained after all (checked again in the script): stays.
-                        Ok(false) => return,
-                        Err(e) => {
-                            run_ref.record(&DrainError::store("expiring a finished sale", Some(v), e));
-                            return;
-                        }
+                match self.streams.expire_finished(v, self.cfg.retention).await {
+                    Ok(true) => {}
+                    // Not drained after all (checked again in the script): stays.
+                    Ok(false) => return,
+                    Err(e) => {
+                        run_ref.record(&DrainError::store("expiring a finished sale", Some(v), e));
+                        return;
                     }
                 }
                 match self.streams.retire(v).await {
