@@ -1,0 +1,185 @@
+//! What reading a whole sale back from the database costs: the repair of a sale Redis
+//! lost and `seckill reconcile`, both over the sale snapshot (`DataApi::sale_snapshot`),
+//! on a table of 200,000 orders written just now and never analysed (the way a lost hot
+//! sale's table looks), against seckill-http's 10 s function timeout and a plain read of
+//! the same rows measured in the same run (one `SELECT user_id, id` straight from
+//! MariaDB: the floor).
+//!
+//! Rows examined are MariaDB's `Handler_read_*` counters (global: the stack's MariaDB
+//! serves nothing else while this runs). Needs the local stack (`scripts/stack.sh up`).
+//!
+//! `cargo bench -p seckill-tests --bench repair [-- ORDERS]`
+
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use mysql_async::prelude::Queryable;
+use seckill_http::App;
+use seckill_shared::domain::{NewVoucher, SaleWindow, now_millis};
+use seckill_tests::harness::{Backends, buy};
+use seckill_tests::mysql::{connect, url_with_database};
+use seckill_tests::redis::RedisServer;
+
+const DEFAULT_ORDERS: usize = 200_000;
+/// seckill-http's function timeout (template.yaml).
+const FUNCTION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The sum of the `Handler_read_*` counters of `scope` (`GLOBAL` or `SESSION`).
+async fn handler_reads(conn: &mut mysql_async::Conn, scope: &str) -> u64 {
+    let rows: Vec<(String, String)> = conn
+        .query(format!("SHOW {scope} STATUS LIKE 'Handler_read%'"))
+        .await
+        .expect("status");
+    rows.iter()
+        .map(|(_, n)| n.parse::<u64>().unwrap_or(0))
+        .sum()
+}
+
+struct Row {
+    what: &'static str,
+    time: Duration,
+    examined: u64,
+    returned: u64,
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let orders: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(DEFAULT_ORDERS);
+    let b = Backends::start_with(RedisServer::single()).await;
+    let now = now_millis();
+    let voucher =
+        b.db.create_voucher(&NewVoucher {
+            title: "repair bench".into(),
+            stock: orders as i64 + 1_000,
+            window: SaleWindow::new(now - 60_000, now + 3_600_000).unwrap(),
+            payment: None,
+            buckets: 1,
+        })
+        .await
+        .expect("voucher");
+    let url = url_with_database(&b.mysql_url, &b.database);
+    let mut conn = connect(&url).await;
+    conn.exec_drop(
+        "UPDATE vouchers SET stock_left = 1000 WHERE id = ?",
+        (voucher.id.get(),),
+    )
+    .await
+    .unwrap();
+
+    // The sale's orders, in admission order (buyers interleaved), never analysed.
+    let bar = ProgressBar::new(orders as u64).with_style(
+        ProgressStyle::with_template("writing orders {bar:40} {pos}/{len} {elapsed}").unwrap(),
+    );
+    for start in (0..orders).step_by(5_000) {
+        let n = 5_000.min(orders - start);
+        let values = vec!["(?, ?, ?, 'confirmed', NOW(3))"; n].join(",");
+        let params: Vec<mysql_async::Value> = (start..start + n)
+            .flat_map(|i| {
+                let user = format!("user-{:08}", (i * 7_919) % orders);
+                [
+                    (1_000_000 + i as i64).into(),
+                    voucher.id.get().into(),
+                    user.into(),
+                ]
+            })
+            .collect();
+        conn.exec_drop(
+            format!(
+                "INSERT INTO orders (id, voucher_id, user_id, status, admitted_at) VALUES {values}"
+            ),
+            params,
+        )
+        .await
+        .unwrap();
+        bar.inc(n as u64);
+    }
+    bar.finish();
+
+    let mut rows = Vec::new();
+    // The floor: every row of the sale in one plain read.
+    let before = handler_reads(&mut conn, "SESSION").await;
+    let t0 = Instant::now();
+    let read: Vec<(Vec<u8>, i64)> = conn
+        .exec(
+            "SELECT user_id, id FROM orders WHERE voucher_id = ?",
+            (voucher.id.get(),),
+        )
+        .await
+        .unwrap();
+    rows.push(Row {
+        what: "floor: one SELECT of every row",
+        time: t0.elapsed(),
+        examined: handler_reads(&mut conn, "SESSION").await - before,
+        returned: read.len() as u64,
+    });
+
+    // The snapshot alone, through the Data API, page by page.
+    let before = handler_reads(&mut conn, "GLOBAL").await;
+    let t0 = Instant::now();
+    let (_, mut snapshot) = b.db.sale_snapshot(voucher.id).await.unwrap().unwrap();
+    let mut returned = 0;
+    while let Some(page) = snapshot.next_page().await.unwrap() {
+        returned += page.len() as u64;
+    }
+    snapshot.finish().await;
+    rows.push(Row {
+        what: "sale snapshot (Data API pages)",
+        time: t0.elapsed(),
+        examined: handler_reads(&mut conn, "GLOBAL").await - before,
+        returned,
+    });
+
+    // The repair: the first request after Redis lost the sale rebuilds it.
+    let app = App::new(&b.http_config()).await;
+    let before = handler_reads(&mut conn, "GLOBAL").await;
+    let t0 = Instant::now();
+    let (status, body) = buy(&app, voucher.id, "a-new-buyer").await;
+    let repair = t0.elapsed();
+    assert_eq!(status, 202, "the request after the repair: {body}");
+    let buyers = b.sales.buyer_count(voucher.id).await.unwrap();
+    rows.push(Row {
+        what: "repair (first request, 202)",
+        time: repair,
+        examined: handler_reads(&mut conn, "GLOBAL").await - before,
+        returned: buyers,
+    });
+
+    // `seckill reconcile` of the repaired sale.
+    let ops = seckill_cli::ops::Backends::connect(&b.redis.config(), &b.data_api_config())
+        .await
+        .unwrap();
+    let before = handler_reads(&mut conn, "GLOBAL").await;
+    let t0 = Instant::now();
+    let report = seckill_cli::ops::reconcile::reconcile(&ops, voucher.id, false)
+        .await
+        .unwrap();
+    rows.push(Row {
+        what: "reconcile",
+        time: t0.elapsed(),
+        examined: handler_reads(&mut conn, "GLOBAL").await - before,
+        returned: report.db_orders,
+    });
+    conn.disconnect().await.ok();
+
+    let floor = rows[0].time.as_secs_f64();
+    println!("\nA sale of {orders} orders, table never analysed");
+    println!(
+        "{:<34} {:>10} {:>9} {:>14} {:>10} {:>10}",
+        "step", "time ms", "x floor", "rows examined", "returned", "of 10 s"
+    );
+    for r in &rows {
+        println!(
+            "{:<34} {:>10.1} {:>9.2} {:>14} {:>10} {:>9.1}%",
+            r.what,
+            r.time.as_secs_f64() * 1e3,
+            r.time.as_secs_f64() / floor,
+            r.examined,
+            r.returned,
+            100.0 * r.time.as_secs_f64() / FUNCTION_TIMEOUT.as_secs_f64()
+        );
+    }
+    b.cleanup().await;
+}
