@@ -145,6 +145,27 @@ fn resendable(request: Request<'_>) -> bool {
     }
 }
 
+/// How long a request keeps asking again while its slot is split between two nodes
+/// (`TRYAGAIN`: a multi-key script while some of its keys have moved and others not, as
+/// long as a big key takes to move) or the cluster is down for a reconfiguration
+/// (`CLUSTERDOWN`), after the client's own retries (about 0.55 s) gave up: nothing ran,
+/// so asking again is always safe. Within seckill-http's 10 s function timeout, and
+/// well beyond the 2 s a big stream was seen to hold a slot split.
+pub const SPLIT_SLOT_BUDGET: Duration = Duration::from_secs(4);
+/// The pause between two rounds (plus as much again at random).
+const SPLIT_SLOT_PAUSE: Duration = Duration::from_millis(50);
+
+/// Whether a request's answer says that nothing ran because its slot is split between
+/// two nodes or the cluster is down (see [`SPLIT_SLOT_BUDGET`]).
+fn slot_split(result: &redis::RedisResult<Value>) -> bool {
+    use redis::ServerErrorKind::{ClusterDown, TryAgain};
+    match result {
+        Err(e) => matches!(e.kind(), redis::ErrorKind::Server(TryAgain | ClusterDown)),
+        Ok(Value::ServerError(e)) => matches!(e.kind(), Some(TryAgain | ClusterDown)),
+        Ok(_) => false,
+    }
+}
+
 /// The form of `request` to send again after a timeout: an admission (`lua/admit.lua`)
 /// carries `ARGV[3]` [`admit::AGAIN`], so that it decides the attempt and a late first
 /// copy writes nothing (see the script's header); `None` for everything else, sent as
@@ -207,6 +228,23 @@ impl Cluster {
     /// a resend that fails any other way is reported as a timeout too (an admission
     /// then names its order instead of denying it).
     async fn request(&self, request: Request<'_>) -> redis::RedisResult<Value> {
+        let started = Instant::now();
+        loop {
+            let result = self.request_once(request).await;
+            if !slot_split(&result) || started.elapsed() + SPLIT_SLOT_PAUSE >= SPLIT_SLOT_BUDGET {
+                return result;
+            }
+            // Nothing ran: the slot's keys are between two nodes (a move under way) or
+            // the cluster is reconfiguring. Wait a little and ask again, while the
+            // request's budget lasts, rather than answer a buyer 503.
+            // The clock's microseconds are random enough to spread the buyers out.
+            let jitter = born_us() % (SPLIT_SLOT_PAUSE.as_micros() as u64 + 1);
+            tokio::time::sleep(SPLIT_SLOT_PAUSE + Duration::from_micros(jitter)).await;
+        }
+    }
+
+    /// One round of [`Self::request`]: sent, and on a timeout sent again (see there).
+    async fn request_once(&self, request: Request<'_>) -> redis::RedisResult<Value> {
         // Stamped after the client is read: a replacement begun before this request
         // took its client is not one that covers it.
         let (generation, mut conn) = self.current();

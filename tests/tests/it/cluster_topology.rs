@@ -994,3 +994,92 @@ async fn a_cluster_client_that_only_times_out_is_replaced() {
     got.expect("healed once new connections work");
     assert!(took < Duration::from_secs(3), "healed only after {took:?}");
 }
+
+/// A slot whose keys stay split between two nodes for seconds, as while a big stream
+/// moves: the voucher's orders stream has moved to the importing primary, its sale and
+/// buyers hashes have not, so every admission script meets `TRYAGAIN` for 2.5 s. Buyers
+/// wait (the request asks again while its budget lasts) instead of hearing 503: once
+/// the move finishes, each is admitted exactly once.
+#[tokio::test]
+async fn a_slot_held_split_for_seconds_costs_buyers_a_wait_not_a_503() {
+    let ctx = DrainCtx::start_with(RedisServer::cluster(2, 0)).await;
+    let seed = ctx.redis.port();
+    let v = ctx.voucher(100, 100).await;
+    let app =
+        seckill_http::App::new(&test_http_config(ctx.redis.config(), ctx.data_api_config())).await;
+    assert_eq!(buy(&app, v.id, "warmup").await.0, 202);
+    let k = VoucherKeys::new(v.id);
+    let slot = key_slot(seed, &k.sale);
+    let from = owner_of(seed, slot);
+    let to = topology(seed)
+        .into_iter()
+        .find(|n| n.primary && n.port != from.port)
+        .expect("another primary");
+    let (mut src, mut dst) = (admin(from.port), admin(to.port));
+    let setslot = |conn: &mut redis::Connection, how: &str, id: &str| {
+        let _: () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(how)
+            .arg(id)
+            .query(conn)
+            .unwrap_or_else(|e| panic!("CLUSTER SETSLOT {slot} {how}: {e}"));
+    };
+    let migrate = |conn: &mut redis::Connection, key: &str| {
+        let _: redis::Value = redis::cmd("MIGRATE")
+            .arg("127.0.0.1")
+            .arg(to.port)
+            .arg("")
+            .arg(0)
+            .arg(10_000)
+            .arg("KEYS")
+            .arg(key)
+            .query(conn)
+            .unwrap_or_else(|e| panic!("MIGRATE {key}: {e}"));
+    };
+    setslot(&mut dst, "IMPORTING", &from.id);
+    setslot(&mut src, "MIGRATING", &to.id);
+    migrate(&mut src, &k.orders);
+
+    const BUYERS: usize = 8;
+    let started = Instant::now();
+    let buyers = futures::future::join_all((0..BUYERS).map(|i| {
+        let app = &app;
+        async move { buy(app, v.id, &format!("split-{i}")).await }
+    }));
+    let finish = async {
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        loop {
+            let keys: Vec<String> = redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(slot)
+                .arg(100)
+                .query(&mut src)
+                .expect("GETKEYSINSLOT");
+            if keys.is_empty() {
+                break;
+            }
+            for key in keys {
+                migrate(&mut src, &key);
+            }
+        }
+        setslot(&mut dst, "NODE", &to.id);
+        setslot(&mut src, "NODE", &to.id);
+    };
+    let (answers, ()) = tokio::join!(buyers, finish);
+    let waited = started.elapsed();
+    let mut orders = HashSet::new();
+    for (i, (status, body)) in answers.iter().enumerate() {
+        assert_eq!(*status, 202, "buyer {i} after {waited:?}: {body}");
+        assert!(orders.insert(body["order_id"].as_str().unwrap().to_string()));
+    }
+    assert!(
+        waited >= Duration::from_millis(2_500),
+        "the buyers waited for the move ({waited:?})"
+    );
+    assert_eq!(
+        ctx.sales.stock_left(v.id).await.unwrap(),
+        Some(100 - 1 - BUYERS as i64)
+    );
+    ctx.cleanup().await;
+}
