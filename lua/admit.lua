@@ -71,31 +71,29 @@ local USER_ID = 'user_id'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local sale = redis.call('HMGET', KEYS[1], STOCK, BEGINS_MS, ENDS_MS, PAY_MS)
+-- The mark of this attempt (see above) is read with the sale: no command of its own.
+local mark = AGAIN_PREFIX .. ARGV[2]
+local sale = redis.call('HMGET', KEYS[1], STOCK, BEGINS_MS, ENDS_MS, PAY_MS, mark)
 local stock, begins, ends = tonumber(sale[1]), tonumber(sale[2]), tonumber(sale[3])
 local pay = sale[4] and tonumber(sale[4])
 if stock == nil or begins == nil or ends == nil or pay == nil then
   return {NOT_LOADED, '', 0, 0, 0, now}
 end
-
-local mark = AGAIN_PREFIX .. ARGV[2]
--- The buyer holds an order: this attempt's own (a copy of it ran) is marked, see above.
-local function bought(held, left)
-  if held == ARGV[2] then
-    redis.call('HSET', KEYS[1], mark, 1)
-  end
-  return {ALREADY_BOUGHT, held, begins, ends, left, now}
-end
+local marked, again = sale[5], ARGV[3] == AGAIN
 
 -- A resend marks the attempt (only a loaded sale: a lone field would pass for a loaded
 -- sale hash). Marked already: a copy of this resend ran (the client sent it once more
 -- after a dropped connection) and decided; this one only reports.
-if ARGV[3] == AGAIN and redis.call('HSETNX', KEYS[1], mark, 1) == 0 then
-  local held = redis.call('HGET', KEYS[2], ARGV[1])
-  if held == ARGV[2] then
-    return bought(held, stock)
+if again then
+  if marked then
+    local held = redis.call('HGET', KEYS[2], ARGV[1])
+    if held == ARGV[2] then
+      redis.call('HSET', KEYS[1], mark, 1)
+      return {ALREADY_BOUGHT, held, begins, ends, stock, now}
+    end
+    return {SUPERSEDED, held or '', begins, ends, stock, now}
   end
-  return {SUPERSEDED, held or '', begins, ends, stock, now}
+  redis.call('HSET', KEYS[1], mark, 1)
 end
 
 if now < begins then
@@ -108,13 +106,17 @@ end
 if stock <= 0 then
   local held = redis.call('HGET', KEYS[2], ARGV[1])
   if held then
-    return bought(held, 0)
+    -- This attempt's own order (a copy of it ran): marked, see above.
+    if held == ARGV[2] then
+      redis.call('HSET', KEYS[1], mark, 1)
+    end
+    return {ALREADY_BOUGHT, held, begins, ends, 0, now}
   end
   return {SOLD_OUT, '', begins, ends, 0, now}
 end
 
 -- A late copy of an attempt its resend decided: nothing to write.
-if ARGV[3] ~= AGAIN and redis.call('HEXISTS', KEYS[1], mark) == 1 then
+if marked and not again then
   local held = redis.call('HGET', KEYS[2], ARGV[1])
   return {SUPERSEDED, held or '', begins, ends, stock, now}
 end
@@ -122,7 +124,11 @@ end
 -- All sale checks passed. HSETNX is both the already-bought check and the first write:
 -- one command instead of HGET then HSET on the path every admission takes.
 if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then
-  return bought(redis.call('HGET', KEYS[2], ARGV[1]), stock)
+  local held = redis.call('HGET', KEYS[2], ARGV[1])
+  if held == ARGV[2] then
+    redis.call('HSET', KEYS[1], mark, 1)
+  end
+  return {ALREADY_BOUGHT, held, begins, ends, stock, now}
 end
 local left = redis.call('HINCRBY', KEYS[1], STOCK, -1)
 local id = redis.call('XADD', KEYS[3], '*', ORDER_ID, ARGV[2], USER_ID, ARGV[1])

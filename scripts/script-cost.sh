@@ -106,7 +106,11 @@ prepare() {
     ours | ours-pay)
         [[ $1 == ours-pay ]] && R HSET 'seckill:{1}:sale' pay_ms 900000 rebuy 0 >/dev/null
         sha=$(R SCRIPT LOAD "$(cat lua/admit.lua)")
-        echo "EVALSHA $sha 4 seckill:{1}:sale seckill:{1}:buyers seckill:{1}:orders seckill:{1}:deadlines __rand_int__ $order_id"
+        # A random order id per call too (redis-benchmark draws each __rand_int__ on its
+        # own), as every attempt has its own: with one id for every call, a repeated user
+        # would look like a copy of its own attempt (lua/admit.lua marks it, and later
+        # calls of that id write nothing), which no real sale does.
+        echo "EVALSHA $sha 4 seckill:{1}:sale seckill:{1}:buyers seckill:{1}:orders seckill:{1}:deadlines __rand_int__ __rand_int__"
         ;;
     tutorial)
         sha=$(R SCRIPT LOAD "$(cat lua/bench/tutorial_seckill.lua)")
