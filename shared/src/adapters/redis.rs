@@ -125,10 +125,7 @@ fn born_us() -> u64 {
 /// the next claim); a lock taken with `SET NX`; plain writes.
 fn resendable(request: Request<'_>) -> bool {
     let is_safe = |cmd: &Cmd| {
-        let mut args = cmd.args_iter().map(|a| match a {
-            redis::Arg::Simple(bytes) => bytes,
-            _ => &b""[..],
-        });
+        let mut args = plain_args(cmd);
         let Some(name) = args.next() else {
             return false;
         };
@@ -174,10 +171,7 @@ fn resend_of(request: Request<'_>) -> Option<Cmd> {
     let Request::Command(cmd) = request else {
         return None;
     };
-    let mut args = cmd.args_iter().map(|a| match a {
-        redis::Arg::Simple(bytes) => bytes,
-        _ => &b""[..],
-    });
+    let mut args = plain_args(cmd);
     let (name, sha) = (args.next()?, args.next()?);
     if !name.eq_ignore_ascii_case(b"EVALSHA") || sha != ADMIT.get_hash().as_bytes() {
         return None;
@@ -189,6 +183,15 @@ fn resend_of(request: Request<'_>) -> Option<Cmd> {
     }
     again.arg(admit::AGAIN);
     Some(again)
+}
+
+/// A command's arguments as bytes (a cursor argument, which no command here has, as
+/// empty).
+fn plain_args(cmd: &Cmd) -> impl Iterator<Item = &[u8]> {
+    cmd.args_iter().map(|a| match a {
+        redis::Arg::Simple(bytes) => bytes,
+        _ => &b""[..],
+    })
 }
 
 /// A resend's failure as the caller must see it: no answer in time (an earlier copy
@@ -1094,16 +1097,10 @@ pub fn admission_of(
         admit::NOT_STARTED => Admission::NotStarted,
         admit::ENDED => Admission::Ended,
         admit::SOLD_OUT => Admission::SoldOut,
-        admit::ALREADY_BOUGHT => match held()? {
-            held if held == order_id => Admission::Admitted {
-                order_id,
-                stock_after,
-            },
-            held => Admission::AlreadyPurchased { order_id: held },
-        },
         // A copy of an attempt that another copy already decided, and whose answer
-        // was lost with it. The buyer's order, if any, is what counts; with none, the
-        // attempt was refused (or its order closed since): a retry decides anew.
+        // was lost with it. The buyer's order, if any, is what counts (as for code 5,
+        // below); with none, the attempt was refused (or its order closed since): a
+        // retry decides anew.
         admit::SUPERSEDED if detail.is_empty() => {
             return Err(StoreError::Unavailable {
                 backend: "redis",
@@ -1112,7 +1109,7 @@ pub fn admission_of(
                 ),
             });
         }
-        admit::SUPERSEDED => match held()? {
+        admit::ALREADY_BOUGHT | admit::SUPERSEDED => match held()? {
             held if held == order_id => Admission::Admitted {
                 order_id,
                 stock_after,
