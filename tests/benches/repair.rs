@@ -17,7 +17,7 @@ use mysql_async::prelude::Queryable;
 use seckill_http::App;
 use seckill_shared::domain::{NewVoucher, SaleWindow, now_millis};
 use seckill_tests::harness::{Backends, buy};
-use seckill_tests::mysql::{connect, url_with_database};
+use seckill_tests::mysql::{connect, insert_orders, url_with_database};
 use seckill_tests::redis::RedisServer;
 
 const DEFAULT_ORDERS: usize = 200_000;
@@ -75,25 +75,13 @@ async fn main() {
     );
     for start in (0..orders).step_by(5_000) {
         let n = 5_000.min(orders - start);
-        let values = vec!["(?, ?, ?, 'confirmed', NOW(3))"; n].join(",");
-        let params: Vec<mysql_async::Value> = (start..start + n)
-            .flat_map(|i| {
+        let rows: Vec<(i64, String, &str)> = (start..start + n)
+            .map(|i| {
                 let user = format!("user-{:08}", (i * 7_919) % orders);
-                [
-                    (1_000_000 + i as i64).into(),
-                    voucher.id.get().into(),
-                    user.into(),
-                ]
+                (1_000_000 + i as i64, user, "confirmed")
             })
             .collect();
-        conn.exec_drop(
-            format!(
-                "INSERT INTO orders (id, voucher_id, user_id, status, admitted_at) VALUES {values}"
-            ),
-            params,
-        )
-        .await
-        .unwrap();
+        insert_orders(&mut conn, voucher.id.get(), &rows).await;
         bar.inc(n as u64);
     }
     bar.finish();

@@ -80,6 +80,36 @@ pub async fn connect(mysql_url: &str) -> mysql_async::Conn {
         .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
+/// Writes order rows `(id, user, status)` of `voucher` straight into `orders` (admitted
+/// now), in one multi-row INSERT: fixtures for what the drainer would have written.
+pub async fn insert_orders(
+    conn: &mut mysql_async::Conn,
+    voucher: i64,
+    rows: &[(i64, String, &str)],
+) {
+    use mysql_async::prelude::Queryable;
+    let values = vec!["(?, ?, ?, ?, NOW(3))"; rows.len()].join(",");
+    let params: Vec<mysql_async::Value> = rows
+        .iter()
+        .flat_map(|(id, user, status)| {
+            [
+                (*id).into(),
+                voucher.into(),
+                user.clone().into(),
+                (*status).into(),
+            ]
+        })
+        .collect();
+    conn.exec_drop(
+        format!(
+            "INSERT INTO orders (id, voucher_id, user_id, status, admitted_at) VALUES {values}"
+        ),
+        params,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("inserting {} orders: {e}", rows.len()));
+}
+
 /// An SDK client for a Data API endpoint, configured as the functions are locally
 /// (region us-east-1, dummy static credentials), with retries off so that each call
 /// maps to exactly one request and errors surface at once.

@@ -20,6 +20,7 @@ use seckill_shared::domain::{OrderId, Voucher, VoucherId};
 use seckill_shared::keys::VoucherKeys;
 use seckill_tests::drainer::DrainCtx;
 use seckill_tests::harness::{buy, call, request, test_http_config, token};
+use seckill_tests::mysql::insert_orders;
 use serde_json::Value;
 
 fn http_config(ctx: &DrainCtx) -> seckill_http::Config {
@@ -392,23 +393,11 @@ async fn repair_reads_thousands_of_orders_in_pages_within_the_response_limit() {
     // 64 bytes each, half of them quotes and backslashes that JSON escapes.
     let user = |i: usize| format!("{i:0>8}{}", "\"\\".repeat(28));
     let mut conn = ctx.mysql().await;
-    let rows: Vec<(i64, i64, String)> = (0..ROWS)
-        .map(|i| (1_000_000 + i as i64, v.id.get(), user(i)))
+    let rows: Vec<(i64, String, &str)> = (0..ROWS)
+        .map(|i| (1_000_000 + i as i64, user(i), "confirmed"))
         .collect();
     for chunk in rows.chunks(500) {
-        let values = vec!["(?, ?, ?, 'confirmed', NOW(3))"; chunk.len()].join(",");
-        let params: Vec<mysql_async::Value> = chunk
-            .iter()
-            .flat_map(|(id, v, u)| [(*id).into(), (*v).into(), u.clone().into()])
-            .collect();
-        conn.exec_drop(
-            format!(
-                "INSERT INTO orders (id, voucher_id, user_id, status, admitted_at) VALUES {values}"
-            ),
-            params,
-        )
-        .await
-        .unwrap();
+        insert_orders(&mut conn, v.id.get(), chunk).await;
     }
     conn.disconnect().await.ok();
 
@@ -530,26 +519,7 @@ async fn snapshot_pages_examine_about_the_rows_they_return_on_a_table_never_anal
     // Orders in an order other than the index's: the buyers interleaved.
     rows.sort_by_key(|(id, _, _)| (id % 97, *id));
     for chunk in rows.chunks(1_000) {
-        let values = vec!["(?, ?, ?, ?, NOW(3))"; chunk.len()].join(",");
-        let params: Vec<mysql_async::Value> = chunk
-            .iter()
-            .flat_map(|(id, u, s)| {
-                [
-                    (*id).into(),
-                    v.id.get().into(),
-                    u.clone().into(),
-                    (*s).into(),
-                ]
-            })
-            .collect();
-        conn.exec_drop(
-            format!(
-                "INSERT INTO orders (id, voucher_id, user_id, status, admitted_at) VALUES {values}"
-            ),
-            params,
-        )
-        .await
-        .unwrap();
+        insert_orders(&mut conn, v.id.get(), chunk).await;
     }
 
     // The page query as the snapshot runs it, on one connection.
