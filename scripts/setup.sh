@@ -59,6 +59,8 @@ command -v mariadb >/dev/null 2>&1 && command -v mariadb-admin >/dev/null 2>&1 |
 command -v curl >/dev/null 2>&1 || missing_pkgs+=(curl ca-certificates)
 # The TLS tests make a throwaway CA with the openssl command.
 command -v openssl >/dev/null 2>&1 || missing_pkgs+=(openssl)
+# A test runs a Redis node whose clock is an hour ahead (libfaketime's LD_PRELOAD).
+compgen -G '/usr/lib/*/faketime/libfaketime.so.1' >/dev/null || missing_pkgs+=(faketime)
 # pip, only when it is needed to install cargo-lambda and there is none.
 find_pip_python() {
     local c

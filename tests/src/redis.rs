@@ -113,6 +113,8 @@ struct Spec {
     replicas_per_primary: usize,
     /// `cluster-node-timeout` in ms; `None` keeps the server's default (15 s).
     node_timeout_ms: Option<u64>,
+    /// How far the nodes' clocks run ahead of this machine's (libfaketime), if at all.
+    clock_ahead_s: Option<u64>,
 }
 
 impl Spec {
@@ -220,7 +222,36 @@ impl RedisServer {
             primaries,
             replicas_per_primary,
             node_timeout_ms,
+            clock_ahead_s: None,
         })
+    }
+
+    /// Starts one node owning every slot, of this run's engine and binary, whose clock
+    /// (`TIME`, and every time the server reads) runs `seconds` ahead of this machine's,
+    /// as a server whose clock is off would: libfaketime preloaded (Debian's `faketime`
+    /// package, installed by `scripts/setup.sh`).
+    ///
+    /// `None` on the Redis engine: Debian's `redis-server` allocates with jemalloc, which
+    /// reads the clock while libfaketime initialises, and the server never starts (the
+    /// library says so: "unexpected recursive calls to clock_gettime()"). The Valkey
+    /// runs (the cluster pass of `scripts/test.sh`) have the node.
+    ///
+    /// # Panics
+    /// When libfaketime is not installed, or as [`Self::start`].
+    pub fn single_with_clock_ahead(seconds: u64) -> Option<RedisServer> {
+        let settings = RedisSettings::get();
+        if settings.engine == Engine::Redis {
+            return None;
+        }
+        Some(RedisServer::launch(Spec {
+            server: settings.server.clone(),
+            engine: settings.engine,
+            tls: false,
+            primaries: 1,
+            replicas_per_primary: 0,
+            node_timeout_ms: None,
+            clock_ahead_s: Some(seconds),
+        }))
     }
 
     /// Starts a node that only speaks TLS (`rediss://`, like ElastiCache Serverless),
@@ -237,6 +268,7 @@ impl RedisServer {
             primaries: 1,
             replicas_per_primary: 0,
             node_timeout_ms: None,
+            clock_ahead_s: None,
         })
     }
 
@@ -1166,6 +1198,17 @@ async fn proxy(
     }
 }
 
+/// Debian's libfaketime, for whichever architecture this is.
+fn libfaketime() -> PathBuf {
+    std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|arch| arch.path().join("faketime/libfaketime.so.1"))
+        .find(|lib| lib.exists())
+        .expect("libfaketime is missing: run scripts/setup.sh (Debian package faketime)")
+}
+
 /// Starts one node of `spec` in cluster mode on `port` (cluster bus on `bus_port`),
 /// keeping its files in `dir`. Nothing is saved by itself (`--save ""`, no AOF): only an
 /// explicit `SAVE` writes `dump.rdb`. A TLS node finds its certificates in `certs`.
@@ -1202,6 +1245,10 @@ fn spawn(spec: &Spec, certs: &Path, dir: &Path, port: u16, bus_port: u16) -> Chi
         .arg(certs.join("ca.crt"));
     } else {
         cmd.args(["--port", &port.to_string()]);
+    }
+    if let Some(seconds) = spec.clock_ahead_s {
+        cmd.env("LD_PRELOAD", libfaketime())
+            .env("FAKETIME", format!("+{seconds}s"));
     }
     cmd.stdout(Stdio::null())
         .stderr(Stdio::null())

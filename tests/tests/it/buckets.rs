@@ -117,6 +117,54 @@ async fn give(ctx: &DrainCtx, donor: Bucket, to: Bucket, id: &str) -> (i64, i64)
         .unwrap()
 }
 
+/// A transfer record's age is told by the server clock that stamped it, not by the
+/// drainer's: against a server whose clock runs ten minutes ahead, a record stranded by
+/// a caller that died is still delivered once it is [`transfers::STALE_TRANSFER_MS`]
+/// old (by the drainer's clock it would be ten minutes in the future for ten minutes),
+/// and a fresh one is still left to its living caller. Runs in the Valkey pass only
+/// (see [`RedisServer::single_with_clock_ahead`]).
+#[tokio::test]
+async fn a_stranded_transfer_is_delivered_on_time_by_a_server_whose_clock_is_ahead() {
+    const AHEAD_S: u64 = 600;
+    let Some(redis) = RedisServer::single_with_clock_ahead(AHEAD_S) else {
+        println!(
+            "skipped: libfaketime cannot run Debian's redis-server; the Valkey pass runs this"
+        );
+        return;
+    };
+    let ctx = DrainCtx::start_with(redis).await;
+    let mut conn = ctx.conn();
+    let (server_s, _): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let local_s = (now_millis() / 1_000) as u64;
+    assert!(
+        server_s >= local_s + AHEAD_S - 5,
+        "the server's clock is not ahead: {server_s} vs {local_s}"
+    );
+    let app = App::new(&test_http_config(ctx.redis.config(), ctx.data_api_config())).await;
+    let voucher = create(&app, 10, 2).await;
+    let [b0, b1]: [Bucket; 2] = Bucket::all(voucher, 2)
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap();
+    assert_eq!(give(&ctx, b1, b0, "dead-caller.0").await, (3, 0));
+    assert_eq!(
+        transfers::finish_open(&ctx.sales, b1).await.unwrap(),
+        0,
+        "a fresh record is its living caller's to finish"
+    );
+    tokio::time::sleep(Duration::from_millis(
+        transfers::STALE_TRANSFER_MS as u64 + 200,
+    ))
+    .await;
+    assert_eq!(
+        transfers::finish_open(&ctx.sales, b1).await.unwrap(),
+        3,
+        "a record stale by the server's clock is delivered"
+    );
+    assert_eq!(stocks(&ctx, voucher, 2).await, vec![8, 2]);
+    assert_eq!(transfers::finish_open(&ctx.sales, b1).await.unwrap(), 0);
+}
+
 /// One answer a buyer got: status, code, order id, when the request started and ended.
 #[derive(Debug, Clone)]
 struct Answer {
