@@ -17,12 +17,13 @@ use futures::StreamExt;
 use mysql_async::prelude::Queryable;
 use redis::AsyncCommands;
 use seckill_http::App;
+use seckill_shared::adapters::redis::{RedisConn, RedisSales};
 use seckill_shared::adapters::transfers;
 use seckill_shared::domain::{Bucket, VoucherId, format_rfc3339_millis, now_millis};
 use seckill_shared::keys::{self, VoucherKeys};
 use seckill_tests::drainer::DrainCtx;
 use seckill_tests::harness::{buy, call, request, test_http_config, token};
-use seckill_tests::redis::RedisServer;
+use seckill_tests::redis::{RedisServer, ReplyDropper};
 use serde_json::json;
 
 /// Creates a voucher of `stock` units in `buckets` buckets through `POST /vouchers`,
@@ -163,6 +164,92 @@ async fn a_stranded_transfer_is_delivered_on_time_by_a_server_whose_clock_is_ahe
     );
     assert_eq!(stocks(&ctx, voucher, 2).await, vec![8, 2]);
     assert_eq!(transfers::finish_open(&ctx.sales, b1).await.unwrap(), 0);
+}
+
+/// The drainer finishing a stranded transfer in durable mode: its take runs and the
+/// connection is cut before the reply, while the only replica receives nothing more
+/// (its replication link, through the proxies too, is muted). The client sends the
+/// pipeline (take and `WAIT`) again on a new connection, where the take finds the
+/// transfer already received. That `WAIT` must still count only the replicas holding
+/// the receipt: the delivery is not held, so the donor's record stays for a later run
+/// (deleting it would leave the units in no replica's bucket after a failover). The
+/// take writes the receipt again for the `WAIT` to cover (lua/take.lua). Without that,
+/// Valkey 9.1 (the cluster pass) answered the new connection's `WAIT` at once with the
+/// muted replica counted. (Redis 7.0's `WAIT` on a new connection waits for the
+/// primary's whole offset.)
+#[tokio::test]
+async fn a_durable_take_resent_by_the_client_waits_for_the_replicas() {
+    let ctx = DrainCtx::start_with(RedisServer::cluster(1, 1)).await;
+    let proxy = ReplyDropper::start(&ctx.redis).await;
+    let mut cfg = ctx.redis.config();
+    cfg.url = proxy.url();
+    let durable = seckill_shared::config::Durable {
+        replicas: 1,
+        timeout: Duration::from_millis(300),
+    };
+    cfg.durable = Some(durable);
+    let sales =
+        RedisSales::new(RedisConn::connect(&cfg).await.unwrap()).with_durability(Some(durable));
+    let app = App::new(&test_http_config(cfg, ctx.data_api_config())).await;
+    let voucher = create(&app, 10, 2).await;
+    let [b0, b1]: [Bucket; 2] = Bucket::all(voucher, 2)
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap();
+    // The replica follows its primary's announced (proxy) address: a durable 202 once
+    // it has.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = buy(&app, voucher, "warmup").await;
+        if status == 202 || body["code"] == "already_purchased" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no durable 202: {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let given = give(&ctx, b1, b0, "dead-caller.0").await.0;
+    assert!(given > 0, "nothing given");
+    let before = stocks(&ctx, voucher, 2).await;
+    tokio::time::sleep(Duration::from_millis(
+        transfers::STALE_TRANSFER_MS as u64 + 200,
+    ))
+    .await;
+    // The replica acknowledges what it has every second: its link is muted from then on.
+    proxy.mute(&[b"REPLCONF", b"ACK"], 1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proxy.muted() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the replication link was not muted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Loaded, so the copy whose reply is lost runs (rather than answering NOSCRIPT).
+    let _: String = redis::Script::new(include_str!("../../../lua/take.lua"))
+        .prepare_invoke()
+        .load_async(&mut ctx.conn())
+        .await
+        .unwrap();
+    proxy.arm(&[b"EVALSHA", b":received", b"dead-caller.0"]);
+    let finished = transfers::finish_open(&sales, b1).await;
+    assert_eq!(proxy.dropped(), 1, "the take's reply was lost");
+    assert!(
+        finished.is_err(),
+        "a receipt no replica holds was reported held: {finished:?}"
+    );
+    assert_eq!(
+        transfers::open_transfers(&ctx.conn(), b1, 0)
+            .await
+            .unwrap()
+            .len(),
+        1,
+        "the donor's record stays until a replica holds the receipt"
+    );
+    assert_eq!(
+        stocks(&ctx, voucher, 2).await,
+        vec![before[0] + given, before[1]],
+        "taken once"
+    );
 }
 
 /// One answer a buyer got: status, code, order id, when the request started and ended.
