@@ -888,6 +888,8 @@ struct Late {
     held: Arc<std::sync::atomic::AtomicUsize>,
     /// The needles of commands to answer with an error instead, and how many more.
     fail: MuteNeedles,
+    /// The error reply they get (RESP, `-...\r\n`).
+    fail_reply: Arc<std::sync::Mutex<&'static [u8]>>,
 }
 
 impl ReplyDropper {
@@ -907,6 +909,7 @@ impl ReplyDropper {
             released: tokio::sync::watch::channel(false).0,
             held: Arc::default(),
             fail: Arc::default(),
+            fail_reply: Arc::new(std::sync::Mutex::new(INJECTED_ERROR)),
         };
         let mut proxies = Vec::new();
         let mut tasks = Vec::new();
@@ -1033,10 +1036,20 @@ impl ReplyDropper {
     /// Answers the next `times` commands that contain every one of `needles` (and are
     /// not held) with an error reply instead of sending them to the node.
     pub fn fail(&self, needles: &[&[u8]], times: usize) {
+        self.fail_with(needles, times, INJECTED_ERROR);
+    }
+
+    /// [`Self::fail`] with the error reply `reply` (RESP: `-CODE text\r\n`), such as a
+    /// `TRYAGAIN` a node answers while a slot's keys are split between two nodes.
+    pub fn fail_with(&self, needles: &[&[u8]], times: usize, reply: &'static [u8]) {
+        *self.late.fail_reply.lock().unwrap() = reply;
         *self.late.fail.lock().unwrap() =
             Some((needles.iter().map(|n| n.to_vec()).collect(), times));
     }
 }
+
+/// The error reply of [`ReplyDropper::fail`].
+const INJECTED_ERROR: &[u8] = b"-ERR injected by the test proxy\r\n";
 
 /// The commands to mute connections for, and how many more (see [`ReplyDropper::mute`]).
 type MuteNeedles = Arc<std::sync::Mutex<Option<(Vec<Vec<u8>>, usize)>>>;
@@ -1163,7 +1176,8 @@ async fn proxy(
                     }
                 };
                 if failing {
-                    if client.write_all(b"-ERR injected by the test proxy\r\n").await.is_err() {
+                    let reply = *late.fail_reply.lock().unwrap();
+                    if client.write_all(reply).await.is_err() {
                         return;
                     }
                     continue;

@@ -86,8 +86,10 @@ pub enum RedisConn {
 /// same slot, may still be answered meanwhile, so a lost request cannot be told from a
 /// slow server here. A request that times out therefore has the client replaced by a
 /// new one built from the seed address, which reads the topology afresh (at most once
-/// per [`REPLACE_AT_MOST_EVERY`]), and, if [`resendable`], is sent once more on it; so
-/// are the requests timing out beside it, sent before the replacement. Buyers see one
+/// per [`REPLACE_AT_MOST_EVERY`]), and, if [`resendable`], is sent again on it; so are
+/// the requests timing out beside it, sent before the replacement. A resend that times
+/// out too, or does not get through (its slot split, its node not yet connected), is
+/// sent again while the request's budget lasts ([`Cluster::resend`]). Buyers see one
 /// slow answer instead of a 503.
 #[derive(Clone)]
 pub struct Cluster {
@@ -146,8 +148,10 @@ fn resendable(request: Request<'_>) -> bool {
 /// (`TRYAGAIN`: a multi-key script while some of its keys have moved and others not, as
 /// long as a big key takes to move) or the cluster is down for a reconfiguration
 /// (`CLUSTERDOWN`), after the client's own retries (about 0.55 s) gave up: nothing ran,
-/// so asking again is always safe. Within seckill-http's 10 s function timeout, and
-/// well beyond the 2 s a big stream was seen to hold a slot split.
+/// so asking again is always safe. It also bounds the resends of a request that timed
+/// out ([`Cluster::resend`]): a resend is sent within it, and may take one request
+/// timeout more. Within seckill-http's 10 s function timeout, and well beyond the 2 s
+/// a big stream was seen to hold a slot split.
 pub const SPLIT_SLOT_BUDGET: Duration = Duration::from_secs(4);
 /// The pause between two rounds (plus as much again at random).
 const SPLIT_SLOT_PAUSE: Duration = Duration::from_millis(50);
@@ -161,6 +165,34 @@ fn slot_split(result: &redis::RedisResult<Value>) -> bool {
         Ok(Value::ServerError(e)) => matches!(e.kind(), Some(TryAgain | ClusterDown)),
         Ok(_) => false,
     }
+}
+
+/// Whether a failure says that the request did not get through this time and may
+/// simply be sent again: its slot split or the cluster down (nothing ran), or the
+/// connection to its node lost or not yet known to the client (after a slot moved or
+/// the client was replaced).
+fn not_through(e: &redis::RedisError) -> bool {
+    use redis::ServerErrorKind::{ClusterDown, TryAgain};
+    matches!(
+        e.kind(),
+        redis::ErrorKind::Server(TryAgain | ClusterDown)
+            | redis::ErrorKind::ClusterConnectionNotFound
+            | redis::ErrorKind::Io
+    ) || e.is_connection_dropped()
+}
+
+/// Whether there is time left for one more round (and its pause) within `budget`
+/// from `started`.
+fn within(started: Instant, budget: Duration) -> bool {
+    started.elapsed() + SPLIT_SLOT_PAUSE < budget
+}
+
+/// The pause before asking again while a slot is split: [`SPLIT_SLOT_PAUSE`] plus as
+/// much again at random. The clock's microseconds are random enough to spread the
+/// buyers out.
+async fn pause_for_split() {
+    let jitter = born_us() % (SPLIT_SLOT_PAUSE.as_micros() as u64 + 1);
+    tokio::time::sleep(SPLIT_SLOT_PAUSE + Duration::from_micros(jitter)).await;
 }
 
 /// The form of `request` to send again after a timeout: an admission (`lua/admit.lua`)
@@ -223,8 +255,8 @@ impl Cluster {
     }
 
     /// Sends `request`; when it times out, replaces the client and, if the request is
-    /// [`resendable`], sends it once more on the new one (an admission marked as a
-    /// resend: [`resend_of`]).
+    /// [`resendable`], sends it again on the new one (an admission marked as a resend:
+    /// [`resend_of`]).
     ///
     /// The first copy may still run after that, or may have run: whatever becomes of
     /// the resend, its caller must hear "no answer in time" rather than a refusal, so
@@ -233,40 +265,74 @@ impl Cluster {
     async fn request(&self, request: Request<'_>) -> redis::RedisResult<Value> {
         let started = Instant::now();
         loop {
-            let result = self.request_once(request).await;
-            if !slot_split(&result) || started.elapsed() + SPLIT_SLOT_PAUSE >= SPLIT_SLOT_BUDGET {
-                return result;
+            let (generation, mut conn) = self.current();
+            // Stamped after the client is read: a replacement begun before this request
+            // took its client is not one that covers it.
+            let sent = born_us();
+            let result = redirected(&mut conn, request).await;
+            match &result {
+                Err(e) if e.is_timeout() && resendable(request) => {
+                    return self
+                        .resend(request, started, generation, sent, result)
+                        .await;
+                }
+                // Nothing ran: the slot's keys are between two nodes (a move under way)
+                // or the cluster is reconfiguring. Ask again while the budget lasts,
+                // rather than answer a buyer 503.
+                _ if slot_split(&result) && within(started, SPLIT_SLOT_BUDGET) => {
+                    pause_for_split().await
+                }
+                _ => return result,
             }
-            // Nothing ran: the slot's keys are between two nodes (a move under way) or
-            // the cluster is reconfiguring. Wait a little and ask again, while the
-            // request's budget lasts, rather than answer a buyer 503.
-            // The clock's microseconds are random enough to spread the buyers out.
-            let jitter = born_us() % (SPLIT_SLOT_PAUSE.as_micros() as u64 + 1);
-            tokio::time::sleep(SPLIT_SLOT_PAUSE + Duration::from_micros(jitter)).await;
         }
     }
 
-    /// One round of [`Self::request`]: sent, and on a timeout sent again (see there).
-    async fn request_once(&self, request: Request<'_>) -> redis::RedisResult<Value> {
-        // Stamped after the client is read: a replacement begun before this request
-        // took its client is not one that covers it.
-        let (generation, mut conn) = self.current();
-        let sent = born_us();
-        let result = redirected(&mut conn, request).await;
-        let timed_out = matches!(&result, Err(e) if e.is_timeout());
-        if !timed_out || !self.replaced_since(generation, sent).await || !resendable(request) {
-            return result;
-        }
-        let (_, mut conn) = self.current();
+    /// After a copy of `request` sent at `sent` on client `generation` timed out with
+    /// `timed_out`: sends it again on a new client, and again while a copy times out
+    /// (on another new client) or does not get through (its slot split, its node's
+    /// connection lost), within [`SPLIT_SLOT_BUDGET`] from `started`. Any number of
+    /// resends is safe: a resendable request survives copies, and an admission's
+    /// resends decide once and then only report (`lua/admit.lua`).
+    async fn resend(
+        &self,
+        request: Request<'_>,
+        started: Instant,
+        mut generation: u64,
+        mut sent: u64,
+        timed_out: redis::RedisResult<Value>,
+    ) -> redis::RedisResult<Value> {
         let again = resend_of(request);
         let resend = again.as_ref().map_or(request, Request::Command);
-        // An error reply comes back as a value; it is a failure all the same.
-        match redirected(&mut conn, resend)
-            .await
-            .and_then(Value::extract_error)
-        {
-            Err(e) if !e.is_timeout() => Err(may_have_run(&e)),
-            other => other,
+        let mut last = timed_out;
+        let mut needs_new_client = true;
+        loop {
+            if needs_new_client && !self.replaced_since(generation, sent).await {
+                return last;
+            }
+            let mut conn;
+            (generation, conn) = self.current();
+            sent = born_us();
+            // An error reply comes back as a value; it is a failure all the same.
+            let e = match redirected(&mut conn, resend)
+                .await
+                .and_then(Value::extract_error)
+            {
+                Ok(value) => return Ok(value),
+                Err(e) => e,
+            };
+            needs_new_client = e.is_timeout();
+            let retry = needs_new_client || not_through(&e);
+            last = Err(if needs_new_client {
+                e
+            } else {
+                may_have_run(&e)
+            });
+            if !retry || !within(started, SPLIT_SLOT_BUDGET) {
+                return last;
+            }
+            if !needs_new_client {
+                pause_for_split().await;
+            }
         }
     }
 

@@ -667,6 +667,35 @@ async fn a_resend_that_fails_answers_503_naming_the_order() {
     b.cleanup().await;
 }
 
+/// The first copy is held (no reply in time) and its resend finds the slot split
+/// between two nodes for longer than the client library's own retries last (`TRYAGAIN`
+/// twenty times: the library sends at most fifteen copies of a request, within the
+/// 2 s timeout here). The resend is sent again, still marked, until it gets through:
+/// the buyer gets a 202, not a 503, and the held copy, arriving last, writes nothing.
+#[tokio::test]
+async fn a_resend_that_finds_its_slot_split_is_sent_again_until_it_gets_through() {
+    let (b, proxy, app, id) = behind_a_reply_dropper(None).await;
+    proxy.hold(&[b"EVALSHA", b":buyers", b"alice"]);
+    proxy.fail_with(
+        &[b"EVALSHA", b":buyers", b"alice"],
+        20,
+        b"-TRYAGAIN Multiple keys request during rehashing of slot\r\n",
+    );
+    let (status, body) = buy(&app, &id, "alice").await;
+    assert_eq!(proxy.held(), 1, "the first copy was held");
+    assert_eq!(status, 202, "{body}");
+    let order: OrderId = body["order_id"].as_str().unwrap().parse().unwrap();
+    let (stock, held, entries) = redis_sale(&b, &id, "alice").await;
+    assert_eq!((stock, held, entries), (Some(3), Some(order), 2));
+    proxy.release().await;
+    assert_eq!(
+        redis_sale(&b, &id, "alice").await,
+        (Some(3), Some(order), 2),
+        "the held copy wrote nothing"
+    );
+    b.cleanup().await;
+}
+
 /// Durable admissions: the script runs and the connection is cut before its reply,
 /// while the only replica receives nothing more (its replication link, which goes
 /// through the proxies too, is muted). The client sends the pipeline (script and
