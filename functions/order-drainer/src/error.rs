@@ -50,6 +50,18 @@ impl DrainError {
         }
     }
 
+    /// True when the database chose this transaction as a deadlock's victim: InnoDB
+    /// rolled all of it back, so the batch may be tried again at once.
+    pub fn is_deadlock(&self) -> bool {
+        match self {
+            DrainError::Store { source, .. } => source
+                .to_string()
+                .to_ascii_lowercase()
+                .contains("deadlock found"),
+            _ => false,
+        }
+    }
+
     /// True when the database refused the rows of an insert with a permanent error: the
     /// refusal may be one order's fault (too long a value, a constraint, a trigger), so
     /// the batch is worth splitting. Refusals of any other statement are the database's.
@@ -71,5 +83,30 @@ impl DrainError {
             DrainError::Raced { .. } => true,
             DrainError::Incomplete { .. } => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deadlock_victim_is_told_from_other_failures() {
+        let err = |detail: &str| {
+            DrainError::store(
+                "inserting orders",
+                None,
+                StoreError::Unavailable {
+                    backend: "data api",
+                    detail: detail.into(),
+                },
+            )
+        };
+        assert!(
+            err("DatabaseErrorException: Deadlock found when trying to get lock; try restarting transaction")
+                .is_deadlock()
+        );
+        assert!(!err("DatabaseErrorException: Lock wait timeout exceeded").is_deadlock());
+        assert!(!err("connection refused").is_deadlock());
     }
 }

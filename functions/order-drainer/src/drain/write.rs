@@ -48,6 +48,10 @@ const RACE_ATTEMPTS: u32 = 3;
 const LOCK_ATTEMPTS: u32 = 5;
 /// Pause between attempts at a locked voucher row: a live batch commits within it.
 const LOCK_RETRY: Duration = Duration::from_millis(150);
+/// Attempts at a batch whose transaction InnoDB chose as a deadlock's victim (two
+/// vouchers' batches meeting on neighbouring index gaps): rolled back whole, so it is
+/// simply tried again.
+const DEADLOCK_ATTEMPTS: u32 = 3;
 
 /// How a batch transaction ended.
 enum BatchOutcome {
@@ -271,10 +275,18 @@ impl Drainer {
     ) -> Result<BatchOutcome, DrainError> {
         let mut look_up = !first_delivery;
         let races = RACE_ATTEMPTS + u32::from(first_delivery);
-        let (mut raced, mut locked) = (0, 0);
+        let (mut raced, mut locked, mut deadlocked) = (0, 0, 0);
         loop {
             failpoint::hit("before_begin");
-            match self.attempt(run, voucher, orders, look_up).await? {
+            let attempt = match self.attempt(run, voucher, orders, look_up).await {
+                Err(e) if e.is_deadlock() && deadlocked + 1 < DEADLOCK_ATTEMPTS => {
+                    deadlocked += 1;
+                    tracing::warn!(%voucher, deadlocked, error = %e, "the batch was a deadlock's victim, retrying");
+                    continue;
+                }
+                other => other?,
+            };
+            match attempt {
                 Attempt::Planned(split, _) => return Ok(BatchOutcome::Committed(split)),
                 Attempt::UnknownVoucher => return Ok(BatchOutcome::UnknownVoucher),
                 Attempt::Raced(detail) if !look_up => {
