@@ -8,6 +8,7 @@
 //!   fields, mirrored by a header in each script;
 //! - [`adapters`]: Redis and the RDS Data API, the only code that does I/O;
 //! - [`migrate`]: the schema, applied through the Data API;
+//! - [`webhook`]: the payment provider's signed events (the only way an order is paid);
 //! - [`config`], [`error`], [`telemetry`]: typed configuration, adapter errors, logging.
 
 pub mod adapters;
@@ -21,3 +22,4 @@ pub mod migrate;
 pub mod order_id;
 pub mod protocol;
 pub mod telemetry;
+pub mod webhook;
