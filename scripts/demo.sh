@@ -49,6 +49,10 @@ Try it:
   redis-cli -p $redis_port -c --scan --pattern 'seckill:*'
   mariadb -h127.0.0.1 -P$mysql_port -useckill -pseckill seckill -e 'SELECT * FROM vouchers'
 
+  # pay an order as the payment provider does (a signed webhook event; --replay sends
+  # it twice, --late waits for the order's deadline first)
+  target/debug/seckill pay ORDER_ID
+
 Protected routes need 'Authorization: Bearer <HS256 JWT>' signed with
 SECKILL_DEV_JWT_SECRET from .dev/stack.env (sub = user id; scope 'seckill/admin' for
 POST /vouchers).

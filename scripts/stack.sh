@@ -63,6 +63,8 @@ DB_CLUSTER_ARN=arn:aws:rds:us-east-1:000000000000:cluster:seckill-local
 # functions use. data-api-local serves both, and answers GetSecretValue for them.
 DB_MASTER_SECRET_ARN=arn:aws:secretsmanager:us-east-1:000000000000:secret:seckill-local
 DB_APP_SECRET_ARN=arn:aws:secretsmanager:us-east-1:000000000000:secret:seckill-local-app
+# The payment webhook's signing secret, served by data-api-local's Secrets Manager.
+PAYMENT_WEBHOOK_SECRET_ARN=arn:aws:secretsmanager:us-east-1:000000000000:secret:seckill-local-payment-webhook
 DB_SECRET_ARN=$DB_APP_SECRET_ARN
 DB_APP_USER=seckill_app
 DB_NAME=seckill
@@ -76,6 +78,9 @@ MYSQL_DATA=$MYSQL_DIR/data
 STACK_ENV=$DEV_DIR/stack.env
 FUNCTIONS_ENV=$DEV_DIR/functions.env
 JWT_FILE=$DEV_DIR/jwt-secret
+# The payment webhook's signing secrets (`current[,previous]`): made once; write
+# `new,old` into it and run `up` again to rotate.
+WEBHOOK_FILE=$DEV_DIR/payment-webhook-secret
 # The application user's password (letters and digits, made once; change it and run `up`
 # again to rotate it) and data-api-local's secrets file made from it.
 APP_PASSWORD_FILE=$DEV_DIR/app-db-password
@@ -758,7 +763,8 @@ write_data_api_secrets() {
     pw=$(app_password)
     [[ $pw =~ ^[A-Za-z0-9]{8,128}$ ]] ||
         die "$(rel "$APP_PASSWORD_FILE") must hold 8 to 128 letters and digits (delete it to get a new one)"
-    (umask 077 && printf '%s %s %s\n' "$DB_APP_SECRET_ARN" "$DB_APP_USER" "$pw" >"$tmp")
+    (umask 077 && printf '%s %s %s\n%s %s\n' "$DB_APP_SECRET_ARN" "$DB_APP_USER" "$pw" \
+        "$PAYMENT_WEBHOOK_SECRET_ARN" "$(webhook_secret)" >"$tmp")
     mv -f "$tmp" "$DATA_API_SECRETS"
 }
 
@@ -830,6 +836,14 @@ jwt_secret() {
     cat "$JWT_FILE"
 }
 
+webhook_secret() {
+    if [[ ! -s $WEBHOOK_FILE ]]; then
+        (umask 077 && printf 'whsec_%s' "$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')" \
+            >"$WEBHOOK_FILE.tmp" && mv "$WEBHOOK_FILE.tmp" "$WEBHOOK_FILE")
+    fi
+    tr -d ' \n' <"$WEBHOOK_FILE"
+}
+
 write_functions_env() {
     local tmp=$FUNCTIONS_ENV.tmp
     {
@@ -847,6 +861,9 @@ write_functions_env() {
         # cargo lambda watch emulates Lambda (AWS_LAMBDA_FUNCTION_NAME is set), where the
         # function refuses a dev secret unless told this is a local emulator.
         echo "SECKILL_DEV_JWT_IN_LAMBDA=allow"
+        # The webhook's secret through Secrets Manager, as in AWS (data-api-local's).
+        echo "PAYMENT_WEBHOOK_SECRET_ARN=$PAYMENT_WEBHOOK_SECRET_ARN"
+        echo "SECRETS_MANAGER_URL=$DATA_API_URL"
         echo "RUST_LOG=${SECKILL_FUNCTIONS_RUST_LOG:-info}"
         # Locally one drainer invocation drains for 2 s, not the 50 s of a one-minute
         # schedule in AWS, so an invoke (the tests', the demo's, yours) returns quickly.
@@ -978,6 +995,8 @@ DB_SECRET_ARN=$DB_SECRET_ARN
 DB_MASTER_SECRET_ARN=$DB_MASTER_SECRET_ARN
 DB_APP_SECRET_ARN=$DB_APP_SECRET_ARN
 SECRETS_MANAGER_URL=$DATA_API_URL
+PAYMENT_WEBHOOK_SECRET_ARN=$PAYMENT_WEBHOOK_SECRET_ARN
+SECKILL_PAYMENT_WEBHOOK_SECRET=$(webhook_secret)
 DB_NAME=$DB_NAME
 AWS_REGION=$AWS_REGION_LOCAL
 AWS_ACCESS_KEY_ID=local

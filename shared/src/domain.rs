@@ -324,34 +324,94 @@ pub const MAX_SALE_TIME_MS: UnixMillis = 253_402_300_799_999;
 /// The longest payment window a voucher may give, in seconds (one day).
 pub const MAX_PAY_WITHIN_S: i64 = 86_400;
 
-/// A voucher's payment step (issue #17): each admitted order must be paid within
-/// `pay_within_ms` of its admission, or it expires and its unit goes back on sale.
+/// A voucher's payment step: each admitted order must be paid within `pay_within_ms`
+/// of its admission, or it expires and its unit goes back on sale. Paid means the
+/// payment provider said so (see [`crate::webhook`]), for `price`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PaymentTerms {
     /// From admission to the payment deadline, 1 s ..= [`MAX_PAY_WITHIN_S`].
     pub pay_within_ms: i64,
     /// Whether a buyer whose order was cancelled or expired may buy again.
     pub rebuy_after_close: bool,
+    /// What a buyer pays for one unit. `None` only for vouchers made before prices
+    /// existed: a payment for one of those is refused as not matching.
+    pub price: Option<Price>,
 }
 
 impl PaymentTerms {
-    /// Checks an admin's `pay_within_s` and `rebuy_after_close`: none without a
-    /// payment window; `rebuy_after_close` alone is refused (it means nothing then).
+    /// Checks an admin's `pay_within_s`, `rebuy_after_close`, `price_minor` and
+    /// `currency`: none without a payment window; a payment window needs a price; the
+    /// others alone are refused (they mean nothing then).
     pub fn parse(
         pay_within_s: Option<i64>,
         rebuy_after_close: Option<bool>,
+        price_minor: Option<i64>,
+        currency: Option<&str>,
     ) -> Result<Option<PaymentTerms>, ValidationError> {
-        match (pay_within_s, rebuy_after_close) {
-            (None, None) => Ok(None),
-            (None, Some(_)) => Err(invalid("rebuy_after_close needs pay_within_s")),
-            (Some(s), _) if !(1..=MAX_PAY_WITHIN_S).contains(&s) => Err(invalid(format!(
+        let Some(s) = pay_within_s else {
+            if rebuy_after_close.is_some() {
+                return Err(invalid("rebuy_after_close needs pay_within_s"));
+            }
+            if price_minor.is_some() || currency.is_some() {
+                return Err(invalid("price_minor and currency need pay_within_s"));
+            }
+            return Ok(None);
+        };
+        if !(1..=MAX_PAY_WITHIN_S).contains(&s) {
+            return Err(invalid(format!(
                 "pay_within_s must be between 1 and {MAX_PAY_WITHIN_S}"
-            ))),
-            (Some(s), rebuy) => Ok(Some(PaymentTerms {
-                pay_within_ms: s * 1000,
-                rebuy_after_close: rebuy.unwrap_or(false),
-            })),
+            )));
         }
+        let (Some(amount), Some(currency)) = (price_minor, currency) else {
+            return Err(invalid(
+                "pay_within_s needs price_minor and currency: what the buyer pays",
+            ));
+        };
+        Ok(Some(PaymentTerms {
+            pay_within_ms: s * 1000,
+            rebuy_after_close: rebuy_after_close.unwrap_or(false),
+            price: Some(Price::new(amount, currency)?),
+        }))
+    }
+}
+
+/// The most a unit may cost, in minor units (a hundred million of the currency).
+pub const MAX_PRICE_MINOR: i64 = 10_000_000_000;
+
+/// An amount of money: minor units (cents) of an ISO 4217 currency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Price {
+    amount_minor: i64,
+    currency: [u8; 3],
+}
+
+impl Price {
+    /// `amount_minor` 1..=[`MAX_PRICE_MINOR`]; `currency` three letters, upper case
+    /// (`EUR`), as ISO 4217 writes them.
+    pub fn new(amount_minor: i64, currency: &str) -> Result<Price, ValidationError> {
+        if !(1..=MAX_PRICE_MINOR).contains(&amount_minor) {
+            return Err(invalid(format!(
+                "price_minor must be between 1 and {MAX_PRICE_MINOR}"
+            )));
+        }
+        let code: [u8; 3] = currency
+            .as_bytes()
+            .try_into()
+            .ok()
+            .filter(|c: &[u8; 3]| c.iter().all(u8::is_ascii_uppercase))
+            .ok_or_else(|| invalid("currency must be three upper-case letters (ISO 4217)"))?;
+        Ok(Price {
+            amount_minor,
+            currency: code,
+        })
+    }
+
+    pub fn amount_minor(&self) -> i64 {
+        self.amount_minor
+    }
+
+    pub fn currency(&self) -> &str {
+        std::str::from_utf8(&self.currency).expect("ASCII letters")
     }
 }
 
@@ -810,12 +870,35 @@ mod tests {
 
     #[test]
     fn payment_terms_and_references_are_checked() {
-        assert_eq!(PaymentTerms::parse(None, None).unwrap(), None);
-        assert!(PaymentTerms::parse(None, Some(true)).is_err());
-        assert!(PaymentTerms::parse(Some(0), None).is_err());
-        assert!(PaymentTerms::parse(Some(MAX_PAY_WITHIN_S + 1), None).is_err());
-        let t = PaymentTerms::parse(Some(30), None).unwrap().unwrap();
+        let eur = Some("EUR");
+        assert_eq!(PaymentTerms::parse(None, None, None, None).unwrap(), None);
+        assert!(PaymentTerms::parse(None, Some(true), None, None).is_err());
+        assert!(PaymentTerms::parse(None, None, Some(100), eur).is_err());
+        assert!(PaymentTerms::parse(Some(0), None, Some(100), eur).is_err());
+        assert!(PaymentTerms::parse(Some(MAX_PAY_WITHIN_S + 1), None, Some(100), eur).is_err());
+        // A payment step needs a price: a whole one.
+        assert!(PaymentTerms::parse(Some(30), None, None, None).is_err());
+        assert!(PaymentTerms::parse(Some(30), None, Some(100), None).is_err());
+        assert!(PaymentTerms::parse(Some(30), None, None, eur).is_err());
+        for (amount, currency) in [
+            (0, "EUR"),
+            (MAX_PRICE_MINOR + 1, "EUR"),
+            (1, "eur"),
+            (1, "EU"),
+            (1, "EURO"),
+            (1, "E1R"),
+        ] {
+            assert!(
+                PaymentTerms::parse(Some(30), None, Some(amount), Some(currency)).is_err(),
+                "{amount} {currency}"
+            );
+        }
+        let t = PaymentTerms::parse(Some(30), None, Some(1999), eur)
+            .unwrap()
+            .unwrap();
         assert_eq!((t.pay_within_ms, t.rebuy_after_close), (30_000, false));
+        let price = t.price.unwrap();
+        assert_eq!((price.amount_minor(), price.currency()), (1999, "EUR"));
         assert!(PaymentRef::parse("pi_3Nx:01-a.b_c").is_ok());
         for bad in ["", "a b", "é", &"x".repeat(129)] {
             assert!(PaymentRef::parse(bad).is_err(), "{bad:?}");

@@ -54,6 +54,9 @@ pub mod names {
     pub const HTTP_5XX: &str = "Http5xx";
     /// seckill-http: one admission's Redis round trip (script, or script and WAIT).
     pub const REDIS_LATENCY: &str = "RedisLatency";
+    /// seckill-http: payments the provider confirmed after their order had closed (or
+    /// that another payment had paid): recorded `refund_due`, to refund.
+    pub const LATE_PAYMENTS: &str = "LatePayments";
     /// order-drainer, per run.
     pub const DRAIN_CLAIMED: &str = "DrainClaimed";
     pub const DRAIN_READ: &str = "DrainRead";
@@ -78,6 +81,7 @@ pub mod names {
         ADMISSIONS,
         HTTP_5XX,
         REDIS_LATENCY,
+        LATE_PAYMENTS,
         DRAIN_CLAIMED,
         DRAIN_READ,
         DRAIN_INSERTED,
@@ -163,7 +167,7 @@ fn describe() {
             _ => Unit::Count,
         };
         match name {
-            ADMISSIONS | HTTP_5XX => metrics::describe_counter!(name, unit, ""),
+            ADMISSIONS | HTTP_5XX | LATE_PAYMENTS => metrics::describe_counter!(name, unit, ""),
             REDIS_LATENCY => metrics::describe_histogram!(name, unit, ""),
             // The drainer's figures are per run: the last run's value.
             _ => metrics::describe_gauge!(name, unit, ""),
@@ -191,6 +195,14 @@ pub fn http_5xx() {
     emf.http_5xx
         .get_or_init(|| metrics::counter!(names::HTTP_5XX))
         .increment(1);
+}
+
+/// seckill-http: one payment to refund ([`names::LATE_PAYMENTS`]). Rare: no handle
+/// kept.
+pub fn late_payment() {
+    if EMF.get().is_some() {
+        metrics::counter!(names::LATE_PAYMENTS).increment(1);
+    }
 }
 
 /// seckill-http: one admission's Redis round trip ([`names::REDIS_LATENCY`]).

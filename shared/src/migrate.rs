@@ -81,6 +81,10 @@ pub const EMBEDDED: &[(&str, &str)] = &[
         "0005_voucher_buckets.sql",
         include_str!("../../migrations/0005_voucher_buckets.sql"),
     ),
+    (
+        "0006_payments.sql",
+        include_str!("../../migrations/0006_payments.sql"),
+    ),
 ];
 
 /// Splits SQL text into statements at the delimiter (`;`) outside quotes and comments;
@@ -249,6 +253,7 @@ fn already_applied(message: &str) -> bool {
 pub const APP_GRANTS: &[(&str, &str)] = &[
     ("vouchers", "SELECT, INSERT, UPDATE"),
     ("orders", "SELECT, INSERT, UPDATE"),
+    ("payments", "SELECT, INSERT, UPDATE"),
 ];
 
 /// The application user, from its secret. The name and password are written into

@@ -27,6 +27,15 @@ use crate::stack::StackEnv;
 /// The dev secret the harness configures.
 pub const TEST_JWT_SECRET: &str = "harness-secret";
 
+/// The payment webhook's secrets in tests: the current one (the provider signs with it)
+/// and the previous one, still accepted (a rotation under way).
+pub const TEST_WEBHOOK_SECRET: &str = "whsec_test_current_0123456789";
+pub const TEST_WEBHOOK_PREVIOUS: &str = "whsec_test_previous_0123456789";
+
+/// The price of the tests' vouchers with a payment step (`price_minor`, `currency`).
+pub const TEST_PRICE_MINOR: i64 = 1_999;
+pub const TEST_CURRENCY: &str = "EUR";
+
 /// A private Redis, a fresh migrated database and a Data API server for it.
 pub struct Backends {
     pub redis: RedisServer,
@@ -135,7 +144,82 @@ pub fn test_http_config(
         source_rate_per_sec: 0,
         source_rate_burst: 0,
         in_lambda: false,
+        webhook: seckill_http::payment::SecretSource::Inline(
+            seckill_shared::webhook::Secrets::parse(&format!(
+                "{TEST_WEBHOOK_SECRET},{TEST_WEBHOOK_PREVIOUS}"
+            ))
+            .expect("test secrets"),
+        ),
     }
+}
+
+/// The body of a payment provider's event (`payment.succeeded` or `payment.failed`).
+pub fn provider_event(
+    kind: &str,
+    order: &str,
+    buyer: &str,
+    payment_id: &str,
+    amount_minor: i64,
+    currency: &str,
+) -> String {
+    json!({
+        "id": format!("evt_{payment_id}_{kind}"),
+        "type": kind,
+        "created": seckill_shared::domain::now_millis() / 1000,
+        "data": {
+            "payment_id": payment_id,
+            "order_id": order,
+            "buyer": buyer,
+            "amount_minor": amount_minor,
+            "currency": currency,
+        }
+    })
+    .to_string()
+}
+
+/// `POST /payments/webhook` with `body` and, if given, the signature header (no token:
+/// the provider has none).
+pub fn webhook_request(body: &str, signature: Option<&str>) -> Request {
+    let mut req = request("POST", "/payments/webhook", None, Some(body), None);
+    if let Some(sig) = signature {
+        req.headers_mut().insert(
+            seckill_shared::webhook::SIGNATURE_HEADER,
+            sig.parse().expect("an ASCII header"),
+        );
+    }
+    req
+}
+
+/// The signature header the provider sends with `body` now, signed with `secret`.
+pub fn signature_now(secret: &str, body: &str) -> String {
+    let now = seckill_shared::domain::now_millis() / 1000;
+    seckill_shared::webhook::header(&[secret.as_bytes()], now, body.as_bytes())
+}
+
+/// Delivers `body` to the webhook as the provider does: signed now with the current
+/// secret.
+pub async fn deliver(app: &seckill_http::App, body: &str) -> (u16, Value) {
+    let sig = signature_now(TEST_WEBHOOK_SECRET, body);
+    call(app, webhook_request(body, Some(&sig))).await
+}
+
+/// The provider confirms payment `payment_id` of `order` (bought by `buyer`) for the
+/// tests' price: a signed `payment.succeeded`. The answer's `outcome` says what it did.
+pub async fn provider_pays(
+    app: &seckill_http::App,
+    order: &str,
+    buyer: &str,
+    payment_id: &str,
+) -> (u16, Value) {
+    let body = provider_event(
+        "payment.succeeded",
+        order,
+        buyer,
+        payment_id,
+        TEST_PRICE_MINOR,
+        TEST_CURRENCY,
+    );
+    deliver(app, &body).await
 }
 
 /// The API Gateway v2 event fixture, as API Gateway would send it for this call.

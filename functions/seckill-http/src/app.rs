@@ -9,6 +9,7 @@ use tokio::sync::OnceCell;
 use crate::cache::VoucherCache;
 use crate::config::Config;
 use crate::limiter::{RateLimiter, Source};
+use crate::payment::WebhookSecrets;
 
 /// Clients and per-instance memory.
 pub struct App {
@@ -24,6 +25,8 @@ pub struct App {
     pub(crate) limiter: RateLimiter,
     /// Anonymous reads per source address.
     pub(crate) source_limiter: RateLimiter<Source>,
+    /// The payment webhook's signing secrets.
+    pub(crate) webhook: WebhookSecrets,
 }
 
 impl App {
@@ -39,6 +42,7 @@ impl App {
             dev_secret: cfg.dev_jwt_secret.as_ref().map(|s| s.as_bytes().to_vec()),
             limiter: RateLimiter::new(cfg.user_rate_per_sec, cfg.user_rate_burst),
             source_limiter: RateLimiter::new(cfg.source_rate_per_sec, cfg.source_rate_burst),
+            webhook: WebhookSecrets::new(cfg.webhook.clone()),
         };
         if let Err(err) = app.sales().await {
             tracing::warn!(error = %err, "redis not reachable at start; will retry per request");

@@ -3,6 +3,9 @@
 use seckill_shared::config::{
     ConfigError, DataApiConfig, EnvReader, RedisConfig, backend_env_vars_and,
 };
+use seckill_shared::webhook::Secrets;
+
+use crate::payment::SecretSource;
 
 /// The environment variables [`Config::read`] reads itself, besides the backends'
 /// ([`seckill_shared::config::BACKEND_ENV_VARS`]); [`env_vars`] is all of them.
@@ -14,6 +17,9 @@ const OWN_ENV_VARS: &[&str] = &[
     "SECKILL_USER_RATE_BURST",
     "SECKILL_SOURCE_RATE_PER_SEC",
     "SECKILL_SOURCE_RATE_BURST",
+    "PAYMENT_WEBHOOK_SECRET_ARN",
+    "PAYMENT_WEBHOOK_SECRETS",
+    "SECRETS_MANAGER_URL",
 ];
 
 /// Every environment variable [`Config::read`] reads (the backends' and its own). The SAM
@@ -42,6 +48,10 @@ pub struct Config {
     pub source_rate_burst: u32,
     /// Running inside AWS Lambda or an emulator of it (`AWS_LAMBDA_FUNCTION_NAME` set).
     pub in_lambda: bool,
+    /// The payment webhook's signing secrets: a Secrets Manager secret
+    /// (`PAYMENT_WEBHOOK_SECRET_ARN`, with `SECRETS_MANAGER_URL` locally), or given
+    /// directly (`PAYMENT_WEBHOOK_SECRETS`, `current[,previous]`), not both.
+    pub webhook: SecretSource,
 }
 
 impl Config {
@@ -72,6 +82,29 @@ impl Config {
                  for a local emulator",
             );
         }
+        let webhook = match (
+            env.optional("PAYMENT_WEBHOOK_SECRET_ARN"),
+            env.optional("PAYMENT_WEBHOOK_SECRETS"),
+            env.optional("SECRETS_MANAGER_URL"),
+        ) {
+            (Some(_), Some(_), _) => {
+                env.problem("set PAYMENT_WEBHOOK_SECRET_ARN or PAYMENT_WEBHOOK_SECRETS, not both");
+                SecretSource::Missing
+            }
+            (Some(arn), None, endpoint) => SecretSource::SecretsManager { arn, endpoint },
+            (None, Some(list), None) => match Secrets::parse(&list) {
+                Ok(secrets) => SecretSource::Inline(secrets),
+                Err(e) => {
+                    env.problem(format!("PAYMENT_WEBHOOK_SECRETS: {e}"));
+                    SecretSource::Missing
+                }
+            },
+            (None, _, Some(_)) => {
+                env.problem("SECRETS_MANAGER_URL is set but PAYMENT_WEBHOOK_SECRET_ARN is not");
+                SecretSource::Missing
+            }
+            (None, None, None) => SecretSource::Missing,
+        };
         let cfg = Config {
             redis: RedisConfig::read(&mut env),
             data_api: DataApiConfig::read(&mut env),
@@ -81,6 +114,7 @@ impl Config {
             source_rate_per_sec: env.parse_or("SECKILL_SOURCE_RATE_PER_SEC", 50),
             source_rate_burst: env.parse_or("SECKILL_SOURCE_RATE_BURST", 100),
             in_lambda,
+            webhook,
         };
         env.finish()?;
         Ok(cfg)

@@ -27,6 +27,8 @@ pub const CODES: &[&str] = &[
     "order_rejected",
     "already_paid",
     "payment_not_required",
+    "payment_mismatch",
+    "payment_reused",
     "rate_limited",
     "unavailable",
 ];
@@ -63,9 +65,17 @@ pub enum ApiError {
     /// Pay or cancel: the database could not cover the order (see `rejected`).
     #[error("the order was rejected")]
     OrderRejected,
-    /// Pay: the order was paid with another payment reference.
-    #[error("the order was already paid with another payment reference")]
+    /// Pay: the order is paid already.
+    #[error("the order is paid already")]
     AlreadyPaid,
+    /// A provider's payment whose amount or currency is not the voucher's price
+    /// (recorded, never applied).
+    #[error("{0}")]
+    PaymentMismatch(String),
+    /// A provider's payment id already recorded for another order: one payment pays at
+    /// most one order.
+    #[error("{0}")]
+    PaymentReused(String),
     /// Pay or cancel an order of a voucher without a payment step.
     #[error("orders of this voucher need no payment and cannot be cancelled")]
     PaymentNotRequired,
@@ -104,6 +114,8 @@ impl ApiError {
             ApiError::OrderRejected => (StatusCode::CONFLICT, "order_rejected"),
             ApiError::AlreadyPaid => (StatusCode::CONFLICT, "already_paid"),
             ApiError::PaymentNotRequired => (StatusCode::CONFLICT, "payment_not_required"),
+            ApiError::PaymentMismatch(_) => (StatusCode::UNPROCESSABLE_ENTITY, "payment_mismatch"),
+            ApiError::PaymentReused(_) => (StatusCode::CONFLICT, "payment_reused"),
             ApiError::RateLimited => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
             ApiError::Unavailable(_) | ApiError::Unconfirmed { .. } => {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
@@ -227,6 +239,8 @@ mod tests {
             ApiError::OrderRejected,
             ApiError::AlreadyPaid,
             ApiError::PaymentNotRequired,
+            ApiError::PaymentMismatch(String::new()),
+            ApiError::PaymentReused(String::new()),
             ApiError::RateLimited,
             ApiError::Unconfirmed {
                 order_id,
@@ -250,6 +264,8 @@ mod tests {
                 | ApiError::OrderRejected
                 | ApiError::AlreadyPaid
                 | ApiError::PaymentNotRequired
+                | ApiError::PaymentMismatch(_)
+                | ApiError::PaymentReused(_)
                 | ApiError::RateLimited
                 | ApiError::Unconfirmed { .. }
                 | ApiError::Unavailable(_) => {}

@@ -12,6 +12,7 @@ pub mod config;
 pub mod error;
 pub mod identity;
 pub mod limiter;
+pub mod payment;
 pub mod repair;
 pub mod routes;
 

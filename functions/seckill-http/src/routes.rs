@@ -8,12 +8,11 @@ use http::{Method, StatusCode};
 use lambda_http::aws_lambda_events::query_map::QueryMap;
 use lambda_http::request::RequestContext;
 use lambda_http::{Body, Request, RequestExt, Response};
-use seckill_shared::adapters::closes::restore_deadlines;
-use seckill_shared::adapters::redis::{CloseAction, RedisSales};
+use seckill_shared::adapters::redis::RedisSales;
 use seckill_shared::adapters::transfers;
 use seckill_shared::domain::{
-    Admission, AdmitReply, Bucket, ClosedOrder, NewVoucher, OrderId, OrderStatus, PaymentRef,
-    PaymentTerms, UnixMillis, UserId, Voucher, VoucherId, format_rfc3339_millis, now_millis,
+    Admission, AdmitReply, Bucket, NewVoucher, OrderId, OrderStatus, PaymentTerms, UnixMillis,
+    UserId, Voucher, VoucherId, format_rfc3339_millis, now_millis,
 };
 use serde::Deserialize;
 use serde_json::json;
@@ -23,6 +22,7 @@ use crate::cache::Known;
 use crate::error::{ApiError, json_response};
 use crate::identity::{identify, require_admin};
 use crate::limiter::Source;
+use crate::payment;
 use crate::repair::repair;
 use seckill_shared::auth::Identity;
 
@@ -36,6 +36,7 @@ pub const ROUTES: &[(&str, &str, bool)] = &[
     ("GET", "/vouchers/{id}/order", true),
     ("POST", "/orders/{order_id}/pay", true),
     ("POST", "/orders/{order_id}/cancel", true),
+    ("POST", "/payments/webhook", false),
 ];
 
 /// The largest request body accepted (a voucher is a few hundred bytes).
@@ -50,10 +51,12 @@ pub enum Route<'a> {
     GetOrder(&'a str),
     /// The caller's order for a voucher.
     BuyerOrder(&'a str),
-    /// Pay an order (vouchers with a payment step).
+    /// Start paying an order (vouchers with a payment step).
     PayOrder(&'a str),
     /// Cancel an unpaid order (vouchers with a payment step).
     CancelOrder(&'a str),
+    /// The payment provider's signed event.
+    PaymentWebhook,
 }
 
 impl<'a> Route<'a> {
@@ -86,6 +89,7 @@ impl<'a> Route<'a> {
             "GET /vouchers/{id}/order" => Route::BuyerOrder(param("id")?),
             "POST /orders/{order_id}/pay" => Route::PayOrder(param("order_id")?),
             "POST /orders/{order_id}/cancel" => Route::CancelOrder(param("order_id")?),
+            "POST /payments/webhook" => Route::PaymentWebhook,
             _ => return None,
         })
     }
@@ -101,6 +105,7 @@ impl<'a> Route<'a> {
             Route::BuyerOrder(id) => ("GET /vouchers/{id}/order", Some(("id", id))),
             Route::PayOrder(id) => ("POST /orders/{order_id}/pay", Some(("order_id", id))),
             Route::CancelOrder(id) => ("POST /orders/{order_id}/cancel", Some(("order_id", id))),
+            Route::PaymentWebhook => ("POST /payments/webhook", None),
         }
     }
 
@@ -123,6 +128,7 @@ impl<'a> Route<'a> {
             ("POST", [Some("orders"), Some(id), Some("cancel"), None]) => {
                 Some(Route::CancelOrder(id))
             }
+            ("POST", [Some("payments"), Some("webhook"), None, _]) => Some(Route::PaymentWebhook),
             _ => None,
         }
     }
@@ -134,8 +140,9 @@ impl Route<'_> {
         match self {
             Route::CreateVoucher => "created",
             Route::Seckill(_) => "admitted",
-            Route::PayOrder(_) => "paid",
+            Route::PayOrder(_) => "payment_started",
             Route::CancelOrder(_) => "cancelled",
+            Route::PaymentWebhook => "payment_event",
             Route::GetVoucher(_) | Route::GetOrder(_) | Route::BuyerOrder(_) => "ok",
         }
     }
@@ -147,7 +154,8 @@ impl Route<'_> {
             Route::CreateVoucher
             | Route::GetOrder(_)
             | Route::PayOrder(_)
-            | Route::CancelOrder(_) => "",
+            | Route::CancelOrder(_)
+            | Route::PaymentWebhook => "",
         }
     }
 }
@@ -234,12 +242,14 @@ async fn dispatch(app: &App, req: &Request, route: &Route<'_>) -> Result<Respons
         }
         Route::PayOrder(id) => {
             let (caller, now) = who()?;
-            close_order(app, req, &caller, now, id.parse()?, true).await
+            payment::start_payment(app, &caller, now, id.parse()?).await
         }
         Route::CancelOrder(id) => {
             let (caller, now) = who()?;
-            close_order(app, req, &caller, now, id.parse()?, false).await
+            payment::cancel_order(app, &caller, now, id.parse()?).await
         }
+        // No token: the provider signs its events (checked before anything is read).
+        Route::PaymentWebhook => payment::webhook(app, req, now_millis()).await,
     }
 }
 
@@ -269,6 +279,12 @@ struct CreateVoucherBody {
     /// buy again (default false).
     #[serde(default)]
     rebuy_after_close: Option<bool>,
+    /// With `pay_within_s` (required then): what a buyer pays, in the currency's minor
+    /// unit, and the currency (ISO 4217).
+    #[serde(default)]
+    price_minor: Option<i64>,
+    #[serde(default)]
+    currency: Option<String>,
     /// Stock buckets, 1..=16 (default 1): the stock split over that many Redis hash
     /// slots, so one hot sale can use several cluster primaries.
     #[serde(default)]
@@ -306,7 +322,12 @@ async fn create_voucher(
         now,
     )?
     .with_buckets(input.buckets, input.expected_peak_per_s)?;
-    new.payment = PaymentTerms::parse(input.pay_within_s, input.rebuy_after_close)?;
+    new.payment = PaymentTerms::parse(
+        input.pay_within_s,
+        input.rebuy_after_close,
+        input.price_minor,
+        input.currency.as_deref(),
+    )?;
     let voucher = app.db.create_voucher(&new).await?;
     tracing::info!(
         voucher_id = voucher.id.get(),
@@ -602,164 +623,6 @@ async fn get_order(app: &App, caller: &Identity, id: OrderId) -> Result<Response
     }
 }
 
-/// `POST /orders/{order_id}/pay` and `/cancel` (the buyer; vouchers with a payment
-/// step). Redis decides, once, in `lua/close.lua`: the first close of an order wins and
-/// every later call is told that outcome. A payment repeated with the same reference
-/// (the `Idempotency-Key` header, or `payment_ref` in the body) gets the same 200; a
-/// payment at or after the deadline expires the order instead (409 `order_expired`).
-/// The database follows when the drainer next runs; `GET /orders/{id}` shows the close
-/// at once.
-async fn close_order(
-    app: &App,
-    req: &Request,
-    caller: &Identity,
-    now: UnixMillis,
-    id: OrderId,
-    pay: bool,
-) -> Result<Response<Body>, ApiError> {
-    let action = if pay {
-        CloseAction::Pay(payment_ref_of(req)?)
-    } else {
-        CloseAction::Cancel
-    };
-    if !app.limiter.allow(&caller.user, now) {
-        return Err(ApiError::RateLimited);
-    }
-    let not_found = || ApiError::NotFound(format!("order {id} not found"));
-    // The voucher the order belongs to: its row once drained, else its id's lease record.
-    let row = app.db.order(id).await?;
-    let voucher = match &row {
-        Some((_, buyer, ..)) if *buyer != caller.user => return Err(not_found()),
-        Some((_, _, OrderStatus::Rejected, _)) => return Err(ApiError::OrderRejected),
-        Some((voucher, ..)) => *voucher,
-        None => match app.sales().await?.voucher_of_order(id).await? {
-            Some(voucher) => voucher,
-            None => return Err(not_found()),
-        },
-    };
-    let Some(described) = voucher_of(app, voucher, now).await? else {
-        return Err(not_found());
-    };
-    let (terms, bucket) = (described.payment, described.bucket_of(caller.user.as_str()));
-    let sales = app.sales().await?;
-    if terms.is_none() {
-        // Only the order's buyer learns what kind of order it is.
-        let theirs = row.is_some() || sales.order_of_buyer(bucket, &caller.user).await? == Some(id);
-        return Err(if theirs {
-            ApiError::PaymentNotRequired
-        } else {
-            not_found()
-        });
-    }
-    let mut closed = sales.close(bucket, id, &caller.user, &action).await?;
-    if closed.is_none()
-        && let Some((_, _, status, pay_by)) = &row
-    {
-        // Redis knows the order neither open nor closed: its keys expired after the
-        // sale, or Redis lost them. The database has the order.
-        closed = match (status, pay_by) {
-            (OrderStatus::AwaitingPayment, Some(pay_by)) => {
-                // Its deadline back (as the repair and the drainer restore it), then the
-                // close decides as always.
-                let open = [(id, caller.user.as_str(), *pay_by)];
-                restore_deadlines(&sales.conn(), bucket, &open).await?;
-                sales.close(bucket, id, &caller.user, &action).await?
-            }
-            (OrderStatus::Paid | OrderStatus::Cancelled | OrderStatus::Expired, _) => {
-                let payment_ref = match status {
-                    OrderStatus::Paid => app.db.payment_ref(id).await?.unwrap_or_default(),
-                    _ => String::new(),
-                };
-                Some(ClosedOrder {
-                    status: *status,
-                    pay_by_ms: pay_by.unwrap_or_default(),
-                    payment_ref,
-                    user: caller.user.as_str().to_string(),
-                })
-            }
-            _ => None,
-        };
-    }
-    let Some(closed) = closed else {
-        return Err(not_found());
-    };
-    if closed.status.returned_unit() {
-        // The unit is back on sale (in the buyer's bucket): this instance must not keep
-        // answering sold out, nor may the voucher's sold-out mark stay.
-        app.cache.forget_sold_out(voucher);
-        if described.buckets > 1
-            && let Err(error) = transfers::clear_sold_out(&sales.conn(), voucher).await
-        {
-            // The close stands; the mark expires by itself within seconds.
-            tracing::warn!(%error, "sold-out mark not cleared after a returned unit");
-        }
-    }
-    match (&action, closed.status) {
-        (CloseAction::Pay(r), OrderStatus::Paid) if closed.payment_ref == r.as_str() => {}
-        (CloseAction::Pay(_), OrderStatus::Paid) => return Err(ApiError::AlreadyPaid),
-        (CloseAction::Cancel, OrderStatus::Cancelled) => {}
-        (CloseAction::Cancel, OrderStatus::Paid) => return Err(ApiError::OrderPaid),
-        (_, OrderStatus::Cancelled) => return Err(ApiError::OrderCancelled),
-        _ => return Err(ApiError::OrderExpired),
-    }
-    tracing::info!(
-        voucher_id = voucher.get(),
-        order_id = id.get(),
-        status = closed.status.as_str(),
-        "order closed"
-    );
-    Ok(order_json(
-        voucher,
-        (id, closed.status, Some(closed.pay_by_ms)),
-    ))
-}
-
-/// The payment reference of `POST /orders/{id}/pay`: the `Idempotency-Key` header, or
-/// `payment_ref` in a JSON body (both given: they must agree).
-fn payment_ref_of(req: &Request) -> Result<PaymentRef, ApiError> {
-    #[derive(Deserialize)]
-    struct PayBody {
-        payment_ref: Option<String>,
-    }
-    let header = match req.headers().get("idempotency-key") {
-        Some(v) => Some(v.to_str().map_err(|_| {
-            ApiError::InvalidRequest("Idempotency-Key must be printable ASCII".into())
-        })?),
-        None => None,
-    };
-    let body = req.body().as_ref();
-    if body.len() > MAX_BODY_BYTES {
-        return Err(ApiError::InvalidRequest(format!(
-            "body is larger than {MAX_BODY_BYTES} bytes"
-        )));
-    }
-    let from_body = if body.iter().all(u8::is_ascii_whitespace) {
-        None
-    } else {
-        serde_json::from_slice::<PayBody>(body)
-            .map_err(|e| {
-                ApiError::InvalidRequest(format!(
-                    "body must be a JSON object with an optional payment_ref string: {e}"
-                ))
-            })?
-            .payment_ref
-    };
-    let reference = match (header, from_body.as_deref()) {
-        (Some(h), Some(b)) if h != b => {
-            return Err(ApiError::InvalidRequest(
-                "Idempotency-Key and payment_ref differ".into(),
-            ));
-        }
-        (Some(r), _) | (None, Some(r)) => r,
-        (None, None) => {
-            return Err(ApiError::InvalidRequest(
-                "a payment needs an Idempotency-Key header (or payment_ref in the body): the payment provider's reference".into(),
-            ));
-        }
-    };
-    Ok(PaymentRef::parse(reference)?)
-}
-
 /// An order's status with what Redis decided since the database last heard of it: a
 /// `pending` or `awaiting_payment` order may already be paid, cancelled or expired
 /// (the drainer records closes on its next run), and a pending order's deadline is in
@@ -841,7 +704,7 @@ type OrderView = (OrderId, OrderStatus, Option<UnixMillis>);
 
 /// The voucher's row: from this instance's memory, else the database (remembered
 /// either way, a missing one for a short while).
-async fn voucher_of(
+pub(crate) async fn voucher_of(
     app: &App,
     id: VoucherId,
     now: UnixMillis,
@@ -908,6 +771,10 @@ fn voucher_json(v: &Voucher, stock_left: i64) -> serde_json::Value {
     if let Some(p) = v.payment {
         body["pay_within_s"] = json!(p.pay_within_ms / 1000);
         body["rebuy_after_close"] = json!(p.rebuy_after_close);
+        if let Some(price) = p.price {
+            body["price_minor"] = json!(price.amount_minor());
+            body["currency"] = json!(price.currency());
+        }
     }
     body
 }

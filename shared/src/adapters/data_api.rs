@@ -19,8 +19,8 @@ use time::macros::format_description;
 
 use crate::config::DataApiConfig;
 use crate::domain::{
-    MAX_BUCKETS, NewVoucher, OrderId, OrderStatus, PaymentTerms, SaleWindow, UnixMillis, UserId,
-    Voucher, VoucherId,
+    MAX_BUCKETS, NewVoucher, OrderId, OrderStatus, PaymentTerms, Price, SaleWindow, UnixMillis,
+    UserId, Voucher, VoucherId,
 };
 use crate::error::StoreError;
 
@@ -168,10 +168,17 @@ impl DataApi {
             None => param::null("pay_within_ms"),
         };
         let rebuy = v.payment.is_some_and(|p| p.rebuy_after_close);
+        let (price, currency) = match v.payment.and_then(|p| p.price) {
+            Some(p) => (
+                param::long("price_minor", p.amount_minor()),
+                param::string("currency", p.currency()),
+            ),
+            None => (param::null("price_minor"), param::null("currency")),
+        };
         let out = self
             .execute(
-                "INSERT INTO vouchers (title, stock, stock_left, begins_at, ends_at, pay_within_ms, rebuy_after_close, buckets) \
-                 VALUES (:title, :stock, :stock, :begins_at, :ends_at, :pay_within_ms, :rebuy, :buckets)",
+                "INSERT INTO vouchers (title, stock, stock_left, begins_at, ends_at, pay_within_ms, rebuy_after_close, buckets, price_minor, currency) \
+                 VALUES (:title, :stock, :stock, :begins_at, :ends_at, :pay_within_ms, :rebuy, :buckets, :price_minor, :currency)",
                 vec![
                     param::string("title", &v.title),
                     param::long("stock", v.stock),
@@ -180,6 +187,8 @@ impl DataApi {
                     pay_within,
                     param::long("rebuy", i64::from(rebuy)),
                     param::long("buckets", i64::from(v.buckets)),
+                    price,
+                    currency,
                 ],
                 None,
             )
@@ -213,7 +222,7 @@ impl DataApi {
     ) -> Result<Option<Voucher>, StoreError> {
         let out = self
             .execute(
-                "SELECT id, title, stock, stock_left, begins_at, ends_at, pay_within_ms, rebuy_after_close + 0, buckets \
+                "SELECT id, title, stock, stock_left, begins_at, ends_at, pay_within_ms, rebuy_after_close + 0, buckets, price_minor, currency \
                  FROM vouchers WHERE id = :id",
                 vec![param::long("id", id.get())],
                 transaction,
@@ -233,13 +242,22 @@ impl DataApi {
             pay_within,
             rebuy,
             buckets,
+            price,
+            currency,
         ] = row.as_slice()
         else {
             return Err(bad());
         };
+        let price = match (field::long(price), field::string(currency)) {
+            (Some(amount), Some(currency)) => {
+                Some(Price::new(amount, &currency).map_err(|_| bad())?)
+            }
+            _ => None,
+        };
         let payment = field::long(pay_within).map(|ms| PaymentTerms {
             pay_within_ms: ms,
             rebuy_after_close: field::long(rebuy).unwrap_or(0) != 0,
+            price,
         });
         let window = SaleWindow::new(
             field::datetime(begins).ok_or_else(bad)?,

@@ -4,5 +4,7 @@ pub mod closes;
 pub mod data_api;
 pub mod ledger;
 pub mod order_stream;
+pub mod payments;
 pub mod redis;
+pub mod secrets;
 pub mod transfers;

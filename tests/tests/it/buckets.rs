@@ -22,7 +22,9 @@ use seckill_shared::adapters::transfers;
 use seckill_shared::domain::{Bucket, VoucherId, format_rfc3339_millis, now_millis};
 use seckill_shared::keys::{self, VoucherKeys};
 use seckill_tests::drainer::DrainCtx;
-use seckill_tests::harness::{buy, call, request, test_http_config, token};
+use seckill_tests::harness::{
+    TEST_CURRENCY, TEST_PRICE_MINOR, buy, call, provider_pays, request, test_http_config, token,
+};
 use seckill_tests::redis::{RedisServer, ReplyDropper};
 use serde_json::json;
 
@@ -591,25 +593,20 @@ async fn a_lost_bucket_is_repaired_without_selling_a_unit_twice() {
     );
 }
 
-/// `POST /orders/{order}/{pay|cancel}` as `user`.
+/// `user`'s order paid (the provider's signed event) or cancelled (`POST
+/// /orders/{order}/cancel`). A payment answers `status` from its `outcome`.
 async fn close(app: &App, order: &str, user: &str, pay: bool) -> (u16, serde_json::Value) {
-    let (path, body) = if pay {
-        (
-            format!("/orders/{order}/pay"),
-            Some(json!({ "payment_ref": format!("ref-{order}") }).to_string()),
-        )
-    } else {
-        (format!("/orders/{order}/cancel"), None)
-    };
+    if pay {
+        let (status, mut body) = provider_pays(app, order, user, &format!("ref-{order}")).await;
+        if body["outcome"] == "paid" {
+            body["status"] = json!("paid");
+        }
+        return (status, body);
+    }
+    let path = format!("/orders/{order}/cancel");
     call(
         app,
-        request(
-            "POST",
-            &path,
-            Some(&token(user, false)),
-            body.as_deref(),
-            None,
-        ),
+        request("POST", &path, Some(&token(user, false)), None, None),
     )
     .await
 }
@@ -623,7 +620,13 @@ async fn a_bucketed_sale_with_a_payment_step_returns_each_unit_once() {
     let ctx = DrainCtx::start_with(RedisServer::cluster(3, 0)).await;
     let cfg = test_http_config(ctx.redis.config(), ctx.data_api_config());
     let app = App::new(&cfg).await;
-    let voucher = create_with(&app, 6, 3, json!({ "pay_within_s": 2 })).await;
+    let voucher = create_with(
+        &app,
+        6,
+        3,
+        json!({ "pay_within_s": 2, "price_minor": TEST_PRICE_MINOR, "currency": TEST_CURRENCY }),
+    )
+    .await;
     let mut orders = Vec::new();
     for i in 0..6 {
         let user = format!("payer-{i}");
@@ -695,7 +698,13 @@ async fn a_unit_cancelled_in_one_bucket_and_borrowed_by_another_is_drained_there
     let ctx = DrainCtx::start_with(RedisServer::cluster(3, 0)).await;
     let cfg = test_http_config(ctx.redis.config(), ctx.data_api_config());
     let app = App::new(&cfg).await;
-    let voucher = create_with(&app, 3, 3, json!({ "pay_within_s": 600 })).await;
+    let voucher = create_with(
+        &app,
+        3,
+        3,
+        json!({ "pay_within_s": 600, "price_minor": TEST_PRICE_MINOR, "currency": TEST_CURRENCY }),
+    )
+    .await;
     // One buyer per bucket: every bucket sells its one unit.
     let of_bucket = |b: u16, prefix: &str| {
         (0..)

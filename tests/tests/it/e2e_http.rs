@@ -131,11 +131,61 @@ async fn a_sale_over_http() {
     );
 }
 
-/// The payment step over real HTTP: a voucher with `pay_within_s`, a payment repeated
-/// with its idempotency key, a cancel whose unit sells again at once, the payment codes.
+/// The stack's webhook signing secret (`.dev/stack.env`), the provider's side of it.
+fn webhook_secret(api: &Api) -> String {
+    let list = api.env.get("SECKILL_PAYMENT_WEBHOOK_SECRET");
+    list.split(',').next().unwrap_or_default().to_string()
+}
+
+/// The provider's event for `order` of `buyer`, signed with `secret` at `at` (unix s):
+/// (body, signature header).
+fn signed(
+    secret: &str,
+    at: i64,
+    kind: &str,
+    order: &str,
+    buyer: &str,
+    payment: &str,
+    amount: i64,
+) -> (String, String) {
+    let body = seckill_tests::harness::provider_event(kind, order, buyer, payment, amount, "EUR");
+    let sig = seckill_shared::webhook::header(&[secret.as_bytes()], at, body.as_bytes());
+    (body, sig)
+}
+
+/// Delivers `body` with `signature` (if any) to the webhook over HTTP.
+async fn deliver(
+    api: &Api,
+    body: &str,
+    signature: Option<&str>,
+) -> (StatusCode, serde_json::Value) {
+    let mut req = api
+        .http
+        .post(format!("{}/payments/webhook", api.env.seckill_http_url()))
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    if let Some(sig) = signature {
+        req = req.header(seckill_shared::webhook::SIGNATURE_HEADER, sig);
+    }
+    let res = req.send().await.expect("webhook answers");
+    let status = res.status();
+    (status, res.json().await.unwrap_or_default())
+}
+
+/// The payment step over real HTTP, paid the only way an order is paid: the provider's
+/// signed webhook. The buyer's `pay` starts a payment and changes nothing; a signed
+/// event pays; a bad signature, a stale timestamp, a body changed after signing, an
+/// unknown order and a wrong amount are refused with a 4xx and change nothing; the same
+/// event ten times at once pays once; a payment id pays one order only; a cancel's unit
+/// sells again at once, and a payment after the cancel is to refund.
 #[tokio::test]
 async fn a_sale_with_payment_over_http() {
     let api = Api::new();
+    let secret = webhook_secret(&api);
+    // Payment ids are unique in the stack's database, which outlives a run.
+    let run = format!("{:08x}", rand::random::<u32>());
+    let pid = |name: &str| format!("pi_e2e_{run}_{name}");
+    let now_s = || now_millis() / 1000;
     let admin = api.token("ops", true);
     let body = json!({
         "title": "e2e pay later",
@@ -143,17 +193,25 @@ async fn a_sale_with_payment_over_http() {
         "begins_at": format_rfc3339_millis(now_millis() - 1_000),
         "ends_at": format_rfc3339_millis(now_millis() + 3_600_000),
         "pay_within_s": 600,
+        "price_minor": 1250,
+        "currency": "EUR",
     });
     let (status, voucher) = api
         .call("POST", "/vouchers", Some(&admin), Some(body))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{voucher}");
     assert_eq!(voucher["pay_within_s"], 600);
+    assert_eq!(voucher["price_minor"], 1250);
     let vid = voucher["id"].as_str().unwrap().to_string();
+    let (alice_id, bob_id, carol_id) = (
+        unique_user("alice"),
+        unique_user("bob"),
+        unique_user("carol"),
+    );
     let (alice, bob, carol) = (
-        api.token(&unique_user("alice"), false),
-        api.token(&unique_user("bob"), false),
-        api.token(&unique_user("carol"), false),
+        api.token(&alice_id, false),
+        api.token(&bob_id, false),
+        api.token(&carol_id, false),
     );
     let buy = |t: String| {
         let api = &api;
@@ -173,46 +231,137 @@ async fn a_sale_with_payment_over_http() {
         a["order_id"].as_str().unwrap(),
         b["order_id"].as_str().unwrap(),
     );
+    let status_of = |t: String, id: String| {
+        let api = &api;
+        async move {
+            let (_, o) = api
+                .call("GET", &format!("/orders/{id}"), Some(&t), None)
+                .await;
+            o["status"].as_str().unwrap_or_default().to_string()
+        }
+    };
 
-    // Pay with the header; the same key again is the same answer.
-    for _ in 0..2 {
-        let res = api
-            .http
-            .post(format!("{}/orders/{a}/pay", api.env.seckill_http_url()))
-            .bearer_auth(&alice)
-            .header("Idempotency-Key", "pi_e2e_1")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(res.status(), StatusCode::OK);
-        let body: serde_json::Value = res.json().await.unwrap();
-        assert_eq!(body["status"], "paid", "{body}");
-        assert!(body["pay_by"].is_string(), "{body}");
-    }
-    let path = format!("/orders/{a}/pay");
-    let (s, e) = api
-        .call(
-            "POST",
-            &path,
-            Some(&alice),
-            Some(json!({ "payment_ref": "pi_other" })),
-        )
-        .await;
+    // The buyer starts paying: the checkout's figures; whatever they send, nothing is paid.
+    let res = api
+        .http
+        .post(format!("{}/orders/{a}/pay", api.env.seckill_http_url()))
+        .bearer_auth(&alice)
+        .header("Idempotency-Key", &pid("1"))
+        .json(&json!({ "payment_ref": &pid("1") }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let checkout: serde_json::Value = res.json().await.unwrap();
     assert_eq!(
-        (s, e["code"].as_str()),
-        (StatusCode::CONFLICT, Some("already_paid"))
+        (
+            checkout["amount_minor"].as_i64(),
+            checkout["currency"].as_str()
+        ),
+        (Some(1250), Some("EUR")),
+        "{checkout}"
     );
-    let (s, e) = api
-        .call(
-            "POST",
-            &path,
-            Some(&bob),
-            Some(json!({ "payment_ref": "x" })),
-        )
-        .await;
+    assert!(checkout["pay_by"].is_string(), "{checkout}");
+    assert_eq!(status_of(alice.clone(), a.to_string()).await, "pending");
+
+    // Refused, each with a 4xx, and nothing changes.
+    let (body, good) = signed(
+        &secret,
+        now_s(),
+        "payment.succeeded",
+        a,
+        &alice_id,
+        &pid("1"),
+        1250,
+    );
+    let wrong_secret =
+        seckill_shared::webhook::header(&[b"whsec_not_the_secret_000"], now_s(), body.as_bytes());
+    let stale =
+        seckill_shared::webhook::header(&[secret.as_bytes()], now_s() - 301, body.as_bytes());
+    let changed = body.replace("1250", "1");
+    for (what, body, sig, want) in [
+        ("no signature", body.as_str(), None, 401),
+        (
+            "a wrong secret",
+            body.as_str(),
+            Some(wrong_secret.as_str()),
+            401,
+        ),
+        (
+            "a stale timestamp",
+            body.as_str(),
+            Some(stale.as_str()),
+            401,
+        ),
+        (
+            "a body changed after signing",
+            changed.as_str(),
+            Some(good.as_str()),
+            401,
+        ),
+    ] {
+        let (s, e) = deliver(&api, body, sig).await;
+        assert_eq!(s.as_u16(), want, "{what}: {e}");
+        assert_eq!(e["code"], "unauthorized", "{what}: {e}");
+    }
+    let (unknown, sig) = signed(
+        &secret,
+        now_s(),
+        "payment.succeeded",
+        "999999999999",
+        &alice_id,
+        &pid("x"),
+        1250,
+    );
+    let (s, e) = deliver(&api, &unknown, Some(&sig)).await;
     assert_eq!(
-        (s, e["code"].as_str()),
-        (StatusCode::NOT_FOUND, Some("not_found"))
+        (s.as_u16(), e["code"].as_str()),
+        (404, Some("not_found")),
+        "{e}"
+    );
+    let (cheap, sig) = signed(
+        &secret,
+        now_s(),
+        "payment.succeeded",
+        a,
+        &alice_id,
+        &pid("cheap"),
+        1,
+    );
+    let (s, e) = deliver(&api, &cheap, Some(&sig)).await;
+    assert_eq!(
+        (s.as_u16(), e["code"].as_str()),
+        (422, Some("payment_mismatch")),
+        "{e}"
+    );
+    assert_eq!(status_of(alice.clone(), a.to_string()).await, "pending");
+
+    // The same signed event ten times at once: paid once, every delivery told so.
+    let answers =
+        futures::future::join_all((0..10).map(|_| deliver(&api, &body, Some(&good)))).await;
+    for (s, e) in &answers {
+        assert_eq!(
+            (s.as_u16(), e["outcome"].as_str()),
+            (200, Some("paid")),
+            "{e}"
+        );
+    }
+    assert_eq!(status_of(alice.clone(), a.to_string()).await, "paid");
+    // A payment id pays one order: the same id for bob's order is refused.
+    let (reused, sig) = signed(
+        &secret,
+        now_s(),
+        "payment.succeeded",
+        b,
+        &bob_id,
+        &pid("1"),
+        1250,
+    );
+    let (s, e) = deliver(&api, &reused, Some(&sig)).await;
+    assert_eq!(
+        (s.as_u16(), e["code"].as_str()),
+        (409, Some("payment_reused")),
+        "{e}"
     );
     let (s, e) = api
         .call("POST", &format!("/orders/{a}/cancel"), Some(&alice), None)
@@ -222,7 +371,7 @@ async fn a_sale_with_payment_over_http() {
         (StatusCode::CONFLICT, Some("order_paid"))
     );
 
-    // Bob cancels: his unit is on sale again at once.
+    // Bob cancels: his unit is on sale again at once; a payment after that is to refund.
     let (s, e) = api
         .call("POST", &format!("/orders/{b}/cancel"), Some(&bob), None)
         .await;
@@ -231,17 +380,20 @@ async fn a_sale_with_payment_over_http() {
         (StatusCode::OK, Some("cancelled")),
         "{e}"
     );
-    let (s, e) = api
-        .call(
-            "POST",
-            &format!("/orders/{b}/pay"),
-            Some(&bob),
-            Some(json!({ "payment_ref": "pi_b" })),
-        )
-        .await;
+    let (late, sig) = signed(
+        &secret,
+        now_s(),
+        "payment.succeeded",
+        b,
+        &bob_id,
+        &pid("bob"),
+        1250,
+    );
+    let (s, e) = deliver(&api, &late, Some(&sig)).await;
     assert_eq!(
-        (s, e["code"].as_str()),
-        (StatusCode::CONFLICT, Some("order_cancelled"))
+        (s.as_u16(), e["outcome"].as_str()),
+        (200, Some("refund_due")),
+        "{e}"
     );
     let (s, c) = buy(carol.clone()).await;
     assert_eq!(s, StatusCode::ACCEPTED, "{c}");
@@ -261,4 +413,108 @@ async fn a_sale_with_payment_over_http() {
         );
         assert!(o["pay_by"].is_string(), "{o}");
     }
+}
+
+/// `seckill pay` plays the payment provider over real HTTP, signing with the stack's
+/// secret: `--replay` delivers one signed event twice (paid once, both answers 200
+/// `paid`); `--late` waits for the order's deadline, and that payment is recorded to
+/// refund: the order stays expired, and `seckill status` and `seckill reconcile` list
+/// the payment.
+#[tokio::test]
+async fn seckill_pay_pays_replays_and_pays_late_over_http() {
+    use seckill_cli::ops::pay::{self, PayOptions};
+    let api = Api::new();
+    let admin = api.token("ops", true);
+    let body = json!({
+        "title": "e2e seckill pay",
+        "stock": 2,
+        "begins_at": format_rfc3339_millis(now_millis() - 1_000),
+        "ends_at": format_rfc3339_millis(now_millis() + 3_600_000),
+        "pay_within_s": 5,
+        "price_minor": 500,
+        "currency": "EUR",
+    });
+    let (status, voucher) = api
+        .call("POST", "/vouchers", Some(&admin), Some(body))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{voucher}");
+    let vid = voucher["id"].as_str().unwrap().to_string();
+    let (alice, bob) = (unique_user("alice"), unique_user("bob"));
+    let mut orders = Vec::new();
+    for user in [&alice, &bob] {
+        let (s, o) = api
+            .call(
+                "POST",
+                &format!("/vouchers/{vid}/seckill"),
+                Some(&api.token(user, false)),
+                None,
+            )
+            .await;
+        assert_eq!(s, StatusCode::ACCEPTED, "{o}");
+        orders.push(o["order_id"].as_str().unwrap().parse().unwrap());
+    }
+    let b = seckill_cli::ops::Backends::from_env().await.unwrap();
+    let secrets =
+        seckill_shared::webhook::Secrets::parse(&api.env.get("SECKILL_PAYMENT_WEBHOOK_SECRET"))
+            .unwrap();
+    let url = api.env.seckill_http_url();
+    let replay = PayOptions {
+        replay: true,
+        ..PayOptions::default()
+    };
+    let done = pay::pay(&b, &url, &secrets, orders[0], &replay)
+        .await
+        .unwrap();
+    assert_eq!(done.len(), 2);
+    assert_eq!(done[0].event_id, done[1].event_id, "the same event twice");
+    for d in &done {
+        assert_eq!(
+            (d.status, d.answer["outcome"].as_str()),
+            (200, Some("paid")),
+            "{d:?}"
+        );
+    }
+    let late = PayOptions {
+        late: true,
+        ..PayOptions::default()
+    };
+    let done = pay::pay(&b, &url, &secrets, orders[1], &late)
+        .await
+        .unwrap();
+    assert_eq!(
+        (done[0].status, done[0].answer["outcome"].as_str()),
+        (200, Some("refund_due")),
+        "{:?}",
+        done[0]
+    );
+    for (user, order, want) in [(&alice, orders[0], "paid"), (&bob, orders[1], "expired")] {
+        let (s, o) = api
+            .call(
+                "GET",
+                &format!("/orders/{order}"),
+                Some(&api.token(user, false)),
+                None,
+            )
+            .await;
+        assert_eq!(
+            (s, o["status"].as_str()),
+            (StatusCode::OK, Some(want)),
+            "{o}"
+        );
+    }
+    let voucher: seckill_shared::domain::VoucherId = vid.parse().unwrap();
+    let s = seckill_cli::ops::status::voucher_status(&b, voucher)
+        .await
+        .unwrap();
+    assert_eq!(s.refunds_due, 1, "{s:?}");
+    let report = seckill_cli::ops::reconcile::reconcile(&b, voucher, false)
+        .await
+        .unwrap();
+    assert_eq!(report.refunds_due.len(), 1, "{report:?}");
+    assert_eq!(report.refunds_due[0].order_id, orders[1].to_string());
+    assert!(
+        seckill_cli::ops::reconcile::render(&report).contains("payments to refund: 1"),
+        "{}",
+        seckill_cli::ops::reconcile::render(&report)
+    );
 }

@@ -14,7 +14,9 @@ use seckill_shared::domain::{
     OrderId, SaleWindow, UserId, Voucher, VoucherId, format_rfc3339_millis, now_millis,
 };
 use seckill_shared::keys::VoucherKeys;
-use seckill_tests::harness::{Backends, TEST_JWT_SECRET, buy, call, request, token};
+use seckill_tests::harness::{
+    Backends, TEST_CURRENCY, TEST_JWT_SECRET, TEST_PRICE_MINOR, buy, call, request, token,
+};
 use seckill_tests::redis::ReplyDropper;
 use serde_json::{Value, json};
 
@@ -580,7 +582,12 @@ async fn redis_sale(b: &Backends, id: &str, user: &str) -> (Option<i64>, Option<
 #[tokio::test]
 async fn a_late_first_copy_never_admits_an_attempt_its_resend_refused() {
     let (b, proxy, app, _) = behind_a_reply_dropper(Some(Duration::from_millis(300))).await;
-    let id = create_with(&app, 1, json!({ "pay_within_s": 600 })).await;
+    let id = create_with(
+        &app,
+        1,
+        json!({ "pay_within_s": 600, "price_minor": TEST_PRICE_MINOR, "currency": TEST_CURRENCY }),
+    )
+    .await;
     // Sold out by another instance: this one has not learned it, so asks Redis.
     let mut cfg = b.http_config();
     cfg.redis.url = proxy.url();
@@ -615,7 +622,7 @@ async fn a_late_first_copy_never_admits_again_an_order_cancelled_since() {
     let id = create_with(
         &app,
         2,
-        json!({ "pay_within_s": 600, "rebuy_after_close": true }),
+        json!({ "pay_within_s": 600, "rebuy_after_close": true, "price_minor": TEST_PRICE_MINOR, "currency": TEST_CURRENCY }),
     )
     .await;
     proxy.hold(&[b"EVALSHA", b":buyers", b"alice"]);

@@ -17,12 +17,14 @@ use redis::AsyncCommands;
 use seckill_http::App;
 use seckill_shared::adapters::redis::CloseAction;
 use seckill_shared::domain::{
-    Admission, NewVoucher, OrderId, PaymentRef, PaymentTerms, SaleWindow, UserId, Voucher,
+    Admission, NewVoucher, OrderId, PaymentRef, PaymentTerms, Price, SaleWindow, UserId, Voucher,
     VoucherId, format_rfc3339_millis, now_millis,
 };
 use seckill_shared::keys::VoucherKeys;
 use seckill_tests::drainer::{DrainCtx, DrainerProcess};
-use seckill_tests::harness::{call, request, test_http_config, token};
+use seckill_tests::harness::{
+    TEST_CURRENCY, TEST_PRICE_MINOR, call, provider_pays, request, test_http_config, token,
+};
 use serde_json::{Value, json};
 
 const FAILPOINT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -38,6 +40,7 @@ async fn pay_voucher(ctx: &DrainCtx, stock: i64, pay_within_s: i64, rebuy: bool)
         payment: Some(PaymentTerms {
             pay_within_ms: pay_within_s * 1000,
             rebuy_after_close: rebuy,
+            price: Some(Price::new(TEST_PRICE_MINOR, TEST_CURRENCY).unwrap()),
         }),
         buckets: 1,
     };
@@ -59,12 +62,18 @@ async fn buy(app: &App, voucher: impl std::fmt::Display, user: &str) -> (u16, Va
     .await
 }
 
+/// The payment provider confirms payment `reference` of `user`'s `order` (a signed
+/// webhook event): the answer's `outcome` says what it did.
 async fn pay(app: &App, order: &str, user: &str, reference: &str) -> (u16, Value) {
-    let body = json!({ "payment_ref": reference }).to_string();
+    provider_pays(app, order, user, reference).await
+}
+
+/// The buyer starts paying: what the checkout needs.
+async fn checkout(app: &App, order: &str, user: &str) -> (u16, Value) {
     let path = format!("/orders/{order}/pay");
     call(
         app,
-        request("POST", &path, Some(&token(user, false)), Some(&body), None),
+        request("POST", &path, Some(&token(user, false)), None, None),
     )
     .await
 }
@@ -93,6 +102,11 @@ fn code(res: &(u16, Value)) -> (u16, &str) {
 
 fn status(res: &(u16, Value)) -> (u16, &str) {
     (res.0, res.1["status"].as_str().unwrap_or(""))
+}
+
+/// A webhook answer: its status and the payment's outcome.
+fn outcome(res: &(u16, Value)) -> (u16, &str) {
+    (res.0, res.1["outcome"].as_str().unwrap_or(""))
 }
 
 /// Runs the drainer in process until every close is in the database: nothing waits in
@@ -167,12 +181,20 @@ async fn pay_cancel_and_expiry_follow_the_contract() {
         }
         b.to_string()
     };
+    let price = || json!({ "price_minor": TEST_PRICE_MINOR, "currency": TEST_CURRENCY });
     // Bad terms are a 400.
     for extra in [
-        json!({ "pay_within_s": 0 }),
-        json!({ "pay_within_s": 86_401 }),
+        json!({ "pay_within_s": 0, "price_minor": 100, "currency": "EUR" }),
+        json!({ "pay_within_s": 86_401, "price_minor": 100, "currency": "EUR" }),
         json!({ "rebuy_after_close": true }),
-        json!({ "pay_within_s": "2" }),
+        json!({ "pay_within_s": "2", "price_minor": 100, "currency": "EUR" }),
+        // A payment step needs a price, a price needs a payment step.
+        json!({ "pay_within_s": 5 }),
+        json!({ "pay_within_s": 5, "price_minor": 100 }),
+        json!({ "price_minor": 100, "currency": "EUR" }),
+        json!({ "pay_within_s": 5, "price_minor": 0, "currency": "EUR" }),
+        json!({ "pay_within_s": 5, "price_minor": 100, "currency": "eur" }),
+        json!({ "pay_within_s": 5, "price_minor": 100, "currency": "EURO" }),
     ] {
         let res = call(
             &app,
@@ -193,7 +215,11 @@ async fn pay_cancel_and_expiry_follow_the_contract() {
             "POST",
             "/vouchers",
             Some(&admin),
-            Some(&body(json!({ "pay_within_s": 5 }))),
+            Some(&body({
+                let mut terms = price();
+                terms["pay_within_s"] = json!(5);
+                terms
+            })),
             None,
         ),
     )
@@ -201,6 +227,8 @@ async fn pay_cancel_and_expiry_follow_the_contract() {
     assert_eq!(st, 201, "{created}");
     assert_eq!(created["pay_within_s"], 5);
     assert_eq!(created["rebuy_after_close"], false);
+    assert_eq!(created["price_minor"], TEST_PRICE_MINOR);
+    assert_eq!(created["currency"], TEST_CURRENCY);
     let vid = created["id"].as_str().unwrap().to_string();
     let v: VoucherId = vid.parse().unwrap();
 
@@ -218,45 +246,52 @@ async fn pay_cancel_and_expiry_follow_the_contract() {
     assert_eq!(status(&res), (200, "pending"));
     let pay_by = res.1["pay_by"].as_str().expect("pay_by").to_string();
 
-    // Paying needs a reference; the first close wins and repeats get the same answer.
-    let res = call(
-        &app,
-        request(
-            "POST",
-            &format!("/orders/{a}/pay"),
-            Some(&token("alice", false)),
-            None,
-            None,
-        ),
-    )
-    .await;
-    assert_eq!(code(&res), (400, "invalid_request"));
+    // The buyer starts a payment: what the checkout needs, and nothing changes. With
+    // any body or header a buyer may send, it never pays.
+    let res = checkout(&app, a, "alice").await;
+    assert_eq!(status(&res), (200, "pending"), "{}", res.1);
+    assert_eq!(res.1["pay_by"], pay_by.as_str());
+    assert_eq!(res.1["amount_minor"], TEST_PRICE_MINOR);
+    assert_eq!(res.1["currency"], TEST_CURRENCY);
     let mut req = request(
         "POST",
         &format!("/orders/{a}/pay"),
         Some(&token("alice", false)),
-        None,
+        Some(&json!({ "payment_ref": "pi_alice-1", "status": "paid" }).to_string()),
         None,
     );
     req.headers_mut()
         .insert("idempotency-key", "pi_alice-1".parse().unwrap());
-    let res = call(&app, req).await;
-    assert_eq!(status(&res), (200, "paid"), "{}", res.1);
-    assert_eq!(res.1["pay_by"], pay_by.as_str());
+    assert_eq!(status(&call(&app, req).await), (200, "pending"));
+    assert_eq!(status(&get_order(&app, a, "alice").await), (200, "pending"));
     assert_eq!(
-        status(&pay(&app, a, "alice", "pi_alice-1").await),
+        code(&checkout(&app, a, "mallory").await),
+        (404, "not_found")
+    );
+
+    // The provider says it is paid: the first close wins, a redelivery is told the same,
+    // a second payment of a paid order is recorded to refund.
+    let res = pay(&app, a, "alice", "pi_alice-1").await;
+    assert_eq!(outcome(&res), (200, "paid"), "{}", res.1);
+    assert_eq!(
+        outcome(&pay(&app, a, "alice", "pi_alice-1").await),
         (200, "paid")
     );
+    assert_eq!(status(&get_order(&app, a, "alice").await), (200, "paid"));
     assert_eq!(
-        code(&pay(&app, a, "alice", "pi_other").await),
+        code(&checkout(&app, a, "alice").await),
         (409, "already_paid")
+    );
+    assert_eq!(
+        outcome(&pay(&app, a, "alice", "pi_other").await),
+        (200, "refund_due")
     );
     assert_eq!(code(&cancel(&app, a, "alice").await), (409, "order_paid"));
     assert_eq!(
         code(&pay(&app, a, "alice", "bad ref").await),
         (400, "invalid_request")
     );
-    // Another user's order does not exist for them.
+    // Another user's order does not exist for them, nor for an event naming them.
     assert_eq!(
         code(&pay(&app, a, "mallory", "pi_m").await),
         (404, "not_found")
@@ -267,9 +302,16 @@ async fn pay_cancel_and_expiry_follow_the_contract() {
     assert_eq!(status(&cancel(&app, b, "bob").await), (200, "cancelled"));
     assert_eq!(status(&cancel(&app, b, "bob").await), (200, "cancelled"));
     assert_eq!(
-        code(&pay(&app, b, "bob", "pi_bob").await),
+        code(&checkout(&app, b, "bob").await),
         (409, "order_cancelled")
     );
+    // Paid after he cancelled: recorded to refund; the order stays cancelled, the unit
+    // stays on sale.
+    assert_eq!(
+        outcome(&pay(&app, b, "bob", "pi_bob").await),
+        (200, "refund_due")
+    );
+    assert_eq!(status(&get_order(&app, b, "bob").await), (200, "cancelled"));
     assert_eq!(redis_stock(&ctx, v).await, 1);
     // No second purchase by default.
     assert_eq!(
@@ -295,7 +337,8 @@ async fn pay_cancel_and_expiry_follow_the_contract() {
         (200, "awaiting_payment")
     );
 
-    // Carol's deadline passes: paying now expires her order instead.
+    // Carol's deadline passes: a payment now expires her order instead, and is to be
+    // refunded.
     let carol_by = get_order(&app, c, "carol").await.1["pay_by"]
         .as_str()
         .unwrap()
@@ -303,8 +346,12 @@ async fn pay_cancel_and_expiry_follow_the_contract() {
     let carol_by = seckill_shared::domain::parse_rfc3339_millis(&carol_by, "pay_by").unwrap();
     sleep_until(carol_by + 50).await;
     assert_eq!(
-        code(&pay(&app, c, "carol", "pi_late").await),
+        code(&checkout(&app, c, "carol").await),
         (409, "order_expired")
+    );
+    assert_eq!(
+        outcome(&pay(&app, c, "carol", "pi_late").await),
+        (200, "refund_due")
     );
     assert_eq!(
         code(&cancel(&app, c, "carol").await),
@@ -365,6 +412,10 @@ async fn pay_cancel_and_expiry_follow_the_contract() {
     let order = res.1["order_id"].as_str().unwrap();
     assert_eq!(
         code(&pay(&app, order, "alice", "pi_1").await),
+        (409, "payment_not_required")
+    );
+    assert_eq!(
+        code(&checkout(&app, order, "alice").await),
         (409, "payment_not_required")
     );
     assert_eq!(
@@ -491,7 +542,7 @@ async fn pay_and_expiry_racing_have_one_winner_per_order() {
                     let app = app.clone();
                     async move {
                         let res = pay(&app, &id.to_string(), &user, &format!("pi_{user}")).await;
-                        (id, code(&res).0, res.1["code"].as_str().map(str::to_string))
+                        (id, res.0, res.1["outcome"].as_str().map(str::to_string))
                     }
                 })
                 .buffer_unordered(64)
@@ -520,8 +571,9 @@ async fn pay_and_expiry_racing_have_one_winner_per_order() {
     let mut told = BTreeMap::new();
     for (id, st, code) in &answers {
         let outcome = match (st, code.as_deref()) {
-            (200, None) => "paid",
-            (409, Some("order_expired")) => "expired",
+            (200, Some("paid")) => "paid",
+            // Paid after its deadline: the order expired, the payment is to refund.
+            (200, Some("refund_due")) => "expired",
             other => panic!("order {id}: unexpected answer {other:?}"),
         };
         told.insert(id.get(), outcome);
@@ -543,6 +595,19 @@ async fn pay_and_expiry_racing_have_one_winner_per_order() {
     );
     assert_eq!(redis_stock(&ctx, v.id).await, (N - paid) as i64);
     assert_eq!(ctx.db_stock_left(v.id).await, (N - paid) as i64);
+    // Every late payment is listed for a refund, every other one paid its order.
+    let ledger = seckill_shared::adapters::payments::Payments(&ctx.db().await)
+        .counts(v.id)
+        .await
+        .unwrap();
+    let mut by_outcome: BTreeMap<&str, u64> = BTreeMap::new();
+    for (o, n) in ledger {
+        by_outcome.insert(o.as_str(), n);
+    }
+    assert_eq!(
+        by_outcome,
+        BTreeMap::from([("paid", paid as u64), ("refund_due", expired as u64)]),
+    );
 
     // The expired units are sold again, exactly that many.
     let resold = ctx.admit(v.id, "t", expired).await;
@@ -596,7 +661,7 @@ async fn a_sale_where_a_third_never_pay_ends_with_every_unit_paid() {
                     if !never_pays(u) {
                         let order = res.1["order_id"].as_str().unwrap();
                         let res = pay(&app, order, &format!("buyer-{u}"), &format!("pi_{u}")).await;
-                        assert_eq!(status(&res), (200, "paid"), "{}", res.1);
+                        assert_eq!(outcome(&res), (200, "paid"), "{}", res.1);
                         paid += 1;
                     }
                 }
@@ -983,7 +1048,7 @@ async fn deadlines_lost_with_the_sale_come_back_with_the_repair_and_the_drain() 
     );
 
     assert_eq!(
-        status(&pay(&app, &orders["alice"], "alice", "pi_a").await),
+        outcome(&pay(&app, &orders["alice"], "alice", "pi_a").await),
         (200, "paid")
     );
     assert_eq!(
@@ -1010,27 +1075,27 @@ async fn deadlines_lost_with_the_sale_come_back_with_the_repair_and_the_drain() 
 
     // Redis forgets the closes and deadlines too (the sale's keys expired after their
     // retention, or were lost again): the database answers for closed orders, and an
-    // order still awaiting payment gets its deadline back when its buyer pays.
+    // order still awaiting payment gets its deadline back when it is paid.
     let _: i64 = ctx.conn().del(&[&k.closed, &k.deadlines]).await.unwrap();
     let (alice, erin, bob) = (&orders["alice"], &orders["erin"], &orders["bob"]);
     assert_eq!(
-        status(&pay(&app, alice, "alice", "pi_a").await),
+        outcome(&pay(&app, alice, "alice", "pi_a").await),
         (200, "paid")
     );
     assert_eq!(
-        code(&pay(&app, alice, "alice", "pi_b").await),
-        (409, "already_paid")
+        outcome(&pay(&app, alice, "alice", "pi_b").await),
+        (200, "refund_due")
     );
     assert_eq!(
         code(&cancel(&app, alice, "alice").await),
         (409, "order_paid")
     );
     assert_eq!(
-        code(&pay(&app, erin, "erin", "pi_e").await),
-        (409, "order_cancelled")
+        outcome(&pay(&app, erin, "erin", "pi_e").await),
+        (200, "refund_due")
     );
     assert_eq!(
-        status(&pay(&app, bob, "bob", "pi_bob").await),
+        outcome(&pay(&app, bob, "bob", "pi_bob").await),
         (200, "paid")
     );
     drain_until_settled(&ctx, v.id).await;
@@ -1184,5 +1249,220 @@ async fn without_retention_a_finished_sale_with_open_orders_is_not_retired() {
         "retired once its orders expired and were settled"
     );
     assert_eq!(ctx.db_stock_left(v.id).await, 5, "both units came back");
+    ctx.cleanup().await;
+}
+
+/// The webhook's own rules, in process: an event signed with the previous secret is
+/// accepted (a rotation under way); a `failed` event is recorded and leaves the order
+/// open, and a later `succeeded` of the same payment pays it (a `failed` arriving after
+/// that changes nothing); a wrong amount or currency is refused with a 4xx, recorded
+/// `refused`, and pays nothing; a payment id recorded for one order is refused for
+/// another; events no signature vouches for, or that cannot be read, change nothing.
+#[tokio::test]
+async fn the_webhook_records_each_payment_once_and_refuses_what_it_cannot_apply() {
+    use seckill_shared::adapters::payments::{Outcome, Payments};
+    use seckill_tests::harness::{
+        TEST_WEBHOOK_PREVIOUS, deliver, provider_event, signature_now, webhook_request,
+    };
+    let ctx = DrainCtx::start().await;
+    let app = app_of(&ctx).await;
+    let v = pay_voucher(&ctx, 4, 600, false).await;
+    let mut orders = Vec::new();
+    for user in ["ann", "ben", "cid", "dee"] {
+        let res = buy(&app, v.id, user).await;
+        assert_eq!(status(&res), (202, "pending"), "{user}");
+        orders.push(res.1["order_id"].as_str().unwrap().to_string());
+    }
+    let [ann, ben, cid, dee] = [&orders[0], &orders[1], &orders[2], &orders[3]];
+    let event =
+        |kind: &str, order: &str, user: &str, payment: &str, amount: i64, currency: &str| {
+            provider_event(kind, order, user, payment, amount, currency)
+        };
+    let ledger = |payment: &'static str| {
+        let ctx = &ctx;
+        async move {
+            Payments(&ctx.db().await)
+                .get(payment)
+                .await
+                .unwrap()
+                .map(|p| (p.outcome, p.order.to_string()))
+        }
+    };
+
+    // Signed with the previous secret: still accepted.
+    let body = event(
+        "payment.succeeded",
+        ann,
+        "ann",
+        "pay_ann",
+        TEST_PRICE_MINOR,
+        TEST_CURRENCY,
+    );
+    let sig = signature_now(TEST_WEBHOOK_PREVIOUS, &body);
+    let res = call(&app, webhook_request(&body, Some(&sig))).await;
+    assert_eq!(outcome(&res), (200, "paid"), "{}", res.1);
+    assert_eq!(status(&get_order(&app, ann, "ann").await), (200, "paid"));
+
+    // Failed, then succeeded, then a late `failed` of the same payment.
+    let failed = event(
+        "payment.failed",
+        ben,
+        "ben",
+        "pay_ben",
+        TEST_PRICE_MINOR,
+        TEST_CURRENCY,
+    );
+    assert_eq!(outcome(&deliver(&app, &failed).await), (200, "failed"));
+    assert_eq!(status(&get_order(&app, ben, "ben").await), (200, "pending"));
+    let ok = event(
+        "payment.succeeded",
+        ben,
+        "ben",
+        "pay_ben",
+        TEST_PRICE_MINOR,
+        TEST_CURRENCY,
+    );
+    assert_eq!(outcome(&deliver(&app, &ok).await), (200, "paid"));
+    assert_eq!(outcome(&deliver(&app, &failed).await), (200, "paid"));
+    assert_eq!(status(&get_order(&app, ben, "ben").await), (200, "paid"));
+
+    // A wrong amount, a wrong currency: refused, recorded, nothing paid.
+    let cheap = event(
+        "payment.succeeded",
+        cid,
+        "cid",
+        "pay_cid_cheap",
+        TEST_PRICE_MINOR - 1,
+        TEST_CURRENCY,
+    );
+    assert_eq!(
+        code(&deliver(&app, &cheap).await),
+        (422, "payment_mismatch")
+    );
+    let dollars = event(
+        "payment.succeeded",
+        cid,
+        "cid",
+        "pay_cid_usd",
+        TEST_PRICE_MINOR,
+        "USD",
+    );
+    assert_eq!(
+        code(&deliver(&app, &dollars).await),
+        (422, "payment_mismatch")
+    );
+    assert_eq!(
+        ledger("pay_cid_cheap").await,
+        Some((Outcome::Refused, cid.to_string()))
+    );
+    assert_eq!(status(&get_order(&app, cid, "cid").await), (200, "pending"));
+
+    // One payment id, two orders: the second is refused and changes nothing.
+    let reused = event(
+        "payment.succeeded",
+        cid,
+        "cid",
+        "pay_ann",
+        TEST_PRICE_MINOR,
+        TEST_CURRENCY,
+    );
+    assert_eq!(code(&deliver(&app, &reused).await), (409, "payment_reused"));
+    assert_eq!(status(&get_order(&app, cid, "cid").await), (200, "pending"));
+    assert_eq!(
+        ledger("pay_ann").await,
+        Some((Outcome::Paid, ann.to_string()))
+    );
+
+    // Nothing vouches for these, or they cannot be read: 4xx, nothing recorded.
+    let dee_pays = event(
+        "payment.succeeded",
+        dee,
+        "dee",
+        "pay_dee",
+        TEST_PRICE_MINOR,
+        TEST_CURRENCY,
+    );
+    let stale = seckill_shared::webhook::header(
+        &[seckill_tests::harness::TEST_WEBHOOK_SECRET.as_bytes()],
+        now_millis() / 1000 - 600,
+        dee_pays.as_bytes(),
+    );
+    let unknown_secret = signature_now("whsec_someone_else_0123456789", &dee_pays);
+    for (what, body, sig) in [
+        ("unsigned", dee_pays.clone(), None),
+        ("stale", dee_pays.clone(), Some(stale)),
+        ("another secret", dee_pays.clone(), Some(unknown_secret)),
+        (
+            "malformed header",
+            dee_pays.clone(),
+            Some("t=1,v1=xyz".to_string()),
+        ),
+    ] {
+        let res = call(&app, webhook_request(&body, sig.as_deref())).await;
+        assert_eq!(code(&res), (401, "unauthorized"), "{what}: {}", res.1);
+    }
+    for (what, body, want) in [
+        ("not JSON", "{".to_string(), (400, "invalid_request")),
+        (
+            "an unknown type",
+            dee_pays.replace("payment.succeeded", "payment.refunded"),
+            (400, "invalid_request"),
+        ),
+        (
+            "an unknown order",
+            event(
+                "payment.succeeded",
+                "4242424242",
+                "dee",
+                "pay_x",
+                TEST_PRICE_MINOR,
+                TEST_CURRENCY,
+            ),
+            (404, "not_found"),
+        ),
+        (
+            "another buyer",
+            event(
+                "payment.succeeded",
+                dee,
+                "eve",
+                "pay_y",
+                TEST_PRICE_MINOR,
+                TEST_CURRENCY,
+            ),
+            (404, "not_found"),
+        ),
+    ] {
+        let res = deliver(&app, &body).await;
+        assert_eq!(code(&res), want, "{what}: {}", res.1);
+    }
+    assert_eq!(ledger("pay_dee").await, None);
+    assert_eq!(ledger("pay_x").await, None);
+    assert_eq!(ledger("pay_y").await, None);
+    assert_eq!(status(&get_order(&app, dee, "dee").await), (200, "pending"));
+    // And the real one pays.
+    assert_eq!(outcome(&deliver(&app, &dee_pays).await), (200, "paid"));
+    drain_until_settled(&ctx, v.id).await;
+    let rows = status_counts(&ctx, v.id).await;
+    assert_eq!(
+        (count(&rows, "paid"), count(&rows, "awaiting_payment")),
+        (3, 1),
+        "{rows:?}"
+    );
+    ctx.cleanup().await;
+}
+
+/// Without a configured secret the webhook answers 503 (the provider keeps the event and
+/// resends), never 2xx.
+#[tokio::test]
+async fn without_a_secret_the_webhook_is_unavailable() {
+    let ctx = DrainCtx::start().await;
+    let mut cfg = test_http_config(ctx.redis.config(), ctx.data_api_config());
+    cfg.webhook = seckill_http::payment::SecretSource::Missing;
+    let app = App::new(&cfg).await;
+    let body =
+        seckill_tests::harness::provider_event("payment.succeeded", "1", "ann", "pay_1", 1, "EUR");
+    let res = seckill_tests::harness::deliver(&app, &body).await;
+    assert_eq!(code(&res), (503, "unavailable"), "{}", res.1);
     ctx.cleanup().await;
 }

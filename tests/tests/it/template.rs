@@ -1017,7 +1017,13 @@ fn every_iam_statement_is_scoped_to_the_configured_cluster_and_secret() {
                     assert!(data_api_actions.contains(a.as_str()), "{owner}: {a}");
                     env.get("DB_CLUSTER_ARN")
                 } else if a == "secretsmanager:GetSecretValue" {
-                    env.get("DB_SECRET_ARN")
+                    // The database secret the function names to the Data API, or the
+                    // payment webhook's secret it reads itself: one per statement.
+                    let webhook = env.get("PAYMENT_WEBHOOK_SECRET_ARN");
+                    match webhook {
+                        Some(w) if resources == vec![w.clone()] => Some(w),
+                        _ => env.get("DB_SECRET_ARN"),
+                    }
                 } else {
                     panic!("{owner}: unexpected action {a}")
                 };
@@ -1607,12 +1613,11 @@ fn functions_use_the_application_user_secret_never_the_master_secret() {
                 })
                 .flat_map(|st| strings(at(&st, &["Resource"])))
                 .collect();
-            assert_eq!(
-                secret_resources,
-                vec![app_secret.clone()],
-                "{} / {name}",
-                s.name
-            );
+            // The application user's secret, and seckill-http's own webhook secret.
+            let mut expected = vec![app_secret.clone()];
+            expected.extend(env.get("PAYMENT_WEBHOOK_SECRET_ARN").cloned());
+            assert_eq!(secret_resources, expected, "{} / {name}", s.name);
+            assert!(!secret_resources.contains(&master), "{} / {name}", s.name);
         }
         // The outputs name both secrets for `seckill migrate` (ARNs, never values).
         let outputs = at(&t, &["Outputs"]);

@@ -8,7 +8,13 @@
 //! ```text
 //! # ARN                                                          username     password
 //! arn:aws:secretsmanager:us-east-1:000000000000:secret:app       seckill_app  Xy12...
+//! # ARN                                                          secret string
+//! arn:aws:secretsmanager:us-east-1:000000000000:secret:webhook   whsec_ab12...
 //! ```
+//!
+//! A line of two words is a plain secret (the payment webhook's signing secrets):
+//! GetSecretValue answers its string as it is, and no Data API call may sign in with
+//! it.
 //!
 //! The file holds passwords, so it must be readable by its owner only (mode 0600 or
 //! stricter); passwords never go on a command line.
@@ -21,12 +27,20 @@ use anyhow::{Context as _, bail};
 
 use crate::database::lock;
 
-/// A secret's ARN and the MariaDB credentials it holds.
+/// A secret's ARN and the MariaDB credentials it holds, or, with an empty `username`, a
+/// plain secret whose string is `password`.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct SecretCredentials {
     pub arn: String,
     pub username: String,
     pub password: String,
+}
+
+impl SecretCredentials {
+    /// A plain secret (a string, no database user).
+    pub fn is_plain(&self) -> bool {
+        self.username.is_empty()
+    }
 }
 
 impl std::fmt::Debug for SecretCredentials {
@@ -70,12 +84,14 @@ pub fn parse_secrets(text: &str) -> anyhow::Result<Vec<SecretCredentials>> {
             continue;
         }
         let words: Vec<&str> = line.split_whitespace().collect();
-        let [arn, username, password] = words.as_slice() else {
-            bail!(
-                "line {}: expected `ARN USERNAME PASSWORD`, found {} words",
+        let (arn, username, password) = match words.as_slice() {
+            [arn, username, password] => (*arn, *username, *password),
+            [arn, string] => (*arn, "", *string),
+            _ => bail!(
+                "line {}: expected `ARN USERNAME PASSWORD` or `ARN STRING`, found {} words",
                 n + 1,
                 words.len()
-            );
+            ),
         };
         if !arn.starts_with("arn:") {
             bail!("line {}: {arn} is not an ARN", n + 1);
@@ -132,7 +148,11 @@ mod tests {
         assert_eq!(s[0].arn, "arn:aws:x:app");
         assert_eq!(s[0].username, "seckill_app");
         assert_eq!(s[0].password, "Pw1");
-        assert!(parse_secrets("arn:aws:x:app seckill_app").is_err());
+        let plain = parse_secrets("arn:aws:x:webhook whsec_1,whsec_0").unwrap();
+        assert!(plain[0].is_plain());
+        assert_eq!(plain[0].password, "whsec_1,whsec_0");
+        assert!(!s[0].is_plain());
+        assert!(parse_secrets("arn:aws:x:app seckill_app pw extra").is_err());
         assert!(parse_secrets("app seckill_app pw").is_err());
         assert!(!format!("{:?}", s[0]).contains("Pw1"));
     }

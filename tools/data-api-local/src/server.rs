@@ -13,7 +13,8 @@
 //! server never answers), and a loopback `Host` (a rebound DNS name keeps its own).
 //!
 //! `POST /` with `X-Amz-Target: secretsmanager.GetSecretValue` answers Secrets Manager
-//! for the secrets this server knows: `{"username": ..., "password": ...}`.
+//! for the secrets this server knows: `{"username": ..., "password": ...}`, or a plain
+//! secret's string.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -213,12 +214,15 @@ fn check_arns(app: &AppState, req: &Request) -> Result<SecretCredentials, ApiErr
             app.config.resource_arn
         )));
     }
-    app.secrets.get(secret_arn).ok_or_else(|| {
-        ApiError::bad_request(format!(
-            "Invalid secretArn {secret_arn}: this server accepts {}",
-            app.secrets.arns().join(", ")
-        ))
-    })
+    app.secrets
+        .get(secret_arn)
+        .filter(|s| !s.is_plain())
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "Invalid secretArn {secret_arn}: this server accepts {}",
+                app.secrets.arns().join(", ")
+            ))
+        })
 }
 
 fn check_sql(sql: Option<&str>) -> Result<PlaceholderSql, ApiError> {
@@ -443,12 +447,16 @@ fn get_secret_value(
             "Secrets Manager can't find the specified secret.".to_string(),
         )
     })?;
-    let secret_string = json!({ "username": creds.username, "password": creds.password });
+    let secret_string = if creds.is_plain() {
+        creds.password.clone()
+    } else {
+        json!({ "username": creds.username, "password": creds.password }).to_string()
+    };
     Ok(json!({
         "ARN": id,
         "Name": id.rsplit(':').next().unwrap_or(id),
         "VersionId": "00000000-0000-0000-0000-000000000000",
-        "SecretString": secret_string.to_string(),
+        "SecretString": secret_string,
         "VersionStages": ["AWSCURRENT"],
         "CreatedDate": 0.0,
     }))

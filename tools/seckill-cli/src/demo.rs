@@ -34,6 +34,10 @@ pub struct DemoArgs {
     /// Requests in flight at once.
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
+    /// The payment webhook's signing secret (the stack's): with it, the demo also runs a
+    /// sale with a payment step, paid the way the provider pays.
+    #[arg(long, env = "SECKILL_PAYMENT_WEBHOOK_SECRET", hide_env_values = true)]
+    webhook_secret: Option<String>,
 }
 
 const SCHEDULED_EVENT: &str = include_str!("../../../tests/fixtures/eventbridge-scheduled.json");
@@ -203,6 +207,114 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         "ok: {} admitted of {} units, nobody twice, every order confirmed in the database",
         admitted.len(),
         args.stock
+    );
+    if let Some(secret) = &args.webhook_secret {
+        payment_sale(&args, http, token, &run_id, secret).await?;
+    }
+    Ok(())
+}
+
+/// A sale with a payment step: two buyers; the first starts paying and the provider's
+/// signed event pays (delivered twice, as providers do: paid once); the second cancels,
+/// and a payment arriving after that is recorded to refund, never applied.
+async fn payment_sale(
+    args: &DemoArgs,
+    http: &Client,
+    token: &impl Fn(&str, bool) -> String,
+    run_id: &str,
+    secret: &str,
+) -> anyhow::Result<()> {
+    use seckill_shared::webhook;
+    let secrets =
+        webhook::Secrets::parse(secret).map_err(|e| anyhow::anyhow!("webhook secret: {e}"))?;
+    let now = seckill_shared::domain::now_millis;
+    let body = json!({
+        "title": format!("Demo sale {run_id}: pay within a minute"),
+        "stock": 2,
+        "begins_at": format_rfc3339_millis(now() - 1_000),
+        "ends_at": format_rfc3339_millis(now() + 600_000),
+        "pay_within_s": 60,
+        "price_minor": 199,
+        "currency": "EUR",
+    });
+    let voucher: Value = http
+        .post(format!("{}/vouchers", args.url))
+        .bearer_auth(token("demo-admin", true))
+        .json(&body)
+        .send()
+        .await?
+        .json()
+        .await?;
+    let id = voucher["id"].as_str().context("voucher id")?.to_string();
+    println!("\npayment step: voucher {id}, 2 units at 1.99 EUR, pay within 60 s");
+    let mut orders = Vec::new();
+    for n in ["payer", "canceller"] {
+        let user = format!("demo-{run_id}-{n}");
+        let res: Value = http
+            .post(format!("{}/vouchers/{id}/seckill", args.url))
+            .bearer_auth(token(&user, false))
+            .send()
+            .await?
+            .json()
+            .await?;
+        let order = res["order_id"].as_str().context("order id")?.to_string();
+        orders.push((user, order));
+    }
+    let ((payer, paid), (canceller, cancelled)) = (&orders[0], &orders[1]);
+    let checkout: Value = http
+        .post(format!("{}/orders/{paid}/pay", args.url))
+        .bearer_auth(token(payer, false))
+        .send()
+        .await?
+        .json()
+        .await?;
+    println!("  checkout of order {paid}: {checkout}");
+    let cancel: Value = http
+        .post(format!("{}/orders/{cancelled}/cancel", args.url))
+        .bearer_auth(token(canceller, false))
+        .send()
+        .await?
+        .json()
+        .await?;
+    println!("  order {cancelled} cancelled: {}", cancel["status"]);
+    let event = |order: &str, user: &str, payment: &str| {
+        json!({
+            "id": format!("evt_{payment}"),
+            "type": "payment.succeeded",
+            "created": now() / 1000,
+            "data": {"payment_id": payment, "order_id": order, "buyer": user,
+                     "amount_minor": 199, "currency": "EUR"},
+        })
+        .to_string()
+    };
+    let secrets = &secrets;
+    let deliver = |body: String| async move {
+        let sig = webhook::header(&[secrets.current()], now() / 1000, body.as_bytes());
+        let res = http
+            .post(format!("{}/payments/webhook", args.url))
+            .header(webhook::SIGNATURE_HEADER, sig)
+            .body(body)
+            .send()
+            .await?;
+        anyhow::Ok(res.json::<Value>().await?)
+    };
+    let first = event(paid, payer, &format!("pay_demo_{run_id}_1"));
+    for n in 1..=2 {
+        let answer = deliver(first.clone()).await?;
+        println!("  provider event for order {paid} (delivery {n}): {answer}");
+        ensure!(
+            answer["outcome"] == "paid",
+            "the payment was not applied: {answer}"
+        );
+    }
+    let late = deliver(event(cancelled, canceller, &format!("pay_demo_{run_id}_2"))).await?;
+    println!("  provider event for the cancelled order {cancelled}: {late}");
+    ensure!(
+        late["outcome"] == "refund_due",
+        "a payment after a cancel was applied: {late}"
+    );
+    println!(
+        "ok: paid once though delivered twice; the late payment is listed to refund (seckill status {id})"
     );
     Ok(())
 }

@@ -6,10 +6,11 @@ mod demo;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use seckill_cli::migrate::{self, MigrateConfig};
 use seckill_cli::ops::dead_letters::{self, Replay};
-use seckill_cli::ops::{Backends, reconcile, status, voucher_arg};
+use seckill_cli::ops::{Backends, pay, reconcile, status, voucher_arg};
 use seckill_shared::auth;
 use seckill_shared::config::EnvReader;
 use serde::Serialize;
@@ -65,6 +66,32 @@ enum Command {
     /// List dead letters and why they failed, or replay them through the drainer.
     #[command(subcommand)]
     DeadLetters(DeadLetters),
+    /// Pay an order as the payment provider does: a signed `payment.succeeded` event sent
+    /// to the webhook (reads SECKILL_HTTP_URL and SECKILL_PAYMENT_WEBHOOK_SECRET, from
+    /// `.dev/stack.env` on the local stack). Exit status 2 unless every answer is 2xx.
+    Pay {
+        order: String,
+        /// Wait until the order's payment deadline has passed first (a late payment).
+        #[arg(long)]
+        late: bool,
+        /// Deliver the same signed event twice (a provider redelivering).
+        #[arg(long)]
+        replay: bool,
+        /// Send `payment.failed` instead.
+        #[arg(long)]
+        failed: bool,
+        /// The provider's payment id (default: a new one).
+        #[arg(long)]
+        payment_id: Option<String>,
+        /// Pay this amount (minor units) instead of the voucher's price.
+        #[arg(long)]
+        amount_minor: Option<i64>,
+        /// Pay in this currency instead of the voucher's.
+        #[arg(long)]
+        currency: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Compare buyers, stream, dead letters and orders table; `--repair` the safe classes.
     Reconcile {
         voucher: String,
@@ -156,6 +183,41 @@ async fn main() -> anyhow::Result<ExitCode> {
             let report = reconcile::reconcile(&b, voucher, repair).await?;
             print(json, &report, reconcile::render)?;
             return Ok(exit_code(report.clean_after()));
+        }
+        Command::Pay {
+            order,
+            late,
+            replay,
+            failed,
+            payment_id,
+            amount_minor,
+            currency,
+            json,
+        } => {
+            let order = order
+                .parse()
+                .ok()
+                .with_context(|| format!("{order:?} is not an order id"))?;
+            let stack = seckill_cli::stack_env::StackEnv::load(None)?;
+            let url = stack.get("SECKILL_HTTP_URL")?;
+            let secrets = seckill_shared::webhook::Secrets::parse(
+                &stack.get("SECKILL_PAYMENT_WEBHOOK_SECRET")?,
+            )
+            .map_err(|e| anyhow::anyhow!("SECKILL_PAYMENT_WEBHOOK_SECRET: {e}"))?;
+            let opts = pay::PayOptions {
+                late,
+                replay,
+                failed,
+                payment_id,
+                amount_minor,
+                currency,
+            };
+            let b = Backends::from_env().await?;
+            let done = pay::pay(&b, &url, &secrets, order, &opts).await?;
+            print(json, done.as_slice(), pay::render)?;
+            return Ok(exit_code(
+                done.iter().all(|d| (200..300).contains(&d.status)),
+            ));
         }
         Command::Demo(args) => demo::run(args).await?,
         Command::Migrate {

@@ -3,6 +3,7 @@
 //! environment completed by `.dev/stack.env`.
 
 pub mod dead_letters;
+pub mod pay;
 pub mod reconcile;
 pub mod status;
 

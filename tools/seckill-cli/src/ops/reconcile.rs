@@ -10,6 +10,7 @@ use std::fmt::Write as _;
 
 use order_drainer::plan::parse_entry;
 use seckill_shared::adapters::order_stream::{RANGE_PAGE, id_less};
+use seckill_shared::adapters::payments::{Outcome, Payments};
 use seckill_shared::adapters::transfers;
 use seckill_shared::domain::{AdmittedOrder, Bucket, OrderId, StreamEntry, UserId, VoucherId};
 use seckill_shared::order_id::{EPOCH_UNIX_MS, OrderIdParts};
@@ -76,6 +77,20 @@ pub struct Report {
     pub closes_to_settle: u64,
     pub discrepancies: Vec<Discrepancy>,
     pub repaired: bool,
+    /// Payments to refund (confirmed by the provider after their order closed, or for
+    /// an order another payment paid): money to give back, not a discrepancy of the
+    /// sale's state (at most `payments::LIST_LIMIT` listed).
+    pub refunds_due: Vec<RefundDue>,
+}
+
+/// A payment to refund.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RefundDue {
+    pub payment_id: String,
+    pub order_id: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub reason: String,
 }
 
 impl Report {
@@ -182,6 +197,19 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
         settling.extend(b.streams.to_settle(*bk).await.redis()?);
     }
     report.closes_to_settle = settling.len() as u64;
+    report.refunds_due = Payments(&b.db)
+        .list(Some(voucher), Outcome::RefundDue)
+        .await
+        .db()?
+        .into_iter()
+        .map(|p| RefundDue {
+            payment_id: p.payment_id,
+            order_id: p.order.to_string(),
+            amount_minor: p.amount_minor,
+            currency: p.currency,
+            reason: p.reason.unwrap_or_default(),
+        })
+        .collect();
 
     // Admission times of the orders in the stream.
     let mut admitted_ms: HashMap<OrderId, i64> = HashMap::new();
@@ -377,6 +405,16 @@ pub fn render(r: &Report) -> String {
             "{} closes wait for the drainer (payment step): redis stock not compared\n",
             r.closes_to_settle
         ));
+    }
+    if !r.refunds_due.is_empty() {
+        let _ = writeln!(out, "payments to refund: {}", r.refunds_due.len());
+        for p in &r.refunds_due {
+            let _ = writeln!(
+                out,
+                "    {} of order {}: {} {} ({})",
+                p.payment_id, p.order_id, p.amount_minor, p.currency, p.reason
+            );
+        }
     }
     if r.discrepancies.is_empty() {
         out.push_str("clean: no discrepancy\n");

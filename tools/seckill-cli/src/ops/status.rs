@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use futures::{StreamExt, TryStreamExt};
 use seckill_shared::adapters::order_stream::{StreamStats, id_less};
+use seckill_shared::adapters::payments::{Outcome, Payments};
 use seckill_shared::adapters::transfers;
 use seckill_shared::domain::{Bucket, OrderStatus, Phase, SaleWindow, VoucherId, now_millis};
 use serde::Serialize;
@@ -43,6 +44,9 @@ pub struct VoucherStatus {
     pub awaiting_payment: u64,
     pub paid: u64,
     pub closed: u64,
+    /// Payments the provider confirmed after their order had closed (or for an order
+    /// another payment paid): recorded `refund_due`, to refund.
+    pub refunds_due: u64,
     /// Entries not yet acked: delivered to a drainer (`pending`) or not yet read (`lag`).
     pub pending: u64,
     pub lag: u64,
@@ -102,6 +106,14 @@ pub async fn voucher_status(b: &Backends, voucher: VoucherId) -> anyhow::Result<
     let confirmed = of(OrderStatus::Confirmed) + awaiting_payment + paid;
     let rejected = of(OrderStatus::Rejected);
     let closed = of(OrderStatus::Cancelled) + of(OrderStatus::Expired);
+    let refunds_due = Payments(&b.db)
+        .counts(voucher)
+        .await
+        .db()?
+        .into_iter()
+        .filter(|(o, _)| *o == Outcome::RefundDue)
+        .map(|(_, n)| n)
+        .sum();
     let now = now_millis();
     let (begins_ms, ends_ms) = match (&db_voucher, sale) {
         (Some(v), _) => (Some(v.window.begins_ms()), Some(v.window.ends_ms())),
@@ -136,6 +148,7 @@ pub async fn voucher_status(b: &Backends, voucher: VoucherId) -> anyhow::Result<
         awaiting_payment,
         paid,
         closed,
+        refunds_due,
         pending: stats.pending,
         lag: stats.undelivered,
         stream_length: stats.length,
@@ -219,11 +232,12 @@ pub fn render(all: &[VoucherStatus]) -> String {
                 s.buckets, s.in_transit
             );
         }
-        if s.awaiting_payment + s.paid + s.closed > 0 {
+        if s.awaiting_payment + s.paid + s.closed + s.refunds_due > 0 {
             let _ = writeln!(
                 out,
-                "  payment   awaiting {}, paid {}, cancelled or expired {} (units given back)",
-                s.awaiting_payment, s.paid, s.closed
+                "  payment   awaiting {}, paid {}, cancelled or expired {} (units given back), \
+                 payments to refund {}",
+                s.awaiting_payment, s.paid, s.closed, s.refunds_due
             );
         }
     }

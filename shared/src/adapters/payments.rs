@@ -1,0 +1,305 @@
+//! The payments ledger: one row per payment the provider told us of, keyed by the
+//! provider's payment id (`migrations/0006_payments.sql`).
+//!
+//! The primary key is what makes a payment pay at most one order: the first event of a
+//! payment records it for its order, and an event naming the same payment id for
+//! another order finds that row and is refused. Outcomes only move forward
+//! ([`Outcome::may_follow`]), so events arriving twice or out of order (a `failed`
+//! after a `succeeded`) never undo a decision. A payment that arrives after its order
+//! closed is kept as `refund_due`: listed for an operator, never applied.
+
+use aws_sdk_rdsdata::types::Field;
+
+use super::data_api::{DataApi, field, param};
+use crate::domain::{OrderId, Price, UnixMillis, VoucherId};
+use crate::error::StoreError;
+
+/// Where a recorded payment stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// Recorded; what it did to its order not yet decided.
+    Received,
+    /// It paid its order.
+    Paid,
+    /// It came after its order closed, or after another payment paid it: to refund.
+    RefundDue,
+    /// The provider says this attempt failed.
+    Failed,
+    /// Its amount or currency was not the voucher's price.
+    Refused,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 5] = [
+        Outcome::Received,
+        Outcome::Paid,
+        Outcome::RefundDue,
+        Outcome::Failed,
+        Outcome::Refused,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Received => "received",
+            Outcome::Paid => "paid",
+            Outcome::RefundDue => "refund_due",
+            Outcome::Failed => "failed",
+            Outcome::Refused => "refused",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Outcome> {
+        Outcome::ALL.into_iter().find(|o| o.as_str() == s)
+    }
+
+    /// Whether a payment that stands at `self` is decided for good: later events
+    /// about it change nothing.
+    pub fn is_final(self) -> bool {
+        matches!(self, Outcome::Paid | Outcome::RefundDue | Outcome::Refused)
+    }
+
+    /// The outcomes a row may move to `self` from: forward only. A failed attempt may
+    /// still succeed (the provider retries a card), nothing else moves back.
+    fn may_follow(self) -> &'static [&'static str] {
+        match self {
+            Outcome::Received | Outcome::Refused => &[],
+            Outcome::Failed => &["received"],
+            Outcome::Paid | Outcome::RefundDue => &["received", "failed"],
+        }
+    }
+}
+
+/// A payment as the provider described it, for an order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewPayment<'a> {
+    pub payment_id: &'a str,
+    pub order: OrderId,
+    pub voucher: VoucherId,
+    pub amount_minor: i64,
+    pub currency: &'a str,
+    pub event_id: &'a str,
+    pub received_ms: UnixMillis,
+}
+
+/// A payment's row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaymentRow {
+    pub payment_id: String,
+    pub order: OrderId,
+    pub voucher: VoucherId,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub outcome: Outcome,
+    pub reason: Option<String>,
+}
+
+impl PaymentRow {
+    /// The amount as a [`Price`], if it is a valid one.
+    pub fn price(&self) -> Option<Price> {
+        Price::new(self.amount_minor, &self.currency).ok()
+    }
+}
+
+const COLUMNS: &str = "payment_id, order_id, voucher_id, amount_minor, currency, outcome, reason";
+
+/// The most rows [`Payments::list`] returns.
+pub const LIST_LIMIT: usize = 1_000;
+
+/// The payments ledger, through the Data API.
+pub struct Payments<'a>(pub &'a DataApi);
+
+impl Payments<'_> {
+    /// Records `p` as `outcome` (`received`, or `refused` with `reason`) unless its
+    /// payment id is recorded already; returns the payment's row as it stands: this one,
+    /// or the earlier one (which may name another order).
+    pub async fn record(
+        &self,
+        p: &NewPayment<'_>,
+        outcome: Outcome,
+        reason: Option<&str>,
+    ) -> Result<PaymentRow, StoreError> {
+        self.0
+            .execute(
+                "INSERT IGNORE INTO payments (payment_id, order_id, voucher_id, amount_minor, currency, \
+                 outcome, reason, event_id, received_at, decided_at) \
+                 VALUES (:p, :o, :v, :amount, :currency, :outcome, :reason, :event, :at, \
+                 IF(:outcome = 'received', NULL, :at))",
+                vec![
+                    param::string("p", p.payment_id),
+                    param::long("o", p.order.get()),
+                    param::long("v", p.voucher.get()),
+                    param::long("amount", p.amount_minor),
+                    param::string("currency", p.currency),
+                    param::string("outcome", outcome.as_str()),
+                    reason.map_or_else(|| param::null("reason"), |r| param::string("reason", r)),
+                    param::string("event", p.event_id),
+                    param::timestamp("at", p.received_ms),
+                ],
+                None,
+            )
+            .await?;
+        self.get(p.payment_id).await?.ok_or_else(|| {
+            StoreError::Corrupt(format!("payment {} recorded but not found", p.payment_id))
+        })
+    }
+
+    /// A payment by the provider's id.
+    pub async fn get(&self, payment_id: &str) -> Result<Option<PaymentRow>, StoreError> {
+        let out = self
+            .0
+            .execute(
+                &format!("SELECT {COLUMNS} FROM payments WHERE payment_id = :p"),
+                vec![param::string("p", payment_id)],
+                None,
+            )
+            .await?;
+        out.records().first().map(|r| row(r)).transpose()
+    }
+
+    /// Moves the payment to `outcome` (with `reason`) if it may go there from where it
+    /// stands ([`Outcome::may_follow`]); returns the row as it stands after.
+    pub async fn decide(
+        &self,
+        payment_id: &str,
+        outcome: Outcome,
+        reason: Option<&str>,
+        event_id: &str,
+        now: UnixMillis,
+    ) -> Result<PaymentRow, StoreError> {
+        let from = outcome.may_follow();
+        if !from.is_empty() {
+            let allowed = from
+                .iter()
+                .map(|o| format!("'{o}'"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            self.0
+                .execute(
+                    &format!(
+                        "UPDATE payments SET outcome = :outcome, reason = :reason, event_id = :event, \
+                         decided_at = :at WHERE payment_id = :p AND outcome IN ({allowed})"
+                    ),
+                    vec![
+                        param::string("outcome", outcome.as_str()),
+                        reason
+                            .map_or_else(|| param::null("reason"), |r| param::string("reason", r)),
+                        param::string("event", event_id),
+                        param::timestamp("at", now),
+                        param::string("p", payment_id),
+                    ],
+                    None,
+                )
+                .await?;
+        }
+        self.get(payment_id)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("payment {payment_id} vanished")))
+    }
+
+    /// The payments of `outcome` (of `voucher`, or of every voucher), oldest first, at
+    /// most [`LIST_LIMIT`].
+    pub async fn list(
+        &self,
+        voucher: Option<VoucherId>,
+        outcome: Outcome,
+    ) -> Result<Vec<PaymentRow>, StoreError> {
+        let (filter, mut params) = match voucher {
+            Some(v) => ("voucher_id = :v AND ", vec![param::long("v", v.get())]),
+            None => ("", Vec::new()),
+        };
+        params.push(param::string("outcome", outcome.as_str()));
+        let out = self
+            .0
+            .execute(
+                &format!(
+                    "SELECT {COLUMNS} FROM payments WHERE {filter}outcome = :outcome \
+                     ORDER BY received_at, payment_id LIMIT {LIST_LIMIT}"
+                ),
+                params,
+                None,
+            )
+            .await?;
+        out.records().iter().map(|r| row(r)).collect()
+    }
+
+    /// How many payments of `voucher` stand at each outcome (outcomes with none are left
+    /// out).
+    pub async fn counts(&self, voucher: VoucherId) -> Result<Vec<(Outcome, u64)>, StoreError> {
+        let out = self
+            .0
+            .execute(
+                "SELECT outcome, COUNT(*) FROM payments FORCE INDEX (payments_by_voucher_outcome) \
+                 WHERE voucher_id = :v GROUP BY outcome",
+                vec![param::long("v", voucher.get())],
+                None,
+            )
+            .await?;
+        let bad = || StoreError::Corrupt("payments count: unexpected row".into());
+        out.records()
+            .iter()
+            .map(|r| match r.as_slice() {
+                [outcome, n] => Ok((
+                    field::string(outcome)
+                        .and_then(|o| Outcome::parse(&o))
+                        .ok_or_else(bad)?,
+                    field::long(n)
+                        .and_then(|n| u64::try_from(n).ok())
+                        .ok_or_else(bad)?,
+                )),
+                _ => Err(bad()),
+            })
+            .collect()
+    }
+}
+
+fn row(r: &[Field]) -> Result<PaymentRow, StoreError> {
+    let bad = || StoreError::Corrupt("payments row: unexpected shape".into());
+    let [
+        payment_id,
+        order,
+        voucher,
+        amount,
+        currency,
+        outcome,
+        reason,
+    ] = r
+    else {
+        return Err(bad());
+    };
+    Ok(PaymentRow {
+        payment_id: field::string(payment_id).ok_or_else(bad)?,
+        order: field::long(order).and_then(OrderId::new).ok_or_else(bad)?,
+        voucher: field::long(voucher)
+            .and_then(VoucherId::new)
+            .ok_or_else(bad)?,
+        amount_minor: field::long(amount).ok_or_else(bad)?,
+        currency: field::string(currency).ok_or_else(bad)?,
+        outcome: field::string(outcome)
+            .and_then(|o| Outcome::parse(&o))
+            .ok_or_else(bad)?,
+        reason: field::string(reason),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_only_move_forward() {
+        for o in Outcome::ALL {
+            assert_eq!(Outcome::parse(o.as_str()), Some(o));
+            // A final outcome is never left.
+            for next in Outcome::ALL {
+                if o.is_final() {
+                    assert!(
+                        !next.may_follow().contains(&o.as_str()),
+                        "{o:?} -> {next:?}"
+                    );
+                }
+            }
+        }
+        assert!(Outcome::Paid.may_follow().contains(&"failed"));
+        assert!(!Outcome::Failed.may_follow().contains(&"paid"));
+    }
+}

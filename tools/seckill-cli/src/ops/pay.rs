@@ -1,0 +1,236 @@
+//! `seckill pay ORDER`: the payment provider, played locally. Finds the order's buyer and
+//! price, builds the provider's `payment.succeeded` (or `payment.failed`) event, signs it
+//! as the provider does ([`seckill_shared::webhook`]) with the stack's webhook secret,
+//! and delivers it to `POST /payments/webhook` over HTTP: `--late` waits for the
+//! order's deadline to pass first, `--replay` delivers the same signed event twice, as a
+//! provider redelivering would.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, anyhow, bail};
+use seckill_shared::domain::{Bucket, OrderId, Price, UnixMillis, UserId, VoucherId, now_millis};
+use seckill_shared::keys::VoucherKeys;
+use seckill_shared::webhook::{self, Event, EventType, PaymentData, Secrets};
+use serde::Serialize;
+
+use super::{Backend, Backends};
+
+/// What to send.
+#[derive(Debug, Clone, Default)]
+pub struct PayOptions {
+    /// Wait until the order's payment deadline has passed, then pay.
+    pub late: bool,
+    /// Deliver the same signed event a second time.
+    pub replay: bool,
+    /// `payment.failed` instead of `payment.succeeded`.
+    pub failed: bool,
+    /// The provider's payment id (default: a new one).
+    pub payment_id: Option<String>,
+    /// Override the amount or currency (default: the voucher's price).
+    pub amount_minor: Option<i64>,
+    pub currency: Option<String>,
+}
+
+/// The order as the provider needs to know it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Payable {
+    pub order: OrderId,
+    pub voucher: VoucherId,
+    pub buyer: UserId,
+    pub price: Option<Price>,
+    pub pay_by: Option<UnixMillis>,
+}
+
+/// One delivery and its answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct Delivery {
+    pub event_id: String,
+    pub payment_id: String,
+    pub status: u16,
+    pub answer: serde_json::Value,
+}
+
+/// The order's voucher, buyer, price and deadline: from its database row, else from
+/// Redis (the voucher from the order id's lease, the buyer from the voucher's payment
+/// deadlines, each bucket scanned for `<order>\n*`).
+pub async fn payable(b: &Backends, order: OrderId) -> anyhow::Result<Payable> {
+    let (voucher, buyer, pay_by) = match b.db.order(order).await.db()? {
+        Some((voucher, buyer, _, pay_by)) => (voucher, buyer, pay_by),
+        None => {
+            let voucher = b
+                .sales
+                .voucher_of_order(order)
+                .await
+                .redis()?
+                .ok_or_else(|| {
+                    anyhow!("order {order} is unknown (neither the database nor Redis has it)")
+                })?;
+            let buckets = b.voucher(voucher).await?.map_or(1, |v| v.buckets);
+            let (buyer, deadline) = buyer_in_redis(b, voucher, buckets, order)
+                .await?
+                .ok_or_else(|| {
+                    anyhow!("order {order} has no payment deadline in Redis: not awaiting payment")
+                })?;
+            (voucher, buyer, Some(deadline))
+        }
+    };
+    let price = b
+        .voucher(voucher)
+        .await?
+        .and_then(|v| v.payment)
+        .and_then(|p| p.price);
+    Ok(Payable {
+        order,
+        voucher,
+        buyer,
+        price,
+        pay_by,
+    })
+}
+
+async fn buyer_in_redis(
+    b: &Backends,
+    voucher: VoucherId,
+    buckets: u16,
+    order: OrderId,
+) -> anyhow::Result<Option<(UserId, UnixMillis)>> {
+    let pattern = format!("{order}\n*");
+    for bucket in Bucket::all(voucher, buckets) {
+        let key = VoucherKeys::new(bucket).deadlines;
+        let mut cursor = 0u64;
+        loop {
+            let (next, found): (u64, Vec<(String, f64)>) = redis::cmd("ZSCAN")
+                .arg(&key)
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut b.sales.conn())
+                .await
+                .context("redis: ZSCAN of the payment deadlines")?;
+            if let Some((member, deadline)) = found.into_iter().next() {
+                let user = member.split_once('\n').map_or("", |(_, u)| u);
+                return Ok(Some((UserId::parse(user)?, deadline as UnixMillis)));
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+    }
+    Ok(None)
+}
+
+/// The event the provider sends for `p`.
+pub fn event(p: &Payable, opts: &PayOptions) -> anyhow::Result<Event> {
+    let (amount_minor, currency) = match (opts.amount_minor, &opts.currency, p.price) {
+        (Some(a), Some(c), _) => (a, c.clone()),
+        (a, c, Some(price)) => (
+            a.unwrap_or(price.amount_minor()),
+            c.clone().unwrap_or_else(|| price.currency().to_string()),
+        ),
+        _ => bail!(
+            "voucher {} has no price: give --amount-minor and --currency",
+            p.voucher
+        ),
+    };
+    Ok(Event {
+        id: format!("evt_{}", random_hex()),
+        kind: if opts.failed {
+            EventType::Failed
+        } else {
+            EventType::Succeeded
+        },
+        created: now_millis() / 1000,
+        data: PaymentData {
+            payment_id: opts
+                .payment_id
+                .clone()
+                .unwrap_or_else(|| format!("pay_{}", random_hex())),
+            order_id: p.order.to_string(),
+            buyer: p.buyer.as_str().to_string(),
+            amount_minor,
+            currency,
+        },
+    })
+}
+
+fn random_hex() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+/// Pays order `order` through the webhook at `base_url` (the seckill-http base URL),
+/// signing with the current secret of `secrets`.
+pub async fn pay(
+    b: &Backends,
+    base_url: &str,
+    secrets: &Secrets,
+    order: OrderId,
+    opts: &PayOptions,
+) -> anyhow::Result<Vec<Delivery>> {
+    let p = payable(b, order).await?;
+    if opts.late {
+        let Some(pay_by) = p.pay_by else {
+            bail!("order {order} has no payment deadline to be late for");
+        };
+        let wait = pay_by + 200 - now_millis();
+        if wait > 0 {
+            eprintln!(
+                "waiting {:.1} s for order {order}'s deadline to pass",
+                wait as f64 / 1000.0
+            );
+            tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+        }
+    }
+    let event = event(&p, opts)?;
+    let body = serde_json::to_vec(&event)?;
+    let signature = webhook::header(&[secrets.current()], now_millis() / 1000, &body);
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()?;
+    let mut out = Vec::new();
+    for _ in 0..if opts.replay { 2 } else { 1 } {
+        out.push(deliver(&http, base_url, &signature, &body, &event).await?);
+    }
+    Ok(out)
+}
+
+/// Sends one signed event.
+pub async fn deliver(
+    http: &reqwest::Client,
+    base_url: &str,
+    signature: &str,
+    body: &[u8],
+    event: &Event,
+) -> anyhow::Result<Delivery> {
+    let url = format!("{}/payments/webhook", base_url.trim_end_matches('/'));
+    let res = http
+        .post(&url)
+        .header("content-type", "application/json")
+        .header(webhook::SIGNATURE_HEADER, signature)
+        .body(body.to_vec())
+        .send()
+        .await
+        .with_context(|| format!("POST {url}"))?;
+    let status = res.status().as_u16();
+    let answer = res.json().await.unwrap_or(serde_json::Value::Null);
+    Ok(Delivery {
+        event_id: event.id.clone(),
+        payment_id: event.data.payment_id.clone(),
+        status,
+        answer,
+    })
+}
+
+/// The text form of `seckill pay`.
+pub fn render(all: &[Delivery]) -> String {
+    let mut out = String::new();
+    for d in all {
+        out.push_str(&format!(
+            "{} {} -> {} {}\n",
+            d.event_id, d.payment_id, d.status, d.answer
+        ));
+    }
+    out
+}
