@@ -392,6 +392,38 @@ async fn pay_cancel_and_expiry_follow_the_contract() {
     assert_eq!(status(&buy(&app, &vid, "dave").await), (202, "pending"));
     assert_eq!(status(&buy(&app, &vid, "erin").await), (202, "pending"));
     assert_eq!(code(&buy(&app, &vid, "frank").await), (409, "sold_out"));
+    // Carol's payment arrives (again, under another id) after her unit was sold again:
+    // to refund; her order stays expired and the unit stays with its new buyer.
+    assert_eq!(
+        outcome(&pay(&app, c, "carol", "pi_later").await),
+        (200, "refund_due")
+    );
+    assert_eq!(status(&get_order(&app, c, "carol").await), (200, "expired"));
+    assert_eq!(redis_stock(&ctx, v).await, 0);
+    assert_eq!(code(&buy(&app, &vid, "frank").await), (409, "sold_out"));
+    drain_until_settled(&ctx, v).await;
+    let rows = status_counts(&ctx, v).await;
+    assert_eq!(
+        (count(&rows, "expired"), count(&rows, "awaiting_payment")),
+        (1, 2),
+        "carol's stays expired; dave and erin hold the units: {rows:?}"
+    );
+    assert_eq!(ctx.db_stock_left(v).await, 0);
+    // Every payment that came after its order closed is listed for a refund.
+    let refunds: BTreeSet<String> = seckill_shared::adapters::payments::Payments(&ctx.db().await)
+        .list(
+            Some(v),
+            seckill_shared::adapters::payments::Outcome::RefundDue,
+        )
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|p| p.payment_id)
+        .collect();
+    assert_eq!(
+        refunds,
+        BTreeSet::from(["pi_other", "pi_bob", "pi_late", "pi_later"].map(String::from))
+    );
 
     // A voucher without a payment step keeps today's states.
     let (st, plain) = call(
