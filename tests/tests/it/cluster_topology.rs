@@ -211,8 +211,10 @@ fn connections_received(seed: u16) -> u64 {
 struct Outcomes {
     /// Order ids answered with 202, by user.
     accepted: HashMap<String, String>,
-    /// Durable mode: order ids answered 503 as not confirmed (may or may not survive).
-    unconfirmed: HashMap<String, String>,
+    /// Order ids answered 503 as not confirmed (each may or may not survive), every one
+    /// of them: a buyer who retries gets a new order id per attempt, and an earlier
+    /// attempt's order may be the one that survives.
+    unconfirmed: HashMap<String, Vec<String>>,
     /// Orders named by `409 already_purchased` (the buyer learns the order that way).
     held: HashMap<String, String>,
     statuses: BTreeMap<u16, u64>,
@@ -272,7 +274,7 @@ impl Sale {
                         }
                         503 => {
                             if let Some(order) = order {
-                                o.unconfirmed.insert(user.clone(), order);
+                                o.unconfirmed.entry(user.clone()).or_default().push(order);
                             }
                             if o.errors.len() >= 5 {
                                 o.errors.remove(0);
@@ -456,7 +458,7 @@ async fn settle(ctx: &DrainCtx, sale: &Sale, stock: i64) -> Settled {
     let told: HashSet<i64> = o
         .accepted
         .values()
-        .chain(o.unconfirmed.values())
+        .chain(o.unconfirmed.values().flatten())
         .chain(o.held.values())
         .map(|id| id.parse().unwrap())
         .collect();
@@ -730,6 +732,7 @@ async fn failover_mid_sale(durable: Option<Durable>) -> Settled {
         let in_db = ctx.orders_in_db(sale.voucher).await;
         o.unconfirmed
             .values()
+            .flatten()
             .filter(|id| in_db.contains_key(&id.parse::<i64>().unwrap()))
             .count()
     };
@@ -744,7 +747,7 @@ async fn failover_mid_sale(durable: Option<Durable>) -> Settled {
         o.accepted.len(),
         settled.lost.len(),
         settled.untold.len(),
-        o.unconfirmed.len(),
+        o.unconfirmed.values().map(Vec::len).sum::<usize>(),
     );
     drop(o);
     ctx.cleanup().await;
