@@ -9,6 +9,8 @@
 //! - [`adapters`]: Redis and the RDS Data API, the only code that does I/O;
 //! - [`migrate`]: the schema, applied through the Data API;
 //! - [`webhook`]: the payment provider's signed events (the only way an order is paid);
+//! - [`json`]: how request bodies read integers and absent fields (as the contract's
+//!   schema does);
 //! - [`config`], [`error`], [`telemetry`]: typed configuration, adapter errors, logging.
 
 pub mod adapters;
@@ -16,6 +18,7 @@ pub mod auth;
 pub mod config;
 pub mod domain;
 pub mod error;
+pub mod json;
 pub mod keys;
 pub mod metrics;
 pub mod migrate;

@@ -197,6 +197,7 @@ pub struct Event {
     #[serde(rename = "type")]
     pub kind: EventType,
     /// When the provider created the event (unix seconds).
+    #[serde(deserialize_with = "crate::json::integral")]
     pub created: i64,
     pub data: PaymentData,
 }
@@ -213,6 +214,7 @@ pub struct PaymentData {
     /// The buyer's user id (the token's `sub` at checkout).
     pub buyer: String,
     /// In the currency's minor unit (cents).
+    #[serde(deserialize_with = "crate::json::integral")]
     pub amount_minor: i64,
     /// ISO 4217, upper case.
     pub currency: String,

@@ -17,6 +17,7 @@ pub const CODES: &[&str] = &[
     "unauthorized",
     "forbidden",
     "not_found",
+    "method_not_allowed",
     "not_started",
     "ended",
     "sold_out",
@@ -44,6 +45,10 @@ pub enum ApiError {
     Forbidden(String),
     #[error("{0}")]
     NotFound(String),
+    /// A declared path asked with another method; `allow` is the one it takes (the
+    /// `Allow` header).
+    #[error("{method} is not allowed here; use {allow}")]
+    MethodNotAllowed { method: String, allow: &'static str },
     #[error("the sale has not started yet")]
     NotStarted,
     #[error("the sale has ended")]
@@ -104,6 +109,9 @@ impl ApiError {
             ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
             ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            ApiError::MethodNotAllowed { .. } => {
+                (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed")
+            }
             ApiError::NotStarted => (StatusCode::CONFLICT, "not_started"),
             ApiError::Ended => (StatusCode::CONFLICT, "ended"),
             ApiError::SoldOut => (StatusCode::CONFLICT, "sold_out"),
@@ -173,7 +181,12 @@ impl ApiError {
             order_id,
         })
         .expect("strings serialise");
-        json_text_response(status, body)
+        let mut res = json_text_response(status, body);
+        if let ApiError::MethodNotAllowed { allow, .. } = self {
+            res.headers_mut()
+                .insert(http::header::ALLOW, http::HeaderValue::from_static(allow));
+        }
+        res
     }
 }
 
@@ -229,6 +242,10 @@ mod tests {
             ApiError::Unauthorized(String::new()),
             ApiError::Forbidden(String::new()),
             ApiError::NotFound(String::new()),
+            ApiError::MethodNotAllowed {
+                method: String::new(),
+                allow: "GET",
+            },
             ApiError::NotStarted,
             ApiError::Ended,
             ApiError::SoldOut,
@@ -254,6 +271,7 @@ mod tests {
                 | ApiError::Unauthorized(_)
                 | ApiError::Forbidden(_)
                 | ApiError::NotFound(_)
+                | ApiError::MethodNotAllowed { .. }
                 | ApiError::NotStarted
                 | ApiError::Ended
                 | ApiError::SoldOut

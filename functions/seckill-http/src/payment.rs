@@ -337,6 +337,9 @@ fn order_json(voucher: VoucherId, id: OrderId, closed: &ClosedOrder) -> Response
     )
 }
 
+/// The longest provider event id recorded (`payments.event_id`).
+const MAX_EVENT_ID_CHARS: usize = 128;
+
 /// `POST /payments/webhook` (the payment provider; no token: the signature is the
 /// authentication). Answers 200 with the payment's outcome once the event is taken into
 /// account, however often it comes; 4xx for an event that can never be (bad signature,
@@ -367,7 +370,22 @@ pub(crate) async fn webhook(
         .map_err(|e| ApiError::InvalidRequest(format!("not a payment event: {e}")))?;
     let payment = PaymentRef::parse(&event.data.payment_id)?;
     let id: OrderId = event.data.order_id.parse()?;
-    let buyer = UserId::parse(&event.data.buyer)?;
+    // The columns the event is recorded in: refused here, never a failed write later.
+    if event.id.is_empty() || event.id.chars().count() > MAX_EVENT_ID_CHARS {
+        return Err(ApiError::InvalidRequest(format!(
+            "the event id must be 1 to {MAX_EVENT_ID_CHARS} characters"
+        )));
+    }
+    if !(event.data.currency.len() == 3
+        && event.data.currency.bytes().all(|b| b.is_ascii_uppercase()))
+    {
+        return Err(ApiError::InvalidRequest(
+            "currency must be three upper-case letters (ISO 4217)".into(),
+        ));
+    }
+    // A buyer no user id can be is no order's buyer: the same answer as another's.
+    let buyer = UserId::parse(&event.data.buyer)
+        .map_err(|_| ApiError::NotFound(format!("no order {id} of that buyer")))?;
     let order = find_order(app, id, &buyer, now).await?;
     let ledger = Payments(&app.db);
     let new = NewPayment {

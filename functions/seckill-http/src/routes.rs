@@ -14,6 +14,7 @@ use seckill_shared::domain::{
     Admission, AdmitReply, Bucket, NewVoucher, OrderId, OrderStatus, PaymentTerms, UnixMillis,
     UserId, Voucher, VoucherId, format_rfc3339_millis, now_millis,
 };
+use seckill_shared::json;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -66,13 +67,9 @@ impl<'a> Route<'a> {
     /// checked, whatever the raw path says. Without one (`$default`: `cargo lambda
     /// watch`, a Function URL) the method and path are matched ([`Route::parse`]).
     pub fn of(req: &'a Request) -> Option<Route<'a>> {
-        let key = match req.request_context_ref() {
-            Some(RequestContext::ApiGatewayV2(ctx)) => ctx.route_key.as_deref(),
-            _ => None,
-        };
-        match key {
-            Some(key) if key != "$default" => Route::from_key(key, req.path_parameters_ref()),
-            _ => Route::parse(req.method(), req.uri().path()),
+        match gateway_route_key(req) {
+            Some(key) => Route::from_key(key, req.path_parameters_ref()),
+            None => Route::parse(req.method(), req.uri().path()),
         }
     }
 
@@ -135,6 +132,15 @@ impl<'a> Route<'a> {
 }
 
 impl Route<'_> {
+    /// The method a declared path takes (each takes exactly one), `None` for a path no
+    /// route declares.
+    pub fn allowed_method(path: &str) -> Option<&'static str> {
+        [Method::GET, Method::POST]
+            .into_iter()
+            .find(|m| Route::parse(m, path).is_some())
+            .map(|m| if m == Method::GET { "GET" } else { "POST" })
+    }
+
     /// What a successful answer on this route is called in the request log.
     fn success(&self) -> &'static str {
         match self {
@@ -172,11 +178,7 @@ pub async fn handle(app: &App, req: Request) -> Response<Body> {
     let route = Route::of(&req);
     let result = match &route {
         Some(route) => dispatch(app, &req, route).await,
-        None => Err(ApiError::NotFound(format!(
-            "no route for {} {}",
-            req.method(),
-            req.uri().path()
-        ))),
+        None => Err(no_route(&req)),
     };
     let (res, outcome, refusal) = match result {
         Ok(res) => (res, route.as_ref().map_or("ok", Route::success), false),
@@ -199,6 +201,37 @@ pub async fn handle(app: &App, req: Request) -> Response<Body> {
         tracing::info!(status, outcome, voucher_id, method, request_id, "handled");
     }
     res
+}
+
+/// The answer to a request no route matches: `405` with the method the path takes when
+/// the path is declared (API Gateway itself answers such requests `404` in AWS: only
+/// requests matching no route reach the function, through `$default` locally),
+/// `404` otherwise.
+fn no_route(req: &Request) -> ApiError {
+    let (method, path) = (req.method(), req.uri().path());
+    // A route key of someone else's (`ANY /{proxy+}`) says nothing about our paths.
+    let allow = match gateway_route_key(req) {
+        Some(_) => None,
+        None => Route::allowed_method(path),
+    };
+    match allow {
+        Some(allow) => ApiError::MethodNotAllowed {
+            method: method.to_string(),
+            allow,
+        },
+        None => ApiError::NotFound(format!("no route for {method} {path}")),
+    }
+}
+
+/// The route API Gateway matched, unless it is the catch-all `$default` (`cargo lambda
+/// watch`, a Function URL) or there is none.
+fn gateway_route_key(req: &Request) -> Option<&str> {
+    match req.request_context_ref() {
+        Some(RequestContext::ApiGatewayV2(ctx)) => {
+            ctx.route_key.as_deref().filter(|k| *k != "$default")
+        }
+        _ => None,
+    }
 }
 
 /// The request in the EMF metrics (`seckill_shared::metrics`): admissions by outcome, 5xx
@@ -265,33 +298,35 @@ fn now_secs(now: UnixMillis) -> i64 {
     now.div_euclid(1000)
 }
 
-/// The body of `POST /vouchers`.
+/// The body of `POST /vouchers`. An optional field is absent or holds a value of its
+/// type: `null` is refused, as the contract's schema says.
 #[derive(Deserialize)]
 struct CreateVoucherBody {
     title: String,
+    #[serde(deserialize_with = "json::integral")]
     stock: i64,
     begins_at: String,
     ends_at: String,
     /// Opt-in payment step: seconds a buyer has to pay after admission.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json::optional_integral")]
     pay_within_s: Option<i64>,
     /// With `pay_within_s`: whether a buyer whose order was cancelled or expired may
     /// buy again (default false).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json::not_null")]
     rebuy_after_close: Option<bool>,
     /// With `pay_within_s` (required then): what a buyer pays, in the currency's minor
     /// unit, and the currency (ISO 4217).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json::optional_integral")]
     price_minor: Option<i64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json::not_null")]
     currency: Option<String>,
     /// Stock buckets, 1..=16 (default 1): the stock split over that many Redis hash
     /// slots, so one hot sale can use several cluster primaries.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json::optional_integral")]
     buckets: Option<i64>,
     /// Instead of `buckets`: the admissions per second expected at the sale's peak, from
     /// which the buckets are chosen (one per 10,000/s, at most 16).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json::optional_integral")]
     expected_peak_per_s: Option<i64>,
 }
 
@@ -821,6 +856,37 @@ mod tests {
             Route::parse(&Method::POST, "/vouchers/12/seckill/"),
             Some(Route::Seckill("12"))
         );
+    }
+
+    #[test]
+    fn every_declared_path_names_its_one_method_and_no_other_path_does() {
+        for (method, pattern, _) in ROUTES {
+            let path = pattern.replace("{id}", "12").replace("{order_id}", "34");
+            assert_eq!(Route::allowed_method(&path), Some(*method), "{path}");
+            assert_eq!(Route::allowed_method(&format!("{path}/")), Some(*method));
+        }
+        for path in [
+            "/",
+            "/vouchers/12/x",
+            "/orders",
+            "/payments",
+            "/orders/34/pay/x",
+        ] {
+            assert_eq!(Route::allowed_method(path), None, "{path}");
+        }
+        let req = |method: &str, path: &str| {
+            http::Request::builder()
+                .method(method)
+                .uri(path)
+                .body(Body::Empty)
+                .unwrap()
+        };
+        let err = no_route(&req("TRACE", "/vouchers"));
+        assert_eq!(err.code(), "method_not_allowed");
+        let res = err.into_response();
+        assert_eq!(res.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(res.headers()[http::header::ALLOW], "POST");
+        assert_eq!(no_route(&req("GET", "/nowhere")).code(), "not_found");
     }
 
     #[test]

@@ -98,6 +98,21 @@ async fn create_and_read_a_voucher() {
     // The database has the row, with all its stock (the drainer decrements it later).
     let v = b.db.voucher(id.parse().unwrap()).await.unwrap().unwrap();
     assert_eq!((v.stock, v.db_stock_left), (3, 3));
+
+    // An integer written with a zero fraction is that integer (JSON Schema's `integer`).
+    let body = json!({ "title": "t", "stock": 4.0, "begins_at": iso(0), "ends_at": iso(60_000), "buckets": 2.0 });
+    let (status, created) = call(
+        &app,
+        request(
+            "POST",
+            "/vouchers",
+            Some(&token("root", true)),
+            Some(&body.to_string()),
+            None,
+        ),
+    )
+    .await;
+    assert_eq!((status, &created["stock"]), (201, &json!(4)), "{created}");
     b.cleanup().await;
 }
 
@@ -119,6 +134,11 @@ async fn voucher_creation_refuses_bad_input_with_400() {
         json!({ "title": "t", "stock": 1, "begins_at": iso(-120_000), "ends_at": iso(-60_000) }).to_string(),
         json!({ "title": "t", "stock": 1, "begins_at": "tomorrow", "ends_at": iso(60_000) }).to_string(),
         format!("{{\"title\": \"{}\"}}", "x".repeat(20_000)),
+        // Present optional fields hold a value: `null` is not "absent".
+        json!({ "title": "t", "stock": 1, "begins_at": iso(0), "ends_at": iso(60_000), "buckets": null }).to_string(),
+        json!({ "title": "t", "stock": 1, "begins_at": iso(0), "ends_at": iso(60_000), "pay_within_s": null }).to_string(),
+        json!({ "title": "t", "stock": 1, "begins_at": iso(0), "ends_at": iso(60_000), "rebuy_after_close": null }).to_string(),
+        json!({ "title": "t", "stock": 9.3e18, "begins_at": iso(0), "ends_at": iso(60_000) }).to_string(),
     ];
     for body in bad_bodies {
         let res = call(
@@ -823,15 +843,20 @@ async fn unknown_vouchers_orders_and_routes_are_404_and_bad_ids_400() {
             "not_found",
         );
     }
-    assert_error(
-        call(
-            &app,
-            request("DELETE", "/vouchers/1", Some(&user), None, None),
-        )
-        .await,
-        404,
-        "not_found",
-    );
+    // A declared path asked with another method: 405 naming the one it takes.
+    for (method, path, allow) in [
+        ("DELETE", "/vouchers/1", "GET"),
+        ("TRACE", "/vouchers", "POST"),
+        ("GET", "/payments/webhook", "POST"),
+        ("PUT", "/orders/7/pay/", "POST"),
+    ] {
+        let req = request(method, path, Some(&user), None, None);
+        let res = seckill_http::handle(&app, req).await;
+        assert_eq!(res.headers()["allow"], allow, "{method} {path}");
+        let (status, body) = seckill_tests::harness::read(res);
+        seckill_tests::contract::contract().assert(None, status, &body);
+        assert_error((status, body), 405, "method_not_allowed");
+    }
     for bad in ["abc", "0", "-1", "1.5", "99999999999999999999", "%20"] {
         assert_error(
             call(

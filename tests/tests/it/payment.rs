@@ -1464,6 +1464,42 @@ async fn the_webhook_records_each_payment_once_and_refuses_what_it_cannot_apply(
             ),
             (404, "not_found"),
         ),
+        (
+            "a buyer no user id can be",
+            event(
+                "payment.succeeded",
+                dee,
+                "d\u{1}ee",
+                "pay_y",
+                TEST_PRICE_MINOR,
+                TEST_CURRENCY,
+            ),
+            (404, "not_found"),
+        ),
+        // Fields the ledger's columns could not hold: refused before any write (a
+        // failed write would be a 503 the provider resends forever).
+        (
+            "a four-letter currency",
+            event(
+                "payment.succeeded",
+                dee,
+                "dee",
+                "pay_y",
+                TEST_PRICE_MINOR,
+                "EURO",
+            ),
+            (400, "invalid_request"),
+        ),
+        (
+            "an event id of 129 characters",
+            with_field(&dee_pays, &["id"], json!("e".repeat(129))),
+            (400, "invalid_request"),
+        ),
+        (
+            "an amount with a fraction",
+            with_field(&dee_pays, &["data", "amount_minor"], json!(1999.5)),
+            (400, "invalid_request"),
+        ),
     ] {
         let res = deliver(&app, &body).await;
         assert_eq!(code(&res), want, "{what}: {}", res.1);
@@ -1472,7 +1508,10 @@ async fn the_webhook_records_each_payment_once_and_refuses_what_it_cannot_apply(
     assert_eq!(ledger("pay_x").await, None);
     assert_eq!(ledger("pay_y").await, None);
     assert_eq!(status(&get_order(&app, dee, "dee").await), (200, "pending"));
-    // And the real one pays.
+    // And the real one pays, its amount written as JSON Schema's integers may be.
+    let float_amount = f64::from(u32::try_from(TEST_PRICE_MINOR).unwrap());
+    let dee_pays = with_field(&dee_pays, &["data", "amount_minor"], json!(float_amount));
+    assert!(dee_pays.contains(".0"), "{dee_pays}");
     assert_eq!(outcome(&deliver(&app, &dee_pays).await), (200, "paid"));
     drain_until_settled(&ctx, v.id).await;
     let rows = status_counts(&ctx, v.id).await;
@@ -1497,4 +1536,15 @@ async fn without_a_secret_the_webhook_is_unavailable() {
     let res = seckill_tests::harness::deliver(&app, &body).await;
     assert_eq!(code(&res), (503, "unavailable"), "{}", res.1);
     ctx.cleanup().await;
+}
+
+/// `body` (a JSON object) with the field at `path` set to `value`.
+fn with_field(body: &str, path: &[&str], value: Value) -> String {
+    let mut v: Value = serde_json::from_str(body).expect("a JSON event");
+    let mut at = &mut v;
+    for key in path {
+        at = &mut at[*key];
+    }
+    *at = value;
+    v.to_string()
 }
