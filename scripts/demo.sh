@@ -30,7 +30,7 @@ step_explain() {
 
 The local stack is up. Its addresses are in .dev/stack.env:
 
-  seckill-http (function URL)   $SECKILL_HTTP_URL
+  seckill-http (API Gateway)    $SECKILL_HTTP_URL
   order-drainer (invoke URL)    $DRAINER_INVOKE_URL
   Redis (cluster mode)          $REDIS_URL
   MariaDB                       $MYSQL_URL

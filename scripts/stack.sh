@@ -24,7 +24,14 @@
 # Ports (override with these variables): Redis SECKILL_REDIS_PORT (16379; cluster: that
 # port and the 5 after it; every Redis port + 10000 is its cluster bus port and must be
 # free too), MariaDB SECKILL_MYSQL_PORT (13306), Data API SECKILL_DATA_API_PORT (18080),
-# cargo lambda watch SECKILL_LAMBDA_PORT (19000).
+# cargo lambda watch SECKILL_LAMBDA_PORT (19000), the local API Gateway
+# SECKILL_GATEWAY_PORT (19100).
+#
+# seckill-http is reached as in AWS, through an API Gateway: tools/api-gateway-local
+# matches the routes, builds the payload format 2.0 event (a body that is not text is
+# base64-encoded) and invokes the function through cargo lambda watch's Lambda Invoke
+# API. That is SECKILL_HTTP_URL; the watch's own function URL (which answers 500 itself
+# to a JSON-typed body that is not UTF-8) stays reachable as SECKILL_LAMBDA_URL.
 #
 # Other knobs:
 #   SECKILL_LAMBDA_RELOAD=1      let cargo lambda watch rebuild/restart the functions when
@@ -51,6 +58,7 @@ REDIS_PORT=${SECKILL_REDIS_PORT:-16379}
 MYSQL_PORT=${SECKILL_MYSQL_PORT:-13306}
 DATA_API_PORT=${SECKILL_DATA_API_PORT:-18080}
 LAMBDA_PORT=${SECKILL_LAMBDA_PORT:-19000}
+GATEWAY_PORT=${SECKILL_GATEWAY_PORT:-19100}
 LAMBDA_RELOAD=${SECKILL_LAMBDA_RELOAD:-0}
 LAMBDA_CONCURRENCY=${SECKILL_LAMBDA_CONCURRENCY:-1}
 LAMBDA_TIMEOUT=${SECKILL_LAMBDA_TIMEOUT:-}
@@ -88,7 +96,8 @@ DATA_API_SECRETS=$DEV_DIR/data-api-secrets
 EVENT_FIXTURE=$SECKILL_ROOT/tests/fixtures/eventbridge-scheduled.json
 
 BIN_DIR=${CARGO_TARGET_DIR:-$SECKILL_ROOT/target}/debug
-HTTP_URL=http://127.0.0.1:$LAMBDA_PORT/lambda-url/seckill-http
+HTTP_URL=http://127.0.0.1:$GATEWAY_PORT
+LAMBDA_URL=http://127.0.0.1:$LAMBDA_PORT/lambda-url/seckill-http
 INVOKE_URL=http://127.0.0.1:$LAMBDA_PORT/2015-03-31/functions/order-drainer/invocations
 REDIS_URL=redis://127.0.0.1:$REDIS_PORT
 MYSQL_URL=mysql://seckill:seckill@127.0.0.1:$MYSQL_PORT/$DB_NAME
@@ -148,6 +157,7 @@ svc_port() {
     mysql) echo "$MYSQL_PORT" ;;
     data-api) echo "$DATA_API_PORT" ;;
     lambda) echo "$LAMBDA_PORT" ;;
+    gateway) echo "$GATEWAY_PORT" ;;
     esac
 }
 svc_port_var() {
@@ -156,6 +166,7 @@ svc_port_var() {
     mysql) echo SECKILL_MYSQL_PORT ;;
     data-api) echo SECKILL_DATA_API_PORT ;;
     lambda) echo SECKILL_LAMBDA_PORT ;;
+    gateway) echo SECKILL_GATEWAY_PORT ;;
     esac
 }
 # A word the process's command line must contain for a pid file to be believed.
@@ -165,6 +176,7 @@ svc_signature() {
     mysql) echo mariadbd ;;
     data-api) echo data-api-local ;;
     lambda) echo cargo-lambda ;;
+    gateway) echo api-gateway-local ;;
     esac
 }
 svc_log() {
@@ -976,14 +988,36 @@ up_lambda() {
             --env-file "$FUNCTIONS_ENV" --concurrency "$LAMBDA_CONCURRENCY" "${args[@]}"
         wait_port lambda 60
     fi
-    warm seckill-http GET "$HTTP_URL/vouchers/1"
+    warm seckill-http GET "$LAMBDA_URL/vouchers/1"
     warm order-drainer POST "$INVOKE_URL" "$EVENT_FIXTURE"
+}
+
+# ------------------------------------------------------------------------- gateway
+up_gateway() {
+    local bin=$BIN_DIR/api-gateway-local stamp code
+    [[ -x $bin ]] || die "$bin is missing: the workspace build did not produce it"
+    # A restarted watch restarts the gateway too: no pooled connection to the old one.
+    stamp="$(file_stamp "$bin") lambda=$LAMBDA_PORT pid=$(svc_pid lambda)"
+    if running_ok gateway "$stamp"; then
+        ok "gateway   already running (pid $(svc_pid gateway), port $GATEWAY_PORT)"
+    else
+        check_port_free gateway
+        log "starting api-gateway-local on 127.0.0.1:$GATEWAY_PORT"
+        start_bg gateway "$stamp" env RUST_LOG="${RUST_LOG:-warn}" "$bin" \
+            --listen "127.0.0.1:$GATEWAY_PORT" \
+            --lambda "http://127.0.0.1:$LAMBDA_PORT" --function seckill-http
+        wait_port gateway 30 "api-gateway-local must listen on --listen (tools/api-gateway-local)"
+    fi
+    code=$(curl -sS -o /dev/null -w '%{http_code}' --max-time 60 "$HTTP_URL/vouchers/1" 2>&1 || true)
+    [[ $code == [24]?? ]] || fail gateway "seckill-http through the gateway answered GET /vouchers/1 with '$code'"
+    ok "gateway   $HTTP_URL (seckill-http as API Gateway invokes it)"
 }
 
 write_stack_env() {
     local tmp=$STACK_ENV.tmp
     cat >"$tmp" <<EOF
 SECKILL_HTTP_URL=$HTTP_URL
+SECKILL_LAMBDA_URL=$LAMBDA_URL
 DRAINER_INVOKE_URL=$INVOKE_URL
 REDIS_URL=$REDIS_URL
 MYSQL_URL=$MYSQL_URL
@@ -1057,6 +1091,7 @@ cmd_up() {
     up_data_api
     migrate
     up_lambda "$restart"
+    up_gateway
     write_stack_env
     ok "stack up in $(elapsed_since "$t0"); contract file: .dev/stack.env"
     cmd_status
@@ -1073,7 +1108,7 @@ cmd_down() {
     [[ -d $DEV_DIR ]] || { ok "stack is down (no .dev/)"; return 0; }
     lock_stack
     rm -f "$STACK_ENV"
-    for s in lambda data-api mysql; do stop_service "$s"; done
+    for s in gateway lambda data-api mysql; do stop_service "$s"; done
     # Every Redis node with a pid file, also of a topology no longer selected.
     stop_redis_all
     rm -f "$MYSQL_SOCK" "$MYSQL_SOCK.lock"
@@ -1106,7 +1141,7 @@ cmd_status() {
         [[ -n $(svc_pid "$s") ]] && names+=("$s")
     done
     ((${#names[@]})) || mapfile -t names < <(redis_services)
-    for s in "${names[@]}" mysql data-api lambda; do
+    for s in "${names[@]}" mysql data-api lambda gateway; do
         pid=$(svc_pid "$s")
         port=$(cat "$PID_DIR/$s.port" 2>/dev/null || svc_port "$s")
         note=''

@@ -1,5 +1,5 @@
-//! The running stack's seckill-http over real HTTP (`SECKILL_HTTP_URL`, served by
-//! `cargo lambda watch`), as a client calls it: tokens signed with the stack's dev
+//! The running stack's seckill-http over real HTTP (`SECKILL_HTTP_URL`: the local API
+//! Gateway in front of `cargo lambda watch`), as a client calls it: tokens signed with the stack's dev
 //! secret, every answer JSON and checked against the contract (`docs/openapi.yaml`).
 
 use std::time::Duration;
@@ -32,6 +32,11 @@ impl Api {
             env,
             http: Client::new(),
         }
+    }
+
+    /// The base URL every path is appended to (`SECKILL_HTTP_URL`).
+    pub fn base(&self) -> &str {
+        &self.base
     }
 
     /// A token for `sub`, valid for ten minutes, with the admin scope if asked.

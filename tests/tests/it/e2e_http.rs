@@ -1,5 +1,5 @@
-//! The admission function over real HTTP, as served by `cargo lambda watch` in the local
-//! stack (`SECKILL_HTTP_URL`), against the stack's Redis (cluster mode), MariaDB and Data
+//! The admission function over real HTTP, as API Gateway invokes it in the local stack
+//! (`SECKILL_HTTP_URL`: tools/api-gateway-local in front of `cargo lambda watch`), against the stack's Redis (cluster mode), MariaDB and Data
 //! API server: create a voucher, buy, buy again, sell out, read the order's status.
 
 use reqwest::StatusCode;
@@ -517,4 +517,77 @@ async fn seckill_pay_pays_replays_and_pays_late_over_http() {
         "{}",
         seckill_cli::ops::reconcile::render(&report)
     );
+}
+
+/// What API Gateway does before the function, and the function's answer to it: a body
+/// that is not text reaches the function base64-encoded (the emulator's own function URL
+/// answers such a JSON-typed body `500` itself) and is refused as the bad input it is; a
+/// declared path asked with another method is `405` naming the method it takes.
+#[tokio::test]
+async fn bytes_that_are_not_text_and_undeclared_methods_get_the_functions_answer() {
+    let api = Api::new();
+    let not_utf8: &[u8] = b"\xff\xfe{\"title\": \"\xc3\x28\"}";
+    let admin = api.token("ops", true);
+    let secret = api.env.get("SECKILL_PAYMENT_WEBHOOK_SECRET");
+    // Signed over these very bytes, as a provider would: the signature holds, the body
+    // is no event.
+    let sig = seckill_shared::webhook::header(&[secret.as_bytes()], now_millis() / 1000, not_utf8);
+    for (path, content_type, auth, sig, want) in [
+        ("/vouchers", "application/json", Some(&admin), None, 400),
+        (
+            "/vouchers",
+            "application/octet-stream",
+            Some(&admin),
+            None,
+            400,
+        ),
+        (
+            "/payments/webhook",
+            "application/json",
+            None,
+            Some(&sig),
+            400,
+        ),
+        ("/payments/webhook", "application/json", None, None, 401),
+    ] {
+        let mut req = api
+            .http
+            .post(format!("{}{path}", api.base()))
+            .header("content-type", content_type)
+            .body(not_utf8.to_vec());
+        if let Some(t) = auth {
+            req = req.bearer_auth(t);
+        }
+        if let Some(s) = sig {
+            req = req.header(seckill_shared::webhook::SIGNATURE_HEADER, s.as_str());
+        }
+        let res = req.send().await.expect("the gateway answers");
+        let status = res.status().as_u16();
+        let body: serde_json::Value = res.json().await.expect("a JSON answer");
+        assert_eq!(status, want, "{path} {content_type}: {body}");
+        let code = if want == 400 {
+            "invalid_request"
+        } else {
+            "unauthorized"
+        };
+        assert_eq!(body["code"], code, "{path}: {body}");
+        let route = seckill_tests::contract::route_key("POST", path);
+        seckill_tests::contract::contract().assert(route, status, &body);
+    }
+    for (method, path, allow) in [
+        ("TRACE", "/vouchers", "POST"),
+        ("DELETE", "/orders/1", "GET"),
+    ] {
+        let res = api
+            .http
+            .request(method.parse().unwrap(), format!("{}{path}", api.base()))
+            .send()
+            .await
+            .expect("the gateway answers");
+        assert_eq!(res.status().as_u16(), 405, "{method} {path}");
+        assert_eq!(res.headers()["allow"], allow);
+        let body: serde_json::Value = res.json().await.unwrap();
+        assert_eq!(body["code"], "method_not_allowed", "{body}");
+        seckill_tests::contract::contract().assert(None, 405, &body);
+    }
 }
