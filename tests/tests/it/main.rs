@@ -16,6 +16,7 @@ mod app_user;
 mod buckets;
 mod cluster_topology;
 mod contract;
+mod contract_fuzz;
 mod data_api;
 mod drainer_crash;
 mod drainer_e2e;
