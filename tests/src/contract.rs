@@ -228,6 +228,26 @@ impl Contract {
         })
     }
 
+    /// Checks `value` against the schema at `pointer` in the document (for example
+    /// `/components/schemas/NewVoucher`): the errors, if any.
+    pub fn validate_at(&self, pointer: &str, value: &Value) -> Result<(), String> {
+        let schema = self
+            .doc
+            .pointer(pointer)
+            .ok_or_else(|| format!("the contract has nothing at {pointer}"))?
+            .clone();
+        let validator = self.validator(pointer, &schema)?;
+        let errors: Vec<String> = validator
+            .iter_errors(value)
+            .map(|e| format!("{} at {}", e, e.instance_path()))
+            .collect();
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{pointer}: {}; value: {value}", errors.join("; ")))
+        }
+    }
+
     fn validator(&self, key: &str, schema: &Value) -> Result<Arc<jsonschema::Validator>, String> {
         let mut cache = self.validators.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(v) = cache.get(key) {
