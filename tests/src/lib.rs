@@ -11,6 +11,7 @@ pub mod contract;
 pub mod drainer;
 pub mod harness;
 pub mod mysql;
+pub mod pinned;
 pub mod redis;
 pub mod stack;
 

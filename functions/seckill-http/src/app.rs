@@ -1,6 +1,7 @@
 //! The function's state, built once per cold start and shared by every request.
 
 use seckill_shared::adapters::data_api::DataApi;
+use seckill_shared::adapters::rate::Limit;
 use seckill_shared::adapters::redis::{OrderIds, RedisConn, RedisSales};
 use seckill_shared::config::RedisConfig;
 use seckill_shared::error::StoreError;
@@ -10,6 +11,10 @@ use crate::cache::VoucherCache;
 use crate::config::Config;
 use crate::limiter::{RateLimiter, Source};
 use crate::payment::WebhookSecrets;
+
+/// Voucher creations one admin may make per second through one instance, and the burst.
+pub const ADMIN_RATE_PER_SEC: u32 = 100;
+pub const ADMIN_RATE_BURST: u32 = 200;
 
 /// Clients and per-instance memory.
 pub struct App {
@@ -21,8 +26,13 @@ pub struct App {
     pub(crate) ids: OrderIds,
     pub(crate) cache: VoucherCache,
     pub(crate) dev_secret: Option<Vec<u8>>,
-    /// Admissions per user.
+    /// Requests per user on every authenticated route, in this instance.
     pub(crate) limiter: RateLimiter,
+    /// Voucher creations per admin, in this instance: [`ADMIN_RATE_PER_SEC`], high enough
+    /// for a shop setting up thousands of small sales by script, a limit all the same.
+    pub(crate) admin_limiter: RateLimiter,
+    /// Reads of orders per user, across every instance (Redis).
+    pub(crate) read_limit: Limit,
     /// Anonymous reads per source address.
     pub(crate) source_limiter: RateLimiter<Source>,
     /// The payment webhook's signing secrets.
@@ -42,6 +52,11 @@ impl App {
             dev_secret: cfg.dev_jwt_secret.as_ref().map(|s| s.as_bytes().to_vec()),
             limiter: RateLimiter::new(cfg.user_rate_per_sec, cfg.user_rate_burst),
             source_limiter: RateLimiter::new(cfg.source_rate_per_sec, cfg.source_rate_burst),
+            admin_limiter: RateLimiter::new(ADMIN_RATE_PER_SEC, ADMIN_RATE_BURST),
+            read_limit: Limit {
+                per_sec: cfg.read_rate_per_sec,
+                burst: cfg.read_rate_burst,
+            },
             webhook: WebhookSecrets::new(cfg.webhook.clone()),
         };
         if let Err(err) = app.sales().await {

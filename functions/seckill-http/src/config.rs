@@ -17,6 +17,8 @@ const OWN_ENV_VARS: &[&str] = &[
     "SECKILL_USER_RATE_BURST",
     "SECKILL_SOURCE_RATE_PER_SEC",
     "SECKILL_SOURCE_RATE_BURST",
+    "SECKILL_USER_READ_RATE_PER_SEC",
+    "SECKILL_USER_READ_RATE_BURST",
     "PAYMENT_WEBHOOK_SECRET_ARN",
     "PAYMENT_WEBHOOK_SECRETS",
     "SECRETS_MANAGER_URL",
@@ -46,6 +48,10 @@ pub struct Config {
     /// /64) may send through one instance (0: no limit), and the burst above that rate.
     pub source_rate_per_sec: u32,
     pub source_rate_burst: u32,
+    /// Reads of orders per user and second across all instances (Redis-backed), and the
+    /// burst above it; 0: no limit.
+    pub read_rate_per_sec: u32,
+    pub read_rate_burst: u32,
     /// Running inside AWS Lambda or an emulator of it (`AWS_LAMBDA_FUNCTION_NAME` set).
     pub in_lambda: bool,
     /// The payment webhook's signing secrets: a Secrets Manager secret
@@ -113,6 +119,8 @@ impl Config {
             user_rate_burst: env.parse_or("SECKILL_USER_RATE_BURST", 10),
             source_rate_per_sec: env.parse_or("SECKILL_SOURCE_RATE_PER_SEC", 50),
             source_rate_burst: env.parse_or("SECKILL_SOURCE_RATE_BURST", 100),
+            read_rate_per_sec: env.parse_or("SECKILL_USER_READ_RATE_PER_SEC", 10),
+            read_rate_burst: env.parse_or("SECKILL_USER_READ_RATE_BURST", 20),
             in_lambda,
             webhook,
         };

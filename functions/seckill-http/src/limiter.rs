@@ -12,8 +12,9 @@
 //!
 //! API Gateway's stage and route throttling (template.yaml) is the global limit; these
 //! are per caller. Memory is bounded: past a cap, buckets that are full again (idle
-//! callers) are forgotten, and if that frees nothing every bucket is (a flood of
-//! distinct callers then gets one fresh burst each, never unbounded memory).
+//! callers) are forgotten, and if that frees nothing, the tenth of the callers seen
+//! longest ago: never all, so a caller hammering its limit stays limited however many
+//! new callers a flood brings.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -68,7 +69,7 @@ impl<K: Hash + Eq + Clone> RateLimiter<K> {
                 b.tokens + now.saturating_sub(b.at).max(0) as f64 / 1000.0 * per_sec < burst
             });
             if buckets.len() >= self.cap {
-                buckets.clear();
+                forget_longest_idle(&mut buckets, self.cap / 10 + 1);
             }
         }
         let b = buckets.entry(key.clone()).or_insert(Bucket {
@@ -90,6 +91,30 @@ impl<K: Hash + Eq + Clone> RateLimiter<K> {
     pub fn tracked(&self) -> usize {
         self.buckets.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
+}
+
+/// Forgets the `n` callers seen longest ago. A caller hammering the limit is always among
+/// the most recent, so it keeps its empty bucket however many others come and go (a
+/// flood of new callers never hands it a fresh burst).
+fn forget_longest_idle<K: Hash + Eq>(buckets: &mut HashMap<K, Bucket>, n: usize) {
+    if n >= buckets.len() {
+        buckets.clear();
+        return;
+    }
+    let mut seen: Vec<UnixMillis> = buckets.values().map(|b| b.at).collect();
+    let cutoff = *seen.select_nth_unstable(n - 1).1;
+    // All seen before the cutoff instant, and as many seen at it as make `n`.
+    let mut at_cutoff = n - seen.iter().filter(|&&t| t < cutoff).count();
+    buckets.retain(|_, b| {
+        if b.at < cutoff {
+            return false;
+        }
+        if b.at == cutoff && at_cutoff > 0 {
+            at_cutoff -= 1;
+            return false;
+        }
+        true
+    });
 }
 
 /// The caller an anonymous request is counted against: its IPv4 address, or the /64
@@ -155,6 +180,30 @@ mod tests {
         assert!(l.allow(&200, 5_000), "the cap frees the refilled buckets");
         assert!(!l.allow(&100, 5_000), "and keeps the one still draining");
         assert_eq!(l.tracked(), 2);
+    }
+
+    #[test]
+    fn a_flood_of_new_callers_never_refills_a_hammering_one() {
+        // Every caller spends its burst (nobody idle), and one keeps hammering.
+        let l = RateLimiter::<u64>::with_cap(1, 2, 1_000);
+        let hammer = u64::MAX;
+        let mut now = 0;
+        assert!(l.allow(&hammer, now) && l.allow(&hammer, now));
+        for caller in 0..20_000u64 {
+            now += 1;
+            assert!(l.allow(&caller, now));
+            assert!(l.allow(&caller, now));
+            // 20 s pass in all, 1 token/s: the hammerer earns a token about each second
+            // and spends it at once; it never gets a burst back.
+            if caller % 50 == 0 {
+                assert!(
+                    !(l.allow(&hammer, now) && l.allow(&hammer, now)),
+                    "at {now} ms"
+                );
+            }
+            assert!(l.tracked() <= 1_000);
+        }
+        assert!(l.tracked() > 800, "only the longest idle are forgotten");
     }
 
     #[test]

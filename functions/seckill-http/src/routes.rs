@@ -8,6 +8,7 @@ use http::{Method, StatusCode};
 use lambda_http::aws_lambda_events::query_map::QueryMap;
 use lambda_http::request::RequestContext;
 use lambda_http::{Body, Request, RequestExt, Response};
+use seckill_shared::adapters::rate;
 use seckill_shared::adapters::redis::RedisSales;
 use seckill_shared::adapters::transfers;
 use seckill_shared::domain::{
@@ -177,7 +178,10 @@ impl Route<'_> {
 pub async fn handle(app: &App, req: Request) -> Response<Body> {
     let route = Route::of(&req);
     let result = match &route {
-        Some(route) => dispatch(app, &req, route).await,
+        // Boxed: the handlers' state machines together are large, and a caller that
+        // polls this future on its own stack (a test's runtime, debug builds) must not
+        // carry them there.
+        Some(route) => Box::pin(dispatch(app, &req, route)).await,
         None => Err(no_route(&req)),
     };
     let (res, outcome, refusal) = match result {
@@ -266,12 +270,16 @@ async fn dispatch(app: &App, req: &Request, route: &Route<'_>) -> Result<Respons
             seckill(app, &caller, now, id.parse()?).await
         }
         Route::GetOrder(id) => {
-            let (caller, _) = who()?;
-            get_order(app, &caller, id.parse()?).await
+            let (caller, now) = who()?;
+            let id = id.parse()?;
+            limit_reads(app, &caller, now).await?;
+            get_order(app, &caller, id).await
         }
         Route::BuyerOrder(id) => {
-            let (caller, _) = who()?;
-            buyer_order(app, &caller, id.parse()?).await
+            let (caller, now) = who()?;
+            let id = id.parse()?;
+            limit_reads(app, &caller, now).await?;
+            buyer_order(app, &caller, id).await
         }
         Route::PayOrder(id) => {
             let (caller, now) = who()?;
@@ -283,6 +291,30 @@ async fn dispatch(app: &App, req: &Request, route: &Route<'_>) -> Result<Respons
         }
         // No token: the provider signs its events (checked before anything is read).
         Route::PaymentWebhook => payment::webhook(app, req, now_millis()).await,
+    }
+}
+
+/// A read of orders costs the database several queries: held per user in this instance
+/// (as every authenticated route is), then across every instance (`lua/rate.lua`, one
+/// Redis call), so warm instances do not multiply what one user may read. When Redis
+/// cannot answer, the instance's own limit stands alone (the read goes on).
+async fn limit_reads(app: &App, caller: &Identity, now: UnixMillis) -> Result<(), ApiError> {
+    if !app.limiter.allow(&caller.user, now) {
+        return Err(ApiError::RateLimited);
+    }
+    let allowed = match app.sales().await {
+        Ok(sales) => {
+            rate::allow(&sales.conn(), "reads", caller.user.as_str(), app.read_limit).await
+        }
+        Err(e) => Err(e),
+    };
+    match allowed {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(ApiError::RateLimited),
+        Err(error) => {
+            tracing::warn!(%error, "shared rate limit unavailable; this instance's limit stands");
+            Ok(())
+        }
     }
 }
 
@@ -338,6 +370,9 @@ async fn create_voucher(
     now: UnixMillis,
 ) -> Result<Response<Body>, ApiError> {
     require_admin(caller)?;
+    if !app.admin_limiter.allow(&caller.user, now) {
+        return Err(ApiError::RateLimited);
+    }
     let body = req.body().as_ref();
     if body.len() > MAX_BODY_BYTES {
         return Err(ApiError::InvalidRequest(format!(
@@ -403,6 +438,10 @@ async fn get_voucher(app: &App, req: &Request, id: VoucherId) -> Result<Response
     let sales = app.sales().await?;
     let stock_left = match sales.stock_left_all(&voucher).await? {
         Some(left) => left,
+        // A sale that has ended (retired from Redis after its retention, or lost) sells
+        // nothing more: the database's count is its answer. An anonymous read never
+        // reloads a past sale (that would read all its orders, for anyone who asks).
+        None if now >= voucher.window.ends_ms() => voucher.db_stock_left,
         None => {
             repair(app, id, now).await?;
             sales

@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use seckill_tests::api::Api;
+use seckill_tests::pinned;
 use seckill_tests::stack::{StackEnv, workspace_root};
 
 /// Examples per operation and phase: enough to meet every rule the document states
@@ -26,34 +27,14 @@ use seckill_tests::stack::{StackEnv, workspace_root};
 const MAX_EXAMPLES: u32 = 40;
 const SEED: u64 = 20_261_127;
 
-/// The schemathesis `scripts/setup.sh` installs, at the version it pins.
-fn schemathesis() -> PathBuf {
-    if let Some(path) = std::env::var_os("SECKILL_SCHEMATHESIS") {
-        return PathBuf::from(path);
-    }
-    let setup = std::fs::read_to_string(workspace_root().join("scripts/setup.sh"))
-        .expect("scripts/setup.sh");
-    let version = setup
-        .lines()
-        .find_map(|l| l.strip_prefix("SCHEMATHESIS_VERSION="))
-        .expect("scripts/setup.sh pins SCHEMATHESIS_VERSION")
-        .trim()
-        .to_string();
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .expect("HOME or XDG_CACHE_HOME");
-    cache.join(format!("seckill/schemathesis-{version}/bin/st"))
-}
-
 /// One schemathesis run with `token`; panics with its report unless it found nothing.
 fn run(who: &str, token: &str) {
     let stack = StackEnv::load();
-    let st = schemathesis();
-    assert!(
-        st.exists(),
-        "{} is missing: run scripts/setup.sh (it installs the pinned schemathesis)",
-        st.display()
+    let st = pinned::tool(
+        "schemathesis",
+        "SCHEMATHESIS_VERSION",
+        "st",
+        "SECKILL_SCHEMATHESIS",
     );
     let root = workspace_root();
     let report = std::env::temp_dir().join(format!("seckill-schemathesis-{who}"));

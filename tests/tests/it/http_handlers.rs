@@ -1132,6 +1132,90 @@ async fn anonymous_reads_are_rate_limited_per_source_address() {
     b.cleanup().await;
 }
 
+/// Reads of orders cost several database queries, so a user's limit on them holds
+/// across instances: two instances (two `App`s on one Redis) share one budget, where a
+/// per-instance limit would have given each the whole of it. Other users keep theirs; the
+/// budget refills; each read costs one Redis call for it (counted on the server).
+#[tokio::test]
+async fn reads_of_orders_are_limited_per_user_across_instances() {
+    let b = Backends::start().await;
+    let mut cfg = b.http_config();
+    cfg.read_rate_per_sec = 2;
+    cfg.read_rate_burst = 4;
+    let (one, two) = (App::new(&cfg).await, App::new(&cfg).await);
+    let id = create(&one, 10, -1_000, 3_600_000).await;
+    let (status, order) = buy(&one, &id, "reader").await;
+    assert_eq!(status, 202, "{order}");
+    let order_id = order["order_id"].as_str().unwrap().to_string();
+    let reader = token("reader", false);
+    let get = |app: &'static App, path: String| {
+        let reader = reader.clone();
+        async move {
+            call(app, request("GET", &path, Some(&reader), None, None))
+                .await
+                .0
+        }
+    };
+    let (one, two): (&'static App, &'static App) =
+        (Box::leak(Box::new(one)), Box::leak(Box::new(two)));
+    let order_path = format!("/orders/{order_id}");
+    let mine = format!("/vouchers/{id}/order");
+    let before = eval_calls(&b.redis);
+    // The burst of 4, split over both instances and both read routes.
+    assert_eq!(get(one, order_path.clone()).await, 200);
+    assert_eq!(get(two, mine.clone()).await, 200);
+    assert_eq!(get(two, order_path.clone()).await, 200);
+    assert_eq!(get(one, mine.clone()).await, 200);
+    assert_eq!(eval_calls(&b.redis) - before, 4, "one script call per read");
+    // Spent, on either instance.
+    for app in [one, two] {
+        assert_error(
+            call(app, request("GET", &order_path, Some(&reader), None, None)).await,
+            429,
+            "rate_limited",
+        );
+    }
+    // Another user is not affected.
+    let other = token("other", false);
+    assert_eq!(
+        call(two, request("GET", &mine, Some(&other), None, None))
+            .await
+            .0,
+        404
+    );
+    // Two a second: one more after 600 ms.
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    assert_eq!(get(two, order_path.clone()).await, 200);
+    b.cleanup().await;
+}
+
+/// Script calls (`EVALSHA` and `EVAL`) every node of `redis` has run so far, without
+/// those refused for a script it did not have yet.
+fn eval_calls(redis: &seckill_tests::redis::RedisServer) -> u64 {
+    // `cmdstat_evalsha:calls=5,usec=..,rejected_calls=0,failed_calls=1`
+    let field = |line: &str, name: &str| -> u64 {
+        line.split([':', ','])
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    redis
+        .nodes()
+        .iter()
+        .map(|n| {
+            let info: String = redis
+                .query(n.port, redis::cmd("INFO").arg("commandstats"))
+                .unwrap();
+            // Calls that ran: the first call of a script the server does not have yet
+            // fails (NOSCRIPT) and is sent again, loaded.
+            info.lines()
+                .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+                .map(|l| field(l, "calls") - field(l, "failed_calls"))
+                .sum::<u64>()
+        })
+        .sum()
+}
+
 /// `GET path` without a token from source address `ip`.
 fn anonymous_get(path: &str, ip: &str) -> lambda_http::Request {
     let mut e = seckill_tests::harness::fixture_event();

@@ -250,6 +250,45 @@ async fn a_lost_sale_hash_alone_never_reopens_more_than_the_database_stock_minus
     ctx.cleanup().await;
 }
 
+/// A sale that has ended and left Redis (retired after its retention, or lost) is read
+/// from the database alone: an anonymous `GET /vouchers/{id}` answers its stock and never
+/// starts a repair (which would read all its orders for anyone who asks, past sale after
+/// past sale, their ids being sequential).
+#[tokio::test]
+async fn reading_a_sale_that_ended_and_left_redis_never_repairs_it() {
+    let ctx = DrainCtx::start().await;
+    let v = ctx
+        .voucher_at(5, seckill_shared::domain::now_millis() - 3_601_000)
+        .await;
+    lose(&ctx, v.id, &["sale", "buyers", "orders"]).await;
+    let app = App::new(&http_config(&ctx)).await;
+    for _ in 0..3 {
+        let (status, body) = call(
+            &app,
+            request("GET", &format!("/vouchers/{}", v.id), None, None, None),
+        )
+        .await;
+        assert_eq!(
+            (status, body["stock_left"].as_i64()),
+            (200, Some(v.db_stock_left)),
+            "{body}"
+        );
+    }
+    assert_eq!(
+        ctx.sales.stock_left(v.id).await.unwrap(),
+        None,
+        "not reopened"
+    );
+    let k = VoucherKeys::new(v.id);
+    let exists: i64 = ctx
+        .conn()
+        .exists(&[k.sale.as_str(), k.buyers.as_str()])
+        .await
+        .unwrap();
+    assert_eq!(exists, 0, "nothing written back");
+    ctx.cleanup().await;
+}
+
 /// Redis loses everything (FLUSHALL: sale, buyers, stream, the active set, the order-id
 /// leases): the drained buyers come back from the database, the stock is the database's,
 /// and orders bought afterwards (whose ids' lease records are gone too) are found by

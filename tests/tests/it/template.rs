@@ -1,6 +1,9 @@
 //! The SAM template (`template.yaml`) checked offline, without an AWS account:
 //!
-//! - `cfn-lint` finds no errors in it;
+//! - `cfn-lint` finds no errors in it, and checkov (a scanner nobody here wrote) no
+//!   failed check: each check it would fail is fixed or skipped inline with a reason;
+//! - seckill-http's reserved concurrency covers the stage's rate at ten times an
+//!   admission's time, so a burst of slow requests cannot take the account's whole pool;
 //! - the routes of the HTTP API are exactly `seckill_http::routes::ROUTES`, the protected
 //!   ones behind the JWT authorizer, the public one explicitly without;
 //! - the drainer's timing is consistent: XAUTOCLAIM min-idle > its timeout > its max run,
@@ -440,6 +443,96 @@ fn cfn_lint_finds_no_errors() {
         "cfn-lint is not installed; install it with `python3 -m pip install cfn-lint` \
          (scripts/setup.sh does) so template.yaml can be checked"
     );
+}
+
+// ------------------------------------------------------------------------------ checkov
+
+/// checkov (pinned by `scripts/setup.sh`) on template.yaml, offline: no failed check. A
+/// check that does not apply is skipped in the template itself, on its resource, with a
+/// one-line reason (`Metadata.checkov.skip[].comment`), so a new finding fails here.
+#[test]
+fn checkov_finds_nothing_that_is_not_skipped_with_a_reason() {
+    let checkov =
+        seckill_tests::pinned::tool("checkov", "CHECKOV_VERSION", "checkov", "SECKILL_CHECKOV");
+    let out = Command::new(&checkov)
+        .args(["-f", "template.yaml", "--framework", "cloudformation"])
+        .args(["--skip-download", "--output", "json"])
+        .current_dir(workspace_root())
+        .env("BC_SKIP_MAPPING", "TRUE")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", checkov.display()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!(
+            "checkov printed no JSON report ({e}):\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let failed: Vec<String> = report["results"]["failed_checks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| format!("{} {} on {}", c["check_id"], c["check_name"], c["resource"]))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "checkov fails template.yaml:\n{}",
+        failed.join("\n")
+    );
+    let summary = &report["summary"];
+    assert_eq!(summary["parsing_errors"], 0, "{summary}");
+    assert!(summary["passed"].as_u64().unwrap_or(0) >= 40, "{summary}");
+    // Every skip says why.
+    let t = template();
+    let mut skips = 0;
+    for (name, r) in resources(&t) {
+        let Some(list) = get(r, "Metadata")
+            .and_then(|m| get(m, "checkov"))
+            .and_then(|c| get(c, "skip"))
+        else {
+            continue;
+        };
+        for skip in list.as_sequence().expect("a list of skips") {
+            let comment = get(skip, "comment").map(str_of).unwrap_or_default();
+            assert!(
+                comment.len() > 20,
+                "{name:?}: the skip of {skip:?} gives no reason"
+            );
+            skips += 1;
+        }
+    }
+    assert_eq!(summary["skipped"].as_u64(), Some(skips), "{summary}");
+}
+
+/// seckill-http may use at most (and always has) `HttpReservedConcurrency` instances:
+/// enough for the stage's rate at 50 ms a request (ten times an admission), with room.
+#[test]
+fn seckill_http_has_reserved_concurrency_sized_from_the_stage_rate() {
+    let t = template();
+    let (_, f) = function_for_binary(&t, "seckill-http");
+    let reserved = function_property(&t, f, "ReservedConcurrentExecutions")
+        .expect("seckill-http has ReservedConcurrentExecutions");
+    assert_eq!(
+        intrinsic(reserved).map(|(f, arg)| (f, str_of(arg).to_string())),
+        Some(("Ref".to_string(), "HttpReservedConcurrency".to_string())),
+        "{reserved:?}"
+    );
+    let default = |name: &str| {
+        at(&t, &["Parameters", name, "Default"])
+            .as_u64()
+            .unwrap_or_else(|| panic!("{name} has a numeric default"))
+    };
+    let (reserved, rate) = (
+        default("HttpReservedConcurrency"),
+        default("ThrottleRateLimit"),
+    );
+    // Little's law: instances busy = rate x time per request.
+    assert!(
+        reserved * 1000 >= rate * 50,
+        "{reserved} instances cannot serve {rate}/s at 50 ms"
+    );
+    // And well below an account's default pool of 1,000.
+    assert!(reserved <= 500, "{reserved}");
 }
 
 // ------------------------------------------------------------------------------ routes
