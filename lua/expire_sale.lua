@@ -9,7 +9,7 @@
 -- KEYS[7] deadlines     seckill:{<voucher>}:deadlines
 -- KEYS[8] closed orders seckill:{<voucher>}:closed
 -- KEYS[9] to settle     seckill:{<voucher>}:to_settle
--- KEYS[10] transfers    seckill:{<voucher>}:transfers (bucketed vouchers, issue #16)
+-- KEYS[10] transfers    seckill:{<voucher>}:transfers (bucketed vouchers)
 -- KEYS[11] received     seckill:{<voucher>}:received
 -- ARGV[1] consumer group, ARGV[2] retention (ms; 0: the keys are kept, only the check
 -- is made)

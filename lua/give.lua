@@ -1,5 +1,5 @@
 -- Give: the first half of moving units between two stock buckets of one voucher
--- (issue #16, docs/design.md "Stock buckets"). Runs on the donor bucket.
+-- (docs/design.md "Stock buckets"). Runs on the donor bucket.
 --
 -- KEYS[1] sale hash  seckill:{<voucher>}:sale       (of the donor bucket)
 -- KEYS[2] transfers  seckill:{<voucher>}:transfers  (of the donor bucket)

@@ -15,7 +15,7 @@
 --         read (their buyers are already in the buyers hash: the caller merged them)
 -- ARGV[7] the payment window in ms ('' when the voucher has no payment step),
 -- ARGV[8] '1' when a buyer whose order was cancelled or expired may buy again
--- ARGV[9] the voucher's stock buckets (issue #16). Every key above is one bucket's (a
+-- ARGV[9] the voucher's stock buckets. Every key above is one bucket's (a
 --         voucher of one bucket is its bucket 0); ARGV[1] and ARGV[6] are then that
 --         bucket's share and its settled orders. With more than one bucket the sale hash
 --         also records `buckets` (an instance that never saw the voucher learns from

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What one admission costs the Redis server (issue #16, part 1): our admission script
+# What one admission costs the Redis server: our admission script
 # against the tutorial's script + its INCR and a no-op EVALSHA, on a Redis of its own.
 #
 #   scripts/script-cost.sh                  5 rounds of 200,000 calls per variant

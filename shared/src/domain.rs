@@ -69,7 +69,7 @@ impl fmt::Display for VoucherId {
     }
 }
 
-/// The most stock buckets one voucher may have (issue #16; see [`Bucket`]).
+/// The most stock buckets one voucher may have (see [`Bucket`]).
 pub const MAX_BUCKETS: u16 = 16;
 
 /// Admissions per second one bucket is planned for when an admin gives an expected peak

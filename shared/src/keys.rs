@@ -2,7 +2,7 @@
 //!
 //! Invariant 4 (cluster safety) lives here: every key of one voucher carries the hash tag
 //! `{<voucher id>}`, so the admission script, which receives all of them in `KEYS`, runs
-//! on a single cluster slot. A voucher with stock buckets (issue #16) has one such set of
+//! on a single cluster slot. A voucher with stock buckets has one such set of
 //! keys per bucket: bucket 0 the voucher's own tag, bucket b the tag `{<voucher id>.b}`
 //! (see [`Bucket`]). Nothing else in the code builds a key by hand.
 
@@ -68,7 +68,7 @@ impl VoucherKeys {
 
 /// String, bucketed vouchers, in bucket 0's slot: set once every bucket was found
 /// empty with no transfer open, so instances stop asking each bucket in turn; deleted
-/// when a unit comes back (issue #17) and expiring on its own (a mark set just after a
+/// when a unit comes back and expiring on its own (a mark set just after a
 /// return would otherwise stay).
 pub fn sold_out(voucher: VoucherId) -> String {
     format!("seckill:{{{voucher}}}:sold_out")

@@ -1,4 +1,4 @@
-//! What the EMF metrics cost a request (issue #14: the benchmark must not regress by more
+//! What the EMF metrics cost a request (the benchmark must not regress by more
 //! than 5 %), measured against a baseline in the same run.
 //!
 //! The request is the cheapest one that is still counted as an admission: `POST

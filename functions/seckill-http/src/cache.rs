@@ -46,7 +46,7 @@ struct Entry {
     missing_until: Option<UnixMillis>,
     /// The admission script answered for it (an admission's reply carries no window).
     live: bool,
-    /// Its stock buckets (issue #16), once learned: from its description, or from
+    /// Its stock buckets, once learned: from its description, or from
     /// bucket 0's sale hash. Immutable, like the description.
     buckets: Option<u16>,
 }

@@ -35,7 +35,7 @@
 //!    holds `awaiting_payment` (orders not drained yet get theirs back when the drainer
 //!    writes them), so they can still be paid and still expire.
 //!
-//! A voucher with stock buckets (issue #16) repairs every bucket whose sale is missing,
+//! A voucher with stock buckets repairs every bucket whose sale is missing,
 //! each from its own stream and its own buyers' rows. The stock goes where it is known
 //! exactly: with every bucket lost, all of it to bucket 0 (the others borrow from it);
 //! with some buckets still live, a lost bucket reopens empty, because the live buckets'

@@ -1,4 +1,4 @@
-//! The drainer's side of closed orders (vouchers with a payment step, issue #17):
+//! The drainer's side of closed orders (vouchers with a payment step):
 //! expiring orders past their deadline, and carrying every close to the database.
 //!
 //! `lua/close.lua` decides each close once, in Redis, and returns a cancelled or expired

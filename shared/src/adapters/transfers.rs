@@ -1,4 +1,4 @@
-//! Moving stock between the buckets of one voucher (issue #16, docs/design.md "Stock
+//! Moving stock between the buckets of one voucher (docs/design.md "Stock
 //! buckets").
 //!
 //! A buyer always buys from their own bucket ([`Bucket::of_user`]). When it runs dry

@@ -1,4 +1,4 @@
-//! Least privilege for the database (issue #13): `seckill migrate` (the very code of the
+//! Least privilege for the database: `seckill migrate` (the very code of the
 //! command, `seckill_cli::migrate::run`) runs the migrations with the master secret,
 //! reads the application user's secret through Secrets Manager's GetSecretValue (here
 //! `data-api-local`, which knows both secrets) and makes that user. Through the Data API

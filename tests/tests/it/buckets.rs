@@ -1,4 +1,4 @@
-//! Stock buckets (issue #16) against real parts: a Redis Cluster of three primaries, the
+//! Stock buckets against real parts: a Redis Cluster of three primaries, the
 //! handler with fixture events (several instances, each its own caches), the drainer in
 //! process, and a fresh database behind the Data API.
 //!

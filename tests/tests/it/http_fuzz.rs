@@ -1,5 +1,5 @@
 //! seckill-http's handler under 10,000 generated API Gateway v2 requests, against a
-//! private Redis and a fresh database behind a real Data API server (issue #13 item 4).
+//! private Redis and a fresh database behind a real Data API server.
 //!
 //! What it proves: whatever a caller sends (any method, the real routes with ids at and
 //! around every boundary of the order-id layout, 2^63-1, 2^64, negatives, non-digits,

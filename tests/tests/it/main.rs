@@ -28,6 +28,7 @@ mod ops_cli;
 mod payment;
 mod redis_fixture;
 mod repair;
+mod repository;
 mod stack_smoke;
 mod stale_truths;
 mod template;

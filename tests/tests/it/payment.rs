@@ -1,4 +1,4 @@
-//! The payment step (issue #17) against real parts: seckill-http's handler with fixture
+//! The payment step against real parts: seckill-http's handler with fixture
 //! events, the real scripts on a private Redis, the drainer in process and as a process
 //! killed between its Redis and database steps, and a fresh database behind the Data API.
 //!

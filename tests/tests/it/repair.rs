@@ -1,4 +1,4 @@
-//! Repair after Redis lost a sale (issue #11, item 3), through seckill-http's real
+//! Repair after Redis lost a sale, through seckill-http's real
 //! handler, a private cluster-mode redis-server, a fresh MariaDB database behind the Data
 //! API server, and the real drainer in process.
 //!

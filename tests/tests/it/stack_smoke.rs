@@ -403,7 +403,7 @@ fn local_secrets_are_readable_by_their_owner_only() {
     }
 }
 
-/// Least privilege (issue #13): `DB_SECRET_ARN`, the secret the functions under the
+/// Least privilege: `DB_SECRET_ARN`, the secret the functions under the
 /// watch are given, is the application user's, not the master secret that `seckill
 /// migrate` uses; through the Data API it signs in as `seckill_app`, which may not
 /// drop or delete, and Secrets Manager (`SECRETS_MANAGER_URL`) hands out its password.

@@ -1,4 +1,4 @@
-//! Stale truths (issue #11, item 6), against a private Redis and a fresh database behind
+//! Stale truths, against a private Redis and a fresh database behind
 //! the real Data API server: an instance's sold-out memory expires so stock that comes
 //! back can be sold, and the database refuses to delete a voucher whose sale has started
 //! or that has orders (migration 0002), while the drainer can still record orders of

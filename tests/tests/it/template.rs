@@ -1301,7 +1301,7 @@ fn order_drainer_starts_with_exactly_the_template_environment() {
     }
 }
 
-/// Hardening the template keeps (issue #13): the database cannot be deleted by accident,
+/// Hardening the template keeps: the database cannot be deleted by accident,
 /// an existing cache is reached over TLS and its URL (which may hold a password) is never
 /// echoed, and the admin route asks API Gateway for the admin scope too.
 #[test]
@@ -1629,7 +1629,7 @@ fn alarms_and_dashboard_use_the_metrics_the_functions_write() {
     }
 }
 
-/// Least privilege for the database (issue #13): the template makes the application
+/// Least privilege for the database: the template makes the application
 /// user's secret (username seckill_app, a password `seckill migrate` can write into
 /// CREATE USER), both functions sign in with it (or with ExistingDbSecretArn, then the
 /// application user's secret too) and may read only it; no function mentions the master

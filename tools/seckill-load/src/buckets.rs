@@ -1,4 +1,4 @@
-//! The `buckets` scenario (issue #16): one hot voucher over k stock buckets.
+//! The `buckets` scenario: one hot voucher over k stock buckets.
 //!
 //! For each k of `--bucket-counts` (default 1, 2, 3): a voucher of k buckets whose
 //! stock never runs out, `--bucket-attempts` admissions of distinct users through the

@@ -25,7 +25,7 @@ pub struct Results {
     pub drain: Option<DrainReport>,
     pub commit_latency: Option<CommitLatencyReport>,
     pub footprint: Option<FootprintReport>,
-    /// One hot voucher over stock buckets (issue #16).
+    /// One hot voucher over stock buckets.
     #[serde(default)]
     pub buckets: Option<crate::buckets::BucketsReport>,
 }
@@ -309,7 +309,7 @@ pub fn rows(r: &Results) -> Vec<Row> {
             let rates = (best.orders_per_s, t.orders_per_s, t.error.as_deref());
             rows.push(Row::rate(what, "orders/s", 20.0, rates));
         }
-        // Issue #16, part 3: one sale drains at 0.6x a direct INSERT or better.
+        // The target: one sale drains at 0.6x a direct INSERT or better.
         if let Some(m) = d.median_round() {
             let what = format!(
                 "drain (N={n}): ours (batch {}) vs database floor (multi-row INSERT, {} rows), median of {} side-by-side rounds",

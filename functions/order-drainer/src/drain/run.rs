@@ -103,7 +103,7 @@ pub(super) struct RunState {
     /// Vouchers this run read, claimed or acked entries of.
     pub(super) touched: BTreeSet<Bucket>,
     /// One turn per voucher for its database transactions: the buckets of a voucher
-    /// (issue #16) are drained concurrently, but each transaction locks the voucher's
+    /// are drained concurrently, but each transaction locks the voucher's
     /// row (`NOWAIT`), so they take turns in process, from the lock to the commit,
     /// instead of failing on the lock.
     pub(super) turns: BTreeMap<VoucherId, Arc<tokio::sync::Mutex<()>>>,

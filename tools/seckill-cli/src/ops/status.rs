@@ -26,7 +26,7 @@ pub struct VoucherStatus {
     pub stock: Option<i64>,
     /// Units Redis can still admit, over every bucket (`None`: Redis has no sale hash).
     pub stock_left_redis: Option<i64>,
-    /// Stock buckets (issue #16; 1 unless the voucher was created with more).
+    /// Stock buckets (1 unless the voucher was created with more).
     pub buckets: u16,
     /// Units on their way between two buckets (given, not yet received).
     pub in_transit: i64,
