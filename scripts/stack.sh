@@ -9,9 +9,9 @@
 # All state lives under .dev/ (git-ignored): data in .dev/redis/<engine>-<version>-<topology>/
 # and .dev/mysql, pids in .dev/pids, logs in .dev/logs (Redis: redis-<port>.log), the
 # function environment in .dev/functions.env and the contract file .dev/stack.env
-# (written last, once everything answers; see README.md, "The local stack").
+# (written last, once everything answers; see docs/local-stack.md).
 #
-# Redis (README.md, "Redis topologies and engines"):
+# Redis (docs/local-stack.md, "Redis topologies and engines"):
 #   SECKILL_REDIS_ENGINE=redis|valkey     redis (default): Debian's redis-server; valkey:
 #                                         valkey-server 9.1 (scripts/setup.sh installs it)
 #   SECKILL_VALKEY_VERSION=9.1|8.1        which Valkey (default 9.1)
@@ -65,7 +65,7 @@ LAMBDA_TIMEOUT=${SECKILL_LAMBDA_TIMEOUT:-}
 WARMUP_TIMEOUT=${SECKILL_WARMUP_TIMEOUT:-900}
 
 DB_CLUSTER_ARN=arn:aws:rds:us-east-1:000000000000:cluster:seckill-local
-# Two secrets, as in AWS (README.md, "Security model"): the master secret (MariaDB's
+# Two secrets, as in AWS (docs/security.md): the master secret (MariaDB's
 # `seckill` user of MYSQL_URL), used by `seckill migrate` only, and the application
 # user's secret (seckill_app, SELECT/INSERT/UPDATE on the two tables), which the
 # functions use. data-api-local serves both, and answers GetSecretValue for them.

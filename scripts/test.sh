@@ -7,7 +7,7 @@
 #   scripts/test.sh -p seckill-tests     extra arguments go to `cargo test`
 #   scripts/test.sh -- --nocapture       (after `--`: to the test binaries)
 #
-# Two passes, one stack at a time on the same ports (README.md, "Redis topologies and
+# Two passes, one stack at a time on the same ports (docs/local-stack.md, "Redis topologies and
 # engines"):
 #   single   the default stack (SECKILL_REDIS_ENGINE, default redis; one node owning all
 #            slots): `cargo test --workspace` but the suites in SUITES_ALONE, then those

@@ -218,7 +218,7 @@ pub struct RedisConfig {
 }
 
 /// How long an admission waits for replicas before it is reported unconfirmed (see
-/// README "Durable admissions").
+/// docs/configuration.md, "Durable admissions").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Durable {
     /// Replicas that must acknowledge the admission's write (`WAIT replicas timeout`).

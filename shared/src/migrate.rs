@@ -8,8 +8,7 @@
 //! MySQL commits DDL implicitly, so statements are written to be re-runnable
 //! (`IF NOT EXISTS`), which makes a run interrupted half-way safe to repeat.
 //!
-//! [`ensure_app_user`] then makes the functions' database user (README.md, "Security
-//! model"): a user of its own with only the statements the functions run, SELECT,
+//! [`ensure_app_user`] then makes the functions' database user (docs/security.md): a user of its own with only the statements the functions run, SELECT,
 //! INSERT and UPDATE on `vouchers` and `orders` (the drainer's `SELECT ... FOR UPDATE`
 //! needs nothing more), with the password of its own secret. Migrations run with the
 //! master secret, the functions with the application user's.

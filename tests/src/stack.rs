@@ -1,5 +1,4 @@
-//! The running local stack for the suites (`.dev/stack.env`, see README.md "The local
-//! stack"): read by the one reader, [`seckill_cli::stack_env`]; here a missing key is
+//! The running local stack for the suites (`.dev/stack.env`, see docs/local-stack.md): read by the one reader, [`seckill_cli::stack_env`]; here a missing key is
 //! a test failure whose message says how to start the stack.
 
 use std::path::PathBuf;

@@ -1,7 +1,7 @@
 //! The errors of the HTTP layer and the one place they become responses.
 //!
 //! Every failure a caller can see is an [`ApiError`]; [`ApiError::into_response`] is the
-//! only mapping to a status and a stable `code` (the README's "The HTTP API"). The body is
+//! only mapping to a status and a stable `code` (docs/http-api.md). The body is
 //! `{"code","message"}`, plus `order_id` on `already_purchased`. Infrastructure failures
 //! become `503 unavailable` with a generic message; their detail goes to the log only.
 

@@ -45,7 +45,7 @@
 //! What no repair can bring back: admissions whose stream entry and buyer were both lost
 //! (acknowledged in the last moment before Redis lost unsynced writes), and closes (paid,
 //! cancelled) Redis decided but lost before the drainer recorded them: those orders are
-//! open again until paid or expired. README, "Promises", states that window.
+//! open again until paid or expired. docs/promises.md states that window.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -181,7 +181,7 @@ async fn repair_locked(
     // the sale still has. With one bucket, or every bucket lost, it all goes to bucket 0
     // (the others reopen empty and borrow from it). With other buckets still live, their
     // stock cannot be read together with the database's, so a lost bucket reopens empty:
-    // its units are stranded, never sold twice (README, "Promises"). Except before
+    // its units are stranded, never sold twice (docs/promises.md). Except before
     // anything was sold (no buyer in any bucket, no order in the database: a preload
     // that stopped part-way, or a loss before the sale began): then each missing bucket
     // gets its share, as the preload would have given it.

@@ -1,4 +1,4 @@
-//! The routes of the public HTTP contract (the README's "The HTTP API") and their handlers.
+//! The routes of the public HTTP contract (docs/http-api.md) and their handlers.
 //!
 //! [`handle`] is the whole function: tests call it with API Gateway v2 fixture events,
 //! `main` hands it to `lambda_http::run`. Each handler returns `Result<_, ApiError>`; the

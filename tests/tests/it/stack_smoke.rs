@@ -1,4 +1,4 @@
-//! Smoke test of the local stack contract (`.dev/stack.env`, README.md "The local stack"):
+//! Smoke test of the local stack contract (`.dev/stack.env`, docs/local-stack.md):
 //! one test per key, each proving the address really serves what it promises.
 //! Needs a running stack: `scripts/stack.sh up` (or run everything with `scripts/test.sh`).
 

@@ -1,4 +1,4 @@
-//! The one reader of the local stack's `.dev/stack.env` (README.md, "The local stack"),
+//! The one reader of the local stack's `.dev/stack.env` (docs/local-stack.md),
 //! the `KEY=VALUE` file `scripts/stack.sh up` writes, for the operator commands, the load
 //! tool and the test fixtures. Which file: the one named explicitly (`--stack-env`), else
 //! `$SECKILL_STACK_ENV`, else `.dev/stack.env` here or in the nearest parent that has one.

@@ -2,7 +2,7 @@
 //! letters and the orders table, and names each discrepancy by class. Reads go the way
 //! orders move (buyers, stream, dead letters, one database snapshot), so an order in
 //! flight is never reported lost. `--repair` fixes only what cannot oversell or duplicate
-//! (README.md, "Operating a sale"); the other classes are left to an operator.
+//! (docs/operations.md); the other classes are left to an operator.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap, HashSet};
