@@ -110,6 +110,17 @@ pub async fn insert_orders(
     .unwrap_or_else(|e| panic!("inserting {} orders: {e}", rows.len()));
 }
 
+/// Rows the session's handlers have read so far (`Handler_read%`): what a query examined,
+/// as a difference, whatever the optimizer's statistics say.
+pub async fn handler_reads(conn: &mut mysql_async::Conn) -> u64 {
+    use mysql_async::prelude::Queryable;
+    let rows: Vec<(String, String)> = conn
+        .query("SHOW SESSION STATUS LIKE 'Handler_read%'")
+        .await
+        .unwrap();
+    rows.iter().map(|(_, n)| n.parse::<u64>().unwrap()).sum()
+}
+
 /// An SDK client for a Data API endpoint, configured as the functions are locally
 /// (region us-east-1, dummy static credentials), with retries off so that each call
 /// maps to exactly one request and errors surface at once.

@@ -411,10 +411,7 @@ async fn pay_cancel_and_expiry_follow_the_contract() {
     assert_eq!(ctx.db_stock_left(v).await, 0);
     // Every payment that came after its order closed is listed for a refund.
     let refunds: BTreeSet<String> = seckill_shared::adapters::payments::Payments(&ctx.db().await)
-        .list(
-            Some(v),
-            seckill_shared::adapters::payments::Outcome::RefundDue,
-        )
+        .list(v, seckill_shared::adapters::payments::Outcome::RefundDue)
         .await
         .unwrap()
         .into_iter()
@@ -1547,4 +1544,95 @@ fn with_field(body: &str, path: &[&str], value: Value) -> String {
     }
     *at = value;
     v.to_string()
+}
+
+/// The payments queries read one voucher's rows through their index on a table never
+/// analysed: the rows they examine stay about the rows they match, however many payments
+/// other vouchers have (20,000 here, over 200 vouchers).
+#[tokio::test]
+async fn payment_queries_examine_about_the_rows_they_match_on_a_table_never_analysed() {
+    use mysql_async::params;
+    use seckill_shared::adapters::payments::{COUNTS_SQL, list_sql};
+    use seckill_tests::mysql::handler_reads;
+    let ctx = DrainCtx::start().await;
+    let mut conn = ctx.mysql().await;
+    let outcomes = ["received", "paid", "refund_due", "failed", "refused"];
+    // (payment id, order, voucher, outcome, age in seconds); vouchers interleaved.
+    let rows: Vec<(String, u64, u64, &str, u64)> = (0..20_000u64)
+        .map(|i| {
+            let voucher = 1 + (i * 7_919) % 200;
+            let outcome = outcomes[((i / 7) % 5) as usize];
+            (
+                format!("pay_{i:06}"),
+                1_000_000 + i,
+                voucher,
+                outcome,
+                (i * 31) % 86_400,
+            )
+        })
+        .collect();
+    for chunk in rows.chunks(1_000) {
+        let values =
+            vec!["(?, ?, ?, 1999, 'EUR', ?, ?, NOW(3) - INTERVAL ? SECOND)"; chunk.len()].join(",");
+        let params: Vec<mysql_async::Value> = chunk
+            .iter()
+            .flat_map(|(p, o, v, outcome, age)| {
+                [
+                    p.clone().into(),
+                    (*o).into(),
+                    (*v).into(),
+                    (*outcome).into(),
+                    format!("ev_{p}").into(),
+                    (*age).into(),
+                ]
+            })
+            .collect();
+        conn.exec_drop(
+            format!(
+                "INSERT INTO payments (payment_id, order_id, voucher_id, amount_minor, currency, \
+                 outcome, event_id, received_at) VALUES {values}"
+            ),
+            params,
+        )
+        .await
+        .unwrap();
+    }
+    let overhead = {
+        let a = handler_reads(&mut conn).await;
+        let b = handler_reads(&mut conn).await;
+        b - a
+    };
+    for voucher in [7u64, 200] {
+        let of_voucher = rows.iter().filter(|r| r.2 == voucher).count() as u64;
+        for outcome in ["refund_due", "paid"] {
+            let matching = rows
+                .iter()
+                .filter(|r| r.2 == voucher && r.3 == outcome)
+                .count() as u64;
+            let before = handler_reads(&mut conn).await;
+            let got: Vec<mysql_async::Row> = conn
+                .exec(list_sql(), params! { "v" => voucher, "outcome" => outcome })
+                .await
+                .unwrap();
+            let examined = handler_reads(&mut conn).await - before - overhead;
+            assert_eq!(got.len() as u64, matching, "voucher {voucher} {outcome}");
+            assert!(
+                examined <= 2 * matching + 10,
+                "listing {matching} {outcome} payments of voucher {voucher} examined {examined} rows"
+            );
+        }
+        let before = handler_reads(&mut conn).await;
+        let counts: Vec<(String, u64)> = conn
+            .exec(COUNTS_SQL, params! { "v" => voucher })
+            .await
+            .unwrap();
+        let examined = handler_reads(&mut conn).await - before - overhead;
+        assert_eq!(counts.iter().map(|(_, n)| n).sum::<u64>(), of_voucher);
+        assert!(
+            examined <= 2 * of_voucher + 10,
+            "counting voucher {voucher}'s {of_voucher} payments examined {examined} rows"
+        );
+    }
+    conn.disconnect().await.ok();
+    ctx.cleanup().await;
 }

@@ -20,7 +20,7 @@ use seckill_shared::domain::{OrderId, Voucher, VoucherId};
 use seckill_shared::keys::VoucherKeys;
 use seckill_tests::drainer::DrainCtx;
 use seckill_tests::harness::{buy, call, request, test_http_config, token};
-use seckill_tests::mysql::insert_orders;
+use seckill_tests::mysql::{handler_reads, insert_orders};
 use serde_json::Value;
 
 fn http_config(ctx: &DrainCtx) -> seckill_http::Config {
@@ -504,16 +504,6 @@ async fn requests_wait_for_the_instance_that_repairs_and_a_dead_repairer_only_de
     assert!(!lock, "the repairer released its lock");
     assert_eq!(ctx.sales.stock_left(v.id).await.unwrap(), Some(3));
     ctx.cleanup().await;
-}
-
-/// The session's `Handler_read_*` counters, summed: rows and index entries the server
-/// read on this connection so far.
-async fn handler_reads(conn: &mut mysql_async::Conn) -> u64 {
-    let rows: Vec<(String, String)> = conn
-        .query("SHOW SESSION STATUS LIKE 'Handler_read%'")
-        .await
-        .unwrap();
-    rows.iter().map(|(_, n)| n.parse::<u64>().unwrap()).sum()
 }
 
 /// The sale snapshot (the repair's and reconcile's read of every order) costs rows linear

@@ -198,7 +198,7 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
     }
     report.closes_to_settle = settling.len() as u64;
     report.refunds_due = Payments(&b.db)
-        .list(Some(voucher), Outcome::RefundDue)
+        .list(voucher, Outcome::RefundDue)
         .await
         .db()?
         .into_iter()
