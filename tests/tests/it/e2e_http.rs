@@ -419,7 +419,8 @@ async fn a_sale_with_payment_over_http() {
 /// secret: `--replay` delivers one signed event twice (paid once, both answers 200
 /// `paid`); `--late` waits for the order's deadline, and that payment is recorded to
 /// refund: the order stays expired, and `seckill status` and `seckill reconcile` list
-/// the payment.
+/// the payment; an order cancelled and not drained yet (known to Redis only by its close
+/// record) can be paid too, and that payment is listed to refund.
 #[tokio::test]
 async fn seckill_pay_pays_replays_and_pays_late_over_http() {
     use seckill_cli::ops::pay::{self, PayOptions};
@@ -427,7 +428,7 @@ async fn seckill_pay_pays_replays_and_pays_late_over_http() {
     let admin = api.token("ops", true);
     let body = json!({
         "title": "e2e seckill pay",
-        "stock": 2,
+        "stock": 3,
         "begins_at": format_rfc3339_millis(now_millis() - 1_000),
         "ends_at": format_rfc3339_millis(now_millis() + 3_600_000),
         "pay_within_s": 5,
@@ -439,9 +440,13 @@ async fn seckill_pay_pays_replays_and_pays_late_over_http() {
         .await;
     assert_eq!(status, StatusCode::CREATED, "{voucher}");
     let vid = voucher["id"].as_str().unwrap().to_string();
-    let (alice, bob) = (unique_user("alice"), unique_user("bob"));
+    let (alice, bob, carol) = (
+        unique_user("alice"),
+        unique_user("bob"),
+        unique_user("carol"),
+    );
     let mut orders = Vec::new();
-    for user in [&alice, &bob] {
+    for user in [&alice, &bob, &carol] {
         let (s, o) = api
             .call(
                 "POST",
@@ -474,6 +479,29 @@ async fn seckill_pay_pays_replays_and_pays_late_over_http() {
             "{d:?}"
         );
     }
+    // Carol cancels; nothing is drained yet: only Redis's close record knows her.
+    let (s, o) = api
+        .call(
+            "POST",
+            &format!("/orders/{}/cancel", orders[2]),
+            Some(&api.token(&carol, false)),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (s, o["status"].as_str()),
+        (StatusCode::OK, Some("cancelled")),
+        "{o}"
+    );
+    let done = pay::pay(&b, &url, &secrets, orders[2], &PayOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        (done[0].status, done[0].answer["outcome"].as_str()),
+        (200, Some("refund_due")),
+        "{:?}",
+        done[0]
+    );
     let late = PayOptions {
         late: true,
         ..PayOptions::default()
@@ -506,14 +534,22 @@ async fn seckill_pay_pays_replays_and_pays_late_over_http() {
     let s = seckill_cli::ops::status::voucher_status(&b, voucher)
         .await
         .unwrap();
-    assert_eq!(s.refunds_due, 1, "{s:?}");
+    assert_eq!(s.refunds_due, 2, "{s:?}");
     let report = seckill_cli::ops::reconcile::reconcile(&b, voucher, false)
         .await
         .unwrap();
-    assert_eq!(report.refunds_due.len(), 1, "{report:?}");
-    assert_eq!(report.refunds_due[0].order_id, orders[1].to_string());
+    assert_eq!(report.refunds_due.len(), 2, "{report:?}");
+    let mut refunded: Vec<String> = report
+        .refunds_due
+        .iter()
+        .map(|r| r.order_id.clone())
+        .collect();
+    refunded.sort();
+    let mut want = vec![orders[1].to_string(), orders[2].to_string()];
+    want.sort();
+    assert_eq!(refunded, want);
     assert!(
-        seckill_cli::ops::reconcile::render(&report).contains("payments to refund: 1"),
+        seckill_cli::ops::reconcile::render(&report).contains("payments to refund: 2"),
         "{}",
         seckill_cli::ops::reconcile::render(&report)
     );

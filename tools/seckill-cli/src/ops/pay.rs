@@ -8,7 +8,9 @@
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail};
-use seckill_shared::domain::{Bucket, OrderId, Price, UnixMillis, UserId, VoucherId, now_millis};
+use seckill_shared::domain::{
+    Bucket, ClosedOrder, OrderId, Price, UnixMillis, UserId, VoucherId, now_millis,
+};
 use seckill_shared::keys::VoucherKeys;
 use seckill_shared::webhook::{self, Event, EventType, PaymentData, Secrets};
 use serde::Serialize;
@@ -52,7 +54,9 @@ pub struct Delivery {
 
 /// The order's voucher, buyer, price and deadline: from its database row, else from
 /// Redis (the voucher from the order id's lease, the buyer from the voucher's payment
-/// deadlines, each bucket scanned for `<order>\n*`).
+/// deadlines, each bucket scanned for `<order>\n*`, or, for an order closed (paid,
+/// cancelled, expired) and not drained yet, from its close record: a payment for it is
+/// what a provider sends late, and must be listed to refund).
 pub async fn payable(b: &Backends, order: OrderId) -> anyhow::Result<Payable> {
     let (voucher, buyer, pay_by) = match b.db.order(order).await.db()? {
         Some((voucher, buyer, _, pay_by)) => (voucher, buyer, pay_by),
@@ -69,7 +73,7 @@ pub async fn payable(b: &Backends, order: OrderId) -> anyhow::Result<Payable> {
             let (buyer, deadline) = buyer_in_redis(b, voucher, buckets, order)
                 .await?
                 .ok_or_else(|| {
-                    anyhow!("order {order} has no payment deadline in Redis: not awaiting payment")
+                    anyhow!("order {order} is neither awaiting payment nor closed in Redis")
                 })?;
             (voucher, buyer, Some(deadline))
         }
@@ -88,6 +92,8 @@ pub async fn payable(b: &Backends, order: OrderId) -> anyhow::Result<Payable> {
     })
 }
 
+/// The buyer and deadline of an order not yet in the database: from the payment
+/// deadlines while it is open, else from its close record.
 async fn buyer_in_redis(
     b: &Backends,
     voucher: VoucherId,
@@ -117,6 +123,18 @@ async fn buyer_in_redis(
                 break;
             }
             cursor = next;
+        }
+    }
+    for bucket in Bucket::all(voucher, buckets) {
+        let key = VoucherKeys::new(bucket).closed;
+        let record: Option<String> = redis::cmd("HGET")
+            .arg(&key)
+            .arg(order.get())
+            .query_async(&mut b.sales.conn())
+            .await
+            .context("redis: HGET of the closed orders")?;
+        if let Some(closed) = record.as_deref().and_then(ClosedOrder::parse) {
+            return Ok(Some((UserId::parse(&closed.user)?, closed.pay_by_ms)));
         }
     }
     Ok(None)
