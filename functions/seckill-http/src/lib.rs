@@ -1,20 +1,23 @@
 //! seckill-http: the admission function behind the public HTTP API.
 //!
-//! The admission path, top to bottom ([`routes::handle`] → `seckill`): verify the caller
+//! The admission path, top to bottom ([`routes::handle`] → [`admission`]): verify the caller
 //! ([`identity`]), answer from this instance's memory if it can ([`cache`]), apply the
 //! per-user rate limit ([`limiter`]), take an order id from a leased block, run the one
 //! atomic Lua script, answer `202` with the order id. The database is written later by
-//! order-drainer.
+//! order-drainer. The other routes: [`vouchers`], [`orders`], [`payment`].
 
+pub mod admission;
 pub mod app;
 pub mod cache;
 pub mod config;
 pub mod error;
 pub mod identity;
 pub mod limiter;
+pub mod orders;
 pub mod payment;
 pub mod repair;
 pub mod routes;
+pub mod vouchers;
 
 pub use app::App;
 pub use config::Config;

@@ -34,7 +34,8 @@ use tokio::sync::Mutex;
 
 use crate::app::App;
 use crate::error::{ApiError, json_response};
-use crate::routes::{MAX_BODY_BYTES, voucher_of};
+use crate::routes::MAX_BODY_BYTES;
+use crate::vouchers::voucher_of;
 use seckill_shared::auth::Identity;
 
 /// Where the function finds the webhook's signing secrets.

@@ -1,32 +1,24 @@
-//! The routes of the public HTTP contract (docs/http-api.md) and their handlers.
+//! The routes of the public HTTP contract (docs/http-api.md): which route a request is,
+//! who calls, and the handler it goes to (`vouchers`, `admission`, `orders`, `payment`).
 //!
 //! [`handle`] is the whole function: tests call it with API Gateway v2 fixture events,
 //! `main` hands it to `lambda_http::run`. Each handler returns `Result<_, ApiError>`; the
 //! error becomes a response in exactly one place ([`ApiError::into_response`]).
 
-use http::{Method, StatusCode};
+use http::Method;
 use lambda_http::aws_lambda_events::query_map::QueryMap;
 use lambda_http::request::RequestContext;
 use lambda_http::{Body, Request, RequestExt, Response};
 use seckill_shared::adapters::rate;
-use seckill_shared::adapters::redis::RedisSales;
-use seckill_shared::adapters::transfers;
-use seckill_shared::domain::{
-    Admission, AdmitReply, Bucket, NewVoucher, OrderId, OrderStatus, PaymentTerms, UnixMillis,
-    UserId, Voucher, VoucherId, format_rfc3339_millis, now_millis,
-};
-use seckill_shared::json;
-use serde::Deserialize;
-use serde_json::json;
+use seckill_shared::auth::Identity;
+use seckill_shared::domain::{UnixMillis, now_millis};
 
 use crate::app::App;
-use crate::cache::Known;
-use crate::error::{ApiError, json_response};
-use crate::identity::{identify, require_admin};
+use crate::error::ApiError;
+use crate::identity::identify;
 use crate::limiter::Source;
 use crate::payment;
-use crate::repair::repair;
-use seckill_shared::auth::Identity;
+use crate::{admission, orders, vouchers};
 
 /// Every route: method, path pattern, whether it needs a token. The SAM template must
 /// declare exactly these (a test compares them).
@@ -260,26 +252,26 @@ async fn dispatch(app: &App, req: &Request, route: &Route<'_>) -> Result<Respons
         identify(req, app.dev_secret.as_deref(), now_secs(now)).map(|caller| (caller, now))
     };
     match *route {
-        Route::GetVoucher(id) => get_voucher(app, req, id.parse()?).await,
+        Route::GetVoucher(id) => vouchers::get_voucher(app, req, id.parse()?).await,
         Route::CreateVoucher => {
             let (caller, now) = who()?;
-            create_voucher(app, req, &caller, now).await
+            vouchers::create_voucher(app, req, &caller, now).await
         }
         Route::Seckill(id) => {
             let (caller, now) = who()?;
-            seckill(app, &caller, now, id.parse()?).await
+            admission::seckill(app, &caller, now, id.parse()?).await
         }
         Route::GetOrder(id) => {
             let (caller, now) = who()?;
             let id = id.parse()?;
             limit_reads(app, &caller, now).await?;
-            get_order(app, &caller, id).await
+            orders::get_order(app, &caller, id).await
         }
         Route::BuyerOrder(id) => {
             let (caller, now) = who()?;
             let id = id.parse()?;
             limit_reads(app, &caller, now).await?;
-            buyer_order(app, &caller, id).await
+            orders::buyer_order(app, &caller, id).await
         }
         Route::PayOrder(id) => {
             let (caller, now) = who()?;
@@ -319,7 +311,7 @@ async fn limit_reads(app: &App, caller: &Identity, now: UnixMillis) -> Result<()
 }
 
 /// The address API Gateway saw the request come from.
-fn source_of(req: &Request) -> Source {
+pub(crate) fn source_of(req: &Request) -> Source {
     Source::of(match req.request_context_ref() {
         Some(RequestContext::ApiGatewayV2(ctx)) => ctx.http.source_ip.as_deref(),
         _ => None,
@@ -328,537 +320,6 @@ fn source_of(req: &Request) -> Source {
 
 fn now_secs(now: UnixMillis) -> i64 {
     now.div_euclid(1000)
-}
-
-/// The body of `POST /vouchers`. An optional field is absent or holds a value of its
-/// type: `null` is refused, as the contract's schema says.
-#[derive(Deserialize)]
-struct CreateVoucherBody {
-    title: String,
-    #[serde(deserialize_with = "json::integral")]
-    stock: i64,
-    begins_at: String,
-    ends_at: String,
-    /// Opt-in payment step: seconds a buyer has to pay after admission.
-    #[serde(default, deserialize_with = "json::optional_integral")]
-    pay_within_s: Option<i64>,
-    /// With `pay_within_s`: whether a buyer whose order was cancelled or expired may
-    /// buy again (default false).
-    #[serde(default, deserialize_with = "json::not_null")]
-    rebuy_after_close: Option<bool>,
-    /// With `pay_within_s` (required then): what a buyer pays, in the currency's minor
-    /// unit, and the currency (ISO 4217).
-    #[serde(default, deserialize_with = "json::optional_integral")]
-    price_minor: Option<i64>,
-    #[serde(default, deserialize_with = "json::not_null")]
-    currency: Option<String>,
-    /// Stock buckets, 1..=16 (default 1): the stock split over that many Redis hash
-    /// slots, so one hot sale can use several cluster primaries.
-    #[serde(default, deserialize_with = "json::optional_integral")]
-    buckets: Option<i64>,
-    /// Instead of `buckets`: the admissions per second expected at the sale's peak, from
-    /// which the buckets are chosen (one per 10,000/s, at most 16).
-    #[serde(default, deserialize_with = "json::optional_integral")]
-    expected_peak_per_s: Option<i64>,
-}
-
-/// `POST /vouchers` (admin): writes the database, then preloads Redis.
-async fn create_voucher(
-    app: &App,
-    req: &Request,
-    caller: &Identity,
-    now: UnixMillis,
-) -> Result<Response<Body>, ApiError> {
-    require_admin(caller)?;
-    if !app.admin_limiter.allow(&caller.user, now) {
-        return Err(ApiError::RateLimited);
-    }
-    let body = req.body().as_ref();
-    if body.len() > MAX_BODY_BYTES {
-        return Err(ApiError::InvalidRequest(format!(
-            "body is larger than {MAX_BODY_BYTES} bytes"
-        )));
-    }
-    let input: CreateVoucherBody = serde_json::from_slice(body).map_err(|e| {
-        ApiError::InvalidRequest(format!(
-            "body must be a JSON object with title, stock (integer), begins_at and ends_at (RFC 3339): {e}"
-        ))
-    })?;
-    let mut new = NewVoucher::parse(
-        &input.title,
-        input.stock,
-        &input.begins_at,
-        &input.ends_at,
-        now,
-    )?
-    .with_buckets(input.buckets, input.expected_peak_per_s)?;
-    new.payment = PaymentTerms::parse(
-        input.pay_within_s,
-        input.rebuy_after_close,
-        input.price_minor,
-        input.currency.as_deref(),
-    )?;
-    let voucher = app.db.create_voucher(&new).await?;
-    tracing::info!(
-        voucher_id = voucher.id.get(),
-        stock = voucher.stock,
-        "voucher created"
-    );
-    app.cache.learn_voucher(&voucher);
-    // The database row is the truth. If Redis cannot be preloaded now, the voucher is
-    // still created: the first GET or purchase finds it missing in Redis and preloads it
-    // from the database (see `repair`).
-    let preloaded = match app.sales().await {
-        Ok(sales) => sales.preload(&voucher).await.map_err(|e| e.to_string()),
-        Err(e) => Err(e.to_string()),
-    };
-    if let Err(error) = preloaded {
-        tracing::warn!(%error, "voucher created but not preloaded; it will be preloaded on first use");
-    }
-    Ok(json_response(
-        StatusCode::CREATED,
-        &voucher_json(&voucher, voucher.db_stock_left),
-    ))
-}
-
-/// `GET /vouchers/{id}` (anyone): the voucher with its live stock from Redis.
-async fn get_voucher(app: &App, req: &Request, id: VoucherId) -> Result<Response<Body>, ApiError> {
-    let now = now_millis();
-    // No token here: the caller is its source address, held to a rate before anything
-    // (even this instance's memory of unknown ids) is looked up.
-    if !app.source_limiter.allow(&source_of(req), now) {
-        return Err(ApiError::RateLimited);
-    }
-    if app.cache.short_circuit(id, now) == Some(Known::Missing) {
-        return Err(not_found_voucher(id));
-    }
-    let Some(voucher) = voucher_of(app, id, now).await? else {
-        return Err(not_found_voucher(id));
-    };
-    let sales = app.sales().await?;
-    let stock_left = match sales.stock_left_all(&voucher).await? {
-        Some(left) => left,
-        // A sale that has ended (retired from Redis after its retention, or lost) sells
-        // nothing more: the database's count is its answer. An anonymous read never
-        // reloads a past sale (that would read all its orders, for anyone who asks).
-        None if now >= voucher.window.ends_ms() => voucher.db_stock_left,
-        None => {
-            repair(app, id, now).await?;
-            sales
-                .stock_left_all(&voucher)
-                .await?
-                .unwrap_or(voucher.db_stock_left)
-        }
-    };
-    Ok(json_response(
-        StatusCode::OK,
-        &voucher_json(&voucher, stock_left),
-    ))
-}
-
-/// `POST /vouchers/{id}/seckill` (user): the admission, one Redis round trip.
-async fn seckill(
-    app: &App,
-    caller: &Identity,
-    now: UnixMillis,
-    id: VoucherId,
-) -> Result<Response<Body>, ApiError> {
-    // Answers this instance already knows cost no Redis call.
-    let (known, buckets) = app.cache.look(id, now);
-    match known {
-        Some(Known::NotStarted) => return Err(ApiError::NotStarted),
-        Some(Known::Ended) => return Err(ApiError::Ended),
-        Some(Known::SoldOut) => return Err(ApiError::SoldOut),
-        Some(Known::Missing) => return Err(not_found_voucher(id)),
-        None => {}
-    }
-    if !app.limiter.allow(&caller.user, now) {
-        return Err(ApiError::RateLimited);
-    }
-    let sales = app.sales().await?;
-    // Order ids are leased only for a voucher that exists: a voucher this instance has
-    // not seen yet is first looked up in Redis (bucket 0's sale hash, which also says
-    // how many stock buckets it has), then, if Redis lacks it, the database, so
-    // requests for made-up voucher ids lease nothing and write nothing.
-    let buckets = match buckets {
-        Some(k) => k,
-        None => match sale_buckets(app, sales, id).await? {
-            Some(k) => k,
-            None if repair(app, id, now).await? => match app.cache.voucher(id) {
-                Some(v) => v.buckets,
-                None => sales.sale_buckets(id).await?.unwrap_or(1),
-            },
-            None => return Err(not_found_voucher(id)),
-        },
-    };
-    // The buyer's own bucket, always the same one: its buyers hash alone keeps one
-    // order per user (invariant 2).
-    let bucket = Bucket::of_user(id, buckets, caller.user.as_str());
-    let order_id = app.ids.next(sales, id, now).await?;
-    let asked = std::time::Instant::now();
-    let answer = sales.admit(bucket, &caller.user, order_id).await;
-    seckill_shared::metrics::redis_latency(asked.elapsed());
-    let mut reply = answer?;
-    if reply.admission == Admission::NotLoaded {
-        if !repair(app, id, now).await? {
-            return Err(not_found_voucher(id));
-        }
-        // Every admission call gets an order id of its own: a late copy of an earlier
-        // call can then never admit under the id a later call decided (lua/admit.lua).
-        let order_id = app.ids.next(sales, id, now).await?;
-        reply = sales.admit(bucket, &caller.user, order_id).await?;
-    }
-    // Whether a sold-out answer is final (the voucher, not only this bucket, is empty).
-    let mut final_sold_out = buckets == 1;
-    if reply.admission == Admission::SoldOut && buckets > 1 {
-        let attempt = Attempt {
-            app,
-            sales,
-            bucket,
-            user: &caller.user,
-            first_id: order_id,
-        };
-        (reply, final_sold_out) = borrow_and_admit(&attempt, buckets, reply).await?;
-    }
-    let sold_out = match reply.admission {
-        // One empty bucket of several is not a sold-out voucher.
-        Admission::Admitted { stock_after, .. } => buckets == 1 && stock_after <= 0,
-        Admission::SoldOut => final_sold_out,
-        _ => false,
-    };
-    // The clock offset is measured against the time the answer arrived. A sale still
-    // not loaded teaches nothing (and is answered below).
-    if reply.admission != Admission::NotLoaded {
-        app.cache
-            .learn_sale(id, reply.window, sold_out, reply.server_ms, now_millis());
-    }
-    match reply.admission {
-        Admission::Admitted { order_id, .. } => Ok(json_response(
-            StatusCode::ACCEPTED,
-            &json!({ "order_id": order_id.to_string(), "status": OrderStatus::Pending.as_str() }),
-        )),
-        Admission::SoldOut => Err(ApiError::SoldOut),
-        Admission::NotStarted => Err(ApiError::NotStarted),
-        Admission::Ended => Err(ApiError::Ended),
-        Admission::AlreadyPurchased { order_id } => Err(ApiError::AlreadyPurchased { order_id }),
-        // Still not loaded right after a preload: Redis lost it again; let the caller retry.
-        Admission::NotLoaded => Err(ApiError::Unavailable(
-            seckill_shared::error::StoreError::Unavailable {
-                backend: "redis",
-                detail: format!("voucher {id} not loaded after preload"),
-            },
-        )),
-    }
-}
-
-/// One purchase attempt's parts that the borrowing loop needs. `first_id` is the order
-/// id of the attempt's first admission call (it names the transfers); every later call
-/// takes a new id, so that no copy of an earlier call can admit under the id a later
-/// call decided.
-#[derive(Clone, Copy)]
-struct Attempt<'a> {
-    app: &'a App,
-    sales: &'a RedisSales,
-    bucket: Bucket,
-    user: &'a UserId,
-    first_id: OrderId,
-}
-
-/// How long one attempt keeps borrowing at most, and in how many rounds. A round that
-/// ends without a unit for this buyer means units went to other buyers of its bucket
-/// or are on their way, so the sale moves on and the loop ends with it; the bounds only
-/// stop an attempt that keeps losing the race from waiting without end.
-const BORROW_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
-const MAX_BORROW_ROUNDS: u32 = 64;
-
-/// How long an attempt waits for units on their way between two buckets (given by one,
-/// not yet received by the other) before it looks again: one round trip lands them.
-const TRANSIT_WAIT: std::time::Duration = std::time::Duration::from_millis(3);
-
-/// The buyer's bucket is empty (`reply` said so). Unless the voucher is marked sold
-/// out, borrows units from its other buckets and admits again, until admitted or the
-/// voucher is sold out (docs/design.md, "Stock buckets"). Returns the last reply and,
-/// for a refusal, whether it is final (the voucher is sold out: this instance may
-/// remember it).
-///
-/// Units are always in some bucket's stock or in a donor's transfer record, but the
-/// buckets are read one slot at a time, so a unit moving while they are read can hide:
-/// - units on their way (open records), or a bucket Redis lost, are waited for (a few
-///   ms) rather than answered sold out;
-/// - no donor giving anything, the attempt looks at every bucket twice, a pause apart;
-///   only when both looks find nothing and no transfer landed in between
-///   ([`transfers::sold_out_between`]) is the voucher sold out, and marked so for every
-///   instance;
-/// - units borrowed and then taken by another buyer of the bucket before this one's
-///   admission: a pause of random length before the next round, so two empty buckets
-///   never pass the last unit back and forth in step.
-///
-/// Each admission call here has an order id of its own (see [`Attempt`]).
-async fn borrow_and_admit(
-    attempt: &Attempt<'_>,
-    buckets: u16,
-    mut reply: AdmitReply,
-) -> Result<(AdmitReply, bool), ApiError> {
-    let Attempt {
-        app,
-        sales,
-        bucket,
-        user,
-        first_id,
-    } = *attempt;
-    let conn = sales.conn();
-    let voucher = bucket.voucher();
-    if transfers::is_marked_sold_out(&conn, voucher).await? {
-        return Ok((reply, true));
-    }
-    let began = std::time::Instant::now();
-    let mut round = 0;
-    while round < MAX_BORROW_ROUNDS && began.elapsed() < BORROW_BUDGET {
-        let id = transfers::transfer_id(first_id, round);
-        round += 1;
-        let borrowed = transfers::borrow(sales, buckets, bucket, &id).await?;
-        if borrowed.units == 0 {
-            if borrowed.open > 0 || borrowed.missing > 0 {
-                // Units on their way, or a bucket Redis lost: wait for them to settle.
-                tokio::time::sleep(TRANSIT_WAIT).await;
-            } else {
-                // Nothing given: units landed where this round did not look (its own
-                // bucket included), or none are left.
-                let first = transfers::units(&conn, voucher, buckets).await?;
-                tokio::time::sleep(TRANSIT_WAIT).await;
-                if first.total() == 0 {
-                    let second = transfers::units(&conn, voucher, buckets).await?;
-                    if transfers::sold_out_between(first, second) {
-                        transfers::mark_sold_out(&conn, voucher).await?;
-                        return Ok((reply, true));
-                    }
-                }
-            }
-        }
-        let order_id = app.ids.next(sales, voucher, now_millis()).await?;
-        reply = sales.admit(bucket, user, order_id).await?;
-        if reply.admission != Admission::SoldOut {
-            return Ok((reply, false));
-        }
-        if borrowed.units > 0 {
-            // Another buyer of the bucket took the units first: let the next round
-            // start at a moment of its own.
-            let jitter = rand::random_range(0..=TRANSIT_WAIT.as_micros() as u64);
-            tokio::time::sleep(std::time::Duration::from_micros(jitter)).await;
-        }
-    }
-    // Units kept going to other buyers of the bucket, or kept moving, for every round:
-    // a refusal that may come early, and not one to remember.
-    tracing::warn!(%bucket, rounds = round, elapsed = ?began.elapsed(), "still no unit after borrowing for every round; answering sold out");
-    Ok((reply, false))
-}
-
-/// `GET /orders/{order_id}` (the buyer): `confirmed`/`rejected` from the database,
-/// `pending` while admitted in Redis and not yet drained. Another user's order is 404.
-///
-/// A pending order is found through its id, which names the voucher it was issued for
-/// (the lease's `block → voucher` record), and then the caller's order for that voucher
-/// ([`caller_order`]). If Redis lost the lease record the voucher cannot be named from
-/// the id alone: the answer is 404 with a pointer to `GET /vouchers/{id}/order`, which
-/// needs no such record.
-async fn get_order(app: &App, caller: &Identity, id: OrderId) -> Result<Response<Body>, ApiError> {
-    let not_found = || {
-        ApiError::NotFound(format!(
-            "order {id} not found (GET /vouchers/{{voucher_id}}/order finds your order for a voucher)"
-        ))
-    };
-    if let Some((voucher, buyer, status, pay_by)) = app.db.order(id).await? {
-        if buyer != caller.user {
-            return Err(not_found());
-        }
-        let view = overlay_close(app, voucher, &caller.user, (id, status, pay_by)).await?;
-        return Ok(order_json(voucher, view));
-    }
-    let Some(voucher) = app.sales().await?.voucher_of_order(id).await? else {
-        return Err(not_found());
-    };
-    match caller_order(app, voucher, &caller.user).await? {
-        Some(view) if view.0 == id => Ok(order_json(voucher, view)),
-        _ => {
-            // Not the buyer's current order: it may be one they cancelled or let expire
-            // before it was drained (a voucher that lets them buy again no longer lists
-            // it among the buyers).
-            let bucket = buyer_bucket(app, voucher, &caller.user).await?;
-            let (closed, _) = app
-                .sales()
-                .await?
-                .payment_state(bucket, id, &caller.user)
-                .await?;
-            match closed {
-                Some(c) => Ok(order_json(voucher, (id, c.status, Some(c.pay_by_ms)))),
-                None => Err(not_found()),
-            }
-        }
-    }
-}
-
-/// An order's status with what Redis decided since the database last heard of it: a
-/// `pending` or `awaiting_payment` order may already be paid, cancelled or expired
-/// (the drainer records closes on its next run), and a pending order's deadline is in
-/// Redis only. Other statuses are final and cost no Redis call.
-async fn overlay_close(
-    app: &App,
-    voucher: VoucherId,
-    user: &UserId,
-    view: OrderView,
-) -> Result<OrderView, ApiError> {
-    let (id, status, pay_by) = view;
-    if !matches!(status, OrderStatus::Pending | OrderStatus::AwaitingPayment) {
-        return Ok(view);
-    }
-    let bucket = buyer_bucket(app, voucher, user).await?;
-    let (closed, deadline) = app.sales().await?.payment_state(bucket, id, user).await?;
-    Ok(match closed {
-        Some(c) => (id, c.status, Some(c.pay_by_ms)),
-        None => (id, status, pay_by.or(deadline)),
-    })
-}
-
-/// `GET /vouchers/{id}/order` (the buyer): the caller's order for a voucher, found by
-/// (voucher, user): from the database once drained, else from the voucher's buyers hash
-/// in Redis (`pending`). 404 when the caller holds none.
-async fn buyer_order(
-    app: &App,
-    caller: &Identity,
-    id: VoucherId,
-) -> Result<Response<Body>, ApiError> {
-    match caller_order(app, id, &caller.user).await? {
-        Some(view) => Ok(order_json(id, view)),
-        None => Err(ApiError::NotFound(format!(
-            "you hold no order for voucher {id}"
-        ))),
-    }
-}
-
-/// The order `user` holds for `voucher` and its status. The database first (a drained
-/// order, confirmed or rejected, even if Redis lost it), then the buyers hash (admitted,
-/// `pending`), then the database again: the drainer may have committed between the two
-/// reads, and a drained order's status is the database's.
-async fn caller_order(
-    app: &App,
-    voucher: VoucherId,
-    user: &UserId,
-) -> Result<Option<OrderView>, ApiError> {
-    let in_db = app.db.order_of_buyer(voucher, user).await?;
-    let found = match in_db {
-        // A drained order that still counts is the buyer's order.
-        Some(found) if !found.1.returned_unit() => Some(found),
-        // None drained, or only one they cancelled or let expire: a newer admitted order
-        // (a voucher that lets them buy again) is theirs now.
-        closed => match app
-            .sales()
-            .await?
-            .order_of_buyer(buyer_bucket(app, voucher, user).await?, user)
-            .await?
-        {
-            Some(held) if closed.is_none_or(|c| c.0 != held) => Some(
-                // Drained meanwhile? The database's word then.
-                match app.db.order_of_buyer(voucher, user).await? {
-                    Some(found) if found.0 == held => found,
-                    _ => (held, OrderStatus::Pending, None),
-                },
-            ),
-            _ => closed,
-        },
-    };
-    match found {
-        Some(view) => Ok(Some(overlay_close(app, voucher, user, view).await?)),
-        None => Ok(None),
-    }
-}
-
-/// An order as a buyer sees it: id, status, payment deadline (vouchers with a payment
-/// step).
-type OrderView = (OrderId, OrderStatus, Option<UnixMillis>);
-
-/// The voucher's row: from this instance's memory, else the database (remembered
-/// either way, a missing one for a short while).
-pub(crate) async fn voucher_of(
-    app: &App,
-    id: VoucherId,
-    now: UnixMillis,
-) -> Result<Option<Voucher>, ApiError> {
-    if let Some(v) = app.cache.voucher(id) {
-        return Ok(Some(v));
-    }
-    let found = app.db.voucher(id).await?;
-    match &found {
-        Some(v) => app.cache.learn_voucher(v),
-        None => app.cache.learn_missing(id, now),
-    }
-    Ok(found)
-}
-
-/// The bucket `user` buys from in `voucher` (bucket 0 of a voucher the database does
-/// not know: nothing is found there either).
-async fn buyer_bucket(app: &App, voucher: VoucherId, user: &UserId) -> Result<Bucket, ApiError> {
-    let now = now_millis();
-    // This instance's memory, else bucket 0's sale hash (one Redis read, as an
-    // admission makes), else the database.
-    let buckets = match app.cache.look(voucher, now).1 {
-        Some(k) => k,
-        None => match sale_buckets(app, app.sales().await?, voucher).await? {
-            Some(k) => k,
-            None => voucher_of(app, voucher, now)
-                .await?
-                .map_or(1, |v| v.buckets),
-        },
-    };
-    Ok(Bucket::of_user(voucher, buckets, user.as_str()))
-}
-
-/// The voucher's stock buckets as bucket 0's sale hash records them, remembered by this
-/// instance; `None` when Redis does not have the sale.
-async fn sale_buckets(
-    app: &App,
-    sales: &RedisSales,
-    voucher: VoucherId,
-) -> Result<Option<u16>, ApiError> {
-    let found = sales.sale_buckets(voucher).await?;
-    if let Some(k) = found {
-        app.cache.learn_buckets(voucher, k);
-    }
-    Ok(found)
-}
-
-fn not_found_voucher(id: VoucherId) -> ApiError {
-    ApiError::NotFound(format!("voucher {id} not found"))
-}
-
-fn voucher_json(v: &Voucher, stock_left: i64) -> serde_json::Value {
-    let mut body = json!({
-        "id": v.id.to_string(),
-        "title": v.title,
-        "stock": v.stock,
-        "stock_left": stock_left.max(0),
-        "begins_at": format_rfc3339_millis(v.window.begins_ms()),
-        "ends_at": format_rfc3339_millis(v.window.ends_ms()),
-    });
-    if v.buckets > 1 {
-        body["buckets"] = json!(v.buckets);
-    }
-    if let Some(p) = v.payment {
-        body["pay_within_s"] = json!(p.pay_within_ms / 1000);
-        body["rebuy_after_close"] = json!(p.rebuy_after_close);
-        if let Some(price) = p.price {
-            body["price_minor"] = json!(price.amount_minor());
-            body["currency"] = json!(price.currency());
-        }
-    }
-    body
-}
-
-fn order_json(voucher: VoucherId, (id, status, pay_by): OrderView) -> Response<Body> {
-    let mut body = json!({ "order_id": id.to_string(), "voucher_id": voucher.to_string(), "status": status.as_str() });
-    if let Some(ms) = pay_by {
-        body["pay_by"] = json!(format_rfc3339_millis(ms));
-    }
-    json_response(StatusCode::OK, &body)
 }
 
 #[cfg(test)]
@@ -923,7 +384,7 @@ mod tests {
         let err = no_route(&req("TRACE", "/vouchers"));
         assert_eq!(err.code(), "method_not_allowed");
         let res = err.into_response();
-        assert_eq!(res.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(res.status(), http::StatusCode::METHOD_NOT_ALLOWED);
         assert_eq!(res.headers()[http::header::ALLOW], "POST");
         assert_eq!(no_route(&req("GET", "/nowhere")).code(), "not_found");
     }

@@ -1,0 +1,231 @@
+//! The admission, `POST /vouchers/{id}/seckill`, top to bottom: answers this instance
+//! already knows, the caller's rate, the voucher's buckets, an order id from a leased
+//! block, the one admission script (`lua/admit.lua`), and for a voucher of several stock
+//! buckets whose bucket ran dry, borrowing from the others.
+
+use http::StatusCode;
+use lambda_http::{Body, Response};
+use seckill_shared::adapters::redis::RedisSales;
+use seckill_shared::adapters::transfers;
+use seckill_shared::auth::Identity;
+use seckill_shared::domain::{
+    Admission, AdmitReply, Bucket, OrderId, OrderStatus, UnixMillis, UserId, VoucherId, now_millis,
+};
+use serde_json::json;
+
+use crate::app::App;
+use crate::cache::Known;
+use crate::error::{ApiError, json_response};
+use crate::repair::repair;
+use crate::vouchers::not_found_voucher;
+
+/// `POST /vouchers/{id}/seckill` (user): the admission, one Redis round trip.
+pub(crate) async fn seckill(
+    app: &App,
+    caller: &Identity,
+    now: UnixMillis,
+    id: VoucherId,
+) -> Result<Response<Body>, ApiError> {
+    // Answers this instance already knows cost no Redis call.
+    let (known, buckets) = app.cache.look(id, now);
+    match known {
+        Some(Known::NotStarted) => return Err(ApiError::NotStarted),
+        Some(Known::Ended) => return Err(ApiError::Ended),
+        Some(Known::SoldOut) => return Err(ApiError::SoldOut),
+        Some(Known::Missing) => return Err(not_found_voucher(id)),
+        None => {}
+    }
+    if !app.limiter.allow(&caller.user, now) {
+        return Err(ApiError::RateLimited);
+    }
+    let sales = app.sales().await?;
+    // Order ids are leased only for a voucher that exists: a voucher this instance has
+    // not seen yet is first looked up in Redis (bucket 0's sale hash, which also says
+    // how many stock buckets it has), then, if Redis lacks it, the database, so
+    // requests for made-up voucher ids lease nothing and write nothing.
+    let buckets = match buckets {
+        Some(k) => k,
+        None => match sale_buckets(app, sales, id).await? {
+            Some(k) => k,
+            None if repair(app, id, now).await? => match app.cache.voucher(id) {
+                Some(v) => v.buckets,
+                None => sales.sale_buckets(id).await?.unwrap_or(1),
+            },
+            None => return Err(not_found_voucher(id)),
+        },
+    };
+    // The buyer's own bucket, always the same one: its buyers hash alone keeps one
+    // order per user (invariant 2).
+    let bucket = Bucket::of_user(id, buckets, caller.user.as_str());
+    let order_id = app.ids.next(sales, id, now).await?;
+    let asked = std::time::Instant::now();
+    let answer = sales.admit(bucket, &caller.user, order_id).await;
+    seckill_shared::metrics::redis_latency(asked.elapsed());
+    let mut reply = answer?;
+    if reply.admission == Admission::NotLoaded {
+        if !repair(app, id, now).await? {
+            return Err(not_found_voucher(id));
+        }
+        // Every admission call gets an order id of its own: a late copy of an earlier
+        // call can then never admit under the id a later call decided (lua/admit.lua).
+        let order_id = app.ids.next(sales, id, now).await?;
+        reply = sales.admit(bucket, &caller.user, order_id).await?;
+    }
+    // Whether a sold-out answer is final (the voucher, not only this bucket, is empty).
+    let mut final_sold_out = buckets == 1;
+    if reply.admission == Admission::SoldOut && buckets > 1 {
+        let attempt = Attempt {
+            app,
+            sales,
+            bucket,
+            user: &caller.user,
+            first_id: order_id,
+        };
+        (reply, final_sold_out) = borrow_and_admit(&attempt, buckets, reply).await?;
+    }
+    let sold_out = match reply.admission {
+        // One empty bucket of several is not a sold-out voucher.
+        Admission::Admitted { stock_after, .. } => buckets == 1 && stock_after <= 0,
+        Admission::SoldOut => final_sold_out,
+        _ => false,
+    };
+    // The clock offset is measured against the time the answer arrived. A sale still
+    // not loaded teaches nothing (and is answered below).
+    if reply.admission != Admission::NotLoaded {
+        app.cache
+            .learn_sale(id, reply.window, sold_out, reply.server_ms, now_millis());
+    }
+    match reply.admission {
+        Admission::Admitted { order_id, .. } => Ok(json_response(
+            StatusCode::ACCEPTED,
+            &json!({ "order_id": order_id.to_string(), "status": OrderStatus::Pending.as_str() }),
+        )),
+        Admission::SoldOut => Err(ApiError::SoldOut),
+        Admission::NotStarted => Err(ApiError::NotStarted),
+        Admission::Ended => Err(ApiError::Ended),
+        Admission::AlreadyPurchased { order_id } => Err(ApiError::AlreadyPurchased { order_id }),
+        // Still not loaded right after a preload: Redis lost it again; let the caller retry.
+        Admission::NotLoaded => Err(ApiError::Unavailable(
+            seckill_shared::error::StoreError::Unavailable {
+                backend: "redis",
+                detail: format!("voucher {id} not loaded after preload"),
+            },
+        )),
+    }
+}
+
+/// One purchase attempt's parts that the borrowing loop needs. `first_id` is the order
+/// id of the attempt's first admission call (it names the transfers); every later call
+/// takes a new id, so that no copy of an earlier call can admit under the id a later
+/// call decided.
+#[derive(Clone, Copy)]
+struct Attempt<'a> {
+    app: &'a App,
+    sales: &'a RedisSales,
+    bucket: Bucket,
+    user: &'a UserId,
+    first_id: OrderId,
+}
+
+/// How long one attempt keeps borrowing at most, and in how many rounds. A round that
+/// ends without a unit for this buyer means units went to other buyers of its bucket
+/// or are on their way, so the sale moves on and the loop ends with it; the bounds only
+/// stop an attempt that keeps losing the race from waiting without end.
+const BORROW_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
+const MAX_BORROW_ROUNDS: u32 = 64;
+
+/// How long an attempt waits for units on their way between two buckets (given by one,
+/// not yet received by the other) before it looks again: one round trip lands them.
+const TRANSIT_WAIT: std::time::Duration = std::time::Duration::from_millis(3);
+
+/// The buyer's bucket is empty (`reply` said so). Unless the voucher is marked sold
+/// out, borrows units from its other buckets and admits again, until admitted or the
+/// voucher is sold out (docs/design.md, "Stock buckets"). Returns the last reply and,
+/// for a refusal, whether it is final (the voucher is sold out: this instance may
+/// remember it).
+///
+/// Units are always in some bucket's stock or in a donor's transfer record, but the
+/// buckets are read one slot at a time, so a unit moving while they are read can hide:
+/// - units on their way (open records), or a bucket Redis lost, are waited for (a few
+///   ms) rather than answered sold out;
+/// - no donor giving anything, the attempt looks at every bucket twice, a pause apart;
+///   only when both looks find nothing and no transfer landed in between
+///   ([`transfers::sold_out_between`]) is the voucher sold out, and marked so for every
+///   instance;
+/// - units borrowed and then taken by another buyer of the bucket before this one's
+///   admission: a pause of random length before the next round, so two empty buckets
+///   never pass the last unit back and forth in step.
+///
+/// Each admission call here has an order id of its own (see [`Attempt`]).
+async fn borrow_and_admit(
+    attempt: &Attempt<'_>,
+    buckets: u16,
+    mut reply: AdmitReply,
+) -> Result<(AdmitReply, bool), ApiError> {
+    let Attempt {
+        app,
+        sales,
+        bucket,
+        user,
+        first_id,
+    } = *attempt;
+    let conn = sales.conn();
+    let voucher = bucket.voucher();
+    if transfers::is_marked_sold_out(&conn, voucher).await? {
+        return Ok((reply, true));
+    }
+    let began = std::time::Instant::now();
+    let mut round = 0;
+    while round < MAX_BORROW_ROUNDS && began.elapsed() < BORROW_BUDGET {
+        let id = transfers::transfer_id(first_id, round);
+        round += 1;
+        let borrowed = transfers::borrow(sales, buckets, bucket, &id).await?;
+        if borrowed.units == 0 {
+            if borrowed.open > 0 || borrowed.missing > 0 {
+                // Units on their way, or a bucket Redis lost: wait for them to settle.
+                tokio::time::sleep(TRANSIT_WAIT).await;
+            } else {
+                // Nothing given: units landed where this round did not look (its own
+                // bucket included), or none are left.
+                let first = transfers::units(&conn, voucher, buckets).await?;
+                tokio::time::sleep(TRANSIT_WAIT).await;
+                if first.total() == 0 {
+                    let second = transfers::units(&conn, voucher, buckets).await?;
+                    if transfers::sold_out_between(first, second) {
+                        transfers::mark_sold_out(&conn, voucher).await?;
+                        return Ok((reply, true));
+                    }
+                }
+            }
+        }
+        let order_id = app.ids.next(sales, voucher, now_millis()).await?;
+        reply = sales.admit(bucket, user, order_id).await?;
+        if reply.admission != Admission::SoldOut {
+            return Ok((reply, false));
+        }
+        if borrowed.units > 0 {
+            // Another buyer of the bucket took the units first: let the next round
+            // start at a moment of its own.
+            let jitter = rand::random_range(0..=TRANSIT_WAIT.as_micros() as u64);
+            tokio::time::sleep(std::time::Duration::from_micros(jitter)).await;
+        }
+    }
+    // Units kept going to other buyers of the bucket, or kept moving, for every round:
+    // a refusal that may come early, and not one to remember.
+    tracing::warn!(%bucket, rounds = round, elapsed = ?began.elapsed(), "still no unit after borrowing for every round; answering sold out");
+    Ok((reply, false))
+}
+
+/// The voucher's stock buckets as bucket 0's sale hash records them, remembered by this
+/// instance; `None` when Redis does not have the sale.
+pub(crate) async fn sale_buckets(
+    app: &App,
+    sales: &RedisSales,
+    voucher: VoucherId,
+) -> Result<Option<u16>, ApiError> {
+    let found = sales.sale_buckets(voucher).await?;
+    if let Some(k) = found {
+        app.cache.learn_buckets(voucher, k);
+    }
+    Ok(found)
+}
