@@ -146,11 +146,7 @@ impl Contract {
                 ("(no route) 4XX".to_string(), schema)
             }
         };
-        let validator = self.validator(&cache_key, &schema)?;
-        let errors: Vec<String> = validator
-            .iter_errors(body)
-            .map(|e| format!("{} at {}", e, e.instance_path()))
-            .collect();
+        let errors = errors_of(&*self.validator(&cache_key, &schema)?, body);
         if errors.is_empty() {
             Ok(())
         } else {
@@ -236,11 +232,7 @@ impl Contract {
             .pointer(pointer)
             .ok_or_else(|| format!("the contract has nothing at {pointer}"))?
             .clone();
-        let validator = self.validator(pointer, &schema)?;
-        let errors: Vec<String> = validator
-            .iter_errors(value)
-            .map(|e| format!("{} at {}", e, e.instance_path()))
-            .collect();
+        let errors = errors_of(&*self.validator(pointer, &schema)?, value);
         if errors.is_empty() {
             Ok(())
         } else {
@@ -260,6 +252,14 @@ impl Contract {
         cache.insert(key.to_string(), validator.clone());
         Ok(validator)
     }
+}
+
+/// Every way `value` breaks `validator`'s schema, with where.
+fn errors_of(validator: &jsonschema::Validator, value: &Value) -> Vec<String> {
+    validator
+        .iter_errors(value)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect()
 }
 
 #[cfg(test)]

@@ -170,10 +170,7 @@ impl Route<'_> {
 pub async fn handle(app: &App, req: Request) -> Response<Body> {
     let route = Route::of(&req);
     let result = match &route {
-        // Boxed: the handlers' state machines together are large, and a caller that
-        // polls this future on its own stack (a test's runtime, debug builds) must not
-        // carry them there.
-        Some(route) => Box::pin(dispatch(app, &req, route)).await,
+        Some(route) => dispatch(app, &req, route).await,
         None => Err(no_route(&req)),
     };
     let (res, outcome, refusal) = match result {

@@ -15,7 +15,6 @@
 //! compare two fields or read the clock. The same file signs the positive cases of the
 //! payment webhook with the stack's secret, as the provider would.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use seckill_tests::api::Api;
@@ -37,7 +36,9 @@ fn run(who: &str, token: &str) {
         "SECKILL_SCHEMATHESIS",
     );
     let root = workspace_root();
+    // Its cache and reports go below its working directory: a folder of its own.
     let report = std::env::temp_dir().join(format!("seckill-schemathesis-{who}"));
+    std::fs::create_dir_all(&report).expect("a report directory");
     let out = Command::new(&st)
         .arg("run")
         .arg(root.join("docs/openapi.yaml"))
@@ -52,7 +53,7 @@ fn run(who: &str, token: &str) {
         .arg("--no-color")
         .arg("--report-dir")
         .arg(&report)
-        .current_dir(report_dir(&report))
+        .current_dir(&report)
         .env("SCHEMATHESIS_HOOKS", "hooks")
         .env("PYTHONPATH", root.join("tests/schemathesis"))
         .env(
@@ -78,13 +79,6 @@ fn run(who: &str, token: &str) {
         stdout.contains("generated") && !stdout.contains(" 0 generated"),
         "schemathesis as {who} generated no test case:\n{stdout}\n{stderr}"
     );
-}
-
-/// Schemathesis writes its cache and reports below its working directory: a folder of
-/// its own outside the repository.
-fn report_dir(dir: &std::path::Path) -> PathBuf {
-    std::fs::create_dir_all(dir).expect("a report directory");
-    dir.to_path_buf()
 }
 
 #[test]
