@@ -21,6 +21,10 @@
 --         also records `buckets` (an instance that never saw the voucher learns from
 --         bucket 0 where a buyer belongs), and the transfers and received hashes get
 --         their sentinel (lua/give.lua, lua/take.lua name them).
+-- ARGV[10] the waiting room's entry rate per second ('' when the voucher has none),
+-- ARGV[11] how many seconds before the start its queue opens: recorded in the sale hash,
+--         where lua/queue.lua reads them and an instance that never saw the voucher
+--         learns, with its buckets, that buying needs an entry token.
 --
 -- Stock = stock_left - pending, where pending = buyers the database had not settled
 -- (HLEN(buyers) - settled): orders admitted but not yet drained, whose units the
@@ -48,6 +52,8 @@ local ENDS_MS = 'ends_ms'
 local PAY_MS = 'pay_ms'
 local REBUY = 'rebuy'
 local BUCKETS = 'buckets'
+local ROOM_RATE = 'room_rate'
+local ROOM_OPENS_S = 'room_opens_s'
 
 -- The deadlines, closed and to-settle keys always exist (a sentinel member; a deadline
 -- of +inf, never due): the admission, probe and close scripts name them in KEYS, and
@@ -94,5 +100,8 @@ if ARGV[7] ~= '' then
 end
 if buckets > 1 then
   redis.call('HSET', KEYS[1], BUCKETS, ARGV[9])
+end
+if ARGV[10] ~= '' then
+  redis.call('HSET', KEYS[1], ROOM_RATE, ARGV[10], ROOM_OPENS_S, ARGV[11])
 end
 return CREATED

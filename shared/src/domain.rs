@@ -12,10 +12,15 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 mod order;
+mod room;
 mod sale;
 mod voucher;
 
 pub use order::{AdmittedOrder, DeadLetter, ExistingOrder, StreamEntry};
+pub use room::{
+    DEFAULT_QUEUE_OPENS_BEFORE_S, ENTRY_TOKEN_TTL_MS, MAX_ENTRY_RATE_PER_S,
+    MAX_QUEUE_OPENS_BEFORE_S, Standing, WaitingRoom,
+};
 pub use sale::{AdmitReply, Reopen, SaleState};
 pub use voucher::{
     MAX_PAY_WITHIN_S, MAX_PRICE_MINOR, MAX_SALE_TIME_MS, MAX_STOCK, MAX_TITLE_CHARS, NewVoucher,

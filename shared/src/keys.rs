@@ -74,6 +74,12 @@ pub fn sold_out(voucher: VoucherId) -> String {
     format!("seckill:{{{voucher}}}:sold_out")
 }
 
+/// Hash, vouchers with a waiting room, in bucket 0's slot: user id -> position in the
+/// queue (`lua/queue.lua`).
+pub fn queue(voucher: VoucherId) -> String {
+    format!("seckill:{{{voucher}}}:queue")
+}
+
 impl VoucherKeys {
     /// The keys `lua/admit.lua` takes, in its `KEYS` order (sale, buyers, orders,
     /// deadlines), and only those: the admission runs on every purchase attempt, and

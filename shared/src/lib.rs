@@ -17,6 +17,7 @@ pub mod adapters;
 pub mod auth;
 pub mod config;
 pub mod domain;
+pub mod entry;
 pub mod error;
 pub mod json;
 pub mod keys;

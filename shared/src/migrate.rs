@@ -84,6 +84,10 @@ pub const EMBEDDED: &[(&str, &str)] = &[
         "0006_payments.sql",
         include_str!("../../migrations/0006_payments.sql"),
     ),
+    (
+        "0007_waiting_room.sql",
+        include_str!("../../migrations/0007_waiting_room.sql"),
+    ),
 ];
 
 /// Splits SQL text into statements at the delimiter (`;`) outside quotes and comments;

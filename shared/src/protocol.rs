@@ -136,6 +136,26 @@ pub mod sale_fields {
     pub const REBUY: &str = "rebuy";
     /// The voucher's stock buckets; present only when more than one.
     pub const BUCKETS: &str = "buckets";
+    /// The waiting room's entry rate per second; present only for a voucher with a room.
+    pub const ROOM_RATE: &str = "room_rate";
+    /// How many seconds before the start the room's queue opens (with `room_rate`).
+    pub const ROOM_OPENS_S: &str = "room_opens_s";
+}
+
+/// `lua/queue.lua`'s results.
+pub mod queue {
+    /// The caller holds a position (given now or before).
+    pub const QUEUED: i64 = 0;
+    /// Bucket 0's sale hash is absent.
+    pub const NOT_LOADED: i64 = 1;
+    /// The voucher has no waiting room.
+    pub const NO_ROOM: i64 = 2;
+    /// A join before the queue opens.
+    pub const NOT_OPEN: i64 = 3;
+    /// A join once the sale has ended.
+    pub const ENDED: i64 = 4;
+    /// A look by a caller who never joined.
+    pub const NOT_JOINED: i64 = 5;
 }
 
 #[cfg(test)]
@@ -195,7 +215,27 @@ mod tests {
                     ("PAY_MS", text(s::PAY_MS)),
                     ("REBUY", text(s::REBUY)),
                     ("BUCKETS", text(s::BUCKETS)),
+                    ("ROOM_RATE", text(s::ROOM_RATE)),
+                    ("ROOM_OPENS_S", text(s::ROOM_OPENS_S)),
                     ("SENTINEL", text(DEADLINES_SENTINEL)),
+                ],
+            ),
+            (
+                "queue.lua",
+                include_str!("../../lua/queue.lua"),
+                vec![
+                    ("QUEUED", num(queue::QUEUED)),
+                    ("NOT_LOADED", num(queue::NOT_LOADED)),
+                    ("NO_ROOM", num(queue::NO_ROOM)),
+                    ("NOT_OPEN", num(queue::NOT_OPEN)),
+                    ("ENDED", num(queue::ENDED)),
+                    ("NOT_JOINED", num(queue::NOT_JOINED)),
+                    ("STOCK", text(s::STOCK)),
+                    ("BEGINS_MS", text(s::BEGINS_MS)),
+                    ("ENDS_MS", text(s::ENDS_MS)),
+                    ("BUCKETS", text(s::BUCKETS)),
+                    ("ROOM_RATE", text(s::ROOM_RATE)),
+                    ("ROOM_OPENS_S", text(s::ROOM_OPENS_S)),
                 ],
             ),
             (
@@ -351,6 +391,7 @@ mod tests {
             k.to_settle,
             k.transfers,
             k.received,
+            crate::keys::queue(VoucherId::new(7).unwrap()),
         ];
         let mut seen = 0;
         for (file, script, _) in expected() {

@@ -57,6 +57,7 @@ async fn main() {
             window: SaleWindow::new(now - 60_000, now + 3_600_000).unwrap(),
             payment: None,
             buckets: 1,
+            room: None,
         })
         .await
         .expect("voucher");

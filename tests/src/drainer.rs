@@ -183,6 +183,7 @@ impl DrainCtx {
             window,
             payment: None,
             buckets: 1,
+            room: None,
         };
         let db = self.db().await;
         let mut v = db.create_voucher(&new).await.expect("voucher created");

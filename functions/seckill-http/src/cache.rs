@@ -356,6 +356,7 @@ mod tests {
                 window: w,
                 payment: None,
                 buckets: 1,
+                room: None,
             });
             assert_eq!(c.short_circuit(v, begins - HOUR + skew), None, "{skew}");
             // Redis answered not started 10 s early; the instance's clock is `skew` off

@@ -20,7 +20,7 @@ use time::macros::format_description;
 use crate::config::DataApiConfig;
 use crate::domain::{
     MAX_BUCKETS, NewVoucher, OrderId, OrderStatus, PaymentTerms, Price, SaleWindow, UnixMillis,
-    UserId, Voucher, VoucherId,
+    UserId, Voucher, VoucherId, WaitingRoom,
 };
 use crate::error::StoreError;
 
@@ -177,8 +177,8 @@ impl DataApi {
         };
         let out = self
             .execute(
-                "INSERT INTO vouchers (title, stock, stock_left, begins_at, ends_at, pay_within_ms, rebuy_after_close, buckets, price_minor, currency) \
-                 VALUES (:title, :stock, :stock, :begins_at, :ends_at, :pay_within_ms, :rebuy, :buckets, :price_minor, :currency)",
+                "INSERT INTO vouchers (title, stock, stock_left, begins_at, ends_at, pay_within_ms, rebuy_after_close, buckets, price_minor, currency, entry_rate_per_s, queue_opens_before_s) \
+                 VALUES (:title, :stock, :stock, :begins_at, :ends_at, :pay_within_ms, :rebuy, :buckets, :price_minor, :currency, :entry_rate, :opens_before)",
                 vec![
                     param::string("title", &v.title),
                     param::long("stock", v.stock),
@@ -189,6 +189,12 @@ impl DataApi {
                     param::long("buckets", i64::from(v.buckets)),
                     price,
                     currency,
+                    v.room.map_or(param::null("entry_rate"), |r| {
+                        param::long("entry_rate", i64::from(r.entry_rate_per_s()))
+                    }),
+                    v.room.map_or(param::null("opens_before"), |r| {
+                        param::long("opens_before", i64::from(r.opens_before_s()))
+                    }),
                 ],
                 None,
             )
@@ -206,6 +212,7 @@ impl DataApi {
             window: v.window,
             payment: v.payment,
             buckets: v.buckets,
+            room: v.room,
         })
     }
 
@@ -222,7 +229,7 @@ impl DataApi {
     ) -> Result<Option<Voucher>, StoreError> {
         let out = self
             .execute(
-                "SELECT id, title, stock, stock_left, begins_at, ends_at, pay_within_ms, rebuy_after_close + 0, buckets, price_minor, currency \
+                "SELECT id, title, stock, stock_left, begins_at, ends_at, pay_within_ms, rebuy_after_close + 0, buckets, price_minor, currency, entry_rate_per_s, queue_opens_before_s \
                  FROM vouchers WHERE id = :id",
                 vec![param::long("id", id.get())],
                 transaction,
@@ -244,6 +251,8 @@ impl DataApi {
             buckets,
             price,
             currency,
+            entry_rate,
+            opens_before,
         ] = row.as_slice()
         else {
             return Err(bad());
@@ -275,6 +284,12 @@ impl DataApi {
                 .and_then(|k| u16::try_from(k).ok())
                 .filter(|k| (1..=MAX_BUCKETS).contains(k))
                 .ok_or_else(bad)?,
+            room: match (field::long(entry_rate), field::long(opens_before)) {
+                (Some(rate), Some(opens)) => {
+                    Some(WaitingRoom::from_stored(rate, opens).ok_or_else(bad)?)
+                }
+                _ => None,
+            },
         }))
     }
 

@@ -5,6 +5,7 @@ pub mod data_api;
 pub mod ledger;
 pub mod order_stream;
 pub mod payments;
+pub mod queue;
 pub mod rate;
 pub mod redis;
 pub mod secrets;

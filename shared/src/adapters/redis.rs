@@ -892,6 +892,12 @@ impl RedisSales {
                 "0"
             })
             .arg(voucher.buckets)
+            .arg(
+                voucher
+                    .room
+                    .map_or(String::new(), |r| r.entry_rate_per_s().to_string()),
+            )
+            .arg(voucher.room.map_or(0, |r| r.opens_before_s()))
             .invoke_async(&mut conn)
             .await?;
         match created {

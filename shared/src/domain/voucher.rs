@@ -3,7 +3,7 @@
 
 use super::{
     Bucket, MAX_BUCKETS, PLANNED_ADMISSIONS_PER_BUCKET, UnixMillis, ValidationError, VoucherId,
-    invalid, parse_rfc3339_millis,
+    WaitingRoom, invalid, parse_rfc3339_millis,
 };
 
 /// When a voucher is on sale: `[begins_ms, ends_ms)`.
@@ -159,6 +159,8 @@ pub struct NewVoucher {
     pub payment: Option<PaymentTerms>,
     /// Stock buckets, 1..=[`MAX_BUCKETS`] (see [`Bucket`]); 1 unless asked.
     pub buckets: u16,
+    /// `Some`: buyers queue first and need an entry token to buy.
+    pub room: Option<WaitingRoom>,
 }
 
 impl NewVoucher {
@@ -207,6 +209,7 @@ impl NewVoucher {
             window,
             payment: None,
             buckets: 1,
+            room: None,
         })
     }
 
@@ -250,6 +253,25 @@ impl NewVoucher {
     }
 }
 
+impl NewVoucher {
+    /// Gives the sale a waiting room when the admin asked for one (`entry_rate_per_s`,
+    /// optionally `queue_opens_before_s`); an opening time without a rate is refused.
+    pub fn with_waiting_room(
+        mut self,
+        entry_rate_per_s: Option<i64>,
+        queue_opens_before_s: Option<i64>,
+    ) -> Result<NewVoucher, ValidationError> {
+        self.room = match (entry_rate_per_s, queue_opens_before_s) {
+            (None, None) => None,
+            (None, Some(_)) => {
+                return Err(invalid("queue_opens_before_s needs entry_rate_per_s"));
+            }
+            (Some(rate), opens) => Some(WaitingRoom::parse(rate, opens)?),
+        };
+        Ok(self)
+    }
+}
+
 /// A voucher as stored in the database.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Voucher {
@@ -263,6 +285,8 @@ pub struct Voucher {
     pub payment: Option<PaymentTerms>,
     /// Stock buckets (1: the voucher's stock is one Redis key, as before buckets).
     pub buckets: u16,
+    /// `Some`: buyers queue first and need an entry token to buy.
+    pub room: Option<WaitingRoom>,
 }
 
 impl Voucher {

@@ -36,6 +36,7 @@ fn voucher_in(id: i64, stock: i64, window: SaleWindow) -> Voucher {
         window,
         payment: None,
         buckets: 1,
+        room: None,
     }
 }
 

@@ -88,6 +88,7 @@ fn open_voucher() -> NewVoucher {
         window: SaleWindow::new(now - 60_000, now + 3_600_000).unwrap(),
         payment: None,
         buckets: 1,
+        room: None,
     }
 }
 

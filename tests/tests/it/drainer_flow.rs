@@ -256,6 +256,7 @@ async fn poison_entries_are_dead_lettered_and_their_neighbours_commit() {
         window: SaleWindow::new(now_millis() - 60_000, now_millis() + 3_600_000).unwrap(),
         payment: None,
         buckets: 1,
+        room: None,
     };
     ctx.sales.preload(&ghost).await.unwrap();
     let orphans = ctx.admit(ghost.id, "orphan", 3).await;
@@ -959,6 +960,7 @@ async fn many_vouchers(ctx: &DrainCtx, first_id: i64, n: i64, stock: i64) -> Vec
             window,
             payment: None,
             buckets: 1,
+            room: None,
         })
         .collect();
     futures::stream::iter(&vouchers)

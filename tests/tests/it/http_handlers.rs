@@ -796,6 +796,7 @@ async fn not_started_and_ended_sales_are_refused() {
         window: SaleWindow::new(now - 7_200_000, now - 3_600_000).unwrap(),
         payment: None,
         buckets: 1,
+        room: None,
     };
     b.sales.preload(&past).await.unwrap();
     assert_error(buy(&app, "987654321", "alice").await, 409, "ended");
@@ -1041,6 +1042,7 @@ async fn a_voucher_missing_in_redis_is_repaired_from_the_database() {
         window: SaleWindow::new(now - 1_000, now + 3_600_000).unwrap(),
         payment: None,
         buckets: 1,
+        room: None,
     };
     let v = b.db.create_voucher(&new).await.unwrap();
     let app = App::new(&b.http_config()).await;

@@ -43,6 +43,7 @@ async fn pay_voucher(ctx: &DrainCtx, stock: i64, pay_within_s: i64, rebuy: bool)
             price: Some(Price::new(TEST_PRICE_MINOR, TEST_CURRENCY).unwrap()),
         }),
         buckets: 1,
+        room: None,
     };
     let v = ctx.db().await.create_voucher(&new).await.expect("voucher");
     ctx.sales.preload(&v).await.expect("preload");

@@ -23,6 +23,7 @@ async fn voucher(db: &DataApi, begins_offset_ms: i64) -> VoucherId {
         window: SaleWindow::new(now + begins_offset_ms, now + 7_200_000).unwrap(),
         payment: None,
         buckets: 1,
+        room: None,
     };
     db.create_voucher(&new).await.unwrap().id
 }

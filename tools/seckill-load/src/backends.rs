@@ -183,6 +183,7 @@ impl Bench {
             window,
             payment: None,
             buckets,
+            room: None,
         };
         let voucher = self
             .db

@@ -1,0 +1,168 @@
+//! The waiting room in Redis (`lua/queue.lua`), and what an instance that never saw a
+//! voucher reads before its first admission: its stock buckets and whether it has a room.
+//!
+//! Joining and looking are one script call each on the voucher's slot (`{<voucher>}`,
+//! bucket 0's), whatever the queue's length: a position is a hash field, never a scan.
+//! The room's settings live in bucket 0's sale hash beside the buckets, so learning one
+//! means learning the other in the same read: no instance can know a voucher's buckets
+//! without knowing that buying it needs an entry token.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+use crate::adapters::redis::RedisConn;
+use crate::domain::{SaleWindow, UnixMillis, UserId, VoucherId, WaitingRoom};
+use crate::error::StoreError;
+use crate::keys::{self, VoucherKeys};
+use crate::protocol::{queue, sale_fields};
+
+static QUEUE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/queue.lua")));
+
+/// How long a queue is kept after its sale ends: a buyer looking late still learns the
+/// sale ended rather than that they never joined.
+pub const KEEP_AFTER_END_MS: i64 = 24 * 3600 * 1000;
+
+/// What an instance must know of a live sale before admitting to it, read together
+/// from bucket 0's sale hash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SaleShape {
+    pub buckets: u16,
+    /// `Some`: buying needs an entry token.
+    pub room: Option<WaitingRoom>,
+}
+
+/// The voucher's [`SaleShape`], `None` when bucket 0's sale is not loaded. One `HMGET`.
+pub async fn sale_shape(
+    conn: &RedisConn,
+    voucher: VoucherId,
+) -> Result<Option<SaleShape>, StoreError> {
+    let k = VoucherKeys::new(voucher);
+    let (stock, buckets, rate, opens): (Option<i64>, Option<u16>, Option<i64>, Option<i64>) =
+        redis::cmd("HMGET")
+            .arg(&k.sale)
+            .arg(sale_fields::STOCK)
+            .arg(sale_fields::BUCKETS)
+            .arg(sale_fields::ROOM_RATE)
+            .arg(sale_fields::ROOM_OPENS_S)
+            .query_async(&mut conn.clone())
+            .await?;
+    if stock.is_none() {
+        return Ok(None);
+    }
+    let room = match (rate, opens) {
+        (None, None) => None,
+        (Some(rate), Some(opens)) => {
+            Some(WaitingRoom::from_stored(rate, opens).ok_or_else(|| {
+                StoreError::Corrupt(format!("waiting room of voucher {voucher} out of range"))
+            })?)
+        }
+        _ => {
+            return Err(StoreError::Corrupt(format!(
+                "waiting room of voucher {voucher} half recorded"
+            )));
+        }
+    };
+    Ok(Some(SaleShape {
+        buckets: buckets.unwrap_or(1).max(1),
+        room,
+    }))
+}
+
+/// A queue answer for a voucher with a room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueView {
+    /// The caller's position, `None` when they have not joined (or could not).
+    pub position: Option<u64>,
+    pub outcome: QueueOutcome,
+    /// Units left in bucket 0 (all of the voucher's when it has one bucket).
+    pub stock_bucket0: i64,
+    pub buckets: u16,
+    pub room: WaitingRoom,
+    pub window: SaleWindow,
+    /// Redis's clock when it answered: the one every instance serves positions by.
+    pub now_ms: UnixMillis,
+}
+
+/// How a join or a look went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueOutcome {
+    Queued,
+    NotOpen,
+    Ended,
+    NotJoined,
+}
+
+/// What the queue script found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueReply {
+    NotLoaded,
+    NoRoom,
+    Room(QueueView),
+}
+
+/// Joins `user` to the voucher's queue (`join`), keeping the position of an earlier join,
+/// or only looks their position up. One script call.
+pub async fn queue(
+    conn: &RedisConn,
+    voucher: VoucherId,
+    user: &UserId,
+    join: bool,
+) -> Result<QueueReply, StoreError> {
+    let k = VoucherKeys::new(voucher);
+    let reply: Vec<i64> = QUEUE
+        .key(&k.sale)
+        .key(keys::queue(voucher))
+        .arg(user.as_str())
+        .arg(if join { "1" } else { "0" })
+        .arg(KEEP_AFTER_END_MS)
+        .invoke_async(&mut conn.clone())
+        .await?;
+    let corrupt = || StoreError::Corrupt(format!("queue script answered {reply:?}"));
+    match reply.as_slice() {
+        [queue::NOT_LOADED] => Ok(QueueReply::NotLoaded),
+        [queue::NO_ROOM] => Ok(QueueReply::NoRoom),
+        &[
+            result,
+            position,
+            stock,
+            buckets,
+            now_ms,
+            begins,
+            ends,
+            rate,
+            opens,
+        ] => {
+            let outcome = match result {
+                queue::QUEUED => QueueOutcome::Queued,
+                queue::NOT_OPEN => QueueOutcome::NotOpen,
+                queue::ENDED => QueueOutcome::Ended,
+                queue::NOT_JOINED => QueueOutcome::NotJoined,
+                _ => return Err(corrupt()),
+            };
+            Ok(QueueReply::Room(QueueView {
+                position: u64::try_from(position).ok().filter(|p| *p > 0),
+                outcome,
+                stock_bucket0: stock,
+                buckets: u16::try_from(buckets).map_err(|_| corrupt())?.max(1),
+                room: WaitingRoom::from_stored(rate, opens).ok_or_else(corrupt)?,
+                window: SaleWindow::new(begins, ends).map_err(|_| corrupt())?,
+                now_ms,
+            }))
+        }
+        _ => Err(corrupt()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::slot;
+
+    #[test]
+    fn the_queue_shares_bucket_zeros_slot() {
+        let v = VoucherId::new(42).unwrap();
+        assert_eq!(slot(&keys::queue(v)), slot(&VoucherKeys::new(v).sale));
+    }
+}
