@@ -18,15 +18,12 @@ use std::time::Duration;
 
 use redis::{AsyncCommands, Script};
 
-use super::redis::{RedisConn, RedisSales};
+use super::redis::{GIVE, RedisConn, RedisSales};
 use crate::domain::{Bucket, OrderId, UnixMillis, VoucherId};
 use crate::error::StoreError;
 use crate::keys::{self, VoucherKeys};
 use crate::protocol::{DEADLINES_SENTINEL, sale_fields, transfer};
 
-/// `lua/give.lua` (the Redis adapter never sends it twice: see its `resendable`).
-pub(crate) static GIVE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/give.lua")));
 static TAKE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/take.lua")));
 static TRANSFER_RECORDS: LazyLock<Script> =

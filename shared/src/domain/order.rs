@@ -5,7 +5,8 @@
 //! dead-letter stream exactly as it was written, not as a lossy re-encoding. Its field
 //! names are [`crate::protocol::fields`].
 
-use super::{OrderId, UnixMillis, UserId, VoucherId};
+use super::clock::UnixMillis;
+use super::ids::{OrderId, UserId, VoucherId};
 
 /// An order admitted by Redis, parsed from its stream entry.
 #[derive(Debug, Clone, PartialEq, Eq)]

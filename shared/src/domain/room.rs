@@ -8,7 +8,8 @@
 //! `begins + max(0, ceil((p - rate) * 1000 / rate))` ms, a function that never decreases
 //! with `p`, so entry follows arrival exactly.
 
-use super::{UnixMillis, ValidationError, invalid};
+use super::clock::UnixMillis;
+use super::ids::{ValidationError, invalid};
 
 /// The highest entry rate a room may have, per second.
 pub const MAX_ENTRY_RATE_PER_S: i64 = 100_000;

@@ -1,7 +1,28 @@
 //! A sale as Redis holds it: what one admission attempt was told, what reopening a lost
 //! sale found, and the numbers of a sale hash.
 
-use super::{Admission, SaleWindow, UnixMillis};
+use super::clock::UnixMillis;
+use super::ids::OrderId;
+use super::voucher::SaleWindow;
+
+/// What the admission script decided for one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// Stock taken, buyer recorded, order queued.
+    Admitted {
+        order_id: OrderId,
+        stock_after: i64,
+    },
+    /// Redis has no sale for this voucher (never preloaded, or lost).
+    NotLoaded,
+    NotStarted,
+    Ended,
+    SoldOut,
+    /// The user already holds `order_id` for this voucher.
+    AlreadyPurchased {
+        order_id: OrderId,
+    },
+}
 
 /// What the admission script answered. A refusal also carries the sale window when
 /// Redis knows it (so the instance can answer `not_started` / `ended` later without

@@ -1,10 +1,10 @@
 //! A voucher: its sale window, its payment terms and price, the rules an admin's request
 //! must meet ([`NewVoucher`]) and the row as stored ([`Voucher`]).
 
-use super::{
-    Bucket, MAX_BUCKETS, PLANNED_ADMISSIONS_PER_BUCKET, UnixMillis, ValidationError, VoucherId,
-    WaitingRoom, invalid, parse_rfc3339_millis,
-};
+use super::bucket::{Bucket, MAX_BUCKETS, PLANNED_ADMISSIONS_PER_BUCKET};
+use super::clock::{UnixMillis, parse_rfc3339_millis};
+use super::ids::{ValidationError, VoucherId, invalid};
+use super::room::WaitingRoom;
 
 /// When a voucher is on sale: `[begins_ms, ends_ms)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

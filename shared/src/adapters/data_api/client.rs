@@ -1,0 +1,157 @@
+//! [`DataApi`], the client bound to one cluster, secret and database, and the plumbing
+//! every statement goes through: one statement, and a transaction begun, committed or
+//! rolled back.
+//!
+//! Invariants kept here: every call is bounded by the configured timeout (retries
+//! included), and every failure leaves through [`store_error`], so callers see transient
+//! and permanent errors told apart.
+
+use aws_config::BehaviorVersion;
+use aws_sdk_rdsdata::Client;
+use aws_sdk_rdsdata::config::{Credentials, Region};
+use aws_sdk_rdsdata::error::ProvideErrorMetadata;
+use aws_sdk_rdsdata::operation::execute_statement::ExecuteStatementOutput;
+use aws_sdk_rdsdata::types::SqlParameter;
+use aws_smithy_types::timeout::TimeoutConfig;
+
+use super::errors::store_error;
+use crate::config::DataApiConfig;
+use crate::error::StoreError;
+
+/// A Data API client bound to one cluster, secret and database. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct DataApi {
+    client: Client,
+    cluster_arn: String,
+    secret_arn: String,
+    database: String,
+}
+
+/// The AWS SDK's shared configuration for a client of this project. Against a local
+/// endpoint (`local`: data-api-local, which also answers Secrets Manager) it needs no AWS
+/// credentials or region: the local server accepts any signature.
+pub async fn sdk_config(local: bool) -> aws_config::SdkConfig {
+    let mut loader = aws_config::defaults(BehaviorVersion::latest());
+    if local {
+        loader = loader.credentials_provider(Credentials::new(
+            "local",
+            "local",
+            None,
+            None,
+            "seckill-local",
+        ));
+        if std::env::var_os("AWS_REGION").is_none()
+            && std::env::var_os("AWS_DEFAULT_REGION").is_none()
+        {
+            loader = loader.region(Region::new("us-east-1"));
+        }
+    }
+    loader.load().await
+}
+
+impl DataApi {
+    /// Builds the client once per cold start: region and credentials from the standard
+    /// AWS environment, a bound on each call (retries included).
+    pub async fn connect(cfg: &DataApiConfig) -> DataApi {
+        let shared = sdk_config(cfg.endpoint.is_some()).await;
+        let mut builder = aws_sdk_rdsdata::config::Builder::from(&shared).timeout_config(
+            TimeoutConfig::builder()
+                .operation_timeout(cfg.timeout)
+                .build(),
+        );
+        if let Some(endpoint) = &cfg.endpoint {
+            builder = builder.endpoint_url(endpoint);
+        }
+        DataApi {
+            client: Client::from_conf(builder.build()),
+            cluster_arn: cfg.cluster_arn.clone(),
+            secret_arn: cfg.secret_arn.clone(),
+            database: cfg.database.clone(),
+        }
+    }
+
+    /// The database this client works in.
+    pub fn database(&self) -> &str {
+        &self.database
+    }
+
+    /// Runs one statement, inside `transaction` when given.
+    pub async fn execute(
+        &self,
+        sql: &str,
+        params: Vec<SqlParameter>,
+        transaction: Option<&str>,
+    ) -> Result<ExecuteStatementOutput, StoreError> {
+        self.client
+            .execute_statement()
+            .resource_arn(&self.cluster_arn)
+            .secret_arn(&self.secret_arn)
+            .database(&self.database)
+            .sql(sql)
+            .set_parameters(Some(params))
+            .set_transaction_id(transaction.map(str::to_string))
+            .send()
+            .await
+            .map_err(store_error)
+    }
+
+    /// Begins a transaction; the caller must commit or roll back.
+    pub async fn begin(&self) -> Result<String, StoreError> {
+        let out = self
+            .client
+            .begin_transaction()
+            .resource_arn(&self.cluster_arn)
+            .secret_arn(&self.secret_arn)
+            .database(&self.database)
+            .send()
+            .await
+            .map_err(store_error)?;
+        out.transaction_id
+            .ok_or_else(|| StoreError::Corrupt("BeginTransaction returned no id".into()))
+    }
+
+    pub async fn commit(&self, transaction: &str) -> Result<(), StoreError> {
+        self.client
+            .commit_transaction()
+            .resource_arn(&self.cluster_arn)
+            .secret_arn(&self.secret_arn)
+            .transaction_id(transaction)
+            .send()
+            .await
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    /// Rolls back; errors are only logged, since the server also rolls back abandoned
+    /// transactions on its own.
+    pub async fn rollback(&self, transaction: &str) {
+        if let Err(err) = self.try_rollback(transaction).await {
+            tracing::warn!(error = %err, "rollback failed");
+        }
+    }
+
+    /// Rolls back and says how it went: `Ok(true)` rolled back, `Ok(false)` the server
+    /// no longer knew the transaction (committed, rolled back or expired already).
+    pub async fn try_rollback(&self, transaction: &str) -> Result<bool, StoreError> {
+        match self
+            .client
+            .rollback_transaction()
+            .resource_arn(&self.cluster_arn)
+            .secret_arn(&self.secret_arn)
+            .transaction_id(transaction)
+            .send()
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(err)
+                if matches!(
+                    err.code(),
+                    Some("TransactionNotFoundException" | "NotFoundException")
+                ) =>
+            {
+                Ok(false)
+            }
+            Err(err) => Err(store_error(err)),
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! How a Data API failure is sorted, once: transient (the service, the network or the
+//! database is not there right now, or a row lock is held) or permanent (the database
+//! refused the statement).
+//!
+//! Invariant kept here: a passing state of the database (a lock wait, a deadlock, a
+//! failover, a scaling event) is never sorted as permanent, so the drainer never
+//! dead-letters the orders of a batch for it.
+
+use aws_sdk_rdsdata::error::{ProvideErrorMetadata, SdkError};
+
+use crate::error::StoreError;
+
+/// Sorts an SDK failure into transient (the service, network or database is not there
+/// right now) and permanent (the database refused the statement).
+pub fn store_error<E, R>(err: SdkError<E, R>) -> StoreError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug,
+{
+    match &err {
+        SdkError::ServiceError(service) => {
+            let e = service.err();
+            let code = e.code().unwrap_or("Unknown");
+            let message = e.message().unwrap_or("").to_string();
+            match code {
+                "DatabaseErrorException" if is_lock_conflict(&message) => StoreError::Locked {
+                    backend: "data api",
+                    detail: format!("{code}: {message}"),
+                },
+                // Aurora also reports a lost or failing-over connection as a bad request
+                // ("Communications link failure"): sorted by its text, not its name.
+                "DatabaseErrorException" | "BadRequestException"
+                    if is_transient_database_error(&message) =>
+                {
+                    StoreError::Unavailable {
+                        backend: "data api",
+                        detail: format!("{code}: {message}"),
+                    }
+                }
+                "DatabaseErrorException"
+                | "BadRequestException"
+                | "ForbiddenException"
+                | "AccessDeniedException" => StoreError::Database(format!("{code}: {message}")),
+                _ => StoreError::Unavailable {
+                    backend: "data api",
+                    detail: format!("{code}: {message}"),
+                },
+            }
+        }
+        _ => StoreError::Unavailable {
+            backend: "data api",
+            detail: aws_smithy_types::error::display::DisplayErrorContext(&err).to_string(),
+        },
+    }
+}
+
+/// MySQL errors that the Data API reports as `DatabaseErrorException` although a later
+/// retry can succeed: lock waits (including `NOWAIT`), deadlocks, a writer that turned
+/// read-only during an Aurora failover, a connection killed or lost mid-statement, a
+/// transaction Aurora aborted while scaling or the Data API no longer knows, and any
+/// error that itself asks to be retried. Sorting them as permanent would make the drainer
+/// blame (and dead-letter) the orders of a batch for what is the database's passing state.
+pub fn is_transient_database_error(message: &str) -> bool {
+    const PASSING: &[&str] = &[
+        "lock wait timeout",
+        "deadlock found",
+        "nowait is set",
+        "try restarting transaction",
+        "read-only",
+        "read only",
+        "connection was killed",
+        "query execution was interrupted",
+        "server shutdown in progress",
+        "lost connection",
+        "server has gone away",
+        "too many connections",
+        "communications link failure",
+        "database is resuming",
+        // "Table definition has changed, please retry transaction" (1412), Aurora's
+        // "... aborted due to Seamless Scaling. Please retry.", and their kin.
+        "please retry",
+        "retry transaction",
+        "seamless scaling",
+        // MariaDB 1020: a row changed under a consistent read; the next attempt reads it.
+        "record has changed since last read",
+    ];
+    let lower = message.to_ascii_lowercase();
+    // The transaction expired or went with a failover: the batch's next attempt begins
+    // a new one.
+    let lost_transaction = lower.contains("transaction") && lower.contains("not found");
+    lost_transaction || PASSING.iter().any(|p| lower.contains(p))
+}
+
+/// Whether a database error's text says a row lock was held by another transaction
+/// (`NOWAIT`, or a lock wait that timed out), as opposed to the database being
+/// unreachable.
+fn is_lock_conflict(message: &str) -> bool {
+    let lower = message.to_ascii_lowercase();
+    lower.contains("lock wait timeout") || lower.contains("nowait is set")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_row_lock_is_told_apart_from_an_unreachable_database() {
+        assert!(is_lock_conflict(
+            "Lock wait timeout exceeded; try restarting transaction"
+        ));
+        assert!(is_lock_conflict(
+            "Statement aborted because lock(s) could not be acquired immediately and NOWAIT is set."
+        ));
+        assert!(!is_lock_conflict("Communications link failure"));
+        assert!(!is_lock_conflict("Duplicate entry '1' for key 'PRIMARY'"));
+    }
+
+    #[test]
+    fn passing_database_states_are_transient_and_data_errors_are_not() {
+        for transient in [
+            "Lock wait timeout exceeded; try restarting transaction",
+            "Deadlock found when trying to get lock; try restarting transaction",
+            "Statement aborted because lock(s) could not be acquired immediately and NOWAIT is set.",
+            "The MySQL server is running with the --read-only option so it cannot execute this statement",
+            "Connection was killed",
+            "Communications link failure\n\nThe last packet sent successfully to the server was 0 milliseconds ago.",
+            "Table definition has changed, please retry transaction",
+            "The last transaction was aborted due to Seamless Scaling. Please retry.",
+            "Transaction AQC9dZ8l... is not found",
+            "Record has changed since last read in table 'orders'",
+        ] {
+            assert!(is_transient_database_error(transient), "{transient}");
+        }
+        for permanent in [
+            "Duplicate entry '1' for key 'PRIMARY'",
+            "Data too long for column 'user_id' at row 1",
+            "CONSTRAINT `vouchers_stock_left_nonnegative` failed for `seckill`.`vouchers`",
+            "Table 'seckill.orders' doesn't exist",
+        ] {
+            assert!(!is_transient_database_error(permanent), "{permanent}");
+        }
+    }
+}

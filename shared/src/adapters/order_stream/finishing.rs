@@ -1,0 +1,80 @@
+//! How an entry leaves the pending list, and the stream with it: acked once its batch
+//! is committed, or dead-lettered; trimmed once every group is past it.
+//!
+//! Invariants kept here: an entry is never acked without being either in the database
+//! (the caller acks after its commit) or in the dead letters (`lua/dead_letter.lua`
+//! copies and acks in one script); a trim removes only entries every group has acked
+//! and that were delivered (`lua/trim.lua`, `XTRIM MINID`), never by `MAXLEN`.
+
+use redis::AsyncCommands;
+
+use super::reading::OrderStreams;
+use super::scripts::{DEAD_LETTER, TRIM};
+use crate::domain::{Bucket, StreamEntry};
+use crate::error::StoreError;
+use crate::keys::{self, VoucherKeys};
+use crate::protocol;
+
+/// What [`OrderStreams::trim`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Trimmed {
+    /// Entries removed.
+    pub removed: u64,
+    /// The MINID used, `None` when nothing could be trimmed.
+    pub min_id: Option<String>,
+}
+
+impl OrderStreams {
+    /// Acknowledges entries; returns how many were still pending.
+    pub async fn ack(&self, voucher: impl Into<Bucket>, ids: &[&str]) -> Result<u64, StoreError> {
+        let voucher: Bucket = voucher.into();
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let k = VoucherKeys::new(voucher);
+        let acked: u64 = self
+            .conn
+            .clone()
+            .xack(&k.orders, keys::DRAIN_GROUP, ids)
+            .await?;
+        Ok(acked)
+    }
+
+    /// Copies `entry` with `reason` to the dead-letter stream and acks it, atomically.
+    /// Returns false when the entry was no longer pending (someone else finished it).
+    pub async fn dead_letter(
+        &self,
+        voucher: impl Into<Bucket>,
+        entry: &StreamEntry,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        let voucher: Bucket = voucher.into();
+        let k = VoucherKeys::new(voucher);
+        let mut call = DEAD_LETTER.key(&k.orders);
+        call.key(&k.dead)
+            .arg(keys::DRAIN_GROUP)
+            .arg(&entry.id)
+            .arg(reason)
+            .arg(entry.deliveries);
+        for (f, v) in &entry.fields {
+            call.arg(f.as_slice()).arg(v.as_slice());
+        }
+        let written: i64 = call.invoke_async(&mut self.conn.clone()).await?;
+        Ok(written == protocol::dead_letter::WRITTEN)
+    }
+
+    /// Trims the orders stream below every group's oldest pending entry and
+    /// last-delivered id (`lua/trim.lua`).
+    pub async fn trim(&self, voucher: impl Into<Bucket>) -> Result<Trimmed, StoreError> {
+        let voucher: Bucket = voucher.into();
+        let k = VoucherKeys::new(voucher);
+        let (removed, min_id): (u64, String) = TRIM
+            .key(&k.orders)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(Trimmed {
+            removed,
+            min_id: (!min_id.is_empty()).then_some(min_id),
+        })
+    }
+}

@@ -1,0 +1,278 @@
+//! What the drainer looks at before it reads: the set of buckets to visit, one
+//! stream's probe (`lua/probe.lua`) and statistics, and the retirement of a finished
+//! sale (`lua/expire_sale.lua`).
+//!
+//! Invariants kept here: the probe, the drainer's first call on every stream, makes the
+//! drain group where it is missing, so `NOGROUP` never happens; a finished sale is
+//! retired only when nothing of it is left to drain, pay, settle or transfer.
+
+use std::time::Duration;
+
+use redis::{AsyncCommands, Value};
+
+use super::parse::{id_less, parse_entries, string_of};
+use super::reading::OrderStreams;
+use super::scripts::{EXPIRE_SALE, PROBE};
+use crate::domain::{Bucket, UnixMillis};
+use crate::error::StoreError;
+use crate::keys::{self, VoucherKeys};
+use crate::protocol::{self, sale_fields};
+
+/// Spent consumers one [`OrderStreams::probe`] deletes at most: a long backlog goes in
+/// small steps, never one long script.
+pub const REAP_PER_PROBE: u64 = 8;
+
+/// The state of one voucher's orders stream and its drain group.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StreamStats {
+    /// XLEN.
+    pub length: u64,
+    /// Entries delivered and not yet acked.
+    pub pending: u64,
+    /// Entries not yet delivered to the group: XINFO GROUPS `lag`, or when Redis cannot
+    /// tell (`nil`), 0 if the newest entry was delivered, else the estimate
+    /// `length - pending` (an upper bound).
+    pub undelivered: u64,
+    /// False when `undelivered` is the estimate.
+    pub lag_exact: bool,
+    /// True when the group was delivered the stream's newest entry (or it is empty): no
+    /// entry waits for a first read.
+    pub fully_delivered: bool,
+    /// The group's last-delivered id (`0-0` before the first read).
+    pub last_delivered: String,
+}
+
+/// What one voucher's stream needs from the drainer (`lua/probe.lua`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Probe {
+    /// XLEN.
+    pub length: u64,
+    /// Entries delivered and not yet acked.
+    pub pending: u64,
+    /// Entries not yet delivered to the group (exact, or the upper bound
+    /// `length - pending` when Redis cannot tell).
+    pub undelivered: u64,
+    /// True when the group was delivered the newest entry (or the stream is empty).
+    pub fully_delivered: bool,
+    /// True when a pending entry has been idle for the claim threshold.
+    pub claimable: bool,
+    /// Idle time of the oldest pending entry, in ms; `None` when nothing is pending.
+    pub oldest_idle_ms: Option<u64>,
+    /// The sale's end (unix ms); `None` when Redis has no sale hash.
+    pub ends_ms: Option<UnixMillis>,
+    /// The group's last-delivered id.
+    pub last_delivered: String,
+    /// Spent consumers this probe deleted.
+    pub reaped: u64,
+    /// An order's payment deadline has passed or a close waits for the database
+    /// (vouchers with a payment step): the drainer sweeps the voucher.
+    pub closing: bool,
+}
+
+impl Probe {
+    /// Whether the drainer has anything to do here: new entries, or idle ones to claim.
+    pub fn has_work(&self) -> bool {
+        self.undelivered > 0 || !self.fully_delivered || self.claimable
+    }
+}
+
+impl OrderStreams {
+    /// The buckets the drainer should visit (`SMEMBERS seckill:active`: voucher ids, and
+    /// `<voucher>.<b>` for the other buckets of bucketed vouchers), sorted, and the
+    /// members that are neither (reported, never fatal).
+    pub async fn active_vouchers(&self) -> Result<(Vec<Bucket>, Vec<String>), StoreError> {
+        let members: Vec<String> = self.conn.clone().smembers(keys::ACTIVE_VOUCHERS).await?;
+        let mut ids = Vec::with_capacity(members.len());
+        let mut bad = Vec::new();
+        for m in members {
+            match m.parse::<Bucket>() {
+                Ok(id) => ids.push(id),
+                Err(_) => bad.push(m),
+            }
+        }
+        ids.sort();
+        Ok((ids, bad))
+    }
+
+    /// Whether a finished sale may be retired (`lua/expire_sale.lua`): false while its
+    /// stream holds undrained orders, orders wait for payment or for their close to
+    /// reach the database, or units it gave are on their way (then nothing changes).
+    /// When it may, its keys get an expiry of `retention` (`None`: they are kept); a
+    /// non-empty dead-letter stream is kept either way.
+    pub async fn expire_finished(
+        &self,
+        voucher: impl Into<Bucket>,
+        retention: Option<Duration>,
+    ) -> Result<bool, StoreError> {
+        let voucher: Bucket = voucher.into();
+        let k = VoucherKeys::new(voucher);
+        let done: i64 = EXPIRE_SALE
+            .key(&k.sale)
+            .key(&k.buyers)
+            .key(&k.orders)
+            .key(&k.dead)
+            .key(&k.drain_tx)
+            .key(&k.repair)
+            .key(&k.deadlines)
+            .key(&k.closed)
+            .key(&k.to_settle)
+            .key(&k.transfers)
+            .key(&k.received)
+            .arg(keys::DRAIN_GROUP)
+            .arg(retention.map_or(0, |r| r.as_millis() as u64))
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(done == protocol::expire_sale::EXPIRING)
+    }
+
+    /// Removes a voucher from the active set; true when it was there.
+    pub async fn retire(&self, voucher: impl Into<Bucket>) -> Result<bool, StoreError> {
+        let voucher: Bucket = voucher.into();
+        let removed: i64 = self
+            .conn
+            .clone()
+            .srem(keys::ACTIVE_VOUCHERS, voucher.to_string())
+            .await?;
+        Ok(removed == 1)
+    }
+
+    /// Probes one voucher's stream in one script call (`lua/probe.lua`): makes its drain
+    /// group if missing and reports what the drainer has to do there ([`Probe`]). When
+    /// `leaving` (the run's last look at the stream), it also deletes up to
+    /// [`REAP_PER_PROBE`] spent consumers other than `consumer`, and `consumer` itself
+    /// if it holds nothing.
+    pub async fn probe(
+        &self,
+        voucher: impl Into<Bucket>,
+        consumer: &str,
+        min_idle: Duration,
+        leaving: bool,
+    ) -> Result<Probe, StoreError> {
+        let voucher: Bucket = voucher.into();
+        let k = VoucherKeys::new(voucher);
+        let reply: Vec<Value> = PROBE
+            .key(&k.orders)
+            .key(&k.sale)
+            .key(&k.deadlines)
+            .key(&k.to_settle)
+            .key(&k.closed)
+            .arg(keys::DRAIN_GROUP)
+            .arg(min_idle.as_millis() as u64)
+            .arg(consumer)
+            .arg(if leaving { REAP_PER_PROBE } else { 0 })
+            .arg(if leaving { "1" } else { "0" })
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let bad = || StoreError::Corrupt(format!("probe of voucher {voucher} replied {reply:?}"));
+        let int = |i: usize| match reply.get(i) {
+            Some(Value::Int(n)) => Ok(*n),
+            _ => Err(bad()),
+        };
+        let (length, pending, undelivered) = (int(0)?, int(1)?, int(2)?);
+        let (fully, claimable, oldest_idle, ends) = (int(3)?, int(4)?, int(5)?, int(6)?);
+        let last_delivered = reply.get(7).cloned().and_then(string_of).ok_or_else(bad)?;
+        let reaped = int(8)?;
+        let closing = int(9)? == 1;
+        let count = |n: i64| u64::try_from(n).map_err(|_| bad());
+        let (length, pending, undelivered) = (count(length)?, count(pending)?, count(undelivered)?);
+        Ok(Probe {
+            length,
+            pending,
+            undelivered,
+            fully_delivered: fully == 1,
+            claimable: claimable == 1,
+            oldest_idle_ms: u64::try_from(oldest_idle).ok(),
+            ends_ms: (ends >= 0).then_some(ends),
+            last_delivered,
+            reaped: count(reaped)?,
+            closing,
+        })
+    }
+
+    /// Length, pending count and lag of the drain group (`None` when the stream or the
+    /// group does not exist).
+    pub async fn stats(
+        &self,
+        voucher: impl Into<Bucket>,
+    ) -> Result<Option<StreamStats>, StoreError> {
+        let voucher: Bucket = voucher.into();
+        let k = VoucherKeys::new(voucher);
+        let mut conn = self.conn.clone();
+        let exists: bool = conn.exists(&k.orders).await?;
+        if !exists {
+            return Ok(None);
+        }
+        let groups: redis::streams::StreamInfoGroupsReply = conn.xinfo_groups(&k.orders).await?;
+        let Some(group) = groups
+            .groups
+            .into_iter()
+            .find(|g| g.name == keys::DRAIN_GROUP)
+        else {
+            return Ok(None);
+        };
+        let length: u64 = conn.xlen(&k.orders).await?;
+        let newest: Value = redis::cmd("XREVRANGE")
+            .arg(&k.orders)
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(&mut conn)
+            .await?;
+        let newest = parse_entries(newest)?.into_iter().next().map(|e| e.id);
+        let fully_delivered = match &newest {
+            None => true,
+            Some(id) => !id_less(&group.last_delivered_id, id),
+        };
+        let pending = group.pending as u64;
+        let (undelivered, lag_exact) = match group.lag {
+            Some(lag) => (lag as u64, true),
+            None if fully_delivered => (0, true),
+            None => (length.saturating_sub(pending), false),
+        };
+        Ok(Some(StreamStats {
+            length,
+            pending,
+            undelivered,
+            lag_exact,
+            fully_delivered,
+            last_delivered: group.last_delivered_id,
+        }))
+    }
+
+    /// Adds the voucher to the set the drainer visits (idempotent).
+    pub async fn activate(&self, voucher: impl Into<Bucket>) -> Result<(), StoreError> {
+        let voucher: Bucket = voucher.into();
+        let _: i64 = self
+            .conn
+            .clone()
+            .sadd(keys::ACTIVE_VOUCHERS, voucher.to_string())
+            .await?;
+        Ok(())
+    }
+
+    /// Whether the voucher is in the set the drainer visits.
+    pub async fn is_active(&self, voucher: impl Into<Bucket>) -> Result<bool, StoreError> {
+        let voucher: Bucket = voucher.into();
+        Ok(self
+            .conn
+            .clone()
+            .sismember(keys::ACTIVE_VOUCHERS, voucher.to_string())
+            .await?)
+    }
+
+    /// When the voucher's sale ends (`ends_ms` of its sale hash), if Redis has the sale.
+    pub async fn sale_ends_ms(
+        &self,
+        voucher: impl Into<Bucket>,
+    ) -> Result<Option<UnixMillis>, StoreError> {
+        let voucher: Bucket = voucher.into();
+        let k = VoucherKeys::new(voucher);
+        let ends: Option<String> = self
+            .conn
+            .clone()
+            .hget(&k.sale, sale_fields::ENDS_MS)
+            .await?;
+        Ok(ends.and_then(|s| s.parse().ok()))
+    }
+}
