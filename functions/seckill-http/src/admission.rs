@@ -16,8 +16,8 @@ use serde_json::json;
 use crate::app::App;
 use crate::cache::Known;
 use crate::error::{ApiError, json_response};
+use crate::lookup::{not_found_voucher, sale_buckets};
 use crate::repair::repair;
-use crate::vouchers::not_found_voucher;
 
 /// `POST /vouchers/{id}/seckill` (user): the admission, one Redis round trip.
 pub(crate) async fn seckill(
@@ -214,18 +214,4 @@ async fn borrow_and_admit(
     // a refusal that may come early, and not one to remember.
     tracing::warn!(%bucket, rounds = round, elapsed = ?began.elapsed(), "still no unit after borrowing for every round; answering sold out");
     Ok((reply, false))
-}
-
-/// The voucher's stock buckets as bucket 0's sale hash records them, remembered by this
-/// instance; `None` when Redis does not have the sale.
-pub(crate) async fn sale_buckets(
-    app: &App,
-    sales: &RedisSales,
-    voucher: VoucherId,
-) -> Result<Option<u16>, ApiError> {
-    let found = sales.sale_buckets(voucher).await?;
-    if let Some(k) = found {
-        app.cache.learn_buckets(voucher, k);
-    }
-    Ok(found)
 }

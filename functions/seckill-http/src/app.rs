@@ -10,7 +10,7 @@ use tokio::sync::OnceCell;
 use crate::cache::VoucherCache;
 use crate::config::Config;
 use crate::limiter::{RateLimiter, Source};
-use crate::payment::WebhookSecrets;
+use crate::webhook_secrets::WebhookSecrets;
 
 /// Voucher creations one admin may make per second through one instance, and the burst.
 pub const ADMIN_RATE_PER_SEC: u32 = 100;

@@ -5,7 +5,7 @@ use seckill_shared::config::{
 };
 use seckill_shared::webhook::Secrets;
 
-use crate::payment::SecretSource;
+use crate::webhook_secrets::SecretSource;
 
 /// The environment variables [`Config::read`] reads itself, besides the backends'
 /// ([`seckill_shared::config::BACKEND_ENV_VARS`]); [`env_vars`] is all of them.

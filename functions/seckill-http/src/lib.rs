@@ -5,6 +5,11 @@
 //! per-user rate limit ([`limiter`]), take an order id from a leased block, run the one
 //! atomic Lua script, answer `202` with the order id. The database is written later by
 //! order-drainer. The other routes: [`vouchers`], [`orders`], [`payment`].
+//!
+//! Modules refer only downwards: [`routes`] → the handlers ([`vouchers`], [`admission`],
+//! [`orders`], [`payment`]) → [`repair`] and [`lookup`] → [`app`] → [`config`]; the
+//! leaves ([`error`], [`request`], [`identity`], [`cache`], [`limiter`],
+//! [`webhook_secrets`]) refer to none of these.
 
 pub mod admission;
 pub mod app;
@@ -13,11 +18,14 @@ pub mod config;
 pub mod error;
 pub mod identity;
 pub mod limiter;
+pub mod lookup;
 pub mod orders;
 pub mod payment;
 pub mod repair;
+pub mod request;
 pub mod routes;
 pub mod vouchers;
+pub mod webhook_secrets;
 
 pub use app::App;
 pub use config::Config;

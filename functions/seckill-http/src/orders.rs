@@ -10,10 +10,9 @@ use seckill_shared::domain::{
 };
 use serde_json::json;
 
-use crate::admission::sale_buckets;
 use crate::app::App;
 use crate::error::{ApiError, json_response};
-use crate::vouchers::voucher_of;
+use crate::lookup::{sale_buckets, voucher_of};
 
 /// `GET /orders/{order_id}` (the buyer): `confirmed`/`rejected` from the database,
 /// `pending` while admitted in Redis and not yet drained. Another user's order is 404.

@@ -16,8 +16,6 @@
 //!
 //! Every close is decided in Redis first; the drainer writes it to the database later.
 
-use std::time::{Duration, Instant};
-
 use http::StatusCode;
 use lambda_http::{Body, Request, Response};
 use seckill_shared::adapters::closes::restore_deadlines;
@@ -28,80 +26,16 @@ use seckill_shared::domain::{
     Bucket, ClosedOrder, OrderId, OrderStatus, PaymentRef, UnixMillis, UserId, Voucher, VoucherId,
     format_rfc3339_millis,
 };
-use seckill_shared::webhook::{self, Event, EventType, Secrets};
+use seckill_shared::webhook::{self, Event, EventType};
 use serde_json::json;
-use tokio::sync::Mutex;
 
 use crate::app::App;
 use crate::error::{ApiError, json_response};
-use crate::routes::MAX_BODY_BYTES;
-use crate::vouchers::voucher_of;
+use crate::lookup::voucher_of;
+use crate::request::MAX_BODY_BYTES;
 use seckill_shared::auth::Identity;
 
-/// Where the function finds the webhook's signing secrets.
-#[derive(Debug, Clone)]
-pub enum SecretSource {
-    /// None configured: the webhook answers 503 (the provider resends later).
-    Missing,
-    /// Given in the configuration (tests, local use without Secrets Manager).
-    Inline(Secrets),
-    /// A Secrets Manager secret whose string is `current[,previous]`, read at the first
-    /// event and again every [`SECRET_REFRESH`] (a rotation reaches every instance
-    /// within that time). `endpoint`: Secrets Manager's URL, locally.
-    SecretsManager {
-        arn: String,
-        endpoint: Option<String>,
-    },
-}
-
-/// How long an instance keeps the secrets it read before reading them again.
-pub const SECRET_REFRESH: Duration = Duration::from_secs(300);
-
-/// The webhook's secrets as an instance holds them.
-pub struct WebhookSecrets {
-    source: SecretSource,
-    read: Mutex<Option<(Instant, Secrets)>>,
-}
-
-impl WebhookSecrets {
-    pub fn new(source: SecretSource) -> WebhookSecrets {
-        WebhookSecrets {
-            source,
-            read: Mutex::new(None),
-        }
-    }
-
-    /// The secrets to check a signature with, read from their source if need be.
-    async fn get(&self) -> Result<Secrets, ApiError> {
-        let (arn, endpoint) = match &self.source {
-            SecretSource::Inline(s) => return Ok(s.clone()),
-            SecretSource::Missing => {
-                return Err(ApiError::Unavailable(
-                    seckill_shared::error::StoreError::Unavailable {
-                        backend: "secrets",
-                        detail: "no payment webhook secret configured (PAYMENT_WEBHOOK_SECRET_ARN)"
-                            .into(),
-                    },
-                ));
-            }
-            SecretSource::SecretsManager { arn, endpoint } => (arn, endpoint.as_deref()),
-        };
-        let mut read = self.read.lock().await;
-        if let Some((at, secrets)) = read.as_ref()
-            && at.elapsed() < SECRET_REFRESH
-        {
-            return Ok(secrets.clone());
-        }
-        let text = seckill_shared::adapters::secrets::secret_string(arn, endpoint).await?;
-        let secrets = Secrets::parse(&text).map_err(|e| {
-            ApiError::Unavailable(seckill_shared::error::StoreError::Corrupt(format!(
-                "the payment webhook secret {arn}: {e}"
-            )))
-        })?;
-        *read = Some((Instant::now(), secrets.clone()));
-        Ok(secrets)
-    }
-}
+pub use crate::webhook_secrets::SecretSource;
 
 /// An order found for its buyer: its voucher (with a payment step) and bucket, and its
 /// database row if it was drained.

@@ -16,9 +16,7 @@ use seckill_shared::domain::{UnixMillis, now_millis};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::identity::identify;
-use crate::limiter::Source;
-use crate::payment;
-use crate::{admission, orders, vouchers};
+use crate::{admission, orders, payment, vouchers};
 
 /// Every route: method, path pattern, whether it needs a token. The SAM template must
 /// declare exactly these (a test compares them).
@@ -32,9 +30,6 @@ pub const ROUTES: &[(&str, &str, bool)] = &[
     ("POST", "/orders/{order_id}/cancel", true),
     ("POST", "/payments/webhook", false),
 ];
-
-/// The largest request body accepted (a voucher is a few hundred bytes).
-pub const MAX_BODY_BYTES: usize = 16 * 1024;
 
 /// A recognised route with its path parameter.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -305,14 +300,6 @@ async fn limit_reads(app: &App, caller: &Identity, now: UnixMillis) -> Result<()
             Ok(())
         }
     }
-}
-
-/// The address API Gateway saw the request come from.
-pub(crate) fn source_of(req: &Request) -> Source {
-    Source::of(match req.request_context_ref() {
-        Some(RequestContext::ApiGatewayV2(ctx)) => ctx.http.source_ip.as_deref(),
-        _ => None,
-    })
 }
 
 fn now_secs(now: UnixMillis) -> i64 {

@@ -15,8 +15,9 @@ use crate::app::App;
 use crate::cache::Known;
 use crate::error::{ApiError, json_response};
 use crate::identity::require_admin;
+use crate::lookup::{not_found_voucher, voucher_of};
 use crate::repair::repair;
-use crate::routes::{MAX_BODY_BYTES, source_of};
+use crate::request::{MAX_BODY_BYTES, source_of};
 
 /// The body of `POST /vouchers`. An optional field is absent or holds a value of its
 /// type: `null` is refused, as the contract's schema says.
@@ -146,28 +147,6 @@ pub(crate) async fn get_voucher(
         StatusCode::OK,
         &voucher_json(&voucher, stock_left),
     ))
-}
-
-/// The voucher's row: from this instance's memory, else the database (remembered
-/// either way, a missing one for a short while).
-pub(crate) async fn voucher_of(
-    app: &App,
-    id: VoucherId,
-    now: UnixMillis,
-) -> Result<Option<Voucher>, ApiError> {
-    if let Some(v) = app.cache.voucher(id) {
-        return Ok(Some(v));
-    }
-    let found = app.db.voucher(id).await?;
-    match &found {
-        Some(v) => app.cache.learn_voucher(v),
-        None => app.cache.learn_missing(id, now),
-    }
-    Ok(found)
-}
-
-pub(crate) fn not_found_voucher(id: VoucherId) -> ApiError {
-    ApiError::NotFound(format!("voucher {id} not found"))
 }
 
 fn voucher_json(v: &Voucher, stock_left: i64) -> serde_json::Value {

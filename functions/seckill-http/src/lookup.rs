@@ -1,0 +1,44 @@
+//! The voucher as any handler finds it: its row (this instance's memory, else the
+//! database), its stock buckets (memory, else Redis), and the answer when there is none.
+
+use seckill_shared::adapters::redis::RedisSales;
+use seckill_shared::domain::{UnixMillis, Voucher, VoucherId};
+
+use crate::app::App;
+use crate::error::ApiError;
+
+/// The voucher's row: from this instance's memory, else the database (remembered
+/// either way, a missing one for a short while).
+pub(crate) async fn voucher_of(
+    app: &App,
+    id: VoucherId,
+    now: UnixMillis,
+) -> Result<Option<Voucher>, ApiError> {
+    if let Some(v) = app.cache.voucher(id) {
+        return Ok(Some(v));
+    }
+    let found = app.db.voucher(id).await?;
+    match &found {
+        Some(v) => app.cache.learn_voucher(v),
+        None => app.cache.learn_missing(id, now),
+    }
+    Ok(found)
+}
+
+pub(crate) fn not_found_voucher(id: VoucherId) -> ApiError {
+    ApiError::NotFound(format!("voucher {id} not found"))
+}
+
+/// The voucher's stock buckets as bucket 0's sale hash records them, remembered by this
+/// instance; `None` when Redis does not have the sale.
+pub(crate) async fn sale_buckets(
+    app: &App,
+    sales: &RedisSales,
+    voucher: VoucherId,
+) -> Result<Option<u16>, ApiError> {
+    let found = sales.sale_buckets(voucher).await?;
+    if let Some(k) = found {
+        app.cache.learn_buckets(voucher, k);
+    }
+    Ok(found)
+}

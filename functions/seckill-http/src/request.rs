@@ -1,0 +1,18 @@
+//! What the handlers read from a request besides its route: the largest body accepted
+//! and the address the request came from.
+
+use lambda_http::request::RequestContext;
+use lambda_http::{Request, RequestExt};
+
+use crate::limiter::Source;
+
+/// The largest request body accepted (a voucher is a few hundred bytes).
+pub const MAX_BODY_BYTES: usize = 16 * 1024;
+
+/// The address API Gateway saw the request come from.
+pub(crate) fn source_of(req: &Request) -> Source {
+    Source::of(match req.request_context_ref() {
+        Some(RequestContext::ApiGatewayV2(ctx)) => ctx.http.source_ip.as_deref(),
+        _ => None,
+    })
+}
