@@ -73,6 +73,8 @@ DB_MASTER_SECRET_ARN=arn:aws:secretsmanager:us-east-1:000000000000:secret:seckil
 DB_APP_SECRET_ARN=arn:aws:secretsmanager:us-east-1:000000000000:secret:seckill-local-app
 # The payment webhook's signing secret, served by data-api-local's Secrets Manager.
 PAYMENT_WEBHOOK_SECRET_ARN=arn:aws:secretsmanager:us-east-1:000000000000:secret:seckill-local-payment-webhook
+# The waiting rooms' entry-token signing secret, served the same way.
+ENTRY_TOKEN_SECRET_ARN=arn:aws:secretsmanager:us-east-1:000000000000:secret:seckill-local-entry-token
 DB_SECRET_ARN=$DB_APP_SECRET_ARN
 DB_APP_USER=seckill_app
 DB_NAME=seckill
@@ -89,6 +91,7 @@ JWT_FILE=$DEV_DIR/jwt-secret
 # The payment webhook's signing secrets (`current[,previous]`): made once; write
 # `new,old` into it and run `up` again to rotate.
 WEBHOOK_FILE=$DEV_DIR/payment-webhook-secret
+ENTRY_FILE=$DEV_DIR/entry-token-secret
 # The application user's password (letters and digits, made once; change it and run `up`
 # again to rotate it) and data-api-local's secrets file made from it.
 APP_PASSWORD_FILE=$DEV_DIR/app-db-password
@@ -775,8 +778,9 @@ write_data_api_secrets() {
     pw=$(app_password)
     [[ $pw =~ ^[A-Za-z0-9]{8,128}$ ]] ||
         die "$(rel "$APP_PASSWORD_FILE") must hold 8 to 128 letters and digits (delete it to get a new one)"
-    (umask 077 && printf '%s %s %s\n%s %s\n' "$DB_APP_SECRET_ARN" "$DB_APP_USER" "$pw" \
-        "$PAYMENT_WEBHOOK_SECRET_ARN" "$(webhook_secret)" >"$tmp")
+    (umask 077 && printf '%s %s %s\n%s %s\n%s %s\n' "$DB_APP_SECRET_ARN" "$DB_APP_USER" "$pw" \
+        "$PAYMENT_WEBHOOK_SECRET_ARN" "$(webhook_secret)" \
+        "$ENTRY_TOKEN_SECRET_ARN" "$(entry_secret)" >"$tmp")
     mv -f "$tmp" "$DATA_API_SECRETS"
 }
 
@@ -856,6 +860,15 @@ webhook_secret() {
     tr -d ' \n' <"$WEBHOOK_FILE"
 }
 
+# The entry-token secret (ENTRY_TOKEN_SECRET_ARN), made once like the webhook's.
+entry_secret() {
+    if [[ ! -s $ENTRY_FILE ]]; then
+        (umask 077 && printf 'entry_%s' "$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')" \
+            >"$ENTRY_FILE.tmp" && mv "$ENTRY_FILE.tmp" "$ENTRY_FILE")
+    fi
+    tr -d ' \n' <"$ENTRY_FILE"
+}
+
 write_functions_env() {
     local tmp=$FUNCTIONS_ENV.tmp
     {
@@ -875,6 +888,7 @@ write_functions_env() {
         echo "SECKILL_DEV_JWT_IN_LAMBDA=allow"
         # The webhook's secret through Secrets Manager, as in AWS (data-api-local's).
         echo "PAYMENT_WEBHOOK_SECRET_ARN=$PAYMENT_WEBHOOK_SECRET_ARN"
+        echo "ENTRY_TOKEN_SECRET_ARN=$ENTRY_TOKEN_SECRET_ARN"
         echo "SECRETS_MANAGER_URL=$DATA_API_URL"
         echo "RUST_LOG=${SECKILL_FUNCTIONS_RUST_LOG:-info}"
         # Locally one drainer invocation drains for 2 s, not the 50 s of a one-minute
@@ -1031,6 +1045,8 @@ DB_APP_SECRET_ARN=$DB_APP_SECRET_ARN
 SECRETS_MANAGER_URL=$DATA_API_URL
 PAYMENT_WEBHOOK_SECRET_ARN=$PAYMENT_WEBHOOK_SECRET_ARN
 SECKILL_PAYMENT_WEBHOOK_SECRET=$(webhook_secret)
+ENTRY_TOKEN_SECRET_ARN=$ENTRY_TOKEN_SECRET_ARN
+SECKILL_ENTRY_TOKEN_SECRET=$(entry_secret)
 DB_NAME=$DB_NAME
 AWS_REGION=$AWS_REGION_LOCAL
 AWS_ACCESS_KEY_ID=local

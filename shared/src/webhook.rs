@@ -84,6 +84,11 @@ impl Secrets {
     pub fn current(&self) -> &[u8] {
         &self.0[0]
     }
+
+    /// Every secret held, current first (a receiver accepts each).
+    pub fn all(&self) -> &[Vec<u8>] {
+        &self.0
+    }
 }
 
 /// The `v1` signature of `body` sent at `timestamp` (unix seconds), as lowercase hex.

@@ -32,6 +32,11 @@ pub const TEST_JWT_SECRET: &str = "harness-secret";
 pub const TEST_WEBHOOK_SECRET: &str = "whsec_test_current_0123456789";
 pub const TEST_WEBHOOK_PREVIOUS: &str = "whsec_test_previous_0123456789";
 
+/// The waiting rooms' entry-token secrets in tests: the current one (tokens are signed
+/// with it) and the previous one, still accepted.
+pub const TEST_ENTRY_SECRET: &str = "entry_test_current_0123456789";
+pub const TEST_ENTRY_PREVIOUS: &str = "entry_test_previous_0123456789";
+
 /// The price of the tests' vouchers with a payment step (`price_minor`, `currency`).
 pub const TEST_PRICE_MINOR: i64 = 1_999;
 pub const TEST_CURRENCY: &str = "EUR";
@@ -149,6 +154,12 @@ pub fn test_http_config(
         webhook: seckill_http::payment::SecretSource::Inline(
             seckill_shared::webhook::Secrets::parse(&format!(
                 "{TEST_WEBHOOK_SECRET},{TEST_WEBHOOK_PREVIOUS}"
+            ))
+            .expect("test secrets"),
+        ),
+        entry: seckill_http::secrets::SecretSource::Inline(
+            seckill_shared::webhook::Secrets::parse(&format!(
+                "{TEST_ENTRY_SECRET},{TEST_ENTRY_PREVIOUS}"
             ))
             .expect("test secrets"),
         ),

@@ -1,10 +1,11 @@
 //! The admission, `POST /vouchers/{id}/seckill`, top to bottom: answers this instance
-//! already knows, the caller's rate, the voucher's buckets, an order id from a leased
-//! block, the one admission script (`lua/admit.lua`), and for a voucher of several stock
-//! buckets whose bucket ran dry, borrowing from the others.
+//! already knows, the caller's rate, the voucher's buckets and waiting room, the entry
+//! token when it has a room, an order id from a leased block, the one admission script
+//! (`lua/admit.lua`), and for a voucher of several stock buckets whose bucket ran dry,
+//! borrowing from the others.
 
 use http::StatusCode;
-use lambda_http::{Body, Response};
+use lambda_http::{Body, Request, Response};
 use seckill_shared::adapters::redis::RedisSales;
 use seckill_shared::adapters::transfers;
 use seckill_shared::auth::Identity;
@@ -16,18 +17,20 @@ use serde_json::json;
 use crate::app::App;
 use crate::cache::Known;
 use crate::error::{ApiError, json_response};
-use crate::lookup::{not_found_voucher, sale_buckets};
+use crate::lookup::{not_found_voucher, sale_shape};
+use crate::queue::check_entry;
 use crate::repair::repair;
 
 /// `POST /vouchers/{id}/seckill` (user): the admission, one Redis round trip.
 pub(crate) async fn seckill(
     app: &App,
+    req: &Request,
     caller: &Identity,
     now: UnixMillis,
     id: VoucherId,
 ) -> Result<Response<Body>, ApiError> {
     // Answers this instance already knows cost no Redis call.
-    let (known, buckets) = app.cache.look(id, now);
+    let (known, shape) = app.cache.look(id, now);
     match known {
         Some(Known::NotStarted) => return Err(ApiError::NotStarted),
         Some(Known::Ended) => return Err(ApiError::Ended),
@@ -41,19 +44,28 @@ pub(crate) async fn seckill(
     let sales = app.sales().await?;
     // Order ids are leased only for a voucher that exists: a voucher this instance has
     // not seen yet is first looked up in Redis (bucket 0's sale hash, which also says
-    // how many stock buckets it has), then, if Redis lacks it, the database, so
-    // requests for made-up voucher ids lease nothing and write nothing.
-    let buckets = match buckets {
-        Some(k) => k,
-        None => match sale_buckets(app, sales, id).await? {
-            Some(k) => k,
-            None if repair(app, id, now).await? => match app.cache.voucher(id) {
-                Some(v) => v.buckets,
-                None => sales.sale_buckets(id).await?.unwrap_or(1),
+    // how many stock buckets it has and whether it has a waiting room), then, if Redis
+    // lacks it, the database, so requests for made-up voucher ids lease nothing and
+    // write nothing.
+    let shape = match shape {
+        Some(shape) => shape,
+        None => match sale_shape(app, sales, id).await? {
+            Some(shape) => shape,
+            None if repair(app, id, now).await? => match app.cache.look(id, now).1 {
+                Some(shape) => shape,
+                None => sale_shape(app, sales, id)
+                    .await?
+                    .ok_or_else(|| not_loaded(id))?,
             },
             None => return Err(not_found_voucher(id)),
         },
     };
+    // A voucher with a waiting room lets in only buyers whose turn came: their entry
+    // token, checked in memory before anything is leased or asked of Redis.
+    if shape.room.is_some() {
+        check_entry(app, req, caller, id, now).await?;
+    }
+    let buckets = shape.buckets;
     // The buyer's own bucket, always the same one: its buyers hash alone keeps one
     // order per user (invariant 2).
     let bucket = Bucket::of_user(id, buckets, caller.user.as_str());
@@ -105,13 +117,16 @@ pub(crate) async fn seckill(
         Admission::Ended => Err(ApiError::Ended),
         Admission::AlreadyPurchased { order_id } => Err(ApiError::AlreadyPurchased { order_id }),
         // Still not loaded right after a preload: Redis lost it again; let the caller retry.
-        Admission::NotLoaded => Err(ApiError::Unavailable(
-            seckill_shared::error::StoreError::Unavailable {
-                backend: "redis",
-                detail: format!("voucher {id} not loaded after preload"),
-            },
-        )),
+        Admission::NotLoaded => Err(not_loaded(id)),
     }
+}
+
+/// A sale Redis lost again right after a repair: the caller retries.
+fn not_loaded(id: VoucherId) -> ApiError {
+    ApiError::Unavailable(seckill_shared::error::StoreError::Unavailable {
+        backend: "redis",
+        detail: format!("voucher {id} not loaded after preload"),
+    })
 }
 
 /// One purchase attempt's parts that the borrowing loop needs. `first_id` is the order

@@ -10,7 +10,7 @@ use tokio::sync::OnceCell;
 use crate::cache::VoucherCache;
 use crate::config::Config;
 use crate::limiter::{RateLimiter, Source};
-use crate::webhook_secrets::WebhookSecrets;
+use crate::secrets::HeldSecrets;
 
 /// Voucher creations one admin may make per second through one instance, and the burst.
 pub const ADMIN_RATE_PER_SEC: u32 = 100;
@@ -36,7 +36,9 @@ pub struct App {
     /// Anonymous reads per source address.
     pub(crate) source_limiter: RateLimiter<Source>,
     /// The payment webhook's signing secrets.
-    pub(crate) webhook: WebhookSecrets,
+    pub(crate) webhook: HeldSecrets,
+    /// The waiting rooms' entry-token secrets.
+    pub(crate) entry_secrets: HeldSecrets,
 }
 
 impl App {
@@ -57,7 +59,14 @@ impl App {
                 per_sec: cfg.read_rate_per_sec,
                 burst: cfg.read_rate_burst,
             },
-            webhook: WebhookSecrets::new(cfg.webhook.clone()),
+            webhook: HeldSecrets::new(
+                cfg.webhook.clone(),
+                "payment webhook secret (PAYMENT_WEBHOOK_SECRET_ARN)",
+            ),
+            entry_secrets: HeldSecrets::new(
+                cfg.entry.clone(),
+                "entry-token secret (ENTRY_TOKEN_SECRET_ARN)",
+            ),
         };
         if let Err(err) = app.sales().await {
             tracing::warn!(error = %err, "redis not reachable at start; will retry per request");

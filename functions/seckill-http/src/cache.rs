@@ -21,6 +21,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use seckill_shared::adapters::queue::SaleShape;
 use seckill_shared::domain::{SaleWindow, UnixMillis, Voucher, VoucherId};
 
 /// How long an unknown voucher id is answered `not_found` from memory.
@@ -46,9 +47,10 @@ struct Entry {
     missing_until: Option<UnixMillis>,
     /// The admission script answered for it (an admission's reply carries no window).
     live: bool,
-    /// Its stock buckets, once learned: from its description, or from
-    /// bucket 0's sale hash. Immutable, like the description.
-    buckets: Option<u16>,
+    /// Its stock buckets and waiting room, once learned: from its description, or
+    /// from bucket 0's sale hash, always together (an instance never admits knowing the
+    /// buckets but not that a token is needed). Immutable, like the description.
+    shape: Option<SaleShape>,
 }
 
 impl Entry {
@@ -130,28 +132,32 @@ impl VoucherCache {
         self.look(voucher, now).0
     }
 
-    /// [`short_circuit`](Self::short_circuit)'s answer, and the voucher's stock buckets
-    /// when this instance knows the voucher exists and how many buckets it has, under
-    /// one lock: the admission path asks both.
-    pub fn look(&self, voucher: VoucherId, now: UnixMillis) -> (Option<Known>, Option<u16>) {
+    /// [`short_circuit`](Self::short_circuit)'s answer, and the voucher's
+    /// [`SaleShape`] (stock buckets, waiting room) when this instance knows the voucher
+    /// exists and its shape, under one lock: the admission path asks both.
+    pub fn look(&self, voucher: VoucherId, now: UnixMillis) -> (Option<Known>, Option<SaleShape>) {
         self.with(|s| {
             let Some(e) = s.entries.get(&voucher) else {
                 return (None, None);
             };
-            let buckets = e
-                .buckets
-                .or(e.voucher.as_ref().map(|v| v.buckets))
+            let shape = e
+                .shape
+                .or(e.voucher.as_ref().map(|v| SaleShape {
+                    buckets: v.buckets,
+                    room: v.room,
+                }))
                 .filter(|_| e.seen());
-            (Self::answer(e, s.clock, now), buckets)
+            (Self::answer(e, s.clock, now), shape)
         })
     }
 
-    /// Remembers a voucher's stock buckets, as bucket 0's sale hash records them.
-    pub fn learn_buckets(&self, voucher: VoucherId, buckets: u16) {
+    /// Remembers a voucher's stock buckets and waiting room, as bucket 0's sale hash
+    /// records them.
+    pub fn learn_shape(&self, voucher: VoucherId, shape: SaleShape) {
         self.with(|s| {
             make_room(&mut s.entries, voucher);
             let e = s.entries.entry(voucher).or_default();
-            e.buckets = Some(buckets);
+            e.shape = Some(shape);
             e.live = true;
         });
     }
@@ -263,8 +269,40 @@ mod tests {
         // An admission's reply (no window, no server time) says nothing of buckets.
         c.learn_sale(v, None, false, None, 0);
         assert_eq!(c.look(v, 0), (None, None));
-        c.learn_buckets(v, 3);
-        assert_eq!(c.look(v, 0), (None, Some(3)));
+        c.learn_shape(
+            v,
+            SaleShape {
+                buckets: 3,
+                room: None,
+            },
+        );
+        let shape = |buckets| {
+            Some(SaleShape {
+                buckets,
+                room: None,
+            })
+        };
+        assert_eq!(c.look(v, 0), (None, shape(3)));
+        // The description tells the room too.
+        let room = seckill_shared::domain::WaitingRoom::parse(10, None).unwrap();
+        let w = VoucherId::new(10).unwrap();
+        c.learn_voucher(&Voucher {
+            id: w,
+            title: "t".into(),
+            stock: 5,
+            db_stock_left: 5,
+            window: SaleWindow::new(0, 10).unwrap(),
+            payment: None,
+            buckets: 2,
+            room: Some(room),
+        });
+        assert_eq!(
+            c.look(w, 0).1,
+            Some(SaleShape {
+                buckets: 2,
+                room: Some(room)
+            })
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@ use seckill_shared::config::{
 };
 use seckill_shared::webhook::Secrets;
 
-use crate::webhook_secrets::SecretSource;
+use crate::secrets::SecretSource;
 
 /// The environment variables [`Config::read`] reads itself, besides the backends'
 /// ([`seckill_shared::config::BACKEND_ENV_VARS`]); [`env_vars`] is all of them.
@@ -21,6 +21,8 @@ const OWN_ENV_VARS: &[&str] = &[
     "SECKILL_USER_READ_RATE_BURST",
     "PAYMENT_WEBHOOK_SECRET_ARN",
     "PAYMENT_WEBHOOK_SECRETS",
+    "ENTRY_TOKEN_SECRET_ARN",
+    "ENTRY_TOKEN_SECRETS",
     "SECRETS_MANAGER_URL",
 ];
 
@@ -58,6 +60,37 @@ pub struct Config {
     /// (`PAYMENT_WEBHOOK_SECRET_ARN`, with `SECRETS_MANAGER_URL` locally), or given
     /// directly (`PAYMENT_WEBHOOK_SECRETS`, `current[,previous]`), not both.
     pub webhook: SecretSource,
+    /// The waiting rooms' entry-token secrets, the same way (`ENTRY_TOKEN_SECRET_ARN` or
+    /// `ENTRY_TOKEN_SECRETS`).
+    pub entry: SecretSource,
+}
+
+/// A set of secrets named by an ARN variable (read from Secrets Manager, at `endpoint`
+/// when given) or given inline by a list variable (`current[,previous]`), not both.
+fn secret_source(
+    env: &mut EnvReader,
+    arn_var: &str,
+    list_var: &str,
+    endpoint: &Option<String>,
+) -> SecretSource {
+    match (env.optional(arn_var), env.optional(list_var)) {
+        (Some(_), Some(_)) => {
+            env.problem(format!("set {arn_var} or {list_var}, not both"));
+            SecretSource::Missing
+        }
+        (Some(arn), None) => SecretSource::SecretsManager {
+            arn,
+            endpoint: endpoint.clone(),
+        },
+        (None, Some(list)) => match Secrets::parse(&list) {
+            Ok(secrets) => SecretSource::Inline(secrets),
+            Err(e) => {
+                env.problem(format!("{list_var}: {e}"));
+                SecretSource::Missing
+            }
+        },
+        (None, None) => SecretSource::Missing,
+    }
 }
 
 impl Config {
@@ -88,29 +121,26 @@ impl Config {
                  for a local emulator",
             );
         }
-        let webhook = match (
-            env.optional("PAYMENT_WEBHOOK_SECRET_ARN"),
-            env.optional("PAYMENT_WEBHOOK_SECRETS"),
-            env.optional("SECRETS_MANAGER_URL"),
-        ) {
-            (Some(_), Some(_), _) => {
-                env.problem("set PAYMENT_WEBHOOK_SECRET_ARN or PAYMENT_WEBHOOK_SECRETS, not both");
-                SecretSource::Missing
-            }
-            (Some(arn), None, endpoint) => SecretSource::SecretsManager { arn, endpoint },
-            (None, Some(list), None) => match Secrets::parse(&list) {
-                Ok(secrets) => SecretSource::Inline(secrets),
-                Err(e) => {
-                    env.problem(format!("PAYMENT_WEBHOOK_SECRETS: {e}"));
-                    SecretSource::Missing
-                }
-            },
-            (None, _, Some(_)) => {
-                env.problem("SECRETS_MANAGER_URL is set but PAYMENT_WEBHOOK_SECRET_ARN is not");
-                SecretSource::Missing
-            }
-            (None, None, None) => SecretSource::Missing,
-        };
+        let endpoint = env.optional("SECRETS_MANAGER_URL");
+        let webhook = secret_source(
+            &mut env,
+            "PAYMENT_WEBHOOK_SECRET_ARN",
+            "PAYMENT_WEBHOOK_SECRETS",
+            &endpoint,
+        );
+        let entry = secret_source(
+            &mut env,
+            "ENTRY_TOKEN_SECRET_ARN",
+            "ENTRY_TOKEN_SECRETS",
+            &endpoint,
+        );
+        let by_arn = |s: &SecretSource| matches!(s, SecretSource::SecretsManager { .. });
+        if endpoint.is_some() && !by_arn(&webhook) && !by_arn(&entry) {
+            env.problem(
+                "SECRETS_MANAGER_URL is set but neither PAYMENT_WEBHOOK_SECRET_ARN nor \
+                 ENTRY_TOKEN_SECRET_ARN is",
+            );
+        }
         let cfg = Config {
             redis: RedisConfig::read(&mut env),
             data_api: DataApiConfig::read(&mut env),
@@ -123,6 +153,7 @@ impl Config {
             read_rate_burst: env.parse_or("SECKILL_USER_READ_RATE_BURST", 20),
             in_lambda,
             webhook,
+            entry,
         };
         env.finish()?;
         Ok(cfg)

@@ -32,6 +32,8 @@ pub const CODES: &[&str] = &[
     "payment_reused",
     "rate_limited",
     "unavailable",
+    "entry_required",
+    "queue_not_open",
 ];
 
 /// A failure as the caller sees it.
@@ -86,6 +88,13 @@ pub enum ApiError {
     PaymentNotRequired,
     #[error("too many attempts, slow down")]
     RateLimited,
+    /// A voucher with a waiting room, bought without a valid entry token of the caller's
+    /// for it.
+    #[error("{0}")]
+    EntryRequired(String),
+    /// A join before the waiting room's queue opens.
+    #[error("{0}")]
+    QueueNotOpen(String),
     /// The admission may have happened but is not promised: in durable mode admitted on
     /// the Redis primary but not yet held by enough replicas to survive a failover; in
     /// any mode no reply from Redis in time. The body names the order: a lookup tells
@@ -125,6 +134,8 @@ impl ApiError {
             ApiError::PaymentMismatch(_) => (StatusCode::UNPROCESSABLE_ENTITY, "payment_mismatch"),
             ApiError::PaymentReused(_) => (StatusCode::CONFLICT, "payment_reused"),
             ApiError::RateLimited => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
+            ApiError::EntryRequired(_) => (StatusCode::FORBIDDEN, "entry_required"),
+            ApiError::QueueNotOpen(_) => (StatusCode::CONFLICT, "queue_not_open"),
             ApiError::Unavailable(_) | ApiError::Unconfirmed { .. } => {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
             }
@@ -264,6 +275,8 @@ mod tests {
                 source: down(),
             },
             ApiError::Unavailable(down()),
+            ApiError::EntryRequired(String::new()),
+            ApiError::QueueNotOpen(String::new()),
         ];
         for e in &all {
             match e {
@@ -286,7 +299,9 @@ mod tests {
                 | ApiError::PaymentReused(_)
                 | ApiError::RateLimited
                 | ApiError::Unconfirmed { .. }
-                | ApiError::Unavailable(_) => {}
+                | ApiError::Unavailable(_)
+                | ApiError::EntryRequired(_)
+                | ApiError::QueueNotOpen(_) => {}
             }
         }
         let mut codes: Vec<&str> = all.iter().map(ApiError::code).collect();

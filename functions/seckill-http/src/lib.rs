@@ -4,12 +4,13 @@
 //! ([`identity`]), answer from this instance's memory if it can ([`cache`]), apply the
 //! per-user rate limit ([`limiter`]), take an order id from a leased block, run the one
 //! atomic Lua script, answer `202` with the order id. The database is written later by
-//! order-drainer. The other routes: [`vouchers`], [`orders`], [`payment`].
+//! order-drainer. The other routes: [`vouchers`], [`queue`], [`orders`], [`payment`].
 //!
 //! Modules refer only downwards: [`routes`] → the handlers ([`vouchers`], [`admission`],
 //! [`orders`], [`payment`]) → [`repair`] and [`lookup`] → [`app`] → [`config`]; the
 //! leaves ([`error`], [`request`], [`identity`], [`cache`], [`limiter`],
-//! [`webhook_secrets`]) refer to none of these.
+//! [`secrets`]) refer to none of these. [`queue`] (the waiting room) is a handler too,
+//! and the admission asks it for the entry check.
 
 pub mod admission;
 pub mod app;
@@ -21,11 +22,12 @@ pub mod limiter;
 pub mod lookup;
 pub mod orders;
 pub mod payment;
+pub mod queue;
 pub mod repair;
 pub mod request;
 pub mod routes;
+pub mod secrets;
 pub mod vouchers;
-pub mod webhook_secrets;
 
 pub use app::App;
 pub use config::Config;

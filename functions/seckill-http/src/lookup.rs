@@ -1,6 +1,8 @@
 //! The voucher as any handler finds it: its row (this instance's memory, else the
-//! database), its stock buckets (memory, else Redis), and the answer when there is none.
+//! database), its stock buckets and waiting room (memory, else Redis), and the answer
+//! when there is none.
 
+use seckill_shared::adapters::queue::{self, SaleShape};
 use seckill_shared::adapters::redis::RedisSales;
 use seckill_shared::domain::{UnixMillis, Voucher, VoucherId};
 
@@ -29,16 +31,16 @@ pub(crate) fn not_found_voucher(id: VoucherId) -> ApiError {
     ApiError::NotFound(format!("voucher {id} not found"))
 }
 
-/// The voucher's stock buckets as bucket 0's sale hash records them, remembered by this
-/// instance; `None` when Redis does not have the sale.
-pub(crate) async fn sale_buckets(
+/// The voucher's stock buckets and waiting room as bucket 0's sale hash records them,
+/// remembered by this instance; `None` when Redis does not have the sale.
+pub(crate) async fn sale_shape(
     app: &App,
     sales: &RedisSales,
     voucher: VoucherId,
-) -> Result<Option<u16>, ApiError> {
-    let found = sales.sale_buckets(voucher).await?;
-    if let Some(k) = found {
-        app.cache.learn_buckets(voucher, k);
+) -> Result<Option<SaleShape>, ApiError> {
+    let found = queue::sale_shape(&sales.conn(), voucher).await?;
+    if let Some(shape) = found {
+        app.cache.learn_shape(voucher, shape);
     }
     Ok(found)
 }

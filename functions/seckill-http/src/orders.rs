@@ -12,7 +12,7 @@ use serde_json::json;
 
 use crate::app::App;
 use crate::error::{ApiError, json_response};
-use crate::lookup::{sale_buckets, voucher_of};
+use crate::lookup::{sale_shape, voucher_of};
 
 /// `GET /orders/{order_id}` (the buyer): `confirmed`/`rejected` from the database,
 /// `pending` while admitted in Redis and not yet drained. Another user's order is 404.
@@ -148,9 +148,9 @@ async fn buyer_bucket(app: &App, voucher: VoucherId, user: &UserId) -> Result<Bu
     // This instance's memory, else bucket 0's sale hash (one Redis read, as an
     // admission makes), else the database.
     let buckets = match app.cache.look(voucher, now).1 {
-        Some(k) => k,
-        None => match sale_buckets(app, app.sales().await?, voucher).await? {
-            Some(k) => k,
+        Some(shape) => shape.buckets,
+        None => match sale_shape(app, app.sales().await?, voucher).await? {
+            Some(shape) => shape.buckets,
             None => voucher_of(app, voucher, now)
                 .await?
                 .map_or(1, |v| v.buckets),

@@ -35,7 +35,7 @@ use crate::lookup::voucher_of;
 use crate::request::MAX_BODY_BYTES;
 use seckill_shared::auth::Identity;
 
-pub use crate::webhook_secrets::SecretSource;
+pub use crate::secrets::SecretSource;
 
 /// An order found for its buyer: its voucher (with a payment step) and bucket, and its
 /// database row if it was drained.

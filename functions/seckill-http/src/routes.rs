@@ -1,5 +1,6 @@
 //! The routes of the public HTTP contract (docs/http-api.md): which route a request is,
-//! who calls, and the handler it goes to (`vouchers`, `admission`, `orders`, `payment`).
+//! who calls, and the handler it goes to (`vouchers`, `admission`, `queue`, `orders`,
+//! `payment`).
 //!
 //! [`handle`] is the whole function: tests call it with API Gateway v2 fixture events,
 //! `main` hands it to `lambda_http::run`. Each handler returns `Result<_, ApiError>`; the
@@ -16,7 +17,7 @@ use seckill_shared::domain::{UnixMillis, now_millis};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::identity::identify;
-use crate::{admission, orders, payment, vouchers};
+use crate::{admission, orders, payment, queue, vouchers};
 
 /// Every route: method, path pattern, whether it needs a token. The SAM template must
 /// declare exactly these (a test compares them).
@@ -24,6 +25,8 @@ pub const ROUTES: &[(&str, &str, bool)] = &[
     ("POST", "/vouchers", true),
     ("GET", "/vouchers/{id}", false),
     ("POST", "/vouchers/{id}/seckill", true),
+    ("POST", "/vouchers/{id}/queue", true),
+    ("GET", "/vouchers/{id}/queue", true),
     ("GET", "/orders/{order_id}", true),
     ("GET", "/vouchers/{id}/order", true),
     ("POST", "/orders/{order_id}/pay", true),
@@ -37,6 +40,10 @@ pub enum Route<'a> {
     CreateVoucher,
     GetVoucher(&'a str),
     Seckill(&'a str),
+    /// Join a voucher's waiting room.
+    JoinQueue(&'a str),
+    /// The caller's place in a voucher's waiting room.
+    QueueStanding(&'a str),
     GetOrder(&'a str),
     /// The caller's order for a voucher.
     BuyerOrder(&'a str),
@@ -70,6 +77,8 @@ impl<'a> Route<'a> {
             "POST /vouchers" => Route::CreateVoucher,
             "GET /vouchers/{id}" => Route::GetVoucher(param("id")?),
             "POST /vouchers/{id}/seckill" => Route::Seckill(param("id")?),
+            "POST /vouchers/{id}/queue" => Route::JoinQueue(param("id")?),
+            "GET /vouchers/{id}/queue" => Route::QueueStanding(param("id")?),
             "GET /orders/{order_id}" => Route::GetOrder(param("order_id")?),
             "GET /vouchers/{id}/order" => Route::BuyerOrder(param("id")?),
             "POST /orders/{order_id}/pay" => Route::PayOrder(param("order_id")?),
@@ -86,6 +95,8 @@ impl<'a> Route<'a> {
             Route::CreateVoucher => ("POST /vouchers", None),
             Route::GetVoucher(id) => ("GET /vouchers/{id}", Some(("id", id))),
             Route::Seckill(id) => ("POST /vouchers/{id}/seckill", Some(("id", id))),
+            Route::JoinQueue(id) => ("POST /vouchers/{id}/queue", Some(("id", id))),
+            Route::QueueStanding(id) => ("GET /vouchers/{id}/queue", Some(("id", id))),
             Route::GetOrder(id) => ("GET /orders/{order_id}", Some(("order_id", id))),
             Route::BuyerOrder(id) => ("GET /vouchers/{id}/order", Some(("id", id))),
             Route::PayOrder(id) => ("POST /orders/{order_id}/pay", Some(("order_id", id))),
@@ -108,6 +119,12 @@ impl<'a> Route<'a> {
             ("GET", [Some("vouchers"), Some(id), Some("order"), None]) => {
                 Some(Route::BuyerOrder(id))
             }
+            ("POST", [Some("vouchers"), Some(id), Some("queue"), None]) => {
+                Some(Route::JoinQueue(id))
+            }
+            ("GET", [Some("vouchers"), Some(id), Some("queue"), None]) => {
+                Some(Route::QueueStanding(id))
+            }
             ("GET", [Some("orders"), Some(id), None, _]) => Some(Route::GetOrder(id)),
             ("POST", [Some("orders"), Some(id), Some("pay"), None]) => Some(Route::PayOrder(id)),
             ("POST", [Some("orders"), Some(id), Some("cancel"), None]) => {
@@ -120,13 +137,17 @@ impl<'a> Route<'a> {
 }
 
 impl Route<'_> {
-    /// The method a declared path takes (each takes exactly one), `None` for a path no
-    /// route declares.
+    /// The methods a declared path takes (the `Allow` header's value), `None` for a path
+    /// no route declares.
     pub fn allowed_method(path: &str) -> Option<&'static str> {
-        [Method::GET, Method::POST]
-            .into_iter()
-            .find(|m| Route::parse(m, path).is_some())
-            .map(|m| if m == Method::GET { "GET" } else { "POST" })
+        let get = Route::parse(&Method::GET, path).is_some();
+        let post = Route::parse(&Method::POST, path).is_some();
+        match (get, post) {
+            (true, true) => Some("GET, POST"),
+            (true, false) => Some("GET"),
+            (false, true) => Some("POST"),
+            (false, false) => None,
+        }
     }
 
     /// What a successful answer on this route is called in the request log.
@@ -137,14 +158,22 @@ impl Route<'_> {
             Route::PayOrder(_) => "payment_started",
             Route::CancelOrder(_) => "cancelled",
             Route::PaymentWebhook => "payment_event",
-            Route::GetVoucher(_) | Route::GetOrder(_) | Route::BuyerOrder(_) => "ok",
+            Route::JoinQueue(_) => "joined",
+            Route::GetVoucher(_)
+            | Route::GetOrder(_)
+            | Route::BuyerOrder(_)
+            | Route::QueueStanding(_) => "ok",
         }
     }
 
     /// The voucher id as it appears in the path, for the request log.
     fn voucher_param(&self) -> &str {
         match self {
-            Route::GetVoucher(id) | Route::Seckill(id) | Route::BuyerOrder(id) => id,
+            Route::GetVoucher(id)
+            | Route::Seckill(id)
+            | Route::BuyerOrder(id)
+            | Route::JoinQueue(id)
+            | Route::QueueStanding(id) => id,
             Route::CreateVoucher
             | Route::GetOrder(_)
             | Route::PayOrder(_)
@@ -251,7 +280,15 @@ async fn dispatch(app: &App, req: &Request, route: &Route<'_>) -> Result<Respons
         }
         Route::Seckill(id) => {
             let (caller, now) = who()?;
-            admission::seckill(app, &caller, now, id.parse()?).await
+            admission::seckill(app, req, &caller, now, id.parse()?).await
+        }
+        Route::JoinQueue(id) => {
+            let (caller, now) = who()?;
+            queue::standing(app, &caller, now, id.parse()?, true).await
+        }
+        Route::QueueStanding(id) => {
+            let (caller, now) = who()?;
+            queue::standing(app, &caller, now, id.parse()?, false).await
         }
         Route::GetOrder(id) => {
             let (caller, now) = who()?;
@@ -343,12 +380,25 @@ mod tests {
     }
 
     #[test]
-    fn every_declared_path_names_its_one_method_and_no_other_path_does() {
-        for (method, pattern, _) in ROUTES {
+    fn every_declared_path_names_its_methods_and_no_other_path_does() {
+        for (_, pattern, _) in ROUTES {
+            let methods: Vec<&str> = ROUTES
+                .iter()
+                .filter(|(_, p, _)| p == pattern)
+                .map(|(m, _, _)| *m)
+                .collect();
+            let allow = methods.join(", ");
             let path = pattern.replace("{id}", "12").replace("{order_id}", "34");
-            assert_eq!(Route::allowed_method(&path), Some(*method), "{path}");
-            assert_eq!(Route::allowed_method(&format!("{path}/")), Some(*method));
+            assert_eq!(Route::allowed_method(&path), Some(allow.as_str()), "{path}");
+            assert_eq!(
+                Route::allowed_method(&format!("{path}/")),
+                Some(allow.as_str())
+            );
         }
+        assert_eq!(
+            Route::allowed_method("/vouchers/12/queue"),
+            Some("GET, POST")
+        );
         for path in [
             "/",
             "/vouchers/12/x",

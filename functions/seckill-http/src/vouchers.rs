@@ -49,6 +49,12 @@ struct CreateVoucherBody {
     /// which the buckets are chosen (one per 10,000/s, at most 16).
     #[serde(default, deserialize_with = "json::optional_integral")]
     expected_peak_per_s: Option<i64>,
+    /// Opt-in waiting room: buyers let in per second, in the order they joined.
+    #[serde(default, deserialize_with = "json::optional_integral")]
+    entry_rate_per_s: Option<i64>,
+    /// With `entry_rate_per_s`: how long before the start the queue opens (default 900).
+    #[serde(default, deserialize_with = "json::optional_integral")]
+    queue_opens_before_s: Option<i64>,
 }
 
 /// `POST /vouchers` (admin): writes the database, then preloads Redis.
@@ -80,7 +86,8 @@ pub(crate) async fn create_voucher(
         &input.ends_at,
         now,
     )?
-    .with_buckets(input.buckets, input.expected_peak_per_s)?;
+    .with_buckets(input.buckets, input.expected_peak_per_s)?
+    .with_waiting_room(input.entry_rate_per_s, input.queue_opens_before_s)?;
     new.payment = PaymentTerms::parse(
         input.pay_within_s,
         input.rebuy_after_close,
@@ -160,6 +167,10 @@ fn voucher_json(v: &Voucher, stock_left: i64) -> serde_json::Value {
     });
     if v.buckets > 1 {
         body["buckets"] = json!(v.buckets);
+    }
+    if let Some(room) = v.room {
+        body["entry_rate_per_s"] = json!(room.entry_rate_per_s());
+        body["queue_opens_before_s"] = json!(room.opens_before_s());
     }
     if let Some(p) = v.payment {
         body["pay_within_s"] = json!(p.pay_within_ms / 1000);

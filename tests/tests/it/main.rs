@@ -32,3 +32,4 @@ mod repository;
 mod stack_smoke;
 mod stale_truths;
 mod template;
+mod waiting_room;

@@ -211,6 +211,149 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     if let Some(secret) = &args.webhook_secret {
         payment_sale(&args, http, token, &run_id, secret).await?;
     }
+    room_sale(&args, http, token, &run_id).await?;
+    Ok(())
+}
+
+/// A sale with a waiting room: 20 units, 5 buyers let in per second from a start 3 s
+/// away. 60 buyers join in shuffled order before the start and get positions; buying
+/// without an entry token is refused; each buyer looks again when their expected wait is
+/// over and buys with the token once served. Entry follows position, so the 20 units go
+/// to positions 1..=20, and everybody still waiting then learns the sale is sold out.
+async fn room_sale(
+    args: &DemoArgs,
+    http: &Client,
+    token: &impl Fn(&str, bool) -> String,
+    run_id: &str,
+) -> anyhow::Result<()> {
+    const UNITS: usize = 20;
+    const BUYERS: usize = 60;
+    let now = seckill_shared::domain::now_millis;
+    let body = json!({
+        "title": format!("Demo sale {run_id}: queue first"),
+        "stock": UNITS,
+        "begins_at": format_rfc3339_millis(now() + 3_000),
+        "ends_at": format_rfc3339_millis(now() + 600_000),
+        "entry_rate_per_s": 5,
+        "queue_opens_before_s": 60,
+    });
+    let voucher: Value = http
+        .post(format!("{}/vouchers", args.url))
+        .bearer_auth(token("demo-admin", true))
+        .json(&body)
+        .send()
+        .await?
+        .json()
+        .await?;
+    let id = voucher["id"].as_str().context("voucher id")?.to_string();
+    println!("\nwaiting room: voucher {id}, {UNITS} units, 5 buyers let in per second from 3 s on");
+    let queue_url = format!("{}/vouchers/{id}/queue", args.url);
+    let buy_url = format!("{}/vouchers/{id}/seckill", args.url);
+    let mut users: Vec<String> = (0..BUYERS)
+        .map(|i| format!("demo-{run_id}-queued-{i}"))
+        .collect();
+    users.shuffle(&mut rand::rng());
+    let mut positions = BTreeMap::new();
+    for user in &users {
+        let standing: Value = http
+            .post(&queue_url)
+            .bearer_auth(token(user, false))
+            .send()
+            .await?
+            .json()
+            .await?;
+        let p = standing["position"].as_u64().context("a position")?;
+        positions.insert(p, user.clone());
+    }
+    println!(
+        "  {BUYERS} buyers joined: positions 1..={}",
+        positions.keys().last().copied().unwrap_or(0)
+    );
+    let refused: Value = http
+        .post(&buy_url)
+        .bearer_auth(token(&users[0], false))
+        .send()
+        .await?
+        .json()
+        .await?;
+    println!("  buying without an entry token: {}", refused["code"]);
+    ensure!(
+        refused["code"] == "entry_required",
+        "bought without a token: {refused}"
+    );
+
+    // Every buyer waits their turn, then buys with their token.
+    let bar = bar(
+        BUYERS,
+        "{spinner} room {bar:40} {pos}/{len} buyers done [{elapsed}]",
+    );
+    let (queue_url, buy_url, bar) = (&queue_url, &buy_url, &bar);
+    let outcomes: Vec<(u64, String)> = futures::stream::iter(positions.clone())
+        .map(|(p, user)| async move {
+            let outcome = loop {
+                let standing: Value = match http
+                    .get(queue_url)
+                    .bearer_auth(token(&user, false))
+                    .send()
+                    .await
+                {
+                    Ok(res) => res.json().await.unwrap_or(Value::Null),
+                    Err(e) => break format!("transport: {e}"),
+                };
+                match standing["status"].as_str() {
+                    Some("waiting") => {
+                        let wait = standing["expected_wait_ms"].as_u64().unwrap_or(200);
+                        tokio::time::sleep(Duration::from_millis(wait.clamp(20, 5_000))).await;
+                    }
+                    Some("served") => {
+                        let t = standing["entry_token"].as_str().unwrap_or_default();
+                        let res = http
+                            .post(buy_url)
+                            .bearer_auth(token(&user, false))
+                            .header("seckill-entry", t)
+                            .send()
+                            .await;
+                        break match res {
+                            Ok(r) if r.status() == StatusCode::ACCEPTED => "admitted".to_string(),
+                            Ok(r) => r.json::<Value>().await.map_or("?".into(), |b| {
+                                b["code"].as_str().unwrap_or("?").to_string()
+                            }),
+                            Err(e) => format!("transport: {e}"),
+                        };
+                    }
+                    other => break format!("told {}", other.unwrap_or("?")),
+                }
+            };
+            bar.inc(1);
+            (p, outcome)
+        })
+        .buffer_unordered(BUYERS)
+        .collect()
+        .await;
+    bar.finish_and_clear();
+    let mut tally: BTreeMap<&str, usize> = BTreeMap::new();
+    for (_, o) in &outcomes {
+        *tally.entry(o.as_str()).or_default() += 1;
+    }
+    println!("  outcomes: {tally:?}");
+    let admitted: Vec<u64> = outcomes
+        .iter()
+        .filter(|(_, o)| o == "admitted")
+        .map(|(p, _)| *p)
+        .collect();
+    ensure!(
+        admitted.len() == UNITS && admitted.iter().all(|p| *p as usize <= UNITS),
+        "the units did not go to positions 1..={UNITS}: {admitted:?}"
+    );
+    ensure!(
+        outcomes
+            .iter()
+            .all(|(p, o)| *p as usize <= UNITS || o == "told sold_out" || o == "sold_out"),
+        "a buyer after the sell-out was not told so: {outcomes:?}"
+    );
+    println!(
+        "ok: the {UNITS} units went to positions 1..={UNITS} in turn; the others were told sold out"
+    );
     Ok(())
 }
 

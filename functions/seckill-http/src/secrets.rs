@@ -1,6 +1,8 @@
-//! The payment webhook's signing secrets: where the function finds them
-//! ([`SecretSource`], part of the [`Config`](crate::config::Config)) and how an instance
-//! holds them between reads ([`WebhookSecrets`]).
+//! Signing secrets an instance holds: the payment webhook's and the waiting rooms'
+//! entry tokens'. Where the function finds each ([`SecretSource`], part of the
+//! [`Config`](crate::config::Config)) and how an instance holds them between reads
+//! ([`HeldSecrets`]): a rotation (`new,old`) reaches every instance within
+//! [`SECRET_REFRESH`].
 
 use std::time::{Duration, Instant};
 
@@ -9,10 +11,11 @@ use tokio::sync::Mutex;
 
 use crate::error::ApiError;
 
-/// Where the function finds the webhook's signing secrets.
+/// Where the function finds a set of signing secrets.
 #[derive(Debug, Clone)]
 pub enum SecretSource {
-    /// None configured: the webhook answers 503 (the provider resends later).
+    /// None configured: what needs them answers 503 (the webhook's provider resends
+    /// later; a waiting room cannot hand out or check entry tokens).
     Missing,
     /// Given in the configuration (tests, local use without Secrets Manager).
     Inline(Secrets),
@@ -28,21 +31,26 @@ pub enum SecretSource {
 /// How long an instance keeps the secrets it read before reading them again.
 pub const SECRET_REFRESH: Duration = Duration::from_secs(300);
 
-/// The webhook's secrets as an instance holds them.
-pub struct WebhookSecrets {
+/// One set of secrets as an instance holds them.
+pub struct HeldSecrets {
     source: SecretSource,
+    /// What they are and the variable that names them, for errors and logs.
+    what: &'static str,
     read: Mutex<Option<(Instant, Secrets)>>,
 }
 
-impl WebhookSecrets {
-    pub fn new(source: SecretSource) -> WebhookSecrets {
-        WebhookSecrets {
+impl HeldSecrets {
+    /// `what` names them in errors, e.g. "payment webhook secret
+    /// (PAYMENT_WEBHOOK_SECRET_ARN)".
+    pub fn new(source: SecretSource, what: &'static str) -> HeldSecrets {
+        HeldSecrets {
             source,
+            what,
             read: Mutex::new(None),
         }
     }
 
-    /// The secrets to check a signature with, read from their source if need be.
+    /// The secrets to sign or check with, read from their source if need be.
     pub(crate) async fn get(&self) -> Result<Secrets, ApiError> {
         let (arn, endpoint) = match &self.source {
             SecretSource::Inline(s) => return Ok(s.clone()),
@@ -50,8 +58,7 @@ impl WebhookSecrets {
                 return Err(ApiError::Unavailable(
                     seckill_shared::error::StoreError::Unavailable {
                         backend: "secrets",
-                        detail: "no payment webhook secret configured (PAYMENT_WEBHOOK_SECRET_ARN)"
-                            .into(),
+                        detail: format!("no {} configured", self.what),
                     },
                 ));
             }
@@ -66,7 +73,8 @@ impl WebhookSecrets {
         let text = seckill_shared::adapters::secrets::secret_string(arn, endpoint).await?;
         let secrets = Secrets::parse(&text).map_err(|e| {
             ApiError::Unavailable(seckill_shared::error::StoreError::Corrupt(format!(
-                "the payment webhook secret {arn}: {e}"
+                "the {} {arn}: {e}",
+                self.what
             )))
         })?;
         *read = Some((Instant::now(), secrets.clone()));

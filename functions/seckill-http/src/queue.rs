@@ -1,0 +1,165 @@
+//! The waiting room: `POST /vouchers/{id}/queue` (join) and `GET /vouchers/{id}/queue`
+//! (look), and the entry check the admission makes for a voucher with a room.
+//!
+//! Each request is one script call on the voucher's slot (`lua/queue.lua`), which
+//! answers the caller's position with Redis's clock, the window and the room; whether
+//! the position is served is computed here from them
+//! ([`WaitingRoom::served_at`](seckill_shared::domain::WaitingRoom::served_at)), so no
+//! job moves the queue and every instance agrees. A served caller gets an entry token
+//! ([`seckill_shared::entry`]) bound to them and the voucher.
+
+use http::StatusCode;
+use lambda_http::{Body, Request, Response};
+use seckill_shared::adapters::queue::{self, QueueOutcome, QueueReply, QueueView};
+use seckill_shared::adapters::transfers;
+use seckill_shared::auth::Identity;
+use seckill_shared::domain::{
+    ENTRY_TOKEN_TTL_MS, Standing, UnixMillis, VoucherId, format_rfc3339_millis,
+};
+use seckill_shared::entry;
+use serde_json::json;
+
+use crate::app::App;
+use crate::error::{ApiError, json_response};
+use crate::lookup::not_found_voucher;
+use crate::repair::repair;
+
+/// The header an admission of a voucher with a room carries its entry token in.
+pub const ENTRY_HEADER: &str = "seckill-entry";
+
+/// `POST /vouchers/{id}/queue` (`join`) or `GET /vouchers/{id}/queue` (user).
+pub(crate) async fn standing(
+    app: &App,
+    caller: &Identity,
+    now: UnixMillis,
+    id: VoucherId,
+    join: bool,
+) -> Result<Response<Body>, ApiError> {
+    if !app.limiter.allow(&caller.user, now) {
+        return Err(ApiError::RateLimited);
+    }
+    let sales = app.sales().await?;
+    let mut reply = queue::queue(&sales.conn(), id, &caller.user, join).await?;
+    if reply == QueueReply::NotLoaded {
+        // Redis lost the sale (or never had it): a live sale is repaired as an
+        // admission would; an unknown voucher is 404.
+        if !repair(app, id, now).await? {
+            return Err(not_found_voucher(id));
+        }
+        reply = queue::queue(&sales.conn(), id, &caller.user, join).await?;
+    }
+    let view = match reply {
+        QueueReply::Room(view) => view,
+        QueueReply::NoRoom => {
+            return Err(ApiError::NotFound(format!(
+                "voucher {id} has no waiting room"
+            )));
+        }
+        QueueReply::NotLoaded => {
+            return Err(ApiError::Unavailable(
+                seckill_shared::error::StoreError::Unavailable {
+                    backend: "redis",
+                    detail: format!("voucher {id} not loaded after preload"),
+                },
+            ));
+        }
+    };
+    let position = match (view.outcome, view.position) {
+        (QueueOutcome::Queued, Some(p)) => p,
+        (QueueOutcome::NotOpen, _) => {
+            let opens = view.room.opens_at(view.window.begins_ms());
+            return Err(ApiError::QueueNotOpen(format!(
+                "the queue opens at {}",
+                format_rfc3339_millis(opens)
+            )));
+        }
+        (QueueOutcome::Ended, _) => return Err(ApiError::Ended),
+        _ => {
+            return Err(ApiError::NotFound(format!(
+                "you have not joined the queue of voucher {id}"
+            )));
+        }
+    };
+    let served_at = view.room.served_at(view.window.begins_ms(), position);
+    let mut body = json!({
+        "voucher_id": id.to_string(),
+        "position": position,
+        "served_at": format_rfc3339_millis(served_at),
+        "expected_wait_ms": 0,
+    });
+    let status = if view.now_ms >= view.window.ends_ms() {
+        "ended"
+    } else if sold_out(app, sales, id, &view).await? {
+        "sold_out"
+    } else {
+        match view
+            .room
+            .standing(view.window.begins_ms(), position, view.now_ms)
+        {
+            Standing::Waiting { wait_ms } => {
+                body["expected_wait_ms"] = json!(wait_ms);
+                "waiting"
+            }
+            Standing::Served => {
+                let expires = view.now_ms.saturating_add(ENTRY_TOKEN_TTL_MS);
+                let secrets = app.entry_secrets.get().await?;
+                body["entry_token"] =
+                    json!(entry::issue(secrets.current(), id, &caller.user, expires));
+                body["entry_expires_at"] = json!(format_rfc3339_millis(expires));
+                "served"
+            }
+        }
+    };
+    body["status"] = json!(status);
+    Ok(json_response(StatusCode::OK, &body))
+}
+
+/// Whether the voucher is sold out, as a waiting buyer must learn it: bucket 0's stock
+/// (read by the script) for a voucher of one bucket; with several, bucket 0 empty and
+/// then every bucket empty with nothing moving between them, on two looks that agree.
+async fn sold_out(
+    app: &App,
+    sales: &seckill_shared::adapters::redis::RedisSales,
+    id: VoucherId,
+    view: &QueueView,
+) -> Result<bool, ApiError> {
+    if view.stock_bucket0 > 0 {
+        return Ok(false);
+    }
+    if view.buckets <= 1 {
+        return Ok(true);
+    }
+    let _ = app;
+    let conn = sales.conn();
+    let first = transfers::units(&conn, id, view.buckets).await?;
+    if first.total() > 0 {
+        return Ok(false);
+    }
+    let second = transfers::units(&conn, id, view.buckets).await?;
+    Ok(transfers::sold_out_between(first, second))
+}
+
+/// The admission's entry check for a voucher with a room: the caller's token for this
+/// voucher, signed by us, unexpired; checked in memory before anything is asked of
+/// Redis. Any failure is `403 entry_required`.
+pub(crate) async fn check_entry(
+    app: &App,
+    req: &Request,
+    caller: &Identity,
+    id: VoucherId,
+    now: UnixMillis,
+) -> Result<(), ApiError> {
+    let token = req
+        .headers()
+        .get(ENTRY_HEADER)
+        .map(|v| v.to_str().unwrap_or("\u{0}"));
+    let secrets = app.entry_secrets.get().await?;
+    entry::verify(secrets.all(), token, id, &caller.user, now).map_err(|why| {
+        tracing::info!(voucher = %id, user = %caller.user.as_str(), %why, "entry refused");
+        ApiError::EntryRequired(format!(
+            "voucher {id} lets buyers in from its waiting room: join it \
+             (POST /vouchers/{id}/queue) and send the entry token you get once served \
+             as {ENTRY_HEADER} ({why})"
+        ))
+    })
+}

@@ -1,0 +1,289 @@
+//! What a waiting room costs under a flood: a burst of requests at a voucher with a room
+//! (each buyer joins, looks, and buys with the token once served) against the same
+//! burst of plain admissions at a voucher without one, measured in the same run on the
+//! same Redis. Reports, per kind of request, Redis commands per request as the server
+//! counts them (`INFO commandstats`: script calls and the commands they run) and the
+//! answers' p50 / p99 through the function's handler (four instances in process).
+//!
+//! `cargo bench -p seckill-tests --bench waiting_room [-- REQUESTS]` (default 200,000;
+//! the local stack's MariaDB must be up: `scripts/stack.sh up`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use indicatif::{ProgressBar, ProgressStyle};
+use seckill_http::App;
+use seckill_shared::domain::{format_rfc3339_millis, now_millis};
+use seckill_tests::harness::{Backends, call, request, token};
+use seckill_tests::redis::RedisServer;
+use serde_json::{Value, json};
+
+const DEFAULT_REQUESTS: usize = 200_000;
+const INSTANCES: usize = 4;
+const CONCURRENCY: usize = 256;
+const STOCK: i64 = 1_000;
+const ENTRY_RATE: i64 = 5_000;
+
+/// Commands the server ran, by name (script calls and what they ran), over every node.
+fn commands(redis: &RedisServer) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for n in redis.nodes() {
+        let info: String = redis
+            .query(n.port, redis::cmd("INFO").arg("commandstats"))
+            .expect("INFO commandstats");
+        for line in info.lines() {
+            let Some((name, rest)) = line
+                .strip_prefix("cmdstat_")
+                .and_then(|l| l.split_once(':'))
+            else {
+                continue;
+            };
+            let calls = rest
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+            *out.entry(name.to_string()).or_default() += calls;
+        }
+    }
+    out
+}
+
+fn reset(redis: &RedisServer) {
+    for n in redis.nodes() {
+        let _: () = redis
+            .query(n.port, redis::cmd("CONFIG").arg("RESETSTAT"))
+            .expect("RESETSTAT");
+    }
+}
+
+/// The commands run between two counts, leaving out the counting itself.
+fn spent(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> (u64, u64) {
+    let mut all = 0;
+    let mut scripts = 0;
+    for (name, n) in after {
+        if matches!(name.as_str(), "info" | "config|resetstat" | "config") {
+            continue;
+        }
+        let d = n - before.get(name).copied().unwrap_or(0);
+        all += d;
+        if name == "evalsha" || name == "eval" {
+            scripts += d;
+        }
+    }
+    (all, scripts)
+}
+
+async fn create(app: &App, room: bool) -> String {
+    let now = now_millis();
+    let mut body = json!({
+        "title": if room { "queued sale" } else { "plain sale" },
+        "stock": STOCK,
+        "begins_at": format_rfc3339_millis(now - 1_000),
+        "ends_at": format_rfc3339_millis(now + 3_600_000),
+    });
+    if room {
+        body["entry_rate_per_s"] = json!(ENTRY_RATE);
+    }
+    let (status, v) = call(
+        app,
+        request(
+            "POST",
+            "/vouchers",
+            Some(&token("admin", true)),
+            Some(&body.to_string()),
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(status, 201, "{v}");
+    v["id"].as_str().unwrap().to_string()
+}
+
+/// One request's kind and how long its answer took.
+struct Sample {
+    kind: &'static str,
+    took: Duration,
+}
+
+/// What one buyer sends: with a room, a join, a look, and the purchase with the token
+/// when served; without, one purchase.
+async fn buyer(app: &App, voucher: &str, user: &str, room: bool) -> Vec<Sample> {
+    let bearer = token(user, false);
+    let mut out = Vec::new();
+    let mut timed = async |kind: &'static str, method: &str, path: String, entry: Option<&str>| {
+        let mut req = request(method, &path, Some(&bearer), None, None);
+        if let Some(e) = entry {
+            req.headers_mut()
+                .insert("seckill-entry", e.parse().unwrap());
+        }
+        let t0 = Instant::now();
+        let (status, body) = Box::pin(call(app, req)).await;
+        out.push(Sample {
+            kind,
+            took: t0.elapsed(),
+        });
+        assert!(status < 500, "{kind}: {status} {body}");
+        body
+    };
+    if !room {
+        timed(
+            "purchase (no room)",
+            "POST",
+            format!("/vouchers/{voucher}/seckill"),
+            None,
+        )
+        .await;
+        return out;
+    }
+    timed("join", "POST", format!("/vouchers/{voucher}/queue"), None).await;
+    let look: Value = timed("look", "GET", format!("/vouchers/{voucher}/queue"), None).await;
+    if let Some(t) = look["entry_token"].as_str() {
+        let t = t.to_string();
+        timed(
+            "purchase (token)",
+            "POST",
+            format!("/vouchers/{voucher}/seckill"),
+            Some(&t),
+        )
+        .await;
+    }
+    out
+}
+
+fn percentile(sorted: &[Duration], q: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
+}
+
+struct Report {
+    requests: usize,
+    commands: u64,
+    scripts: u64,
+    p50: Duration,
+    p99: Duration,
+    kinds: BTreeMap<&'static str, Vec<Duration>>,
+    wall: Duration,
+}
+
+async fn burst(
+    b: &Backends,
+    apps: &[Arc<App>],
+    voucher: &str,
+    room: bool,
+    requests: usize,
+) -> Report {
+    // A buyer sends about two requests with a room (join, look; the served few buy),
+    // one without.
+    let buyers = if room { requests / 2 } else { requests };
+    let bar = ProgressBar::new(buyers as u64).with_style(
+        ProgressStyle::with_template("{msg:>12} [{bar:40}] {pos}/{len} buyers {per_sec}")
+            .expect("template"),
+    );
+    bar.set_message(if room { "with room" } else { "without" });
+    reset(&b.redis);
+    let before = commands(&b.redis);
+    let t0 = Instant::now();
+    let samples: Vec<Sample> = futures::stream::iter(0..buyers)
+        .map(|i| {
+            let app = apps[i % apps.len()].clone();
+            let voucher = voucher.to_string();
+            let bar = bar.clone();
+            async move {
+                let tag = if room { "r" } else { "p" };
+                let s = buyer(&app, &voucher, &format!("{tag}{i}"), room).await;
+                bar.inc(1);
+                s
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .flat_map(futures::stream::iter)
+        .collect()
+        .await;
+    let wall = t0.elapsed();
+    bar.finish();
+    let after = commands(&b.redis);
+    let (commands, scripts) = spent(&before, &after);
+    let mut all: Vec<Duration> = samples.iter().map(|s| s.took).collect();
+    all.sort_unstable();
+    let mut kinds: BTreeMap<&'static str, Vec<Duration>> = BTreeMap::new();
+    for s in &samples {
+        kinds.entry(s.kind).or_default().push(s.took);
+    }
+    for v in kinds.values_mut() {
+        v.sort_unstable();
+    }
+    Report {
+        requests: samples.len(),
+        commands,
+        scripts,
+        p50: percentile(&all, 0.5),
+        p99: percentile(&all, 0.99),
+        kinds,
+        wall,
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let requests: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(DEFAULT_REQUESTS);
+    let b = Backends::start().await;
+    let apps: Vec<Arc<App>> = futures::future::join_all(
+        (0..INSTANCES).map(|_| async { Arc::new(App::new(&b.http_config()).await) }),
+    )
+    .await;
+    let plain = create(&apps[0], false).await;
+    let queued = create(&apps[0], true).await;
+    let base = burst(&b, &apps, &plain, false, requests).await;
+    let with = burst(&b, &apps, &queued, true, requests).await;
+
+    println!(
+        "\nA burst of about {requests} requests, {INSTANCES} instances, {CONCURRENCY} at once, stock {STOCK}"
+    );
+    println!(
+        "{:<22} {:>9} {:>14} {:>13} {:>9} {:>9} {:>8}",
+        "burst", "requests", "Redis cmd/req", "scripts/req", "p50", "p99", "wall"
+    );
+    for (name, r) in [("without a room", &base), ("with a room", &with)] {
+        println!(
+            "{:<22} {:>9} {:>14.3} {:>13.3} {:>9} {:>9} {:>7.1}s",
+            name,
+            r.requests,
+            r.commands as f64 / r.requests as f64,
+            r.scripts as f64 / r.requests as f64,
+            ms(r.p50),
+            ms(r.p99),
+            r.wall.as_secs_f64()
+        );
+    }
+    println!("\nby kind of request");
+    for r in [&base, &with] {
+        for (kind, v) in &r.kinds {
+            println!(
+                "  {:<20} {:>9} p50 {:>9} p99 {:>9}",
+                kind,
+                v.len(),
+                ms(percentile(v, 0.5)),
+                ms(percentile(v, 0.99))
+            );
+        }
+    }
+    println!(
+        "\nratio with / without a room: Redis commands per request {:.2}x, p99 {:.2}x",
+        (with.commands as f64 / with.requests as f64)
+            / (base.commands as f64 / base.requests as f64).max(1e-9),
+        with.p99.as_secs_f64() / base.p99.as_secs_f64().max(1e-9)
+    );
+    b.cleanup().await;
+}

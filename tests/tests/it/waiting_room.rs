@@ -1,0 +1,499 @@
+//! The waiting room against real parts: a private Redis, a fresh database behind the
+//! Data API, and several function instances called with fixture events.
+//!
+//! What is proved: positions are exactly 1..n in the order joins reached Redis (a join
+//! that finished before another began holds the smaller position), a refresh or a retry
+//! keeps one's place, entry follows position exactly, and nobody buys a voucher with a
+//! room without an entry token of their own for that voucher; tokens of another buyer,
+//! another voucher, expired, forged or not ours at all are refused before Redis is
+//! asked; everybody still waiting learns of a sell-out on their next look; a voucher
+//! without a room costs what it did.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use futures::StreamExt;
+use rand::seq::SliceRandom;
+use seckill_http::App;
+use seckill_shared::domain::{
+    UserId, VoucherId, format_rfc3339_millis, now_millis, parse_rfc3339_millis,
+};
+use seckill_shared::entry;
+use seckill_tests::harness::{
+    Backends, TEST_ENTRY_PREVIOUS, TEST_ENTRY_SECRET, buy, call, request, token,
+};
+use serde_json::{Value, json};
+
+/// Creates a voucher with a waiting room of `rate` entries a second, on sale from
+/// `begins_offset_ms` from now for an hour; `more` adds fields to the request.
+async fn create_room(
+    app: &App,
+    stock: i64,
+    rate: i64,
+    begins_offset_ms: i64,
+    more: Value,
+) -> String {
+    let now = now_millis();
+    let mut body = json!({
+        "title": "queued sale",
+        "stock": stock,
+        "begins_at": format_rfc3339_millis(now + begins_offset_ms),
+        "ends_at": format_rfc3339_millis(now + 3_600_000),
+        "entry_rate_per_s": rate,
+    });
+    for (k, v) in more.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    let (status, created) = call(
+        app,
+        request(
+            "POST",
+            "/vouchers",
+            Some(&token("admin", true)),
+            Some(&body.to_string()),
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["entry_rate_per_s"], json!(rate), "{created}");
+    created["id"].as_str().unwrap().to_string()
+}
+
+/// `POST` (join) or `GET` (look) `/vouchers/{id}/queue` as `user`.
+async fn queue(app: &App, voucher: &str, user: &str, join: bool) -> (u16, Value) {
+    let path = format!("/vouchers/{voucher}/queue");
+    let method = if join { "POST" } else { "GET" };
+    call(
+        app,
+        request(method, &path, Some(&token(user, false)), None, None),
+    )
+    .await
+}
+
+/// An admission as `user` carrying `entry` as `Seckill-Entry`.
+async fn buy_with(app: &App, voucher: &str, user: &str, entry: &str) -> (u16, Value) {
+    let path = format!("/vouchers/{voucher}/seckill");
+    let mut req = request("POST", &path, Some(&token(user, false)), None, None);
+    req.headers_mut()
+        .insert("seckill-entry", entry.parse().expect("header value"));
+    call(app, req).await
+}
+
+/// Units left as `GET /vouchers/{id}` says.
+async fn stock_left(app: &App, voucher: &str) -> i64 {
+    let (status, v) = call(
+        app,
+        request("GET", &format!("/vouchers/{voucher}"), None, None, None),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    v["stock_left"].as_i64().unwrap()
+}
+
+fn user(i: usize) -> String {
+    format!("buyer-{i:06}")
+}
+
+/// One join as a caller saw it: the position it got, and the logical times it was sent
+/// and answered (a shared counter: a join answered at `end` was over before any join
+/// sent at `start >= end`).
+#[derive(Debug, Clone, Copy)]
+struct Join {
+    position: u64,
+    start: u64,
+    end: u64,
+}
+
+/// 50,000 buyers join in shuffled order from 200 concurrent callers spread over four
+/// instances: the positions are exactly 1..=50,000, one per buyer; a join that was
+/// over before another began holds the smaller position; joining again keeps the
+/// position; at one moment the served buyers are exactly the first positions and the
+/// rest wait in position order; served buyers buy once with their own token, and
+/// nobody buys without one.
+#[tokio::test]
+async fn fifty_thousand_joins_enter_in_arrival_order_and_only_with_a_token() {
+    const BUYERS: usize = 50_000;
+    const RATE: i64 = 100;
+    let b = Backends::start().await;
+    let apps: Vec<Arc<App>> = futures::future::join_all(
+        (0..4).map(|_| async { Arc::new(App::new(&b.http_config()).await) }),
+    )
+    .await;
+    // On sale since a second ago: about RATE more positions enter each second.
+    let voucher = create_room(&apps[0], 300, RATE, -1_000, json!({})).await;
+
+    let mut order: Vec<usize> = (0..BUYERS).collect();
+    order.shuffle(&mut rand::rng());
+    let clock = Arc::new(AtomicU64::new(0));
+    let joins: Vec<(usize, Join)> = futures::stream::iter(order.into_iter().enumerate())
+        .map(|(n, i)| {
+            let app = apps[n % apps.len()].clone();
+            let (clock, voucher) = (clock.clone(), voucher.clone());
+            async move {
+                let start = clock.load(Ordering::SeqCst);
+                let (status, body) = queue(&app, &voucher, &user(i), true).await;
+                let end = clock.fetch_add(1, Ordering::SeqCst) + 1;
+                assert_eq!(status, 200, "{body}");
+                let position = body["position"].as_u64().expect("a position");
+                (
+                    i,
+                    Join {
+                        position,
+                        start,
+                        end,
+                    },
+                )
+            }
+        })
+        .buffer_unordered(200)
+        .collect()
+        .await;
+
+    // Exactly 1..=BUYERS, each buyer once.
+    let mut positions: Vec<u64> = joins.iter().map(|(_, j)| j.position).collect();
+    positions.sort_unstable();
+    assert!(
+        positions.iter().copied().eq(1..=BUYERS as u64),
+        "positions are not exactly 1..={BUYERS}"
+    );
+    // Arrival order: for each join, every join answered before it was sent holds a
+    // smaller position.
+    let mut by_end: Vec<Join> = joins.iter().map(|(_, j)| *j).collect();
+    by_end.sort_by_key(|j| j.end);
+    let mut max_before = Vec::with_capacity(by_end.len());
+    let mut running = 0;
+    for j in &by_end {
+        running = running.max(j.position);
+        max_before.push((j.end, running));
+    }
+    let mut checked_pairs = 0u64;
+    for (_, j) in &joins {
+        let done_before = max_before.partition_point(|(end, _)| *end <= j.start);
+        if done_before > 0 {
+            let (_, max) = max_before[done_before - 1];
+            assert!(
+                max < j.position,
+                "a join sent after one that got {max} was answered {}",
+                j.position
+            );
+            checked_pairs += done_before as u64;
+        }
+    }
+    assert!(
+        checked_pairs > BUYERS as u64,
+        "the callers overlapped too little to check"
+    );
+
+    let pos: BTreeMap<u64, usize> = joins.iter().map(|(i, j)| (j.position, *i)).collect();
+    let position_of: BTreeMap<usize, u64> = joins.iter().map(|(i, j)| (*i, j.position)).collect();
+    // Joining again, from another instance, keeps the place.
+    for i in (0..BUYERS).step_by(997) {
+        let (status, again) = queue(&apps[(i + 1) % 4], &voucher, &user(i), true).await;
+        assert_eq!(status, 200, "{again}");
+        assert_eq!(again["position"].as_u64(), Some(position_of[&i]), "{again}");
+    }
+
+    // A look at every tenth position, many at once: each answers its own position, a
+    // served one carries a token, and the time a position is served never goes back as
+    // the position grows.
+    let looks: Vec<(u64, Value)> = futures::stream::iter(
+        pos.iter()
+            .filter(|(p, _)| *p % 10 == 1)
+            .map(|(p, i)| (*p, *i)),
+    )
+    .map(|(p, i)| {
+        let app = apps[i % apps.len()].clone();
+        let voucher = voucher.clone();
+        async move {
+            let (status, body) = queue(&app, &voucher, &user(i), false).await;
+            assert_eq!(status, 200, "{body}");
+            assert_eq!(body["position"].as_u64(), Some(p), "{body}");
+            (p, body)
+        }
+    })
+    .buffered(200)
+    .collect()
+    .await;
+    let served_at =
+        |b: &Value| parse_rfc3339_millis(b["served_at"].as_str().unwrap(), "t").unwrap();
+    let mut last = i64::MIN;
+    for (p, body) in &looks {
+        let at = served_at(body);
+        assert!(at >= last, "position {p} is served before an earlier one");
+        last = at;
+        match body["status"].as_str() {
+            Some("served") => {
+                assert!(body["entry_token"].is_string(), "{body}");
+                assert_eq!(body["expected_wait_ms"], 0, "{body}");
+            }
+            Some("waiting") => {
+                assert!(body.get("entry_token").is_none(), "{body}");
+                assert!(body["expected_wait_ms"].as_i64().unwrap() > 0, "{body}");
+            }
+            other => panic!("position {p}: {other:?}"),
+        }
+    }
+    // Looked at one by one from a later position down to the first: time only moves
+    // on, so once one is served every earlier one is too (entry follows arrival).
+    let served_now = looks
+        .iter()
+        .filter(|(_, b)| b["status"] == "served")
+        .count()
+        * 10;
+    assert!(
+        served_now >= RATE as usize,
+        "the first second's worth enters at the start"
+    );
+    let top = (served_now + 1_000).min(BUYERS) as u64;
+    let (mut seen_served, mut seen_waiting) = (0u64, 0u64);
+    for p in (1..=top).rev() {
+        let (_, body) = queue(&apps[0], &voucher, &user(pos[&p]), false).await;
+        if body["status"] == "served" {
+            seen_served += 1;
+        } else {
+            assert_eq!(
+                seen_served,
+                0,
+                "position {p} waits after {} was served",
+                p + 1
+            );
+            seen_waiting += 1;
+        }
+    }
+    assert!(
+        seen_served >= RATE as u64 && seen_waiting > 0,
+        "{seen_served} {seen_waiting}"
+    );
+
+    // Nobody buys without a token; no look took a unit.
+    for i in (0..BUYERS).step_by(499) {
+        let (status, refused) = buy(&apps[i % 4], &voucher, &user(i)).await;
+        assert_eq!(
+            (status, refused["code"].as_str()),
+            (403, Some("entry_required")),
+            "{refused}"
+        );
+    }
+    assert_eq!(stock_left(&apps[0], &voucher).await, 300);
+    // Up to 60 served buy once each with their own token, from any instance; the
+    // same token again is `already_purchased` (one order per buyer), and a served
+    // buyer's token does not let a waiting one in.
+    let mut orders = HashSet::new();
+    let served: Vec<&(u64, Value)> = looks
+        .iter()
+        .filter(|(_, b)| b["status"] == "served")
+        .take(60)
+        .collect();
+    assert!(served.len() >= 10, "only {} served looked at", served.len());
+    for (p, body) in served.iter().copied() {
+        let i = pos[p];
+        let t = body["entry_token"].as_str().unwrap();
+        let (status, admitted) = buy_with(&apps[i % 4], &voucher, &user(i), t).await;
+        assert_eq!(status, 202, "{admitted}");
+        assert!(orders.insert(admitted["order_id"].as_str().unwrap().to_string()));
+        let (status, again) = buy_with(&apps[(i + 1) % 4], &voucher, &user(i), t).await;
+        assert_eq!(
+            (status, again["code"].as_str()),
+            (409, Some("already_purchased"))
+        );
+        assert_eq!(again["order_id"], admitted["order_id"]);
+        let waiting = pos[&(BUYERS as u64)];
+        let (status, refused) = buy_with(&apps[0], &voucher, &user(waiting), t).await;
+        assert_eq!(
+            (status, refused["code"].as_str()),
+            (403, Some("entry_required"))
+        );
+    }
+    assert_eq!(orders.len(), served.len());
+    assert_eq!(
+        stock_left(&apps[0], &voucher).await,
+        300 - served.len() as i64
+    );
+    b.cleanup().await;
+}
+
+/// Every token that is not this buyer's for this voucher, unexpired and signed by us, is
+/// `403 entry_required`, and takes nothing: another buyer's, another voucher's, an
+/// expired one, a forged signature, a stretched expiry, an `alg: none` JWT, garbage.
+/// A token signed with the previous secret (a rotation under way) still enters.
+#[tokio::test]
+async fn tokens_of_another_buyer_or_voucher_expired_or_forged_are_refused() {
+    let b = Backends::start().await;
+    let app = App::new(&b.http_config()).await;
+    let voucher = create_room(&app, 10, 1_000, -1_000, json!({})).await;
+    let other = create_room(&app, 10, 1_000, -1_000, json!({})).await;
+    let (status, alice) = queue(&app, &voucher, "alice", true).await;
+    assert_eq!(
+        (status, alice["status"].as_str()),
+        (200, Some("served")),
+        "{alice}"
+    );
+    let alices = alice["entry_token"].as_str().unwrap().to_string();
+    let (_, on_other) = queue(&app, &other, "carol", true).await;
+    let carols_other = on_other["entry_token"].as_str().unwrap().to_string();
+
+    let v: VoucherId = voucher.parse().unwrap();
+    let carol = UserId::parse("carol").unwrap();
+    let now = now_millis();
+    let secret = TEST_ENTRY_SECRET.as_bytes();
+    let expired = entry::issue(secret, v, &carol, now - 1);
+    let forged = entry::issue(b"not-the-functions-secret-at-all", v, &carol, now + 60_000);
+    let stretched = {
+        let real = entry::issue(secret, v, &carol, now + 60_000);
+        let parts: Vec<&str> = real.split('.').collect();
+        format!("e1.{voucher}.{}.{}", now + 86_400_000, parts[3])
+    };
+    let alg_none = {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        format!(
+            "{}.{}.",
+            b64.encode(r#"{"alg":"none","typ":"JWT"}"#),
+            b64.encode(format!(
+                r#"{{"sub":"carol","voucher":"{voucher}","exp":9999999999}}"#
+            ))
+        )
+    };
+    let cases = [
+        ("alice's token", alices.clone()),
+        ("carol's token for another voucher", carols_other),
+        ("expired", expired),
+        ("forged", forged),
+        ("stretched expiry", stretched),
+        ("alg none", alg_none),
+        ("garbage", "hello".to_string()),
+        ("empty", " ".to_string()),
+    ];
+    for (what, t) in &cases {
+        let (status, refused) = buy_with(&app, &voucher, "carol", t).await;
+        assert_eq!(
+            (status, refused["code"].as_str()),
+            (403, Some("entry_required")),
+            "{what}: {refused}"
+        );
+    }
+    let (status, refused) = buy(&app, &voucher, "carol").await;
+    assert_eq!(
+        (status, refused["code"].as_str()),
+        (403, Some("entry_required"))
+    );
+    assert_eq!(
+        stock_left(&app, &voucher).await,
+        10,
+        "no refused token took a unit"
+    );
+
+    // Signed with the previous secret: still valid while both are configured.
+    let previous = entry::issue(TEST_ENTRY_PREVIOUS.as_bytes(), v, &carol, now + 60_000);
+    assert_eq!(buy_with(&app, &voucher, "carol", &previous).await.0, 202);
+    // And alice's own token is hers.
+    assert_eq!(buy_with(&app, &voucher, "alice", &alices).await.0, 202);
+    b.cleanup().await;
+}
+
+/// The queue opens `queue_opens_before_s` before the start: a join earlier is
+/// `409 queue_not_open`; once open, everybody waits until the start (no token before
+/// it), and a look by someone who never joined is `404`. A voucher without a room has
+/// no queue (`404`) and sells as before, without a token.
+#[tokio::test]
+async fn the_queue_opens_before_the_start_and_nobody_enters_before_it() {
+    let b = Backends::start().await;
+    let app = App::new(&b.http_config()).await;
+    let later = create_room(&app, 5, 10, 600_000, json!({"queue_opens_before_s": 60})).await;
+    let (status, early) = queue(&app, &later, "alice", true).await;
+    assert_eq!(
+        (status, early["code"].as_str()),
+        (409, Some("queue_not_open")),
+        "{early}"
+    );
+    let soon = create_room(&app, 5, 10, 30_000, json!({"queue_opens_before_s": 60})).await;
+    let (status, waiting) = queue(&app, &soon, "alice", true).await;
+    assert_eq!(
+        (status, waiting["status"].as_str()),
+        (200, Some("waiting")),
+        "{waiting}"
+    );
+    assert_eq!(waiting["position"], 1);
+    let wait = waiting["expected_wait_ms"].as_i64().unwrap();
+    assert!(
+        (25_000..=30_000).contains(&wait),
+        "position 1 enters at the start: {wait}"
+    );
+    assert!(waiting.get("entry_token").is_none());
+    let (status, never) = queue(&app, &soon, "bob", false).await;
+    assert_eq!(
+        (status, never["code"].as_str()),
+        (404, Some("not_found")),
+        "{never}"
+    );
+
+    let now = now_millis();
+    let (status, plain) = call(
+        &app,
+        request(
+            "POST",
+            "/vouchers",
+            Some(&token("admin", true)),
+            Some(
+                &json!({
+                    "title": "no room",
+                    "stock": 3,
+                    "begins_at": format_rfc3339_millis(now - 1_000),
+                    "ends_at": format_rfc3339_millis(now + 3_600_000),
+                })
+                .to_string(),
+            ),
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(status, 201);
+    assert!(plain.get("entry_rate_per_s").is_none(), "{plain}");
+    let plain = plain["id"].as_str().unwrap();
+    let (status, none) = queue(&app, plain, "alice", true).await;
+    assert_eq!(
+        (status, none["code"].as_str()),
+        (404, Some("not_found")),
+        "{none}"
+    );
+    assert_eq!(buy(&app, plain, "alice").await.0, 202);
+    b.cleanup().await;
+}
+
+/// Once the voucher is sold out, everybody still waiting learns it on their next look,
+/// with one bucket and with several (where bucket 0 alone cannot tell).
+#[tokio::test]
+async fn once_sold_out_everybody_still_waiting_learns_it_on_their_next_look() {
+    let b = Backends::start().await;
+    let app = App::new(&b.http_config()).await;
+    for buckets in [1, 2] {
+        // Two positions a second: the first two enter at once, the third waits 0.5 s.
+        let voucher = create_room(&app, 2, 2, -100, json!({"buckets": buckets})).await;
+        let mut tokens = Vec::new();
+        for u in ["u1", "u2", "u3", "u4"] {
+            let (status, s) = queue(&app, &voucher, u, true).await;
+            assert_eq!(status, 200, "{s}");
+            tokens.push(s["entry_token"].as_str().map(str::to_string));
+        }
+        for (u, t) in [("u1", &tokens[0]), ("u2", &tokens[1])] {
+            let t = t.as_deref().expect("the first two are served at the start");
+            assert_eq!(
+                buy_with(&app, &voucher, u, t).await.0,
+                202,
+                "{buckets} buckets"
+            );
+        }
+        for u in ["u3", "u4", "u1"] {
+            let (status, s) = queue(&app, &voucher, u, false).await;
+            assert_eq!(
+                (status, s["status"].as_str()),
+                (200, Some("sold_out")),
+                "{buckets} buckets, {u}: {s}"
+            );
+            assert!(s.get("entry_token").is_none(), "{s}");
+        }
+    }
+    b.cleanup().await;
+}
