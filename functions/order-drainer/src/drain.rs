@@ -24,9 +24,13 @@
 //! (`NOWAIT`), look up colliding rows, [`plan::split`], insert `confirmed` and `rejected`
 //! rows with exact counts, take the stock with a guard, commit; only then XACK.
 //!
-//! The concerns live in submodules, each `impl Drainer` with what it keeps:
-//! - [`write`]: the database side, one transaction per batch, splitting refused batches;
-//! - [`stream`]: claim, read, dead-letter, release, trim, retire;
+//! The cycle itself (survey, recover, drain, a batch, finish) is in this file; the steps
+//! it calls live in submodules, each `impl Drainer` with what it keeps, none calling back
+//! into this file:
+//! - [`write`]: the database side, one transaction per batch, splitting refused batches,
+//!   the payment step's sweep; the statements between begin and commit are free functions
+//!   of its own submodule;
+//! - [`stream`]: read, dead-letter, release, trim, retire;
 //! - [`run`]: the run's clock and state, and its [`Summary`];
 //! - the SQL is in `seckill_shared::adapters::ledger::sql`, the pure decisions in
 //!   [`crate::plan`].
@@ -309,6 +313,46 @@ impl Drainer {
             poll.extend(open);
         }
         Some(poll)
+    }
+
+    /// Claims and processes the entries other consumers left idle, page by page.
+    async fn recover(&self, run: &Run, voucher: Bucket) {
+        let mut cursor = "0-0".to_string();
+        while run.fits(1) && !run.stopped(voucher) {
+            let page = match self
+                .streams
+                .claim_idle(
+                    voucher,
+                    &run.consumer,
+                    self.cfg.min_idle,
+                    &cursor,
+                    self.cfg.batch_size,
+                )
+                .await
+            {
+                Ok(page) => page,
+                Err(e) => {
+                    run.fail(
+                        voucher,
+                        DrainError::store("claiming idle entries", Some(voucher), e),
+                    );
+                    return;
+                }
+            };
+            if !page.deleted.is_empty() {
+                tracing::warn!(%voucher, deleted = ?page.deleted, "pending entries no longer in the stream");
+            }
+            if !page.entries.is_empty() {
+                run.touch(voucher);
+                run.count(|s| s.claimed += page.entries.len() as u64);
+                failpoint::hit("after_claim");
+                self.process(run, voucher, page.entries, false).await;
+            }
+            match page.next {
+                Some(next) => cursor = next,
+                None => return,
+            }
+        }
     }
 
     /// Reads and processes one voucher's new entries, batch after batch; true when there

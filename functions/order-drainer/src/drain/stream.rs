@@ -1,8 +1,8 @@
-//! Stream bookkeeping: what the drainer does to the orders streams around a batch:
-//! claim what other runs left idle, read new entries, dead-letter, release what it
-//! cannot finish, and at the end of the run trim, measure and retire. (Acking a committed
-//! batch is one call in [`Drainer::process`](super::Drainer), next to the commit it
-//! follows.)
+//! Stream bookkeeping: what the drainer does to the orders streams around a batch: read
+//! new entries, dead-letter, release what it cannot finish, and at the end of the run
+//! trim, measure and retire. (Claiming what other runs left idle is step 2 of the cycle,
+//! in [`Drainer::run`](super::Drainer); acking a committed batch is one call in
+//! [`Drainer::process`](super::Drainer), next to the commit it follows.)
 //!
 //! Invariants kept here:
 //! - an entry leaves the pending list only through an ack after its batch committed, or
@@ -31,46 +31,6 @@ use crate::plan::Reason;
 const RETIRE_GRACE_MS: i64 = 60_000;
 
 impl Drainer {
-    /// Claims and processes the entries other consumers left idle, page by page.
-    pub(super) async fn recover(&self, run: &Run, voucher: Bucket) {
-        let mut cursor = "0-0".to_string();
-        while run.fits(1) && !run.stopped(voucher) {
-            let page = match self
-                .streams
-                .claim_idle(
-                    voucher,
-                    &run.consumer,
-                    self.cfg.min_idle,
-                    &cursor,
-                    self.cfg.batch_size,
-                )
-                .await
-            {
-                Ok(page) => page,
-                Err(e) => {
-                    run.fail(
-                        voucher,
-                        DrainError::store("claiming idle entries", Some(voucher), e),
-                    );
-                    return;
-                }
-            };
-            if !page.deleted.is_empty() {
-                tracing::warn!(%voucher, deleted = ?page.deleted, "pending entries no longer in the stream");
-            }
-            if !page.entries.is_empty() {
-                run.touch(voucher);
-                run.count(|s| s.claimed += page.entries.len() as u64);
-                failpoint::hit("after_claim");
-                self.process(run, voucher, page.entries, false).await;
-            }
-            match page.next {
-                Some(next) => cursor = next,
-                None => return,
-            }
-        }
-    }
-
     pub(super) async fn read_new(
         &self,
         voucher: Bucket,

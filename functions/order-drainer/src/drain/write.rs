@@ -2,10 +2,11 @@
 //!
 //! One batch of one voucher is one Data API transaction ([`Drainer::commit_batch`]):
 //! begin, record the transaction in Redis, lock the voucher row (`NOWAIT`), look up
-//! colliding rows (unless the batch is first deliveries), [`plan::split`], insert the
-//! `confirmed` and `rejected` rows with exact counts, take the stock with a guard,
-//! commit. A batch the database refuses is split in halves until the refused order
-//! stands alone ([`Drainer::commit_isolating`]). The SQL itself is in
+//! colliding rows (unless the batch is first deliveries),
+//! [`plan::split`](crate::plan::split), insert the `confirmed` and `rejected` rows with
+//! exact counts, take the stock with a guard, commit. The statements between begin and
+//! commit are in [`statements`]. A batch the database refuses is split in halves until
+//! the refused order stands alone ([`Drainer::commit_isolating`]). The SQL itself is in
 //! `seckill_shared::adapters::ledger::sql`; this module decides what to run and when.
 //!
 //! Invariants kept here:
@@ -24,22 +25,19 @@
 use std::ops::Range;
 use std::time::Duration;
 
-use std::collections::HashSet;
-
 use seckill_shared::adapters::closes::EXPIRE_PER_CALL;
-use seckill_shared::adapters::ledger::sql::PaymentRow;
-use seckill_shared::adapters::ledger::{LedgerTx, SETTLE_PER_TRANSACTION};
+use seckill_shared::adapters::ledger::SETTLE_PER_TRANSACTION;
 use seckill_shared::adapters::transfers;
-use seckill_shared::domain::{
-    AdmittedOrder, Bucket, ClosedOrder, OrderId, OrderStatus, now_millis,
-};
-use seckill_shared::error::StoreError;
+use seckill_shared::domain::{AdmittedOrder, Bucket, now_millis};
 
+mod statements;
+
+use self::statements::Attempt;
 use super::Drainer;
 use super::run::Run;
 use crate::error::DrainError;
 use crate::failpoint;
-use crate::plan::{self, DB_STOCK_EXHAUSTED, Split};
+use crate::plan::Split;
 
 /// Attempts at a batch whose row counts differ from the plan (a concurrent writer).
 const RACE_ATTEMPTS: u32 = 3;
@@ -57,32 +55,6 @@ const DEADLOCK_ATTEMPTS: u32 = 3;
 enum BatchOutcome {
     Committed(Split),
     UnknownVoucher,
-}
-
-/// How one attempt at a batch transaction ended (before commit).
-enum Attempt {
-    /// The batch's plan, and the closes settled in the same transaction (vouchers with a
-    /// payment step).
-    Planned(Split, Settled),
-    UnknownVoucher,
-    Raced(String),
-    /// The voucher row is locked by another transaction.
-    Locked(StoreError),
-}
-
-/// Closes recorded in a batch transaction: units given back, and per bucket the orders
-/// whose close the database holds once it commits (they leave that bucket's `to_settle`
-/// then).
-#[derive(Default)]
-struct Settled {
-    returned: u64,
-    done: Vec<(Bucket, Vec<OrderId>)>,
-}
-
-impl Settled {
-    fn count(&self) -> usize {
-        self.done.iter().map(|(_, ids)| ids.len()).sum()
-    }
 }
 
 /// What became of a batch's orders, with their indexes into the batch's orders.
@@ -356,9 +328,8 @@ impl Drainer {
         // commits.
         let turn = run.turn(voucher.voucher());
         let held = turn.lock().await;
-        let planned = self
-            .plan_and_write(run, &tx, voucher, orders, look_up)
-            .await;
+        let planned =
+            statements::plan_and_write(&self.streams, run, &tx, voucher, orders, look_up).await;
         let (outcome, over) = match planned {
             Ok(Attempt::Planned(split, settled))
                 // Units given back are closes recorded, so they are in `done` too.
@@ -451,231 +422,5 @@ impl Drainer {
     /// batch transaction lasts well under a second; production runs never overlap).
     fn abandoned_after(&self) -> Duration {
         self.cfg.min_idle.min(Duration::from_secs(10))
-    }
-
-    /// The statements of one attempt, up to (not including) the commit; without
-    /// `look_up`, planned as if no order of the batch were in the database yet.
-    async fn plan_and_write(
-        &self,
-        run: &Run,
-        tx: &LedgerTx<'_>,
-        voucher: Bucket,
-        orders: &[AdmittedOrder],
-        look_up: bool,
-    ) -> Result<Attempt, DrainError> {
-        let db = |step, e| DrainError::store(step, Some(voucher), e);
-        let locked = match tx.lock_voucher(voucher.voucher()).await {
-            Ok(Some(locked)) => locked,
-            Ok(None) => return Ok(Attempt::UnknownVoucher),
-            Err(e @ StoreError::Locked { .. }) => return Ok(Attempt::Locked(e)),
-            Err(e) => return Err(db("locking the voucher", e)),
-        };
-        failpoint::hit("after_lock");
-        let mut stock_left = locked.stock_left;
-        // Vouchers with a payment step: first record every close Redis decided so far,
-        // in every bucket of the voucher, under this row lock, so that a unit given back
-        // in Redis and sold again (in its own bucket, or in another by borrowing) is
-        // back in the database before its new order is written (else the database stock
-        // would refuse the new order). Then learn which orders of the batch are closed.
-        let (settled, closes) = match locked.pay_within_ms {
-            None => (Settled::default(), Vec::new()),
-            Some(_) => {
-                let mut settled = Settled::default();
-                // The bucket being drained first; the transaction's budget of closes is
-                // shared by all of them (what is left waits for the next transaction).
-                let others =
-                    Bucket::all(voucher.voucher(), locked.buckets).filter(|b| *b != voucher);
-                for bucket in std::iter::once(voucher).chain(others) {
-                    let budget = SETTLE_PER_TRANSACTION.saturating_sub(settled.count());
-                    if budget == 0 {
-                        break;
-                    }
-                    let (returned, done) = self.settle_in(tx, bucket, budget).await?;
-                    settled.returned += returned;
-                    if !done.is_empty() {
-                        settled.done.push((bucket, done));
-                    }
-                }
-                stock_left += i64::try_from(settled.returned).unwrap_or(0);
-                let ids: Vec<OrderId> = orders.iter().map(|o| o.id).collect();
-                let closes = self
-                    .streams
-                    .closed_orders(voucher, &ids)
-                    .await
-                    .map_err(|e| db("reading closed orders", e))?;
-                (settled, closes)
-            }
-        };
-        let existing = if look_up {
-            tx.existing_orders(voucher.voucher(), orders)
-                .await
-                .map_err(|e| db("looking up existing orders", e))?
-        } else {
-            Vec::new()
-        };
-        let gave_back: HashSet<OrderId> = orders
-            .iter()
-            .zip(&closes)
-            .filter(|(_, c)| c.as_ref().is_some_and(|c| c.status.returned_unit()))
-            .map(|(o, _)| o.id)
-            .collect();
-        let split = plan::split(voucher.voucher(), orders, &existing, stock_left, &gave_back);
-        // The row is held and Redis is not needed before the insert: the next batch may
-        // be read now, while the database writes this one.
-        run.open_read_ahead(voucher);
-
-        if let Some(pay_within_ms) = locked.pay_within_ms
-            && let Some(raced) = self
-                .write_payment_rows(tx, voucher, orders, &split, &closes, pay_within_ms)
-                .await?
-        {
-            return Ok(Attempt::Raced(raced));
-        }
-        let confirmed = if locked.pay_within_ms.is_some() {
-            &[][..]
-        } else {
-            &split.confirmed[..]
-        };
-        for (indexes, status, reason) in [
-            (confirmed, OrderStatus::Confirmed, None),
-            (
-                &split.rejected[..],
-                OrderStatus::Rejected,
-                Some(DB_STOCK_EXHAUSTED),
-            ),
-        ] {
-            if indexes.is_empty() {
-                continue;
-            }
-            let rows: Vec<AdmittedOrder> = indexes.iter().map(|&i| orders[i].clone()).collect();
-            let inserted = tx
-                .insert_orders(&rows, status, reason)
-                .await
-                .map_err(|e| db("inserting orders", e))?;
-            failpoint::hit("after_insert");
-            if inserted != rows.len() as u64 {
-                return Ok(Attempt::Raced(format!(
-                    "{inserted} of {} {} rows inserted",
-                    rows.len(),
-                    status.as_str()
-                )));
-            }
-            if status == OrderStatus::Rejected && locked.pay_within_ms.is_some() {
-                // A rejected order holds no unit in the database: it must not expire and
-                // give Redis one back (were this attempt rolled back and the order
-                // written awaiting payment after all, its deadline is restored then).
-                let gone: Vec<_> = rows.iter().map(|o| (o.id, o.user.as_str())).collect();
-                self.streams
-                    .drop_deadlines(voucher, &gone)
-                    .await
-                    .map_err(|e| db("dropping deadlines", e))?;
-            }
-        }
-        let take = split.confirmed.len() as i64;
-        if take > 0 {
-            let taken = tx
-                .take_stock(voucher.voucher(), take)
-                .await
-                .map_err(|e| db("taking stock", e))?;
-            if !taken {
-                return Ok(Attempt::Raced(format!("stock guard refused {take} units")));
-            }
-            failpoint::hit("after_stock_update");
-        }
-        Ok(Attempt::Planned(split, settled))
-    }
-
-    /// Writes the orders of a voucher with a payment step the plan covers: `confirmed`
-    /// ones wait for payment (or are paid already), `closed` ones as Redis closed them;
-    /// then restores their deadlines in case Redis lost them. `Some(detail)` when the
-    /// row count differs from the plan.
-    async fn write_payment_rows(
-        &self,
-        tx: &LedgerTx<'_>,
-        voucher: Bucket,
-        orders: &[AdmittedOrder],
-        split: &Split,
-        closes: &[Option<ClosedOrder>],
-        pay_within_ms: i64,
-    ) -> Result<Option<String>, DrainError> {
-        let rows: Vec<PaymentRow<'_>> = split
-            .confirmed
-            .iter()
-            .chain(&split.closed)
-            .map(|&i| {
-                let closed = closes.get(i).and_then(Option::as_ref);
-                PaymentRow {
-                    order: &orders[i],
-                    status: closed.map_or(OrderStatus::AwaitingPayment, |c| c.status),
-                    pay_by_ms: orders[i].admitted_ms + pay_within_ms,
-                    payment_ref: closed
-                        .filter(|c| c.status == OrderStatus::Paid)
-                        .map(|c| c.payment_ref.as_str()),
-                }
-            })
-            .collect();
-        if rows.is_empty() {
-            return Ok(None);
-        }
-        let err = |step, e| DrainError::store(step, Some(voucher), e);
-        let inserted = tx
-            .insert_payment_orders(&rows)
-            .await
-            .map_err(|e| err("inserting orders", e))?;
-        failpoint::hit("after_insert");
-        if inserted != rows.len() as u64 {
-            return Ok(Some(format!(
-                "{inserted} of {} payment rows inserted",
-                rows.len()
-            )));
-        }
-        // The admission wrote these deadlines; if Redis lost them since, the orders would
-        // never expire. Restoring them is harmless otherwise.
-        let open: Vec<_> = rows
-            .iter()
-            .filter(|r| r.status == OrderStatus::AwaitingPayment)
-            .map(|r| (r.order.id, r.order.user.as_str(), r.pay_by_ms))
-            .collect();
-        self.streams
-            .restore_deadlines(voucher, &open)
-            .await
-            .map_err(|e| err("restoring deadlines", e))?;
-        Ok(None)
-    }
-
-    /// Records, inside `tx`, up to `budget` closes of one bucket waiting in Redis
-    /// (`to_settle`): (units given back, orders whose close the database holds).
-    async fn settle_in(
-        &self,
-        tx: &LedgerTx<'_>,
-        voucher: Bucket,
-        budget: usize,
-    ) -> Result<(u64, Vec<OrderId>), DrainError> {
-        let redis = |step, e| DrainError::store(step, Some(voucher), e);
-        let ids = self
-            .streams
-            .to_settle(voucher)
-            .await
-            .map_err(|e| redis("reading closes to settle", e))?;
-        if ids.is_empty() {
-            return Ok((0, Vec::new()));
-        }
-        let ids: Vec<OrderId> = ids.into_iter().take(budget).collect();
-        let closed = self
-            .streams
-            .closed_orders(voucher, &ids)
-            .await
-            .map_err(|e| redis("reading closed orders", e))?;
-        let closes: Vec<(OrderId, ClosedOrder)> = ids
-            .into_iter()
-            .zip(closed)
-            .filter_map(|(id, c)| Some((id, c?)))
-            .collect();
-        let (returned, done) = tx
-            .settle(voucher.voucher(), &closes)
-            .await
-            .map_err(|e| DrainError::store("settling closed orders", Some(voucher), e))?;
-        failpoint::hit("after_settle");
-        Ok((returned, done))
     }
 }
