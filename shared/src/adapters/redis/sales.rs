@@ -3,10 +3,11 @@
 //! (`lua/close.lua`).
 //!
 //! Invariants kept here: the sale window is judged by the Redis server's clock, never the
-//! caller's; an admission (or a close) that may have run but cannot be vouched for (no
-//! reply in time, or too few replicas acknowledged it in durable mode) is
-//! [`StoreError::Unconfirmed`], never a refusal; a lost reply found again by a resend
-//! names the attempt's own order id and counts as admitted ([`admission_of`]).
+//! caller's; an admission that may have run but cannot be vouched for (no reply in
+//! time, or too few replicas acknowledged it in durable mode) is
+//! [`StoreError::Unconfirmed`], never a refusal, and so is a close too few replicas
+//! acknowledged; a lost reply found again by a resend names the attempt's own order id
+//! and counts as admitted ([`admission_of`]).
 
 use redis::Value;
 
