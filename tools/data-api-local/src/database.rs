@@ -16,9 +16,9 @@ use tokio::sync::OwnedMutexGuard;
 
 use crate::ServerConfig;
 use crate::error::ApiError;
+use crate::limits::MAX_RESPONSE_BYTES;
 use crate::lock::lock;
 use crate::secrets::SecretCredentials;
-use crate::server::MAX_RESPONSE_BYTES;
 use crate::sql::PlaceholderSql;
 use crate::values;
 use crate::wire::{Field, ResultSetOptions};

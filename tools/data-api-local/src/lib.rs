@@ -13,6 +13,7 @@
 
 pub mod database;
 pub mod error;
+pub mod limits;
 pub mod lock;
 pub mod secrets;
 pub mod server;
