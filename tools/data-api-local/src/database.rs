@@ -14,7 +14,7 @@ use mysql_async::prelude::{Protocol, Queryable};
 use mysql_async::{Column, Conn, Opts, OptsBuilder, Params, Pool, QueryResult, Value};
 use tokio::sync::OwnedMutexGuard;
 
-use crate::ServerConfig;
+use crate::config::ServerConfig;
 use crate::error::ApiError;
 use crate::limits::MAX_RESPONSE_BYTES;
 use crate::lock::lock;

@@ -33,7 +33,7 @@ use mysql_async::{Conn, Value};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::ServerConfig;
+use crate::config::ServerConfig;
 use crate::database::{
     self, Database, Deadline, Outcome, response_too_large, transaction_not_found,
 };
