@@ -26,10 +26,11 @@ use seckill_shared::keys::VoucherKeys;
 use seckill_shared::protocol::sale_fields;
 use serde::{Deserialize, Serialize};
 
-use crate::backends::{Bench, info_field, redis_infos};
+use crate::backends::Bench;
 use crate::drivers::{Driver, TutorialKeys, many};
 use crate::engine::{Ui, run};
 use crate::record::{Check, RunResult};
+use crate::redis_info::{info_field, redis_infos};
 use crate::report::one_line;
 use crate::workload::{Plan, Tokens};
 

@@ -11,6 +11,7 @@ pub mod drivers;
 pub mod engine;
 pub mod footprint;
 pub mod record;
+pub mod redis_info;
 pub mod report;
 pub mod svg;
 pub mod workload;
