@@ -29,9 +29,9 @@ use serde::{Deserialize, Serialize};
 use crate::backends::Bench;
 use crate::drivers::{Driver, TutorialKeys, many};
 use crate::engine::{Ui, run};
+use crate::figures::one_line;
 use crate::record::{Check, RunResult};
 use crate::redis_info::{info_field, redis_infos};
-use crate::report::one_line;
 use crate::workload::{Plan, Tokens};
 
 /// Sizes of a sale (the command line's defaults are the full sizes).

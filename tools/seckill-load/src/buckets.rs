@@ -31,8 +31,8 @@ use serde::{Deserialize, Serialize};
 use crate::admission::{checks, ours_drivers};
 use crate::backends::Bench;
 use crate::engine::{Ui, run};
+use crate::figures::one_line;
 use crate::record::{CLIENT_COMMANDS, RunResult};
-use crate::report::one_line;
 use crate::workload::Plan;
 
 /// ECPU per second one ElastiCache Serverless slot serves at most (AWS's published

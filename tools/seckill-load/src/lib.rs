@@ -9,6 +9,7 @@ pub mod buckets;
 pub mod drain;
 pub mod drivers;
 pub mod engine;
+pub mod figures;
 pub mod footprint;
 pub mod record;
 pub mod redis_info;
