@@ -272,8 +272,11 @@ fn admit_rows(rows: &mut Vec<Row>, a: &AdmitReport) {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::admission::SaleReport;
+    use crate::drain::{DrainReport, DrainRun, FloorRound};
 
     #[test]
     fn a_refused_baseline_reads_failed_with_the_servers_error_and_exits_3() {
@@ -312,5 +315,54 @@ mod tests {
         }
         assert!(rows(&r)[0].ratio.ends_with('×'));
         assert_eq!(r.exit_status(), 0);
+    }
+
+    fn run(variant: &str, orders_per_s: f64) -> DrainRun {
+        let elapsed = Duration::from_secs_f64(1000.0 / orders_per_s);
+        DrainRun::new(variant, 1000, 1, 1000, elapsed, Vec::new())
+    }
+
+    fn round(ours: f64, floor: f64) -> FloorRound {
+        FloorRound {
+            floor_first: true,
+            floor: run("db-floor", floor),
+            ours: run("ours", ours),
+        }
+    }
+
+    /// The rows the table shows for a drain: the floor row (and, with rounds, the rounds).
+    fn floor_rows(drain: DrainReport) -> Vec<crate::report::Row> {
+        let results = crate::report::Results {
+            drain: Some(drain),
+            ..crate::report::Results::default()
+        };
+        let rows = crate::report::rows(&results).into_iter();
+        rows.filter(|r| r.what.contains("floor")).collect()
+    }
+
+    #[test]
+    fn the_table_compares_the_median_round_or_an_old_report_s_one_floor_run() {
+        let rounds = DrainReport {
+            ours: vec![run("ours", 300.0)],
+            floor_rounds: vec![round(100.0, 200.0), round(20.0, 100.0), round(90.0, 100.0)],
+            ..DrainReport::default()
+        };
+        let rows = floor_rows(rounds);
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        // The median round's ratio, not the sweep's best (300) against any floor.
+        assert_eq!(
+            (rows[0].ratio.as_str(), rows[0].met),
+            ("0.50×", Some(false))
+        );
+        assert!(rows[0].what.contains("median of 3"), "{}", rows[0].what);
+        assert!(rows[1].ours.starts_with("0.50× (100 vs 200, floor first)"));
+        let old = DrainReport {
+            ours: vec![run("ours", 300.0)],
+            db_floor: Some(run("db-floor", 400.0)),
+            ..DrainReport::default()
+        };
+        let rows = floor_rows(old);
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!((rows[0].ratio.as_str(), rows[0].met), ("0.75×", Some(true)));
     }
 }
