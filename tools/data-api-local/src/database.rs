@@ -7,17 +7,18 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mysql_async::prelude::{Protocol, Queryable};
 use mysql_async::{Column, Conn, Opts, OptsBuilder, Params, Pool, QueryResult, Value};
 use tokio::sync::OwnedMutexGuard;
 
-use crate::ServerConfig;
+use crate::config::ServerConfig;
 use crate::error::ApiError;
+use crate::limits::MAX_RESPONSE_BYTES;
+use crate::lock::lock;
 use crate::secrets::SecretCredentials;
-use crate::server::MAX_RESPONSE_BYTES;
 use crate::sql::PlaceholderSql;
 use crate::values;
 use crate::wire::{Field, ResultSetOptions};
@@ -51,11 +52,6 @@ pub struct Transaction {
 }
 
 pub type HeldTransaction = OwnedMutexGuard<Transaction>;
-
-/// Nothing panics while holding these locks; recover the map if something did.
-pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 pub fn transaction_not_found(id: &str) -> ApiError {
     ApiError::TransactionNotFound(format!("Transaction {id} is not found"))

@@ -25,7 +25,7 @@ use std::sync::Mutex;
 
 use anyhow::{Context as _, bail};
 
-use crate::database::lock;
+use crate::lock::lock;
 
 /// A secret's ARN and the MariaDB credentials it holds, or, with an empty `username`, a
 /// plain secret whose string is `password`.

@@ -33,22 +33,17 @@ use mysql_async::{Conn, Value};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::ServerConfig;
+use crate::config::ServerConfig;
 use crate::database::{
     self, Database, Deadline, Outcome, response_too_large, transaction_not_found,
 };
 use crate::error::ApiError;
+use crate::limits::{MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, MAX_SQL_CHARS};
 use crate::secrets::{SecretCredentials, SecretStore};
 use crate::sql::{self, PlaceholderSql};
 use crate::values;
 use crate::wire::{ExecuteStatementResponse, Field, RecordsFormat, Request, ResultSetOptions};
 
-/// Data API request limit (headers and JSON included; we count the body).
-pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
-/// Data API response limit.
-pub const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
-/// Data API SQL text limit, in characters.
-pub const MAX_SQL_CHARS: usize = 65_536;
 /// The content type of Secrets Manager's JSON 1.1 protocol.
 pub const SECRETS_MANAGER_CONTENT_TYPE: &str = "application/x-amz-json-1.1";
 

@@ -26,11 +26,12 @@ use seckill_shared::keys::VoucherKeys;
 use seckill_shared::protocol::sale_fields;
 use serde::{Deserialize, Serialize};
 
-use crate::backends::{Bench, info_field, redis_infos};
+use crate::backends::Bench;
 use crate::drivers::{Driver, TutorialKeys, many};
 use crate::engine::{Ui, run};
+use crate::figures::one_line;
 use crate::record::{Check, RunResult};
-use crate::report::one_line;
+use crate::redis_info::{info_field, redis_infos};
 use crate::workload::{Plan, Tokens};
 
 /// Sizes of a sale (the command line's defaults are the full sizes).

@@ -31,8 +31,8 @@ use serde::{Deserialize, Serialize};
 use crate::admission::{checks, ours_drivers};
 use crate::backends::Bench;
 use crate::engine::{Ui, run};
+use crate::figures::one_line;
 use crate::record::{CLIENT_COMMANDS, RunResult};
-use crate::report::one_line;
 use crate::workload::Plan;
 
 /// ECPU per second one ElastiCache Serverless slot serves at most (AWS's published
@@ -270,7 +270,7 @@ async fn set_reference(bench: &Bench) -> anyhow::Result<Option<f64>> {
     bench.track_key(key.clone());
     let cpu = |infos: Vec<String>| -> f64 {
         let field = |info: &str, name: &str| -> f64 {
-            crate::backends::info_field(info, name)
+            crate::redis_info::info_field(info, name)
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0.0)
         };
@@ -283,7 +283,7 @@ async fn set_reference(bench: &Bench) -> anyhow::Result<Option<f64>> {
     for _ in 0..CONNECTIONS {
         conns.push(RedisConn::connect(&bench.http.redis).await?);
     }
-    let before = cpu(crate::backends::redis_infos(&bench.redis, "cpu").await);
+    let before = cpu(crate::redis_info::redis_infos(&bench.redis, "cpu").await);
     futures::future::try_join_all(conns.into_iter().map(|mut c| {
         let key = key.clone();
         async move {
@@ -294,7 +294,7 @@ async fn set_reference(bench: &Bench) -> anyhow::Result<Option<f64>> {
         }
     }))
     .await?;
-    let after = cpu(crate::backends::redis_infos(&bench.redis, "cpu").await);
+    let after = cpu(crate::redis_info::redis_infos(&bench.redis, "cpu").await);
     let _: i64 = bench.redis.clone().del(&key).await?;
     let per_set_us = (after - before) * 1e6 / (CONNECTIONS * EACH) as f64;
     Ok((per_set_us > 0.0).then_some(per_set_us))

@@ -20,9 +20,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use seckill_shared::adapters::redis::RedisConn;
 
-use crate::backends::redis_infos;
 use crate::drivers::Driver;
 use crate::record::{CpuSample, Outcome, Recorder, RunMeta, RunResult, merge};
+use crate::redis_info::redis_infos;
 use crate::workload::Plan;
 
 /// How the run shows progress and when it must stop.

@@ -17,13 +17,13 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use order_drainer::config::defaults::BATCH_SIZE;
 use seckill_cli::stack_env::StackEnv;
 use seckill_load::admission::{self, AdmitOptions, SaleOptions};
-use seckill_load::backends::{self, Bench};
+use seckill_load::backends::Bench;
 use seckill_load::buckets::{self, BucketsOptions};
 use seckill_load::drain::{self, CommitLatencyOptions, DrainOptions};
 use seckill_load::engine::Ui;
 use seckill_load::footprint::{self, FootprintOptions};
 use seckill_load::report::{self, Machine, Results};
-use seckill_load::svg;
+use seckill_load::{redis_info, svg};
 use seckill_shared::domain::{format_rfc3339_millis, now_millis};
 
 #[derive(Parser)]
@@ -284,8 +284,8 @@ async fn bench_cmd(g: &Global, mut b: BenchArgs) -> anyhow::Result<u8> {
 }
 
 async fn versions(b: &Bench, m: &mut Machine) {
-    let info = backends::redis_infos(&b.redis, "server").await;
-    let field = |k: &str| info.first().and_then(|i| backends::info_field(i, k));
+    let info = redis_info::redis_infos(&b.redis, "server").await;
+    let field = |k: &str| info.first().and_then(|i| redis_info::info_field(i, k));
     // Valkey answers redis_version 7.2.4 (for clients) and its own in valkey_version.
     m.redis_version = match (field("redis_version"), field("valkey_version")) {
         (r, Some(v)) => Some(format!("{} (Valkey {v})", r.unwrap_or("?"))),

@@ -214,7 +214,7 @@ impl CpuSample {
         // utime is field 14 and stime 15 of the whole line: 11 and 12 after the name.
         let ticks = after.split_whitespace().skip(11).take(2);
         let process_s = ticks.filter_map(|v| v.parse::<f64>().ok()).sum::<f64>() / 100.0;
-        let get = |info: &str, k: &str| crate::backends::info_field(info, k)?.parse::<f64>().ok();
+        let get = |info: &str, k: &str| crate::redis_info::info_field(info, k)?.parse::<f64>().ok();
         let used = |info: &String| Some(get(info, "used_cpu_user")? + get(info, "used_cpu_sys")?);
         let redis_s = cpu.iter().map(used).sum::<Option<f64>>();
         // cmdstat_<name>:calls=N,usec=N,usec_per_call=...

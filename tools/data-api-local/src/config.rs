@@ -1,0 +1,40 @@
+//! The server's configuration: the MariaDB it fronts, the resource and secret ARNs it
+//! accepts, and Aurora's timeouts, with the local stack's defaults.
+
+use std::time::Duration;
+
+use crate::secrets;
+
+pub const DEFAULT_RESOURCE_ARN: &str = "arn:aws:rds:us-east-1:000000000000:cluster:seckill-local";
+pub const DEFAULT_SECRET_ARN: &str =
+    "arn:aws:secretsmanager:us-east-1:000000000000:secret:seckill-local";
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// `mysql://user:password@host:port/database`; the database is the default for
+    /// requests that name none.
+    pub mysql_url: String,
+    pub resource_arn: String,
+    /// The secret whose user is the one of `mysql_url` (the master secret).
+    pub secret_arn: String,
+    /// More secrets, each signing in as its own MariaDB user (an application user).
+    pub secrets: Vec<secrets::SecretCredentials>,
+    pub transaction_idle_timeout: Duration,
+    pub statement_timeout: Duration,
+}
+
+impl ServerConfig {
+    /// The defaults of the local stack (`docs/design.md`) for the given MySQL URL.
+    pub fn new(mysql_url: impl Into<String>) -> Self {
+        ServerConfig {
+            mysql_url: mysql_url.into(),
+            resource_arn: DEFAULT_RESOURCE_ARN.to_string(),
+            secret_arn: DEFAULT_SECRET_ARN.to_string(),
+            secrets: Vec::new(),
+            // Aurora rolls back a transaction after 3 minutes without a call, and cancels
+            // a call after 45 seconds.
+            transaction_idle_timeout: Duration::from_secs(180),
+            statement_timeout: Duration::from_secs(45),
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! What the drain benchmarks measure: the options of the drain and admission-to-commit
+//! scenarios, each drain run, the rounds against the database floor, and the reports.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::record::{Check, Latency, RunResult};
+
+/// Sizes of the drain scenario.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, clap::Args)]
+pub struct DrainOptions {
+    /// Orders waiting in the stream for each run of ours and for the database floor
+    #[arg(long, default_value_t = 20_000)]
+    pub orders: u64,
+    /// `DRAINER_BATCH_SIZE` values to sweep
+    #[arg(long, value_delimiter = ',', default_value = "100,250,500,1000,2000")]
+    pub batch_sizes: Vec<usize>,
+    /// Orders the tutorial consumer drains (it is slow; its rate is steady)
+    #[arg(long, default_value_t = 3_000)]
+    pub tutorial_orders: u64,
+    /// Rows per INSERT of the database floor
+    #[arg(long, default_value_t = 1_000)]
+    pub floor_batch: usize,
+    /// Rounds of the comparison with the database floor (a floor run and a run of ours
+    /// side by side in each; the median round's ratio is reported)
+    #[arg(long, default_value_t = 3)]
+    #[serde(default = "three")]
+    pub floor_rounds: usize,
+    /// Run the tutorial consumer and the database floor too.
+    #[arg(skip = true)]
+    pub baseline: bool,
+    /// Numbers of sales the N orders are spread over, each drained by one invocation
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
+    #[serde(default)]
+    pub sales: Vec<usize>,
+}
+
+/// One drain run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DrainRun {
+    /// `ours`, `tutorial`, `db-floor`, `spread`.
+    pub variant: String,
+    pub batch_size: usize,
+    /// Sales the orders were spread over (1 but for `spread`).
+    #[serde(default = "one")]
+    pub sales: usize,
+    pub orders: u64,
+    pub elapsed_s: f64,
+    pub orders_per_s: f64,
+    /// The drainer's own summary of the invocation (ours).
+    pub summary: Option<serde_json::Value>,
+    pub checks: Vec<Check>,
+    /// Why the variant FAILED on this server (the tutorial consumer, when the server
+    /// refused the tutorial's admission script that fills its stream).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct DrainReport {
+    pub options: DrainOptions,
+    pub ours: Vec<DrainRun>,
+    pub tutorial: Option<DrainRun>,
+    /// The floor run of the median round (a report written before rounds existed: the
+    /// only floor run, made after every run of ours).
+    pub db_floor: Option<DrainRun>,
+    /// The rounds of the comparison with the floor, in the order they ran.
+    #[serde(default)]
+    pub floor_rounds: Vec<FloorRound>,
+    /// Ours over 1, 10, 100 sales at once.
+    #[serde(default)]
+    pub spread: Vec<DrainRun>,
+}
+
+/// A run of the database floor and a run of ours next to it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FloorRound {
+    pub floor_first: bool,
+    pub floor: DrainRun,
+    pub ours: DrainRun,
+}
+
+impl FloorRound {
+    /// Ours over the floor.
+    pub fn ratio(&self) -> f64 {
+        self.ours.orders_per_s / self.floor.orders_per_s.max(1e-9)
+    }
+}
+
+fn one() -> usize {
+    1
+}
+
+fn three() -> usize {
+    3
+}
+
+impl DrainRun {
+    pub(crate) fn new(
+        variant: &str,
+        batch_size: usize,
+        sales: usize,
+        orders: u64,
+        elapsed: Duration,
+        checks: Vec<Check>,
+    ) -> DrainRun {
+        DrainRun {
+            variant: variant.into(),
+            batch_size,
+            sales,
+            orders,
+            elapsed_s: elapsed.as_secs_f64(),
+            orders_per_s: orders as f64 / elapsed.as_secs_f64().max(1e-9),
+            summary: None,
+            checks,
+            error: None,
+        }
+    }
+}
+
+impl DrainReport {
+    /// The round with the median ratio of ours to the floor (the lower middle one of
+    /// an even count).
+    pub fn median_round(&self) -> Option<&FloorRound> {
+        let mut rounds: Vec<&FloorRound> = self.floor_rounds.iter().collect();
+        rounds.sort_by(|a, b| a.ratio().total_cmp(&b.ratio()));
+        rounds.get(rounds.len().saturating_sub(1) / 2).copied()
+    }
+
+    /// Our fastest batch size.
+    pub fn best(&self) -> Option<&DrainRun> {
+        self.ours
+            .iter()
+            .max_by(|a, b| a.orders_per_s.total_cmp(&b.orders_per_s))
+    }
+
+    pub fn runs(&self) -> impl Iterator<Item = &DrainRun> {
+        self.ours
+            .iter()
+            .chain(self.tutorial.iter())
+            .chain(self.spread.iter())
+            .chain(self.floor_rounds.iter().flat_map(|r| [&r.floor, &r.ours]))
+            // A report from before the rounds: its one floor run.
+            .chain(
+                self.db_floor
+                    .iter()
+                    .filter(|_| self.floor_rounds.is_empty()),
+            )
+    }
+}
+
+/// Options of the admission-to-commit measurement.
+#[derive(Debug, Clone, Serialize, Deserialize, clap::Args)]
+pub struct CommitLatencyOptions {
+    /// Admissions per second while the drainer runs (paced)
+    #[arg(long, default_value_t = 1_000.0)]
+    pub rate: f64,
+    /// For this long
+    #[arg(long, default_value_t = 15.0)]
+    pub seconds: f64,
+    /// Callers of the paced admissions
+    #[arg(id = "latency_callers", long = "latency-callers", default_value_t = 16)]
+    pub callers: usize,
+    /// DRAINER_BATCH_SIZE of the invocation (0: the drain sweep's best, else the
+    /// drainer's default)
+    #[arg(id = "latency_batch", long = "latency-batch", default_value_t = 0)]
+    pub batch_size: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CommitLatencyReport {
+    pub options: CommitLatencyOptions,
+    /// The paced admissions through the in-process handler.
+    pub admissions: RunResult,
+    pub committed: u64,
+    /// Commit (the row's `created_at`, set by the INSERT inside the committing
+    /// transaction) minus admission (`admitted_at`, the handler's clock), both at
+    /// millisecond precision.
+    pub latency: Latency,
+    /// Seconds from the end of the admissions until the last order was committed.
+    pub drained_after_s: f64,
+    pub summary: Option<serde_json::Value>,
+    pub checks: Vec<Check>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(variant: &str, orders_per_s: f64) -> DrainRun {
+        let elapsed = Duration::from_secs_f64(1000.0 / orders_per_s);
+        DrainRun::new(variant, 1000, 1, 1000, elapsed, Vec::new())
+    }
+
+    fn round(ours: f64, floor: f64) -> FloorRound {
+        FloorRound {
+            floor_first: true,
+            floor: run("db-floor", floor),
+            ours: run("ours", ours),
+        }
+    }
+
+    #[test]
+    fn the_median_round_is_the_middle_ratio_not_the_middle_rate() {
+        let report = DrainReport {
+            // Ratios 0.5, 0.2, 0.9: the median is the first round, whereas the middle
+            // floor rate (100) and the middle rate of ours (90) are other rounds'.
+            floor_rounds: vec![round(100.0, 200.0), round(20.0, 100.0), round(90.0, 100.0)],
+            ..DrainReport::default()
+        };
+        let m = report.median_round().expect("three rounds");
+        assert!((m.ratio() - 0.5).abs() < 1e-9, "{}", m.ratio());
+        assert_eq!(m.floor.orders_per_s.round(), 200.0);
+        // Every round's two runs are listed (their checks count).
+        assert_eq!(report.runs().count(), 6);
+        let even = DrainReport {
+            floor_rounds: vec![round(60.0, 100.0), round(40.0, 100.0)],
+            ..DrainReport::default()
+        };
+        let m = even.median_round().expect("two rounds");
+        assert!(
+            (m.ratio() - 0.4).abs() < 1e-9,
+            "the lower middle: {}",
+            m.ratio()
+        );
+        assert!(DrainReport::default().median_round().is_none());
+    }
+
+    #[test]
+    fn a_report_from_before_the_rounds_still_reads() {
+        let floor = serde_json::to_value(run("db-floor", 100.0)).expect("a run");
+        let old = serde_json::json!({
+            "options": {"orders": 10, "batch_sizes": [5], "tutorial_orders": 1,
+                        "floor_batch": 5, "baseline": true},
+            "ours": [], "tutorial": null, "db_floor": floor
+        });
+        let report: DrainReport = serde_json::from_value(old).expect("old report");
+        assert!(report.floor_rounds.is_empty() && report.median_round().is_none());
+        assert_eq!(report.options.floor_rounds, 3);
+        // Its one floor run is still listed, with its checks.
+        let variants: Vec<&str> = report.runs().map(|r| r.variant.as_str()).collect();
+        assert_eq!(variants, ["db-floor"]);
+    }
+}
