@@ -240,12 +240,47 @@ fn uses(
             .unwrap_or(s.len());
         (s[..n].to_string(), n)
     };
+    // How many inline modules (`mod x { ... }`) enclose each byte: in one, `super` is
+    // this file itself.
+    let mut inline = vec![0u8; code.len() + 1];
+    {
+        let (mut depth, mut opens) = (0usize, Vec::new());
+        let mut pending = false;
+        let mut words = code.char_indices().peekable();
+        while let Some((k, c)) = words.next() {
+            match c {
+                '{' => {
+                    depth += 1;
+                    if pending {
+                        opens.push(depth);
+                        pending = false;
+                    }
+                }
+                '}' => {
+                    if opens.last() == Some(&depth) {
+                        opens.pop();
+                    }
+                    depth = depth.saturating_sub(1);
+                }
+                ';' => pending = false,
+                'm' if code[k..].starts_with("mod ")
+                    && (k == 0 || !code.as_bytes()[k - 1].is_ascii_alphanumeric()) =>
+                {
+                    pending = true;
+                }
+                _ => {}
+            }
+            for b in &mut inline[k..k + c.len_utf8()] {
+                *b = opens.len().min(255) as u8;
+            }
+        }
+    }
     let mut out = std::collections::BTreeSet::new();
     let bytes = code.as_bytes();
     let mut i = 0;
     while i < code.len() {
         let at_word = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_');
-        let after_colons = i >= 2 && &code[i - 2..i] == "::";
+        let after_colons = i >= 2 && &bytes[i - 2..i] == b"::";
         if !at_word || after_colons || !bytes[i].is_ascii_alphabetic() {
             i += 1;
             continue;
@@ -258,6 +293,7 @@ fn uses(
         }
         let mut base: Vec<String> = match first.as_str() {
             "crate" => Vec::new(),
+            "super" if inline[i] > 0 => me.to_vec(),
             "super" => me[..me.len().saturating_sub(1)].to_vec(),
             "self" => me.to_vec(),
             child => {
@@ -418,4 +454,13 @@ fn the_circle_finder_finds_a_circle() {
         &modules,
     );
     assert!(none.is_empty(), "{none:?}");
+    // `super` inside an inline module is the file itself, not its parent.
+    let inline = uses(
+        &["a".to_string()],
+        "pub mod param {\n    use super::*;\n}\nfn f() { super::b::g() }",
+        &modules,
+    );
+    assert_eq!(inline, vec![vec!["b".to_string()]]);
+    let parent = uses(&["a".to_string()], "use super::Thing;\n", &modules);
+    assert_eq!(parent, vec![Vec::<String>::new()]);
 }
