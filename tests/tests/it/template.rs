@@ -1110,13 +1110,14 @@ fn every_iam_statement_is_scoped_to_the_configured_cluster_and_secret() {
                     assert!(data_api_actions.contains(a.as_str()), "{owner}: {a}");
                     env.get("DB_CLUSTER_ARN")
                 } else if a == "secretsmanager:GetSecretValue" {
-                    // The database secret the function names to the Data API, or the
-                    // payment webhook's secret it reads itself: one per statement.
-                    let webhook = env.get("PAYMENT_WEBHOOK_SECRET_ARN");
-                    match webhook {
-                        Some(w) if resources == vec![w.clone()] => Some(w),
-                        _ => env.get("DB_SECRET_ARN"),
-                    }
+                    // The database secret the function names to the Data API, or a
+                    // secret it reads itself (the payment webhook's, the entry
+                    // tokens'): one per statement.
+                    let own = ["PAYMENT_WEBHOOK_SECRET_ARN", "ENTRY_TOKEN_SECRET_ARN"]
+                        .iter()
+                        .filter_map(|k| env.get(*k))
+                        .find(|w| resources == vec![(*w).clone()]);
+                    own.or_else(|| env.get("DB_SECRET_ARN"))
                 } else {
                     panic!("{owner}: unexpected action {a}")
                 };
@@ -1706,9 +1707,11 @@ fn functions_use_the_application_user_secret_never_the_master_secret() {
                 })
                 .flat_map(|st| strings(at(&st, &["Resource"])))
                 .collect();
-            // The application user's secret, and seckill-http's own webhook secret.
+            // The application user's secret, and seckill-http's own webhook and
+            // entry-token secrets.
             let mut expected = vec![app_secret.clone()];
             expected.extend(env.get("PAYMENT_WEBHOOK_SECRET_ARN").cloned());
+            expected.extend(env.get("ENTRY_TOKEN_SECRET_ARN").cloned());
             assert_eq!(secret_resources, expected, "{} / {name}", s.name);
             assert!(!secret_resources.contains(&master), "{} / {name}", s.name);
         }
