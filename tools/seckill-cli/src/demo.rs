@@ -216,8 +216,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 }
 
 /// A sale with a waiting room: 20 units, 5 buyers let in per second from a start 3 s
-/// away. 60 buyers join in shuffled order before the start and get positions; buying
-/// without an entry token is refused; each buyer looks again when their expected wait is
+/// away. 60 buyers join in shuffled order before the start and get positions; once it
+/// opens, buying without an entry token is refused; each buyer looks again when their
+/// expected wait is
 /// over and buys with the token once served. Entry follows position, so the 20 units go
 /// to positions 1..=20, and everybody still waiting then learns the sale is sold out.
 async fn room_sale(
@@ -269,6 +270,8 @@ async fn room_sale(
         "  {BUYERS} buyers joined: positions 1..={}",
         positions.keys().last().copied().unwrap_or(0)
     );
+    // Once the sale is open, a purchase without an entry token is refused.
+    tokio::time::sleep(Duration::from_millis(3_200)).await;
     let refused: Value = http
         .post(&buy_url)
         .bearer_auth(token(&users[0], false))
