@@ -246,8 +246,7 @@ fn uses(
     {
         let (mut depth, mut opens) = (0usize, Vec::new());
         let mut pending = false;
-        let mut words = code.char_indices().peekable();
-        while let Some((k, c)) = words.next() {
+        for (k, c) in code.char_indices() {
             match c {
                 '{' => {
                     depth += 1;
