@@ -89,7 +89,7 @@ pub(crate) async fn standing(
     });
     let status = if view.now_ms >= view.window.ends_ms() {
         "ended"
-    } else if sold_out(app, sales, id, &view).await? {
+    } else if sold_out(sales, id, &view).await? {
         "sold_out"
     } else {
         match view
@@ -118,7 +118,6 @@ pub(crate) async fn standing(
 /// (read by the script) for a voucher of one bucket; with several, bucket 0 empty and
 /// then every bucket empty with nothing moving between them, on two looks that agree.
 async fn sold_out(
-    app: &App,
     sales: &seckill_shared::adapters::redis::RedisSales,
     id: VoucherId,
     view: &QueueView,
@@ -129,7 +128,6 @@ async fn sold_out(
     if view.buckets <= 1 {
         return Ok(true);
     }
-    let _ = app;
     let conn = sales.conn();
     let first = transfers::units(&conn, id, view.buckets).await?;
     if first.total() > 0 {
