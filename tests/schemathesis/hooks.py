@@ -15,9 +15,10 @@ Two things a generic fuzzer cannot know about seckill, both narrow:
   voucher, and a voucher just created holds none, so it is `404 not_found` as the
   document says (its links go `POST /vouchers` -> `Buy` -> `GetMyOrderForVoucher`).
   Only that pair is excused; a 404 of any other link still fails.
-- Likewise for `GET /vouchers/{id}/queue`: a voucher just created has no waiting room
-  unless asked (`entry_rate_per_s`), and nobody has joined one just created; both are
-  `404 not_found` as documented. Excused only with exactly those two messages.
+- Likewise for the queue (`GET` and `POST /vouchers/{id}/queue`): a voucher just created
+  has no waiting room unless asked (`entry_rate_per_s`), and nobody has joined one just
+  created; both are `404 not_found` as documented. Excused only with exactly those two
+  messages.
 """
 
 import hashlib
@@ -71,7 +72,8 @@ def filter_failure(context, failure, case, response):
     if type(failure).__name__ == "EnsureResourceAvailability":
         created = getattr(failure, "created_with", None)
         missing = getattr(failure, "not_available_with", None)
-        if created == "POST /vouchers" and missing == "GET /vouchers/{id}/queue":
+        queue = ("GET /vouchers/{id}/queue", "POST /vouchers/{id}/queue")
+        if created == "POST /vouchers" and missing in queue:
             try:
                 message = response.json().get("message", "")
             except ValueError:
