@@ -75,7 +75,7 @@ impl Secrets {
             ));
         }
         if secrets.iter().any(|s| s.len() < 16) {
-            return Err("a webhook secret must be at least 16 bytes".into());
+            return Err("each secret must be at least 16 bytes".into());
         }
         Ok(Secrets(secrets))
     }
