@@ -19,7 +19,7 @@ use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
 use seckill_http::App;
 use seckill_shared::domain::{format_rfc3339_millis, now_millis};
-use seckill_tests::harness::{Backends, call, request, token};
+use seckill_tests::harness::{Backends, call, create_voucher, request, token};
 use seckill_tests::redis::RedisServer;
 use serde_json::{Value, json};
 
@@ -90,18 +90,7 @@ async fn create(app: &App, room: bool, stock: i64) -> String {
     if room {
         body["entry_rate_per_s"] = json!(ENTRY_RATE);
     }
-    let (status, v) = call(
-        app,
-        request(
-            "POST",
-            "/vouchers",
-            Some(&token("admin", true)),
-            Some(&body.to_string()),
-            None,
-        ),
-    )
-    .await;
-    assert_eq!(status, 201, "{v}");
+    let v = create_voucher(app, &body).await;
     v["id"].as_str().unwrap().to_string()
 }
 

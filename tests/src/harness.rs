@@ -304,6 +304,24 @@ pub async fn call(app: &seckill_http::App, req: Request) -> (u16, Value) {
     (status, body)
 }
 
+/// `POST /vouchers` as an admin with `body`, through the handler: the created voucher
+/// (the answer must be `201`).
+pub async fn create_voucher(app: &seckill_http::App, body: &Value) -> Value {
+    let (status, created) = call(
+        app,
+        request(
+            "POST",
+            "/vouchers",
+            Some(&token("admin", true)),
+            Some(&body.to_string()),
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    created
+}
+
 /// `POST /vouchers/{voucher}/seckill` as `user` (a valid token), through the handler.
 pub async fn buy(
     app: &seckill_http::App,

@@ -21,7 +21,7 @@ use seckill_shared::domain::{
 };
 use seckill_shared::entry;
 use seckill_tests::harness::{
-    Backends, TEST_ENTRY_PREVIOUS, TEST_ENTRY_SECRET, buy, call, request, token,
+    Backends, TEST_ENTRY_PREVIOUS, TEST_ENTRY_SECRET, buy, call, create_voucher, request, token,
 };
 use serde_json::{Value, json};
 
@@ -45,18 +45,7 @@ async fn create_room(
     for (k, v) in more.as_object().unwrap() {
         body[k] = v.clone();
     }
-    let (status, created) = call(
-        app,
-        request(
-            "POST",
-            "/vouchers",
-            Some(&token("admin", true)),
-            Some(&body.to_string()),
-            None,
-        ),
-    )
-    .await;
-    assert_eq!(status, 201, "{created}");
+    let created = create_voucher(app, &body).await;
     assert_eq!(created["entry_rate_per_s"], json!(rate), "{created}");
     created["id"].as_str().unwrap().to_string()
 }
@@ -430,26 +419,16 @@ async fn the_queue_opens_before_the_start_and_nobody_enters_before_it() {
     );
 
     let now = now_millis();
-    let (status, plain) = call(
+    let plain = create_voucher(
         &app,
-        request(
-            "POST",
-            "/vouchers",
-            Some(&token("admin", true)),
-            Some(
-                &json!({
-                    "title": "no room",
-                    "stock": 3,
-                    "begins_at": format_rfc3339_millis(now - 1_000),
-                    "ends_at": format_rfc3339_millis(now + 3_600_000),
-                })
-                .to_string(),
-            ),
-            None,
-        ),
+        &json!({
+            "title": "no room",
+            "stock": 3,
+            "begins_at": format_rfc3339_millis(now - 1_000),
+            "ends_at": format_rfc3339_millis(now + 3_600_000),
+        }),
     )
     .await;
-    assert_eq!(status, 201);
     assert!(plain.get("entry_rate_per_s").is_none(), "{plain}");
     let plain = plain["id"].as_str().unwrap();
     let (status, none) = queue(&app, plain, "alice", true).await;

@@ -238,15 +238,7 @@ async fn room_sale(
         "entry_rate_per_s": 5,
         "queue_opens_before_s": 60,
     });
-    let voucher: Value = http
-        .post(format!("{}/vouchers", args.url))
-        .bearer_auth(token("demo-admin", true))
-        .json(&body)
-        .send()
-        .await?
-        .json()
-        .await?;
-    let id = voucher["id"].as_str().context("voucher id")?.to_string();
+    let id = create_voucher(args, http, token, &body).await?;
     println!("\nwaiting room: voucher {id}, {UNITS} units, 5 buyers let in per second from 3 s on");
     let queue_url = format!("{}/vouchers/{id}/queue", args.url);
     let buy_url = format!("{}/vouchers/{id}/seckill", args.url);
@@ -360,6 +352,27 @@ async fn room_sale(
     Ok(())
 }
 
+/// Creates a voucher as the demo's admin: its id.
+async fn create_voucher(
+    args: &DemoArgs,
+    http: &Client,
+    token: &impl Fn(&str, bool) -> String,
+    body: &Value,
+) -> anyhow::Result<String> {
+    let voucher: Value = http
+        .post(format!("{}/vouchers", args.url))
+        .bearer_auth(token("demo-admin", true))
+        .json(body)
+        .send()
+        .await?
+        .json()
+        .await?;
+    Ok(voucher["id"]
+        .as_str()
+        .with_context(|| format!("no voucher id in {voucher}"))?
+        .to_string())
+}
+
 /// A sale with a payment step: two buyers; the first starts paying and the provider's
 /// signed event pays (delivered twice, as providers do: paid once); the second cancels,
 /// and a payment arriving after that is recorded to refund, never applied.
@@ -383,15 +396,7 @@ async fn payment_sale(
         "price_minor": 199,
         "currency": "EUR",
     });
-    let voucher: Value = http
-        .post(format!("{}/vouchers", args.url))
-        .bearer_auth(token("demo-admin", true))
-        .json(&body)
-        .send()
-        .await?
-        .json()
-        .await?;
-    let id = voucher["id"].as_str().context("voucher id")?.to_string();
+    let id = create_voucher(args, http, token, &body).await?;
     println!("\npayment step: voucher {id}, 2 units at 1.99 EUR, pay within 60 s");
     let mut orders = Vec::new();
     for n in ["payer", "canceller"] {
