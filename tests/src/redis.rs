@@ -737,6 +737,30 @@ impl RedisServer {
         Ok(text.lines().filter_map(NodeLine::parse).collect())
     }
 
+    /// Script calls (`EVALSHA`, `EVAL`) every running node ran so far, by its
+    /// `INFO commandstats`: calls that failed (the first call of a script the server
+    /// did not have yet, refused `NOSCRIPT` and sent again loaded) not counted.
+    pub fn script_calls(&self) -> u64 {
+        // `cmdstat_evalsha:calls=5,usec=..,rejected_calls=0,failed_calls=1`
+        let field = |line: &str, name: &str| -> u64 {
+            line.split([':', ','])
+                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        self.running()
+            .map(|node| {
+                let info: String = self
+                    .query(node.port, redis::cmd("INFO").arg("commandstats"))
+                    .unwrap_or_else(|e| panic!("INFO on node {}: {e}", node.port));
+                info.lines()
+                    .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+                    .map(|l| field(l, "calls") - field(l, "failed_calls"))
+                    .sum::<u64>()
+            })
+            .sum()
+    }
+
     /// One command on the node on `port`, over a connection of its own (for what a
     /// cluster client would route elsewhere or to every node: `WAIT`, `CLUSTER ...`,
     /// `DEBUG`, `INFO`).

@@ -142,12 +142,29 @@ struct Attempt<'a> {
     first_id: OrderId,
 }
 
-/// How long one attempt keeps borrowing at most, and in how many rounds. A round that
-/// ends without a unit for this buyer means units went to other buyers of its bucket
-/// or are on their way, so the sale moves on and the loop ends with it; the bounds only
-/// stop an attempt that keeps losing the race from waiting without end.
-const BORROW_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
-const MAX_BORROW_ROUNDS: u32 = 64;
+/// How long one attempt keeps borrowing at most, and how many Redis calls it may make
+/// ([`borrow_budget`]). A round that ends without a unit for this buyer means units went
+/// to other buyers of its bucket or are on their way, so the sale moves on and the loop
+/// ends with it; the bounds only stop an attempt that keeps losing the race from
+/// waiting, and calling Redis, without end.
+const BORROW_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The most one borrowing round can cost in Redis calls (round trips) for a voucher of
+/// `k` buckets: a give per other bucket, the take and the donor record's delete, two
+/// looks at every bucket (one pipelined call each), and the admission. Order ids come
+/// from leased blocks (one lease serves many ids), not counted here.
+pub const fn round_calls(k: u16) -> u32 {
+    let k = k as u32;
+    (k - 1) + 2 + 2 * k + 1
+}
+
+/// The Redis calls one attempt may spend borrowing for a voucher of `k` buckets: four
+/// rounds at their dearest, plus reading and setting the sold-out mark. Most rounds
+/// cost less (a give that finds units on their way is `k` calls with the admission), so
+/// an attempt may run more rounds than four; it never starts one that could overrun.
+pub const fn borrow_budget(k: u16) -> u32 {
+    4 * round_calls(k) + 2
+}
 
 /// How long an attempt waits for units on their way between two buckets (given by one,
 /// not yet received by the other) before it looks again: one round trip lands them.
@@ -186,15 +203,22 @@ async fn borrow_and_admit(
     } = *attempt;
     let conn = sales.conn();
     let voucher = bucket.voucher();
+    let mut calls = Calls {
+        made: 1,
+        costs: &app.borrowing,
+        spent: false,
+    };
     if transfers::is_marked_sold_out(&conn, voucher).await? {
-        return Ok((reply, true));
+        return Ok(calls.done((reply, true)));
     }
+    let budget = borrow_budget(buckets);
     let began = std::time::Instant::now();
     let mut round = 0;
-    while round < MAX_BORROW_ROUNDS && began.elapsed() < BORROW_BUDGET {
+    while calls.made + round_calls(buckets) <= budget && began.elapsed() < BORROW_TIME {
         let id = transfers::transfer_id(first_id, round);
         round += 1;
         let borrowed = transfers::borrow(sales, buckets, bucket, &id).await?;
+        calls.made += borrowed.calls;
         if borrowed.units == 0 {
             if borrowed.open > 0 || borrowed.missing > 0 {
                 // Units on their way, or a bucket Redis lost: wait for them to settle.
@@ -203,20 +227,24 @@ async fn borrow_and_admit(
                 // Nothing given: units landed where this round did not look (its own
                 // bucket included), or none are left.
                 let first = transfers::units(&conn, voucher, buckets).await?;
+                calls.made += u32::from(buckets);
                 tokio::time::sleep(TRANSIT_WAIT).await;
                 if first.total() == 0 {
                     let second = transfers::units(&conn, voucher, buckets).await?;
+                    calls.made += u32::from(buckets);
                     if transfers::sold_out_between(first, second) {
                         transfers::mark_sold_out(&conn, voucher).await?;
-                        return Ok((reply, true));
+                        calls.made += 1;
+                        return Ok(calls.done((reply, true)));
                     }
                 }
             }
         }
         let order_id = app.ids.next(sales, voucher, now_millis()).await?;
         reply = sales.admit(bucket, user, order_id).await?;
+        calls.made += 1;
         if reply.admission != Admission::SoldOut {
-            return Ok((reply, false));
+            return Ok(calls.done((reply, false)));
         }
         if borrowed.units > 0 {
             // Another buyer of the bucket took the units first: let the next round
@@ -225,8 +253,24 @@ async fn borrow_and_admit(
             tokio::time::sleep(std::time::Duration::from_micros(jitter)).await;
         }
     }
-    // Units kept going to other buyers of the bucket, or kept moving, for every round:
-    // a refusal that may come early, and not one to remember.
-    tracing::warn!(%bucket, rounds = round, elapsed = ?began.elapsed(), "still no unit after borrowing for every round; answering sold out");
-    Ok((reply, false))
+    // Units kept going to other buyers of the bucket, or kept moving, for every round
+    // the budget allowed: a refusal that may come early, and not one to remember.
+    tracing::warn!(%bucket, rounds = round, calls = calls.made, elapsed = ?began.elapsed(), "still no unit within the borrowing budget; answering sold out");
+    calls.spent = true;
+    Ok(calls.done((reply, false)))
+}
+
+/// The Redis calls one borrowing attempt made so far, recorded in the instance's
+/// [`BorrowCosts`](crate::costs::BorrowCosts) when it ends (by any path but an error).
+struct Calls<'a> {
+    made: u32,
+    costs: &'a crate::costs::BorrowCosts,
+    spent: bool,
+}
+
+impl Calls<'_> {
+    fn done<T>(&self, answer: T) -> T {
+        self.costs.record(self.made, self.spent);
+        answer
+    }
 }

@@ -9,6 +9,7 @@ use tokio::sync::OnceCell;
 
 use crate::cache::VoucherCache;
 use crate::config::Config;
+use crate::costs::{BorrowCosts, BorrowFigures};
 use crate::limiter::{RateLimiter, Source};
 use crate::secrets::HeldSecrets;
 
@@ -39,6 +40,8 @@ pub struct App {
     pub(crate) webhook: HeldSecrets,
     /// The waiting rooms' entry-token secrets.
     pub(crate) entry_secrets: HeldSecrets,
+    /// Redis calls of the borrowing attempts this instance ran.
+    pub(crate) borrowing: BorrowCosts,
 }
 
 impl App {
@@ -67,11 +70,17 @@ impl App {
                 cfg.entry.clone(),
                 "entry-token secret (ENTRY_TOKEN_SECRET_ARN)",
             ),
+            borrowing: BorrowCosts::default(),
         };
         if let Err(err) = app.sales().await {
             tracing::warn!(error = %err, "redis not reachable at start; will retry per request");
         }
         app
+    }
+
+    /// What this instance's borrowing attempts cost Redis so far (tests, benchmarks).
+    pub fn borrowing(&self) -> BorrowFigures {
+        self.borrowing.figures()
     }
 
     /// The Redis sale adapter, connecting on first use.

@@ -9,13 +9,14 @@
 //! Modules refer only downwards: [`routes`] → the handlers ([`vouchers`], [`admission`],
 //! [`orders`], [`payment`]) → [`repair`] and [`lookup`] → [`app`] → [`config`]; the
 //! leaves ([`error`], [`request`], [`identity`], [`cache`], [`limiter`],
-//! [`secrets`]) refer to none of these. [`queue`] (the waiting room) is a handler too,
+//! [`secrets`], [`costs`]) refer to none of these. [`queue`] (the waiting room) is a handler too,
 //! and the admission asks it for the entry check.
 
 pub mod admission;
 pub mod app;
 pub mod cache;
 pub mod config;
+pub mod costs;
 pub mod error;
 pub mod identity;
 pub mod limiter;

@@ -47,6 +47,9 @@ pub struct Borrowed {
     pub open: u64,
     /// Donors whose sale is not loaded (lost; a repair brings them back).
     pub missing: u16,
+    /// Redis calls (round trips) this borrow made: a give per donor asked, and for
+    /// units given, the take and the donor record's delete.
+    pub calls: u32,
 }
 
 /// Borrows for `to` from the other buckets of its voucher (`buckets` in all), asking
@@ -72,6 +75,7 @@ pub async fn borrow(
         let k = VoucherKeys::new(donor);
         let mut call = GIVE.key(&k.sale);
         call.key(&k.transfers).arg(transfer).arg(to.to_string());
+        out.calls += 1;
         let ((given, open), acked): ((i64, u64), _) = sales.invoke_durable(&call).await?;
         held(sales, acked, "give")?;
         out.open += open;
@@ -80,6 +84,7 @@ pub async fn borrow(
             continue;
         }
         if given > 0 {
+            out.calls += 2;
             if deliver(sales, donor, to, transfer, given).await? {
                 out.units = given;
             }

@@ -17,6 +17,8 @@ use futures::StreamExt;
 use mysql_async::prelude::Queryable;
 use redis::AsyncCommands;
 use seckill_http::App;
+use seckill_http::admission::borrow_budget;
+use seckill_http::costs::BorrowFigures;
 use seckill_shared::adapters::redis::{RedisConn, RedisSales};
 use seckill_shared::adapters::transfers;
 use seckill_shared::domain::{Bucket, VoucherId, format_rfc3339_millis, now_millis};
@@ -364,6 +366,21 @@ async fn a_sale_over_three_buckets_sells_each_unit_once_and_never_early() {
         .filter(|a| a.code == "sold_out" && a.ended < last_admitted_start)
         .count();
     assert_eq!(early, 0, "sold-out answers while units were left");
+    // Borrowing stayed within its budget of Redis calls in every attempt.
+    let borrowing = apps
+        .iter()
+        .map(|a| a.borrowing())
+        .fold(Default::default(), BorrowFigures::plus);
+    println!(
+        "borrowing: {borrowing:?}, mean {:.1} calls, budget {}",
+        borrowing.mean_calls(),
+        borrow_budget(K)
+    );
+    assert!(borrowing.attempts > 0, "the sale's end borrowed");
+    assert!(
+        borrowing.max_calls <= u64::from(borrow_budget(K)),
+        "{borrowing:?}"
+    );
     assert_eq!(stocks(&ctx, voucher, K).await, vec![0, 0, 0]);
     let conn = ctx.conn();
     for b in Bucket::all(voucher, K) {
@@ -464,6 +481,73 @@ async fn units_given_by_a_caller_that_died_are_delivered_once_by_the_drainer() {
         .unwrap();
     assert_eq!(again, 0);
     assert_eq!(stocks(&ctx, voucher, 2).await, vec![8, 2]);
+}
+
+/// Borrowing is bounded in Redis calls: when the voucher's only units left sit in the
+/// transfer records of a mover that died (nobody can buy them until the drainer
+/// delivers them, two seconds later), a buyer whose bucket is empty asks the donors
+/// round after round. Each round finds units on their way, so the attempt neither
+/// admits nor proves the voucher sold out; it stops on its budget of Redis calls
+/// ([`borrow_budget`]): counted by the instance and on the servers. (Before the budget,
+/// one such request ran 64 rounds, three script calls each.)
+#[tokio::test]
+async fn a_buyer_borrowing_from_units_on_their_way_stays_within_its_call_budget() {
+    const K: u16 = 3;
+    let ctx = DrainCtx::start_with(RedisServer::cluster(3, 0)).await;
+    let cfg = test_http_config(ctx.redis.config(), ctx.data_api_config());
+    let app = App::new(&cfg).await;
+    let voucher = create(&app, 3, K).await;
+    assert_eq!(stocks(&ctx, voucher, K).await, vec![1, 1, 1]);
+    let bucket = |i: u16| Bucket::new(voucher, i, K).unwrap();
+    // Buckets 1 and 2 give their unit to bucket 0, and the mover dies before either
+    // arrives; bucket 0's own unit is sold.
+    assert_eq!(give(&ctx, bucket(1), bucket(0), "dead.1").await.0, 1);
+    assert_eq!(give(&ctx, bucket(2), bucket(0), "dead.2").await.0, 1);
+    let user_of = |i: u16| {
+        (0..)
+            .map(|n| format!("user-{i}-{n}"))
+            .find(|u| Bucket::of_user(voucher, K, u).index() == i)
+            .unwrap()
+    };
+    assert_eq!(buy(&app, voucher, &user_of(0)).await.0, 202);
+    assert_eq!(stocks(&ctx, voucher, K).await, vec![0, 0, 0]);
+
+    let before = ctx.redis.script_calls();
+    let (status, body) = buy(&app, voucher, &user_of(1)).await;
+    let scripts = ctx.redis.script_calls() - before;
+    // Units remain (on their way): the refusal is not remembered, the voucher not
+    // marked sold out.
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("sold_out")),
+        "{body}"
+    );
+    let marked: bool = ctx.conn().exists(keys::sold_out(voucher)).await.unwrap();
+    assert!(!marked, "units are on their way: not sold out");
+    let f = app.borrowing();
+    println!(
+        "one attempt against units on their way: {f:?}, {scripts} script calls on the servers"
+    );
+    assert_eq!((f.attempts, f.spent), (1, 1), "{f:?}");
+    assert!(f.max_calls <= u64::from(borrow_budget(K)), "{f:?}");
+    // The servers' count: the first admission, and within the budget the gives and
+    // admissions of every round (each a script call).
+    assert!(
+        scripts <= 1 + u64::from(borrow_budget(K)),
+        "{scripts} script calls for one request (budget {})",
+        borrow_budget(K)
+    );
+    assert!(scripts >= 4, "it did borrow: {scripts}");
+
+    // Once the drainer delivers the stranded units, the next attempt buys one.
+    tokio::time::sleep(Duration::from_millis(
+        transfers::STALE_TRANSFER_MS as u64 + 100,
+    ))
+    .await;
+    ctx.drain(ctx.drainer_config()).await;
+    assert_eq!(stocks(&ctx, voucher, K).await, vec![2, 0, 0]);
+    let (status, body) = buy(&app, voucher, &user_of(1)).await;
+    assert_eq!(status, 202, "{body}");
 }
 
 /// A buyer whose bucket is empty borrows; once every bucket is empty the voucher is

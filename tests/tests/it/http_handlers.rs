@@ -1162,13 +1162,17 @@ async fn reads_of_orders_are_limited_per_user_across_instances() {
         (Box::leak(Box::new(one)), Box::leak(Box::new(two)));
     let order_path = format!("/orders/{order_id}");
     let mine = format!("/vouchers/{id}/order");
-    let before = eval_calls(&b.redis);
+    let before = b.redis.script_calls();
     // The burst of 4, split over both instances and both read routes.
     assert_eq!(get(one, order_path.clone()).await, 200);
     assert_eq!(get(two, mine.clone()).await, 200);
     assert_eq!(get(two, order_path.clone()).await, 200);
     assert_eq!(get(one, mine.clone()).await, 200);
-    assert_eq!(eval_calls(&b.redis) - before, 4, "one script call per read");
+    assert_eq!(
+        b.redis.script_calls() - before,
+        4,
+        "one script call per read"
+    );
     // Spent, on either instance.
     for app in [one, two] {
         assert_error(
@@ -1189,33 +1193,6 @@ async fn reads_of_orders_are_limited_per_user_across_instances() {
     tokio::time::sleep(std::time::Duration::from_millis(600)).await;
     assert_eq!(get(two, order_path.clone()).await, 200);
     b.cleanup().await;
-}
-
-/// Script calls (`EVALSHA` and `EVAL`) every node of `redis` has run so far, without
-/// those refused for a script it did not have yet.
-fn eval_calls(redis: &seckill_tests::redis::RedisServer) -> u64 {
-    // `cmdstat_evalsha:calls=5,usec=..,rejected_calls=0,failed_calls=1`
-    let field = |line: &str, name: &str| -> u64 {
-        line.split([':', ','])
-            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    redis
-        .nodes()
-        .iter()
-        .map(|n| {
-            let info: String = redis
-                .query(n.port, redis::cmd("INFO").arg("commandstats"))
-                .unwrap();
-            // Calls that ran: the first call of a script the server does not have yet
-            // fails (NOSCRIPT) and is sent again, loaded.
-            info.lines()
-                .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-                .map(|l| field(l, "calls") - field(l, "failed_calls"))
-                .sum::<u64>()
-        })
-        .sum()
 }
 
 /// `GET path` without a token from source address `ip`.

@@ -16,12 +16,15 @@
 //! an admission costs (Redis CPU per admission) / (Redis CPU per `SET` of a small value
 //! sent alone, the 1-ECPU command, measured in the same run) ECPUs, both with their
 //! network I/O, as ElastiCache bills vCPU time; k buckets in k slots multiply the
-//! ceiling by k (the borrowing at the end of a sale is a few calls per bucket).
+//! ceiling by k (the borrowing at the end of a sale is a few calls per bucket: the
+//! sale reports them, counted per attempt by its instances, against the budget).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use redis::AsyncCommands;
+use seckill_http::admission::borrow_budget;
+use seckill_http::costs::BorrowFigures;
 use seckill_shared::adapters::redis::RedisConn;
 use seckill_shared::domain::{Bucket, Voucher};
 use seckill_shared::keys::VoucherKeys;
@@ -108,6 +111,21 @@ pub struct BucketsReport {
     pub set_us: Option<f64>,
     /// The sale over the largest bucket count.
     pub sale: Option<RunResult>,
+    /// What that sale's borrowing cost, counted by its instances.
+    #[serde(default)]
+    pub sale_borrowing: Option<SaleBorrowing>,
+}
+
+/// The Redis calls of the borrowing attempts (an admission whose own bucket was empty)
+/// of the bucket sale, over all its instances, against the per-attempt budget.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct SaleBorrowing {
+    pub attempts: u64,
+    pub mean_calls: f64,
+    pub max_calls: u64,
+    /// Attempts that stopped on the budget (answered a `sold_out` not remembered).
+    pub spent: u64,
+    pub budget: u32,
 }
 
 impl BucketsReport {
@@ -186,7 +204,7 @@ pub async fn buckets(bench: &Bench, o: &BucketsOptions, ui: &Ui) -> anyhow::Resu
         });
     }
     let set_us = set_reference(bench).await?;
-    let mut sale = None;
+    let (mut sale, mut sale_borrowing) = (None, None);
     if let Some(&k) = o.counts.iter().max()
         && !ui.stopped()
     {
@@ -196,21 +214,40 @@ pub async fn buckets(bench: &Bench, o: &BucketsOptions, ui: &Ui) -> anyhow::Resu
             .voucher_in_buckets(&format!("bench bucket sale {k}"), o.sale_stock, k)
             .await?;
         let drivers = ours_drivers(&bench.http, v.id, &tokens, o.callers).await?;
+        let apps: Vec<_> = drivers.iter().filter_map(|d| d.app()).collect();
         let what = ["bucket-sale", &format!("ours-k{k}"), "in-process"];
         let mut r = run(drivers, plan, what, o.sale_stock, None, ui).await?;
         check(bench, &v, &mut r).await?;
+        let f = apps
+            .iter()
+            .map(|a| a.borrowing())
+            .fold(BorrowFigures::default(), BorrowFigures::plus);
+        let b = SaleBorrowing {
+            attempts: f.attempts,
+            mean_calls: f.mean_calls(),
+            max_calls: f.max_calls,
+            spent: f.spent,
+            budget: borrow_budget(k),
+        };
         eprintln!(
-            "  {}; sold_out answers while units were left: {}",
+            "  {}; sold_out answers while units were left: {}; borrowing: {} attempts, {:.1} Redis calls each, at most {} (budget {}), {} stopped on it",
             one_line(&r),
-            r.early_sold_out
+            r.early_sold_out,
+            b.attempts,
+            b.mean_calls,
+            b.max_calls,
+            b.budget,
+            b.spent
         );
         sale = Some(r);
+        sale_borrowing = Some(b);
     }
     Ok(BucketsReport {
         options: o.clone(),
         runs,
         set_us,
         sale,
+        sale_borrowing,
     })
 }
 

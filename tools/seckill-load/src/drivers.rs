@@ -82,7 +82,7 @@ pub enum Driver {
 }
 
 pub struct InProcess {
-    app: App,
+    app: Arc<App>,
     template: http::request::Parts,
     tokens: Arc<Tokens>,
 }
@@ -94,7 +94,7 @@ impl Driver {
         voucher: VoucherId,
         tokens: Arc<Tokens>,
     ) -> anyhow::Result<Driver> {
-        let app = App::new(cfg).await;
+        let app = Arc::new(App::new(cfg).await);
         let event = seckill_event(voucher, None);
         let req: Request = lambda_http::request::from_str(&event.to_string())
             .context("the event template does not parse as an API Gateway v2 request")?;
@@ -106,6 +106,14 @@ impl Driver {
             template,
             tokens,
         })))
+    }
+
+    /// The handler's App, for a caller of the real handler.
+    pub fn app(&self) -> Option<Arc<App>> {
+        match self {
+            Driver::InProcess(d) => Some(d.app.clone()),
+            _ => None,
+        }
     }
 
     pub async fn adapter(cfg: &RedisConfig, voucher: VoucherId) -> anyhow::Result<Driver> {

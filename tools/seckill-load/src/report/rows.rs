@@ -171,6 +171,21 @@ fn bucket_rows(rows: &mut Vec<Row>, b: &crate::buckets::BucketsReport) {
                 .target("0".into(), Some(s.early_sold_out == 0)),
         );
     }
+    if let Some(x) = &b.sale_borrowing {
+        rows.push(
+            Row::new(
+                "bucket sale: Redis calls per borrowing attempt (mean / max; attempts; stopped on the budget)",
+                format!(
+                    "{:.1} / {}; {} attempts; {} stopped",
+                    x.mean_calls, x.max_calls, x.attempts, x.spent
+                ),
+            )
+            .target(
+                format!("max <= {}", x.budget),
+                Some(x.max_calls <= u64::from(x.budget)),
+            ),
+        );
+    }
     if let (Some(e1), Some(c1), Some(c16)) = (
         b.ecpu_per_admission(1),
         b.ceiling(1),
