@@ -38,6 +38,9 @@ pub struct VoucherKeys {
     pub drain_tx: String,
     /// String: held (SET NX PX) by the one instance repairing a lost sale.
     pub repair: String,
+    /// String: how far a repair that stopped part-way got (its record, written after
+    /// every page it read), so the next request goes on from there.
+    pub repair_progress: String,
     /// Sorted set, vouchers with a payment step only: `<order id>\n<user id>` scored by
     /// its payment deadline (unix ms); an order leaves it when it is closed.
     pub deadlines: String,
@@ -64,6 +67,7 @@ impl VoucherKeys {
             dead: format!("{tag}:dead"),
             drain_tx: format!("{tag}:drain_tx"),
             repair: format!("{tag}:repair"),
+            repair_progress: format!("{tag}:repair_progress"),
             deadlines: format!("{tag}:deadlines"),
             closed: format!("{tag}:closed"),
             to_settle: format!("{tag}:to_settle"),
@@ -142,6 +146,7 @@ mod tests {
             &k.dead,
             &k.drain_tx,
             &k.repair,
+            &k.repair_progress,
             &k.deadlines,
             &k.closed,
             &k.to_settle,

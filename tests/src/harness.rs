@@ -150,6 +150,7 @@ pub fn test_http_config(
         source_rate_burst: 0,
         read_rate_per_sec: 0,
         read_rate_burst: 0,
+        repair_part_rows: 100_000,
         in_lambda: false,
         webhook: seckill_http::payment::SecretSource::Inline(
             seckill_shared::webhook::Secrets::parse(&format!(

@@ -42,6 +42,8 @@ pub struct App {
     pub(crate) entry_secrets: HeldSecrets,
     /// Redis calls of the borrowing attempts this instance ran.
     pub(crate) borrowing: BorrowCosts,
+    /// Order rows one request's part of a repair reads at most.
+    pub(crate) repair_part_rows: u64,
 }
 
 impl App {
@@ -71,6 +73,7 @@ impl App {
                 "entry-token secret (ENTRY_TOKEN_SECRET_ARN)",
             ),
             borrowing: BorrowCosts::default(),
+            repair_part_rows: cfg.repair_part_rows.max(1),
         };
         if let Err(err) = app.sales().await {
             tracing::warn!(error = %err, "redis not reachable at start; will retry per request");

@@ -19,6 +19,7 @@ const OWN_ENV_VARS: &[&str] = &[
     "SECKILL_SOURCE_RATE_BURST",
     "SECKILL_USER_READ_RATE_PER_SEC",
     "SECKILL_USER_READ_RATE_BURST",
+    "SECKILL_REPAIR_PART_ROWS",
     "PAYMENT_WEBHOOK_SECRET_ARN",
     "PAYMENT_WEBHOOK_SECRETS",
     "ENTRY_TOKEN_SECRET_ARN",
@@ -54,6 +55,9 @@ pub struct Config {
     /// burst above it; 0: no limit.
     pub read_rate_per_sec: u32,
     pub read_rate_burst: u32,
+    /// Order rows one request's part of a repair reads at most before it saves its
+    /// progress and leaves the rest to the next request (see `repair`).
+    pub repair_part_rows: u64,
     /// Running inside AWS Lambda or an emulator of it (`AWS_LAMBDA_FUNCTION_NAME` set).
     pub in_lambda: bool,
     /// The payment webhook's signing secrets: a Secrets Manager secret
@@ -151,6 +155,7 @@ impl Config {
             source_rate_burst: env.parse_or("SECKILL_SOURCE_RATE_BURST", 100),
             read_rate_per_sec: env.parse_or("SECKILL_USER_READ_RATE_PER_SEC", 10),
             read_rate_burst: env.parse_or("SECKILL_USER_READ_RATE_BURST", 20),
+            repair_part_rows: env.parse_or("SECKILL_REPAIR_PART_ROWS", 100_000),
             in_lambda,
             webhook,
             entry,

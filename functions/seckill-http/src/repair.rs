@@ -35,6 +35,18 @@
 //!    holds `awaiting_payment` (orders not drained yet get theirs back when the drainer
 //!    writes them), so they can still be paid and still expire.
 //!
+//! A repair is bounded, and resumable: one request's part reads at most
+//! `SECKILL_REPAIR_PART_ROWS` order rows (100,000 by default) or [`REPAIR_PART_TIME`],
+//! whichever comes first, well within the lock and the function's timeout. After every
+//! page it saves how far it got ([`Progress`]: the last buyer read through and the
+//! counts so far) in Redis; a part that stops before the end answers `503` and the next
+//! request, on any instance, goes on from there, in a new snapshot. A repair that dies
+//! loses at most its last page. The parts' snapshots are taken at different instants:
+//! an order the drainer commits between two parts for a buyer already read counts in
+//! the later snapshot's `stock_left` but not among the settled, so its unit is taken
+//! twice and stays unsold (as a lost bucket's units do), never sold twice. A change in
+//! which buckets are missing, or buyers lost again, begins the repair again.
+//!
 //! A voucher with stock buckets repairs every bucket whose sale is missing,
 //! each from its own stream and its own buyers' rows. The stock goes where it is known
 //! exactly: with every bucket lost, all of it to bucket 0 (the others borrow from it);
@@ -48,7 +60,9 @@
 //! open again until paid or expired. docs/promises.md states that window.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
 
 use seckill_shared::adapters::closes::restore_deadlines;
 use seckill_shared::adapters::redis::RedisSales;
@@ -65,6 +79,16 @@ pub const REPAIR_LOCK_MS: u64 = 10_000;
 /// How long a request waits for another instance's repair before answering `503`.
 /// Below the function's timeout (10 s) with room for the admission after it.
 pub const REPAIR_WAIT_MS: i64 = 3_000;
+
+/// How long one request's part of a repair reads the database at most (then one more
+/// page at most): with the reopening after it, well within [`REPAIR_LOCK_MS`] and the
+/// function's 10 s timeout.
+pub const REPAIR_PART_TIME: Duration = Duration::from_secs(4);
+const _: () = assert!(REPAIR_PART_TIME.as_millis() * 2 <= REPAIR_LOCK_MS as u128);
+
+/// How long a saved [`Progress`] is kept: a repair nobody goes on with for this long
+/// (its sale over, or never asked for again) begins again.
+const PROGRESS_TTL_MS: u64 = 15 * 60 * 1_000;
 
 /// How often a waiting request looks for the repaired sale.
 const REPAIR_POLL: Duration = Duration::from_millis(50);
@@ -123,8 +147,49 @@ async fn wait_for_repair(
     }))
 }
 
+/// How far a repair got, saved in Redis after every page it reads (as JSON).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Progress {
+    /// The buckets (indexes) found missing when the repair began: it goes on only while
+    /// the same buckets are missing.
+    pub missing: Vec<u16>,
+    /// The last buyer whose orders were read and merged.
+    pub read_through: Option<String>,
+    /// Buyers the database had settled, per bucket index, over the pages read.
+    pub settled: BTreeMap<u16, u64>,
+    /// Buyers restored from the streams, and from the database's pages.
+    pub from_stream: u64,
+    pub from_db: u64,
+    /// Order rows read, and parts (requests) that read them.
+    pub rows: u64,
+    pub parts: u32,
+}
+
+/// The saved progress of `id`'s repair; one that does not parse is dropped (the
+/// repair begins again, which is always correct).
+async fn saved_progress(sales: &RedisSales, id: VoucherId) -> Result<Option<Progress>, StoreError> {
+    Ok(sales
+        .repair_progress(id)
+        .await?
+        .and_then(|record| match serde_json::from_str(&record) {
+            Ok(p) => Some(p),
+            Err(error) => {
+                tracing::warn!(%error, record, "unreadable repair progress dropped");
+                None
+            }
+        }))
+}
+
+async fn save_progress(sales: &RedisSales, id: VoucherId, p: &Progress) -> Result<(), StoreError> {
+    let record = serde_json::to_string(p).expect("a progress record serializes");
+    sales
+        .save_repair_progress(id, &record, PROGRESS_TTL_MS)
+        .await
+}
+
 /// The repair itself, under the lock: every bucket of the voucher whose sale is missing
-/// (a voucher of one bucket: that bucket, whatever Redis says, as before buckets).
+/// (a voucher of one bucket: that bucket, whatever Redis says, as before buckets),
+/// going on from a saved [`Progress`] if there is one.
 async fn repair_locked(
     app: &App,
     sales: &RedisSales,
@@ -141,23 +206,46 @@ async fn repair_locked(
         }
     }
     if missing.is_empty() {
+        sales.clear_repair_progress(id).await?;
         return Ok(true);
     }
-    let mut from_stream: u64 = 0;
-    for b in &missing {
-        from_stream += sales.restore_buyers_from_stream(*b).await?;
-    }
-    let Some((voucher, mut snapshot)) = app.db.sale_snapshot(id).await? else {
+    let indexes: Vec<u16> = missing.iter().map(|b| b.index()).collect();
+    let mut progress = match saved_progress(sales, id).await? {
+        Some(p) if p.missing == indexes => p,
+        _ => {
+            // A repair begins: the streams' buyers first (step 1).
+            let mut p = Progress {
+                missing: indexes,
+                ..Progress::default()
+            };
+            for b in &missing {
+                p.from_stream += sales.restore_buyers_from_stream(*b).await?;
+            }
+            p
+        }
+    };
+    progress.parts += 1;
+    let Some((voucher, mut snapshot)) = app
+        .db
+        .sale_snapshot_after(id, progress.read_through.as_deref())
+        .await?
+    else {
+        sales.clear_repair_progress(id).await?;
         app.cache.learn_missing(id, now);
         return Ok(false);
     };
     app.cache.learn_voucher(&voucher);
     // Orders of the snapshot per bucket (their buyer's bucket), merged into the missing
-    // buckets' buyers hashes as they come.
-    let mut settled: BTreeMap<Bucket, u64> = BTreeMap::new();
-    let mut from_db: u64 = 0;
+    // buckets' buyers hashes as they come; the progress saved after every page.
+    let began = Instant::now();
+    let rows_before = progress.rows;
+    let mut read_all = false;
     let merged: Result<(), StoreError> = async {
-        while let Some(page) = snapshot.next_page().await? {
+        while !read_all {
+            let Some(page) = snapshot.next_page().await? else {
+                read_all = true;
+                break;
+            };
             let mut parts: BTreeMap<Bucket, Vec<(String, OrderId)>> = BTreeMap::new();
             for (user, order) in page {
                 parts
@@ -166,10 +254,16 @@ async fn repair_locked(
                     .push((user, order));
             }
             for (b, part) in parts {
-                *settled.entry(b).or_default() += part.len() as u64;
+                *progress.settled.entry(b.index()).or_default() += part.len() as u64;
                 if missing.contains(&b) {
-                    from_db += sales.restore_buyers(b, &part).await?;
+                    progress.from_db += sales.restore_buyers(b, &part).await?;
                 }
+            }
+            progress.read_through = snapshot.read_through().map(str::to_string);
+            progress.rows = rows_before + snapshot.rows_read();
+            save_progress(sales, id, &progress).await?;
+            if snapshot.rows_read() >= app.repair_part_rows || began.elapsed() >= REPAIR_PART_TIME {
+                break;
             }
         }
         Ok(())
@@ -177,6 +271,28 @@ async fn repair_locked(
     .await;
     snapshot.finish().await;
     merged?;
+    if !read_all {
+        tracing::warn!(
+            voucher_id = id.get(),
+            part = progress.parts,
+            rows = progress.rows,
+            read_through = progress.read_through.as_deref(),
+            "repair part done; the next request goes on"
+        );
+        return Err(ApiError::Unavailable(StoreError::Unavailable {
+            backend: "redis",
+            detail: format!(
+                "voucher {id} is being reloaded from the database ({} order rows read in {} part(s)); retry",
+                progress.rows, progress.parts
+            ),
+        }));
+    }
+    let settled: BTreeMap<Bucket, u64> = progress
+        .settled
+        .iter()
+        .filter_map(|(i, n)| Some((Bucket::new(id, *i, k)?, *n)))
+        .collect();
+    let (from_stream, from_db) = (progress.from_stream, progress.from_db);
     // The database's stock_left, minus the units of orders it has not settled, is what
     // the sale still has. With one bucket, or every bucket lost, it all goes to bucket 0
     // (the others reopen empty and borrow from it). With other buckets still live, their
@@ -223,6 +339,8 @@ async fn repair_locked(
             ),
             Reopen::AlreadyLive => {}
             Reopen::BuyersLost => {
+                // What was merged is gone with them: the next repair begins again.
+                sales.clear_repair_progress(id).await?;
                 return Err(ApiError::Unavailable(StoreError::Unavailable {
                     backend: "redis",
                     detail: format!("voucher {b}: buyers lost again during repair"),
@@ -253,5 +371,6 @@ async fn repair_locked(
             }
         }
     }
+    sales.clear_repair_progress(id).await?;
     Ok(true)
 }

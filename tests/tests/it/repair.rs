@@ -456,6 +456,111 @@ async fn repair_reads_thousands_of_orders_in_pages_within_the_response_limit() {
     ctx.cleanup().await;
 }
 
+/// A repair is bounded and resumable: with parts of 2,500 rows, a lost sale of 9,000
+/// orders is read back over several requests, each reading at most its part (plus the
+/// rest of its last page) and answering `503` until the last, which reopens the sale.
+/// A part cut off mid-way (its Lambda killed; its lock then expires) loses at most the
+/// page it was reading: the next request goes on from the progress saved after every
+/// page. Nobody is lost, nothing is read twice but one buyer per part, and the reopened
+/// stock is the database's.
+#[tokio::test]
+async fn a_repair_reads_in_bounded_parts_and_goes_on_after_a_part_dies() {
+    const ORDERS: usize = 9_000;
+    const PART: u64 = 2_500;
+    let page = seckill_shared::adapters::data_api::SNAPSHOT_PAGE_ROWS as u64;
+    let ctx = DrainCtx::start().await;
+    let v = ctx.voucher(10_000, 1_000).await;
+    let user = |i: usize| format!("buyer-{i:05}");
+    let mut conn = ctx.mysql().await;
+    let rows: Vec<(i64, String, &str)> = (0..ORDERS)
+        .map(|i| (2_000_000 + i as i64, user(i), "confirmed"))
+        .collect();
+    for chunk in rows.chunks(1_000) {
+        insert_orders(&mut conn, v.id.get(), chunk).await;
+    }
+    conn.disconnect().await.ok();
+    lose(&ctx, v.id, &["sale", "buyers", "orders"]).await;
+    let mut cfg = http_config(&ctx);
+    cfg.repair_part_rows = PART;
+    let (one, two) = (App::new(&cfg).await, App::new(&cfg).await);
+    let k = VoucherKeys::new(v.id);
+    let progress = || async {
+        let record: Option<String> = ctx.conn().get(&k.repair_progress).await.unwrap();
+        record.map(|r| serde_json::from_str::<seckill_http::repair::Progress>(&r).unwrap())
+    };
+
+    // Part 1: two pages (4,000 rows >= 2,500), then 503 and the progress saved.
+    let (status, body) = buy(&one, v.id, "newcomer").await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (503, Some("unavailable")),
+        "{body}"
+    );
+    let p1 = progress().await.expect("progress saved");
+    println!("after part 1: {p1:?}");
+    assert_eq!(p1.parts, 1);
+    assert!(p1.rows >= PART && p1.rows <= PART + page, "{p1:?}");
+    assert_eq!(
+        ctx.sales.stock_left(v.id).await.unwrap(),
+        None,
+        "not reopened yet"
+    );
+    let lock: bool = ctx.conn().exists(&k.repair).await.unwrap();
+    assert!(!lock, "a part ends by releasing the lock");
+
+    // Part 2 dies after its first page is saved: its future is dropped (the function
+    // killed) and its lock is left to expire (deleted here, as the expiry would).
+    let cut = tokio::select! {
+        answer = buy(&two, v.id, "newcomer") => panic!("part 2 finished before the cut: {answer:?}"),
+        p = async {
+            loop {
+                if let Some(p) = progress().await && p.rows > p1.rows {
+                    return p;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        } => p,
+    };
+    println!("part 2 cut after: {cut:?}");
+    assert_eq!(cut.parts, 2);
+    let _: i64 = ctx.conn().del(&k.repair).await.unwrap();
+
+    // The next requests go on from the cut, not from the beginning.
+    let mut answers = Vec::new();
+    for _ in 0..4 {
+        let answer = buy(&one, v.id, "newcomer").await;
+        answers.push(answer.0);
+        if answer.0 != 503 {
+            assert_eq!(answer.0, 202, "{}", answer.1);
+            break;
+        }
+        let p = progress().await.expect("progress saved");
+        assert!(
+            p.rows - cut.rows <= PART + page,
+            "a part read more than its bound: {p:?}"
+        );
+    }
+    assert_eq!(answers.last(), Some(&202), "{answers:?}");
+    assert!(answers.len() <= 3, "{answers:?}");
+    assert!(
+        progress().await.is_none(),
+        "a finished repair forgets its progress"
+    );
+    // Every buyer is back, once; the stock is the database's, less the newcomer's unit.
+    let buyers: usize = ctx.conn().hlen(&k.buyers).await.unwrap();
+    assert_eq!(buyers, ORDERS + 1);
+    assert_eq!(ctx.sales.stock_left(v.id).await.unwrap(), Some(999));
+    for i in [0, 2_499, 4_000, 6_001, ORDERS - 1] {
+        assert_code(
+            buy(&two, v.id, &user(i)).await,
+            409,
+            "already_purchased",
+            &user(i),
+        );
+    }
+    ctx.cleanup().await;
+}
+
 /// One instance repairs at a time (a lock in Redis); the others wait for it and then go
 /// on. A lock left by a repairer that died only delays: requests answer a quick `503`
 /// until it expires.

@@ -7,7 +7,9 @@
 //! room without an entry token of their own for that voucher; tokens of another buyer,
 //! another voucher, expired, forged or not ours at all are refused before Redis is
 //! asked; everybody still waiting learns of a sell-out on their next look; a voucher
-//! without a room costs what it did.
+//! without a room costs what it did. With the features it meets: a payment step (a
+//! cancelled unit goes to the next in line) and a sale Redis lost (repaired from a
+//! look; the line kept).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -21,8 +23,10 @@ use seckill_shared::domain::{
 };
 use seckill_shared::entry;
 use seckill_tests::harness::{
-    Backends, TEST_ENTRY_PREVIOUS, TEST_ENTRY_SECRET, buy, call, create_voucher, request, token,
+    Backends, TEST_CURRENCY, TEST_ENTRY_PREVIOUS, TEST_ENTRY_SECRET, TEST_PRICE_MINOR, buy, call,
+    create_voucher, provider_pays, request, token,
 };
+use seckill_tests::redis::ReplyDropper;
 use serde_json::{Value, json};
 
 /// Creates a voucher with a waiting room of `rate` entries a second, on sale from
@@ -474,5 +478,202 @@ async fn once_sold_out_everybody_still_waiting_learns_it_on_their_next_look() {
             assert!(s.get("entry_token").is_none(), "{s}");
         }
     }
+    b.cleanup().await;
+}
+
+/// A room with a payment step: the buyers served first take every unit, so the next in
+/// line is told `sold_out`; when one of them cancels, the unit is back and the next in
+/// line, looking again, is served and buys it (paying like anyone). Nobody further back
+/// gets in.
+#[tokio::test]
+async fn a_room_with_a_payment_step_lets_the_next_in_line_buy_a_cancelled_unit() {
+    let b = Backends::start().await;
+    let app = App::new(&b.http_config()).await;
+    let voucher = create_room(
+        &app,
+        2,
+        100,
+        -100,
+        json!({ "pay_within_s": 600, "price_minor": TEST_PRICE_MINOR, "currency": TEST_CURRENCY }),
+    )
+    .await;
+    let mut entries = BTreeMap::new();
+    for u in ["p1", "p2", "p3", "p4"] {
+        let (status, s) = queue(&app, &voucher, u, true).await;
+        assert_eq!(status, 200, "{s}");
+        entries.insert(u, s["entry_token"].as_str().map(str::to_string));
+    }
+    let mut orders = BTreeMap::new();
+    for u in ["p1", "p2"] {
+        let (status, body) = buy_with(&app, &voucher, u, entries[u].as_deref().unwrap()).await;
+        assert_eq!(status, 202, "{u}: {body}");
+        orders.insert(u, body["order_id"].as_str().unwrap().to_string());
+    }
+    let (status, s) = queue(&app, &voucher, "p3", false).await;
+    assert_eq!(
+        (status, s["status"].as_str()),
+        (200, Some("sold_out")),
+        "{s}"
+    );
+
+    // p2 pays, p1 cancels: one unit comes back.
+    let (status, paid) = provider_pays(&app, &orders["p2"], "p2", "ref-p2").await;
+    assert_eq!(
+        (status, paid["outcome"].as_str()),
+        (200, Some("paid")),
+        "{paid}"
+    );
+    let cancel = format!("/orders/{}/cancel", orders["p1"]);
+    let (status, body) = call(
+        &app,
+        request("POST", &cancel, Some(&token("p1", false)), None, None),
+    )
+    .await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (200, Some("cancelled")),
+        "{body}"
+    );
+    assert_eq!(stock_left(&app, &voucher).await, 1);
+
+    // The next in line is served again and buys it; a token of p4 (never used) does
+    // not get a unit that is gone.
+    let (status, s) = queue(&app, &voucher, "p3", false).await;
+    assert_eq!((status, s["status"].as_str()), (200, Some("served")), "{s}");
+    let p3 = s["entry_token"]
+        .as_str()
+        .expect("a token for p3")
+        .to_string();
+    let (status, body) = buy_with(&app, &voucher, "p3", &p3).await;
+    assert_eq!(status, 202, "{body}");
+    let (status, body) = buy_with(&app, &voucher, "p4", entries["p4"].as_deref().unwrap()).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("sold_out")),
+        "{body}"
+    );
+    let (status, s) = queue(&app, &voucher, "p4", false).await;
+    assert_eq!(
+        (status, s["status"].as_str()),
+        (200, Some("sold_out")),
+        "{s}"
+    );
+    b.cleanup().await;
+}
+
+/// Redis loses a queued sale's hash (its queue survives): the next look repairs the
+/// sale from the database (the room with it) and everyone keeps their place; the
+/// served buy with their tokens, each once, and the stock is the database's.
+#[tokio::test]
+async fn a_room_whose_sale_redis_lost_keeps_its_line_and_sells_on() {
+    let b = Backends::start().await;
+    let app = App::new(&b.http_config()).await;
+    let voucher = create_room(&app, 3, 100, -100, json!({})).await;
+    let mut positions = BTreeMap::new();
+    for u in ["r1", "r2", "r3", "r4"] {
+        let (status, s) = queue(&app, &voucher, u, true).await;
+        assert_eq!(status, 200, "{s}");
+        positions.insert(u, s["position"].clone());
+    }
+    let (status, body) = {
+        let (_, s) = queue(&app, &voucher, "r1", false).await;
+        buy_with(&app, &voucher, "r1", s["entry_token"].as_str().unwrap()).await
+    };
+    assert_eq!(status, 202, "{body}");
+    let r1_order = body["order_id"].clone();
+    let id: VoucherId = voucher.parse().unwrap();
+    let k = seckill_shared::keys::VoucherKeys::new(id);
+    let _: i64 = redis::AsyncCommands::del(&mut b.sales.conn(), &[&k.sale, &k.buyers])
+        .await
+        .unwrap();
+
+    // Another instance, which never saw the voucher, looks first: the repair brings
+    // the sale back, room and all.
+    let other = App::new(&b.http_config()).await;
+    for u in ["r2", "r3", "r4", "r1"] {
+        let (status, s) = queue(&other, &voucher, u, false).await;
+        assert_eq!(status, 200, "{u}: {s}");
+        assert_eq!(s["position"], positions[u], "{u} kept their place: {s}");
+    }
+    // r1's order survived in the stream: r1 still holds it, and the stock counts it.
+    let (_, s) = queue(&other, &voucher, "r1", false).await;
+    let t = s["entry_token"].as_str().expect("r1 is still served");
+    let (status, body) = buy_with(&other, &voucher, "r1", t).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("already_purchased")),
+        "{body}"
+    );
+    assert_eq!(body["order_id"], r1_order, "{body}");
+    let mut tokens = BTreeMap::new();
+    for u in ["r2", "r3"] {
+        let (_, s) = queue(&other, &voucher, u, false).await;
+        tokens.insert(u, s["entry_token"].as_str().expect("served").to_string());
+    }
+    // A token used twice buys once (tried while a unit is left: once sold out, the
+    // instance answers `sold_out` from memory).
+    let (status, body) = buy_with(&other, &voucher, "r2", &tokens["r2"]).await;
+    assert_eq!(status, 202, "{body}");
+    let (status, body) = buy_with(&other, &voucher, "r2", &tokens["r2"]).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("already_purchased")),
+        "{body}"
+    );
+    let (status, body) = buy_with(&other, &voucher, "r3", &tokens["r3"]).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(stock_left(&other, &voucher).await, 0);
+    let (status, s) = queue(&other, &voucher, "r4", false).await;
+    assert_eq!(
+        (status, s["status"].as_str()),
+        (200, Some("sold_out")),
+        "{s}"
+    );
+    b.cleanup().await;
+}
+
+/// Lost replies where the room meets the admission: a join whose reply is lost is sent
+/// again by the client and keeps one place (the next joiner is right behind it, no
+/// gap), and a served buyer's admission whose reply is lost is admitted once, the
+/// token used again naming the same order.
+#[tokio::test]
+async fn a_join_and_a_served_admission_whose_replies_are_lost_count_once() {
+    let b = Backends::start().await;
+    let proxy = ReplyDropper::start(&b.redis).await;
+    let mut cfg = b.http_config();
+    cfg.redis.url = proxy.url();
+    let app = App::new(&cfg).await;
+    let voucher = create_room(&app, 5, 100, -100, json!({})).await;
+    // Warm up both scripts, so the dropped reply is the script's run, not a NOSCRIPT.
+    let (_, s) = queue(&app, &voucher, "warmup", true).await;
+    let t = s["entry_token"].as_str().unwrap().to_string();
+    assert_eq!(buy_with(&app, &voucher, "warmup", &t).await.0, 202);
+
+    proxy.arm(&[b"EVALSHA", b":queue"]);
+    let (status, s) = queue(&app, &voucher, "alice", true).await;
+    assert_eq!(proxy.dropped(), 1, "the join's reply was lost");
+    assert_eq!((status, s["position"].as_i64()), (200, Some(2)), "{s}");
+    let (status, s) = queue(&app, &voucher, "bob", true).await;
+    assert_eq!(
+        (status, s["position"].as_i64()),
+        (200, Some(3)),
+        "no gap: {s}"
+    );
+
+    let (_, s) = queue(&app, &voucher, "alice", false).await;
+    let t = s["entry_token"].as_str().expect("alice served").to_string();
+    proxy.arm(&[b"EVALSHA", b":buyers"]);
+    let (status, body) = buy_with(&app, &voucher, "alice", &t).await;
+    assert_eq!(proxy.dropped(), 2, "the admission's reply was lost");
+    assert_eq!(status, 202, "{body}");
+    let order = body["order_id"].clone();
+    let (status, body) = buy_with(&app, &voucher, "alice", &t).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("already_purchased")),
+        "{body}"
+    );
+    assert_eq!(body["order_id"], order);
+    assert_eq!(stock_left(&app, &voucher).await, 3);
     b.cleanup().await;
 }

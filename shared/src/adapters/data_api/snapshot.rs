@@ -24,6 +24,24 @@ impl DataApi {
         &self,
         id: VoucherId,
     ) -> Result<Option<(Voucher, SaleSnapshot<'_>)>, StoreError> {
+        self.sale_snapshot_after(id, None).await
+    }
+
+    /// [`Self::sale_snapshot`], its orders starting after the buyer `after` (every
+    /// order of that buyer and of those before it left out): the rest of a read that an
+    /// earlier snapshot began and stopped after `after` ([`SaleSnapshot::read_through`]).
+    /// The voucher row and the orders are then as of this snapshot's instant.
+    pub async fn sale_snapshot_after(
+        &self,
+        id: VoucherId,
+        after: Option<&str>,
+    ) -> Result<Option<(Voucher, SaleSnapshot<'_>)>, StoreError> {
+        // (buyer, i64::MAX): no order id is larger, so the page query's
+        // `user_id = :u AND id > :id` matches none of that buyer's rows.
+        let start = match after {
+            Some(user) => (user.to_string(), i64::MAX),
+            None => (String::new(), 0),
+        };
         let transaction = self.begin().await?;
         match self.voucher_in(id, Some(&transaction)).await {
             Ok(Some(v)) => {
@@ -35,7 +53,8 @@ impl DataApi {
                         transaction,
                         voucher: id,
                         buyers: BuyerRows::new(rebuy),
-                        after: Some((String::new(), 0)),
+                        after: Some(start),
+                        rows: 0,
                     },
                 )))
             }
@@ -86,6 +105,8 @@ pub struct SaleSnapshot<'a> {
     /// The last row read, (user id, order id): keyset pagination in index order; `None`
     /// once the last page was read.
     after: Option<(String, i64)>,
+    /// Rows the page queries returned so far.
+    rows: u64,
 }
 
 /// Folds a voucher's order rows, read in (buyer, order id) order, into the one order per
@@ -99,6 +120,8 @@ pub struct BuyerRows {
     rebuy_after_close: bool,
     /// The buyer being read: (user id, order that counts so far, it holds a unit).
     current: Option<(String, OrderId, bool)>,
+    /// The last buyer all of whose rows were read (counted or not).
+    done_through: Option<String>,
 }
 
 impl BuyerRows {
@@ -107,6 +130,7 @@ impl BuyerRows {
         Self {
             rebuy_after_close,
             current: None,
+            done_through: None,
         }
     }
 
@@ -124,13 +148,23 @@ impl BuyerRows {
             return None;
         }
         let done = self.current.replace((user, order, holds));
-        done.and_then(|d| self.counted(d))
+        done.and_then(|d| self.completed(d))
     }
 
     /// The last buyer, once every row was read.
     pub fn finish(&mut self) -> Option<(String, OrderId)> {
         let last = self.current.take();
-        last.and_then(|d| self.counted(d))
+        last.and_then(|d| self.completed(d))
+    }
+
+    /// The last buyer all of whose rows were read.
+    pub fn done_through(&self) -> Option<&str> {
+        self.done_through.as_deref()
+    }
+
+    fn completed(&mut self, done: (String, OrderId, bool)) -> Option<(String, OrderId)> {
+        self.done_through = Some(done.0.clone());
+        self.counted(done)
     }
 
     fn counted(&self, (user, order, holds): (String, OrderId, bool)) -> Option<(String, OrderId)> {
@@ -172,6 +206,7 @@ impl SaleSnapshot<'_> {
                 last = Some((user.clone(), id.get()));
                 page.extend(self.buyers.push(user, id, holds));
             }
+            self.rows += out.records().len() as u64;
             if out.records().len() < SNAPSHOT_PAGE_ROWS {
                 page.extend(self.buyers.finish());
             } else {
@@ -183,6 +218,19 @@ impl SaleSnapshot<'_> {
             }
         }
         Ok(Some(page).filter(|p| !p.is_empty()))
+    }
+
+    /// Rows the page queries returned so far (what the read cost the database: each
+    /// page examines its rows plus one).
+    pub fn rows_read(&self) -> u64 {
+        self.rows
+    }
+
+    /// The last buyer whose orders were all read and returned by [`Self::next_page`]:
+    /// a read stopped here goes on with [`DataApi::sale_snapshot_after`] this buyer,
+    /// missing nobody and reading nobody twice. `None` before the first buyer.
+    pub fn read_through(&self) -> Option<&str> {
+        self.buyers.done_through()
     }
 
     /// Ends the read. It wrote nothing, so a rollback ends it as a commit would; and
@@ -226,5 +274,22 @@ mod tests {
         // A voucher that lets a buyer buy again forgets a buyer whose orders all closed.
         assert_eq!(fold(true, &rows), [("a".into(), 5), ("c".into(), 4)]);
         assert!(fold(false, &[]).is_empty());
+    }
+
+    #[test]
+    fn a_read_goes_on_after_the_last_buyer_whose_rows_were_all_read() {
+        let mut f = BuyerRows::new(true);
+        let id = |n| OrderId::new(n).unwrap();
+        assert_eq!(f.done_through(), None);
+        f.push("a".into(), id(1), true);
+        // "a" is done once a row of "b" comes, though "b"'s rows may go on.
+        assert_eq!(f.done_through(), None);
+        f.push("b".into(), id(2), false);
+        assert_eq!(f.done_through(), Some("a"));
+        // "b" is not counted (closed, may buy again), but it was read through.
+        assert_eq!(f.push("c".into(), id(3), false), None);
+        assert_eq!(f.done_through(), Some("b"));
+        f.finish();
+        assert_eq!(f.done_through(), Some("c"));
     }
 }

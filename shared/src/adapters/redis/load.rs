@@ -214,6 +214,42 @@ impl RedisSales {
         Ok(())
     }
 
+    /// The record a repair of `voucher` that stopped part-way left (opaque here: the
+    /// repair writes and reads it), if any.
+    pub async fn repair_progress(&self, voucher: VoucherId) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .conn
+            .clone()
+            .get(VoucherKeys::new(voucher).repair_progress)
+            .await?)
+    }
+
+    /// Saves a repair's progress record for `ttl_ms` (a repair nobody goes on with is
+    /// forgotten, and the next one begins again).
+    pub async fn save_repair_progress(
+        &self,
+        voucher: VoucherId,
+        record: &str,
+        ttl_ms: u64,
+    ) -> Result<(), StoreError> {
+        let _: () = self
+            .conn
+            .clone()
+            .pset_ex(VoucherKeys::new(voucher).repair_progress, record, ttl_ms)
+            .await?;
+        Ok(())
+    }
+
+    /// Forgets a repair's progress (it finished, or must begin again).
+    pub async fn clear_repair_progress(&self, voucher: VoucherId) -> Result<(), StoreError> {
+        let _: i64 = self
+            .conn
+            .clone()
+            .del(VoucherKeys::new(voucher).repair_progress)
+            .await?;
+        Ok(())
+    }
+
     /// The sale hash as Redis holds it, `None` when the sale is not loaded.
     pub async fn sale_state(
         &self,
