@@ -930,6 +930,14 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
             "RollbackTransaction",
         ],
     ),
+    (
+        "sale_snapshot_after",
+        &[
+            "BeginTransaction",
+            "ExecuteStatement",
+            "RollbackTransaction",
+        ],
+    ),
     ("order_of_buyer", &["ExecuteStatement"]),
     ("order", &["ExecuteStatement"]),
     // Used by the operator commands (seckill status), no function.
