@@ -236,6 +236,74 @@ impl DrainCtx {
         ids
     }
 
+    /// Makes `n` vouchers of `stock` units on sale now, straight in the database (one
+    /// multi-row INSERT per thousand) and preloaded in Redis, ids from `first_id`.
+    pub async fn many_vouchers(&self, first_id: i64, n: i64, stock: i64) -> Vec<Voucher> {
+        let now = now_millis();
+        let window = SaleWindow::new(now - 60_000, now + 3_600_000).expect("window");
+        let mut conn = self.mysql().await;
+        let ids: Vec<i64> = (first_id..first_id + n).collect();
+        for chunk in ids.chunks(1_000) {
+            let values: Vec<String> = chunk
+                .iter()
+                .map(|id| {
+                    format!(
+                        "({id}, 'scale', {stock}, {stock}, \
+                         NOW(3) - INTERVAL 1 MINUTE, NOW(3) + INTERVAL 1 HOUR)"
+                    )
+                })
+                .collect();
+            conn.query_drop(format!(
+                "INSERT INTO vouchers (id, title, stock, stock_left, begins_at, ends_at) VALUES {}",
+                values.join(",")
+            ))
+            .await
+            .expect("vouchers inserted");
+        }
+        conn.disconnect().await.ok();
+        let vouchers: Vec<Voucher> = ids
+            .iter()
+            .map(|&id| Voucher {
+                id: VoucherId::new(id).expect("voucher id"),
+                title: "scale".into(),
+                stock,
+                db_stock_left: stock,
+                window,
+                payment: None,
+                buckets: 1,
+                room: None,
+            })
+            .collect();
+        futures::stream::iter(&vouchers)
+            .for_each_concurrent(64, |v| async move {
+                self.sales.preload(v).await.expect("preload");
+            })
+            .await;
+        vouchers
+    }
+
+    /// Another run's open transaction holding the voucher's row, as a killed run leaves
+    /// it: begun through the Data API, the row locked, recorded under `consumer` as
+    /// begun at `begun_ms` (or not recorded at all). Returns its id.
+    pub async fn hold_the_voucher_row(&self, v: VoucherId, record: Option<(&str, i64)>) -> String {
+        let db = self.db().await;
+        let tx = db.begin().await.expect("begin");
+        db.execute(
+            "SELECT stock_left FROM vouchers WHERE id = :v FOR UPDATE",
+            vec![param::long("v", v.get())],
+            Some(&tx),
+        )
+        .await
+        .expect("row locked");
+        if let Some((consumer, begun)) = record {
+            self.streams
+                .register_tx(v, &tx, consumer, begun)
+                .await
+                .expect("recorded");
+        }
+        tx
+    }
+
     /// Appends a raw entry to a voucher's orders stream (poison entries).
     pub async fn xadd_raw(&self, voucher: VoucherId, fields: &[(&str, &str)]) -> String {
         let k = VoucherKeys::new(voucher);

@@ -10,9 +10,11 @@
 //! 2. **Recover**: where the survey found claimable entries (left by a crashed, killed
 //!    or timed-out invocation, or released by one that gave up), XAUTOCLAIM them page
 //!    by page, following the cursor to its end; each page is processed like a batch.
-//! 3. **Drain**: up to `DRAINER_CONCURRENCY` vouchers at once, largest backlog first,
-//!    XREADGROUP `>` in batches (up to [`BATCHES_PER_TURN`] per voucher per turn, the
-//!    next read while the database writes the current batch). Vouchers with work, and
+//! 3. **Drain**: each round reads every voucher's new entries (XREADGROUP `>`, many at
+//!    once); the small reads of many sales are written together, a group per
+//!    transaction ([`group`]); the others up to `DRAINER_CONCURRENCY` vouchers at once,
+//!    largest backlog first, in batches (up to [`BATCHES_PER_TURN`] per voucher per
+//!    turn, the next read while the database writes the current batch). Vouchers with work, and
 //!    open sales when there are few, are polled every `DRAINER_IDLE_POLL_MS`; every
 //!    [`MAINTENANCE_EVERY`] the whole set is surveyed again.
 //! 4. **Finish**: trim the streams it acked, measure what is left, retire sales that are
@@ -67,6 +69,7 @@ use seckill_shared::adapters::transfers;
 use seckill_shared::domain::{AdmittedOrder, Bucket, StreamEntry, VoucherId, now_millis};
 use seckill_shared::error::StoreError;
 
+mod group;
 mod run;
 mod stream;
 mod write;
@@ -92,6 +95,21 @@ const PROBES_IN_FLIGHT: usize = 64;
 const POLL_OPEN_SALES: usize = 256;
 /// Longest database error text kept in a dead letter's reason.
 const MAX_REFUSAL_CHARS: usize = 200;
+
+/// One piece of a round's work: a group of small sales' reads, or one voucher's read.
+enum Work {
+    Group(Vec<group::Read>),
+    Alone(Bucket, Vec<StreamEntry>),
+}
+
+impl Work {
+    fn reads(&self) -> Vec<(&Bucket, &Vec<StreamEntry>)> {
+        match self {
+            Work::Group(reads) => reads.iter().map(|(v, e)| (v, e)).collect(),
+            Work::Alone(v, e) => vec![(v, e)],
+        }
+    }
+}
 
 /// The drainer: clients built once per cold start, one [`run`](Drainer::run) per
 /// invocation.
@@ -151,15 +169,9 @@ impl Drainer {
                 // Every voucher with work was stopped: nothing left this run can do.
                 break;
             }
-            let run_ref = &run;
-            let results: Vec<(Bucket, bool)> = futures::stream::iter(round)
-                .map(|v| async move { (v, self.drain_batches(run_ref, v).await) })
-                .buffer_unordered(self.cfg.concurrency)
-                .collect()
-                .await;
             // Vouchers that had entries go first next round; quiet ones stay polled only
             // while their sale is open and they are few.
-            let busy: BTreeSet<Bucket> = results.iter().filter(|r| r.1).map(|r| r.0).collect();
+            let busy = self.drain_round(&run, round).await;
             let now = now_millis();
             let mut quiet = 0;
             poll.sort_by_key(|v| !busy.contains(v));
@@ -355,8 +367,51 @@ impl Drainer {
         }
     }
 
-    /// Reads and processes one voucher's new entries, batch after batch; true when there
-    /// were any.
+    /// One round over `round`: every voucher's next entries are read, many at once;
+    /// the small reads of distinct vouchers are written together, a group per
+    /// transaction ([`group`]), the others batch after batch ([`Self::drain_batches`]),
+    /// up to `DRAINER_CONCURRENCY` at once. Returns the vouchers that had entries.
+    /// A read whose turn comes when no batch fits before `stop_at` any more is
+    /// released, pending and claimable at once.
+    async fn drain_round(&self, run: &Run, round: Vec<Bucket>) -> BTreeSet<Bucket> {
+        let reads: Vec<group::Read> = futures::stream::iter(round)
+            .map(|v| async move {
+                if !run.fits(1) {
+                    return None;
+                }
+                let read = self.read_new(v, &run.consumer).await;
+                self.accept_read(run, v, read)
+                    .await
+                    .map(|entries| (v, entries))
+            })
+            .buffer_unordered(PROBES_IN_FLIGHT)
+            .filter_map(std::future::ready)
+            .collect()
+            .await;
+        let busy: BTreeSet<Bucket> = reads.iter().map(|(v, _)| *v).collect();
+        let (groups, alone) = group::group_small(reads, self.cfg.batch_size);
+        let work = groups
+            .into_iter()
+            .map(Work::Group)
+            .chain(alone.into_iter().map(|(v, e)| Work::Alone(v, e)));
+        futures::stream::iter(work)
+            .for_each_concurrent(self.cfg.concurrency, |work| async move {
+                if !run.fits(1) {
+                    for (v, entries) in work.reads() {
+                        self.release(run, *v, entries).await;
+                    }
+                    return;
+                }
+                match work {
+                    Work::Group(reads) => self.process_group(run, reads).await,
+                    Work::Alone(v, entries) => self.drain_batches(run, v, entries).await,
+                }
+            })
+            .await;
+        busy
+    }
+
+    /// Processes one voucher's entries just read, then its next ones, batch after batch.
     ///
     /// While the database writes a full batch, the next one is read, so Redis and the
     /// database work at the same time instead of in turn; but only when both batches
@@ -365,14 +420,7 @@ impl Drainer {
     /// ([`Run::read_ahead_gate`]). A batch read ahead is always processed, and only once
     /// the batch before it is over (committed, retried or failed): batches of one
     /// voucher are written in the order they were read.
-    async fn drain_batches(&self, run: &Run, voucher: Bucket) -> bool {
-        if !run.fits(1) {
-            return false;
-        }
-        let first = self.read_new(voucher, &run.consumer).await;
-        let Some(mut entries) = self.accept_read(run, voucher, first).await else {
-            return false;
-        };
+    async fn drain_batches(&self, run: &Run, voucher: Bucket, mut entries: Vec<StreamEntry>) {
         for turn in 1..=BATCHES_PER_TURN {
             let read_ahead =
                 entries.len() >= self.cfg.batch_size && turn < BATCHES_PER_TURN && run.fits(2);
@@ -397,7 +445,6 @@ impl Drainer {
                 None => break,
             }
         }
-        true
     }
 
     /// One batch of one voucher: dead-letter what can never be written, commit the rest,

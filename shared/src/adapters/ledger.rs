@@ -172,6 +172,54 @@ impl LedgerTx<'_> {
         }
     }
 
+    /// Locks the rows of several vouchers at once (in id order, `NOWAIT`, like
+    /// [`lock_voucher`](Self::lock_voucher)) and reads each one's stock, payment window
+    /// and buckets. Vouchers the database does not have are missing from the answer.
+    /// At most [`sql::MAX_VOUCHERS_PER_STATEMENT`] ids.
+    pub async fn lock_vouchers(
+        &self,
+        ids: &[VoucherId],
+    ) -> Result<Vec<(VoucherId, LockedVoucher)>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (statement, params) = sql::lock_vouchers(ids);
+        let out = self.api.execute(&statement, params, Some(&self.id)).await?;
+        let bad = || StoreError::Corrupt("locking vouchers returned an unexpected row".into());
+        let mut locked = Vec::with_capacity(ids.len());
+        for row in out.records() {
+            let [id, left, pay_within, buckets] = row.as_slice() else {
+                return Err(bad());
+            };
+            let id = field::long(id).and_then(VoucherId::new).ok_or_else(bad)?;
+            let buckets = field::long(buckets)
+                .and_then(|k| u16::try_from(k).ok())
+                .filter(|k| (1..=crate::domain::MAX_BUCKETS).contains(k))
+                .ok_or_else(bad)?;
+            locked.push((
+                id,
+                LockedVoucher {
+                    stock_left: field::long(left).ok_or_else(bad)?,
+                    pay_within_ms: field::long(pay_within),
+                    buckets,
+                },
+            ));
+        }
+        Ok(locked)
+    }
+
+    /// Takes `n` units of each voucher's database stock where it has them, in one
+    /// statement; returns how many vouchers' rows were updated (all of them unless a
+    /// guard refused). At most [`sql::MAX_VOUCHERS_PER_STATEMENT`] vouchers.
+    pub async fn take_stocks(&self, takes: &[(VoucherId, i64)]) -> Result<u64, StoreError> {
+        if takes.is_empty() {
+            return Ok(0);
+        }
+        let (statement, params) = sql::take_stocks(takes);
+        let out = self.api.execute(&statement, params, Some(&self.id)).await?;
+        Ok(out.number_of_records_updated() as u64)
+    }
+
     /// Records the closes Redis decided for orders of `voucher` (at most
     /// [`SETTLE_PER_TRANSACTION`] of them: the caller passes no more; see
     /// [`sql::settle_closes`]) and gives their units back to the database stock. Returns

@@ -29,6 +29,7 @@ mod payment;
 mod redis_fixture;
 mod repair;
 mod repository;
+mod small_sales;
 mod stack_smoke;
 mod stale_truths;
 mod template;

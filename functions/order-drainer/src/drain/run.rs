@@ -54,8 +54,10 @@ pub struct Summary {
     pub expired: u64,
     /// Closes (paid, cancelled, expired) this run recorded in the database.
     pub settled: u64,
-    /// Batches committed (one Data API transaction each).
+    /// Batches committed (one Data API transaction each; a group of small sales is one).
     pub batches: u64,
+    /// Orders of `inserted` committed in groups of several small sales' orders.
+    pub grouped: u64,
     /// Entries this run read but gave back unfinished (pending, claimable at once).
     pub released: u64,
     /// Transactions of other (killed) runs rolled back to free a voucher's row.
@@ -256,6 +258,7 @@ impl Run {
             claimed = s.claimed,
             read = s.read,
             inserted = s.inserted,
+            grouped = s.grouped,
             duplicates = s.duplicates,
             rejected = s.rejected,
             dead_lettered = s.dead_lettered,

@@ -1,0 +1,286 @@
+//! Many small sales drained in one transaction (the drainer's group commit), against
+//! real parts: a private Redis, the Data API over the stack's MariaDB, the drainer in
+//! process and as a process killed at its failpoints.
+//!
+//! What is proved: small sales' orders are written together, each voucher within its own
+//! database stock; a sale that is not the plain case (stock short of its orders, a
+//! poison entry, a voucher the database does not have) is drained alone, and its
+//! neighbours still together; a row held by another transaction sends the group alone
+//! and holds back no other sale; a group killed before its commit is rolled back by the
+//! next run and one killed after it is acked as duplicates: every order exactly once,
+//! every stock taken once.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use mysql_async::prelude::Queryable;
+use seckill_shared::domain::{OrderId, Voucher, VoucherId, now_millis};
+use seckill_tests::drainer::{DrainCtx, DrainerProcess};
+use seckill_tests::mysql::handler_reads;
+
+/// Rows per voucher by status: voucher id -> (confirmed, rejected).
+async fn rows_by_voucher(ctx: &DrainCtx) -> BTreeMap<i64, (usize, usize)> {
+    let mut conn = ctx.mysql().await;
+    let rows: Vec<(i64, String, u64)> = conn
+        .query("SELECT voucher_id, status, COUNT(*) FROM orders GROUP BY voucher_id, status")
+        .await
+        .unwrap();
+    conn.disconnect().await.ok();
+    let mut out: BTreeMap<i64, (usize, usize)> = BTreeMap::new();
+    for (v, status, n) in rows {
+        let e = out.entry(v).or_default();
+        match status.as_str() {
+            "confirmed" => e.0 += n as usize,
+            "rejected" => e.1 += n as usize,
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    out
+}
+
+/// `n` vouchers of 10 units from `first`, two buyers admitted to each.
+async fn small_sales(ctx: &DrainCtx, first: i64, n: i64) -> (Vec<Voucher>, Vec<OrderId>) {
+    let vouchers = ctx.many_vouchers(first, n, 10).await;
+    let mut ids = Vec::new();
+    for v in &vouchers {
+        ids.extend(ctx.admit(v.id, "buyer", 2).await);
+    }
+    (vouchers, ids)
+}
+
+#[tokio::test]
+async fn small_sales_drain_together_and_one_that_is_not_plain_drains_alone() {
+    let ctx = DrainCtx::start().await;
+    let (mut vouchers, _) = small_sales(&ctx, 1, 40).await;
+    let (short, poisoned) = (vouchers[3].id, vouchers[17].id);
+    // A sale Redis has and the database does not (its orders are dead-lettered).
+    let unknown = VoucherId::new(9_999).unwrap();
+    let ghost = Voucher {
+        id: unknown,
+        ..vouchers[0].clone()
+    };
+    ctx.sales.preload(&ghost).await.unwrap();
+    ctx.admit(unknown, "buyer", 2).await;
+    vouchers.push(ghost);
+    let mut conn = ctx.mysql().await;
+    // Redis admitted two, the database has one unit left: one confirmed, one rejected.
+    conn.query_drop(format!(
+        "UPDATE vouchers SET stock_left = 1 WHERE id = {short}"
+    ))
+    .await
+    .unwrap();
+    conn.disconnect().await.ok();
+    ctx.xadd_raw(poisoned, &[("garbage", "1")]).await;
+
+    let mut cfg = ctx.drainer_config();
+    cfg.batch_size = 100;
+    let s = ctx.drain(cfg).await;
+    println!("{s:?}");
+    assert_eq!(s.errors, 0, "{s:?}");
+    // The 38 plain sales' 76 orders in groups (one transaction, or a few if the round
+    // read them in parts); the three others alone.
+    assert_eq!(s.grouped, 76, "{s:?}");
+    assert!(s.batches <= 3 + 6, "{s:?}");
+    assert_eq!(
+        s.dead_lettered, 3,
+        "the poison entry and the unknown voucher's two"
+    );
+    assert_eq!(s.rejected, 1, "{s:?}");
+
+    let rows = rows_by_voucher(&ctx).await;
+    for v in &vouchers {
+        let want = match v.id {
+            id if id == short => (1, 1),
+            // Its buyers see `rejected` rows (written before the dead letters).
+            id if id == unknown => (0, 2),
+            _ => (2, 0),
+        };
+        assert_eq!(
+            rows.get(&v.id.get()).copied().unwrap_or_default(),
+            want,
+            "{}",
+            v.id
+        );
+        if v.id != unknown {
+            let left = if v.id == short { 0 } else { 8 };
+            assert_eq!(ctx.db_stock_left(v.id).await, left, "{}", v.id);
+            assert_eq!(ctx.pending(v.id).await, 0, "{}", v.id);
+        }
+    }
+    assert_eq!(ctx.dead_letters(poisoned).await.len(), 1);
+    assert_eq!(ctx.dead_letters(unknown).await.len(), 2);
+    ctx.cleanup().await;
+}
+
+/// A voucher row held by another transaction (no record of it: it is not this
+/// drainer's to roll back) sends its group alone: every other sale commits on its own,
+/// the held one stays pending, and drains once the row is free.
+#[tokio::test]
+async fn a_held_row_sends_its_group_alone_and_holds_back_no_other_sale() {
+    let ctx = DrainCtx::start().await;
+    let (vouchers, ids) = small_sales(&ctx, 1, 10).await;
+    let held = vouchers[4].id;
+    let tx = ctx.hold_the_voucher_row(held, None).await;
+    let mut cfg = ctx.drainer_config();
+    cfg.batch_size = 100;
+    cfg.max_run = Duration::from_secs(4);
+    let s = ctx.drain(cfg.clone()).await;
+    println!("{s:?}");
+    assert_eq!((s.inserted, s.grouped), (18, 0), "{s:?}");
+    assert_eq!(s.dead_lettered, 0);
+    assert_eq!(ctx.pending(held).await, 2, "the held sale stays pending");
+    let rows = rows_by_voucher(&ctx).await;
+    assert_eq!(rows.len(), 9);
+
+    ctx.db().await.rollback(&tx).await;
+    cfg.min_idle = Duration::from_millis(1);
+    let s = ctx.drain(cfg).await;
+    assert_eq!(s.errors, 0, "{s:?}");
+    let rows = rows_by_voucher(&ctx).await;
+    assert_eq!(rows.values().map(|r| r.0).sum::<usize>(), ids.len());
+    assert_eq!(ctx.db_stock_left(held).await, 8);
+    ctx.cleanup().await;
+}
+
+/// A drainer process killed in the middle of a group: after its lock (the open
+/// transaction holds every member's row, as Aurora keeps it for 3 minutes) and after its
+/// commit (nothing acked). The next run rolls the first back (it was recorded with every
+/// member's stream) and acks the second as duplicates: each order once, each stock taken
+/// once.
+// Multi-threaded: the test blocks a thread waiting for the process's failpoint while the
+// Data API server it started keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_killed_before_or_after_its_commit_loses_and_doubles_nothing() {
+    for failpoint in ["after_lock", "after_commit"] {
+        let ctx = DrainCtx::start().await;
+        let (vouchers, ids) = small_sales(&ctx, 1, 20).await;
+        let mut cfg = ctx.drainer_config();
+        cfg.batch_size = 100;
+        cfg.min_idle = Duration::from_secs(1);
+        cfg.max_run = Duration::from_secs(10);
+        let mut p = DrainerProcess::spawn(&ctx.drainer_env(&cfg), Some(failpoint));
+        p.wait_for_failpoint(failpoint, Duration::from_secs(60));
+        p.kill();
+        tokio::time::sleep(cfg.min_idle + Duration::from_millis(200)).await;
+
+        let started = now_millis();
+        let mut recovery = cfg.clone();
+        recovery.max_run = Duration::from_secs(5);
+        let (ok, s) = DrainerProcess::spawn(&ctx.drainer_env(&recovery), None)
+            .finish(Duration::from_secs(60));
+        println!(
+            "{failpoint}: recovery {s:?} in {} ms",
+            now_millis() - started
+        );
+        assert!(ok && s.errors == 0, "{failpoint}: {s:?}");
+        match failpoint {
+            "after_commit" => assert_eq!((s.duplicates, s.inserted), (40, 0), "{s:?}"),
+            _ => {
+                assert_eq!(s.inserted, 40, "{s:?}");
+                assert!(
+                    s.aborted_transactions >= 1,
+                    "the group's transaction rolled back: {s:?}"
+                );
+            }
+        }
+        let rows = rows_by_voucher(&ctx).await;
+        for v in &vouchers {
+            assert_eq!(
+                rows.get(&v.id.get()).copied(),
+                Some((2, 0)),
+                "{failpoint} {}",
+                v.id
+            );
+            assert_eq!(ctx.db_stock_left(v.id).await, 8, "{failpoint} {}", v.id);
+            assert_eq!(ctx.pending(v.id).await, 0, "{failpoint} {}", v.id);
+        }
+        assert_eq!(
+            ctx.orders_in_db(VoucherId::new(1).unwrap()).await.len(),
+            2,
+            "{failpoint}"
+        );
+        assert_eq!(ids.len(), 40);
+        ctx.cleanup().await;
+    }
+}
+
+/// The group's statements read only the group's rows whatever the table's statistics
+/// say: on 5,000 vouchers written just now and never analysed, the lock of 250 of them
+/// and the stock update of the same (run as the Data API server runs them, one
+/// statement on one connection, with the drainer's own SQL and names) examine about one
+/// row each (`Handler_read_*`), through the primary key.
+#[tokio::test]
+async fn the_group_statements_read_only_their_rows_on_a_table_never_analysed() {
+    use seckill_shared::adapters::ledger::sql;
+    let ctx = DrainCtx::start().await;
+    ctx.many_vouchers(1, 5_000, 10).await;
+    let ids: Vec<VoucherId> = (0..250i64)
+        .map(|i| VoucherId::new(1 + (i * 19) % 5_000).unwrap())
+        .collect();
+    let named = |params: Vec<aws_sdk_rdsdata::types::SqlParameter>| {
+        let map: std::collections::HashMap<Vec<u8>, mysql_async::Value> = params
+            .iter()
+            .map(|p| {
+                let v = p
+                    .value()
+                    .and_then(|f| f.as_long_value().ok())
+                    .copied()
+                    .unwrap();
+                (
+                    p.name().unwrap().as_bytes().to_vec(),
+                    mysql_async::Value::from(v),
+                )
+            })
+            .collect();
+        mysql_async::Params::Named(map)
+    };
+    let mut conn = ctx.mysql().await;
+    let overhead = {
+        let a = handler_reads(&mut conn).await;
+        handler_reads(&mut conn).await - a
+    };
+    conn.query_drop("BEGIN").await.unwrap();
+
+    let (lock, params) = sql::lock_vouchers(&ids);
+    let plan: Vec<mysql_async::Row> = conn
+        .exec(format!("EXPLAIN {lock}"), named(params.clone()))
+        .await
+        .unwrap();
+    let plan: Vec<(Option<String>, Option<String>)> = plan
+        .into_iter()
+        .map(|r| (r.get("type"), r.get("key")))
+        .collect();
+    assert_eq!(plan, vec![(Some("range".into()), Some("PRIMARY".into()))]);
+    let before = handler_reads(&mut conn).await;
+    let locked: Vec<(i64, i64)> = conn
+        .exec(
+            lock.replace(
+                "SELECT id, stock_left, pay_within_ms, buckets",
+                "SELECT id, stock_left",
+            ),
+            named(params),
+        )
+        .await
+        .unwrap();
+    let examined = handler_reads(&mut conn).await - before - overhead;
+    assert_eq!(locked.len(), ids.len());
+    assert!(
+        examined <= 2 * ids.len() as u64 + 10,
+        "the lock examined {examined} rows"
+    );
+
+    let takes: Vec<(VoucherId, i64)> = ids.iter().map(|v| (*v, 2)).collect();
+    let (update, params) = sql::take_stocks(&takes);
+    let before = handler_reads(&mut conn).await;
+    conn.exec_drop(&update, named(params)).await.unwrap();
+    let updated = conn.affected_rows();
+    let examined = handler_reads(&mut conn).await - before - overhead;
+    assert_eq!(updated, ids.len() as u64, "every row's guard held");
+    assert!(
+        examined <= 2 * ids.len() as u64 + 10,
+        "the update examined {examined} rows"
+    );
+    conn.query_drop("ROLLBACK").await.unwrap();
+    conn.disconnect().await.ok();
+    ctx.cleanup().await;
+}
