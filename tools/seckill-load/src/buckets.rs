@@ -45,6 +45,14 @@ pub const ECPU_PER_SLOT: f64 = 30_000.0;
 /// Bucket counts the ceiling table covers.
 pub const CEILING_BUCKETS: std::ops::RangeInclusive<u16> = 1..=16;
 
+/// Primaries of the node-based clusters the second ceiling table covers.
+pub const NODE_PRIMARIES: [u16; 5] = [1, 3, 6, 12, 16];
+
+/// Where AWS states the per-slot limit (the ElastiCache developer guide, "Scaling
+/// ElastiCache Serverless").
+pub const ECPU_PER_SLOT_SOURCE: &str =
+    "https://docs.aws.amazon.com/AmazonElastiCache/latest/dg/Scaling.html";
+
 /// Sizes of the buckets scenario.
 #[derive(Debug, Clone, Serialize, Deserialize, clap::Args)]
 pub struct BucketsOptions {
@@ -144,6 +152,26 @@ impl BucketsReport {
     /// Serverless, on paper.
     pub fn ceiling(&self, buckets: u16) -> Option<f64> {
         Some(f64::from(buckets) * ECPU_PER_SLOT / self.ecpu_per_admission(buckets)?)
+    }
+
+    /// Redis CPU per admission (µs, network I/O included), from the run with the fewest
+    /// buckets (see [`Self::ecpu_per_admission`]).
+    pub fn redis_us_per_admission(&self) -> Option<f64> {
+        let run = self.runs.iter().min_by_key(|r| r.buckets)?;
+        run.run
+            .cpu
+            .as_ref()?
+            .redis_us_per_attempt
+            .filter(|us| *us > 0.0)
+    }
+
+    /// Admissions per second one voucher of `buckets` buckets can reach on a node-based
+    /// cluster of `primaries` primaries, on paper: each primary's one Redis thread at
+    /// full CPU (this machine's) serves 1 s / (Redis CPU per admission); the buckets
+    /// load at most `min(buckets, primaries)` primaries.
+    pub fn node_ceiling(&self, buckets: u16, primaries: u16) -> Option<f64> {
+        let per_primary = 1e6 / self.redis_us_per_admission()?;
+        Some(f64::from(buckets.min(primaries)) * per_primary)
     }
 }
 

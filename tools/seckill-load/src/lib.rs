@@ -6,11 +6,13 @@
 pub mod admission;
 pub mod backends;
 pub mod buckets;
+pub mod cost;
 pub mod drain;
 pub mod drivers;
 pub mod engine;
 pub mod figures;
 pub mod footprint;
+pub mod pinning;
 pub mod record;
 pub mod redis_info;
 pub mod report;

@@ -108,6 +108,9 @@ enum Cmd {
     /// Print the table of a results file; with --markdown, write it into a benchmarks
     /// page (between its results markers); with --svg, draw its sale's timeline
     Report(ReportArgs),
+    /// What one sale costs on AWS, service by service, next to the tutorial design,
+    /// from measured per-request figures and a price list with its sources
+    Cost(seckill_load::cost::CostOptions),
 }
 
 #[derive(Args)]
@@ -157,6 +160,17 @@ fn parse(args: &[String]) -> Result<Cli, clap::Error> {
     Cli::from_arg_matches(&command.try_get_matches_from(args)?)
 }
 
+/// `cost`: prints the bill as Markdown (and writes it as JSON with --json).
+fn cost_cmd(g: &Global, o: &seckill_load::cost::CostOptions) -> anyhow::Result<u8> {
+    let bill = seckill_load::cost::bill(o)?;
+    print!("{}", seckill_load::cost::markdown(&bill));
+    if let Some(path) = &g.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&bill)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(0)
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let cli = parse(&args).unwrap_or_else(|e| e.exit());
@@ -165,6 +179,7 @@ fn main() -> ExitCode {
         .and_then(|rt| match cli.cmd {
             Cmd::Bench(b) => rt.block_on(bench_cmd(&cli.global, b)),
             Cmd::Report(r) => report_cmd(&cli.global, &r),
+            Cmd::Cost(o) => cost_cmd(&cli.global, &o),
         });
     match status {
         Ok(status) => ExitCode::from(status),
@@ -382,7 +397,7 @@ mod tests {
         let args: Vec<String> = line.split(' ').map(String::from).collect();
         match parse(&args).expect("the line parses").cmd {
             Cmd::Bench(b) => (b.sale, b.drain),
-            Cmd::Report(_) => panic!("not bench"),
+            Cmd::Report(_) | Cmd::Cost(_) => panic!("not bench"),
         }
     }
 

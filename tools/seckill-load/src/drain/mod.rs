@@ -15,6 +15,9 @@
 //!   the floor's rate moves a lot between runs on a shared machine (and with the size of
 //!   the table, which every run grows), so each ratio is taken from two neighbouring
 //!   runs on the same table, and the round with the median ratio stands for the drain.
+//! - **database on its own core**: the same rounds again with the stack's MariaDB pinned
+//!   to one CPU and everything else to the other ([`crate::pinning`]), as production
+//!   has the database on another machine; both settings are reported.
 //! - **spread**: the same N orders spread evenly over 1, 10 and 100 sales at once, one
 //!   invocation of ours (the sweep's best batch size, `DRAINER_CONCURRENCY` at its
 //!   default) draining them all: how the rate holds when many sales drain together.
@@ -41,6 +44,37 @@ pub use self::results::{
     CommitLatencyOptions, CommitLatencyReport, DrainOptions, DrainReport, DrainRun, FloorRound,
 };
 
+/// `count` rounds of the floor and ours side by side (numbered from `first`), the order
+/// alternating.
+async fn floor_rounds(
+    bench: &Bench,
+    o: &DrainOptions,
+    best: usize,
+    count: usize,
+    first: usize,
+    ui: &Ui,
+) -> anyhow::Result<Vec<FloorRound>> {
+    let mut rounds = Vec::new();
+    for round in (first..first + count).take_while(|_| !ui.stopped()) {
+        let floor_first = round % 2 == 0;
+        let floor_run = || drain_floor(bench, o.orders, o.floor_batch, round);
+        let ours_run = || drain_sales(bench, "ours", o.orders, 1, best, ui);
+        let (floor, ours) = if floor_first {
+            let floor = floor_run().await?;
+            (floor, ours_run().await?)
+        } else {
+            let ours = ours_run().await?;
+            (floor_run().await?, ours)
+        };
+        rounds.push(FloorRound {
+            floor_first,
+            floor,
+            ours,
+        });
+    }
+    Ok(rounds)
+}
+
 /// `drain`: the sweep of ours, then the baselines.
 pub async fn drain(bench: &Bench, o: &DrainOptions, ui: &Ui) -> anyhow::Result<DrainReport> {
     anyhow::ensure!(
@@ -62,24 +96,26 @@ pub async fn drain(bench: &Bench, o: &DrainOptions, ui: &Ui) -> anyhow::Result<D
     }
     if o.baseline && !ui.stopped() {
         report.tutorial = Some(drain_tutorial(bench, o.tutorial_orders, ui).await?);
-        for round in (0..o.floor_rounds).take_while(|_| !ui.stopped()) {
-            let floor_first = round % 2 == 0;
-            let floor_run = || drain_floor(bench, o.orders, o.floor_batch, round);
-            let ours_run = || drain_sales(bench, "ours", o.orders, 1, best, ui);
-            let (floor, ours) = if floor_first {
-                let floor = floor_run().await?;
-                (floor, ours_run().await?)
-            } else {
-                let ours = ours_run().await?;
-                (floor_run().await?, ours)
-            };
-            report.floor_rounds.push(FloorRound {
-                floor_first,
-                floor,
-                ours,
-            });
-        }
+        report.floor_rounds = floor_rounds(bench, o, best, o.floor_rounds, 0, ui).await?;
         report.db_floor = report.median_round().map(|r| r.floor.clone());
+        if o.pinned_rounds > 0 && !ui.stopped() {
+            match crate::pinning::pin_database() {
+                Ok(pinned) => {
+                    eprintln!("  drain: {}", pinned.description);
+                    report.pinning = Some(pinned.description.clone());
+                    // Rounds numbered on from the shared ones: each floor run writes a
+                    // table of its own.
+                    let first = o.floor_rounds;
+                    report.pinned_rounds =
+                        floor_rounds(bench, o, best, o.pinned_rounds, first, ui).await?;
+                    drop(pinned);
+                }
+                Err(e) => {
+                    eprintln!("  drain: the database was not pinned: {e}");
+                    report.pinning = Some(format!("not pinned: {e}"));
+                }
+            }
+        }
     }
     for r in report.runs() {
         let error = r

@@ -27,6 +27,12 @@ pub struct DrainOptions {
     #[arg(long, default_value_t = 3)]
     #[serde(default = "three")]
     pub floor_rounds: usize,
+    /// Rounds of the same comparison with the database on a CPU of its own (the
+    /// stack's MariaDB pinned to CPU 0, everything else to CPU 1, with taskset), as
+    /// production has it on another machine; 0: none
+    #[arg(long, default_value_t = 3)]
+    #[serde(default)]
+    pub pinned_rounds: usize,
     /// Run the tutorial consumer and the database floor too.
     #[arg(skip = true)]
     pub baseline: bool,
@@ -71,6 +77,12 @@ pub struct DrainReport {
     /// Ours over 1, 10, 100 sales at once.
     #[serde(default)]
     pub spread: Vec<DrainRun>,
+    /// The rounds with the database on its own CPU, and what was pinned where (or why
+    /// nothing was).
+    #[serde(default)]
+    pub pinned_rounds: Vec<FloorRound>,
+    #[serde(default)]
+    pub pinning: Option<String>,
 }
 
 /// A run of the database floor and a run of ours next to it.
@@ -86,6 +98,14 @@ impl FloorRound {
     pub fn ratio(&self) -> f64 {
         self.ours.orders_per_s / self.floor.orders_per_s.max(1e-9)
     }
+}
+
+/// The round with the median ratio of ours to the floor (the lower middle one of an
+/// even count).
+fn median(rounds: &[FloorRound]) -> Option<&FloorRound> {
+    let mut rounds: Vec<&FloorRound> = rounds.iter().collect();
+    rounds.sort_by(|a, b| a.ratio().total_cmp(&b.ratio()));
+    rounds.get(rounds.len().saturating_sub(1) / 2).copied()
 }
 
 fn one() -> usize {
@@ -123,9 +143,12 @@ impl DrainReport {
     /// The round with the median ratio of ours to the floor (the lower middle one of
     /// an even count).
     pub fn median_round(&self) -> Option<&FloorRound> {
-        let mut rounds: Vec<&FloorRound> = self.floor_rounds.iter().collect();
-        rounds.sort_by(|a, b| a.ratio().total_cmp(&b.ratio()));
-        rounds.get(rounds.len().saturating_sub(1) / 2).copied()
+        median(&self.floor_rounds)
+    }
+
+    /// The median round with the database on its own CPU.
+    pub fn median_pinned_round(&self) -> Option<&FloorRound> {
+        median(&self.pinned_rounds)
     }
 
     /// Our fastest batch size.

@@ -104,7 +104,8 @@ pub fn results_markdown(r: &Results, rows: &[Row], svg_link: &str) -> String {
         if let Some(set) = b.set_us {
             let _ = writeln!(
                 s,
-                "\nCeiling on paper for one voucher on ElastiCache Serverless: a slot serves at most 30,000 ECPU/s; a SET sent alone cost Redis {set:.2} µs of CPU here, network I/O included (1 ECPU), so an admission of the run with the fewest buckets costs its Redis CPU / {set:.2} µs = {} ECPU, and k buckets in k slots give k times one slot's ceiling:\n",
+                "\nCeiling on paper for one voucher on ElastiCache Serverless: a slot serves at most 30,000 ECPU/s (AWS, {}); a SET sent alone cost Redis {set:.2} µs of CPU here, network I/O included (1 ECPU), so an admission of the run with the fewest buckets costs its Redis CPU / {set:.2} µs = {} ECPU, and k buckets in k slots give k times one slot's ceiling:\n",
+                crate::buckets::ECPU_PER_SLOT_SOURCE,
                 b.ecpu_per_admission(1)
                     .map_or("?".into(), |e| format!("{e:.1}"))
             );
@@ -115,6 +116,24 @@ pub fn results_markdown(r: &Results, rows: &[Row], svg_link: &str) -> String {
                 if let (Some(e), Some(c)) = (b.ecpu_per_admission(k), b.ceiling(k)) {
                     let _ = writeln!(s, "| {k} | {e:.1} | {} |", thousands(c));
                 }
+            }
+        }
+        if let Some(us) = b.redis_us_per_admission() {
+            let primaries = crate::buckets::NODE_PRIMARIES;
+            let _ = writeln!(
+                s,
+                "\nOn a node-based cluster of n primaries (self-designed, cluster mode), on paper: one primary's Redis thread at full CPU takes 1 s / {us:.2} µs (Redis CPU per admission measured here, network I/O included) = {} admissions/s, and a voucher of k buckets loads min(k, n) primaries (the placement keeps a voucher's buckets on different primaries of an even split); a faster or slower CPU scales every cell:\n",
+                thousands(1e6 / us)
+            );
+            let head: Vec<String> = primaries.iter().map(|n| format!("n = {n}")).collect();
+            let _ = writeln!(s, "| buckets | {} |", head.join(" | "));
+            let _ = writeln!(s, "|---:|{}", "---:|".repeat(primaries.len()));
+            for k in crate::buckets::CEILING_BUCKETS {
+                let cells: Vec<String> = primaries
+                    .iter()
+                    .map(|&n| b.node_ceiling(k, n).map_or("?".into(), thousands))
+                    .collect();
+                let _ = writeln!(s, "| {k} | {} |", cells.join(" | "));
             }
         }
     }

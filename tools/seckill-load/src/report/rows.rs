@@ -70,6 +70,34 @@ pub fn rows(r: &Results) -> Vec<Row> {
             });
             let rounds: Vec<String> = rounds.collect();
             rows.push(Row::new("drain: rounds vs the floor", rounds.join("; ")));
+            // As production runs it: the database on a machine (here a CPU) of its own.
+            if let Some(m) = d.median_pinned_round() {
+                let what = format!(
+                    "drain (N={n}): ours (batch {}) vs database floor, the database on a CPU of its own (taskset), median of {} rounds",
+                    m.ours.batch_size,
+                    d.pinned_rounds.len()
+                );
+                let rates = (m.ours.orders_per_s, m.floor.orders_per_s, None);
+                rows.push(Row::rate(what, "orders/s", 0.8, rates));
+                let rounds: Vec<String> = d
+                    .pinned_rounds
+                    .iter()
+                    .map(|r| {
+                        format!(
+                            "{:.2}× ({} vs {})",
+                            r.ratio(),
+                            thousands(r.ours.orders_per_s),
+                            thousands(r.floor.orders_per_s)
+                        )
+                    })
+                    .collect();
+                rows.push(Row::new(
+                    "drain: rounds vs the floor, database pinned",
+                    rounds.join("; "),
+                ));
+            } else if let Some(why) = d.pinning.as_deref() {
+                rows.push(Row::new("drain: database on its own CPU", why.to_string()));
+            }
         } else if let Some(f) = &d.db_floor {
             // A report from before the rounds: one floor run after every run of ours.
             let what = format!(
@@ -95,7 +123,10 @@ pub fn rows(r: &Results) -> Vec<Row> {
                     many.orders, many.sales, many.batch_size
                 );
                 let rates = (many.orders_per_s, single.orders_per_s, None);
-                rows.push(Row::rate(what, "orders/s", 0.5, rates));
+                // Up to a hundred sales drain at nearly one sale's rate; thousands of
+                // tiny sales (a handful of orders each) at half of it, written in groups.
+                let target = if many.sales <= 100 { 0.9 } else { 0.5 };
+                rows.push(Row::rate(what, "orders/s", target, rates));
             }
         }
     }

@@ -1,0 +1,313 @@
+//! `seckill-load cost`: what one sale costs on AWS, service by service, next to the
+//! tutorial design (one database transaction per admission attempt) for the same sale.
+//!
+//! The model, stated so it can be argued with (every input is a flag; the defaults are
+//! figures measured in docs/benchmarks.md, named on each flag):
+//! - API Gateway: one HTTP API request per attempt.
+//! - seckill-http: one Lambda invocation per attempt, billed in 1 ms steps at the
+//!   function's memory (template.yaml); an admission is well under 1 ms of handler time.
+//! - ElastiCache Serverless: ECPUs per attempt that reaches Redis (every attempt, an
+//!   upper bound: a warm instance answers `sold_out` from memory), and the data stored,
+//!   at least the metered minimum, for the hours the sale is kept.
+//! - order-drainer: invoked every minute (EventBridge) for the hours, each invocation
+//!   busy for its run (it keeps polling for most of the period), at its memory.
+//! - Data API: requests per batch of orders (begin, lock, insert, stock, commit; an insert
+//!   of a full batch counts its 32 KB payload units).
+//! - Aurora Serverless v2: the cluster's minimum ACUs for the hours (the drain of one sale
+//!   is seconds of work on top of that floor).
+//! - The tutorial design: the same requests and invocations, but each attempt holds its
+//!   invocation for a database transaction (`--tutorial-ms`) and makes
+//!   `--tutorial-data-api` Data API requests; it needs no drainer.
+//!
+//! Prices come from `prices.json` beside this crate (each with its unit and source), or
+//! `--prices FILE`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+/// The price list this tool ships with.
+const PRICES: &str = include_str!("../prices.json");
+
+/// A sale and the figures it is priced from.
+#[derive(Debug, Clone, Serialize, Deserialize, clap::Args)]
+pub struct CostOptions {
+    /// Units on sale
+    #[arg(long = "cost-units", default_value_t = 1_000)]
+    pub units: u64,
+    /// Purchase attempts
+    #[arg(long = "cost-attempts", default_value_t = 1_000_000)]
+    pub attempts: u64,
+    /// Distinct users (they share the attempts; each buys at most once)
+    #[arg(long = "cost-users", default_value_t = 200_000)]
+    pub users: u64,
+    /// Hours the sale's infrastructure is attributed to it (cache storage floor, the
+    /// drainer's schedule, the database's minimum capacity)
+    #[arg(long, default_value_t = 1.0)]
+    pub hours: f64,
+    /// A price list (JSON like tools/seckill-load/prices.json)
+    #[arg(long)]
+    pub prices: Option<PathBuf>,
+    /// seckill-http's billed milliseconds per request (handler p50 0.23 ms in release,
+    /// docs/benchmarks.md footprint; Lambda bills at least 1 ms)
+    #[arg(long, default_value_t = 1.0)]
+    pub http_ms: f64,
+    /// seckill-http's memory, MB (template.yaml)
+    #[arg(long, default_value_t = 512.0)]
+    pub http_memory_mb: f64,
+    /// ECPUs per attempt reaching Redis (2.0: the buckets benchmark's Redis CPU per
+    /// admission over a lone SET's)
+    #[arg(long, default_value_t = 2.0)]
+    pub ecpu_per_attempt: f64,
+    /// order-drainer's memory, MB (template.yaml)
+    #[arg(long, default_value_t = 256.0)]
+    pub drainer_memory_mb: f64,
+    /// Seconds each scheduled drainer invocation runs (DRAINER_MAX_RUN_MS 50,000)
+    #[arg(long, default_value_t = 50.0)]
+    pub drainer_seconds: f64,
+    /// Orders per drain batch (DRAINER_BATCH_SIZE)
+    #[arg(long, default_value_t = 1_000)]
+    pub batch: u64,
+    /// Data API requests per batch, payload units counted (begin, lock, stock, commit,
+    /// and an insert of ~70 KB of rows: 3 units)
+    #[arg(long, default_value_t = 7.0)]
+    pub data_api_per_batch: f64,
+    /// The Aurora Serverless v2 cluster's minimum capacity, ACUs
+    #[arg(long, default_value_t = 0.5)]
+    pub min_acu: f64,
+    /// The tutorial design: milliseconds an attempt's invocation waits for its database
+    /// transaction (1.73 ms: the tutorial consumer's 578 transactions/s on the local
+    /// Data API, docs/benchmarks.md; Aurora through the Data API takes longer)
+    #[arg(long, default_value_t = 1.73)]
+    pub tutorial_ms: f64,
+    /// The tutorial design: Data API requests per attempt (begin, check, update, insert,
+    /// commit)
+    #[arg(long, default_value_t = 5.0)]
+    pub tutorial_data_api: f64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct PriceList {
+    region: String,
+    checked: String,
+    prices: BTreeMap<String, Price>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct Price {
+    value: f64,
+    unit: String,
+    source: String,
+}
+
+impl PriceList {
+    fn get(&self, name: &str) -> anyhow::Result<f64> {
+        self.prices
+            .get(name)
+            .map(|p| p.value)
+            .with_context(|| format!("the price list has no {name}"))
+    }
+}
+
+/// One line of the bill.
+#[derive(Debug, Clone, Serialize)]
+pub struct Line {
+    pub service: &'static str,
+    pub what: String,
+    pub ours_usd: f64,
+    pub tutorial_usd: f64,
+}
+
+/// The bill of a sale, ours and the tutorial design's.
+#[derive(Debug, Clone, Serialize)]
+pub struct Bill {
+    pub options: CostOptions,
+    pub region: String,
+    pub prices_checked: String,
+    pub lines: Vec<Line>,
+    /// The prices used: (name, value, unit, source).
+    pub prices: Vec<(String, f64, String, String)>,
+}
+
+impl Bill {
+    pub fn total(&self) -> (f64, f64) {
+        self.lines
+            .iter()
+            .fold((0.0, 0.0), |(o, t), l| (o + l.ours_usd, t + l.tutorial_usd))
+    }
+}
+
+/// Prices the sale `o`.
+pub fn bill(o: &CostOptions) -> anyhow::Result<Bill> {
+    let text = match &o.prices {
+        Some(p) => {
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?
+        }
+        None => PRICES.to_string(),
+    };
+    let list: PriceList = serde_json::from_str(&text).context("parsing the price list")?;
+    let p = |name: &str| list.get(name);
+    let a = o.attempts as f64;
+    let million = 1e6;
+    let gb = |mb: f64| mb / 1024.0;
+    let lambda_s = p("lambda_arm64_per_gb_second")?;
+    let lambda_req = p("lambda_per_million_requests")? / million;
+    let http_billed_ms = o.http_ms.ceil().max(1.0);
+    let tutorial_billed_ms = (o.http_ms + o.tutorial_ms).ceil().max(1.0);
+    let http = |ms: f64| a * (lambda_req + ms / 1000.0 * gb(o.http_memory_mb) * lambda_s);
+    let invocations = o.hours * 60.0;
+    let drainer =
+        invocations * (lambda_req + o.drainer_seconds * gb(o.drainer_memory_mb) * lambda_s);
+    let batches = o.units.div_ceil(o.batch.max(1)) as f64;
+    let data_api = p("data_api_per_million_requests")? / million;
+    let ecpu = p("elasticache_serverless_valkey_per_million_ecpu")? / million;
+    let storage = p("elasticache_serverless_valkey_min_gb")?
+        * o.hours
+        * p("elasticache_serverless_valkey_per_gb_hour")?;
+    let aurora = o.min_acu * o.hours * p("aurora_serverless_v2_per_acu_hour")?;
+    let lines = vec![
+        Line {
+            service: "API Gateway (HTTP API)",
+            what: format!("{} requests", o.attempts),
+            ours_usd: a * p("api_gateway_http_per_million_requests")? / million,
+            tutorial_usd: a * p("api_gateway_http_per_million_requests")? / million,
+        },
+        Line {
+            service: "Lambda seckill-http",
+            what: format!(
+                "{} invocations x {http_billed_ms} ms (tutorial {tutorial_billed_ms} ms) at {} MB",
+                o.attempts, o.http_memory_mb
+            ),
+            ours_usd: http(http_billed_ms),
+            tutorial_usd: http(tutorial_billed_ms),
+        },
+        Line {
+            service: "ElastiCache Serverless (Valkey)",
+            what: format!(
+                "{:.1} ECPU x {} attempts; {} GB stored for {} h",
+                o.ecpu_per_attempt,
+                o.attempts,
+                p("elasticache_serverless_valkey_min_gb")?,
+                o.hours
+            ),
+            ours_usd: a * o.ecpu_per_attempt * ecpu + storage,
+            // The tutorial design gates with Redis too (its admission script).
+            tutorial_usd: a * o.ecpu_per_attempt * ecpu + storage,
+        },
+        Line {
+            service: "Lambda order-drainer",
+            what: format!(
+                "{invocations:.0} scheduled runs x {} s at {} MB (tutorial: none)",
+                o.drainer_seconds, o.drainer_memory_mb
+            ),
+            ours_usd: drainer,
+            tutorial_usd: 0.0,
+        },
+        Line {
+            service: "RDS Data API",
+            what: format!(
+                "{batches:.0} batches x {} requests (tutorial: {} per attempt)",
+                o.data_api_per_batch, o.tutorial_data_api
+            ),
+            ours_usd: batches * o.data_api_per_batch * data_api,
+            tutorial_usd: a * o.tutorial_data_api * data_api,
+        },
+        Line {
+            service: "Aurora Serverless v2",
+            what: format!(
+                "{} ACU x {} h (the floor; both designs)",
+                o.min_acu, o.hours
+            ),
+            ours_usd: aurora,
+            tutorial_usd: aurora,
+        },
+    ];
+    let prices = list
+        .prices
+        .iter()
+        .map(|(name, p)| (name.clone(), p.value, p.unit.clone(), p.source.clone()))
+        .collect();
+    Ok(Bill {
+        options: o.clone(),
+        region: list.region,
+        prices_checked: list.checked,
+        lines,
+        prices,
+    })
+}
+
+/// The bill as a Markdown table, with its sale and the price list's date.
+pub fn markdown(b: &Bill) -> String {
+    use std::fmt::Write as _;
+    let o = &b.options;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "A sale of {} units, {} attempts by {} users, infrastructure attributed for {} h ({} prices, {}):\n",
+        o.units, o.attempts, o.users, o.hours, b.region, b.prices_checked
+    );
+    s.push_str("| service | what | ours (USD) | tutorial design (USD) |\n|---|---|---:|---:|\n");
+    for l in &b.lines {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.4} | {:.4} |",
+            l.service, l.what, l.ours_usd, l.tutorial_usd
+        );
+    }
+    let (ours, tutorial) = b.total();
+    let _ = writeln!(s, "| **total** | | **{ours:.4}** | **{tutorial:.4}** |");
+    let _ = writeln!(
+        s,
+        "\nPer 1,000 attempts: ours {:.5} USD, the tutorial design {:.5} USD.",
+        ours / o.attempts as f64 * 1000.0,
+        tutorial / o.attempts as f64 * 1000.0
+    );
+    s.push_str("\nPrices used:\n\n");
+    for (name, value, unit, source) in &b.prices {
+        let _ = writeln!(s, "- `{name}`: {value} {unit} ({source})");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        cost: CostOptions,
+    }
+
+    #[test]
+    fn the_shipped_price_list_parses_and_names_a_source_for_every_price() {
+        let list: PriceList = serde_json::from_str(PRICES).unwrap();
+        assert!(list.prices.len() >= 8);
+        for (name, p) in &list.prices {
+            assert!(p.source.starts_with("https://aws.amazon.com/"), "{name}");
+            assert!(p.value > 0.0 && !p.unit.is_empty(), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_sale_s_bill_adds_up_from_its_parts() {
+        let o = Cli::parse_from(["cost"]).cost;
+        let b = bill(&o).unwrap();
+        let (ours, tutorial) = b.total();
+        // A million requests through API Gateway alone cost 1 USD.
+        let gateway = &b.lines[0];
+        assert!((gateway.ours_usd - 1.0).abs() < 1e-9);
+        // Lambda: a million 1 ms invocations at 512 MB: 0.2 + 1e6 x 0.001 x 0.5 x price.
+        let lambda = &b.lines[1];
+        let want = 0.2 + 1e6 * 0.001 * 0.5 * 0.0000133334;
+        assert!((lambda.ours_usd - want).abs() < 1e-9, "{lambda:?}");
+        // The tutorial design pays a Data API transaction per attempt.
+        assert!(b.lines[4].tutorial_usd > 100.0 * b.lines[4].ours_usd);
+        assert!(tutorial > ours, "{b:?}");
+        let page = markdown(&b);
+        assert!(page.contains("| **total** |"), "{page}");
+    }
+}
