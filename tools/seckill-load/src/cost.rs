@@ -217,7 +217,7 @@ pub fn bill(o: &CostOptions) -> anyhow::Result<Bill> {
         Line {
             service: "Aurora Serverless v2",
             what: format!(
-                "{} ACU x {} h (the floor; both designs)",
+                "{} ACU x {} h, the floor (the tutorial design's transaction per attempt would scale it up: not counted)",
                 o.min_acu, o.hours
             ),
             ours_usd: aurora,
