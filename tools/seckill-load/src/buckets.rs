@@ -167,11 +167,14 @@ impl BucketsReport {
 
     /// Admissions per second one voucher of `buckets` buckets can reach on a node-based
     /// cluster of `primaries` primaries, on paper: each primary's one Redis thread at
-    /// full CPU (this machine's) serves 1 s / (Redis CPU per admission); the buckets
-    /// load at most `min(buckets, primaries)` primaries.
+    /// full CPU (this machine's) serves 1 s / (Redis CPU per admission). Buyers spread
+    /// evenly over the buckets, and the buckets over the primaries as evenly as they
+    /// divide, so the primary holding the most buckets (`ceil(k / n)`) saturates first:
+    /// `k / ceil(k / n)` primaries' worth.
     pub fn node_ceiling(&self, buckets: u16, primaries: u16) -> Option<f64> {
         let per_primary = 1e6 / self.redis_us_per_admission()?;
-        Some(f64::from(buckets.min(primaries)) * per_primary)
+        let busiest = buckets.div_ceil(primaries.max(1));
+        Some(f64::from(buckets) / f64::from(busiest) * per_primary)
     }
 }
 

@@ -122,7 +122,7 @@ pub fn results_markdown(r: &Results, rows: &[Row], svg_link: &str) -> String {
             let primaries = crate::buckets::NODE_PRIMARIES;
             let _ = writeln!(
                 s,
-                "\nOn a node-based cluster of n primaries (self-designed, cluster mode), on paper: one primary's Redis thread at full CPU takes 1 s / {us:.2} µs (Redis CPU per admission measured here, network I/O included) = {} admissions/s, and a voucher of k buckets loads min(k, n) primaries (the placement keeps a voucher's buckets on different primaries of an even split); a faster or slower CPU scales every cell:\n",
+                "\nOn a node-based cluster of n primaries (self-designed, cluster mode), on paper: one primary's Redis thread at full CPU takes 1 s / {us:.2} µs (Redis CPU per admission measured here, network I/O included) = {} admissions/s, and a voucher of k buckets spreads its buyers evenly over them, so the primary holding the most of its buckets (ceil(k / n), the placement splitting them as evenly as they divide) saturates first: k / ceil(k / n) primaries' worth. A faster or slower CPU scales every cell:\n",
                 thousands(1e6 / us)
             );
             let head: Vec<String> = primaries.iter().map(|n| format!("n = {n}")).collect();
