@@ -87,6 +87,8 @@ const QUICK: &[(&str, &str)] = &[
     ("batch_sizes", "100,500"),
     ("tutorial_orders", "300"),
     ("floor_rounds", "1"),
+    ("pinned_rounds", "1"),
+    ("sales", "1,10,100"),
     ("rate", "300"),
     ("seconds", "3"),
     ("latency_callers", "8"),

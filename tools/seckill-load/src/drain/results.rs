@@ -37,7 +37,8 @@ pub struct DrainOptions {
     #[arg(skip = true)]
     pub baseline: bool,
     /// Numbers of sales the N orders are spread over, each drained by one invocation
-    #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
+    /// (10,000 sales of 2 orders: the shop-review app's many small sales)
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100,10000")]
     #[serde(default)]
     pub sales: Vec<usize>,
 }
