@@ -96,21 +96,6 @@ const POLL_OPEN_SALES: usize = 256;
 /// Longest database error text kept in a dead letter's reason.
 const MAX_REFUSAL_CHARS: usize = 200;
 
-/// One piece of a round's work: a group of small sales' reads, or one voucher's read.
-enum Work {
-    Group(Vec<group::Read>),
-    Alone(Bucket, Vec<StreamEntry>),
-}
-
-impl Work {
-    fn reads(&self) -> Vec<(&Bucket, &Vec<StreamEntry>)> {
-        match self {
-            Work::Group(reads) => reads.iter().map(|(v, e)| (v, e)).collect(),
-            Work::Alone(v, e) => vec![(v, e)],
-        }
-    }
-}
-
 /// The drainer: clients built once per cold start, one [`run`](Drainer::run) per
 /// invocation.
 pub struct Drainer {
@@ -365,50 +350,6 @@ impl Drainer {
                 None => return,
             }
         }
-    }
-
-    /// One round over `round`: every voucher's next entries are read, many at once;
-    /// the small reads of distinct vouchers are written together, a group per
-    /// transaction ([`group`]), the others batch after batch ([`Self::drain_batches`]),
-    /// up to `DRAINER_CONCURRENCY` at once. Returns the vouchers that had entries.
-    /// A read whose turn comes when no batch fits before `stop_at` any more is
-    /// released, pending and claimable at once.
-    async fn drain_round(&self, run: &Run, round: Vec<Bucket>) -> BTreeSet<Bucket> {
-        let reads: Vec<group::Read> = futures::stream::iter(round)
-            .map(|v| async move {
-                if !run.fits(1) {
-                    return None;
-                }
-                let read = self.read_new(v, &run.consumer).await;
-                self.accept_read(run, v, read)
-                    .await
-                    .map(|entries| (v, entries))
-            })
-            .buffer_unordered(PROBES_IN_FLIGHT)
-            .filter_map(std::future::ready)
-            .collect()
-            .await;
-        let busy: BTreeSet<Bucket> = reads.iter().map(|(v, _)| *v).collect();
-        let (groups, alone) = group::group_small(reads, self.cfg.batch_size);
-        let work = groups
-            .into_iter()
-            .map(Work::Group)
-            .chain(alone.into_iter().map(|(v, e)| Work::Alone(v, e)));
-        futures::stream::iter(work)
-            .for_each_concurrent(self.cfg.concurrency, |work| async move {
-                if !run.fits(1) {
-                    for (v, entries) in work.reads() {
-                        self.release(run, *v, entries).await;
-                    }
-                    return;
-                }
-                match work {
-                    Work::Group(reads) => self.process_group(run, reads).await,
-                    Work::Alone(v, entries) => self.drain_batches(run, v, entries).await,
-                }
-            })
-            .await;
-        busy
     }
 
     /// Processes one voucher's entries just read, then its next ones, batch after batch.

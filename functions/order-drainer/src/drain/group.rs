@@ -1,4 +1,5 @@
-//! Many small sales in one transaction: the group commit.
+//! Many small sales in one transaction: the group commit, and the drain round that
+//! sorts each round's reads into groups and single sales ([`Drainer::drain_round`]).
 //!
 //! A shop-review app runs thousands of small sales at once, each with a handful of
 //! orders per drain round. Written one transaction per sale, the drain pays begin, lock,
@@ -26,6 +27,8 @@
 //!   a run that finds one of the rows held by a killed group rolls it back.
 
 use std::collections::{BTreeSet, HashSet};
+
+use futures::StreamExt;
 use std::time::Instant;
 
 use seckill_shared::adapters::ledger::sql::MAX_VOUCHERS_PER_STATEMENT;
@@ -34,8 +37,8 @@ use seckill_shared::domain::{
 };
 use seckill_shared::error::StoreError;
 
-use super::Drainer;
 use super::run::{BatchTimer, Run};
+use super::{Drainer, PROBES_IN_FLIGHT};
 use crate::error::DrainError;
 use crate::failpoint;
 use crate::plan;
@@ -101,7 +104,66 @@ enum GroupOutcome {
     Alone(String),
 }
 
+/// One piece of a round's work: a group of small sales' reads, or one voucher's read.
+enum Work {
+    Group(Vec<Read>),
+    Alone(Bucket, Vec<StreamEntry>),
+}
+
+impl Work {
+    fn reads(&self) -> Vec<(&Bucket, &Vec<StreamEntry>)> {
+        match self {
+            Work::Group(reads) => reads.iter().map(|(v, e)| (v, e)).collect(),
+            Work::Alone(v, e) => vec![(v, e)],
+        }
+    }
+}
+
 impl Drainer {
+    /// One round over `round`: every voucher's next entries are read, many at once;
+    /// the small reads of distinct vouchers are written together, a group per
+    /// transaction (below), the others batch after batch ([`Self::drain_batches`]),
+    /// up to `DRAINER_CONCURRENCY` at once. Returns the vouchers that had entries.
+    /// A read whose turn comes when no batch fits before `stop_at` any more is
+    /// released, pending and claimable at once.
+    pub(super) async fn drain_round(&self, run: &Run, round: Vec<Bucket>) -> BTreeSet<Bucket> {
+        let reads: Vec<Read> = futures::stream::iter(round)
+            .map(|v| async move {
+                if !run.fits(1) {
+                    return None;
+                }
+                let read = self.read_new(v, &run.consumer).await;
+                self.accept_read(run, v, read)
+                    .await
+                    .map(|entries| (v, entries))
+            })
+            .buffer_unordered(PROBES_IN_FLIGHT)
+            .filter_map(std::future::ready)
+            .collect()
+            .await;
+        let busy: BTreeSet<Bucket> = reads.iter().map(|(v, _)| *v).collect();
+        let (groups, alone) = group_small(reads, self.cfg.batch_size);
+        let work = groups
+            .into_iter()
+            .map(Work::Group)
+            .chain(alone.into_iter().map(|(v, e)| Work::Alone(v, e)));
+        futures::stream::iter(work)
+            .for_each_concurrent(self.cfg.concurrency, |work| async move {
+                if !run.fits(1) {
+                    for (v, entries) in work.reads() {
+                        self.release(run, *v, entries).await;
+                    }
+                    return;
+                }
+                match work {
+                    Work::Group(reads) => self.process_group(run, reads).await,
+                    Work::Alone(v, entries) => self.drain_batches(run, v, entries).await,
+                }
+            })
+            .await;
+        busy
+    }
+
     /// Drains a group of small sales' reads in one transaction, or, when that is not
     /// the plain case, each on its own. Every entry ends acked or pending, as in
     /// [`Drainer::process`].
