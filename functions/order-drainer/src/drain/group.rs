@@ -76,8 +76,6 @@ pub(super) fn group_small(reads: Vec<Read>, batch_size: usize) -> (Vec<Vec<Read>
         if orders + entries.len() > batch_size || current.len() >= MAX_VOUCHERS_PER_STATEMENT {
             groups.push(std::mem::take(&mut current));
             orders = 0;
-            // A voucher of the closed group may come again in the next one: each
-            // group locks its own rows.
         }
         orders += entries.len();
         current.push((bucket, entries));
@@ -142,11 +140,14 @@ impl Drainer {
             .collect()
             .await;
         let busy: BTreeSet<Bucket> = reads.iter().map(|(v, _)| *v).collect();
-        let (groups, alone) = group_small(reads, self.cfg.batch_size);
-        let work = groups
+        let (groups, mut alone) = group_small(reads, self.cfg.batch_size);
+        // The largest reads first (a hot sale before the small ones, as the survey
+        // ordered the round), then the groups.
+        alone.sort_by_key(|(_, e)| std::cmp::Reverse(e.len()));
+        let work = alone
             .into_iter()
-            .map(Work::Group)
-            .chain(alone.into_iter().map(|(v, e)| Work::Alone(v, e)));
+            .map(|(v, e)| Work::Alone(v, e))
+            .chain(groups.into_iter().map(Work::Group));
         futures::stream::iter(work)
             .for_each_concurrent(self.cfg.concurrency, |work| async move {
                 if !run.fits(1) {
