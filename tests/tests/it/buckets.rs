@@ -25,7 +25,8 @@ use seckill_shared::domain::{Bucket, VoucherId, format_rfc3339_millis, now_milli
 use seckill_shared::keys::{self, VoucherKeys};
 use seckill_tests::drainer::DrainCtx;
 use seckill_tests::harness::{
-    TEST_CURRENCY, TEST_PRICE_MINOR, buy, call, provider_pays, request, test_http_config, token,
+    TEST_CURRENCY, TEST_PRICE_MINOR, buy, call, create_voucher, provider_pays, request,
+    test_http_config, token,
 };
 use seckill_tests::redis::{RedisServer, ReplyDropper};
 use serde_json::json;
@@ -49,18 +50,7 @@ async fn create_with(app: &App, stock: i64, buckets: u16, more: serde_json::Valu
     for (k, v) in more.as_object().unwrap() {
         body[k] = v.clone();
     }
-    let (status, created) = call(
-        app,
-        request(
-            "POST",
-            "/vouchers",
-            Some(&token("admin", true)),
-            Some(&body.to_string()),
-            None,
-        ),
-    )
-    .await;
-    assert_eq!(status, 201, "{created}");
+    let created = create_voucher(app, &body).await;
     assert_eq!(created["buckets"], json!(buckets), "{created}");
     created["id"].as_str().unwrap().parse().unwrap()
 }

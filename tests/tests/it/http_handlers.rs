@@ -15,7 +15,8 @@ use seckill_shared::domain::{
 };
 use seckill_shared::keys::VoucherKeys;
 use seckill_tests::harness::{
-    Backends, TEST_CURRENCY, TEST_JWT_SECRET, TEST_PRICE_MINOR, buy, call, request, token,
+    Backends, TEST_CURRENCY, TEST_JWT_SECRET, TEST_PRICE_MINOR, buy, call, create_voucher, request,
+    token,
 };
 use seckill_tests::redis::ReplyDropper;
 use serde_json::{Value, json};
@@ -545,18 +546,7 @@ async fn create_with(app: &App, stock: i64, more: Value) -> String {
     for (k, v) in more.as_object().unwrap() {
         body[k] = v.clone();
     }
-    let (status, created) = call(
-        app,
-        request(
-            "POST",
-            "/vouchers",
-            Some(&token("admin", true)),
-            Some(&body.to_string()),
-            None,
-        ),
-    )
-    .await;
-    assert_eq!(status, 201, "{created}");
+    let created = create_voucher(app, &body).await;
     created["id"].as_str().unwrap().to_string()
 }
 

@@ -74,6 +74,16 @@ async fn buy_with(app: &App, voucher: &str, user: &str, entry: &str) -> (u16, Va
     call(app, req).await
 }
 
+/// `user`'s look at the queue answers `sold_out`.
+async fn assert_looks_sold_out(app: &App, voucher: &str, user: &str) {
+    let (status, s) = queue(app, voucher, user, false).await;
+    assert_eq!(
+        (status, s["status"].as_str()),
+        (200, Some("sold_out")),
+        "{user}: {s}"
+    );
+}
+
 /// Units left as `GET /vouchers/{id}` says.
 async fn stock_left(app: &App, voucher: &str) -> i64 {
     let (status, v) = call(
@@ -509,12 +519,7 @@ async fn a_room_with_a_payment_step_lets_the_next_in_line_buy_a_cancelled_unit()
         assert_eq!(status, 202, "{u}: {body}");
         orders.insert(u, body["order_id"].as_str().unwrap().to_string());
     }
-    let (status, s) = queue(&app, &voucher, "p3", false).await;
-    assert_eq!(
-        (status, s["status"].as_str()),
-        (200, Some("sold_out")),
-        "{s}"
-    );
+    assert_looks_sold_out(&app, &voucher, "p3").await;
 
     // p2 pays, p1 cancels: one unit comes back.
     let (status, paid) = provider_pays(&app, &orders["p2"], "p2", "ref-p2").await;
@@ -552,12 +557,7 @@ async fn a_room_with_a_payment_step_lets_the_next_in_line_buy_a_cancelled_unit()
         (409, Some("sold_out")),
         "{body}"
     );
-    let (status, s) = queue(&app, &voucher, "p4", false).await;
-    assert_eq!(
-        (status, s["status"].as_str()),
-        (200, Some("sold_out")),
-        "{s}"
-    );
+    assert_looks_sold_out(&app, &voucher, "p4").await;
     b.cleanup().await;
 }
 
@@ -623,12 +623,7 @@ async fn a_room_whose_sale_redis_lost_keeps_its_line_and_sells_on() {
     let (status, body) = buy_with(&other, &voucher, "r3", &tokens["r3"]).await;
     assert_eq!(status, 202, "{body}");
     assert_eq!(stock_left(&other, &voucher).await, 0);
-    let (status, s) = queue(&other, &voucher, "r4", false).await;
-    assert_eq!(
-        (status, s["status"].as_str()),
-        (200, Some("sold_out")),
-        "{s}"
-    );
+    assert_looks_sold_out(&other, &voucher, "r4").await;
     b.cleanup().await;
 }
 
