@@ -8,6 +8,7 @@
 //!   fields, mirrored by a header in each script;
 //! - [`adapters`]: Redis and the RDS Data API, the only code that does I/O;
 //! - [`migrate`]: the schema, applied through the Data API;
+//! - [`sale_status`]: a sale's numbers in Redis and the database, for operators;
 //! - [`webhook`]: the payment provider's signed events (the only way an order is paid);
 //! - [`json`]: how request bodies read integers and absent fields (as the contract's
 //!   schema does);
@@ -25,5 +26,6 @@ pub mod metrics;
 pub mod migrate;
 pub mod order_id;
 pub mod protocol;
+pub mod sale_status;
 pub mod telemetry;
 pub mod webhook;

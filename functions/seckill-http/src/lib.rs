@@ -4,7 +4,8 @@
 //! ([`identity`]), answer from this instance's memory if it can ([`cache`]), apply the
 //! per-user rate limit ([`limiter`]), take an order id from a leased block, run the one
 //! atomic Lua script, answer `202` with the order id. The database is written later by
-//! order-drainer. The other routes: [`vouchers`], [`queue`], [`orders`], [`payment`].
+//! order-drainer. The other routes: [`vouchers`], [`queue`], [`orders`], [`payment`],
+//! [`operators`] (the live view's figures) and [`pages`] (the buyer page and the live view).
 //!
 //! Modules refer only downwards: [`routes`] → the handlers ([`vouchers`], [`admission`],
 //! [`orders`], [`payment`]) → [`repair`] and [`lookup`] → [`app`] → [`config`]; the
@@ -21,7 +22,9 @@ pub mod error;
 pub mod identity;
 pub mod limiter;
 pub mod lookup;
+pub mod operators;
 pub mod orders;
+pub mod pages;
 pub mod payment;
 pub mod queue;
 pub mod repair;

@@ -17,7 +17,7 @@ use seckill_shared::domain::{UnixMillis, now_millis};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::identity::identify;
-use crate::{admission, orders, payment, queue, vouchers};
+use crate::{admission, operators, orders, pages, payment, queue, vouchers};
 
 /// Every route: method, path pattern, whether it needs a token. The SAM template must
 /// declare exactly these (a test compares them).
@@ -32,6 +32,8 @@ pub const ROUTES: &[(&str, &str, bool)] = &[
     ("POST", "/orders/{order_id}/pay", true),
     ("POST", "/orders/{order_id}/cancel", true),
     ("POST", "/payments/webhook", false),
+    ("GET", "/status", true),
+    ("GET", "/app/{file}", false),
 ];
 
 /// A recognised route with its path parameter.
@@ -53,6 +55,10 @@ pub enum Route<'a> {
     CancelOrder(&'a str),
     /// The payment provider's signed event.
     PaymentWebhook,
+    /// The sales' figures for operators (admin).
+    SaleStatus,
+    /// A file of the buyer page or the live view.
+    Page(&'a str),
 }
 
 impl<'a> Route<'a> {
@@ -84,6 +90,8 @@ impl<'a> Route<'a> {
             "POST /orders/{order_id}/pay" => Route::PayOrder(param("order_id")?),
             "POST /orders/{order_id}/cancel" => Route::CancelOrder(param("order_id")?),
             "POST /payments/webhook" => Route::PaymentWebhook,
+            "GET /status" => Route::SaleStatus,
+            "GET /app/{file}" => Route::Page(param("file")?),
             _ => return None,
         })
     }
@@ -102,6 +110,8 @@ impl<'a> Route<'a> {
             Route::PayOrder(id) => ("POST /orders/{order_id}/pay", Some(("order_id", id))),
             Route::CancelOrder(id) => ("POST /orders/{order_id}/cancel", Some(("order_id", id))),
             Route::PaymentWebhook => ("POST /payments/webhook", None),
+            Route::SaleStatus => ("GET /status", None),
+            Route::Page(file) => ("GET /app/{file}", Some(("file", file))),
         }
     }
 
@@ -131,6 +141,8 @@ impl<'a> Route<'a> {
                 Some(Route::CancelOrder(id))
             }
             ("POST", [Some("payments"), Some("webhook"), None, _]) => Some(Route::PaymentWebhook),
+            ("GET", [Some("status"), None, ..]) => Some(Route::SaleStatus),
+            ("GET", [Some("app"), Some(file), None, _]) => Some(Route::Page(file)),
             _ => None,
         }
     }
@@ -162,7 +174,9 @@ impl Route<'_> {
             Route::GetVoucher(_)
             | Route::GetOrder(_)
             | Route::BuyerOrder(_)
-            | Route::QueueStanding(_) => "ok",
+            | Route::QueueStanding(_)
+            | Route::SaleStatus
+            | Route::Page(_) => "ok",
         }
     }
 
@@ -178,7 +192,9 @@ impl Route<'_> {
             | Route::GetOrder(_)
             | Route::PayOrder(_)
             | Route::CancelOrder(_)
-            | Route::PaymentWebhook => "",
+            | Route::PaymentWebhook
+            | Route::SaleStatus
+            | Route::Page(_) => "",
         }
     }
 }
@@ -312,6 +328,12 @@ async fn dispatch(app: &App, req: &Request, route: &Route<'_>) -> Result<Respons
         }
         // No token: the provider signs its events (checked before anything is read).
         Route::PaymentWebhook => payment::webhook(app, req, now_millis()).await,
+        Route::SaleStatus => {
+            let (caller, now) = who()?;
+            operators::status(app, req, &caller, now).await
+        }
+        // Static files: nothing is looked up, so no limit beyond API Gateway's.
+        Route::Page(file) => pages::page(file),
     }
 }
 

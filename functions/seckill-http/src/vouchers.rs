@@ -150,10 +150,11 @@ pub(crate) async fn get_voucher(
                 .unwrap_or(voucher.db_stock_left)
         }
     };
-    Ok(json_response(
-        StatusCode::OK,
-        &voucher_json(&voucher, stock_left),
-    ))
+    let mut body = voucher_json(&voucher, stock_left);
+    // The server's clock, so that a client counts down to the start by it, not by its
+    // own (a buyer's clock may be minutes off).
+    body["server_time"] = json!(format_rfc3339_millis(now_millis()));
+    Ok(json_response(StatusCode::OK, &body))
 }
 
 fn voucher_json(v: &Voucher, stock_left: i64) -> serde_json::Value {

@@ -1,0 +1,217 @@
+// The buyer page: /app/sale.html?voucher=ID#token=JWT. One voucher's sale: its stock, a
+// countdown by the server's clock, the buy button (only inside the window, and only
+// once the waiting room lets this buyer in), then the order until it is settled.
+import {
+  call, callRetrying, human, sentence, serverNow, setToken, show, sleep, takeToken,
+} from "./client.js";
+
+const voucherId = new URLSearchParams(location.search).get("voucher") ?? "";
+let token = takeToken();
+let voucher = null; // the last read of GET /vouchers/{id}
+let entryToken = null; // the waiting room's pass, once served
+let roomDone = false; // joined and finished waiting (served, sold out or ended)
+let joining = false;
+let buying = false;
+let order = null; // {order_id, status, pay_by?}
+let saleOver = false; // sold out or ended, as an answer said
+
+const ORDER_SENTENCES = {
+  pending: "Order received: it is being written down.",
+  confirmed: "Confirmed: the voucher is yours.",
+  awaiting_payment: "Reserved for you until the time below: pay to keep it.",
+  paid: "Paid: the voucher is yours.",
+  rejected: "This order could not be completed.",
+  cancelled: "You cancelled this order; the voucher went back on sale.",
+  expired: "The time to pay ran out; the voucher went back on sale.",
+};
+const SETTLED = new Set(["confirmed", "paid", "rejected", "cancelled", "expired"]);
+
+// ---- the sale -----------------------------------------------------------------------
+async function readVoucher() {
+  const a = await callRetrying("GET", `/vouchers/${encodeURIComponent(voucherId)}`);
+  if (a.status === 200) {
+    voucher = a.body;
+    show("title", voucher.title);
+  } else if (a.status === 404 || a.status === 400) {
+    show("title", "There is no such sale.");
+  } else {
+    show("message", sentence(a.body));
+  }
+}
+
+function phase(now) {
+  if (!voucher) return "loading";
+  if (now < Date.parse(voucher.begins_at)) return "not_started";
+  if (now >= Date.parse(voucher.ends_at)) return "ended";
+  return "open";
+}
+
+// Runs four times a second: countdown and button from the server's clock.
+function render() {
+  if (!voucher) return;
+  const now = serverNow();
+  const p = phase(now);
+  const left = voucher.stock_left;
+  show("stock", left > 0 ? `${left} of ${voucher.stock} left` : "Sold out");
+  if (p === "not_started") {
+    show("phase", "Starts in");
+    show("countdown", human(Date.parse(voucher.begins_at) - now));
+  } else if (p === "open") {
+    show("phase", "On sale, ends in");
+    show("countdown", human(Date.parse(voucher.ends_at) - now));
+  } else {
+    show("phase", "The sale is over.");
+    show("countdown", "");
+  }
+  const room = voucher.entry_rate_per_s !== undefined;
+  const canBuy = token && p === "open" && left > 0 && !order && !buying && !saleOver
+    && (!room || entryToken);
+  document.getElementById("buy").disabled = !canBuy;
+  if (order?.status === "awaiting_payment" && order.pay_by) {
+    show("order-detail", `Pay within ${human(Date.parse(order.pay_by) - now)}.`);
+  }
+}
+
+// ---- the waiting room ---------------------------------------------------------------
+// Client rule: join once the queue opens and look again only when `expected_wait_ms` is
+// over, never sooner; a join is idempotent (the place is kept), so a lost answer is
+// simply asked again.
+async function waitInLine() {
+  if (!voucher || voucher.entry_rate_per_s === undefined || roomDone || joining || !token) return;
+  const opens = Date.parse(voucher.begins_at) - (voucher.queue_opens_before_s ?? 0) * 1000;
+  if (serverNow() < opens) return;
+  joining = true;
+  document.getElementById("queue").hidden = false;
+  const path = `/vouchers/${encodeURIComponent(voucherId)}/queue`;
+  let a = await callRetrying("POST", path, { token });
+  while (!roomDone) {
+    if (a.status !== 200) {
+      show("message", sentence(a.body));
+      if (a.status === 409) roomDone = true; // ended, or the queue is not open after all
+      break;
+    }
+    const s = a.body;
+    show("position", s.position);
+    if (s.status === "served") {
+      entryToken = s.entry_token;
+      roomDone = true;
+      show("wait", "It is your turn: you may buy now.");
+    } else if (s.status === "sold_out" || s.status === "ended") {
+      roomDone = true;
+      saleOver = true;
+      show("wait", sentence({ code: s.status }));
+    } else {
+      show("wait", `Expected wait: ${human(s.expected_wait_ms)}.`);
+      // A little jitter so that a crowd served at once does not ask at once.
+      await sleep(Math.max(500, s.expected_wait_ms) + Math.random() * 250);
+      a = await callRetrying("GET", path, { token });
+    }
+  }
+  joining = false;
+}
+
+// ---- buying -------------------------------------------------------------------------
+async function buy() {
+  buying = true;
+  render();
+  const headers = entryToken ? { "seckill-entry": entryToken } : {};
+  // Client rule: the admission may be retried. The server keeps one order per buyer, so
+  // a retry after a lost answer either gets this attempt's 202 or `already_purchased`
+  // naming the order already held: never a second order.
+  const a = await callRetrying(
+    "POST", `/vouchers/${encodeURIComponent(voucherId)}/seckill`, { token, headers },
+    (ms, ans) => show("message", `${sentence(ans.body)} (again in ${human(ms)})`),
+  );
+  buying = false;
+  if (a.status === 202) {
+    show("message", "You got it! Your order is being written down.");
+    await follow({ order_id: a.body.order_id, status: a.body.status });
+  } else if (a.status === 409 && a.body.code === "already_purchased") {
+    show("message", `${sentence(a.body)} (order ${a.body.order_id})`);
+    await follow({ order_id: a.body.order_id, status: "pending" });
+  } else if (a.lost || a.status === 503) {
+    // Client rule: no answer is not a "no". The admission may have run: ask which order
+    // this buyer holds before saying anything else.
+    if (!(await lookUpMine())) show("message", sentence(a.body));
+  } else {
+    if (["sold_out", "ended"].includes(a.body.code)) saleOver = true;
+    show("message", sentence(a.body));
+  }
+  render();
+}
+
+// The order this buyer holds for this voucher (found by voucher and buyer, so it works
+// after a lost answer); true when there is one.
+async function lookUpMine(announce = false) {
+  const a = await callRetrying("GET", `/vouchers/${encodeURIComponent(voucherId)}/order`, { token });
+  if (a.status !== 200) return false;
+  if (announce) show("message", `${sentence({ code: "already_purchased" })} (order ${a.body.order_id})`);
+  await follow(a.body);
+  return true;
+}
+
+// Shows the order and follows it until it is settled.
+async function follow(o) {
+  order = o;
+  document.getElementById("order").hidden = false;
+  for (;;) {
+    show("order-id", order.order_id);
+    show("order-status", order.status.replace("_", " "));
+    show("order-detail", ORDER_SENTENCES[order.status] ?? "");
+    document.getElementById("payment").hidden = order.status !== "awaiting_payment";
+    render();
+    if (SETTLED.has(order.status)) return;
+    await sleep(order.status === "pending" ? 1000 : 2000);
+    const a = await callRetrying("GET", `/orders/${encodeURIComponent(order.order_id)}`, { token });
+    if (a.status === 200) order = a.body;
+    else if (a.status === 404) {
+      // A pending order Redis can no longer place by its id: find it by voucher.
+      const b = await callRetrying("GET", `/vouchers/${encodeURIComponent(voucherId)}/order`, { token });
+      if (b.status === 200) order = b.body;
+    }
+  }
+}
+
+// Paying starts a checkout at the payment provider; only the provider's confirmation
+// pays, so the page keeps following the order rather than believing the click.
+async function pay() {
+  const a = await call("POST", `/orders/${encodeURIComponent(order.order_id)}/pay`, { token });
+  if (a.status === 200) {
+    const amount = (a.body.amount_minor / 100).toFixed(2);
+    show("message", `Checkout started: pay ${amount} ${a.body.currency} with the payment provider. This page updates when the provider confirms.`);
+  } else {
+    show("message", sentence(a.body));
+  }
+}
+
+async function cancel() {
+  const a = await call("POST", `/orders/${encodeURIComponent(order.order_id)}/cancel`, { token });
+  if (a.status === 200) order = a.body;
+  show("message", a.status === 200 ? "Cancelled." : sentence(a.body));
+}
+
+// ---- start ----------------------------------------------------------------------------
+async function start() {
+  document.getElementById("buy").addEventListener("click", () => buy());
+  document.getElementById("pay").addEventListener("click", () => pay());
+  document.getElementById("cancel").addEventListener("click", () => cancel());
+  const form = document.getElementById("token-form");
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    setToken(document.getElementById("token-input").value);
+    location.reload();
+  });
+  if (!token) form.hidden = false;
+  await readVoucher();
+  setInterval(render, 250);
+  setInterval(waitInLine, 500);
+  // A buyer coming back (another tab, a reload) sees the order already held.
+  if (token && voucher) lookUpMine(true);
+  // The stock left, live; slower once this buyer is done.
+  for (;;) {
+    await sleep(order && SETTLED.has(order.status) ? 10000 : 2000);
+    await readVoucher();
+  }
+}
+
+start();
