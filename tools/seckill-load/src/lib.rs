@@ -16,5 +16,6 @@ pub mod pinning;
 pub mod record;
 pub mod redis_info;
 pub mod report;
+pub mod rush;
 pub mod svg;
 pub mod workload;

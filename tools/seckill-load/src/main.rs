@@ -113,6 +113,9 @@ enum Cmd {
     /// What one sale costs on AWS, service by service, next to the tutorial design,
     /// from measured per-request figures and a price list with its sources
     Cost(seckill_load::cost::CostOptions),
+    /// A paced crowd of buyers over real HTTP against the running stack's seckill-http,
+    /// to watch a sale happen (the live view, `seckill status --watch`)
+    Rush(seckill_load::rush::RushOptions),
 }
 
 #[derive(Args)]
@@ -182,6 +185,7 @@ fn main() -> ExitCode {
             Cmd::Bench(b) => rt.block_on(bench_cmd(&cli.global, b)),
             Cmd::Report(r) => report_cmd(&cli.global, &r),
             Cmd::Cost(o) => cost_cmd(&cli.global, &o),
+            Cmd::Rush(o) => rt.block_on(rush_cmd(&cli.global, &o)),
         });
     match status {
         Ok(status) => ExitCode::from(status),
@@ -190,6 +194,25 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// `rush`: the crowd, then its answers (as JSON with --json); 2 on an answer no buyer
+/// should see.
+async fn rush_cmd(g: &Global, o: &seckill_load::rush::RushOptions) -> anyhow::Result<u8> {
+    let stack = StackEnv::load(g.stack_env.as_deref())?;
+    let summary = seckill_load::rush::rush(&stack, o).await?;
+    println!(
+        "{} buyers in {:.1} s: {:?}; {} retries after 503/429; {} unexpected answers",
+        o.buyers,
+        summary.elapsed_ms as f64 / 1000.0,
+        summary.answers,
+        summary.retries,
+        summary.unexpected
+    );
+    if let Some(path) = &g.json {
+        write_file(path, &serde_json::to_string_pretty(&summary)?)?;
+    }
+    Ok(if summary.unexpected > 0 { 2 } else { 0 })
 }
 
 /// Runs every scenario asked for; `Ok` with the exit status.
@@ -399,7 +422,7 @@ mod tests {
         let args: Vec<String> = line.split(' ').map(String::from).collect();
         match parse(&args).expect("the line parses").cmd {
             Cmd::Bench(b) => (b.sale, b.drain),
-            Cmd::Report(_) | Cmd::Cost(_) => panic!("not bench"),
+            Cmd::Report(_) | Cmd::Cost(_) | Cmd::Rush(_) => panic!("not bench"),
         }
     }
 
