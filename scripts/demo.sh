@@ -19,8 +19,26 @@ step_stack_up() {
 # The sale itself: a voucher, a rush of buyers over HTTP, the drainer, the invariants.
 # DEMO_STOCK / DEMO_BUYERS change its size.
 step_sale() {
-    cargo build --quiet --bin seckill
+    cargo build --quiet --bin seckill --bin seckill-load
     target/debug/seckill demo --stock "${DEMO_STOCK:-100}" --buyers "${DEMO_BUYERS:-400}"
+}
+
+# The pages: a new sale opening in two minutes, the buyer page for two buyers and the
+# operators' live view, as URLs to open in a browser (tokens in the URL's fragment).
+step_pages() {
+    local admin begins ends body id
+    export SECKILL_DEV_JWT_SECRET
+    admin=$(target/debug/seckill token --sub demo-operator --admin --ttl 86400)
+    begins=$(date -u -d '+2 minutes' +%Y-%m-%dT%H:%M:%SZ)
+    ends=$(date -u -d '+1 hour' +%Y-%m-%dT%H:%M:%SZ)
+    body=$(curl -fsS -X POST -H "authorization: Bearer $admin" -H 'content-type: application/json' \
+        --data "{\"title\":\"Demo voucher\",\"stock\":10,\"begins_at\":\"$begins\",\"ends_at\":\"$ends\"}" \
+        "$SECKILL_HTTP_URL/vouchers")
+    id=$(sed -E 's/.*"id":"([0-9]+)".*/\1/' <<<"$body")
+    PAGE_ALICE="$SECKILL_HTTP_URL/app/sale.html?voucher=$id#token=$(target/debug/seckill token --sub alice --ttl 86400)"
+    PAGE_BOB="$SECKILL_HTTP_URL/app/sale.html?voucher=$id#token=$(target/debug/seckill token --sub bob --ttl 86400)"
+    PAGE_OPS="$SECKILL_HTTP_URL/app/ops.html?voucher=$id#token=$admin"
+    DEMO_PAGE_VOUCHER=$id
 }
 
 step_explain() {
@@ -35,6 +53,15 @@ The local stack is up. Its addresses are in .dev/stack.env:
   Redis (cluster mode)          $REDIS_URL
   MariaDB                       $MYSQL_URL
   Data API                      $DATA_API_URL
+
+Watch a sale in a browser (voucher $DEMO_PAGE_VOUCHER opens two minutes after the demo):
+
+  buyer alice     $PAGE_ALICE
+  buyer bob       $PAGE_BOB
+  live view       $PAGE_OPS
+
+  # a crowd of 500 buyers over HTTP while you watch (the live view moves)
+  target/debug/seckill-load rush $DEMO_PAGE_VOUCHER --buyers 500 --rate 50
 
 Try it:
 
@@ -63,4 +90,5 @@ EOF
 
 step_stack_up
 step_sale
+step_pages
 step_explain

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the local stack needs, if missing: cargo (checked only), redis-server,
-# MariaDB server + client (Debian packages), cargo-lambda, cfn-lint, schemathesis and
-# checkov (PyPI), and, only when asked for, a Valkey server:
+# MariaDB server + client, chromium and chromedriver (Debian packages), cargo-lambda,
+# cfn-lint, schemathesis and checkov (PyPI), and, only when asked for, a Valkey server:
 #
 #   scripts/setup.sh             what the default stack needs
 #   scripts/setup.sh --valkey    also valkey-server (also when SECKILL_REDIS_ENGINE=valkey)
@@ -61,6 +61,9 @@ command -v curl >/dev/null 2>&1 || missing_pkgs+=(curl ca-certificates)
 command -v openssl >/dev/null 2>&1 || missing_pkgs+=(openssl)
 # A test runs a Redis node whose clock is an hour ahead (libfaketime's LD_PRELOAD).
 compgen -G '/usr/lib/*/faketime/libfaketime.so.1' >/dev/null || missing_pkgs+=(faketime)
+# The browser suite drives Debian's chromium through chromedriver (WebDriver).
+{ command -v chromium && command -v chromedriver; } >/dev/null 2>&1 ||
+    missing_pkgs+=(chromium chromium-driver)
 # pip, only when it is needed to install cargo-lambda and there is none.
 find_pip_python() {
     local c

@@ -7,6 +7,7 @@
 //! cannot fail is a defect.
 
 pub mod api;
+pub mod browser;
 pub mod contract;
 pub mod drainer;
 pub mod harness;

@@ -13,6 +13,7 @@
 
 mod admission_lua;
 mod app_user;
+mod browser;
 mod buckets;
 mod cluster_topology;
 mod contract;
@@ -24,6 +25,7 @@ mod drainer_flow;
 mod e2e_http;
 mod http_fuzz;
 mod http_handlers;
+mod live_view;
 mod ops_cli;
 mod payment;
 mod redis_fixture;

@@ -1,0 +1,344 @@
+//! The buyer page and the operators' live view (`/app/...`) in a real browser: Debian's
+//! chromium, headless, through chromedriver, against the running stack (seckill-http
+//! behind the local gateway, the drainer, Redis, MariaDB). What is checked is what a
+//! person would see: the countdown, the button, the sentences, the order's status.
+//! A failing test leaves screenshots under `target/browser-screenshots/`.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use seckill_shared::domain::{format_rfc3339_millis, now_millis};
+use seckill_tests::api::Api;
+use seckill_tests::browser::Browser;
+use seckill_tests::stack::workspace_root;
+use serde_json::{Value, json};
+
+fn user(name: &str) -> String {
+    format!("{name}-{}", now_millis())
+}
+
+/// A voucher on the stack, opening `opens_in_ms` from now (negative: already open).
+async fn voucher(api: &Api, title: &str, stock: i64, opens_in_ms: i64, extra: Value) -> String {
+    let mut body = json!({
+        "title": title,
+        "stock": stock,
+        "begins_at": format_rfc3339_millis(now_millis() + opens_in_ms),
+        "ends_at": format_rfc3339_millis(now_millis() + 3_600_000),
+    });
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        body[k] = v.clone();
+    }
+    let (status, v) = api
+        .call(
+            "POST",
+            "/vouchers",
+            Some(&api.token("ops", true)),
+            Some(body),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    v["id"].as_str().expect("a decimal id").to_string()
+}
+
+/// The buyer page of `voucher` for `sub`.
+fn sale_page(api: &Api, voucher: &str, sub: &str) -> String {
+    format!(
+        "{}/app/sale.html?voucher={voucher}#token={}",
+        api.base(),
+        api.token(sub, false)
+    )
+}
+
+fn is_order_id(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn browser_a_buyer_with_a_wrong_clock_waits_for_the_start_buys_and_sees_the_order_confirmed()
+{
+    Browser::run("buy_and_confirm", |b| async move {
+        let api = Api::new();
+        let id = voucher(&api, "Browser coffee", 5, 6_000, json!({})).await;
+        let alice = user("alice");
+        // The buyer's clock is an hour fast: by it the sale would be over. The page
+        // counts by the server's clock.
+        b.skew_clock(3_600_000).await;
+        b.open(&sale_page(&api, &id, &alice)).await;
+        let skew = b.eval("return Date.now() - new Date().getTime()").await;
+        assert!(
+            skew.as_i64().is_some_and(|s| s > 3_500_000),
+            "the skew holds: {skew}"
+        );
+        b.wait_text("#title", "the title", |t| t == "Browser coffee")
+            .await;
+        b.wait_text("#stock", "the stock", |t| t == "5 of 5 left")
+            .await;
+
+        // Before the start: the button is disabled and the countdown runs.
+        assert!(!b.enabled("#buy").await, "the button waits for the start");
+        let first = b
+            .wait_text("#countdown", "a countdown", |t| t.ends_with('s'))
+            .await;
+        assert_eq!(b.text("#phase").await, "Starts in");
+        let later = b
+            .wait_text("#countdown", "the countdown moving", |t| t != first)
+            .await;
+        let secs = |t: &str| t.trim_end_matches('s').parse::<u32>().unwrap_or(99);
+        assert!(secs(&later) < secs(&first), "{first} then {later}");
+        assert!(secs(&first) <= 6, "counted by the server's clock: {first}");
+        // A second tab of the same buyer, opened before the sale.
+        let first_tab = b.client.window().await.expect("the first tab");
+        let second_tab = b.open_tab(&sale_page(&api, &id, &alice)).await;
+        b.wait_text("#title", "the title", |t| t == "Browser coffee")
+            .await;
+        b.to_tab(&first_tab).await;
+
+        // It opens: the button comes on by itself, and buying gives an order id.
+        b.wait_enabled("#buy", true, Duration::from_secs(15)).await;
+        assert_eq!(b.text("#phase").await, "On sale, ends in");
+        b.find("#buy").await.click().await.expect("a click");
+        let order_id = b.wait_text("#order-id", "an order id", is_order_id).await;
+        b.wait_text("#message", "the good news", |t| t.starts_with("You got it"))
+            .await;
+        assert!(
+            !b.enabled("#buy").await,
+            "one order per buyer: no second click"
+        );
+        let status = b.text("#order-status").await;
+        assert!(status == "pending" || status == "confirmed", "{status}");
+
+        // The drainer writes it; the page follows the order to confirmed.
+        api.drain().await;
+        b.wait_text("#order-status", "confirmed", |t| t == "confirmed")
+            .await;
+        b.wait_text("#order-detail", "the sentence", |t| t.contains("yours"))
+            .await;
+
+        // The second tab learnt nothing yet; buying there names the order held.
+        b.to_tab(&second_tab).await;
+        b.wait_enabled("#buy", true, Duration::from_secs(5)).await;
+        b.find("#buy").await.click().await.expect("a click");
+        let said = b
+            .wait_text("#message", "already purchased", |t| {
+                t.contains("already have this voucher")
+            })
+            .await;
+        assert!(said.contains(&order_id), "{said} names {order_id}");
+        b.wait_text("#order-id", "the same order", |t| t == order_id)
+            .await;
+        b.wait_text("#order-status", "confirmed", |t| t == "confirmed")
+            .await;
+
+        // A reload (the fragment is gone: the token stayed with the tab) shows it too.
+        b.client.refresh().await.expect("a reload");
+        b.wait_text("#order-id", "the order after a reload", |t| t == order_id)
+            .await;
+        assert!(
+            !b.client
+                .current_url()
+                .await
+                .unwrap()
+                .as_str()
+                .contains("token="),
+            "the token left the address bar"
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn browser_a_sold_out_sale_says_so_and_keeps_the_button_off() {
+    Browser::run("sold_out", |b| async move {
+        let api = Api::new();
+        let id = voucher(&api, "Last one", 1, -1_000, json!({})).await;
+        let (status, _) = api
+            .call(
+                "POST",
+                &format!("/vouchers/{id}/seckill"),
+                Some(&api.token(&user("early"), false)),
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::ACCEPTED);
+        b.open(&sale_page(&api, &id, &user("late"))).await;
+        b.wait_text("#stock", "sold out", |t| t == "Sold out").await;
+        assert!(!b.enabled("#buy").await, "nothing to buy");
+        assert_eq!(b.text("#order-id").await, "", "no order");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn browser_an_unpaid_order_shows_its_time_to_pay_and_can_be_cancelled() {
+    Browser::run("pay_and_cancel", |b| async move {
+        let api = Api::new();
+        let id = voucher(
+            &api,
+            "Paid seat",
+            1,
+            -1_000,
+            json!({"pay_within_s": 600, "price_minor": 1250, "currency": "EUR"}),
+        )
+        .await;
+        b.open(&sale_page(&api, &id, &user("payer"))).await;
+        b.wait_enabled("#buy", true, Duration::from_secs(10)).await;
+        b.find("#buy").await.click().await.expect("a click");
+        b.wait_text("#order-id", "an order id", is_order_id).await;
+        api.drain().await;
+        b.wait_text("#order-status", "awaiting payment", |t| {
+            t == "awaiting payment"
+        })
+        .await;
+        b.wait_text("#order-detail", "the time left to pay", |t| {
+            t.starts_with("Pay within 9m") || t.starts_with("Pay within 10m")
+        })
+        .await;
+        // Paying starts the provider's checkout; only the provider's word pays.
+        b.find("#pay").await.click().await.expect("a click");
+        b.wait_text("#message", "the checkout", |t| t.contains("12.50 EUR"))
+            .await;
+        assert_eq!(b.text("#order-status").await, "awaiting payment");
+        // Cancelling gives the unit back at once.
+        b.find("#cancel").await.click().await.expect("a click");
+        b.wait_text("#order-status", "cancelled", |t| t == "cancelled")
+            .await;
+        b.wait_text("#stock", "the unit back on sale", |t| t == "1 of 1 left")
+            .await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn browser_a_buyer_in_the_waiting_room_sees_the_place_and_buys_when_served() {
+    Browser::run("waiting_room", |b| async move {
+        let api = Api::new();
+        // One buyer let in per second from a start eight seconds away (room for a
+        // loaded machine to open the page before this buyer's turn); the queue is open
+        // already.
+        let id = voucher(
+            &api,
+            "Queued ticket",
+            10,
+            8_000,
+            json!({"entry_rate_per_s": 1, "queue_opens_before_s": 60}),
+        )
+        .await;
+        // Two buyers joined first: this one is third in line.
+        for n in 0..2 {
+            let (status, body) = api
+                .call(
+                    "POST",
+                    &format!("/vouchers/{id}/queue"),
+                    Some(&api.token(&user(&format!("ahead{n}")), false)),
+                    None,
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+        }
+        b.open(&sale_page(&api, &id, &user("third"))).await;
+        b.wait_text("#position", "a place in line", |t| t == "3")
+            .await;
+        b.wait_text("#wait", "an expected wait", |t| {
+            t.starts_with("Expected wait")
+        })
+        .await;
+        assert!(!b.enabled("#buy").await, "not served yet");
+        b.wait_text_for("#wait", "served", Duration::from_secs(20), |t| {
+            t.starts_with("It is your turn")
+        })
+        .await;
+        b.wait_enabled("#buy", true, Duration::from_secs(5)).await;
+        b.find("#buy").await.click().await.expect("a click");
+        b.wait_text("#order-id", "an order id", is_order_id).await;
+    })
+    .await;
+}
+
+/// The live view during a 500-buyer sale run by the load tool (`seckill-load rush`)
+/// beside the browser: admitted and waiting-to-drain move while it runs, and after the
+/// drains everything is confirmed with nothing waiting.
+#[tokio::test(flavor = "multi_thread")]
+async fn browser_the_live_view_shows_a_500_buyer_sale_as_it_happens() {
+    Browser::run("live_view", |b| async move {
+        let api = Api::new();
+        let id = voucher(&api, "Rush hour", 300, -1_000, json!({})).await;
+        b.open(&format!(
+            "{}/app/ops.html?voucher={id}#token={}",
+            api.base(),
+            api.token("operator", true)
+        ))
+        .await;
+        let cell = |field: &str| format!("tr[data-voucher=\"{id}\"] td[data-field=\"{field}\"]");
+        b.wait_text(&cell("admitted"), "the sale's row", |t| t == "0")
+            .await;
+        assert_eq!(b.text(&cell("stock_left")).await, "300 / 300");
+
+        // The crowd, paced over 12.5 seconds (sold out after about seven and a half).
+        let load = workspace_root().join("target/debug/seckill-load");
+        let mut crowd = tokio::process::Command::new(&load)
+            .args(["rush", &id, "--buyers", "500", "--rate", "40"])
+            .args(["--user-prefix", &user("crowd")])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{} (cargo build --bin seckill-load): {e}", load.display()));
+        let mut seen = BTreeSet::new();
+        let mut waiting_seen = 0u64;
+        let out = loop {
+            let admitted: u64 = b.text(&cell("admitted")).await.parse().unwrap_or(0);
+            seen.insert(admitted);
+            let waiting: u64 = b.text(&cell("waiting")).await.parse().unwrap_or(0);
+            waiting_seen = waiting_seen.max(waiting);
+            if let Some(status) = crowd.try_wait().expect("the crowd runs") {
+                let out = crowd.wait_with_output().await.expect("its output");
+                assert!(status.success(), "seckill-load rush: {status}");
+                break String::from_utf8_lossy(&out.stdout).into_owned();
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        eprintln!("{out}admitted values seen on the page: {seen:?}");
+        assert!(out.contains("\"202\": 300"), "300 admitted: {out}");
+        // Moving: values between none and all while the crowd ran (about seven polls;
+        // two leave room for a loaded machine).
+        let between = seen.iter().filter(|&&n| n > 0 && n < 300).count();
+        assert!(between >= 2, "the page showed the sale moving: {seen:?}");
+        b.wait_text(&cell("admitted"), "all 300", |t| t == "300")
+            .await;
+        b.wait_text(&cell("stock_left"), "none left", |t| t.starts_with("0 /"))
+            .await;
+        assert!(waiting_seen > 0, "orders were seen waiting to drain");
+        let rate = b.text(&cell("rate")).await;
+        assert!(rate.parse::<f64>().is_ok(), "admissions/s shown: {rate:?}");
+
+        // The drainer catches up; the view shows it.
+        for _ in 0..5 {
+            api.drain().await;
+        }
+        b.wait_text(&cell("confirmed"), "all confirmed", |t| t == "300")
+            .await;
+        b.wait_text(&cell("waiting"), "nothing waiting", |t| t == "0")
+            .await;
+        b.wait_text(&cell("lag"), "no lag", |t| t == "none").await;
+        assert_eq!(b.text(&cell("dead_letters")).await, "0");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn browser_the_live_view_refuses_a_buyer_token() {
+    Browser::run("live_view_refused", |b| async move {
+        let api = Api::new();
+        b.open(&format!(
+            "{}/app/ops.html#token={}",
+            api.base(),
+            api.token(&user("nosy"), false)
+        ))
+        .await;
+        b.wait_text("#message", "a refusal", |t| {
+            t == "You are not allowed to do that."
+        })
+        .await;
+        assert_eq!(b.text("#sales").await, "", "no figures shown");
+    })
+    .await;
+}
