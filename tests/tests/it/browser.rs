@@ -342,3 +342,57 @@ async fn browser_the_live_view_refuses_a_buyer_token() {
     })
     .await;
 }
+
+/// The reference client's retries, in the page: answers of `503` and `429` are asked
+/// again after growing pauses (exponential, with jitter; never a tight loop), until a
+/// real answer comes. The page's `fetch` is replaced for the test so that the server
+/// need not fail.
+#[tokio::test(flavor = "multi_thread")]
+async fn browser_the_client_backs_off_on_503_and_429_before_asking_again() {
+    Browser::run("backoff", |b| async move {
+        let api = Api::new();
+        let id = voucher(&api, "Backoff", 1, -1_000, json!({})).await;
+        // A page whose own script makes no calls (the live view without a token), so
+        // that every fetch counted is the one under test.
+        b.open(&format!("{}/app/ops.html", api.base())).await;
+        b.wait_text("#token-form", "the token form", |t| !t.is_empty())
+            .await;
+        let script = format!(
+            r#"const m = await import("./client.js");
+            const real = window.fetch, times = [], fails = [503, 429, 503, 429];
+            window.fetch = (...args) => {{
+              times.push(performance.now());
+              const status = fails[times.length - 1];
+              if (status === undefined) return real(...args);
+              return Promise.resolve(new Response(
+                JSON.stringify({{ code: "unavailable", message: "test" }}),
+                {{ status, headers: {{ "content-type": "application/json" }} }}));
+            }};
+            try {{
+              const a = await m.callRetrying("GET", "/vouchers/{id}");
+              return {{ status: a.status, gaps: times.slice(1).map((t, i) => t - times[i]) }};
+            }} finally {{ window.fetch = real; }}"#
+        );
+        let out = b
+            .eval(&format!("return (async () => {{ {script} }})();"))
+            .await;
+        assert_eq!(out["status"], 200, "{out}");
+        let gaps: Vec<f64> = out["gaps"]
+            .as_array()
+            .expect("gaps")
+            .iter()
+            .map(|g| g.as_f64().expect("ms"))
+            .collect();
+        assert_eq!(gaps.len(), 4, "four failures, then the answer: {out}");
+        // Pause k is between half and all of 300 ms x 2^k (jitter), so at least
+        // 150, 300, 600, 1200 ms.
+        for (k, gap) in gaps.iter().enumerate() {
+            let floor = 150.0 * f64::from(1u32 << k);
+            assert!(
+                *gap >= floor - 5.0,
+                "pause {k} was {gap} ms, under {floor}: {out}"
+            );
+        }
+    })
+    .await;
+}
