@@ -372,7 +372,10 @@ mod tests {
     #[test]
     fn every_declared_route_dispatches() {
         for (method, pattern, _) in ROUTES {
-            let path = pattern.replace("{id}", "12").replace("{order_id}", "34");
+            let path = pattern
+                .replace("{id}", "12")
+                .replace("{order_id}", "34")
+                .replace("{file}", "sale.html");
             assert!(!path.contains('{'), "{pattern} has an unknown parameter");
             let method: Method = method.parse().unwrap();
             assert!(Route::parse(&method, &path).is_some(), "{method} {path}");
@@ -384,6 +387,12 @@ mod tests {
         assert_eq!(Route::parse(&Method::DELETE, "/vouchers/12"), None);
         assert_eq!(Route::parse(&Method::GET, "/vouchers/12/seckill"), None);
         assert_eq!(Route::parse(&Method::GET, "/"), None);
+        assert_eq!(
+            Route::parse(&Method::GET, "/status"),
+            Some(Route::SaleStatus)
+        );
+        assert_eq!(Route::parse(&Method::GET, "/app/x/y"), None);
+        assert_eq!(Route::parse(&Method::POST, "/app/sale.html"), None);
         // Extra segments never match a shorter route.
         assert_eq!(Route::parse(&Method::POST, "/vouchers/12/seckill/x"), None);
         assert_eq!(Route::parse(&Method::GET, "/vouchers/12/x"), None);
@@ -411,7 +420,10 @@ mod tests {
                 .collect();
             methods.sort_unstable();
             let allow = methods.join(", ");
-            let path = pattern.replace("{id}", "12").replace("{order_id}", "34");
+            let path = pattern
+                .replace("{id}", "12")
+                .replace("{order_id}", "34")
+                .replace("{file}", "sale.html");
             assert_eq!(Route::allowed_method(&path), Some(allow.as_str()), "{path}");
             assert_eq!(
                 Route::allowed_method(&format!("{path}/")),
@@ -450,7 +462,7 @@ mod tests {
     fn every_declared_route_key_dispatches_with_its_parameter() {
         for (method, pattern, _) in ROUTES {
             let key = format!("{method} {pattern}");
-            let params: QueryMap = [("id", "12"), ("order_id", "34")]
+            let params: QueryMap = [("id", "12"), ("order_id", "34"), ("file", "sale.html")]
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect::<std::collections::HashMap<_, _>>()
@@ -459,7 +471,10 @@ mod tests {
                 .unwrap_or_else(|| panic!("{key} is declared but not dispatched"));
             assert_eq!(route.key().0, key, "key() names the route it came from");
             // The path API Gateway would have matched gives the same route.
-            let path = pattern.replace("{id}", "12").replace("{order_id}", "34");
+            let path = pattern
+                .replace("{id}", "12")
+                .replace("{order_id}", "34")
+                .replace("{file}", "sale.html");
             assert_eq!(Route::parse(&method.parse().unwrap(), &path), Some(route));
             // A route key without its parameter matches nothing.
             if pattern.contains('{') {
