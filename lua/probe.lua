@@ -8,10 +8,11 @@
 -- ARGV[1] consumer group, ARGV[2] min idle (ms) before a pending entry may be claimed,
 -- ARGV[3] the caller's consumer name, ARGV[4] the most spent consumers to delete,
 -- ARGV[5] '1' to delete the caller's own consumer too when it holds nothing (its run
--- is ending)
+-- is ending), ARGV[6] the most new entries to read for ARGV[3] when some wait (0 or
+-- absent: none)
 --
 -- Returns {length, pending, undelivered, fully_delivered, claimable, oldest_idle_ms,
---          ends_ms, last_delivered, reaped, closing}:
+--          ends_ms, last_delivered, reaped, closing, entries}:
 --   undelivered     entries not yet delivered to the group (XINFO lag; when Redis cannot
 --                   tell, 0 if the newest entry was delivered, else length - pending)
 --   fully_delivered 1 when the group was delivered the newest entry (or none exist)
@@ -22,6 +23,11 @@
 --   closing         1 when an order's payment deadline has passed (by the server's
 --                   clock) or a close waits to be settled in the database (vouchers
 --                   with a payment step; lua/close.lua)
+--   entries         the new entries read (XREADGROUP '>' as ARGV[3], up to ARGV[6]),
+--                   after every figure above was taken, unless claimable is 1; an
+--                   empty list when none were read. They are pending for ARGV[3] now, as after any read: the
+--                   survey of a run with thousands of small sales reads each one's
+--                   orders in this same call instead of a second one.
 --
 -- Consumer hygiene rides along (the drainer asks for it on its last look at a stream,
 -- ARGV[4] > 0; its survey passes 0): up to ARGV[4] other consumers that hold no pending entry
@@ -107,4 +113,14 @@ if redis.call('SCARD', KEYS[4]) - redis.call('SISMEMBER', KEYS[4], SENTINEL) > 0
   closing = 1
 end
 
-return {length, pending, undelivered, fully, claimable, oldest_idle, ends, last_delivered, reaped, closing}
+local entries = {}
+local read = tonumber(ARGV[6]) or 0
+-- Not when older entries wait to be claimed: those are recovered first, and the new
+-- ones read after them, by the round (a recovery that fails stops the voucher before
+-- anything newer is handed out).
+if read > 0 and claimable == 0 and (undelivered > 0 or fully == 0) then
+  local r = redis.call('XREADGROUP', 'GROUP', group, ARGV[3], 'COUNT', read, 'STREAMS', KEYS[1], '>')
+  if r then entries = r[1][2] end
+end
+
+return {length, pending, undelivered, fully, claimable, oldest_idle, ends, last_delivered, reaped, closing, entries}

@@ -18,6 +18,11 @@ use crate::domain::{Bucket, OrderId, VoucherId};
 /// The consumer group that drains every orders stream.
 pub const DRAIN_GROUP: &str = "drainers";
 
+/// Hash: open drainer transaction id → `<consumer> <begun unix ms>`, for the group
+/// transactions that write many small sales at once: recorded once here rather than in
+/// each voucher's `drain_tx`, and read beside it by a run that finds a row held.
+pub const DRAIN_GROUP_TX: &str = "seckill:drain_group_tx";
+
 /// The set of buckets whose streams the drainer visits: voucher ids (bucket 0) and
 /// `<voucher id>.<bucket>` (see [`Bucket`]'s `Display`).
 pub const ACTIVE_VOUCHERS: &str = "seckill:active";

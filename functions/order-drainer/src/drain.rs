@@ -3,8 +3,10 @@
 //! [`Drainer::run`]:
 //! 1. **Survey** every voucher (the active set, or `DRAINER_VOUCHERS`) with one script
 //!    call each, many at once ([`OrderStreams::probe`]): it makes a missing drain group,
-//!    tells whether new entries wait or idle ones can be claimed, and deletes a few spent
-//!    consumers. A voucher without work costs nothing more. The survey starts at a
+//!    tells whether new entries wait or idle ones can be claimed, and reads the new
+//!    entries it finds in the same call (a batch at most; not in durable mode, where
+//!    only a read that waits for the replicas hands entries out). A voucher without work
+//!    costs nothing more, and one with a few orders one call until its ack. The survey starts at a
 //!    different place each run and stops when the run's time is up, so with thousands
 //!    of sales no voucher is always last.
 //! 2. **Recover**: where the survey found claimable entries (left by a crashed, killed
@@ -14,9 +16,11 @@
 //!    once); the small reads of many sales are written together, a group per
 //!    transaction ([`group`]); the others up to `DRAINER_CONCURRENCY` vouchers at once,
 //!    largest backlog first, in batches (up to [`BATCHES_PER_TURN`] per voucher per
-//!    turn, the next read while the database writes the current batch). Vouchers with work, and
-//!    open sales when there are few, are polled every `DRAINER_IDLE_POLL_MS`; every
-//!    [`MAINTENANCE_EVERY`] the whole set is surveyed again.
+//!    turn, the next read while the database writes the current batch). Vouchers whose
+//!    read was a full batch are read again at once; those whose read emptied the stream,
+//!    and quiet open sales, only while there are few ([`POLL_OPEN_SALES`], the larger
+//!    reads first), every `DRAINER_IDLE_POLL_MS`; every [`MAINTENANCE_EVERY`] the whole
+//!    set is surveyed again.
 //! 4. **Finish**: trim the streams it acked, measure what is left, retire sales that are
 //!    over and drained (their keys expire after `DRAINER_RETENTION_S`; a non-empty
 //!    dead-letter stream stays), and return the [`Summary`].
@@ -133,8 +137,9 @@ impl Drainer {
     pub async fn run(&self, consumer: &str, deadline: Instant) -> Summary {
         let run = Run::new(consumer, deadline, &self.cfg);
 
-        // 1. Survey, 2. recover.
-        let Some(mut poll) = self.survey(&run).await else {
+        // 1. Survey, 2. recover. The survey reads the new entries it finds (in the probe's
+        // own call): the first round drains them without reading again.
+        let Some((mut poll, mut read)) = self.survey(&run).await else {
             return self.finish(run).await;
         };
         let mut last_survey = Instant::now();
@@ -142,26 +147,36 @@ impl Drainer {
         // 3. Drain new entries until the time is up.
         while run.has_time() {
             if last_survey.elapsed() >= MAINTENANCE_EVERY {
-                if let Some(fresh) = self.survey(&run).await {
+                if let Some((fresh, fresh_read)) = self.survey(&run).await {
                     // Vouchers that were busy stay first; newly found ones follow.
                     let known: BTreeSet<Bucket> = poll.iter().copied().collect();
                     poll.extend(fresh.into_iter().filter(|v| !known.contains(v)));
+                    read.extend(fresh_read);
                 }
                 last_survey = Instant::now();
             }
             let round: Vec<Bucket> = poll.iter().copied().filter(|v| !run.stopped(*v)).collect();
-            if round.is_empty() && !poll.is_empty() {
+            if round.is_empty() && !poll.is_empty() && read.is_empty() {
                 // Every voucher with work was stopped: nothing left this run can do.
                 break;
             }
-            // Vouchers that had entries go first next round; quiet ones stay polled only
-            // while their sale is open and they are few.
-            let busy = self.drain_round(&run, round).await;
+            // Vouchers whose read was a full batch (more wait) go first next round; the
+            // others, whose read emptied their stream, and the quiet ones stay polled
+            // only while their sale is open and they are few, the larger reads first.
+            let had = self
+                .drain_round(&run, round, std::mem::take(&mut read))
+                .await;
+            let full = |v: &Bucket| had.get(v).is_some_and(|n| *n >= self.cfg.batch_size);
             let now = now_millis();
-            let mut quiet = 0;
-            poll.sort_by_key(|v| !busy.contains(v));
+            let mut polled = 0;
+            poll.sort_by_key(|v| {
+                (
+                    !full(v),
+                    std::cmp::Reverse(had.get(v).copied().unwrap_or(0)),
+                )
+            });
             poll.retain(|v| {
-                if busy.contains(v) {
+                if full(v) {
                     return true;
                 }
                 let open = run.with(|s| {
@@ -170,10 +185,10 @@ impl Drainer {
                         .and_then(|p| p.ends_ms)
                         .is_some_and(|end| end > now)
                 });
-                quiet += usize::from(open);
-                open && quiet <= POLL_OPEN_SALES
+                polled += usize::from(open);
+                open && polled <= POLL_OPEN_SALES
             });
-            if busy.is_empty() {
+            if had.is_empty() {
                 // Nothing new: wait for admissions rather than return, so one scheduled
                 // invocation drains for most of its period.
                 if run.remaining() <= self.cfg.idle_poll {
@@ -183,14 +198,20 @@ impl Drainer {
             }
         }
 
+        // Entries a last survey read after the time ran out: pending, claimable at once.
+        for (v, entries) in read {
+            self.release(&run, v, &entries).await;
+        }
+
         // 4. Finish.
         self.finish(run).await
     }
 
-    /// Probes every voucher (time-boxed), recovers claimable entries, and returns the
-    /// vouchers to poll, largest backlog first. `None` when the vouchers cannot be
-    /// listed.
-    async fn survey(&self, run: &Run) -> Option<Vec<Bucket>> {
+    /// Probes every voucher (time-boxed), reading the new entries each one has while the
+    /// run still has time for a batch, recovers claimable entries, and returns the
+    /// vouchers to poll, largest backlog first, with what it read (pending now, for the
+    /// next round to drain). `None` when the vouchers cannot be listed.
+    async fn survey(&self, run: &Run) -> Option<(Vec<Bucket>, Vec<group::Read>)> {
         let mut vouchers = match self.streams.active_vouchers().await {
             Ok((ids, bad)) => {
                 if !bad.is_empty() {
@@ -220,6 +241,7 @@ impl Drainer {
             vouchers.rotate_left(turn);
         }
         let min_idle = self.cfg.min_idle;
+        let batch = self.cfg.batch_size;
         let consumer = run.consumer.as_str();
         // Position in this run's rotated order: the tie-break between equal backlogs, so
         // that it too changes from run to run.
@@ -227,7 +249,13 @@ impl Drainer {
             vouchers.iter().enumerate().map(|(i, v)| (*v, i)).collect();
         let probes: Vec<(Bucket, Result<Probe, StoreError>)> = futures::stream::iter(vouchers)
             .filter(|v| std::future::ready(!run.stopped(*v)))
-            .map(|v| async move { (v, self.streams.probe(v, consumer, min_idle, false).await) })
+            .map(|v| async move {
+                let read = if run.fits(1) { batch } else { 0 };
+                (
+                    v,
+                    self.streams.probe(v, consumer, min_idle, false, read).await,
+                )
+            })
             .buffer_unordered(PROBES_IN_FLIGHT)
             .take_until(tokio::time::sleep_until(run.stop_at.into()))
             .collect()
@@ -238,8 +266,9 @@ impl Drainer {
         let mut closing = Vec::new();
         let mut with_work: Vec<(u64, Bucket)> = Vec::new();
         let mut open = Vec::new();
+        let mut read = Vec::new();
         for (voucher, probe) in probes {
-            let probe = match probe {
+            let mut probe = match probe {
                 Ok(p) => p,
                 Err(e) => {
                     run.fail(
@@ -249,6 +278,10 @@ impl Drainer {
                     continue;
                 }
             };
+            let entries = std::mem::take(&mut probe.entries);
+            if !entries.is_empty() {
+                read.push((voucher, entries));
+            }
             if probe.claimable {
                 claimable.push(voucher);
             }
@@ -309,7 +342,7 @@ impl Drainer {
         if open.len() <= POLL_OPEN_SALES {
             poll.extend(open);
         }
-        Some(poll)
+        Some((poll, read))
     }
 
     /// Claims and processes the entries other consumers left idle, page by page.

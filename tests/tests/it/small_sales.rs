@@ -284,3 +284,44 @@ async fn the_group_statements_read_only_their_rows_on_a_table_never_analysed() {
     conn.disconnect().await.ok();
     ctx.cleanup().await;
 }
+
+/// The survey's probe reads the new orders it finds in its own call (a small sale then
+/// costs one call until its ack, not two); it reads nothing when not asked, and nothing
+/// new while older entries wait to be claimed (those are recovered first, and the new
+/// ones read after them).
+#[tokio::test]
+async fn the_survey_probe_reads_new_orders_in_its_own_call_but_not_past_claimable_ones() {
+    let ctx = DrainCtx::start().await;
+    let v = ctx.voucher(10, 10).await;
+    ctx.admit(v.id, "s", 3).await;
+    let (me, patient) = ("survey-test", Duration::from_secs(60));
+    let p = ctx.streams.probe(v.id, me, patient, false, 100).await.unwrap();
+    assert_eq!(
+        (p.entries.len(), p.undelivered, p.pending),
+        (3, 3, 0),
+        "read in the probe; its figures are from before the read"
+    );
+    assert!(p.entries.iter().all(|e| e.deliveries == 1));
+    assert_eq!(ctx.pending(v.id).await, 3, "pending for the caller now");
+
+    ctx.admit(v.id, "t", 2).await;
+    let p = ctx.streams.probe(v.id, me, patient, false, 0).await.unwrap();
+    assert_eq!((p.entries.len(), p.undelivered), (0, 2), "not asked to read");
+    // At most what was asked.
+    let p = ctx.streams.probe(v.id, me, patient, false, 1).await.unwrap();
+    assert_eq!(p.entries.len(), 1);
+    assert_eq!(ctx.pending(v.id).await, 4);
+
+    // Four entries pending and idle past a zero threshold: claimable. The new one
+    // stays unread.
+    ctx.admit(v.id, "u", 1).await;
+    let p = ctx
+        .streams
+        .probe(v.id, "another", Duration::ZERO, false, 100)
+        .await
+        .unwrap();
+    assert!(p.claimable);
+    assert_eq!((p.entries.len(), p.undelivered), (0, 2));
+    assert_eq!(ctx.pending(v.id).await, 4);
+    ctx.cleanup().await;
+}

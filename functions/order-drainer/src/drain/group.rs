@@ -23,10 +23,10 @@
 //! - each voucher's stock guard is its own (`stock_left >= n` per row, all rows updated);
 //! - entries are acked only after the commit, per stream; a crash in between leaves them
 //!   pending, and their redelivery finds the rows (duplicates, nothing written);
-//! - the transaction is recorded with every member's stream before it locks anything, so
-//!   a run that finds one of the rows held by a killed group rolls it back.
+//! - the transaction is recorded (once, in the groups' registry) before it locks
+//!   anything, so a run that finds one of the rows held by a killed group rolls it back.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use futures::StreamExt;
 use std::time::Instant;
@@ -121,11 +121,26 @@ impl Drainer {
     /// One round over `round`: every voucher's next entries are read, many at once;
     /// the small reads of distinct vouchers are written together, a group per
     /// transaction (below), the others batch after batch ([`Self::drain_batches`]),
-    /// up to `DRAINER_CONCURRENCY` at once. Returns the vouchers that had entries.
+    /// up to `DRAINER_CONCURRENCY` at once. The reads the survey made already (`read`)
+    /// are taken as they are; the other vouchers of `round` are read now. Returns how
+    /// many entries each voucher that had any was read.
     /// A read whose turn comes when no batch fits before `stop_at` any more is
     /// released, pending and claimable at once.
-    pub(super) async fn drain_round(&self, run: &Run, round: Vec<Bucket>) -> BTreeSet<Bucket> {
-        let reads: Vec<Read> = futures::stream::iter(round)
+    pub(super) async fn drain_round(
+        &self,
+        run: &Run,
+        round: Vec<Bucket>,
+        read: Vec<Read>,
+    ) -> BTreeMap<Bucket, usize> {
+        // What the survey read already is taken as it is; the others are read now.
+        let already: BTreeSet<Bucket> = read.iter().map(|(v, _)| *v).collect();
+        let given = futures::stream::iter(read).then(|(v, entries)| async move {
+            self.accept_read(run, v, Ok(entries))
+                .await
+                .map(|entries| (v, entries))
+        });
+        let fresh = futures::stream::iter(round)
+            .filter(|v| std::future::ready(!already.contains(v)))
             .map(|v| async move {
                 if !run.fits(1) {
                     return None;
@@ -135,11 +150,13 @@ impl Drainer {
                     .await
                     .map(|entries| (v, entries))
             })
-            .buffer_unordered(PROBES_IN_FLIGHT)
+            .buffer_unordered(PROBES_IN_FLIGHT);
+        let reads: Vec<Read> = given
+            .chain(fresh)
             .filter_map(std::future::ready)
             .collect()
             .await;
-        let busy: BTreeSet<Bucket> = reads.iter().map(|(v, _)| *v).collect();
+        let had: BTreeMap<Bucket, usize> = reads.iter().map(|(v, e)| (*v, e.len())).collect();
         let (groups, mut alone) = group_small(reads, self.cfg.batch_size);
         // The largest reads first (a hot sale before the small ones, as the survey
         // ordered the round), then the groups.
@@ -162,7 +179,7 @@ impl Drainer {
                 }
             })
             .await;
-        busy
+        had
     }
 
     /// Drains a group of small sales' reads in one transaction, or, when that is not
@@ -261,8 +278,8 @@ impl Drainer {
         failpoint::hit("after_ack");
     }
 
-    /// One group transaction: begin, record it with every member's stream, lock the
-    /// rows, write, commit; or roll back.
+    /// One group transaction: begin, record it, lock the rows, write, commit; or roll
+    /// back.
     async fn commit_group(
         &self,
         run: &Run,
@@ -279,15 +296,15 @@ impl Drainer {
         failpoint::hit("after_begin");
         let id = tx.id().to_string();
         let now = now_millis();
-        let recorded = futures::future::join_all(
-            members
-                .iter()
-                .map(|m| self.streams.register_tx(m.bucket, &id, &run.consumer, now)),
-        )
-        .await;
-        if let Some(Err(e)) = recorded.into_iter().find(Result::is_err) {
+        // Recorded once for every member (the groups' registry, which a run blocked on
+        // any voucher's row reads beside the voucher's own).
+        if let Err(e) = self
+            .streams
+            .register_group_tx(&id, &run.consumer, now)
+            .await
+        {
             tx.rollback().await;
-            self.forget_group_tx(members, &id).await;
+            self.forget_group_tx(&id).await;
             return Err(db("recording the group transaction", e));
         }
         // Each voucher's turn in this run, taken in id order (a one-sale batch takes one
@@ -324,24 +341,16 @@ impl Drainer {
         };
         drop(held);
         if over {
-            self.forget_group_tx(members, &id).await;
+            self.forget_group_tx(&id).await;
         }
         outcome
     }
 
-    /// Removes a group transaction's record from every member's stream (a record left
-    /// behind costs a later run one rollback of an unknown transaction).
-    async fn forget_group_tx(&self, members: &[Member], id: &str) {
-        for result in futures::future::join_all(
-            members
-                .iter()
-                .map(|m| self.streams.unregister_tx(m.bucket, id)),
-        )
-        .await
-        {
-            if let Err(e) = result {
-                tracing::warn!(error = %e, "could not forget an ended group transaction");
-            }
+    /// Removes a group transaction's record (a record left behind costs a later run one
+    /// rollback of an unknown transaction).
+    async fn forget_group_tx(&self, id: &str) {
+        if let Err(e) = self.streams.unregister_group_tx(id).await {
+            tracing::warn!(error = %e, "could not forget an ended group transaction");
         }
     }
 }

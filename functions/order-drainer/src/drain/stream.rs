@@ -188,7 +188,7 @@ impl Drainer {
         let fresh: Vec<(Bucket, Result<Probe, StoreError>)> = futures::stream::iter(touched)
             .map(|v| async move {
                 self.trim(run_ref, v).await;
-                (v, self.streams.probe(v, consumer, min_idle, true).await)
+                (v, self.streams.probe(v, consumer, min_idle, true, 0).await)
             })
             .buffer_unordered(PROBES_IN_FLIGHT)
             .take_until(end)

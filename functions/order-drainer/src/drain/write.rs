@@ -405,7 +405,13 @@ impl Drainer {
                         run.count(|s| s.aborted_transactions += 1);
                         tracing::warn!(%voucher, transaction = %tx, %consumer, age_ms = now - begun, "rolled back a transaction another run left open");
                     }
-                    if let Err(e) = self.streams.unregister_tx(voucher, &tx).await {
+                    // Recorded in the voucher's registry or in the groups' (forgetting
+                    // what is not there costs nothing).
+                    let forgot = tokio::join!(
+                        self.streams.unregister_tx(voucher, &tx),
+                        self.streams.unregister_group_tx(&tx)
+                    );
+                    if let Err(e) = forgot.0.and(forgot.1) {
                         tracing::warn!(%voucher, error = %e, "could not forget an abandoned transaction");
                     }
                 }

@@ -22,7 +22,7 @@ use crate::keys::{self, VoucherKeys};
 #[derive(Clone)]
 pub struct OrderStreams {
     pub(in crate::adapters) conn: RedisConn,
-    durable: Option<Durable>,
+    pub(super) durable: Option<Durable>,
 }
 
 impl OrderStreams {

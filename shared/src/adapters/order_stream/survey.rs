@@ -13,7 +13,7 @@ use redis::{AsyncCommands, Value};
 use super::parse::{id_less, parse_entries, string_of};
 use super::reading::OrderStreams;
 use super::scripts::{EXPIRE_SALE, PROBE};
-use crate::domain::{Bucket, UnixMillis};
+use crate::domain::{Bucket, StreamEntry, UnixMillis};
 use crate::error::StoreError;
 use crate::keys::{self, VoucherKeys};
 use crate::protocol::{self, sale_fields};
@@ -67,6 +67,9 @@ pub struct Probe {
     /// An order's payment deadline has passed or a close waits for the database
     /// (vouchers with a payment step): the drainer sweeps the voucher.
     pub closing: bool,
+    /// New entries the probe read for its caller (asked with `read > 0`, see
+    /// [`OrderStreams::probe`]): pending for it now, to process or release like any read.
+    pub entries: Vec<StreamEntry>,
 }
 
 impl Probe {
@@ -140,14 +143,22 @@ impl OrderStreams {
     /// group if missing and reports what the drainer has to do there ([`Probe`]). When
     /// `leaving` (the run's last look at the stream), it also deletes up to
     /// [`REAP_PER_PROBE`] spent consumers other than `consumer`, and `consumer` itself
-    /// if it holds nothing.
+    /// if it holds nothing. With `read > 0` it also reads up to `read` new entries for
+    /// `consumer` when some wait and none is claimable ([`Probe::entries`]; claimable
+    /// entries are recovered first, and the new ones read after them), in the same
+    /// call: a survey of thousands of small sales then reads each one once instead of
+    /// twice. In durable
+    /// mode nothing is read here (entries are handed out only through
+    /// [`Self::read_new`], which waits for the replicas first).
     pub async fn probe(
         &self,
         voucher: impl Into<Bucket>,
         consumer: &str,
         min_idle: Duration,
         leaving: bool,
+        read: usize,
     ) -> Result<Probe, StoreError> {
+        let read = if self.durable.is_some() { 0 } else { read };
         let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
         let reply: Vec<Value> = PROBE
@@ -161,6 +172,7 @@ impl OrderStreams {
             .arg(consumer)
             .arg(if leaving { REAP_PER_PROBE } else { 0 })
             .arg(if leaving { "1" } else { "0" })
+            .arg(read)
             .invoke_async(&mut self.conn.clone())
             .await?;
         let bad = || StoreError::Corrupt(format!("probe of voucher {voucher} replied {reply:?}"));
@@ -173,6 +185,13 @@ impl OrderStreams {
         let last_delivered = reply.get(7).cloned().and_then(string_of).ok_or_else(bad)?;
         let reaped = int(8)?;
         let closing = int(9)? == 1;
+        let mut entries = match reply.get(10) {
+            Some(v @ Value::Array(_)) => parse_entries(v.clone())?,
+            _ => return Err(bad()),
+        };
+        for e in &mut entries {
+            e.deliveries = 1;
+        }
         let count = |n: i64| u64::try_from(n).map_err(|_| bad());
         let (length, pending, undelivered) = (count(length)?, count(pending)?, count(undelivered)?);
         Ok(Probe {
@@ -186,6 +205,7 @@ impl OrderStreams {
             last_delivered,
             reaped: count(reaped)?,
             closing,
+            entries,
         })
     }
 
