@@ -185,20 +185,21 @@ impl SaleSources<'_> {
         }))
     }
 
-    /// The status of `vouchers` (those known), or of every voucher the drainer visits
-    /// when empty.
+    /// The vouchers the drainer visits, the newest (highest ids) `most` of them, in id
+    /// order.
+    pub async fn active(&self, most: usize) -> Result<Vec<VoucherId>, StoreError> {
+        let mut ids: Vec<VoucherId> = (self.streams.active_vouchers().await?.0)
+            .into_iter()
+            .map(|b| b.voucher())
+            .collect();
+        ids.dedup();
+        Ok(ids.split_off(ids.len().saturating_sub(most)))
+    }
+
+    /// The status of `vouchers` (those known), in that order.
     pub async fn status(&self, vouchers: &[VoucherId]) -> Result<Vec<VoucherStatus>, StoreError> {
-        let ids: Vec<VoucherId> = if vouchers.is_empty() {
-            let mut ids: Vec<VoucherId> = (self.streams.active_vouchers().await?.0)
-                .into_iter()
-                .map(|b| b.voucher())
-                .collect();
-            ids.dedup();
-            ids
-        } else {
-            vouchers.to_vec()
-        };
-        let all = futures::stream::iter(ids).then(|id| self.voucher_status(id));
+        let all =
+            futures::stream::iter(vouchers.iter().copied()).then(|id| self.voucher_status(id));
         let all: Vec<Option<VoucherStatus>> = all.try_collect().await?;
         Ok(all.into_iter().flatten().collect())
     }

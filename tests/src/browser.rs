@@ -177,6 +177,15 @@ impl Browser {
             .unwrap_or_else(|e| panic!("no element {css}: {e}"))
     }
 
+    /// Clicks the element `css`.
+    pub async fn click(&self, css: &str) {
+        self.find(css)
+            .await
+            .click()
+            .await
+            .unwrap_or_else(|e| panic!("cannot click {css}: {e}"));
+    }
+
     /// The text of `css` now (empty when it does not exist yet).
     pub async fn text(&self, css: &str) -> String {
         match self.client.find(Locator::Css(css)).await {

@@ -44,15 +44,7 @@ pub(crate) async fn status(
     // so that a stack with thousands of small sales still answers in one poll's time.
     let ids = match named.is_empty() {
         false => named,
-        true => {
-            let mut all: Vec<VoucherId> = (streams.active_vouchers().await?.0)
-                .into_iter()
-                .map(|b| b.voucher())
-                .collect();
-            all.dedup();
-            let skip = all.len().saturating_sub(MAX_NAMED_VOUCHERS);
-            all.split_off(skip)
-        }
+        true => sources.active(MAX_NAMED_VOUCHERS).await?,
     };
     let vouchers = sources.status(&ids).await?;
     Ok(json_response(

@@ -97,7 +97,7 @@ async fn browser_a_buyer_with_a_wrong_clock_waits_for_the_start_buys_and_sees_th
         // It opens: the button comes on by itself, and buying gives an order id.
         b.wait_enabled("#buy", true, Duration::from_secs(15)).await;
         assert_eq!(b.text("#phase").await, "On sale, ends in");
-        b.find("#buy").await.click().await.expect("a click");
+        b.click("#buy").await;
         let order_id = b.wait_text("#order-id", "an order id", is_order_id).await;
         b.wait_text("#message", "the good news", |t| t.starts_with("You got it"))
             .await;
@@ -118,7 +118,7 @@ async fn browser_a_buyer_with_a_wrong_clock_waits_for_the_start_buys_and_sees_th
         // The second tab learnt nothing yet; buying there names the order held.
         b.to_tab(&second_tab).await;
         b.wait_enabled("#buy", true, Duration::from_secs(5)).await;
-        b.find("#buy").await.click().await.expect("a click");
+        b.click("#buy").await;
         let said = b
             .wait_text("#message", "already purchased", |t| {
                 t.contains("already have this voucher")
@@ -183,7 +183,7 @@ async fn browser_an_unpaid_order_shows_its_time_to_pay_and_can_be_cancelled() {
         .await;
         b.open(&sale_page(&api, &id, &user("payer"))).await;
         b.wait_enabled("#buy", true, Duration::from_secs(10)).await;
-        b.find("#buy").await.click().await.expect("a click");
+        b.click("#buy").await;
         b.wait_text("#order-id", "an order id", is_order_id).await;
         api.drain().await;
         b.wait_text("#order-status", "awaiting payment", |t| {
@@ -195,12 +195,12 @@ async fn browser_an_unpaid_order_shows_its_time_to_pay_and_can_be_cancelled() {
         })
         .await;
         // Paying starts the provider's checkout; only the provider's word pays.
-        b.find("#pay").await.click().await.expect("a click");
+        b.click("#pay").await;
         b.wait_text("#message", "the checkout", |t| t.contains("12.50 EUR"))
             .await;
         assert_eq!(b.text("#order-status").await, "awaiting payment");
         // Cancelling gives the unit back at once.
-        b.find("#cancel").await.click().await.expect("a click");
+        b.click("#cancel").await;
         b.wait_text("#order-status", "cancelled", |t| t == "cancelled")
             .await;
         b.wait_text("#stock", "the unit back on sale", |t| t == "1 of 1 left")
@@ -249,7 +249,7 @@ async fn browser_a_buyer_in_the_waiting_room_sees_the_place_and_buys_when_served
         })
         .await;
         b.wait_enabled("#buy", true, Duration::from_secs(5)).await;
-        b.find("#buy").await.click().await.expect("a click");
+        b.click("#buy").await;
         b.wait_text("#order-id", "an order id", is_order_id).await;
     })
     .await;

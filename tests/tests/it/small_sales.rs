@@ -295,7 +295,11 @@ async fn the_survey_probe_reads_new_orders_in_its_own_call_but_not_past_claimabl
     let v = ctx.voucher(10, 10).await;
     ctx.admit(v.id, "s", 3).await;
     let (me, patient) = ("survey-test", Duration::from_secs(60));
-    let p = ctx.streams.probe(v.id, me, patient, false, 100).await.unwrap();
+    let p = ctx
+        .streams
+        .probe(v.id, me, patient, false, 100)
+        .await
+        .unwrap();
     assert_eq!(
         (p.entries.len(), p.undelivered, p.pending),
         (3, 3, 0),
@@ -305,10 +309,22 @@ async fn the_survey_probe_reads_new_orders_in_its_own_call_but_not_past_claimabl
     assert_eq!(ctx.pending(v.id).await, 3, "pending for the caller now");
 
     ctx.admit(v.id, "t", 2).await;
-    let p = ctx.streams.probe(v.id, me, patient, false, 0).await.unwrap();
-    assert_eq!((p.entries.len(), p.undelivered), (0, 2), "not asked to read");
+    let p = ctx
+        .streams
+        .probe(v.id, me, patient, false, 0)
+        .await
+        .unwrap();
+    assert_eq!(
+        (p.entries.len(), p.undelivered),
+        (0, 2),
+        "not asked to read"
+    );
     // At most what was asked.
-    let p = ctx.streams.probe(v.id, me, patient, false, 1).await.unwrap();
+    let p = ctx
+        .streams
+        .probe(v.id, me, patient, false, 1)
+        .await
+        .unwrap();
     assert_eq!(p.entries.len(), 1);
     assert_eq!(ctx.pending(v.id).await, 4);
 

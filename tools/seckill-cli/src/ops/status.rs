@@ -31,7 +31,8 @@ pub async fn voucher_status(b: &Backends, voucher: VoucherId) -> anyhow::Result<
 /// The status of `vouchers`, or of every active voucher when empty.
 pub async fn status(b: &Backends, vouchers: &[VoucherId]) -> anyhow::Result<Vec<VoucherStatus>> {
     if vouchers.is_empty() {
-        return Ok(b.sources().status(&[]).await?);
+        let all = b.sources().active(usize::MAX).await?;
+        return Ok(b.sources().status(&all).await?);
     }
     let mut all = Vec::with_capacity(vouchers.len());
     for &v in vouchers {
