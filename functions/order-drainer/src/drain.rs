@@ -97,6 +97,10 @@ const PROBES_IN_FLIGHT: usize = 64;
 /// Open sales polled every round even without work, up to this many; beyond it, quiet
 /// sales wait for the next survey.
 const POLL_OPEN_SALES: usize = 256;
+/// One voucher bucket's entries, as one read returned them (XREADGROUP, or the survey's
+/// probe).
+type Read = (Bucket, Vec<StreamEntry>);
+
 /// Longest database error text kept in a dead letter's reason.
 const MAX_REFUSAL_CHARS: usize = 200;
 
@@ -211,7 +215,7 @@ impl Drainer {
     /// run still has time for a batch, recovers claimable entries, and returns the
     /// vouchers to poll, largest backlog first, with what it read (pending now, for the
     /// next round to drain). `None` when the vouchers cannot be listed.
-    async fn survey(&self, run: &Run) -> Option<(Vec<Bucket>, Vec<group::Read>)> {
+    async fn survey(&self, run: &Run) -> Option<(Vec<Bucket>, Vec<Read>)> {
         let mut vouchers = match self.streams.active_vouchers().await {
             Ok((ids, bad)) => {
                 if !bad.is_empty() {

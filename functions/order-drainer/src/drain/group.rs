@@ -38,13 +38,10 @@ use seckill_shared::domain::{
 use seckill_shared::error::StoreError;
 
 use super::run::{BatchTimer, Run};
-use super::{Drainer, PROBES_IN_FLIGHT};
+use super::{Drainer, PROBES_IN_FLIGHT, Read};
 use crate::error::DrainError;
 use crate::failpoint;
 use crate::plan;
-
-/// One voucher bucket's entries, as one XREADGROUP returned them.
-pub(super) type Read = (Bucket, Vec<StreamEntry>);
 
 /// One sale's small read, parsed.
 pub(super) struct Member {
