@@ -3,17 +3,22 @@
 use seckill_shared::adapters::data_api::DataApi;
 use seckill_shared::adapters::rate::Limit;
 use seckill_shared::adapters::redis::{OrderIds, RedisConn, RedisSales};
+use seckill_shared::auth::Identity;
 use seckill_shared::config::RedisConfig;
+use seckill_shared::domain::UnixMillis;
 use seckill_shared::error::StoreError;
 use tokio::sync::OnceCell;
 
 use crate::cache::VoucherCache;
 use crate::config::Config;
 use crate::costs::{BorrowCosts, BorrowFigures};
+use crate::error::ApiError;
+use crate::identity::require_admin;
 use crate::limiter::{RateLimiter, Source};
 use crate::secrets::HeldSecrets;
 
-/// Voucher creations one admin may make per second through one instance, and the burst.
+/// Admin requests (voucher creations, the live view's polls) one admin may make per
+/// second through one instance, and the burst.
 pub const ADMIN_RATE_PER_SEC: u32 = 100;
 pub const ADMIN_RATE_BURST: u32 = 200;
 
@@ -29,8 +34,9 @@ pub struct App {
     pub(crate) dev_secret: Option<Vec<u8>>,
     /// Requests per user on every authenticated route, in this instance.
     pub(crate) limiter: RateLimiter,
-    /// Voucher creations per admin, in this instance: [`ADMIN_RATE_PER_SEC`], high enough
-    /// for a shop setting up thousands of small sales by script, a limit all the same.
+    /// Admin requests per admin, in this instance: [`ADMIN_RATE_PER_SEC`], high enough
+    /// for a shop setting up thousands of small sales by script (or a few operators'
+    /// live views polling once a second), a limit all the same.
     pub(crate) admin_limiter: RateLimiter,
     /// Reads of orders per user, across every instance (Redis).
     pub(crate) read_limit: Limit,
@@ -47,6 +53,16 @@ pub struct App {
 }
 
 impl App {
+    /// Lets an admin's request through: the caller holds the admin scope (else `403`)
+    /// and is within [`ADMIN_RATE_PER_SEC`] in this instance (else `429`).
+    pub(crate) fn admit_admin(&self, caller: &Identity, now: UnixMillis) -> Result<(), ApiError> {
+        require_admin(caller)?;
+        if !self.admin_limiter.allow(&caller.user, now) {
+            return Err(ApiError::RateLimited);
+        }
+        Ok(())
+    }
+
     /// Builds the clients. Tries Redis once now so the first request is fast, but a
     /// failure here is only logged.
     pub async fn new(cfg: &Config) -> App {

@@ -15,7 +15,6 @@ use serde_json::json;
 
 use crate::app::App;
 use crate::error::{ApiError, json_response};
-use crate::identity::require_admin;
 
 /// Vouchers one request may name (`?voucher=1,2,3`), and shows without names.
 pub const MAX_NAMED_VOUCHERS: usize = 50;
@@ -28,10 +27,7 @@ pub(crate) async fn status(
     caller: &Identity,
     now: UnixMillis,
 ) -> Result<Response<Body>, ApiError> {
-    require_admin(caller)?;
-    if !app.admin_limiter.allow(&caller.user, now) {
-        return Err(ApiError::RateLimited);
-    }
+    app.admit_admin(caller, now)?;
     let named = named_vouchers(req)?;
     let sales = app.sales().await?;
     let streams = OrderStreams::new(sales.conn());

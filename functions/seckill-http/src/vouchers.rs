@@ -14,7 +14,6 @@ use serde_json::json;
 use crate::app::App;
 use crate::cache::Known;
 use crate::error::{ApiError, json_response};
-use crate::identity::require_admin;
 use crate::lookup::{not_found_voucher, voucher_of};
 use crate::repair::repair;
 use crate::request::{MAX_BODY_BYTES, source_of};
@@ -64,10 +63,7 @@ pub(crate) async fn create_voucher(
     caller: &Identity,
     now: UnixMillis,
 ) -> Result<Response<Body>, ApiError> {
-    require_admin(caller)?;
-    if !app.admin_limiter.allow(&caller.user, now) {
-        return Err(ApiError::RateLimited);
-    }
+    app.admit_admin(caller, now)?;
     let body = req.body().as_ref();
     if body.len() > MAX_BODY_BYTES {
         return Err(ApiError::InvalidRequest(format!(

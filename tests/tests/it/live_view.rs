@@ -107,7 +107,8 @@ async fn live_view_status_shows_a_sale_admitted_then_drained_to_admins_only() {
     let (status, _) = api.call("GET", &path, None, None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     let admin = api.token("ops", true);
-    for bad in ["x", "1,,2", "0", "-4"] {
+    // The last: 23 characters, more than a path id may have (19), whatever its zeros.
+    for bad in ["x", "1,,2", "0", "-4", "5,00000000573898144520671"] {
         let (status, body) = api
             .call("GET", &format!("/status?voucher={bad}"), Some(&admin), None)
             .await;
