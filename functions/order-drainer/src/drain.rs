@@ -6,9 +6,12 @@
 //!    tells whether new entries wait or idle ones can be claimed, and reads the new
 //!    entries it finds in the same call (a batch at most; not in durable mode, where
 //!    only a read that waits for the replicas hands entries out). A voucher without work
-//!    costs nothing more, and one with a few orders one call until its ack. The survey starts at a
-//!    different place each run and stops when the run's time is up, so with thousands
-//!    of sales no voucher is always last.
+//!    costs nothing more, and one with a few orders one call until its ack. What the
+//!    probes of plain vouchers read is written while the survey goes on probing
+//!    ([`early`]: small reads a group at a time, large ones batch after batch), so the
+//!    database and Redis work at once; the rest waits for the first round. The survey
+//!    starts at a different place each run and stops when the run's time is up, so
+//!    with thousands of sales no voucher is always last.
 //! 2. **Recover**: where the survey found claimable entries (left by a crashed, killed
 //!    or timed-out invocation, or released by one that gave up), XAUTOCLAIM them page
 //!    by page, following the cursor to its end; each page is processed like a batch.
@@ -33,6 +36,7 @@
 //! The cycle itself (survey, recover, drain, a batch, finish) is in this file; the steps
 //! it calls live in submodules, each `impl Drainer` with what it keeps, none calling back
 //! into this file:
+//! - [`early`]: the survey's reads written while it still probes;
 //! - [`write`]: the database side, one transaction per batch, splitting refused batches,
 //!   the payment step's sweep; the statements between begin and commit are free functions
 //!   of its own submodule;
@@ -67,12 +71,12 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use seckill_shared::adapters::data_api::DataApi;
 use seckill_shared::adapters::ledger::Ledger;
-use seckill_shared::adapters::order_stream::{OrderStreams, Probe};
+use seckill_shared::adapters::order_stream::OrderStreams;
 use seckill_shared::adapters::redis::{RedisConn, RedisSales};
 use seckill_shared::adapters::transfers;
 use seckill_shared::domain::{AdmittedOrder, Bucket, StreamEntry, VoucherId, now_millis};
-use seckill_shared::error::StoreError;
 
+mod early;
 mod group;
 mod run;
 mod stream;
@@ -80,6 +84,7 @@ mod write;
 
 pub use run::Summary;
 
+use self::early::Early;
 use self::run::{BatchTimer, Run};
 use crate::config::Config;
 use crate::error::DrainError;
@@ -251,7 +256,13 @@ impl Drainer {
         // that it too changes from run to run.
         let position: BTreeMap<Bucket, usize> =
             vouchers.iter().enumerate().map(|(i, v)| (*v, i)).collect();
-        let probes: Vec<(Bucket, Result<Probe, StoreError>)> = futures::stream::iter(vouchers)
+        // Bucketed vouchers (their transfers are finished after the probes).
+        let bucketed: BTreeSet<VoucherId> = position
+            .keys()
+            .filter(|b| b.index() > 0)
+            .map(|b| b.voucher())
+            .collect();
+        let probes = futures::stream::iter(vouchers)
             .filter(|v| std::future::ready(!run.stopped(*v)))
             .map(|v| async move {
                 let read = if run.fits(1) { batch } else { 0 };
@@ -261,9 +272,8 @@ impl Drainer {
                 )
             })
             .buffer_unordered(PROBES_IN_FLIGHT)
-            .take_until(tokio::time::sleep_until(run.stop_at.into()))
-            .collect()
-            .await;
+            .take_until(tokio::time::sleep_until(run.stop_at.into()));
+        let mut probes = std::pin::pin!(probes);
 
         let now = now_millis();
         let mut claimable = Vec::new();
@@ -271,7 +281,17 @@ impl Drainer {
         let mut with_work: Vec<(u64, Bucket)> = Vec::new();
         let mut open = Vec::new();
         let mut read = Vec::new();
-        for (voucher, probe) in probes {
+        // The plain vouchers' reads are written while the probes go on (early.rs).
+        let mut early = Early::new(self, run);
+        let inserted_before = run.with(|s| s.summary.inserted);
+        loop {
+            let (voucher, probe) = tokio::select! {
+                _ = early.progress() => continue,
+                next = probes.next() => match next {
+                    Some(next) => next,
+                    None => break,
+                },
+            };
             let mut probe = match probe {
                 Ok(p) => p,
                 Err(e) => {
@@ -283,9 +303,10 @@ impl Drainer {
                 }
             };
             let entries = std::mem::take(&mut probe.entries);
-            if !entries.is_empty() {
-                read.push((voucher, entries));
-            }
+            let plain = !probe.claimable
+                && !probe.closing
+                && voucher.index() == 0
+                && !bucketed.contains(&voucher.voucher());
             if probe.claimable {
                 claimable.push(voucher);
             }
@@ -301,6 +322,31 @@ impl Drainer {
                 s.summary.probed += 1;
                 s.probes.insert(voucher, probe);
             });
+            if entries.is_empty() {
+                continue;
+            }
+            if plain {
+                early.push(voucher, entries);
+            } else {
+                read.push((voucher, entries));
+            }
+        }
+        let (written, gathered) = early.finish().await;
+        read.extend(gathered);
+        run.count(|s| s.during_survey += s.inserted - inserted_before);
+        // A voucher written already is polled again at once only when its read was a
+        // full batch (more wait); the others as quiet open sales.
+        with_work.retain(|(_, v)| written.get(v).is_none_or(|n| *n >= batch));
+        for (v, _) in written.iter().filter(|(_, n)| **n < batch) {
+            let open_sale = run.with(|s| {
+                s.probes
+                    .get(v)
+                    .and_then(|p| p.ends_ms)
+                    .is_some_and(|end| end > now)
+            });
+            if open_sale {
+                open.push(*v);
+            }
         }
 
         // 2. Recover what crashed, timed-out or failed invocations left pending.
@@ -316,11 +362,6 @@ impl Drainer {
 
         // Bucketed vouchers: units a donor bucket gave whose caller died before the
         // recipient had them are delivered now (at most once).
-        let bucketed: BTreeSet<VoucherId> = position
-            .keys()
-            .filter(|b| b.index() > 0)
-            .map(|b| b.voucher())
-            .collect();
         let donors = position
             .keys()
             .filter(|b| bucketed.contains(&b.voucher()))

@@ -341,3 +341,64 @@ async fn the_survey_probe_reads_new_orders_in_its_own_call_but_not_past_claimabl
     assert_eq!(ctx.pending(v.id).await, 4);
     ctx.cleanup().await;
 }
+
+/// With many small sales, a group is written as soon as the survey's probes have read
+/// enough sales to fill it, not after the last probe; a hot sale its probe read drains
+/// at once, batch after batch; a voucher whose pending entries can be claimed is not
+/// written early: it is recovered first, and its new orders go to the first round after
+/// that. Every order once, every stock taken once, nothing left pending.
+#[tokio::test]
+async fn groups_are_written_while_the_survey_still_probes_but_claimable_sales_wait() {
+    let ctx = DrainCtx::start().await;
+    // 120 sales of two orders: with batches of 20, a group is ten sales.
+    let (vouchers, small_ids) = small_sales(&ctx, 1, 120).await;
+    let hot = ctx.voucher(100, 100).await;
+    let hot_ids = ctx.admit(hot.id, "hot", 50).await;
+    // Three orders read by a consumer that died (pending, idle), then two new ones.
+    let stuck = ctx.voucher(10, 10).await;
+    ctx.admit(stuck.id, "old", 3).await;
+    let p = ctx
+        .streams
+        .probe(
+            stuck.id,
+            "a-dead-drainer",
+            Duration::from_secs(60),
+            false,
+            100,
+        )
+        .await
+        .unwrap();
+    assert_eq!(p.entries.len(), 3);
+    ctx.admit(stuck.id, "new", 2).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    let mut cfg = ctx.drainer_config();
+    cfg.batch_size = 20;
+    cfg.min_idle = Duration::from_millis(10);
+    let s = ctx.drain(cfg).await;
+    println!("{s:?}");
+    assert_eq!(s.errors, 0, "{s:?}");
+    assert_eq!(s.claimed, 3, "{s:?}");
+    assert_eq!(s.inserted, 240 + 50 + 5, "{s:?}");
+    // Eleven groups of ten sales filled while the probes went on (the ten sales read
+    // last wait for the first round, with nothing after them to fill their group), and
+    // the hot sale's 50; not the claimable sale's.
+    assert_eq!(s.during_survey, 220 + 50, "{s:?}");
+    assert!(s.grouped >= 220, "{s:?}");
+
+    let rows = rows_by_voucher(&ctx).await;
+    for v in &vouchers {
+        assert_eq!(rows.get(&v.id.get()).copied(), Some((2, 0)), "{}", v.id);
+        assert_eq!(ctx.db_stock_left(v.id).await, 8, "{}", v.id);
+        assert_eq!(ctx.pending(v.id).await, 0, "{}", v.id);
+    }
+    assert_eq!(rows.get(&hot.id.get()).copied(), Some((50, 0)));
+    assert_eq!(ctx.db_stock_left(hot.id).await, 50);
+    assert_eq!(rows.get(&stuck.id.get()).copied(), Some((5, 0)));
+    assert_eq!(ctx.db_stock_left(stuck.id).await, 5);
+    for v in [hot.id, stuck.id] {
+        assert_eq!(ctx.pending(v).await, 0, "{v}");
+    }
+    assert_eq!(small_ids.len() + hot_ids.len(), 290);
+    ctx.cleanup().await;
+}

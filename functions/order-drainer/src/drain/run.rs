@@ -58,6 +58,9 @@ pub struct Summary {
     pub batches: u64,
     /// Orders of `inserted` committed in groups of several small sales' orders.
     pub grouped: u64,
+    /// Orders of `inserted` committed while the survey was still probing (the reads its
+    /// probes made, written as they came back).
+    pub during_survey: u64,
     /// Entries this run read but gave back unfinished (pending, claimable at once).
     pub released: u64,
     /// Transactions of other (killed) runs rolled back to free a voucher's row.
@@ -259,6 +262,7 @@ impl Run {
             read = s.read,
             inserted = s.inserted,
             grouped = s.grouped,
+            during_survey = s.during_survey,
             duplicates = s.duplicates,
             rejected = s.rejected,
             dead_lettered = s.dead_lettered,
