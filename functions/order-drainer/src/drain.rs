@@ -84,7 +84,6 @@ mod write;
 
 pub use run::Summary;
 
-use self::early::Early;
 use self::run::{BatchTimer, Run};
 use crate::config::Config;
 use crate::error::DrainError;
@@ -282,7 +281,7 @@ impl Drainer {
         let mut open = Vec::new();
         let mut read = Vec::new();
         // The plain vouchers' reads are written while the probes go on (early.rs).
-        let mut early = Early::new(self, run);
+        let mut early = self.early_writes(run);
         let inserted_before = run.with(|s| s.summary.inserted);
         loop {
             let (voucher, probe) = tokio::select! {

@@ -38,15 +38,24 @@ pub(super) struct Early<'a> {
     /// Small reads gathered for the next group, and their orders.
     gathering: Vec<Read>,
     orders: usize,
-    /// Work waiting for a free slot, oldest first.
+    /// Work waiting for a free slot: large reads first, then the groups in the order
+    /// they filled.
     ready: VecDeque<Vec<Read>>,
     in_flight: FuturesUnordered<BoxFuture<'a, BTreeMap<Bucket, usize>>>,
     /// How many entries each voucher written so far had read.
     had: BTreeMap<Bucket, usize>,
 }
 
+impl Drainer {
+    /// The writer of one survey's reads (a method, so that the survey names nothing of
+    /// this module: it uses the survey's items, not the other way round).
+    pub(super) fn early_writes<'a>(&'a self, run: &'a Run) -> Early<'a> {
+        Early::new(self, run)
+    }
+}
+
 impl<'a> Early<'a> {
-    pub(super) fn new(drainer: &'a Drainer, run: &'a Run) -> Early<'a> {
+    fn new(drainer: &'a Drainer, run: &'a Run) -> Early<'a> {
         Early {
             drainer,
             run,
@@ -62,7 +71,9 @@ impl<'a> Early<'a> {
     pub(super) fn push(&mut self, bucket: Bucket, entries: Vec<StreamEntry>) {
         let batch = self.drainer.cfg.batch_size;
         if !is_small(entries.len(), batch) {
-            self.ready.push_back(vec![(bucket, entries)]);
+            // Ahead of the groups waiting: a hot sale before the small ones, as a round
+            // orders them.
+            self.ready.push_front(vec![(bucket, entries)]);
         } else {
             if self.orders + entries.len() > batch
                 || self.gathering.len() >= MAX_VOUCHERS_PER_STATEMENT
