@@ -25,9 +25,9 @@
 --                   with a payment step; lua/close.lua)
 --   entries         the new entries read (XREADGROUP '>' as ARGV[3], up to ARGV[6]),
 --                   after every figure above was taken, unless claimable is 1; an
---                   empty list when none were read. They are pending for ARGV[3] now, as after any read: the
---                   survey of a run with thousands of small sales reads each one's
---                   orders in this same call instead of a second one.
+--                   empty list when none were read. They are pending for ARGV[3] now,
+--                   as after any read: the survey of a run with thousands of small
+--                   sales reads each one's orders in this same call, not a second one.
 --
 -- Consumer hygiene rides along (the drainer asks for it on its last look at a stream,
 -- ARGV[4] > 0; its survey passes 0): up to ARGV[4] other consumers that hold no pending entry

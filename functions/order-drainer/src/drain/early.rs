@@ -22,22 +22,20 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 
-use seckill_shared::adapters::ledger::sql::MAX_VOUCHERS_PER_STATEMENT;
 use seckill_shared::domain::{Bucket, StreamEntry};
 
-use super::group::is_small;
+use super::group::{Filling, is_small};
 use super::run::Run;
 use super::{Drainer, Read};
 
 /// The survey's reads being written while it goes on: small reads gathered into a
-/// group until it is full (a batch of orders, or [`MAX_VOUCHERS_PER_STATEMENT`] sales),
-/// a large read started at once.
+/// group until it is full (as a round gathers them, [`Filling`]), a large read started
+/// at once.
 pub(super) struct Early<'a> {
     drainer: &'a Drainer,
     run: &'a Run,
-    /// Small reads gathered for the next group, and their orders.
-    gathering: Vec<Read>,
-    orders: usize,
+    /// Small reads gathered for the next group.
+    filling: Filling,
     /// Work waiting for a free slot: large reads first, then the groups in the order
     /// they filled.
     ready: VecDeque<Vec<Read>>,
@@ -59,8 +57,7 @@ impl<'a> Early<'a> {
         Early {
             drainer,
             run,
-            gathering: Vec::new(),
-            orders: 0,
+            filling: Filling::default(),
             ready: VecDeque::new(),
             in_flight: FuturesUnordered::new(),
             had: BTreeMap::new(),
@@ -74,15 +71,8 @@ impl<'a> Early<'a> {
             // Ahead of the groups waiting: a hot sale before the small ones, as a round
             // orders them.
             self.ready.push_front(vec![(bucket, entries)]);
-        } else {
-            if self.orders + entries.len() > batch
-                || self.gathering.len() >= MAX_VOUCHERS_PER_STATEMENT
-            {
-                self.ready.push_back(std::mem::take(&mut self.gathering));
-                self.orders = 0;
-            }
-            self.orders += entries.len();
-            self.gathering.push((bucket, entries));
+        } else if let Some(group) = self.filling.add((bucket, entries), batch) {
+            self.ready.push_back(group);
         }
         self.start();
     }
@@ -119,6 +109,6 @@ impl<'a> Early<'a> {
             self.had.extend(had);
             self.start();
         }
-        (self.had, self.gathering)
+        (self.had, self.filling.into_reads())
     }
 }

@@ -55,6 +55,36 @@ pub(super) fn is_small(entries: usize, batch_size: usize) -> bool {
     entries < (batch_size / 4).max(2)
 }
 
+/// Small reads being gathered into one group, full at a batch of orders or
+/// [`MAX_VOUCHERS_PER_STATEMENT`] sales (a round's, [`group_small`], and the survey's
+/// early writes).
+#[derive(Default)]
+pub(super) struct Filling {
+    reads: Vec<Read>,
+    orders: usize,
+}
+
+impl Filling {
+    /// Adds a small read; returns the group gathered so far when the read does not fit
+    /// in it (the read starts the next one).
+    pub(super) fn add(&mut self, read: Read, batch_size: usize) -> Option<Vec<Read>> {
+        let full = self.orders + read.1.len() > batch_size
+            || self.reads.len() >= MAX_VOUCHERS_PER_STATEMENT;
+        let done = (full && !self.reads.is_empty()).then(|| {
+            self.orders = 0;
+            std::mem::take(&mut self.reads)
+        });
+        self.orders += read.1.len();
+        self.reads.push(read);
+        done
+    }
+
+    /// The reads of the group not full yet.
+    pub(super) fn into_reads(self) -> Vec<Read> {
+        self.reads
+    }
+}
+
 /// Splits one round's reads into groups of small sales (one bucket per voucher, at
 /// most a batch of orders and [`MAX_VOUCHERS_PER_STATEMENT`] vouchers each) and the
 /// reads to drain alone (large ones, or a second bucket of a voucher already grouped).
@@ -62,23 +92,18 @@ pub(super) fn is_small(entries: usize, batch_size: usize) -> bool {
 pub(super) fn group_small(reads: Vec<Read>, batch_size: usize) -> (Vec<Vec<Read>>, Vec<Read>) {
     let mut groups: Vec<Vec<Read>> = Vec::new();
     let mut alone = Vec::new();
-    let mut current = Vec::new();
-    let mut orders = 0;
+    let mut filling = Filling::default();
     let mut seen = HashSet::new();
     for (bucket, entries) in reads {
         if !is_small(entries.len(), batch_size) || !seen.insert(bucket.voucher()) {
             alone.push((bucket, entries));
             continue;
         }
-        if orders + entries.len() > batch_size || current.len() >= MAX_VOUCHERS_PER_STATEMENT {
-            groups.push(std::mem::take(&mut current));
-            orders = 0;
-        }
-        orders += entries.len();
-        current.push((bucket, entries));
+        groups.extend(filling.add((bucket, entries), batch_size));
     }
-    if !current.is_empty() {
-        groups.push(current);
+    let last = filling.into_reads();
+    if !last.is_empty() {
+        groups.push(last);
     }
     let (groups, singles): (Vec<_>, Vec<_>) = groups.into_iter().partition(|g| g.len() > 1);
     alone.extend(singles.into_iter().flatten());

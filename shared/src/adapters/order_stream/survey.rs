@@ -147,9 +147,8 @@ impl OrderStreams {
     /// `consumer` when some wait and none is claimable ([`Probe::entries`]; claimable
     /// entries are recovered first, and the new ones read after them), in the same
     /// call: a survey of thousands of small sales then reads each one once instead of
-    /// twice. In durable
-    /// mode nothing is read here (entries are handed out only through
-    /// [`Self::read_new`], which waits for the replicas first).
+    /// twice. In durable mode nothing is read here (entries are handed out only
+    /// through [`Self::read_new`], which waits for the replicas first).
     pub async fn probe(
         &self,
         voucher: impl Into<Bucket>,
