@@ -402,3 +402,53 @@ async fn groups_are_written_while_the_survey_still_probes_but_claimable_sales_wa
     assert_eq!(small_ids.len() + hot_ids.len(), 290);
     ctx.cleanup().await;
 }
+
+/// A drainer killed inside a group it started while its survey still probed (groups of
+/// five sales fill during the survey here), before or after the commit, twice in a row
+/// (the first recovery run is killed at the same point too): the next run rolls the
+/// open transactions back or acks the committed orders as duplicates; every order
+/// exactly once, every stock taken once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drainer_killed_in_a_group_written_during_its_survey_loses_and_doubles_nothing() {
+    for failpoint in ["after_lock", "after_commit"] {
+        let ctx = DrainCtx::start().await;
+        let (vouchers, ids) = small_sales(&ctx, 1, 40).await;
+        let mut cfg = ctx.drainer_config();
+        cfg.batch_size = 10;
+        cfg.min_idle = Duration::from_secs(1);
+        cfg.max_run = Duration::from_secs(10);
+        for _ in 0..2 {
+            let mut p = DrainerProcess::spawn(&ctx.drainer_env(&cfg), Some(failpoint));
+            p.wait_for_failpoint(failpoint, Duration::from_secs(60));
+            p.kill();
+            tokio::time::sleep(cfg.min_idle + Duration::from_millis(200)).await;
+        }
+
+        let mut recovery = cfg.clone();
+        recovery.max_run = Duration::from_secs(5);
+        let mut inserted = 0;
+        for _ in 0..3 {
+            let (ok, s) = DrainerProcess::spawn(&ctx.drainer_env(&recovery), None)
+                .finish(Duration::from_secs(60));
+            println!("{failpoint}: recovery {s:?}");
+            assert!(ok && s.errors == 0, "{failpoint}: {s:?}");
+            inserted += s.inserted;
+        }
+        let rows = rows_by_voucher(&ctx).await;
+        for v in &vouchers {
+            assert_eq!(
+                rows.get(&v.id.get()).copied(),
+                Some((2, 0)),
+                "{failpoint} {}",
+                v.id
+            );
+            assert_eq!(ctx.db_stock_left(v.id).await, 8, "{failpoint} {}", v.id);
+            assert_eq!(ctx.pending(v.id).await, 0, "{failpoint} {}", v.id);
+        }
+        if failpoint == "after_lock" {
+            assert_eq!(inserted, 80, "nothing committed before the recovery runs");
+        }
+        assert_eq!(ids.len(), 80);
+        ctx.cleanup().await;
+    }
+}
