@@ -44,13 +44,18 @@
 -- Loaded after lua/lib/streams.lua (id_less, stream_group).
 
 -- Shared with Rust (shared/src/protocol.rs; its test checks that the two agree).
--- Sale hash field:
+-- Sale hash fields:
 local ENDS_MS = 'ends_ms'
+local PAY_MS = 'pay_ms'
 -- The sentinel member of the deadlines, closed and to-settle keys (lua/preload.lua):
 local SENTINEL = '~'
 
 local group = ARGV[1]
-local ends = tonumber(redis.call('HGET', KEYS[2], ENDS_MS) or '-1') or -1
+local sale = redis.call('HMGET', KEYS[2], ENDS_MS, PAY_MS)
+local ends = tonumber(sale[1] or '-1') or -1
+-- Only a sale with a payment step has deadlines and closes (lua/admit.lua, close.lua);
+-- one without a sale hash is checked as if it had.
+local pays = ends < 0 or sale[2] ~= false
 
 local info = stream_group(KEYS[1], group)
 if info == nil then
@@ -61,14 +66,19 @@ end
 local length = redis.call('XLEN', KEYS[1])
 local pending = tonumber(info['pending']) or 0
 local last_delivered = info['last-delivered-id'] or '0-0'
+-- Whether the newest entry was delivered comes from the stream itself, never from the
+-- lag: after a deletion Redis may report a lag that stays above zero once everything was
+-- read (small_sales::the_probe_tells_what_waits_whether_or_not_redis_knows_the_lag): a
+-- sale that never looked fully delivered would never retire, and one reporting such a
+-- lag would be read again by every survey and show a lag on the dashboards forever.
 local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 local fully = 1
 if #newest > 0 and id_less(last_delivered, newest[1][1]) then fully = 0 end
 local undelivered
-if type(info['lag']) == 'number' then
-  undelivered = info['lag']
-elseif fully == 1 then
+if fully == 1 then
   undelivered = 0
+elseif type(info['lag']) == 'number' then
+  undelivered = info['lag']
 else
   -- Pending entries deleted from the stream (XDEL) can make this negative.
   undelivered = math.max(0, length - pending)
@@ -105,12 +115,14 @@ if ends >= 0 then
   redis.call('SADD', KEYS[4], SENTINEL)
   redis.call('HSETNX', KEYS[5], SENTINEL, SENTINEL)
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local closing = 0
-if redis.call('SCARD', KEYS[4]) - redis.call('SISMEMBER', KEYS[4], SENTINEL) > 0
-  or redis.call('ZCOUNT', KEYS[3], '-inf', now) > 0 then
-  closing = 1
+if pays then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if redis.call('SCARD', KEYS[4]) - redis.call('SISMEMBER', KEYS[4], SENTINEL) > 0
+    or redis.call('ZCOUNT', KEYS[3], '-inf', now) > 0 then
+    closing = 1
+  end
 end
 
 local entries = {}

@@ -312,6 +312,7 @@ mod tests {
                 include_str!("../../lua/probe.lua"),
                 vec![
                     ("ENDS_MS", text(s::ENDS_MS)),
+                    ("PAY_MS", text(s::PAY_MS)),
                     ("SENTINEL", text(DEADLINES_SENTINEL)),
                 ],
             ),

@@ -342,6 +342,108 @@ async fn the_survey_probe_reads_new_orders_in_its_own_call_but_not_past_claimabl
     ctx.cleanup().await;
 }
 
+/// The probe's "undelivered" and "fully delivered" agree with the stream whether Redis
+/// can tell the group's lag or not (an undelivered entry deleted: the lag is unknown,
+/// then, once the rest is read, an estimate that can stay above zero): both follow the
+/// stream's newest entry once it was delivered, so such a sale retires and shows no lag.
+#[tokio::test]
+async fn the_probe_tells_what_waits_whether_or_not_redis_knows_the_lag() {
+    use redis::AsyncCommands;
+    use seckill_shared::keys::{self, VoucherKeys};
+
+    let ctx = DrainCtx::start().await;
+    let (me, patient) = ("lag-test", Duration::from_secs(60));
+    let lag = |v: VoucherId| {
+        let mut conn = ctx.conn();
+        async move {
+            let groups: redis::streams::StreamInfoGroupsReply =
+                conn.xinfo_groups(VoucherKeys::new(v).orders).await.unwrap();
+            let g = groups
+                .groups
+                .into_iter()
+                .find(|g| g.name == keys::DRAIN_GROUP);
+            g.expect("the drain group").lag
+        }
+    };
+    let figures = |p: &seckill_shared::adapters::order_stream::Probe| {
+        (p.undelivered, p.fully_delivered, p.pending, p.entries.len())
+    };
+
+    // Lag known.
+    let v = ctx.voucher(10, 10).await;
+    ctx.admit(v.id, "k", 2).await;
+    let p = ctx
+        .streams
+        .probe(v.id, me, patient, false, 0)
+        .await
+        .unwrap();
+    assert_eq!(figures(&p), (2, false, 0, 0));
+    assert_eq!(lag(v.id).await, Some(2), "Redis knows the lag here");
+    let p = ctx
+        .streams
+        .probe(v.id, me, patient, false, 100)
+        .await
+        .unwrap();
+    assert_eq!(figures(&p), (2, false, 0, 2), "read in the same call");
+    let p = ctx
+        .streams
+        .probe(v.id, me, patient, false, 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        figures(&p),
+        (0, true, 2, 0),
+        "all delivered, nothing more read"
+    );
+
+    // Lag unknown: of three orders one is read, and the next (undelivered) deleted.
+    let w = ctx.voucher(10, 10).await;
+    let ids = ctx.admit(w.id, "u", 3).await;
+    assert_eq!(ids.len(), 3);
+    let p = ctx
+        .streams
+        .probe(w.id, me, patient, false, 1)
+        .await
+        .unwrap();
+    assert_eq!(figures(&p), (3, false, 0, 1));
+    let orders = VoucherKeys::new(w.id).orders;
+    let all: redis::streams::StreamRangeReply = ctx.conn().xrange_all(&orders).await.unwrap();
+    let second = all.ids[1].id.clone();
+    let _: i64 = ctx.conn().xdel(&orders, &[&second]).await.unwrap();
+    assert_eq!(lag(w.id).await, None, "Redis cannot tell the lag now");
+    let p = ctx
+        .streams
+        .probe(w.id, me, patient, false, 0)
+        .await
+        .unwrap();
+    assert_eq!(
+        (p.undelivered, p.fully_delivered, p.pending),
+        (1, false, 1),
+        "the newest entry is not delivered: one waits (length 2 less 1 pending)"
+    );
+    let p = ctx
+        .streams
+        .probe(w.id, me, patient, false, 100)
+        .await
+        .unwrap();
+    assert_eq!(p.entries.len(), 1, "the third order is read");
+    assert_eq!(p.entries[0].id, all.ids[2].id);
+    let p = ctx
+        .streams
+        .probe(w.id, me, patient, false, 100)
+        .await
+        .unwrap();
+    // Redis's lag may stay above zero after a deletion (an estimate): the probe must
+    // not follow it, or the sale would never retire, and would be read again and show
+    // a lag forever.
+    assert_eq!(
+        figures(&p),
+        (0, true, 2, 0),
+        "all delivered, nothing more read"
+    );
+    ctx.cleanup().await;
+}
+
 /// With many small sales, a group is written as soon as the survey's probes have read
 /// enough sales to fill it, not after the last probe; a hot sale its probe read drains
 /// at once, batch after batch; a voucher whose pending entries can be claimed is not
