@@ -368,28 +368,19 @@ async fn the_probe_tells_what_waits_whether_or_not_redis_knows_the_lag() {
     let figures = |p: &seckill_shared::adapters::order_stream::Probe| {
         (p.undelivered, p.fully_delivered, p.pending, p.entries.len())
     };
+    // The survey's probe of `v`, reading up to `read` new entries.
+    let streams = &ctx.streams;
+    let probe = |v: VoucherId, read: usize| streams.probe(v, me, patient, false, read);
 
     // Lag known.
     let v = ctx.voucher(10, 10).await;
     ctx.admit(v.id, "k", 2).await;
-    let p = ctx
-        .streams
-        .probe(v.id, me, patient, false, 0)
-        .await
-        .unwrap();
+    let p = probe(v.id, 0).await.unwrap();
     assert_eq!(figures(&p), (2, false, 0, 0));
     assert_eq!(lag(v.id).await, Some(2), "Redis knows the lag here");
-    let p = ctx
-        .streams
-        .probe(v.id, me, patient, false, 100)
-        .await
-        .unwrap();
+    let p = probe(v.id, 100).await.unwrap();
     assert_eq!(figures(&p), (2, false, 0, 2), "read in the same call");
-    let p = ctx
-        .streams
-        .probe(v.id, me, patient, false, 100)
-        .await
-        .unwrap();
+    let p = probe(v.id, 100).await.unwrap();
     assert_eq!(
         figures(&p),
         (0, true, 2, 0),
@@ -400,39 +391,23 @@ async fn the_probe_tells_what_waits_whether_or_not_redis_knows_the_lag() {
     let w = ctx.voucher(10, 10).await;
     let ids = ctx.admit(w.id, "u", 3).await;
     assert_eq!(ids.len(), 3);
-    let p = ctx
-        .streams
-        .probe(w.id, me, patient, false, 1)
-        .await
-        .unwrap();
+    let p = probe(w.id, 1).await.unwrap();
     assert_eq!(figures(&p), (3, false, 0, 1));
     let orders = VoucherKeys::new(w.id).orders;
     let all: redis::streams::StreamRangeReply = ctx.conn().xrange_all(&orders).await.unwrap();
     let second = all.ids[1].id.clone();
     let _: i64 = ctx.conn().xdel(&orders, &[&second]).await.unwrap();
     assert_eq!(lag(w.id).await, None, "Redis cannot tell the lag now");
-    let p = ctx
-        .streams
-        .probe(w.id, me, patient, false, 0)
-        .await
-        .unwrap();
+    let p = probe(w.id, 0).await.unwrap();
     assert_eq!(
         (p.undelivered, p.fully_delivered, p.pending),
         (1, false, 1),
         "the newest entry is not delivered: one waits (length 2 less 1 pending)"
     );
-    let p = ctx
-        .streams
-        .probe(w.id, me, patient, false, 100)
-        .await
-        .unwrap();
+    let p = probe(w.id, 100).await.unwrap();
     assert_eq!(p.entries.len(), 1, "the third order is read");
     assert_eq!(p.entries[0].id, all.ids[2].id);
-    let p = ctx
-        .streams
-        .probe(w.id, me, patient, false, 100)
-        .await
-        .unwrap();
+    let p = probe(w.id, 100).await.unwrap();
     // Redis's lag may stay above zero after a deletion (an estimate): the probe must
     // not follow it, or the sale would never retire, and would be read again and show
     // a lag forever.
