@@ -73,13 +73,17 @@ phase() {
     return "$rc"
 }
 
+# summary RC: the phases, and the verdict. A run that stops early (a signal, an error
+# outside a phase) never reads as passed, even when every phase that ran did.
 summary() {
-    local p
+    local rc=$1 p
     printf '\n%s==== summary%s\n' "$_c_bold" "$_c_off" >&2
     for p in "${PHASES[@]}"; do printf '  %s\n' "$p" >&2; done
     printf '  total %s\n' "$(elapsed_since "$T_START")" >&2
     if ((${#FAILED[@]})); then
         printf '\n%s%sFAILED: %s%s\n' "$_c_red" "$_c_bold" "${FAILED[*]}" "$_c_off" >&2
+    elif ((rc != 0)); then
+        printf '\n%s%sFAILED: stopped before the end (exit %s)%s\n' "$_c_red" "$_c_bold" "$rc" "$_c_off" >&2
     else
         printf '\n%s%sALL PASSED%s\n' "$_c_grn" "$_c_bold" "$_c_off" >&2
     fi
@@ -95,8 +99,8 @@ on_exit() {
             "$SECKILL_ROOT/scripts/stack.sh" down || err "stopping the stack failed"
         fi
     fi
-    summary
     if ((rc == 0 && ${#FAILED[@]})); then rc=1; fi
+    summary "$rc"
     exit "$rc"
 }
 trap on_exit EXIT

@@ -416,6 +416,12 @@ async fn the_probe_tells_what_waits_whether_or_not_redis_knows_the_lag() {
         (0, true, 2, 0),
         "all delivered, nothing more read"
     );
+    // The operators' figures (sale status, reconcile) agree.
+    let stats = ctx.streams.stats(w.id).await.unwrap().expect("stats");
+    assert_eq!(
+        (stats.undelivered, stats.fully_delivered, stats.pending),
+        (0, true, 2)
+    );
     ctx.cleanup().await;
 }
 

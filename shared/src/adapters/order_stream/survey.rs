@@ -244,9 +244,12 @@ impl OrderStreams {
             Some(id) => !id_less(&group.last_delivered_id, id),
         };
         let pending = group.pending as u64;
+        // Nothing waits once the newest entry was delivered, whatever lag Redis reports
+        // (Redis 7.0 can report 1 for ever after an undelivered entry was deleted; as
+        // in lua/probe.lua).
         let (undelivered, lag_exact) = match group.lag {
+            _ if fully_delivered => (0, true),
             Some(lag) => (lag as u64, true),
-            None if fully_delivered => (0, true),
             None => (length.saturating_sub(pending), false),
         };
         Ok(Some(StreamStats {
