@@ -187,12 +187,7 @@ impl Drainer {
                 if full(v) {
                     return true;
                 }
-                let open = run.with(|s| {
-                    s.probes
-                        .get(v)
-                        .and_then(|p| p.ends_ms)
-                        .is_some_and(|end| end > now)
-                });
+                let open = run.sale_open(*v, now);
                 polled += usize::from(open);
                 open && polled <= POLL_OPEN_SALES
             });
@@ -337,13 +332,7 @@ impl Drainer {
         // full batch (more wait); the others as quiet open sales.
         with_work.retain(|(_, v)| written.get(v).is_none_or(|n| *n >= batch));
         for (v, _) in written.iter().filter(|(_, n)| **n < batch) {
-            let open_sale = run.with(|s| {
-                s.probes
-                    .get(v)
-                    .and_then(|p| p.ends_ms)
-                    .is_some_and(|end| end > now)
-            });
-            if open_sale {
+            if run.sale_open(*v, now) {
                 open.push(*v);
             }
         }

@@ -48,6 +48,33 @@ async fn small_sales(ctx: &DrainCtx, first: i64, n: i64) -> (Vec<Voucher>, Vec<O
     (vouchers, ids)
 }
 
+/// Spawns a drainer process with `cfg` that stops at `failpoint`, kills it there, and
+/// waits out the claim threshold; `times` times in a row.
+async fn kill_at(ctx: &DrainCtx, cfg: &order_drainer::Config, failpoint: &str, times: usize) {
+    for _ in 0..times {
+        let mut p = DrainerProcess::spawn(&ctx.drainer_env(cfg), Some(failpoint));
+        p.wait_for_failpoint(failpoint, Duration::from_secs(60));
+        p.kill();
+        tokio::time::sleep(cfg.min_idle + Duration::from_millis(200)).await;
+    }
+}
+
+/// Every sale of [`small_sales`] has its two orders confirmed once, its stock taken once
+/// (10 - 2) and nothing pending; `label` names the case in a failure.
+async fn assert_each_sale_drained_once(ctx: &DrainCtx, vouchers: &[Voucher], label: &str) {
+    let rows = rows_by_voucher(ctx).await;
+    for v in vouchers {
+        assert_eq!(
+            rows.get(&v.id.get()).copied(),
+            Some((2, 0)),
+            "{label} {}",
+            v.id
+        );
+        assert_eq!(ctx.db_stock_left(v.id).await, 8, "{label} {}", v.id);
+        assert_eq!(ctx.pending(v.id).await, 0, "{label} {}", v.id);
+    }
+}
+
 #[tokio::test]
 async fn small_sales_drain_together_and_one_that_is_not_plain_drains_alone() {
     let ctx = DrainCtx::start().await;
@@ -158,10 +185,7 @@ async fn a_group_killed_before_or_after_its_commit_loses_and_doubles_nothing() {
         cfg.batch_size = 100;
         cfg.min_idle = Duration::from_secs(1);
         cfg.max_run = Duration::from_secs(10);
-        let mut p = DrainerProcess::spawn(&ctx.drainer_env(&cfg), Some(failpoint));
-        p.wait_for_failpoint(failpoint, Duration::from_secs(60));
-        p.kill();
-        tokio::time::sleep(cfg.min_idle + Duration::from_millis(200)).await;
+        kill_at(&ctx, &cfg, failpoint, 1).await;
 
         let started = now_millis();
         let mut recovery = cfg.clone();
@@ -183,17 +207,7 @@ async fn a_group_killed_before_or_after_its_commit_loses_and_doubles_nothing() {
                 );
             }
         }
-        let rows = rows_by_voucher(&ctx).await;
-        for v in &vouchers {
-            assert_eq!(
-                rows.get(&v.id.get()).copied(),
-                Some((2, 0)),
-                "{failpoint} {}",
-                v.id
-            );
-            assert_eq!(ctx.db_stock_left(v.id).await, 8, "{failpoint} {}", v.id);
-            assert_eq!(ctx.pending(v.id).await, 0, "{failpoint} {}", v.id);
-        }
+        assert_each_sale_drained_once(&ctx, &vouchers, failpoint).await;
         assert_eq!(
             ctx.orders_in_db(VoucherId::new(1).unwrap()).await.len(),
             2,
@@ -469,12 +483,8 @@ async fn groups_are_written_while_the_survey_still_probes_but_claimable_sales_wa
     assert_eq!(s.during_survey, 220 + 50, "{s:?}");
     assert!(s.grouped >= 220, "{s:?}");
 
+    assert_each_sale_drained_once(&ctx, &vouchers, "small").await;
     let rows = rows_by_voucher(&ctx).await;
-    for v in &vouchers {
-        assert_eq!(rows.get(&v.id.get()).copied(), Some((2, 0)), "{}", v.id);
-        assert_eq!(ctx.db_stock_left(v.id).await, 8, "{}", v.id);
-        assert_eq!(ctx.pending(v.id).await, 0, "{}", v.id);
-    }
     assert_eq!(rows.get(&hot.id.get()).copied(), Some((50, 0)));
     assert_eq!(ctx.db_stock_left(hot.id).await, 50);
     assert_eq!(rows.get(&stuck.id.get()).copied(), Some((5, 0)));
@@ -500,12 +510,7 @@ async fn a_drainer_killed_in_a_group_written_during_its_survey_loses_and_doubles
         cfg.batch_size = 10;
         cfg.min_idle = Duration::from_secs(1);
         cfg.max_run = Duration::from_secs(10);
-        for _ in 0..2 {
-            let mut p = DrainerProcess::spawn(&ctx.drainer_env(&cfg), Some(failpoint));
-            p.wait_for_failpoint(failpoint, Duration::from_secs(60));
-            p.kill();
-            tokio::time::sleep(cfg.min_idle + Duration::from_millis(200)).await;
-        }
+        kill_at(&ctx, &cfg, failpoint, 2).await;
 
         let mut recovery = cfg.clone();
         recovery.max_run = Duration::from_secs(5);
@@ -517,17 +522,7 @@ async fn a_drainer_killed_in_a_group_written_during_its_survey_loses_and_doubles
             assert!(ok && s.errors == 0, "{failpoint}: {s:?}");
             inserted += s.inserted;
         }
-        let rows = rows_by_voucher(&ctx).await;
-        for v in &vouchers {
-            assert_eq!(
-                rows.get(&v.id.get()).copied(),
-                Some((2, 0)),
-                "{failpoint} {}",
-                v.id
-            );
-            assert_eq!(ctx.db_stock_left(v.id).await, 8, "{failpoint} {}", v.id);
-            assert_eq!(ctx.pending(v.id).await, 0, "{failpoint} {}", v.id);
-        }
+        assert_each_sale_drained_once(&ctx, &vouchers, failpoint).await;
         if failpoint == "after_lock" {
             assert_eq!(inserted, 80, "nothing committed before the recovery runs");
         }

@@ -151,6 +151,17 @@ impl Run {
         f(&mut state)
     }
 
+    /// Whether `voucher`'s sale was still open at `now_ms` by its latest probe (false
+    /// when it was never probed or Redis had no sale hash).
+    pub(super) fn sale_open(&self, voucher: Bucket, now_ms: i64) -> bool {
+        self.with(|s| {
+            s.probes
+                .get(&voucher)
+                .and_then(|p| p.ends_ms)
+                .is_some_and(|end| end > now_ms)
+        })
+    }
+
     pub(super) fn has_time(&self) -> bool {
         Instant::now() < self.stop_at
     }
