@@ -439,6 +439,105 @@ async fn the_probe_tells_what_waits_whether_or_not_redis_knows_the_lag() {
     ctx.cleanup().await;
 }
 
+/// The probe's short way (a survey's probe of a stream with nothing pending and fewer
+/// entries than it may read: no XINFO, the read tells what waited) gives the figures the
+/// full look gives, and leaves the group as the full look would: a stream whose orders
+/// were all read and acked gets no consumer of the caller's from a read that found
+/// nothing; one that holds more entries than the probe may read, or pending ones, is
+/// looked at in full.
+#[tokio::test]
+async fn the_probes_short_way_agrees_with_the_full_look() {
+    use redis::AsyncCommands;
+    use seckill_shared::keys::{DRAIN_GROUP, VoucherKeys};
+
+    let ctx = DrainCtx::start().await;
+    let (me, patient) = ("short-way", Duration::from_secs(60));
+    let streams = &ctx.streams;
+    let probe = |v: VoucherId, read: usize| streams.probe(v, me, patient, false, read);
+    let figures = |p: &seckill_shared::adapters::order_stream::Probe| {
+        (p.undelivered, p.fully_delivered, p.pending, p.entries.len())
+    };
+    let consumers = |v: VoucherId| {
+        let mut conn = ctx.conn();
+        async move {
+            let reply: redis::streams::StreamInfoConsumersReply = conn
+                .xinfo_consumers(VoucherKeys::new(v).orders, DRAIN_GROUP)
+                .await
+                .unwrap();
+            reply
+                .consumers
+                .into_iter()
+                .map(|c| c.name)
+                .collect::<Vec<_>>()
+        }
+    };
+
+    // Two new orders: the full look (not asked to read) and the short way agree.
+    let v = ctx.voucher(10, 10).await;
+    ctx.admit(v.id, "a", 2).await;
+    let full = probe(v.id, 0).await.unwrap();
+    let short = probe(v.id, 100).await.unwrap();
+    assert_eq!(figures(&full), (2, false, 0, 0));
+    assert_eq!(figures(&short), (2, false, 0, 2), "read in the same call");
+    assert_eq!(
+        (
+            short.length,
+            short.ends_ms,
+            short.claimable,
+            short.oldest_idle_ms
+        ),
+        (full.length, full.ends_ms, false, None)
+    );
+    // Acked: nothing pending, the entries still in the stream (not trimmed yet).
+    let ids: Vec<&str> = short.entries.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(streams.ack(v.id, &ids).await.unwrap(), 2);
+    let _: i64 = ctx
+        .conn()
+        .xgroup_delconsumer(VoucherKeys::new(v.id).orders, DRAIN_GROUP, me)
+        .await
+        .unwrap();
+    let p = probe(v.id, 100).await.unwrap();
+    assert_eq!(figures(&p), (0, true, 0, 0), "nothing waits");
+    assert_eq!(p.length, 2);
+    assert!(
+        consumers(v.id).await.is_empty(),
+        "a read that found nothing left no consumer"
+    );
+    // A consumer the caller already had stays.
+    ctx.admit(v.id, "b", 1).await;
+    assert_eq!(figures(&probe(v.id, 100).await.unwrap()), (1, false, 0, 1));
+    assert_eq!(consumers(v.id).await, vec![me.to_string()]);
+
+    // More entries than the probe may read: the full look, the lag from Redis.
+    let w = ctx.voucher(10, 10).await;
+    ctx.admit(w.id, "c", 3).await;
+    assert_eq!(figures(&probe(w.id, 3).await.unwrap()), (3, false, 0, 3));
+    ctx.admit(w.id, "d", 2).await;
+    // Pending entries: the full look (their idle time, whether they can be claimed).
+    let p = probe(w.id, 100).await.unwrap();
+    assert_eq!(figures(&p), (2, false, 3, 2));
+    assert!(p.oldest_idle_ms.is_some() && !p.claimable);
+
+    // An undelivered entry deleted with nothing pending: the read counts what waits
+    // exactly, where Redis cannot tell the lag.
+    let x = ctx.voucher(10, 10).await;
+    ctx.admit(x.id, "e", 3).await;
+    let orders = VoucherKeys::new(x.id).orders;
+    let all: redis::streams::StreamRangeReply = ctx.conn().xrange_all(&orders).await.unwrap();
+    let _: i64 = ctx.conn().xdel(&orders, &[&all.ids[0].id]).await.unwrap();
+    assert_eq!(figures(&probe(x.id, 100).await.unwrap()), (2, false, 0, 2));
+    assert_eq!(figures(&probe(x.id, 100).await.unwrap()), (0, true, 2, 0));
+
+    // No stream, no group yet: the full look makes them.
+    let y = ctx.voucher(10, 10).await;
+    let _: i64 = ctx.conn().del(VoucherKeys::new(y.id).orders).await.unwrap();
+    assert_eq!(figures(&probe(y.id, 100).await.unwrap()), (0, true, 0, 0));
+    assert!(consumers(y.id).await.is_empty());
+    ctx.admit(y.id, "f", 1).await;
+    assert_eq!(figures(&probe(y.id, 100).await.unwrap()), (1, false, 0, 1));
+    ctx.cleanup().await;
+}
+
 /// With many small sales, a group is written as soon as the survey's probes have read
 /// enough sales to fill it, not after the last probe; a hot sale its probe read drains
 /// at once, batch after batch; a voucher whose pending entries can be claimed is not

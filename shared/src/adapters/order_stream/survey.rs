@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use redis::{AsyncCommands, Value};
 
-use super::parse::{id_less, parse_entries, string_of};
+use super::parse::{id_less, parse_entries};
 use super::reading::OrderStreams;
 use super::scripts::{EXPIRE_SALE, PROBE};
 use crate::domain::{Bucket, StreamEntry, UnixMillis};
@@ -60,8 +60,6 @@ pub struct Probe {
     pub oldest_idle_ms: Option<u64>,
     /// The sale's end (unix ms); `None` when Redis has no sale hash.
     pub ends_ms: Option<UnixMillis>,
-    /// The group's last-delivered id.
-    pub last_delivered: String,
     /// Spent consumers this probe deleted.
     pub reaped: u64,
     /// An order's payment deadline has passed or a close waits for the database
@@ -181,10 +179,9 @@ impl OrderStreams {
         };
         let (length, pending, undelivered) = (int(0)?, int(1)?, int(2)?);
         let (fully, claimable, oldest_idle, ends) = (int(3)?, int(4)?, int(5)?, int(6)?);
-        let last_delivered = reply.get(7).cloned().and_then(string_of).ok_or_else(bad)?;
-        let reaped = int(8)?;
-        let closing = int(9)? == 1;
-        let mut entries = match reply.get(10) {
+        let reaped = int(7)?;
+        let closing = int(8)? == 1;
+        let mut entries = match reply.get(9) {
             Some(v @ Value::Array(_)) => parse_entries(v.clone())?,
             _ => return Err(bad()),
         };
@@ -201,7 +198,6 @@ impl OrderStreams {
             claimable: claimable == 1,
             oldest_idle_ms: u64::try_from(oldest_idle).ok(),
             ends_ms: (ends >= 0).then_some(ends),
-            last_delivered,
             reaped: count(reaped)?,
             closing,
             entries,
