@@ -54,11 +54,13 @@ local REBUY = 'rebuy'
 local BUCKETS = 'buckets'
 local ROOM_RATE = 'room_rate'
 local ROOM_OPENS_S = 'room_opens_s'
+local SENTINELS = 'sentinels'
 
 -- The deadlines, closed and to-settle keys always exist (a sentinel member; a deadline
 -- of +inf, never due): the admission, probe and close scripts name them in KEYS, and
 -- while a slot migrates, a script naming a key the source node does not have is refused
--- (TRYAGAIN) for as long as the migration lasts.
+-- (TRYAGAIN) for as long as the migration lasts. The sale hash says so (SENTINELS), so
+-- the drainer's probe need not make them again.
 redis.call('ZADD', KEYS[4], 'NX', '+inf', SENTINEL)
 redis.call('HSETNX', KEYS[5], SENTINEL, SENTINEL)
 redis.call('SADD', KEYS[6], SENTINEL)
@@ -74,6 +76,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   if not ok and not string.find(tostring(err), 'BUSYGROUP', 1, true) then
     return redis.error_reply(tostring(err))
   end
+  redis.call('HSET', KEYS[1], SENTINELS, '1')
   return ALREADY_LIVE
 end
 
@@ -94,7 +97,7 @@ if not ok and not string.find(tostring(err), 'BUSYGROUP', 1, true) then
   return redis.error_reply(tostring(err))
 end
 redis.call('HSET', KEYS[1], STOCK, string.format('%.0f', stock), TOTAL, ARGV[2],
-  BEGINS_MS, ARGV[3], ENDS_MS, ARGV[4])
+  BEGINS_MS, ARGV[3], ENDS_MS, ARGV[4], SENTINELS, '1')
 if ARGV[7] ~= '' then
   redis.call('HSET', KEYS[1], PAY_MS, ARGV[7], REBUY, ARGV[8])
 end

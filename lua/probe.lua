@@ -51,11 +51,12 @@
 -- Sale hash fields:
 local ENDS_MS = 'ends_ms'
 local PAY_MS = 'pay_ms'
+local SENTINELS = 'sentinels'
 -- The sentinel member of the deadlines, closed and to-settle keys (lua/preload.lua):
 local SENTINEL = '~'
 
 local group = ARGV[1]
-local sale = redis.call('HMGET', KEYS[2], ENDS_MS, PAY_MS)
+local sale = redis.call('HMGET', KEYS[2], ENDS_MS, PAY_MS, SENTINELS)
 local ends = tonumber(sale[1] or '-1') or -1
 -- Only a sale with a payment step has deadlines and closes (lua/admit.lua, close.lua);
 -- one without a sale hash is checked as if it had.
@@ -131,11 +132,12 @@ if most > 0 then
 end
 
 -- A sale preloaded before these keys existed gets their sentinels here (see
--- lua/preload.lua): the scripts name the keys.
-if ends >= 0 then
+-- lua/preload.lua: the scripts name the keys), once: its sale hash then says so.
+if ends >= 0 and sale[3] == false then
   redis.call('ZADD', KEYS[3], 'NX', '+inf', SENTINEL)
   redis.call('SADD', KEYS[4], SENTINEL)
   redis.call('HSETNX', KEYS[5], SENTINEL, SENTINEL)
+  redis.call('HSET', KEYS[2], SENTINELS, '1')
 end
 local closing = 0
 if pays then

@@ -140,6 +140,9 @@ pub mod sale_fields {
     pub const ROOM_RATE: &str = "room_rate";
     /// How many seconds before the start the room's queue opens (with `room_rate`).
     pub const ROOM_OPENS_S: &str = "room_opens_s";
+    /// `1` once the sale's deadlines, closed and to-settle keys hold their sentinel
+    /// (`lua/preload.lua`; `lua/probe.lua` makes them for a sale preloaded without it).
+    pub const SENTINELS: &str = "sentinels";
 }
 
 /// `lua/queue.lua`'s results.
@@ -217,6 +220,7 @@ mod tests {
                     ("BUCKETS", text(s::BUCKETS)),
                     ("ROOM_RATE", text(s::ROOM_RATE)),
                     ("ROOM_OPENS_S", text(s::ROOM_OPENS_S)),
+                    ("SENTINELS", text(s::SENTINELS)),
                     ("SENTINEL", text(DEADLINES_SENTINEL)),
                 ],
             ),
@@ -313,6 +317,7 @@ mod tests {
                 vec![
                     ("ENDS_MS", text(s::ENDS_MS)),
                     ("PAY_MS", text(s::PAY_MS)),
+                    ("SENTINELS", text(s::SENTINELS)),
                     ("SENTINEL", text(DEADLINES_SENTINEL)),
                 ],
             ),

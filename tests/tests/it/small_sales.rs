@@ -538,6 +538,49 @@ async fn the_probes_short_way_agrees_with_the_full_look() {
     ctx.cleanup().await;
 }
 
+/// The deadlines, closed and to-settle keys must exist whenever a script may name them
+/// (a slot migrating refuses a script naming a key its source lacks). Preloading makes
+/// them and says so in the sale hash; a sale preloaded before that (no mark) gets them
+/// from the drainer's first probe, which marks it, so later probes write nothing.
+#[tokio::test]
+async fn a_sale_preloaded_without_its_sentinels_gets_them_from_one_probe() {
+    use redis::AsyncCommands;
+    use seckill_shared::keys::VoucherKeys;
+    use seckill_shared::protocol::sale_fields::SENTINELS;
+
+    let ctx = DrainCtx::start().await;
+    let v = ctx.voucher(10, 10).await;
+    let k = VoucherKeys::new(v.id);
+    let sentinel_keys = [&k.deadlines, &k.closed, &k.to_settle];
+    let existing = || {
+        let mut conn = ctx.conn();
+        let keys = sentinel_keys.map(|k| k.to_string());
+        async move { conn.exists::<_, usize>(&keys).await.unwrap() }
+    };
+    let marked = || {
+        let mut conn = ctx.conn();
+        let sale = k.sale.clone();
+        async move { conn.hexists::<_, _, bool>(&sale, SENTINELS).await.unwrap() }
+    };
+    assert_eq!((existing().await, marked().await), (3, true), "preloaded");
+
+    // As preloaded before the mark: the keys and the mark missing.
+    let _: i64 = ctx.conn().del(&sentinel_keys).await.unwrap();
+    let _: i64 = ctx.conn().hdel(&k.sale, SENTINELS).await.unwrap();
+    let probe = || {
+        ctx.streams
+            .probe(v.id, "sentinels", Duration::from_secs(60), false, 100)
+    };
+    probe().await.unwrap();
+    assert_eq!((existing().await, marked().await), (3, true), "made once");
+
+    // Marked: the probe leaves the keys alone (one deleted stays deleted).
+    let _: i64 = ctx.conn().del(&k.closed).await.unwrap();
+    probe().await.unwrap();
+    assert_eq!(existing().await, 2);
+    ctx.cleanup().await;
+}
+
 /// With many small sales, a group is written as soon as the survey's probes have read
 /// enough sales to fill it, not after the last probe; a hot sale its probe read drains
 /// at once, batch after batch; a voucher whose pending entries can be claimed is not
