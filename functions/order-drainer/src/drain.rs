@@ -139,6 +139,12 @@ impl Drainer {
         &self.cfg
     }
 
+    /// Entries this drainer took off the pending lists since it was made (acked after
+    /// their commit, or dead-lettered): see [`OrderStreams::finished`].
+    pub fn finished(&self) -> u64 {
+        self.streams.finished()
+    }
+
     /// One invocation: drains until `deadline - safety margin` or `max_run`, whichever
     /// comes first, and returns what it did. Failures are counted in the summary, never
     /// thrown: the caller decides how to report them.

@@ -6,6 +6,8 @@
 //! copies and acks in one script); a trim removes only entries every group has acked
 //! and that were delivered (`lua/trim.lua`, `XTRIM MINID`), never by `MAXLEN`.
 
+use std::sync::atomic::Ordering;
+
 use redis::AsyncCommands;
 
 use super::reading::OrderStreams;
@@ -37,6 +39,7 @@ impl OrderStreams {
             .clone()
             .xack(&k.orders, keys::DRAIN_GROUP, ids)
             .await?;
+        self.finished.fetch_add(acked, Ordering::Relaxed);
         Ok(acked)
     }
 
@@ -60,7 +63,10 @@ impl OrderStreams {
             call.arg(f.as_slice()).arg(v.as_slice());
         }
         let written: i64 = call.invoke_async(&mut self.conn.clone()).await?;
-        Ok(written == protocol::dead_letter::WRITTEN)
+        let written = written == protocol::dead_letter::WRITTEN;
+        self.finished
+            .fetch_add(u64::from(written), Ordering::Relaxed);
+        Ok(written)
     }
 
     /// Trims the orders stream below every group's oldest pending entry and

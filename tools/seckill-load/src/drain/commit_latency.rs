@@ -64,7 +64,7 @@ pub async fn commit_latency(
     let mut checks = db_checks(bench, voucher.id, admissions.admitted, None).await?;
     checks.push(Check::new(
         "the invocation drained every admission",
-        matches!(drained, Ok(Ok(()))),
+        matches!(drained, Ok(Ok(_))),
         format!(
             "{committed} of {} admitted orders committed",
             admissions.admitted
