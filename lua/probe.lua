@@ -69,7 +69,7 @@ local most = tonumber(ARGV[4]) or 0
 -- with nothing pending and fewer entries than it may read. Then nothing can be claimed,
 -- and the read itself tells what waited: every entry past the group's last-delivered
 -- id (at most the stream's length, so all of them), hence no XINFO and no look at the
--- newest entry (a third of the probe's server time with thousands of small sales).
+-- newest entry (about a fifth of the probe's server time for a small sale).
 -- XPENDING fails when the stream or the group is missing: the full look below makes them.
 local fast = false
 local length
