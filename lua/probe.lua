@@ -150,25 +150,30 @@ if pays then
 end
 
 local entries = {}
-if fast then
-  if length > 0 then
-    -- XREADGROUP makes its consumer even when it hands out nothing; the full look never
-    -- reads a stream with nothing new, so neither does this path leave a consumer there.
-    local made = redis.call('XGROUP', 'CREATECONSUMER', KEYS[1], group, ARGV[3])
-    local r = redis.call('XREADGROUP', 'GROUP', group, ARGV[3], 'COUNT', read, 'STREAMS', KEYS[1], '>')
-    if r then entries = r[1][2] end
-    if #entries == 0 and made == 1 then
-      redis.call('XGROUP', 'DELCONSUMER', KEYS[1], group, ARGV[3])
-    end
-  end
-  undelivered = #entries
-  if undelivered > 0 then fully = 0 end
 -- Not when older entries wait to be claimed: those are recovered first, and the new
 -- ones read after them, by the round (a recovery that fails stops the voucher before
--- anything newer is handed out).
-elseif read > 0 and claimable == 0 and (undelivered > 0 or fully == 0) then
+-- anything newer is handed out). The short way reads whatever the stream holds.
+local reading
+if fast then
+  reading = length > 0
+else
+  reading = read > 0 and claimable == 0 and (undelivered > 0 or fully == 0)
+end
+if reading then
+  -- XREADGROUP makes its consumer even when it hands out nothing; the full look never
+  -- reads a stream with nothing new, so neither does the short way leave a consumer.
+  local made = 0
+  if fast then made = redis.call('XGROUP', 'CREATECONSUMER', KEYS[1], group, ARGV[3]) end
   local r = redis.call('XREADGROUP', 'GROUP', group, ARGV[3], 'COUNT', read, 'STREAMS', KEYS[1], '>')
   if r then entries = r[1][2] end
+  if #entries == 0 and made == 1 then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], group, ARGV[3])
+  end
+end
+if fast then
+  -- What the read took is what waited.
+  undelivered = #entries
+  if undelivered > 0 then fully = 0 end
 end
 
 return {length, pending, undelivered, fully, claimable, oldest_idle, ends, reaped, closing, entries}

@@ -170,8 +170,8 @@ pub(super) async fn drain_sales(
         // asked only then, untimed, to confirm it. Asking the streams while the drain
         // ran (one call per sale, 10,000 at the largest size, and the first chunk not
         // drained again every 10 ms: about 12,000 calls) took Redis and client time
-        // from the drain it measured. Should the streams
-        // disagree, the clock runs on until they are drained and a check fails.
+        // from the drain it measured. Should the streams disagree, the clock runs on
+        // until they are drained and a check fails.
         while drainer.finished() < n {
             bar.set_position(drainer.finished());
             tokio::time::sleep(Duration::from_millis(1)).await;
