@@ -144,6 +144,7 @@ pub(super) async fn drain_floor(
     let voucher = bench.voucher("bench drain floor", n as i64).await?;
     let mut conn = mysql(&bench.mysql_url).await?;
     let admitted = format_datetime(now_millis());
+    let db_cpu = crate::pinning::database_cpu();
     let start = Instant::now();
     for first in (0..n).step_by(batch) {
         let rows: Vec<String> = (first..(first + batch as u64).min(n))
@@ -160,8 +161,9 @@ pub(super) async fn drain_floor(
         .context("database floor INSERT")?;
     }
     let elapsed = start.elapsed();
+    let db_cpu_end = crate::pinning::database_cpu();
     conn.disconnect().await.ok();
     let checks = db_checks(bench, voucher.id, n, None).await?;
     bench.release_voucher(voucher.id).await?;
-    Ok(DrainRun::new("db-floor", batch, 1, n, elapsed, checks))
+    Ok(DrainRun::new("db-floor", batch, 1, n, elapsed, checks).with_db_cpu(db_cpu, db_cpu_end))
 }

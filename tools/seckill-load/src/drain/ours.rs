@@ -163,6 +163,7 @@ pub(super) async fn drain_sales(
     let streams = OrderStreams::new(bench.redis.clone());
     let bar = ui.bar(n, &format!("drain {variant} {sales} sale(s) b={batch}"));
     let consumer = format!("bench-{}", bench.run_id);
+    let db_cpu = crate::pinning::database_cpu();
     let start = Instant::now();
     let watch = async {
         // The clock stops when the drainer has taken all `n` orders off the pending
@@ -177,18 +178,21 @@ pub(super) async fn drain_sales(
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let counted = start.elapsed();
+        let db_cpu_end = crate::pinning::database_cpu();
         let waits = wait_drained(&streams, &ids, per, Duration::from_millis(10), &bar).await?;
         anyhow::Ok(if waits == 0 {
-            (counted, true)
+            (counted, db_cpu_end, true)
         } else {
-            (start.elapsed(), false)
+            (start.elapsed(), crate::pinning::database_cpu(), false)
         })
     };
-    let (elapsed, summary, agreed) = tokio::select! {
-        s = drainer.run(&consumer, start + ui.max_run) => (start.elapsed(), Some(s), true),
+    let (elapsed, db_cpu_end, summary, agreed) = tokio::select! {
+        s = drainer.run(&consumer, start + ui.max_run) => {
+            (start.elapsed(), crate::pinning::database_cpu(), Some(s), true)
+        }
         w = watch => {
-            let (elapsed, agreed) = w?;
-            (elapsed, None, agreed)
+            let (elapsed, db_cpu_end, agreed) = w?;
+            (elapsed, db_cpu_end, None, agreed)
         }
     };
     bar.finish_and_clear();
@@ -215,6 +219,6 @@ pub(super) async fn drain_sales(
     }
     Ok(DrainRun {
         summary: summary.and_then(|s| serde_json::to_value(s).ok()),
-        ..DrainRun::new(variant, batch, sales, n, elapsed, checks)
+        ..DrainRun::new(variant, batch, sales, n, elapsed, checks).with_db_cpu(db_cpu, db_cpu_end)
     })
 }

@@ -58,6 +58,10 @@ pub struct DrainRun {
     /// The drainer's own summary of the invocation (ours).
     pub summary: Option<serde_json::Value>,
     pub checks: Vec<Check>,
+    /// The CPU seconds the stack's MariaDB spent while the clock ran (ours and the
+    /// floor; none without a local stack's MariaDB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub db_cpu_s: Option<f64>,
     /// Why the variant FAILED on this server (the tutorial consumer, when the server
     /// refused the tutorial's admission script that fills its stream).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -99,6 +103,15 @@ impl FloorRound {
     pub fn ratio(&self) -> f64 {
         self.ours.orders_per_s / self.floor.orders_per_s.max(1e-9)
     }
+
+    /// Ours over the floor were the database the drain's only limit: ours at the
+    /// database's CPU per order with the database busy throughout (orders / the
+    /// database's CPU seconds), over the floor's measured rate. What the database's own
+    /// work allows; the rest of the gap is the way to it (round trips, the drainer, Redis).
+    pub fn database_bound(&self) -> Option<f64> {
+        let ours_at_full = self.ours.orders as f64 / self.ours.db_cpu_s.filter(|s| *s > 0.0)?;
+        Some(ours_at_full / self.floor.orders_per_s.max(1e-9))
+    }
 }
 
 /// The round with the median ratio of ours to the floor (the lower middle one of an
@@ -135,8 +148,27 @@ impl DrainRun {
             orders_per_s: orders as f64 / elapsed.as_secs_f64().max(1e-9),
             summary: None,
             checks,
+            db_cpu_s: None,
             error: None,
         }
+    }
+
+    /// With the database's CPU seconds between two readings of
+    /// [`crate::pinning::database_cpu`].
+    pub(crate) fn with_db_cpu(self, start: Option<f64>, end: Option<f64>) -> DrainRun {
+        let db_cpu_s = start.zip(end).map(|(s, e)| (e - s).max(0.0));
+        DrainRun { db_cpu_s, ..self }
+    }
+
+    /// The database's CPU per order, in microseconds.
+    pub fn db_cpu_per_order_us(&self) -> Option<f64> {
+        self.db_cpu_s.map(|s| s * 1e6 / (self.orders.max(1) as f64))
+    }
+
+    /// The share of the run's time the database spent on a CPU (1.0: one core busy
+    /// throughout).
+    pub fn db_busy(&self) -> Option<f64> {
+        self.db_cpu_s.map(|s| s / self.elapsed_s.max(1e-9))
     }
 }
 

@@ -4,6 +4,7 @@
 use super::results::Results;
 use super::row::Row;
 use crate::admission::AdmitReport;
+use crate::drain::FloorRound;
 use crate::figures::{count, mib, micros, p50_p99, ratio, secs, thousands};
 use crate::record::RunResult;
 
@@ -70,6 +71,12 @@ pub fn rows(r: &Results) -> Vec<Row> {
             });
             let rounds: Vec<String> = rounds.collect();
             rows.push(Row::new("drain: rounds vs the floor", rounds.join("; ")));
+            if let Some(text) = database_share(&d.floor_rounds) {
+                rows.push(Row::new(
+                    "drain: the database's own work (its CPU per order and share of the run; ours were the database busy throughout, vs the floor)",
+                    text,
+                ));
+            }
             // As production runs it: the database on a machine (here a CPU) of its own.
             if let Some(m) = d.median_pinned_round() {
                 let what = format!(
@@ -95,6 +102,12 @@ pub fn rows(r: &Results) -> Vec<Row> {
                     "drain: rounds vs the floor, database pinned",
                     rounds.join("; "),
                 ));
+                if let Some(text) = database_share(&d.pinned_rounds) {
+                    rows.push(Row::new(
+                        "drain: the database's own work, pinned rounds (its CPU per order and share of the run; ours were the database busy throughout, vs the floor)",
+                        text,
+                    ));
+                }
             } else if let Some(why) = d.pinning.as_deref() {
                 rows.push(Row::new("drain: database on its own CPU", why.to_string()));
             }
@@ -316,6 +329,27 @@ fn admit_rows(rows: &mut Vec<Row>, a: &AdmitReport) {
     ));
 }
 
+/// Per round, what the database itself did: its CPU per order and how busy it was in
+/// ours and in the floor, and ours over the floor were the database busy throughout
+/// ([`FloorRound::database_bound`]); `None` when no round knows the database's CPU.
+fn database_share(rounds: &[FloorRound]) -> Option<String> {
+    let parts: Vec<String> = rounds
+        .iter()
+        .filter_map(|r| {
+            let (o, f) = (&r.ours, &r.floor);
+            Some(format!(
+                "ours {:.1} µs, {:.0} %; floor {:.1} µs, {:.0} %; {:.2}×",
+                o.db_cpu_per_order_us()?,
+                o.db_busy()? * 100.0,
+                f.db_cpu_per_order_us()?,
+                f.db_busy()? * 100.0,
+                r.database_bound()?
+            ))
+        })
+        .collect();
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -410,5 +444,37 @@ mod tests {
         let rows = floor_rows(old);
         assert_eq!(rows.len(), 1, "{rows:?}");
         assert_eq!((rows[0].ratio.as_str(), rows[0].met), ("0.75×", Some(true)));
+    }
+
+    #[test]
+    fn the_database_s_own_work_is_shown_when_its_cpu_was_read() {
+        let mut timed = round(100.0, 200.0);
+        // Ours: 1,000 orders in 10 s with 3 s of database CPU (busy 30 %; at a busy
+        // database 333 orders/s, 1.67x the floor's 200); the floor: 5 s in 4.5 s of CPU.
+        timed.ours = timed.ours.with_db_cpu(Some(10.0), Some(13.0));
+        timed.floor = timed.floor.with_db_cpu(Some(1.0), Some(5.5));
+        let drain = DrainReport {
+            ours: vec![run("ours", 300.0)],
+            floor_rounds: vec![timed, round(20.0, 100.0)],
+            ..DrainReport::default()
+        };
+        let rows = floor_rows(drain);
+        let share = rows.iter().find(|r| r.what.contains("own work"));
+        let share = share.expect("a row of the database's own work");
+        // Only the round that read the database's CPU is listed.
+        assert_eq!(
+            share.ours,
+            "ours 3000.0 µs, 30 %; floor 4500.0 µs, 90 %; 1.67×"
+        );
+        let untimed = DrainReport {
+            ours: vec![run("ours", 300.0)],
+            floor_rounds: vec![round(20.0, 100.0)],
+            ..DrainReport::default()
+        };
+        assert!(
+            floor_rows(untimed)
+                .iter()
+                .all(|r| !r.what.contains("own work"))
+        );
     }
 }
