@@ -101,6 +101,7 @@ async fn a_small_drain_commits_every_order_once() {
         pinned_rounds: 0,
         baseline: true,
         sales: vec![1, 3],
+        spread_rounds: 2,
     };
     let r = drain::drain(&bench, &o, &Ui::quiet())
         .await
@@ -116,13 +117,18 @@ async fn a_small_drain_commits_every_order_once() {
         r.db_floor.as_ref().map(|f| f.elapsed_s),
         Some(median.floor.elapsed_s)
     );
+    // Two rounds of the spread, the second in reverse order; each ratio within a round.
     assert_eq!(
         r.spread
             .iter()
-            .map(|s| (s.sales, s.orders))
+            .map(|s| (s.round, s.sales, s.orders))
             .collect::<Vec<_>>(),
-        vec![(1, 600), (3, 600)]
+        vec![(0, 1, 600), (0, 3, 600), (1, 3, 600), (1, 1, 600)]
     );
+    let (pairs, median) = r.spread_pairs(3);
+    assert_eq!(pairs.len(), 2);
+    assert!(pairs.iter().all(|p| p.single.round == p.many.round));
+    assert!(median.is_some());
     for run in r.runs() {
         let what = format!("drain {} batch {}", run.variant, run.batch_size);
         assert_checks(what, &run.checks);

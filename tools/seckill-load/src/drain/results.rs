@@ -41,6 +41,12 @@ pub struct DrainOptions {
     #[arg(long, value_delimiter = ',', default_value = "1,10,100,10000")]
     #[serde(default)]
     pub sales: Vec<usize>,
+    /// Rounds of those runs (each round drains one sale and every larger number of
+    /// sales, in reverse order every other round); each ratio to one sale is taken
+    /// within a round, and the round with the median ratio is reported
+    #[arg(long, default_value_t = 3)]
+    #[serde(default = "one")]
+    pub spread_rounds: usize,
 }
 
 /// One drain run.
@@ -62,6 +68,10 @@ pub struct DrainRun {
     /// floor; none without a local stack's MariaDB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub db_cpu_s: Option<f64>,
+    /// The round of a spread run (0 for every other run, and in reports written
+    /// before the spread had rounds).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub round: usize,
     /// Why the variant FAILED on this server (the tutorial consumer, when the server
     /// refused the tutorial's admission script that fills its stream).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -130,6 +140,24 @@ fn three() -> usize {
     3
 }
 
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// One round's spread runs: `sales` sales at once against one sale, both of one round.
+#[derive(Debug, Clone, Copy)]
+pub struct SpreadPair<'a> {
+    pub single: &'a DrainRun,
+    pub many: &'a DrainRun,
+}
+
+impl SpreadPair<'_> {
+    /// The many sales' rate over the one sale's.
+    pub fn ratio(&self) -> f64 {
+        self.many.orders_per_s / self.single.orders_per_s.max(1e-9)
+    }
+}
+
 impl DrainRun {
     pub(crate) fn new(
         variant: &str,
@@ -149,6 +177,7 @@ impl DrainRun {
             summary: None,
             checks,
             db_cpu_s: None,
+            round: 0,
             error: None,
         }
     }
@@ -182,6 +211,42 @@ impl DrainReport {
     /// The median round with the database on its own CPU.
     pub fn median_pinned_round(&self) -> Option<&FloorRound> {
         median(&self.pinned_rounds)
+    }
+
+    /// The sizes of the spread runs above one sale, in the order first run.
+    pub fn spread_sizes(&self) -> Vec<usize> {
+        let mut sizes: Vec<usize> = Vec::new();
+        for r in self.spread.iter().filter(|r| r.sales > 1) {
+            if !sizes.contains(&r.sales) {
+                sizes.push(r.sales);
+            }
+        }
+        sizes
+    }
+
+    /// Every round's pair of `sales` sales against one sale (rounds missing either run
+    /// are left out), and the pair with the median ratio (the lower middle one).
+    pub fn spread_pairs(&self, sales: usize) -> (Vec<SpreadPair<'_>>, Option<SpreadPair<'_>>) {
+        let rounds: std::collections::BTreeSet<usize> =
+            self.spread.iter().map(|r| r.round).collect();
+        let find = |round: usize, k: usize| {
+            self.spread
+                .iter()
+                .find(|r| r.round == round && r.sales == k)
+        };
+        let pairs: Vec<SpreadPair<'_>> = rounds
+            .into_iter()
+            .filter_map(|round| {
+                Some(SpreadPair {
+                    single: find(round, 1)?,
+                    many: find(round, sales)?,
+                })
+            })
+            .collect();
+        let mut sorted = pairs.clone();
+        sorted.sort_by(|a, b| a.ratio().total_cmp(&b.ratio()));
+        let median = sorted.get(sorted.len().saturating_sub(1) / 2).copied();
+        (pairs, median)
     }
 
     /// Our fastest batch size.

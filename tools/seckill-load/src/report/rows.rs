@@ -129,17 +129,39 @@ pub fn rows(r: &Results) -> Vec<Row> {
             "drain: batch-size sweep (orders/s)",
             sweep.join(", "),
         ));
-        if let Some(single) = d.spread.iter().find(|r| r.sales == 1) {
-            for many in d.spread.iter().filter(|r| r.sales > 1) {
-                let what = format!(
-                    "drain (N={}): {} sales at once vs 1 sale (batch {})",
-                    many.orders, many.sales, many.batch_size
-                );
-                let rates = (many.orders_per_s, single.orders_per_s, None);
-                // Up to a hundred sales drain at nearly one sale's rate; thousands of
-                // tiny sales (a handful of orders each) at half of it, written in groups.
-                let target = if many.sales <= 100 { 0.9 } else { 0.5 };
-                rows.push(Row::rate(what, "orders/s", target, rates));
+        for k in d.spread_sizes() {
+            let (pairs, median) = d.spread_pairs(k);
+            let Some(m) = median else { continue };
+            let rounds = match pairs.len() {
+                1 => String::new(),
+                n => format!(", median of {n} side-by-side rounds"),
+            };
+            let what = format!(
+                "drain (N={}): {k} sales at once vs 1 sale (batch {}){rounds}",
+                m.many.orders, m.many.batch_size
+            );
+            let rates = (m.many.orders_per_s, m.single.orders_per_s, None);
+            // Up to a hundred sales drain at nearly one sale's rate; thousands of tiny
+            // sales (a handful of orders each) at half of it, written in groups.
+            let target = if k <= 100 { 0.9 } else { 0.5 };
+            rows.push(Row::rate(what, "orders/s", target, rates));
+            if pairs.len() > 1 {
+                let each: Vec<String> = pairs
+                    .iter()
+                    .map(|p| {
+                        let (many, one) = (p.many.orders_per_s, p.single.orders_per_s);
+                        format!(
+                            "{:.2}× ({} vs {})",
+                            p.ratio(),
+                            thousands(many),
+                            thousands(one)
+                        )
+                    })
+                    .collect();
+                rows.push(Row::new(
+                    format!("drain: rounds, {k} sales vs 1 sale"),
+                    each.join("; "),
+                ));
             }
         }
     }
@@ -444,6 +466,62 @@ mod tests {
         let rows = floor_rows(old);
         assert_eq!(rows.len(), 1, "{rows:?}");
         assert_eq!((rows[0].ratio.as_str(), rows[0].met), ("0.75×", Some(true)));
+    }
+
+    fn spread(round: usize, sales: usize, orders_per_s: f64) -> DrainRun {
+        DrainRun {
+            round,
+            sales,
+            ..run("spread", orders_per_s)
+        }
+    }
+
+    /// The rows of the spread runs.
+    fn spread_rows(drain: DrainReport) -> Vec<crate::report::Row> {
+        let results = crate::report::Results {
+            drain: Some(drain),
+            ..crate::report::Results::default()
+        };
+        let rows = crate::report::rows(&results).into_iter();
+        rows.filter(|r| r.what.contains("1 sale")).collect()
+    }
+
+    #[test]
+    fn each_spread_ratio_is_taken_within_a_round_and_the_median_round_reported() {
+        let drain = DrainReport {
+            ours: vec![run("ours", 300.0)],
+            // Ratios of 10,000 sales: 0.40, 0.60, 0.50 (round 1 ran in reverse order:
+            // its runs are found by their round, not their place). A round without its
+            // one-sale run counts for nothing.
+            spread: vec![
+                spread(0, 1, 100.0),
+                spread(0, 10000, 40.0),
+                spread(1, 10000, 90.0),
+                spread(1, 1, 150.0),
+                spread(2, 1, 80.0),
+                spread(2, 10000, 40.0),
+                spread(3, 10000, 10.0),
+            ],
+            ..DrainReport::default()
+        };
+        let rows = spread_rows(drain);
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        assert!(rows[0].what.contains("median of 3"), "{}", rows[0].what);
+        assert_eq!((rows[0].ratio.as_str(), rows[0].met), ("0.50×", Some(true)));
+        assert_eq!(
+            rows[1].ours,
+            "0.40× (40 vs 100); 0.60× (90 vs 150); 0.50× (40 vs 80)"
+        );
+        // A report from before the rounds: one of each, no rounds row.
+        let old = DrainReport {
+            ours: vec![run("ours", 300.0)],
+            spread: vec![spread(0, 1, 100.0), spread(0, 10, 95.0)],
+            ..DrainReport::default()
+        };
+        let rows = spread_rows(old);
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert!(!rows[0].what.contains("median"), "{}", rows[0].what);
+        assert_eq!((rows[0].ratio.as_str(), rows[0].met), ("0.95×", Some(true)));
     }
 
     #[test]
