@@ -432,14 +432,15 @@ mod tests {
         }
     }
 
-    /// The rows the table shows for a drain: the floor row (and, with rounds, the rounds).
-    fn floor_rows(drain: DrainReport) -> Vec<crate::report::Row> {
+    /// The rows the table shows for a drain whose label contains `about` (`floor`: the
+    /// floor rows; `1 sale`: the spread rows, each against one sale).
+    fn drain_rows(drain: DrainReport, about: &str) -> Vec<crate::report::Row> {
         let results = crate::report::Results {
             drain: Some(drain),
             ..crate::report::Results::default()
         };
         let rows = crate::report::rows(&results).into_iter();
-        rows.filter(|r| r.what.contains("floor")).collect()
+        rows.filter(|r| r.what.contains(about)).collect()
     }
 
     #[test]
@@ -449,7 +450,7 @@ mod tests {
             floor_rounds: vec![round(100.0, 200.0), round(20.0, 100.0), round(90.0, 100.0)],
             ..DrainReport::default()
         };
-        let rows = floor_rows(rounds);
+        let rows = drain_rows(rounds, "floor");
         assert_eq!(rows.len(), 2, "{rows:?}");
         // The median round's ratio, not the sweep's best (300) against any floor.
         assert_eq!(
@@ -463,7 +464,7 @@ mod tests {
             db_floor: Some(run("db-floor", 400.0)),
             ..DrainReport::default()
         };
-        let rows = floor_rows(old);
+        let rows = drain_rows(old, "floor");
         assert_eq!(rows.len(), 1, "{rows:?}");
         assert_eq!((rows[0].ratio.as_str(), rows[0].met), ("0.75×", Some(true)));
     }
@@ -474,16 +475,6 @@ mod tests {
             sales,
             ..run("spread", orders_per_s)
         }
-    }
-
-    /// The rows of the spread runs.
-    fn spread_rows(drain: DrainReport) -> Vec<crate::report::Row> {
-        let results = crate::report::Results {
-            drain: Some(drain),
-            ..crate::report::Results::default()
-        };
-        let rows = crate::report::rows(&results).into_iter();
-        rows.filter(|r| r.what.contains("1 sale")).collect()
     }
 
     #[test]
@@ -504,7 +495,7 @@ mod tests {
             ],
             ..DrainReport::default()
         };
-        let rows = spread_rows(drain);
+        let rows = drain_rows(drain, "1 sale");
         assert_eq!(rows.len(), 2, "{rows:?}");
         assert!(rows[0].what.contains("median of 3"), "{}", rows[0].what);
         assert_eq!((rows[0].ratio.as_str(), rows[0].met), ("0.50×", Some(true)));
@@ -518,7 +509,7 @@ mod tests {
             spread: vec![spread(0, 1, 100.0), spread(0, 10, 95.0)],
             ..DrainReport::default()
         };
-        let rows = spread_rows(old);
+        let rows = drain_rows(old, "1 sale");
         assert_eq!(rows.len(), 1, "{rows:?}");
         assert!(!rows[0].what.contains("median"), "{}", rows[0].what);
         assert_eq!((rows[0].ratio.as_str(), rows[0].met), ("0.95×", Some(true)));
@@ -536,7 +527,7 @@ mod tests {
             floor_rounds: vec![timed, round(20.0, 100.0)],
             ..DrainReport::default()
         };
-        let rows = floor_rows(drain);
+        let rows = drain_rows(drain, "floor");
         let share = rows.iter().find(|r| r.what.contains("own work"));
         let share = share.expect("a row of the database's own work");
         // Only the round that read the database's CPU is listed.
@@ -550,7 +541,7 @@ mod tests {
             ..DrainReport::default()
         };
         assert!(
-            floor_rows(untimed)
+            drain_rows(untimed, "floor")
                 .iter()
                 .all(|r| !r.what.contains("own work"))
         );
