@@ -14,7 +14,7 @@ use seckill_shared::adapters::data_api::{field, format_datetime, param};
 use seckill_shared::domain::now_millis;
 
 use super::checks::db_checks;
-use super::results::DrainRun;
+use super::results::{DrainRun, RunClock};
 use crate::admission::tutorial_keys;
 use crate::backends::Bench;
 use crate::drivers::{Driver, TutorialKeys, many};
@@ -144,8 +144,7 @@ pub(super) async fn drain_floor(
     let voucher = bench.voucher("bench drain floor", n as i64).await?;
     let mut conn = mysql(&bench.mysql_url).await?;
     let admitted = format_datetime(now_millis());
-    let db_cpu = crate::pinning::database_cpu();
-    let start = Instant::now();
+    let clock = RunClock::start();
     for first in (0..n).step_by(batch) {
         let rows: Vec<String> = (first..(first + batch as u64).min(n))
             .map(|k| {
@@ -160,10 +159,9 @@ pub(super) async fn drain_floor(
         .await
         .context("database floor INSERT")?;
     }
-    let elapsed = start.elapsed();
-    let db_cpu_end = crate::pinning::database_cpu();
+    let stopped = clock.stop();
     conn.disconnect().await.ok();
     let checks = db_checks(bench, voucher.id, n, None).await?;
     bench.release_voucher(voucher.id).await?;
-    Ok(DrainRun::new("db-floor", batch, 1, n, elapsed, checks).with_db_cpu(db_cpu, db_cpu_end))
+    Ok(DrainRun::timed("db-floor", batch, 1, n, stopped, checks))
 }

@@ -2,7 +2,7 @@
 //! engine, and the watch that stops the clock once every order is committed and acked.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use indicatif::ProgressBar;
 use order_drainer::config::{MAX_BATCH_SIZE, defaults};
@@ -14,7 +14,7 @@ use seckill_shared::domain::{Voucher, VoucherId};
 use seckill_shared::keys::{self, VoucherKeys};
 
 use super::checks::db_checks;
-use super::results::DrainRun;
+use super::results::{DrainRun, RunClock};
 use crate::backends::Bench;
 use crate::drivers::{Driver, many};
 use crate::engine::{Ui, run};
@@ -163,8 +163,8 @@ pub(super) async fn drain_sales(
     let streams = OrderStreams::new(bench.redis.clone());
     let bar = ui.bar(n, &format!("drain {variant} {sales} sale(s) b={batch}"));
     let consumer = format!("bench-{}", bench.run_id);
-    let db_cpu = crate::pinning::database_cpu();
-    let start = Instant::now();
+    let clock = RunClock::start();
+    let start = clock.started;
     let watch = async {
         // The clock stops when the drainer has taken all `n` orders off the pending
         // lists (its own count, read in memory every millisecond); the streams are
@@ -177,22 +177,19 @@ pub(super) async fn drain_sales(
             bar.set_position(drainer.finished());
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        let counted = start.elapsed();
-        let db_cpu_end = crate::pinning::database_cpu();
+        let counted = clock.stop();
         let waits = wait_drained(&streams, &ids, per, Duration::from_millis(10), &bar).await?;
         anyhow::Ok(if waits == 0 {
-            (counted, db_cpu_end, true)
+            (counted, true)
         } else {
-            (start.elapsed(), crate::pinning::database_cpu(), false)
+            (clock.stop(), false)
         })
     };
-    let (elapsed, db_cpu_end, summary, agreed) = tokio::select! {
-        s = drainer.run(&consumer, start + ui.max_run) => {
-            (start.elapsed(), crate::pinning::database_cpu(), Some(s), true)
-        }
+    let (stopped, summary, agreed) = tokio::select! {
+        s = drainer.run(&consumer, start + ui.max_run) => (clock.stop(), Some(s), true),
         w = watch => {
-            let (elapsed, db_cpu_end, agreed) = w?;
-            (elapsed, db_cpu_end, None, agreed)
+            let (stopped, agreed) = w?;
+            (stopped, None, agreed)
         }
     };
     bar.finish_and_clear();
@@ -219,6 +216,6 @@ pub(super) async fn drain_sales(
     }
     Ok(DrainRun {
         summary: summary.and_then(|s| serde_json::to_value(s).ok()),
-        ..DrainRun::new(variant, batch, sales, n, elapsed, checks).with_db_cpu(db_cpu, db_cpu_end)
+        ..DrainRun::timed(variant, batch, sales, n, stopped, checks)
     })
 }

@@ -1,7 +1,7 @@
 //! What the drain benchmarks measure: the options of the drain and admission-to-commit
 //! scenarios, each drain run, the rounds against the database floor, and the reports.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -124,12 +124,17 @@ impl FloorRound {
     }
 }
 
-/// The round with the median ratio of ours to the floor (the lower middle one of an
-/// even count).
+/// The item with the median `ratio` (the lower middle one of an even count): the
+/// round that stands for a comparison made in rounds (the floor's, the spread's).
+fn median_by<T: Copy>(items: impl IntoIterator<Item = T>, ratio: impl Fn(&T) -> f64) -> Option<T> {
+    let mut items: Vec<T> = items.into_iter().collect();
+    items.sort_by(|a, b| ratio(a).total_cmp(&ratio(b)));
+    items.get(items.len().saturating_sub(1) / 2).copied()
+}
+
+/// The round with the median ratio of ours to the floor.
 fn median(rounds: &[FloorRound]) -> Option<&FloorRound> {
-    let mut rounds: Vec<&FloorRound> = rounds.iter().collect();
-    rounds.sort_by(|a, b| a.ratio().total_cmp(&b.ratio()));
-    rounds.get(rounds.len().saturating_sub(1) / 2).copied()
+    median_by(rounds, |r| r.ratio())
 }
 
 fn one() -> usize {
@@ -158,7 +163,55 @@ impl SpreadPair<'_> {
     }
 }
 
+/// A run's clock: its time, and the database's CPU time over the same span (see
+/// [`crate::pinning::database_cpu`]).
+pub(crate) struct RunClock {
+    pub(crate) started: Instant,
+    db_cpu: Option<f64>,
+}
+
+/// What a [`RunClock`] read when it stopped.
+#[derive(Clone, Copy)]
+pub(crate) struct Stopped {
+    pub(crate) elapsed: Duration,
+    /// The database's CPU seconds since the start; `None` without a local stack's
+    /// MariaDB.
+    pub(crate) db_cpu_s: Option<f64>,
+}
+
+impl RunClock {
+    pub(crate) fn start() -> RunClock {
+        let db_cpu = crate::pinning::database_cpu();
+        RunClock {
+            started: Instant::now(),
+            db_cpu,
+        }
+    }
+
+    pub(crate) fn stop(&self) -> Stopped {
+        let elapsed = self.started.elapsed();
+        let end = crate::pinning::database_cpu();
+        let db_cpu_s = self.db_cpu.zip(end).map(|(s, e)| (e - s).max(0.0));
+        Stopped { elapsed, db_cpu_s }
+    }
+}
+
 impl DrainRun {
+    /// A run measured by a [`RunClock`].
+    pub(crate) fn timed(
+        variant: &str,
+        batch_size: usize,
+        sales: usize,
+        orders: u64,
+        stopped: Stopped,
+        checks: Vec<Check>,
+    ) -> DrainRun {
+        DrainRun {
+            db_cpu_s: stopped.db_cpu_s,
+            ..DrainRun::new(variant, batch_size, sales, orders, stopped.elapsed, checks)
+        }
+    }
+
     pub(crate) fn new(
         variant: &str,
         batch_size: usize,
@@ -180,13 +233,6 @@ impl DrainRun {
             round: 0,
             error: None,
         }
-    }
-
-    /// With the database's CPU seconds between two readings of
-    /// [`crate::pinning::database_cpu`].
-    pub(crate) fn with_db_cpu(self, start: Option<f64>, end: Option<f64>) -> DrainRun {
-        let db_cpu_s = start.zip(end).map(|(s, e)| (e - s).max(0.0));
-        DrainRun { db_cpu_s, ..self }
     }
 
     /// The database's CPU per order, in microseconds.
@@ -243,9 +289,7 @@ impl DrainReport {
                 })
             })
             .collect();
-        let mut sorted = pairs.clone();
-        sorted.sort_by(|a, b| a.ratio().total_cmp(&b.ratio()));
-        let median = sorted.get(sorted.len().saturating_sub(1) / 2).copied();
+        let median = median_by(pairs.iter().copied(), SpreadPair::ratio);
         (pairs, median)
     }
 

@@ -520,8 +520,8 @@ mod tests {
         let mut timed = round(100.0, 200.0);
         // Ours: 1,000 orders in 10 s with 3 s of database CPU (busy 30 %; at a busy
         // database 333 orders/s, 1.67x the floor's 200); the floor: 5 s in 4.5 s of CPU.
-        timed.ours = timed.ours.with_db_cpu(Some(10.0), Some(13.0));
-        timed.floor = timed.floor.with_db_cpu(Some(1.0), Some(5.5));
+        timed.ours.db_cpu_s = Some(3.0);
+        timed.floor.db_cpu_s = Some(4.5);
         let drain = DrainReport {
             ours: vec![run("ours", 300.0)],
             floor_rounds: vec![timed, round(20.0, 100.0)],
