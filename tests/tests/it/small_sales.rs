@@ -219,18 +219,29 @@ async fn a_group_killed_before_or_after_its_commit_loses_and_doubles_nothing() {
 }
 
 /// The group's statements read only the group's rows whatever the table's statistics
-/// say: on 5,000 vouchers written just now and never analysed, the lock of 250 of them
-/// and the stock update of the same (run as the Data API server runs them, one
-/// statement on one connection, with the drainer's own SQL and names) examine about one
-/// row each (`Handler_read_*`), through the primary key.
+/// say, on a table written just now and never analysed: the lock of a group and the
+/// stock update of the same (run as the Data API server runs them, one statement on one
+/// connection, with the drainer's own SQL and names) examine about one row each
+/// (`Handler_read_*`), through the primary key (`EXPLAIN`: a range). Two shapes: 250 of
+/// 5,000 vouchers, and 30 of 40, a group that is most of its table (without an index
+/// hint the update then read every row, locking them all: two groups written at once
+/// deadlocked).
 #[tokio::test]
 async fn the_group_statements_read_only_their_rows_on_a_table_never_analysed() {
+    for (table, group, step) in [(5_000, 250, 19), (40, 30, 1)] {
+        let ctx = DrainCtx::start().await;
+        ctx.many_vouchers(1, table, 10).await;
+        let ids: Vec<VoucherId> = (0..group)
+            .map(|i| VoucherId::new(1 + (i * step) % table).unwrap())
+            .collect();
+        group_statements_read_only_their_rows(&ctx, &ids).await;
+        ctx.cleanup().await;
+    }
+}
+
+/// See [`the_group_statements_read_only_their_rows_on_a_table_never_analysed`].
+async fn group_statements_read_only_their_rows(ctx: &DrainCtx, ids: &[VoucherId]) {
     use seckill_shared::adapters::ledger::sql;
-    let ctx = DrainCtx::start().await;
-    ctx.many_vouchers(1, 5_000, 10).await;
-    let ids: Vec<VoucherId> = (0..250i64)
-        .map(|i| VoucherId::new(1 + (i * 19) % 5_000).unwrap())
-        .collect();
     let named = |params: Vec<aws_sdk_rdsdata::types::SqlParameter>| {
         let map: std::collections::HashMap<Vec<u8>, mysql_async::Value> = params
             .iter()
@@ -255,7 +266,7 @@ async fn the_group_statements_read_only_their_rows_on_a_table_never_analysed() {
     };
     conn.query_drop("BEGIN").await.unwrap();
 
-    let (lock, params) = sql::lock_vouchers(&ids);
+    let (lock, params) = sql::lock_vouchers(ids);
     let plan: Vec<mysql_async::Row> = conn
         .exec(format!("EXPLAIN {lock}"), named(params.clone()))
         .await
@@ -285,6 +296,20 @@ async fn the_group_statements_read_only_their_rows_on_a_table_never_analysed() {
 
     let takes: Vec<(VoucherId, i64)> = ids.iter().map(|v| (*v, 2)).collect();
     let (update, params) = sql::take_stocks(&takes);
+    let plan: Vec<mysql_async::Row> = conn
+        .exec(format!("EXPLAIN {update}"), named(params.clone()))
+        .await
+        .unwrap();
+    let plan: Vec<(Option<String>, Option<String>)> = plan
+        .into_iter()
+        .map(|r| (r.get("type"), r.get("key")))
+        .collect();
+    assert_eq!(
+        plan,
+        vec![(Some("range".into()), Some("PRIMARY".into()))],
+        "the update of {} rows",
+        ids.len()
+    );
     let before = handler_reads(&mut conn).await;
     conn.exec_drop(&update, named(params)).await.unwrap();
     let updated = conn.affected_rows();
@@ -296,7 +321,6 @@ async fn the_group_statements_read_only_their_rows_on_a_table_never_analysed() {
     );
     conn.query_drop("ROLLBACK").await.unwrap();
     conn.disconnect().await.ok();
-    ctx.cleanup().await;
 }
 
 /// The survey's probe reads the new orders it finds in its own call (a small sale then
