@@ -2,7 +2,9 @@
 //!
 //! [`Drainer::run`]:
 //! 1. **Survey** every voucher (the active set, or `DRAINER_VOUCHERS`) with one script
-//!    call each, many at once ([`OrderStreams::probe`]): it makes a missing drain group,
+//!    call each, a slice of vouchers at a time ([`OrderStreams::probe_many`]: one
+//!    pipeline where one Redis node serves every slot, else many calls at once): it
+//!    makes a missing drain group,
 //!    tells whether new entries wait or idle ones can be claimed, and reads the new
 //!    entries it finds in the same call (a batch at most; not in durable mode, where
 //!    only a read that waits for the replicas hands entries out). A voucher without work
@@ -96,8 +98,12 @@ const MAINTENANCE_EVERY: Duration = Duration::from_secs(5);
 /// Full batches of one voucher drained back to back (each read while the one before it
 /// commits) before the other vouchers get their turn.
 pub const BATCHES_PER_TURN: usize = 16;
-/// Probes in flight at once during a survey.
+/// Probes in flight at once outside a survey.
 const PROBES_IN_FLIGHT: usize = 64;
+/// A survey probes its vouchers a slice at a time, each slice a pipeline per Redis node
+/// ([`OrderStreams::probe_many`]), [`SLICES_IN_FLIGHT`] slices at once.
+const PROBES_PER_SLICE: usize = 256;
+const SLICES_IN_FLIGHT: usize = 2;
 /// Open sales polled every round even without work, up to this many; beyond it, quiet
 /// sales wait for the next survey.
 const POLL_OPEN_SALES: usize = 256;
@@ -262,16 +268,24 @@ impl Drainer {
             .filter(|b| b.index() > 0)
             .map(|b| b.voucher())
             .collect();
-        let probes = futures::stream::iter(vouchers)
-            .filter(|v| std::future::ready(!run.stopped(*v)))
-            .map(|v| async move {
+        // A pipeline per Redis node for each slice of vouchers: with thousands of small
+        // sales the probes are most of a run's requests.
+        let slices: Vec<Vec<Bucket>> = vouchers
+            .chunks(PROBES_PER_SLICE)
+            .map(<[Bucket]>::to_vec)
+            .collect();
+        let probes = futures::stream::iter(slices)
+            .map(|slice| async move {
+                let slice: Vec<Bucket> = slice.into_iter().filter(|v| !run.stopped(*v)).collect();
                 let read = if run.fits(1) { batch } else { 0 };
-                (
-                    v,
-                    self.streams.probe(v, consumer, min_idle, false, read).await,
-                )
+                let probed = self
+                    .streams
+                    .probe_many(&slice, consumer, min_idle, read)
+                    .await;
+                futures::stream::iter(slice.into_iter().zip(probed))
             })
-            .buffer_unordered(PROBES_IN_FLIGHT)
+            .buffer_unordered(SLICES_IN_FLIGHT)
+            .flatten()
             .take_until(tokio::time::sleep_until(run.stop_at.into()));
         let mut probes = std::pin::pin!(probes);
 

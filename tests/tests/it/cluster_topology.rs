@@ -1086,3 +1086,96 @@ async fn a_slot_held_split_for_seconds_costs_buyers_a_wait_not_a_503() {
     );
     ctx.cleanup().await;
 }
+
+/// Small sales drain whole after a slot moved under a long-lived drainer: after a first
+/// run read the cluster's shape, one sale's slot moves to another primary and every node
+/// forgets its scripts; the next run drains every sale, once, without an error. Where
+/// one node serves every slot the drainer sends a survey's probes and a group's acks as
+/// pipelines (`seckill_shared::adapters::redis`'s `per_node`); on a cluster of several,
+/// as here, one by one, and this proves that path still rides out a move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn small_sales_drain_whole_after_a_slot_moved_under_a_long_lived_drainer() {
+    const SALES: i64 = 24;
+    let redis = RedisServer::cluster(3, 0);
+    let seed = redis.port();
+    let ctx = DrainCtx::start_with(redis).await;
+    let vouchers = ctx.many_vouchers(7_000, SALES, 10).await;
+    let ids: Vec<VoucherId> = vouchers.iter().map(|v| v.id).collect();
+    let mut cfg = ctx.drainer_config();
+    cfg.vouchers = Some(ids.clone());
+    let drainer = order_drainer::Drainer::connect(cfg)
+        .await
+        .expect("drainer connects");
+    // The first run surveys every sale (nothing to drain yet): the drainer's slot map
+    // is read now.
+    let (warm, ok) = order_drainer::run_once(&drainer).await;
+    assert!(ok && warm.errors == 0, "warm-up run: {warm:?}");
+
+    // One sale's slot moves (slots moved back and forth between two primaries in quick
+    // succession can leave the nodes disagreeing for good about who owns one: each names
+    // the other, and a request for it meets MOVED forever, whatever the client does).
+    let mut moved = Vec::new();
+    for &v in &ids[..1] {
+        let slot = key_slot(seed, &VoucherKeys::new(v).orders);
+        let from = owner_of(seed, slot).port;
+        let to = topology(seed)
+            .into_iter()
+            .find(|n| n.primary && n.port != from)
+            .expect("another primary")
+            .port;
+        tokio::task::spawn_blocking(move || move_slot(seed, slot, to, Duration::ZERO))
+            .await
+            .expect("slot moved");
+        moved.push((v, slot, to));
+    }
+    // Every primary agrees on the new owners before the drain.
+    let primaries: Vec<u16> = topology(seed)
+        .into_iter()
+        .filter(|n| n.primary)
+        .map(|n| n.port)
+        .collect();
+    for &(_, slot, to) in &moved {
+        for &port in &primaries {
+            until_owner(port, slot, to, "a moved slot").await;
+        }
+    }
+    for port in topology(seed).into_iter().map(|n| n.port) {
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query(&mut admin(port))
+            .expect("SCRIPT FLUSH");
+    }
+    for &v in &ids {
+        ctx.admit(v, &format!("buyer-{v}"), 2).await;
+    }
+
+    let (run, ok) = tokio::time::timeout(HANG, order_drainer::run_once(&drainer))
+        .await
+        .expect("the run ends");
+    println!(
+        "a slot moved under a drainer: {} sales, {} moved; the run: {run:?}",
+        ids.len(),
+        moved.len()
+    );
+    assert!(
+        ok && run.errors == 0,
+        "the run after the moves failed: {run:?}"
+    );
+    assert_eq!(
+        run.inserted,
+        2 * SALES as u64,
+        "every order written by this run"
+    );
+    for &v in &ids {
+        let rows = ctx.orders_in_db(v).await;
+        let confirmed = rows.values().filter(|(s, _)| s == "confirmed").count();
+        assert_eq!(confirmed, 2, "voucher {v}: its two orders, once: {rows:?}");
+        assert_eq!(
+            ctx.db_stock_left(v).await,
+            8,
+            "voucher {v}: its stock taken once"
+        );
+        assert_eq!(ctx.pending(v).await, 0, "voucher {v}: every entry acked");
+    }
+    ctx.cleanup().await;
+}

@@ -696,3 +696,37 @@ async fn a_drainer_killed_in_a_group_written_during_its_survey_loses_and_doubles
         ctx.cleanup().await;
     }
 }
+
+/// A survey's probes travel as a pipeline where one node serves every slot (and, on a
+/// cluster of several, each alone): when the nodes have forgotten the probe script (a
+/// restart, a failover to a replica that never ran it), each probe meets NOSCRIPT in
+/// its pipeline and is sent again alone, which loads it. The run drains every sale
+/// whole, without an error, and the acks of its groups (a pipeline per node too) follow.
+#[tokio::test]
+async fn probes_sent_as_a_pipeline_load_the_script_the_nodes_forgot() {
+    let ctx = DrainCtx::start().await;
+    let (vouchers, _) = small_sales(&ctx, 1, 30).await;
+    let mut cfg = ctx.drainer_config();
+    cfg.batch_size = 20;
+    let drainer = order_drainer::Drainer::connect(cfg)
+        .await
+        .expect("drainer connects");
+    // Loaded by a probe of an empty sale, then forgotten everywhere.
+    let empty = ctx.voucher(10, 10).await;
+    ctx.streams
+        .probe(empty.id, "warm", Duration::from_secs(60), false, 0)
+        .await
+        .expect("a probe alone loads the script");
+    for node in ctx.redis.nodes() {
+        let _: () = ctx
+            .redis
+            .query(node.port, redis::cmd("SCRIPT").arg("FLUSH"))
+            .expect("SCRIPT FLUSH");
+    }
+    let (s, ok) = order_drainer::run_once(&drainer).await;
+    println!("{s:?}");
+    assert!(ok && s.errors == 0, "{s:?}");
+    assert_eq!(s.inserted, 60, "{s:?}");
+    assert_each_sale_drained_once(&ctx, &vouchers, "after SCRIPT FLUSH").await;
+    ctx.cleanup().await;
+}

@@ -8,7 +8,7 @@
 //! written together, up to a batch of orders and
 //! [`MAX_VOUCHERS_PER_STATEMENT`] vouchers per transaction: their rows locked in id
 //! order (`NOWAIT`), one multi-voucher insert, one stock update guarding each voucher's
-//! own count, one commit; then each stream is acked.
+//! own count, one commit; then every stream is acked, a pipeline per Redis node.
 //!
 //! Invariants kept here, by doing only the plain case and handing everything else to
 //! the one-sale path ([`Drainer::process`]) whole:
@@ -239,8 +239,7 @@ impl Drainer {
                         s.inserted += rows;
                         s.grouped += rows;
                     });
-                    futures::future::join_all(members.iter().map(|m| self.ack_member(run, m)))
-                        .await;
+                    self.ack_members(run, &members).await;
                     members.clear();
                 }
                 Ok(GroupOutcome::Without(vouchers, why)) => {
@@ -285,19 +284,26 @@ impl Drainer {
         }
     }
 
-    /// Acks one member's entries after its group committed.
-    async fn ack_member(&self, run: &Run, m: &Member) {
-        let ids: Vec<&str> = m.entries.iter().map(|e| e.id.as_str()).collect();
-        if let Err(e) = self.streams.ack(m.bucket, &ids).await {
-            // Committed, not acked: redelivered later and found as duplicates.
-            run.fail(
-                m.bucket,
-                DrainError::store("acking a committed group", Some(m.bucket), e),
-            );
-            self.release(run, m.bucket, &m.entries).await;
-            return;
+    /// Acks every member's entries after their group committed: one pipeline per
+    /// Redis node for the whole group, not a request per sale.
+    async fn ack_members(&self, run: &Run, members: &[Member]) {
+        let acks: Vec<(Bucket, Vec<&str>)> = members
+            .iter()
+            .map(|m| (m.bucket, m.entries.iter().map(|e| e.id.as_str()).collect()))
+            .collect();
+        let answers = self.streams.ack_many(&acks).await;
+        for (m, answer) in members.iter().zip(answers) {
+            if let Err(e) = answer {
+                // Committed, not acked: redelivered later and found as duplicates.
+                run.fail(
+                    m.bucket,
+                    DrainError::store("acking a committed group", Some(m.bucket), e),
+                );
+                self.release(run, m.bucket, &m.entries).await;
+                continue;
+            }
+            failpoint::hit("after_ack");
         }
-        failpoint::hit("after_ack");
     }
 
     /// One group transaction: begin, record it, lock the rows, write, commit; or roll

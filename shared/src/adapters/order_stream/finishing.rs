@@ -9,9 +9,11 @@
 use std::sync::atomic::Ordering;
 
 use redis::AsyncCommands;
+use redis::aio::ConnectionLike;
 
 use super::reading::OrderStreams;
 use super::scripts::{DEAD_LETTER, TRIM};
+use crate::adapters::redis::AfterFailure;
 use crate::domain::{Bucket, StreamEntry};
 use crate::error::StoreError;
 use crate::keys::{self, VoucherKeys};
@@ -41,6 +43,48 @@ impl OrderStreams {
             .await?;
         self.finished.fetch_add(acked, Ordering::Relaxed);
         Ok(acked)
+    }
+
+    /// Acknowledges the entries of many streams at once (each `(bucket, ids)` as
+    /// [`Self::ack`] would), as one pipeline per node ([`RedisConn::per_node`]): the
+    /// acks of a group of small sales committed together. Returns, per stream in
+    /// order, how many were still pending.
+    pub async fn ack_many(&self, acks: &[(Bucket, Vec<&str>)]) -> Vec<Result<u64, StoreError>> {
+        // Streams with nothing to ack send nothing (XACK needs an id), as in `ack`.
+        let sent: Vec<(usize, String)> = (acks.iter().enumerate())
+            .filter(|(_, (_, ids))| !ids.is_empty())
+            .map(|(i, (b, _))| (i, VoucherKeys::new(*b).orders))
+            .collect();
+        let cmds: Vec<(&str, redis::Cmd)> = sent
+            .iter()
+            .map(|(i, key)| {
+                let mut xack = redis::cmd("XACK");
+                xack.arg(key).arg(keys::DRAIN_GROUP).arg(&acks[*i].1);
+                (key.as_str(), xack)
+            })
+            .collect();
+        // An XACK sent twice acks nothing the second time: anything unanswered is sent
+        // again alone.
+        let alone = |i: usize| {
+            let (mut conn, cmd) = (self.conn.clone(), &cmds[i].1);
+            async move { conn.req_packed_command(cmd).await }
+        };
+        let answers = self
+            .conn
+            .per_node(&cmds, AfterFailure::SendAlone, alone)
+            .await;
+        let mut answers = answers.into_iter();
+        let mut acked: Vec<Result<u64, StoreError>> = acks.iter().map(|_| Ok(0)).collect();
+        for (i, _) in &sent {
+            let answer = answers.next().expect("one answer per command");
+            acked[*i] = answer
+                .and_then(|v| redis::from_redis_value::<u64>(v).map_err(redis::RedisError::from))
+                .map_err(StoreError::from);
+            if let Ok(n) = &acked[*i] {
+                self.finished.fetch_add(*n, Ordering::Relaxed);
+            }
+        }
+        acked
     }
 
     /// Copies `entry` with `reason` to the dead-letter stream and acks it, atomically.
