@@ -266,16 +266,10 @@ async fn group_statements_read_only_their_rows(ctx: &DrainCtx, ids: &[VoucherId]
     };
     conn.query_drop("BEGIN").await.unwrap();
 
+    let by_primary_key = vec![(Some("range".into()), Some("PRIMARY".into()))];
     let (lock, params) = sql::lock_vouchers(ids);
-    let plan: Vec<mysql_async::Row> = conn
-        .exec(format!("EXPLAIN {lock}"), named(params.clone()))
-        .await
-        .unwrap();
-    let plan: Vec<(Option<String>, Option<String>)> = plan
-        .into_iter()
-        .map(|r| (r.get("type"), r.get("key")))
-        .collect();
-    assert_eq!(plan, vec![(Some("range".into()), Some("PRIMARY".into()))]);
+    let plan = plan_of(&mut conn, &lock, named(params.clone())).await;
+    assert_eq!(plan, by_primary_key, "the lock of {} rows", ids.len());
     let before = handler_reads(&mut conn).await;
     let locked: Vec<(i64, i64)> = conn
         .exec(
@@ -296,20 +290,8 @@ async fn group_statements_read_only_their_rows(ctx: &DrainCtx, ids: &[VoucherId]
 
     let takes: Vec<(VoucherId, i64)> = ids.iter().map(|v| (*v, 2)).collect();
     let (update, params) = sql::take_stocks(&takes);
-    let plan: Vec<mysql_async::Row> = conn
-        .exec(format!("EXPLAIN {update}"), named(params.clone()))
-        .await
-        .unwrap();
-    let plan: Vec<(Option<String>, Option<String>)> = plan
-        .into_iter()
-        .map(|r| (r.get("type"), r.get("key")))
-        .collect();
-    assert_eq!(
-        plan,
-        vec![(Some("range".into()), Some("PRIMARY".into()))],
-        "the update of {} rows",
-        ids.len()
-    );
+    let plan = plan_of(&mut conn, &update, named(params.clone())).await;
+    assert_eq!(plan, by_primary_key, "the update of {} rows", ids.len());
     let before = handler_reads(&mut conn).await;
     conn.exec_drop(&update, named(params)).await.unwrap();
     let updated = conn.affected_rows();
@@ -321,6 +303,18 @@ async fn group_statements_read_only_their_rows(ctx: &DrainCtx, ids: &[VoucherId]
     );
     conn.query_drop("ROLLBACK").await.unwrap();
     conn.disconnect().await.ok();
+}
+
+/// `EXPLAIN` of `sql`: each table's access type and key.
+async fn plan_of(
+    conn: &mut mysql_async::Conn,
+    sql: &str,
+    params: mysql_async::Params,
+) -> Vec<(Option<String>, Option<String>)> {
+    let plan: Vec<mysql_async::Row> = conn.exec(format!("EXPLAIN {sql}"), params).await.unwrap();
+    plan.into_iter()
+        .map(|r| (r.get("type"), r.get("key")))
+        .collect()
 }
 
 /// The survey's probe reads the new orders it finds in its own call (a small sale then
