@@ -41,9 +41,9 @@ pub struct Cluster {
     /// `BORN` plus one (0: never). Held while one is under way, so the requests timing
     /// out together wait for it instead of each replacing.
     pub(super) replaced_at: Arc<tokio::sync::Mutex<u64>>,
-    /// Which node serves each slot, for sending many commands a pipeline per node
-    /// ([`super::per_node`]); read when first needed.
-    pub(super) slots: super::per_node::SlotMap,
+    /// How many primaries serve slots (`CLUSTER SLOTS`), read when first needed: many
+    /// commands travel as pipelines where one does (the `per_node` module).
+    pub(super) primaries: Arc<RwLock<Option<usize>>>,
 }
 
 /// The least time between two replacements of an instance's cluster client: a Redis

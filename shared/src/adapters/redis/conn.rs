@@ -85,7 +85,7 @@ impl RedisConn {
                 client: Arc::new(client),
                 conn: Arc::new(RwLock::new((0, conn))),
                 replaced_at: Arc::default(),
-                slots: Arc::default(),
+                primaries: Arc::default(),
             }))
         } else {
             let client = match certs {

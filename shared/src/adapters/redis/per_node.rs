@@ -28,8 +28,6 @@
 //! - whether one node serves every slot is read with `CLUSTER SLOTS` when first needed
 //!   and read again after a pipeline met a redirection (a node was added).
 
-use std::sync::{Arc, RwLock};
-
 use futures::StreamExt;
 use redis::aio::ConnectionLike;
 use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
@@ -91,10 +89,6 @@ impl Primaries {
         self.0 == 1
     }
 }
-
-/// Whether one node serves every slot, of an instance's cluster client, shared by its
-/// clones; `None` until read, and again after a redirection said the cluster changed.
-pub(super) type SlotMap = Arc<RwLock<Option<Arc<Primaries>>>>;
 
 /// `n` commands' indices cut into pipelines of at most [`MAX_PER_PIPELINE`], in order.
 fn pipelines(n: usize) -> Vec<Vec<usize>> {
@@ -158,8 +152,8 @@ impl RedisConn {
         let mut answers: Vec<Option<RedisResult<Value>>> = (0..cmds.len()).map(|_| None).collect();
         let groups = match self {
             RedisConn::Single(_) => pipelines(cmds.len()),
-            RedisConn::Cluster(c) => match c.primaries().await {
-                Some(p) if p.one() => pipelines(cmds.len()),
+            RedisConn::Cluster(c) => match c.one_primary().await {
+                Some(true) => pipelines(cmds.len()),
                 // Several primaries, or unknown: each alone (see the module header).
                 _ => Vec::new(),
             },
@@ -207,7 +201,7 @@ impl RedisConn {
             }
         }
         if stale && let RedisConn::Cluster(c) = self {
-            c.forget_slot_owners();
+            c.forget_primaries();
         }
         let unanswered: Vec<usize> = (0..cmds.len()).filter(|&i| answers[i].is_none()).collect();
         let alone = &alone;
@@ -252,23 +246,23 @@ impl RedisConn {
 }
 
 impl Cluster {
-    /// How many primaries serve slots, read with `CLUSTER SLOTS` when not known; `None`
-    /// when it cannot be read (every command is then sent alone).
-    async fn primaries(&self) -> Option<Arc<Primaries>> {
-        if let Some(p) = self.slots.read().unwrap_or_else(|e| e.into_inner()).clone() {
-            return Some(p);
+    /// Whether one node serves every slot, read with `CLUSTER SLOTS` when not known;
+    /// `None` when it cannot be read (every command is then sent alone).
+    async fn one_primary(&self) -> Option<bool> {
+        if let Some(n) = *self.primaries.read().unwrap_or_else(|e| e.into_inner()) {
+            return Some(Primaries(n).one());
         }
         let mut ask = redis::cmd("CLUSTER");
         ask.arg("SLOTS");
         let reply = self.request(Request::Command(&ask)).await.ok()?;
-        let primaries = Arc::new(Primaries::parse(&reply)?);
-        *self.slots.write().unwrap_or_else(|e| e.into_inner()) = Some(primaries.clone());
-        Some(primaries)
+        let primaries = Primaries::parse(&reply)?;
+        *self.primaries.write().unwrap_or_else(|e| e.into_inner()) = Some(primaries.0);
+        Some(primaries.one())
     }
 
     /// Forgets what `CLUSTER SLOTS` said: the next call reads it afresh.
-    fn forget_slot_owners(&self) {
-        *self.slots.write().unwrap_or_else(|e| e.into_inner()) = None;
+    fn forget_primaries(&self) {
+        *self.primaries.write().unwrap_or_else(|e| e.into_inner()) = None;
     }
 }
 
