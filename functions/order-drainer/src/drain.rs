@@ -100,8 +100,9 @@ const MAINTENANCE_EVERY: Duration = Duration::from_secs(5);
 pub const BATCHES_PER_TURN: usize = 16;
 /// Probes in flight at once outside a survey.
 const PROBES_IN_FLIGHT: usize = 64;
-/// A survey probes its vouchers a slice at a time, each slice a pipeline per Redis node
-/// ([`OrderStreams::probe_many`]), [`SLICES_IN_FLIGHT`] slices at once.
+/// A survey probes its vouchers a slice at a time, each slice pipelined where one Redis
+/// node serves every slot ([`OrderStreams::probe_many`]), [`SLICES_IN_FLIGHT`] slices at
+/// once.
 const PROBES_PER_SLICE: usize = 256;
 const SLICES_IN_FLIGHT: usize = 2;
 /// Open sales polled every round even without work, up to this many; beyond it, quiet
@@ -268,8 +269,8 @@ impl Drainer {
             .filter(|b| b.index() > 0)
             .map(|b| b.voucher())
             .collect();
-        // A pipeline per Redis node for each slice of vouchers: with thousands of small
-        // sales the probes are most of a run's requests.
+        // A slice of vouchers at a time, pipelined where one Redis node serves every
+        // slot: with thousands of small sales the probes are most of a run's requests.
         let slices: Vec<Vec<Bucket>> = vouchers
             .chunks(PROBES_PER_SLICE)
             .map(<[Bucket]>::to_vec)

@@ -8,7 +8,7 @@
 //!
 //! The parts, each in its own child module: `conn` (the connection), `cluster` (the
 //! cluster client's replacement and resends), `redirect` (MOVED and ASK), `scripts`
-//! (the Lua scripts), `per_node` (many commands of many slots, a pipeline per node), `sales` (the handle, admission and closes), `load` (loading,
+//! (the Lua scripts), `pipelined` (many commands as pipelines where one node serves every slot), `sales` (the handle, admission and closes), `load` (loading,
 //! repairing and reading a sale) and `order_ids` (leased order ids); this module only
 //! re-exports them.
 
@@ -16,7 +16,7 @@ mod cluster;
 mod conn;
 mod load;
 mod order_ids;
-mod per_node;
+mod pipelined;
 mod redirect;
 mod sales;
 mod scripts;
@@ -25,6 +25,6 @@ pub use cluster::{Cluster, REPLACE_AT_MOST_EVERY, SPLIT_SLOT_BUDGET};
 pub use conn::{RedisConn, install_crypto_provider};
 pub use load::RESTORE_STREAM_PAGE;
 pub use order_ids::OrderIds;
-pub use per_node::{AfterFailure, MAX_PER_PIPELINE};
+pub use pipelined::{AfterFailure, MAX_PER_PIPELINE};
 pub use sales::{CloseAction, RedisSales, admission_of};
 pub(crate) use scripts::{CLOSE, GIVE};

@@ -1096,7 +1096,7 @@ async fn a_slot_held_split_for_seconds_costs_buyers_a_wait_not_a_503() {
 /// run read the cluster's shape, one sale's slot moves to another primary and every node
 /// forgets its scripts; the next run drains every sale, once, without an error. Where
 /// one node serves every slot the drainer sends a survey's probes and a group's acks as
-/// pipelines (`seckill_shared::adapters::redis`'s `per_node`); on a cluster of several,
+/// pipelines (`seckill_shared::adapters::redis`'s `pipelined`); on a cluster of several,
 /// as here, one by one, and this proves that path still rides out a move.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn small_sales_drain_whole_after_a_slot_moved_under_a_long_lived_drainer() {

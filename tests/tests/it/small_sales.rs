@@ -695,7 +695,7 @@ async fn a_drainer_killed_in_a_group_written_during_its_survey_loses_and_doubles
 /// cluster of several, each alone): when the nodes have forgotten the probe script (a
 /// restart, a failover to a replica that never ran it), each probe meets NOSCRIPT in
 /// its pipeline and is sent again alone, which loads it. The run drains every sale
-/// whole, without an error, and the acks of its groups (a pipeline per node too) follow.
+/// whole, without an error, and the acks of its groups (pipelined too) follow.
 #[tokio::test]
 async fn probes_sent_as_a_pipeline_load_the_script_the_nodes_forgot() {
     let ctx = DrainCtx::start().await;

@@ -8,7 +8,8 @@
 //! written together, up to a batch of orders and
 //! [`MAX_VOUCHERS_PER_STATEMENT`] vouchers per transaction: their rows locked in id
 //! order (`NOWAIT`), one multi-voucher insert, one stock update guarding each voucher's
-//! own count, one commit; then every stream is acked, a pipeline per Redis node.
+//! own count, one commit; then every stream is acked (pipelined where one Redis node
+//! serves every slot).
 //!
 //! Invariants kept here, by doing only the plain case and handing everything else to
 //! the one-sale path ([`Drainer::process`]) whole:
@@ -284,8 +285,8 @@ impl Drainer {
         }
     }
 
-    /// Acks every member's entries after their group committed: one pipeline per
-    /// Redis node for the whole group, not a request per sale.
+    /// Acks every member's entries after their group committed: the whole group's
+    /// acks pipelined where one Redis node serves every slot, not a request per sale.
     async fn ack_members(&self, run: &Run, members: &[Member]) {
         let acks: Vec<(Bucket, Vec<&str>)> = members
             .iter()

@@ -46,41 +46,42 @@ impl OrderStreams {
     }
 
     /// Acknowledges the entries of many streams at once (each `(bucket, ids)` as
-    /// [`Self::ack`] would), as one pipeline per node ([`RedisConn::per_node`]): the
+    /// [`Self::ack`] would), pipelined where one node serves every slot
+    /// ([`crate::adapters::redis::RedisConn::pipelined`]): the
     /// acks of a group of small sales committed together. Returns, per stream in
     /// order, how many were still pending.
     pub async fn ack_many(&self, acks: &[(Bucket, Vec<&str>)]) -> Vec<Result<u64, StoreError>> {
         // Streams with nothing to ack send nothing (XACK needs an id), as in `ack`.
-        let sent: Vec<(usize, String)> = (acks.iter().enumerate())
-            .filter(|(_, (_, ids))| !ids.is_empty())
-            .map(|(i, (b, _))| (i, VoucherKeys::new(*b).orders))
-            .collect();
-        let cmds: Vec<(&str, redis::Cmd)> = sent
+        let sent: Vec<usize> = (0..acks.len()).filter(|&i| !acks[i].1.is_empty()).collect();
+        let cmds: Vec<redis::Cmd> = sent
             .iter()
-            .map(|(i, key)| {
+            .map(|&i| {
                 let mut xack = redis::cmd("XACK");
-                xack.arg(key).arg(keys::DRAIN_GROUP).arg(&acks[*i].1);
-                (key.as_str(), xack)
+                let (bucket, ids) = &acks[i];
+                xack.arg(VoucherKeys::new(*bucket).orders)
+                    .arg(keys::DRAIN_GROUP)
+                    .arg(ids);
+                xack
             })
             .collect();
         // An XACK sent twice acks nothing the second time: anything unanswered is sent
         // again alone.
         let alone = |i: usize| {
-            let (mut conn, cmd) = (self.conn.clone(), &cmds[i].1);
+            let (mut conn, cmd) = (self.conn.clone(), &cmds[i]);
             async move { conn.req_packed_command(cmd).await }
         };
         let answers = self
             .conn
-            .per_node(&cmds, AfterFailure::SendAlone, alone)
+            .pipelined(&cmds, AfterFailure::SendAlone, alone)
             .await;
         let mut answers = answers.into_iter();
         let mut acked: Vec<Result<u64, StoreError>> = acks.iter().map(|_| Ok(0)).collect();
-        for (i, _) in &sent {
+        for &i in &sent {
             let answer = answers.next().expect("one answer per command");
-            acked[*i] = answer
+            acked[i] = answer
                 .and_then(|v| redis::from_redis_value::<u64>(v).map_err(redis::RedisError::from))
                 .map_err(StoreError::from);
-            if let Ok(n) = &acked[*i] {
+            if let Ok(n) = &acked[i] {
                 self.finished.fetch_add(*n, Ordering::Relaxed);
             }
         }

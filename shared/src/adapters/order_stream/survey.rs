@@ -162,8 +162,8 @@ impl OrderStreams {
         parse_probe(voucher, reply)
     }
 
-    /// [`Self::probe`] of many buckets (a survey's, not leaving), sent as one pipeline
-    /// per Redis node instead of a request each: with thousands of small sales the
+    /// [`Self::probe`] of many buckets (a survey's, not leaving), pipelined where one
+    /// Redis node serves every slot instead of a request each: with thousands of small sales the
     /// survey's probes are most of a run's requests. Each answer as [`Self::probe`]
     /// would give it; a probe whose pipeline failed as a whole fails (it may have read
     /// entries, which wait, pending, for a later claim), as it would have alone.
@@ -178,12 +178,9 @@ impl OrderStreams {
             .iter()
             .map(|v| self.probe_call(*v, consumer, min_idle, false, read))
             .collect();
-        let cmds: Vec<(&str, redis::Cmd)> = calls
-            .iter()
-            .map(|c| (c.keys[0].as_str(), c.cmd()))
-            .collect();
+        let cmds: Vec<redis::Cmd> = calls.iter().map(ProbeCall::cmd).collect();
         let alone = |i: usize| calls[i].alone(&self.conn);
-        let answers = self.conn.per_node(&cmds, AfterFailure::Fail, alone).await;
+        let answers = self.conn.pipelined(&cmds, AfterFailure::Fail, alone).await;
         answers
             .into_iter()
             .zip(vouchers)

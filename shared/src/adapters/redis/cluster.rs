@@ -42,7 +42,7 @@ pub struct Cluster {
     /// out together wait for it instead of each replacing.
     pub(super) replaced_at: Arc<tokio::sync::Mutex<u64>>,
     /// How many primaries serve slots (`CLUSTER SLOTS`), read when first needed: many
-    /// commands travel as pipelines where one does (the `per_node` module).
+    /// commands travel as pipelines where one does (the `pipelined` module).
     pub(super) primaries: Arc<RwLock<Option<usize>>>,
 }
 

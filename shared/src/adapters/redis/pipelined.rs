@@ -1,5 +1,5 @@
 //! Many commands of many slots in one pipeline, where one node serves every slot
-//! ([`RedisConn::per_node`]).
+//! ([`RedisConn::pipelined`]).
 //!
 //! A drain of thousands of small sales probes each sale once and acks it once, every
 //! command on its own slot. Sent one by one, every command pays a request's work on both
@@ -36,7 +36,7 @@ use redis::{Cmd, RedisResult, Value};
 use super::cluster::Cluster;
 use super::conn::RedisConn;
 use super::redirect::Request;
-use crate::keys::slots::{SLOTS, slot};
+use crate::keys::slots::SLOTS;
 
 /// Commands per pipeline at most: a drain round of small sales (at most a few thousand)
 /// in a few pipelines, none so large that its reply holds up the node's other callers
@@ -46,48 +46,39 @@ pub const MAX_PER_PIPELINE: usize = 1_000;
 /// Commands sent again alone at once.
 const ALONE_IN_FLIGHT: usize = 64;
 
-/// How many primaries serve slots, as `CLUSTER SLOTS` said when it was read.
-pub(super) struct Primaries(usize);
-
-impl Primaries {
-    /// Reads a `CLUSTER SLOTS` reply: `[[start, end, [host, port, ...], replicas...], ...]`.
-    /// `None` when the reply is not of that shape.
-    pub(super) fn parse(reply: &Value) -> Option<Primaries> {
-        let Value::Array(ranges) = reply else {
+/// How many primaries serve slots, read from a `CLUSTER SLOTS` reply:
+/// `[[start, end, [host, port, ...], replicas...], ...]`. `None` when the reply is not of
+/// that shape.
+fn primaries_in(reply: &Value) -> Option<usize> {
+    let Value::Array(ranges) = reply else {
+        return None;
+    };
+    let mut nodes: Vec<(Vec<u8>, i64)> = Vec::new();
+    for range in ranges {
+        let Value::Array(fields) = range else {
             return None;
         };
-        let mut nodes: Vec<(Vec<u8>, i64)> = Vec::new();
-        for range in ranges {
-            let Value::Array(fields) = range else {
-                return None;
-            };
-            let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(primary))) =
-                (fields.first(), fields.get(1), fields.get(2))
-            else {
-                return None;
-            };
-            if !(0..SLOTS as i64).contains(start) || !(*start..SLOTS as i64).contains(end) {
-                return None;
-            }
-            let host = match primary.first() {
-                Some(Value::BulkString(h)) => h.clone(),
-                Some(Value::SimpleString(h)) => h.clone().into_bytes(),
-                _ => return None,
-            };
-            let Some(Value::Int(port)) = primary.get(1) else {
-                return None;
-            };
-            if !nodes.contains(&(host.clone(), *port)) {
-                nodes.push((host, *port));
-            }
+        let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(primary))) =
+            (fields.first(), fields.get(1), fields.get(2))
+        else {
+            return None;
+        };
+        if !(0..SLOTS as i64).contains(start) || !(*start..SLOTS as i64).contains(end) {
+            return None;
         }
-        Some(Primaries(nodes.len()))
+        let host = match primary.first() {
+            Some(Value::BulkString(h)) => h.clone(),
+            Some(Value::SimpleString(h)) => h.clone().into_bytes(),
+            _ => return None,
+        };
+        let Some(Value::Int(port)) = primary.get(1) else {
+            return None;
+        };
+        if !nodes.contains(&(host.clone(), *port)) {
+            nodes.push((host, *port));
+        }
     }
-
-    /// Whether one node serves every slot there is a node for.
-    fn one(&self) -> bool {
-        self.0 == 1
-    }
+    Some(nodes.len())
 }
 
 /// `n` commands' indices cut into pipelines of at most [`MAX_PER_PIPELINE`], in order.
@@ -133,15 +124,14 @@ pub enum AfterFailure {
 }
 
 impl RedisConn {
-    /// Sends `cmds`, each a command on `key`, as pipelines where one node serves every
-    /// slot, else each alone (see the module header); returns each command's answer,
+    /// Sends `cmds` as pipelines where one node serves every slot, else each alone (see the module header); returns each command's answer,
     /// in order, an error reply as an `Err`. A command whose pipeline said it did not run
     /// is sent again through `alone(i)` (its index in `cmds`: the form the caller sends
     /// one command in, which follows redirections and loads a missing script); one whose
     /// pipeline failed as a whole too when `after_failure` says so.
-    pub async fn per_node<F, Fut>(
+    pub async fn pipelined<F, Fut>(
         &self,
-        cmds: &[(&str, Cmd)],
+        cmds: &[Cmd],
         after_failure: AfterFailure,
         alone: F,
     ) -> Vec<RedisResult<Value>>
@@ -159,7 +149,7 @@ impl RedisConn {
             },
         };
         let sent = futures::future::join_all(groups.into_iter().map(|group| async move {
-            let answer = self.pipeline_on_node(cmds, &group).await;
+            let answer = self.pipeline(cmds, &group).await;
             (group, answer)
         }))
         .await;
@@ -219,23 +209,17 @@ impl RedisConn {
             .collect()
     }
 
-    /// One pipeline of the commands at `group`'s indices, to the node serving the first
-    /// one's slot (the only node).
-    async fn pipeline_on_node(
-        &self,
-        cmds: &[(&str, Cmd)],
-        group: &[usize],
-    ) -> RedisResult<Vec<Value>> {
+    /// One pipeline of the commands at `group`'s indices, to the one node.
+    async fn pipeline(&self, cmds: &[Cmd], group: &[usize]) -> RedisResult<Vec<Value>> {
         let mut pipe = redis::pipe();
         for &i in group {
-            pipe.add_command(cmds[i].1.clone());
+            pipe.add_command(cmds[i].clone());
         }
         match self {
             RedisConn::Single(c) => c.clone().req_packed_commands(&pipe, 0, group.len()).await,
             RedisConn::Cluster(c) => {
-                let first = slot(cmds[group[0]].0);
-                let route =
-                    SingleNodeRoutingInfo::SpecificNode(Route::new(first, SlotAddr::Master));
+                // Any slot's route reaches the one node.
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::new(0, SlotAddr::Master));
                 c.current()
                     .1
                     .route_pipeline(pipe, 0, group.len(), route)
@@ -250,14 +234,14 @@ impl Cluster {
     /// `None` when it cannot be read (every command is then sent alone).
     async fn one_primary(&self) -> Option<bool> {
         if let Some(n) = *self.primaries.read().unwrap_or_else(|e| e.into_inner()) {
-            return Some(Primaries(n).one());
+            return Some(n == 1);
         }
         let mut ask = redis::cmd("CLUSTER");
         ask.arg("SLOTS");
         let reply = self.request(Request::Command(&ask)).await.ok()?;
-        let primaries = Primaries::parse(&reply)?;
-        *self.primaries.write().unwrap_or_else(|e| e.into_inner()) = Some(primaries.0);
-        Some(primaries.one())
+        let n = primaries_in(&reply)?;
+        *self.primaries.write().unwrap_or_else(|e| e.into_inner()) = Some(n);
+        Some(n == 1)
     }
 
     /// Forgets what `CLUSTER SLOTS` said: the next call reads it afresh.
@@ -285,19 +269,19 @@ mod tests {
     #[test]
     fn the_primaries_serving_slots_are_counted_once_each() {
         let one = Value::Array(vec![range(0, 16383, node("10.0.0.1", 6379))]);
-        assert!(Primaries::parse(&one).unwrap().one());
+        assert_eq!(primaries_in(&one), Some(1));
         // One node serving two ranges is one node; two nodes are not.
         let split = Value::Array(vec![
             range(0, 99, node("10.0.0.1", 6379)),
             range(200, 16383, node("10.0.0.1", 6379)),
         ]);
-        assert!(Primaries::parse(&split).unwrap().one());
+        assert_eq!(primaries_in(&split), Some(1));
         let two = Value::Array(vec![
             range(0, 99, node("10.0.0.1", 6379)),
             range(100, 16383, node("10.0.0.2", 6379)),
         ]);
-        assert!(!Primaries::parse(&two).unwrap().one());
-        assert!(!Primaries::parse(&Value::Array(vec![])).unwrap().one());
+        assert_eq!(primaries_in(&two), Some(2));
+        assert_eq!(primaries_in(&Value::Array(vec![])), Some(0));
     }
 
     #[test]
@@ -314,9 +298,9 @@ mod tests {
 
     #[test]
     fn a_malformed_reply_is_refused() {
-        assert!(Primaries::parse(&Value::Int(1)).is_none());
-        assert!(Primaries::parse(&Value::Array(vec![range(9, 3, node("h", 1))])).is_none());
-        assert!(Primaries::parse(&Value::Array(vec![range(0, 16384, node("h", 1))])).is_none());
-        assert!(Primaries::parse(&Value::Array(vec![Value::Array(vec![Value::Int(0)])])).is_none());
+        assert!(primaries_in(&Value::Int(1)).is_none());
+        assert!(primaries_in(&Value::Array(vec![range(9, 3, node("h", 1))])).is_none());
+        assert!(primaries_in(&Value::Array(vec![range(0, 16384, node("h", 1))])).is_none());
+        assert!(primaries_in(&Value::Array(vec![Value::Array(vec![Value::Int(0)])])).is_none());
     }
 }
