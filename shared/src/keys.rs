@@ -80,6 +80,25 @@ impl VoucherKeys {
             received: format!("{tag}:received"),
         }
     }
+
+    /// Every key of the bucket, for whoever deletes or lists a sale whole (the bench's
+    /// clean-up, the tests).
+    pub fn all(&self) -> [&str; 12] {
+        [
+            &self.sale,
+            &self.buyers,
+            &self.orders,
+            &self.dead,
+            &self.drain_tx,
+            &self.repair,
+            &self.repair_progress,
+            &self.deadlines,
+            &self.closed,
+            &self.to_settle,
+            &self.transfers,
+            &self.received,
+        ]
+    }
 }
 
 /// String, bucketed vouchers, in bucket 0's slot: set once every bucket was found
@@ -144,20 +163,7 @@ mod tests {
     #[test]
     fn all_keys_of_a_voucher_share_one_hash_tag() {
         let k = VoucherKeys::new(VoucherId::new(42).unwrap());
-        for key in [
-            &k.sale,
-            &k.buyers,
-            &k.orders,
-            &k.dead,
-            &k.drain_tx,
-            &k.repair,
-            &k.repair_progress,
-            &k.deadlines,
-            &k.closed,
-            &k.to_settle,
-            &k.transfers,
-            &k.received,
-        ] {
+        for key in k.all() {
             assert_eq!(hash_tag(key), "42", "{key}");
         }
         assert_eq!(hash_tag(&sold_out(VoucherId::new(42).unwrap())), "42");
