@@ -64,20 +64,29 @@ pub struct VoucherKeys {
 impl VoucherKeys {
     /// The keys of one bucket (a voucher id is its bucket 0).
     pub fn new(bucket: impl Into<Bucket>) -> VoucherKeys {
-        let tag = format!("seckill:{{{}}}", bucket.into());
+        // Appended, not `format!`ted one by one: the drainer makes these for every small
+        // sale it probes and acks (10,000 in a run), and twelve `format!` calls a sale
+        // were 4 % of its process's CPU there (perf, 2026-11-28).
+        let tag = format!("seckill:{{{}}}:", bucket.into());
+        let key = |name: &str| {
+            let mut k = String::with_capacity(tag.len() + name.len());
+            k.push_str(&tag);
+            k.push_str(name);
+            k
+        };
         VoucherKeys {
-            sale: format!("{tag}:sale"),
-            buyers: format!("{tag}:buyers"),
-            orders: format!("{tag}:orders"),
-            dead: format!("{tag}:dead"),
-            drain_tx: format!("{tag}:drain_tx"),
-            repair: format!("{tag}:repair"),
-            repair_progress: format!("{tag}:repair_progress"),
-            deadlines: format!("{tag}:deadlines"),
-            closed: format!("{tag}:closed"),
-            to_settle: format!("{tag}:to_settle"),
-            transfers: format!("{tag}:transfers"),
-            received: format!("{tag}:received"),
+            sale: key("sale"),
+            buyers: key("buyers"),
+            orders: key("orders"),
+            dead: key("dead"),
+            drain_tx: key("drain_tx"),
+            repair: key("repair"),
+            repair_progress: key("repair_progress"),
+            deadlines: key("deadlines"),
+            closed: key("closed"),
+            to_settle: key("to_settle"),
+            transfers: key("transfers"),
+            received: key("received"),
         }
     }
 
