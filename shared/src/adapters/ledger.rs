@@ -172,9 +172,10 @@ impl LedgerTx<'_> {
         }
     }
 
-    /// Locks the rows of several vouchers at once (in id order, `NOWAIT`, like
-    /// [`lock_voucher`](Self::lock_voucher)) and reads each one's stock, payment window
-    /// and buckets. Vouchers the database does not have are missing from the answer.
+    /// Locks the rows of several distinct vouchers at once (in the order of `ids`: pass
+    /// them sorted; `NOWAIT`, like [`lock_voucher`](Self::lock_voucher)) and reads each
+    /// one's stock, payment window and buckets, in no promised order. Vouchers the
+    /// database does not have are missing from the answer.
     /// At most [`sql::MAX_VOUCHERS_PER_STATEMENT`] ids.
     pub async fn lock_vouchers(
         &self,

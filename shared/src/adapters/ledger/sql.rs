@@ -35,58 +35,52 @@ pub fn lock_voucher(voucher: VoucherId) -> Vec<SqlParameter> {
 }
 
 /// Vouchers one transaction of several small sales locks at most (the drainer's group
-/// commit): the statements below name two parameters per voucher, about 60 characters
-/// of SQL each, far below 65,536.
+/// commit): their ids travel as one JSON parameter of about 20 bytes each, far below
+/// the Data API's 4 MiB.
 pub const MAX_VOUCHERS_PER_STATEMENT: usize = 250;
 
-/// [`LOCK_VOUCHER`] for several vouchers at once: their rows in id order (an `IN` list
-/// of the primary key, read by it whatever the statistics say: see [`take_stocks`]),
-/// `NOWAIT` like the single lock. `(id, stock_left, pay_within_ms, buckets)`.
+/// [`LOCK_VOUCHER`] for several distinct vouchers at once: `ids` are one JSON
+/// parameter, read in their order by `JSON_TABLE`, each row found through the primary
+/// key (`STRAIGHT_JOIN`, `FORCE INDEX`: whatever the statistics say, and on a table
+/// never analysed, exactly these rows are read and locked, in the order given: the
+/// caller sorts them), `NOWAIT` like the single lock. `(id, stock_left, pay_within_ms,
+/// buckets)`, in no promised order (no `ORDER BY`: its sort would read every row again).
+///
+/// One parameter and the same SQL text for every group, not one parameter per voucher
+/// (`IN (:v0, ..., :v249)`, a text per group size): the drainer, the Data API and the
+/// database parsed and bound 250 parameters a statement, a large part of what a small
+/// sale cost (see docs/benchmarks.md, "Many small sales, eighth pass").
 pub fn lock_vouchers(ids: &[VoucherId]) -> (String, Vec<SqlParameter>) {
-    let names: Vec<String> = (0..ids.len()).map(|i| format!(":v{i}")).collect();
-    let sql = format!(
-        "SELECT id, stock_left, pay_within_ms, buckets FROM vouchers FORCE INDEX (PRIMARY) \
-         WHERE id IN ({}) ORDER BY id FOR UPDATE NOWAIT",
-        names.join(", ")
-    );
-    let params = ids
-        .iter()
-        .enumerate()
-        .map(|(i, v)| param::long(&format!("v{i}"), v.get()))
-        .collect();
-    (sql, params)
+    const SQL: &str = "SELECT v.id, v.stock_left, v.pay_within_ms, v.buckets \
+        FROM JSON_TABLE(:ids, '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$' ERROR ON EMPTY)) AS j \
+        STRAIGHT_JOIN vouchers AS v FORCE INDEX (PRIMARY) ON v.id = j.id \
+        FOR UPDATE NOWAIT";
+    let ids: Vec<i64> = ids.iter().map(|v| v.get()).collect();
+    let ids = serde_json::to_string(&ids).expect("numbers serialise");
+    (SQL.to_string(), vec![param::string("ids", &ids)])
 }
 
 /// [`TAKE_STOCK`] for several vouchers in one statement: each voucher's row takes its
 /// own count, guarded by its own `stock_left >= n`; every row updated, or fewer when a
-/// guard refused (the caller compares).
+/// guard refused (the caller compares). The vouchers must be distinct (a row is
+/// updated at most once by a multi-table `UPDATE`); the drainer's groups are.
 ///
-/// `FORCE INDEX (PRIMARY)`: without it MariaDB scans the whole table when the group's
-/// ids are a large part of it (10 of 31 rows: type `index`, every row read), and an
-/// UPDATE locks every row it reads, so two groups written at once each waited for the
-/// other's rows: a deadlock, seen when a survey's probes came back a slice at a time.
-/// With it, a range read of exactly these rows whatever the table's size or statistics.
+/// The counts travel as one JSON parameter `[[voucher, n], ...]`, joined to the rows
+/// through the primary key in the parameter's order (`STRAIGHT_JOIN`,
+/// `FORCE INDEX (PRIMARY)`): an `UPDATE` locks every row it reads, and without the
+/// forced plan MariaDB read (and locked) the whole table when the group's ids were a
+/// large part of it (the earlier `IN` form on a never-analysed table of 31 rows: two
+/// groups written at once deadlocked). Each row's count is found by the join, not by
+/// a `CASE` of 250 arms evaluated twice per row.
 pub fn take_stocks(takes: &[(VoucherId, i64)]) -> (String, Vec<SqlParameter>) {
-    let arms: String = (0..takes.len())
-        .map(|i| format!(" WHEN :v{i} THEN :n{i}"))
-        .collect();
-    let ids: Vec<String> = (0..takes.len()).map(|i| format!(":v{i}")).collect();
-    let sql = format!(
-        "UPDATE vouchers FORCE INDEX (PRIMARY) SET stock_left = stock_left - CASE id{arms} END \
-         WHERE id IN ({}) AND stock_left >= CASE id{arms} END",
-        ids.join(", ")
-    );
-    let params = takes
-        .iter()
-        .enumerate()
-        .flat_map(|(i, (v, n))| {
-            [
-                param::long(&format!("v{i}"), v.get()),
-                param::long(&format!("n{i}"), *n),
-            ]
-        })
-        .collect();
-    (sql, params)
+    const SQL: &str = "UPDATE JSON_TABLE(:takes, '$[*]' COLUMNS (\
+        id BIGINT UNSIGNED PATH '$[0]' ERROR ON EMPTY, \
+        n INT PATH '$[1]' ERROR ON EMPTY)) AS j \
+        STRAIGHT_JOIN vouchers AS v FORCE INDEX (PRIMARY) ON v.id = j.id \
+        SET v.stock_left = v.stock_left - j.n WHERE v.stock_left >= j.n";
+    let takes: Vec<(i64, i64)> = takes.iter().map(|(v, n)| (v.get(), *n)).collect();
+    let takes = serde_json::to_string(&takes).expect("numbers serialise");
+    (SQL.to_string(), vec![param::string("takes", &takes)])
 }
 
 /// Takes `:n` units of voucher `:v`'s stock, only if it has them: one row updated, or
@@ -313,29 +307,37 @@ mod tests {
             .collect();
         let (sql, params) = lock_vouchers(&ids);
         assert!(sql.chars().count() < 65_536);
-        assert_eq!(params.len(), ids.len());
+        assert_eq!(params.len(), 1);
         let takes: Vec<(VoucherId, i64)> = ids.iter().map(|v| (*v, i64::MAX)).collect();
         let (sql, params) = take_stocks(&takes);
         assert!(sql.chars().count() < 65_536, "{} chars", sql.len());
-        assert_eq!(params.len(), 2 * ids.len());
+        assert_eq!(params.len(), 1);
+        let json = string_param(&params, "takes");
+        assert!(json.len() < 64 * 1024, "{} bytes", json.len());
+    }
+
+    fn string_param<'a>(params: &'a [SqlParameter], name: &str) -> &'a str {
+        params
+            .iter()
+            .find(|p| p.name() == Some(name))
+            .and_then(|p| p.value.as_ref()?.as_string_value().ok())
+            .unwrap_or_else(|| panic!("a string parameter {name}"))
     }
 
     #[test]
-    fn the_group_statements_name_each_voucher_s_own_count() {
+    fn the_group_statements_carry_each_voucher_s_own_count_as_one_parameter() {
         let v = |i| VoucherId::new(i).unwrap();
         let (sql, params) = take_stocks(&[(v(7), 2), (v(9), 1)]);
-        assert_eq!(
-            sql,
-            "UPDATE vouchers FORCE INDEX (PRIMARY) SET stock_left = stock_left - CASE id WHEN :v0 THEN :n0 WHEN :v1 THEN :n1 END \
-             WHERE id IN (:v0, :v1) AND stock_left >= CASE id WHEN :v0 THEN :n0 WHEN :v1 THEN :n1 END"
-        );
-        let names: Vec<&str> = params.iter().filter_map(|p| p.name()).collect();
-        assert_eq!(names, ["v0", "n0", "v1", "n1"]);
-        let (sql, _) = lock_vouchers(&[v(3), v(1)]);
+        assert_eq!(string_param(&params, "takes"), "[[7,2],[9,1]]");
         assert!(
-            sql.ends_with("WHERE id IN (:v0, :v1) ORDER BY id FOR UPDATE NOWAIT"),
+            sql.ends_with("SET v.stock_left = v.stock_left - j.n WHERE v.stock_left >= j.n"),
             "{sql}"
         );
+        // Every group, whatever its size, sends the same text.
+        assert_eq!(sql, take_stocks(&[(v(1), 1)]).0);
+        let (sql, params) = lock_vouchers(&[v(1), v(3)]);
+        assert_eq!(string_param(&params, "ids"), "[1,3]");
+        assert!(sql.ends_with("ON v.id = j.id FOR UPDATE NOWAIT"), "{sql}");
     }
 
     #[test]
