@@ -222,9 +222,9 @@ async fn a_group_killed_before_or_after_its_commit_loses_and_doubles_nothing() {
 /// say, on a table written just now and never analysed: the lock of a group and the
 /// stock update of the same (run as the Data API server runs them, one statement on one
 /// connection, with the drainer's own SQL and names) examine a few rows for each of the
-/// group's vouchers (`Handler_read_*`), through the primary key (`EXPLAIN`: the JSON parameter read
-/// whole, then `eq_ref` on the key for each of its ids). Two shapes: 250 of
-/// 5,000 vouchers, and 30 of 40, a group that is most of its table (without an index
+/// group's vouchers (`Handler_read_*`), through the primary key (`EXPLAIN`: the JSON
+/// parameter read whole, then `eq_ref` on the key for each of its ids). Two shapes: 250
+/// of 5,000 vouchers, and 30 of 40, a group that is most of its table (without an index
 /// hint the update then read every row, locking them all: two groups written at once
 /// deadlocked).
 #[tokio::test]
