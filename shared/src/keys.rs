@@ -64,16 +64,7 @@ pub struct VoucherKeys {
 impl VoucherKeys {
     /// The keys of one bucket (a voucher id is its bucket 0).
     pub fn new(bucket: impl Into<Bucket>) -> VoucherKeys {
-        // Appended, not `format!`ted one by one: the drainer makes these for every small
-        // sale it probes and acks (10,000 in a run), and twelve `format!` calls a sale
-        // were 4 % of its process's CPU there (perf, 2026-11-28).
-        let tag = format!("seckill:{{{}}}:", bucket.into());
-        let key = |name: &str| {
-            let mut k = String::with_capacity(tag.len() + name.len());
-            k.push_str(&tag);
-            k.push_str(name);
-            k
-        };
+        let key = key_maker(bucket);
         VoucherKeys {
             sale: key("sale"),
             buyers: key("buyers"),
@@ -110,6 +101,20 @@ impl VoucherKeys {
     }
 }
 
+/// Makes the keys of one bucket: its tag `seckill:{<bucket>}:` formatted once, each
+/// name appended to it. Not a `format!` per key: the drainer makes a voucher's keys for
+/// every small sale it probes and acks (10,000 in a run), and twelve `format!` calls a
+/// sale were 4 % of its process's CPU there (perf, 2026-11-28).
+fn key_maker(bucket: impl Into<Bucket>) -> impl Fn(&str) -> String {
+    let tag = format!("seckill:{{{}}}:", bucket.into());
+    move |name| {
+        let mut k = String::with_capacity(tag.len() + name.len());
+        k.push_str(&tag);
+        k.push_str(name);
+        k
+    }
+}
+
 /// String, bucketed vouchers, in bucket 0's slot: set once every bucket was found
 /// empty with no transfer open, so instances stop asking each bucket in turn; deleted
 /// when a unit comes back and expiring on its own (a mark set just after a
@@ -129,13 +134,7 @@ impl VoucherKeys {
     /// deadlines), and only those: the admission runs on every purchase attempt, and
     /// [`VoucherKeys::new`] formats every key of the voucher.
     pub fn admission(bucket: impl Into<Bucket>) -> [String; 4] {
-        let tag = format!("seckill:{{{}}}:", bucket.into());
-        let key = |name: &str| {
-            let mut k = String::with_capacity(tag.len() + name.len());
-            k.push_str(&tag);
-            k.push_str(name);
-            k
-        };
+        let key = key_maker(bucket);
         [key("sale"), key("buyers"), key("orders"), key("deadlines")]
     }
 }

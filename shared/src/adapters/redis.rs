@@ -8,9 +8,10 @@
 //!
 //! The parts, each in its own child module: `conn` (the connection), `cluster` (the
 //! cluster client's replacement and resends), `redirect` (MOVED and ASK), `scripts`
-//! (the Lua scripts), `pipelined` (many commands as pipelines where one node serves every slot), `sales` (the handle, admission and closes), `load` (loading,
-//! repairing and reading a sale) and `order_ids` (leased order ids); this module only
-//! re-exports them.
+//! (the Lua scripts), `pipelined` (many commands as pipelines where one node serves
+//! every slot), `sales` (the handle, admission and closes), `load` (loading, repairing
+//! and reading a sale) and `order_ids` (leased order ids); this module only re-exports
+//! them.
 
 mod cluster;
 mod conn;

@@ -47,9 +47,9 @@ impl OrderStreams {
 
     /// Acknowledges the entries of many streams at once (each `(bucket, ids)` as
     /// [`Self::ack`] would), pipelined where one node serves every slot
-    /// ([`crate::adapters::redis::RedisConn::pipelined`]): the
-    /// acks of a group of small sales committed together. Returns, per stream in
-    /// order, how many were still pending.
+    /// ([`crate::adapters::redis::RedisConn::pipelined`]): the acks of a group of small
+    /// sales committed together. Returns, per stream in order, how many were still
+    /// pending.
     pub async fn ack_many(&self, acks: &[(Bucket, Vec<&str>)]) -> Vec<Result<u64, StoreError>> {
         // Streams with nothing to ack send nothing (XACK needs an id), as in `ack`.
         let sent: Vec<usize> = (0..acks.len()).filter(|&i| !acks[i].1.is_empty()).collect();

@@ -163,8 +163,8 @@ impl OrderStreams {
     }
 
     /// [`Self::probe`] of many buckets (a survey's, not leaving), pipelined where one
-    /// Redis node serves every slot instead of a request each: with thousands of small sales the
-    /// survey's probes are most of a run's requests. Each answer as [`Self::probe`]
+    /// Redis node serves every slot instead of a request each: with thousands of small
+    /// sales the survey's probes are most of a run's requests. Each answer as [`Self::probe`]
     /// would give it; a probe whose pipeline failed as a whole fails (it may have read
     /// entries, which wait, pending, for a later claim), as it would have alone.
     pub async fn probe_many(

@@ -124,8 +124,9 @@ pub enum AfterFailure {
 }
 
 impl RedisConn {
-    /// Sends `cmds` as pipelines where one node serves every slot, else each alone (see the module header); returns each command's answer,
-    /// in order, an error reply as an `Err`. A command whose pipeline said it did not run
+    /// Sends `cmds` as pipelines where one node serves every slot, else each alone (see
+    /// the module header); returns each command's answer, in order, an error reply as an
+    /// `Err`. A command whose pipeline said it did not run
     /// is sent again through `alone(i)` (its index in `cmds`: the form the caller sends
     /// one command in, which follows redirections and loads a missing script); one whose
     /// pipeline failed as a whole too when `after_failure` says so.
