@@ -6,8 +6,10 @@
 //!
 //! The stack's processes are found by the pid files `scripts/stack.sh` keeps beside
 //! `.dev/stack.env` (`.dev/pids/*.pid`); a pid that is gone is skipped. The same pid
-//! tells how much CPU the database spent during a run ([`database_cpu`]), which says
-//! whether the database or the way to it limits the drain.
+//! tells how much CPU the database spent during a run ([`database_cpu`]), and the
+//! other CPU's busy time ([`rest_cpu`]) how much everything else did: together they say
+//! whether the database, the work on the way to it, or the waits between the two limit
+//! the drain.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -89,6 +91,33 @@ pub fn database_cpu() -> Option<f64> {
     Some((ticks(11)? + ticks(12)?) as f64 / USER_HZ)
 }
 
+/// The time CPU 1 (where [`pin_database`] puts everything but the database) has spent
+/// busy so far, in seconds (user, nice, system, irq, softirq and steal of its
+/// `/proc/stat` line, 10 ms steps); `None` where there is no such line. Read at a
+/// pinned run's start and end, the difference is the work of Redis, the drainer and the
+/// Data API server (and of anything else the machine ran there meanwhile).
+pub fn rest_cpu() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let label = format!("cpu{REST_CPU}");
+    let line = stat
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(label.as_str()))?;
+    busy_ticks(line).map(|t| t as f64 / USER_HZ)
+}
+
+/// The busy ticks of one `cpuN` line of `/proc/stat`: every field but idle and iowait
+/// (guest time is already counted in user).
+fn busy_ticks(line: &str) -> Option<u64> {
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|t| t.parse().ok())
+        .collect::<Option<_>>()?;
+    let at = |i: usize| f.get(i).copied().unwrap_or(0);
+    // user nice system idle iowait irq softirq steal
+    (f.len() >= 4).then(|| at(0) + at(1) + at(2) + at(5) + at(6) + at(7))
+}
+
 /// A process's affinity mask as `taskset -p` prints it (hex).
 fn mask_of(pid: u32) -> anyhow::Result<String> {
     let out = Command::new("taskset")
@@ -166,6 +195,29 @@ impl Drop for Pinned {
             if let Err(e) = set(*pid, None, Some(mask)) {
                 eprintln!("could not restore the affinity of {pid}: {e}");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cpu_line_is_busy_for_all_but_idle_and_iowait() {
+        // user nice system idle iowait irq softirq steal guest guest_nice
+        let line = "cpu1 100 2 30 5000 40 1 6 7 9 0";
+        assert_eq!(busy_ticks(line), Some(100 + 2 + 30 + 1 + 6 + 7));
+        assert_eq!(busy_ticks("cpu1 1 2"), None);
+        assert_eq!(busy_ticks("cpu1 1 x 3 4"), None);
+    }
+
+    #[test]
+    fn the_other_cpu_is_read_where_the_machine_has_it() {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if cpus > REST_CPU {
+            let first = rest_cpu().expect("a /proc/stat line for the CPU");
+            assert!(rest_cpu().expect("read again") >= first);
         }
     }
 }

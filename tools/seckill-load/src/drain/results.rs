@@ -68,6 +68,11 @@ pub struct DrainRun {
     /// floor; none without a local stack's MariaDB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub db_cpu_s: Option<f64>,
+    /// The busy seconds of the CPU everything but the database is pinned to in the
+    /// pinned rounds, while the clock ran (see [`crate::pinning::rest_cpu`]; kept for
+    /// every run, read only for the pinned ones).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rest_cpu_s: Option<f64>,
     /// The round of a spread run (0 for every other run, and in reports written
     /// before the spread had rounds).
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -122,6 +127,15 @@ impl FloorRound {
         let ours_at_full = self.ours.orders as f64 / self.ours.db_cpu_s.filter(|s| *s > 0.0)?;
         Some(ours_at_full / self.floor.orders_per_s.max(1e-9))
     }
+
+    /// The same for the other CPU in a pinned round: ours were Redis, the drainer and
+    /// the Data API server busy throughout on their one CPU (orders / that CPU's busy
+    /// seconds), over the floor's rate. With [`FloorRound::database_bound`], what a
+    /// perfect overlap of the two sides would reach: the lower of the two.
+    pub fn rest_bound(&self) -> Option<f64> {
+        let ours_at_full = self.ours.orders as f64 / self.ours.rest_cpu_s.filter(|s| *s > 0.0)?;
+        Some(ours_at_full / self.floor.orders_per_s.max(1e-9))
+    }
 }
 
 /// The item with the median `ratio` (the lower middle one of an even count): the
@@ -168,6 +182,7 @@ impl SpreadPair<'_> {
 pub(crate) struct RunClock {
     pub(crate) started: Instant,
     db_cpu: Option<f64>,
+    rest_cpu: Option<f64>,
 }
 
 /// What a [`RunClock`] read when it stopped.
@@ -177,14 +192,18 @@ pub(crate) struct Stopped {
     /// The database's CPU seconds since the start; `None` without a local stack's
     /// MariaDB.
     pub(crate) db_cpu_s: Option<f64>,
+    /// CPU 1's busy seconds since the start ([`crate::pinning::rest_cpu`]).
+    pub(crate) rest_cpu_s: Option<f64>,
 }
 
 impl RunClock {
     pub(crate) fn start() -> RunClock {
         let db_cpu = crate::pinning::database_cpu();
+        let rest_cpu = crate::pinning::rest_cpu();
         RunClock {
             started: Instant::now(),
             db_cpu,
+            rest_cpu,
         }
     }
 
@@ -192,7 +211,13 @@ impl RunClock {
         let elapsed = self.started.elapsed();
         let end = crate::pinning::database_cpu();
         let db_cpu_s = self.db_cpu.zip(end).map(|(s, e)| (e - s).max(0.0));
-        Stopped { elapsed, db_cpu_s }
+        let rest_end = crate::pinning::rest_cpu();
+        let rest_cpu_s = self.rest_cpu.zip(rest_end).map(|(s, e)| (e - s).max(0.0));
+        Stopped {
+            elapsed,
+            db_cpu_s,
+            rest_cpu_s,
+        }
     }
 }
 
@@ -208,6 +233,7 @@ impl DrainRun {
     ) -> DrainRun {
         DrainRun {
             db_cpu_s: stopped.db_cpu_s,
+            rest_cpu_s: stopped.rest_cpu_s,
             ..DrainRun::new(variant, batch_size, sales, orders, stopped.elapsed, checks)
         }
     }
@@ -230,6 +256,7 @@ impl DrainRun {
             summary: None,
             checks,
             db_cpu_s: None,
+            rest_cpu_s: None,
             round: 0,
             error: None,
         }
@@ -244,6 +271,18 @@ impl DrainRun {
     /// throughout).
     pub fn db_busy(&self) -> Option<f64> {
         self.db_cpu_s.map(|s| s / self.elapsed_s.max(1e-9))
+    }
+
+    /// CPU 1's busy time per order, in microseconds (pinned runs: everything but the
+    /// database).
+    pub fn rest_cpu_per_order_us(&self) -> Option<f64> {
+        self.rest_cpu_s
+            .map(|s| s * 1e6 / (self.orders.max(1) as f64))
+    }
+
+    /// The share of the run's time CPU 1 was busy.
+    pub fn rest_busy(&self) -> Option<f64> {
+        self.rest_cpu_s.map(|s| s / self.elapsed_s.max(1e-9))
     }
 }
 

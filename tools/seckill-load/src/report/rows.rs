@@ -108,6 +108,12 @@ pub fn rows(r: &Results) -> Vec<Row> {
                         text,
                     ));
                 }
+                if let Some(text) = rest_share(&d.pinned_rounds) {
+                    rows.push(Row::new(
+                        "drain: the other CPU's work, pinned rounds (Redis, the drainer, the Data API server: its busy time per order and share of the run, ours and the floor; ours were it busy throughout, vs the floor; at best, both sides busy throughout)",
+                        text,
+                    ));
+                }
             } else if let Some(why) = d.pinning.as_deref() {
                 rows.push(Row::new("drain: database on its own CPU", why.to_string()));
             }
@@ -372,6 +378,31 @@ fn database_share(rounds: &[FloorRound]) -> Option<String> {
     (!parts.is_empty()).then(|| parts.join("; "))
 }
 
+/// Per pinned round, what the other CPU did (Redis, the drainer, the Data API server):
+/// its busy time per order and share of the run in ours and in the floor, ours over
+/// the floor were it busy throughout ([`FloorRound::rest_bound`]), and the lower of
+/// that and the database's bound: what a perfect overlap of the two sides would reach.
+fn rest_share(rounds: &[FloorRound]) -> Option<String> {
+    let parts: Vec<String> = rounds
+        .iter()
+        .filter_map(|r| {
+            let (o, f) = (&r.ours, &r.floor);
+            let rest = r.rest_bound()?;
+            let best = r.database_bound().map_or(rest, |db| db.min(rest));
+            Some(format!(
+                "ours {:.1} µs, {:.0} %; floor {:.1} µs, {:.0} %; {:.2}×; at best {:.2}×",
+                o.rest_cpu_per_order_us()?,
+                o.rest_busy()? * 100.0,
+                f.rest_cpu_per_order_us()?,
+                f.rest_busy()? * 100.0,
+                rest,
+                best
+            ))
+        })
+        .collect();
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -544,6 +575,49 @@ mod tests {
             drain_rows(untimed, "floor")
                 .iter()
                 .all(|r| !r.what.contains("own work"))
+        );
+    }
+
+    #[test]
+    fn the_other_cpu_s_work_and_the_lower_bound_are_shown_for_pinned_rounds() {
+        // Ours: 1,000 orders in 10 s, the database 3 s of CPU (bound 1.67x the floor's
+        // 200/s) and the other CPU 8 s (125/s at full: 0.62x): at best 0.62x. The
+        // floor's 5 s with the other CPU busy 1 s.
+        let mut pinned = round(100.0, 200.0);
+        pinned.ours.db_cpu_s = Some(3.0);
+        pinned.ours.rest_cpu_s = Some(8.0);
+        pinned.floor.db_cpu_s = Some(4.5);
+        pinned.floor.rest_cpu_s = Some(1.0);
+        // A round whose database bound is the lower one: 1,000 orders in 50 s, 20 s of
+        // the database (50/s: 0.5x the floor's 100) and 2 s of the other CPU (5x).
+        let mut db_bound = round(20.0, 100.0);
+        db_bound.ours.db_cpu_s = Some(20.0);
+        db_bound.ours.rest_cpu_s = Some(2.0);
+        db_bound.floor.rest_cpu_s = Some(1.0);
+        let drain = DrainReport {
+            ours: vec![run("ours", 300.0)],
+            floor_rounds: vec![round(20.0, 100.0)],
+            pinned_rounds: vec![pinned, db_bound, round(50.0, 100.0)],
+            ..DrainReport::default()
+        };
+        let rows = drain_rows(drain, "floor");
+        let other = rows.iter().find(|r| r.what.contains("other CPU"));
+        let other = other.expect("a row of the other CPU's work");
+        // The round that read no CPU is left out.
+        assert_eq!(
+            other.ours,
+            "ours 8000.0 µs, 80 %; floor 1000.0 µs, 20 %; 0.62×; at best 0.62×; \
+             ours 2000.0 µs, 4 %; floor 1000.0 µs, 10 %; 5.00×; at best 0.50×"
+        );
+        let unpinned = DrainReport {
+            ours: vec![run("ours", 300.0)],
+            floor_rounds: vec![round(20.0, 100.0)],
+            ..DrainReport::default()
+        };
+        assert!(
+            drain_rows(unpinned, "floor")
+                .iter()
+                .all(|r| !r.what.contains("other CPU"))
         );
     }
 }
