@@ -471,3 +471,58 @@ async fn the_functions_sign_in_as_the_application_user() {
         .expect("GetSecretValue for the application user's secret");
     assert_eq!(secret.username, "seckill_app");
 }
+
+/// Without reload (`SECKILL_LAMBDA_RELOAD` unset or 0: how the tests and the benchmarks
+/// run the stack), `cargo lambda watch` watches nothing of the workspace. It puts an
+/// inotify watch on every directory below its working directory whatever its flags, and
+/// from the workspace root (5,290 watches there, `target/` and `.dev/` included) its
+/// watcher woke on every write of the stack's MariaDB, Redis and logs: up to a fifth of
+/// a CPU taken from whatever else ran on it.
+#[test]
+fn the_lambda_watch_watches_no_workspace_directory_without_reload() {
+    let pids = seckill_tests::stack::workspace_root().join(".dev/pids");
+    let read = |name: &str| {
+        std::fs::read_to_string(pids.join(name)).unwrap_or_else(|e| {
+            panic!(
+                "{name} in {}: {e}; start the stack with `scripts/stack.sh up`",
+                pids.display()
+            )
+        })
+    };
+    let stamp = read("lambda.stamp");
+    if !stamp.split_whitespace().any(|w| w == "reload=0") {
+        eprintln!(
+            "the watch reloads (SECKILL_LAMBDA_RELOAD=1): it watches the workspace by design"
+        );
+        return;
+    }
+    let pid = read("lambda.pid");
+    let fdinfo = std::path::Path::new("/proc")
+        .join(pid.trim())
+        .join("fdinfo");
+    let mut watches = 0;
+    for entry in std::fs::read_dir(&fdinfo)
+        .expect("the watch's /proc fdinfo")
+        .flatten()
+    {
+        // A descriptor closed meanwhile is simply gone.
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        watches += text
+            .lines()
+            .filter(|l| l.starts_with("inotify wd:"))
+            .count();
+    }
+    let cwd = std::fs::read_link(std::path::Path::new("/proc").join(pid.trim()).join("cwd"))
+        .expect("the watch's working directory");
+    assert!(
+        watches < 20,
+        "cargo lambda watch (pid {}) holds {watches} inotify watches from {}",
+        pid.trim(),
+        cwd.display()
+    );
+    assert_ne!(
+        cwd,
+        seckill_tests::stack::workspace_root(),
+        "the watch runs from the workspace root"
+    );
+}
