@@ -26,7 +26,7 @@ use seckill_shared::adapters::order_stream::OrderStreams;
 use seckill_shared::adapters::redis::{OrderIds, RedisConn, RedisSales};
 use seckill_shared::config::DataApiConfig;
 use seckill_shared::domain::{
-    Admission, OrderId, SaleWindow, UserId, Voucher, VoucherId, now_millis,
+    Admission, Bucket, NewVoucher, OrderId, SaleWindow, UserId, Voucher, VoucherId, now_millis,
 };
 use seckill_shared::keys::{DRAIN_GROUP, VoucherKeys};
 use seckill_shared::migrate;
@@ -207,6 +207,12 @@ impl DrainCtx {
     /// Admits `n` buyers (`<prefix>-0` ...) through the real admission script, with order
     /// ids leased like seckill-http does; returns the order ids in admission order.
     pub async fn admit(&self, voucher: VoucherId, prefix: &str, n: usize) -> Vec<OrderId> {
+        self.admit_to(voucher.into(), prefix, n).await
+    }
+
+    /// [`DrainCtx::admit`] into one stock bucket of a voucher.
+    pub async fn admit_to(&self, bucket: Bucket, prefix: &str, n: usize) -> Vec<OrderId> {
+        let voucher = bucket.voucher();
         let mut ids = Vec::with_capacity(n);
         for _ in 0..n {
             ids.push(
@@ -220,7 +226,7 @@ impl DrainCtx {
             futures::stream::iter(ids.iter().copied().enumerate())
                 .map(|(i, id)| async move {
                     let user = UserId::parse(&format!("{prefix}-{i}")).expect("user id");
-                    let reply = self.sales.admit(voucher, &user, id).await.expect("admit");
+                    let reply = self.sales.admit(bucket, &user, id).await.expect("admit");
                     assert!(
                         matches!(reply.admission, Admission::Admitted { .. }),
                         "admission of {user} refused: {:?}",
@@ -234,6 +240,33 @@ impl DrainCtx {
         // Stream order may differ from `ids` order under concurrency; callers compare sets.
         assert_eq!(admitted.len(), n);
         ids
+    }
+
+    /// Creates `new` in the database (through the Data API, as seckill-http does) and
+    /// preloads it into Redis.
+    pub async fn voucher_of(&self, new: &NewVoucher) -> Voucher {
+        let v = self
+            .db()
+            .await
+            .create_voucher(new)
+            .await
+            .expect("voucher created");
+        self.sales.preload(&v).await.expect("preload");
+        v
+    }
+
+    /// Makes the test database refuse (SIGNAL) every order row whose user id starts with
+    /// `prefix`: a permanent error no retry fixes, tied to those orders alone.
+    pub async fn refuse_users(&self, prefix: &str) {
+        let mut conn = self.mysql().await;
+        conn.query_drop(format!(
+            "CREATE TRIGGER refuse_{prefix} BEFORE INSERT ON orders FOR EACH ROW \
+             IF NEW.user_id LIKE '{prefix}%' THEN \
+             SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'order refused by a test trigger'; END IF"
+        ))
+        .await
+        .expect("CREATE TRIGGER");
+        conn.disconnect().await.ok();
     }
 
     /// Makes `n` vouchers of `stock` units on sale now, straight in the database (one
@@ -354,8 +387,8 @@ impl DrainCtx {
     }
 
     /// Entries pending in the drain group of the voucher's stream.
-    pub async fn pending(&self, voucher: VoucherId) -> u64 {
-        let k = VoucherKeys::new(voucher);
+    pub async fn pending(&self, voucher: impl Into<Bucket>) -> u64 {
+        let k = VoucherKeys::new(voucher.into());
         let reply: redis::streams::StreamPendingReply = self
             .conn()
             .xpending(&k.orders, DRAIN_GROUP)

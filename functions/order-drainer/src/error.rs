@@ -35,6 +35,15 @@ pub enum DrainError {
     Incomplete { count: usize, first: String },
 }
 
+/// True when `error` says the database chose the statement's transaction as a
+/// deadlock's victim (the Data API passes MySQL's message on; no code of its own).
+pub fn is_deadlock_victim(error: &StoreError) -> bool {
+    error
+        .to_string()
+        .to_ascii_lowercase()
+        .contains("deadlock found")
+}
+
 fn voucher_suffix(voucher: &Option<Bucket>) -> String {
     voucher
         .map(|v| format!(" for voucher {v}"))
@@ -54,10 +63,7 @@ impl DrainError {
     /// rolled all of it back, so the batch may be tried again at once.
     pub fn is_deadlock(&self) -> bool {
         match self {
-            DrainError::Store { source, .. } => source
-                .to_string()
-                .to_ascii_lowercase()
-                .contains("deadlock found"),
+            DrainError::Store { source, .. } => is_deadlock_victim(source),
             _ => false,
         }
     }

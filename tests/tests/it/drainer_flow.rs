@@ -372,26 +372,11 @@ async fn entries_delivered_many_times_are_still_written_never_dead_lettered() {
     ctx.cleanup().await;
 }
 
-/// Makes the test database refuse (SIGNAL) every order row whose user id starts with
-/// `prefix`: a permanent error no retry fixes, tied to those orders alone.
-async fn refuse_users(ctx: &DrainCtx, prefix: &str) {
-    use mysql_async::prelude::Queryable;
-    let mut conn = ctx.mysql().await;
-    conn.query_drop(format!(
-        "CREATE TRIGGER refuse_{prefix} BEFORE INSERT ON orders FOR EACH ROW \
-         IF NEW.user_id LIKE '{prefix}%' THEN \
-         SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'order refused by a test trigger'; END IF"
-    ))
-    .await
-    .expect("CREATE TRIGGER");
-    conn.disconnect().await.ok();
-}
-
 #[tokio::test]
 async fn an_order_the_database_refuses_alone_is_dead_lettered_and_its_batch_commits() {
     let ctx = DrainCtx::start().await;
     let v = ctx.voucher(100, 100).await;
-    refuse_users(&ctx, "poison").await;
+    ctx.refuse_users("poison").await;
     let mut good = ctx.admit(v.id, "a", 10).await;
     let poison = ctx.admit(v.id, "poison", 1).await;
     good.extend(ctx.admit(v.id, "b", 10).await);
@@ -490,7 +475,7 @@ async fn a_database_that_refuses_every_order_dead_letters_none() {
     let ctx = DrainCtx::start().await;
     let v = ctx.voucher(100, 100).await;
     // Every row refused (a broken schema, a bad migration): `LIKE '%'`.
-    refuse_users(&ctx, "").await;
+    ctx.refuse_users("").await;
 
     // A lone order first (a quiet sale: a batch of one), then a batch of several. The
     // refusal is the database's fault, not the orders': they all stay pending, and the
@@ -1088,7 +1073,7 @@ async fn a_refused_order_leaves_the_stock_to_its_neighbours_in_stream_order() {
     let ctx = DrainCtx::start().await;
     // Five units in the database for eleven admitted orders, one of them refused.
     let v = ctx.voucher(100, 5).await;
-    refuse_users(&ctx, "poison").await;
+    ctx.refuse_users("poison").await;
     let mut in_order = Vec::new();
     for (prefix, n) in [("a", 2), ("poison", 1), ("b", 8)] {
         for id in ctx.admit(v.id, prefix, n).await {

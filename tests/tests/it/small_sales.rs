@@ -4,11 +4,13 @@
 //!
 //! What is proved: small sales' orders are written together, each voucher within its own
 //! database stock; a sale that is not the plain case (stock short of its orders, a
-//! poison entry, a voucher the database does not have) is drained alone, and its
-//! neighbours still together; a row held by another transaction sends the group alone
-//! and holds back no other sale; a group killed before its commit is rolled back by the
-//! next run and one killed after it is acked as duplicates: every order exactly once,
-//! every stock taken once.
+//! poison entry, a voucher the database does not have, a payment step) is drained alone,
+//! and its neighbours still together; a bucketed voucher's small reads take its row's
+//! stock once per order; a row held by another transaction or an order the database
+//! refuses sends the group alone and holds back no other sale, but never past the run's
+//! time; sales delivered again are found as duplicates; a group killed before its commit
+//! is rolled back by the next run and one killed after it is acked as duplicates: every
+//! order exactly once, every stock taken once.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -166,6 +168,216 @@ async fn a_held_row_sends_its_group_alone_and_holds_back_no_other_sale() {
     let rows = rows_by_voucher(&ctx).await;
     assert_eq!(rows.values().map(|r| r.0).sum::<usize>(), ids.len());
     assert_eq!(ctx.db_stock_left(held).await, 8);
+    ctx.cleanup().await;
+}
+
+/// An order the database refuses (a trigger) inside a group: the group's insert fails
+/// whole, so every sale goes alone, where the refused order is found by splitting its own
+/// sale's batch and dead-lettered with the reason; every other sale commits in the same
+/// run, and the run counts no error. (Before, the refusal failed the group: all twenty
+/// sales stayed pending for the next run to claim.)
+#[tokio::test]
+async fn an_order_refused_in_a_group_is_found_alone_and_holds_back_no_other_sale() {
+    let ctx = DrainCtx::start().await;
+    let (vouchers, _) = small_sales(&ctx, 1, 20).await;
+    let refused_in = vouchers[7].id;
+    ctx.refuse_users("poison").await;
+    let poison = ctx.admit(refused_in, "poison", 1).await;
+    let mut cfg = ctx.drainer_config();
+    cfg.batch_size = 100;
+    let s = ctx.drain(cfg).await;
+    println!("{s:?}");
+    assert_eq!((s.inserted, s.dead_lettered, s.errors), (40, 1, 0), "{s:?}");
+    assert_each_sale_drained_once(&ctx, &vouchers, "refusal").await;
+    let dead = ctx.dead_letters(refused_in).await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(
+        dead[0].get("order_id").map(String::as_str),
+        Some(poison[0].to_string().as_str())
+    );
+    let reason = dead[0].get("reason").cloned().unwrap_or_default();
+    assert!(reason.contains("refused by a test trigger"), "{reason}");
+    ctx.cleanup().await;
+}
+
+/// A group that goes alone too late in the run (its insert refused after 2 s by a
+/// trigger that sleeps first) leaves every sale pending when no batch fits in the time
+/// left: none of them starts a transaction of its own past the run's end (before, the
+/// twenty went one after another, the slow one for seconds more). The next run drains
+/// them all.
+#[tokio::test]
+async fn a_group_sent_alone_too_late_in_the_run_leaves_its_sales_for_the_next() {
+    let ctx = DrainCtx::start().await;
+    let (vouchers, _) = small_sales(&ctx, 1, 20).await;
+    let slow_sale = vouchers[5].id;
+    let mut conn = ctx.mysql().await;
+    conn.query_drop(
+        "CREATE TRIGGER refuse_slowly BEFORE INSERT ON orders FOR EACH ROW \
+         IF NEW.user_id LIKE 'slow%' THEN DO SLEEP(2); \
+         SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'order refused by a test trigger'; END IF",
+    )
+    .await
+    .expect("CREATE TRIGGER");
+    ctx.admit(slow_sale, "slow", 1).await;
+    let mut cfg = ctx.drainer_config();
+    cfg.batch_size = 100;
+    cfg.max_run = Duration::from_millis(3_000);
+    let s = ctx.drain(cfg.clone()).await;
+    println!("{s:?}");
+    assert_eq!(
+        (s.inserted, s.dead_lettered, s.released, s.errors),
+        (0, 0, 41, 0),
+        "{s:?}"
+    );
+    assert!(s.elapsed_ms < 3_000, "the run kept to its time: {s:?}");
+
+    conn.query_drop("DROP TRIGGER refuse_slowly").await.unwrap();
+    conn.disconnect().await.ok();
+    cfg.min_idle = Duration::from_millis(1);
+    let s = ctx.drain(cfg).await;
+    assert_eq!((s.inserted, s.errors), (41, 0), "{s:?}");
+    for v in &vouchers {
+        let want = if v.id == slow_sale { 3 } else { 2 };
+        assert_eq!(ctx.orders_in_db(v.id).await.len(), want, "{}", v.id);
+        assert_eq!(ctx.db_stock_left(v.id).await, 10 - want as i64, "{}", v.id);
+        assert_eq!(ctx.pending(v.id).await, 0, "{}", v.id);
+    }
+    ctx.cleanup().await;
+}
+
+/// Small sales of every kind in one round: plain ones, one with a payment step and one
+/// whose stock is split over two buckets, each bucket with a small read. The plain
+/// sales are written together; the payment sale's orders wait for payment (never
+/// `confirmed` by a group) with their deadline; the bucketed voucher's row takes each of
+/// its four orders once, whichever way its two buckets went.
+#[tokio::test]
+async fn payment_and_bucketed_sales_among_small_ones_keep_their_own_rules() {
+    use seckill_shared::domain::{Bucket, NewVoucher, PaymentTerms, Price, SaleWindow};
+    use seckill_tests::harness::{TEST_CURRENCY, TEST_PRICE_MINOR};
+
+    let ctx = DrainCtx::start().await;
+    let (plain, _) = small_sales(&ctx, 1, 10).await;
+    let now = now_millis();
+    let sale = |title: &str, payment, buckets| NewVoucher {
+        title: title.into(),
+        stock: 10,
+        window: SaleWindow::new(now - 60_000, now + 3_600_000).unwrap(),
+        payment,
+        buckets,
+        room: None,
+    };
+    let terms = PaymentTerms {
+        pay_within_ms: 600_000,
+        rebuy_after_close: false,
+        price: Some(Price::new(TEST_PRICE_MINOR, TEST_CURRENCY).unwrap()),
+    };
+    let paid = ctx.voucher_of(&sale("pay", Some(terms), 1)).await.id;
+    ctx.admit(paid, "payer", 2).await;
+    let split = ctx.voucher_of(&sale("buckets", None, 2)).await.id;
+    let buckets: Vec<Bucket> = Bucket::all(split, 2).collect();
+    ctx.admit_to(buckets[0], "first", 2).await;
+    ctx.admit_to(buckets[1], "second", 2).await;
+
+    let mut cfg = ctx.drainer_config();
+    cfg.batch_size = 100;
+    let s = ctx.drain(cfg).await;
+    println!("{s:?}");
+    assert_eq!((s.inserted, s.errors), (20 + 2 + 4, 0), "{s:?}");
+    assert!(s.grouped >= 20, "the plain sales went together: {s:?}");
+    for v in &plain {
+        let statuses: Vec<String> = ctx
+            .orders_in_db(v.id)
+            .await
+            .into_values()
+            .map(|(status, _)| status)
+            .collect();
+        assert_eq!(statuses, vec!["confirmed".to_string(); 2], "{}", v.id);
+        assert_eq!(ctx.db_stock_left(v.id).await, 8, "{}", v.id);
+        assert_eq!(ctx.pending(v.id).await, 0, "{}", v.id);
+    }
+
+    let mut conn = ctx.mysql().await;
+    let rows: Vec<(String, bool)> = conn
+        .exec(
+            "SELECT status, pay_by IS NOT NULL FROM orders WHERE voucher_id = ?",
+            (paid.get(),),
+        )
+        .await
+        .unwrap();
+    conn.disconnect().await.ok();
+    assert_eq!(
+        rows,
+        vec![("awaiting_payment".to_string(), true); 2],
+        "the payment sale's orders"
+    );
+    assert_eq!(ctx.db_stock_left(paid).await, 8, "their units are held");
+    assert_eq!(ctx.pending(paid).await, 0);
+
+    let statuses: Vec<String> = ctx
+        .orders_in_db(split)
+        .await
+        .into_values()
+        .map(|(status, _)| status)
+        .collect();
+    assert_eq!(statuses, vec!["confirmed".to_string(); 4]);
+    assert_eq!(
+        ctx.db_stock_left(split).await,
+        6,
+        "each order took one unit"
+    );
+    for b in buckets {
+        assert_eq!(ctx.pending(b).await, 0, "{b}");
+    }
+    ctx.cleanup().await;
+}
+
+/// Small sales drained together, then delivered again as new entries (their drain
+/// groups set back to the start: what a group made again after a failover that lost its
+/// last-delivered id does; the streams keep what the first run did not trim): the
+/// second run's group finds its orders in the database (a count short of the plan), and
+/// each sale alone then writes nothing, takes no stock and acks everything as
+/// duplicates.
+#[tokio::test]
+async fn small_sales_delivered_again_are_found_as_duplicates_and_change_nothing() {
+    use redis::AsyncCommands;
+    use seckill_shared::keys::{DRAIN_GROUP, VoucherKeys};
+
+    let ctx = DrainCtx::start().await;
+    let (vouchers, ids) = small_sales(&ctx, 1, 20).await;
+    let mut cfg = ctx.drainer_config();
+    cfg.batch_size = 100;
+    let s = ctx.drain(cfg.clone()).await;
+    assert_eq!((s.inserted, s.grouped, s.errors), (40, 40, 0), "{s:?}");
+    for v in &vouchers {
+        let _: () = ctx
+            .conn()
+            .xgroup_setid(VoucherKeys::new(v.id).orders, DRAIN_GROUP, "0")
+            .await
+            .unwrap();
+    }
+    let kept: usize = futures::future::join_all(vouchers.iter().map(|v| ctx.stream_ids(v.id)))
+        .await
+        .iter()
+        .map(Vec::len)
+        .sum();
+    assert!(
+        kept >= vouchers.len(),
+        "an entry of every sale is delivered again: {kept}"
+    );
+    let s = ctx.drain(cfg).await;
+    println!("{s:?}");
+    let counts = (
+        s.read,
+        s.inserted,
+        s.duplicates,
+        s.rejected,
+        s.dead_lettered,
+        s.errors,
+    );
+    assert_eq!(counts, (kept as u64, 0, kept as u64, 0, 0, 0), "{s:?}");
+    assert_eq!(s.grouped, 0, "{s:?}");
+    assert_eq!(ids.len(), 40);
+    assert_each_sale_drained_once(&ctx, &vouchers, "again").await;
     ctx.cleanup().await;
 }
 

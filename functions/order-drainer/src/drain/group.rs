@@ -17,8 +17,9 @@
 //!   within its voucher's database stock. A member that is not the plain case (an
 //!   unknown voucher, a payment step, a stock that does not cover its orders, an entry
 //!   to dead-letter) is taken out and the rest try again; a row locked by another
-//!   transaction, a row that exists already (a count short of the plan) or a guard that
-//!   refuses sends every member alone. Each time the transaction is rolled back whole.
+//!   transaction, a row that exists already (a count short of the plan), a guard that
+//!   refuses, a statement the database refuses or a deadlock sends every member alone.
+//!   Each time the transaction is rolled back whole.
 //!   The one-sale path isolates refusals, dead-letters and records rejections for that
 //!   sale alone: a refused order never holds back or dead-letters its neighbours;
 //! - each voucher's stock guard is its own (`stock_left >= n` per row, all rows updated);
@@ -276,8 +277,10 @@ impl Drainer {
             }
         }
         alone.extend(members.into_iter().map(|m| (m.bucket, m.entries)));
+        // Up to a group's worth of sales, one transaction each: each starts only while a
+        // batch still fits before the run's end, the others stay pending for the next.
         for (bucket, entries) in alone {
-            if run.stopped(bucket) {
+            if run.stopped(bucket) || !run.fits(1) {
                 self.release(run, bucket, &entries).await;
             } else {
                 self.process(run, bucket, entries, true).await;
@@ -406,7 +409,7 @@ async fn write_group(
     let locked = match tx.lock_vouchers(&ids).await {
         Ok(locked) => locked,
         Err(e @ StoreError::Locked { .. }) => return Err(Written::Alone(e.to_string())),
-        Err(e) => return Err(Written::Failed("locking the group's vouchers", e)),
+        Err(e) => return Err(refused_or_failed("locking the group's vouchers", e)),
     };
     failpoint::hit("after_lock");
     let mut rows = Vec::new();
@@ -438,7 +441,7 @@ async fn write_group(
     let inserted = tx
         .insert_orders(&rows, OrderStatus::Confirmed, None)
         .await
-        .map_err(|e| Written::Failed("inserting a group's orders", e))?;
+        .map_err(|e| refused_or_failed("inserting a group's orders", e))?;
     failpoint::hit("after_insert");
     if inserted != rows.len() as u64 {
         return Err(Written::Alone(format!(
@@ -449,7 +452,7 @@ async fn write_group(
     let updated = tx
         .take_stocks(&takes)
         .await
-        .map_err(|e| Written::Failed("taking a group's stock", e))?;
+        .map_err(|e| refused_or_failed("taking a group's stock", e))?;
     if updated != takes.len() as u64 {
         return Err(Written::Alone(format!(
             "the stock guard refused {} of {} vouchers",
@@ -461,9 +464,44 @@ async fn write_group(
     Ok(inserted)
 }
 
+/// A group statement's failure. A refusal (a permanent database error: it may be one
+/// order's fault, or one voucher's, or a database that cannot run the group's
+/// statements at all) or a deadlock (InnoDB rolled the group back whole) sends every
+/// member alone, where the one-sale path retries a deadlock and finds a refused order by
+/// splitting its own sale's batch: the group's other sales are written in this run, not
+/// held back with it. Anything else (the database unavailable) fails the group: every
+/// member stays pending, as it would alone.
+fn refused_or_failed(step: &'static str, e: StoreError) -> Written {
+    if matches!(e, StoreError::Database(_)) || crate::error::is_deadlock_victim(&e) {
+        Written::Alone(format!("{step}: {e}"))
+    } else {
+        Written::Failed(step, e)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_or_deadlocked_group_goes_alone_and_an_unavailable_one_fails() {
+        let alone = |w: Written| matches!(w, Written::Alone(_));
+        let refused = StoreError::Database("order refused by a test trigger".into());
+        assert!(alone(refused_or_failed("inserting", refused)));
+        let deadlock = StoreError::Unavailable {
+            backend: "data api",
+            detail: "Deadlock found when trying to get lock; try restarting transaction".into(),
+        };
+        assert!(alone(refused_or_failed("inserting", deadlock)));
+        let down = StoreError::Unavailable {
+            backend: "data api",
+            detail: "connection refused".into(),
+        };
+        assert!(matches!(
+            refused_or_failed("inserting", down),
+            Written::Failed("inserting", _)
+        ));
+    }
 
     fn read(voucher: i64, bucket: u16, buckets: u16, n: usize) -> Read {
         let b = Bucket::new(VoucherId::new(voucher).unwrap(), bucket, buckets).unwrap();
