@@ -437,6 +437,9 @@ impl Drainer {
                 None => return,
             }
         }
+        // Out of time with claimable entries left (or stopped): nothing newer of this
+        // voucher is drained in this run, so its older entries still go first next time.
+        run.stop(voucher);
     }
 
     /// Processes one voucher's entries just read, then its next ones, batch after batch.
@@ -445,11 +448,18 @@ impl Drainer {
     /// database work at the same time instead of in turn; but only when both batches
     /// are expected to end before `stop_at`. The read waits until the batch's
     /// transaction holds the row and its own Redis calls before the insert are done
-    /// ([`Run::read_ahead_gate`]). A batch read ahead is always processed, and only once
-    /// the batch before it is over (committed, retried or failed): batches of one
-    /// voucher are written in the order they were read.
+    /// ([`Run::read_ahead_gate`]). A batch read ahead is processed only once the batch
+    /// before it is over (committed, retried or failed), so batches of one voucher are
+    /// written in the order they were read; and only while a batch still fits in the
+    /// run's time, else it is released (pending, claimable at once, the voucher stopped).
     async fn drain_batches(&self, run: &Run, voucher: Bucket, mut entries: Vec<StreamEntry>) {
         for turn in 1..=BATCHES_PER_TURN {
+            // A batch read ahead was read while the one before it was expected to end in
+            // time; a slow one (lock retries, a split) may have used that time up.
+            if turn > 1 && !run.fits(1) {
+                self.release(run, voucher, &entries).await;
+                break;
+            }
             let read_ahead =
                 entries.len() >= self.cfg.batch_size && turn < BATCHES_PER_TURN && run.fits(2);
             if !read_ahead {

@@ -372,6 +372,86 @@ async fn entries_delivered_many_times_are_still_written_never_dead_lettered() {
     ctx.cleanup().await;
 }
 
+/// Every order of a read refused on its own (two here, a batch's worth in the second
+/// run, first deliveries and then claimed ones): the database still takes an ordinary
+/// row, so the orders are at fault and each is dead-lettered with the reason; the sale
+/// goes on. (Taken for the database's fault because all were refused, they stayed
+/// pending and, claimable, kept the sale's newer orders from ever being read.)
+#[tokio::test]
+async fn orders_that_are_all_refused_alone_are_dead_lettered_and_the_sale_goes_on() {
+    let ctx = DrainCtx::start().await;
+    let v = ctx.voucher(100, 100).await;
+    ctx.refuse_users("poison").await;
+    let poison = ctx.admit(v.id, "poison", 2).await;
+    let s = ctx.drain(ctx.drainer_config()).await;
+    assert_eq!((s.inserted, s.dead_lettered, s.errors), (0, 2, 0), "{s:?}");
+    let dead: BTreeSet<i64> = ctx
+        .dead_letters(v.id)
+        .await
+        .iter()
+        .filter_map(|d| d.get("order_id")?.parse().ok())
+        .collect();
+    assert_eq!(dead, id_set(&poison));
+
+    // Three more refused and three good ones behind them: the good ones land.
+    ctx.admit(v.id, "poisoned", 3).await;
+    let good = ctx.admit(v.id, "good", 3).await;
+    let s = ctx.drain(ctx.drainer_config()).await;
+    assert_eq!((s.inserted, s.dead_lettered, s.errors), (3, 3, 0), "{s:?}");
+    assert_eq!(
+        ctx.orders_in_db(v.id)
+            .await
+            .keys()
+            .copied()
+            .collect::<BTreeSet<_>>(),
+        id_set(&good)
+    );
+    assert_eq!(ctx.pending(v.id).await, 0);
+    assert_eq!(ctx.db_stock_left(v.id).await, 97);
+    ctx.cleanup().await;
+}
+
+/// A warm Lambda instance keeps its consumer name from one invocation to the next. A
+/// transaction an earlier invocation left open under that name (its commit and its
+/// rollback both failed) holds the voucher's row; the next invocation rolls it back
+/// like any other run's, instead of skipping it as its own and failing on the lock
+/// until the Data API drops it.
+#[tokio::test]
+async fn a_warm_instance_rolls_back_the_transaction_its_earlier_invocation_left_open() {
+    let ctx = DrainCtx::start().await;
+    let v = ctx.voucher(10, 10).await;
+    let consumer = "drainer-warm-instance";
+    let tx = ctx
+        .hold_the_voucher_row(v.id, Some((consumer, now_millis() - 60_000)))
+        .await;
+    let admitted = ctx.admit(v.id, "u", 3).await;
+    let cfg = ctx.drainer_config();
+    let drainer = order_drainer::Drainer::connect(cfg.clone())
+        .await
+        .expect("drainer connects");
+    let s = drainer
+        .run(consumer, Instant::now() + cfg.max_run + cfg.safety_margin)
+        .await;
+    println!("{s:?}");
+    assert_eq!(
+        (s.inserted, s.aborted_transactions, s.errors),
+        (3, 1, 0),
+        "{s:?}"
+    );
+    assert_eq!(
+        ctx.orders_in_db(v.id)
+            .await
+            .keys()
+            .copied()
+            .collect::<BTreeSet<_>>(),
+        id_set(&admitted)
+    );
+    assert_eq!(ctx.db_stock_left(v.id).await, 7);
+    // The held transaction is gone: rolling it back again finds nothing to do.
+    ctx.db().await.rollback(&tx).await;
+    ctx.cleanup().await;
+}
+
 #[tokio::test]
 async fn an_order_the_database_refuses_alone_is_dead_lettered_and_its_batch_commits() {
     let ctx = DrainCtx::start().await;

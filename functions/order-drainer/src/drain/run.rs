@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use seckill_shared::adapters::order_stream::Probe;
-use seckill_shared::domain::{Bucket, VoucherId};
+use seckill_shared::domain::{Bucket, UnixMillis, VoucherId, now_millis};
 use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
@@ -87,6 +87,8 @@ pub struct Summary {
 pub(super) struct Run {
     pub(super) consumer: String,
     pub(super) started: Instant,
+    /// When the run started, on the wall clock the transaction records use.
+    pub(super) started_ms: UnixMillis,
     /// No batch starts unless it is expected to end before this.
     pub(super) stop_at: Instant,
     /// The finish step stops here: the invocation's deadline less a reserve to log and
@@ -129,6 +131,7 @@ impl Run {
         Run {
             consumer: consumer.to_string(),
             started,
+            started_ms: now_millis(),
             stop_at,
             finish_by: deadline
                 .checked_sub((cfg.safety_margin / 2).min(Duration::from_secs(1)))

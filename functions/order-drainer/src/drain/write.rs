@@ -158,10 +158,13 @@ impl Drainer {
     /// was decided and, when something else stopped it, that failure: any failure that
     /// is not a refusal (the database unreachable, a lock held, a commit lost, a refusal
     /// of the lock or the stock update) is the database's state, not an order's, and
-    /// leaves the untried parts pending. So does a refusal of every order on its own, and
-    /// a lone refusal when the database also refuses an ordinary made-up row (then the
-    /// schema, rights or a trigger are at fault). Parts are only started while a batch
-    /// still fits in the run's time; the rest stay pending (`unfinished`).
+    /// leaves the untried parts pending. So do refusals when the database also refuses
+    /// an ordinary made-up row of the voucher (then the schema, rights or a trigger are
+    /// at fault), however many of the batch's orders were refused: the row's answer, not
+    /// the count, tells an order's fault from the database's (two refused orders alone
+    /// in a read, taken for the database's fault by their count, stalled their sale for
+    /// good). Parts are only started while a batch still fits in the run's time; the
+    /// rest stay pending (`unfinished`).
     pub(super) async fn commit_isolating(
         &self,
         run: &Run,
@@ -202,21 +205,19 @@ impl Drainer {
         if refusals.is_empty() {
             return (out, None);
         }
-        let blame_orders = refusals.len() < orders.len() || orders.len() == 1;
-        let healthy = blame_orders
-            && match self.ledger.accepts_an_ordinary_row(voucher.voucher()).await {
-                Ok(ok) => ok,
-                Err(e) => {
-                    return (
-                        out,
-                        Some(DrainError::store(
-                            "checking the orders table",
-                            Some(voucher),
-                            e,
-                        )),
-                    );
-                }
-            };
+        let healthy = match self.ledger.accepts_an_ordinary_row(voucher.voucher()).await {
+            Ok(ok) => ok,
+            Err(e) => {
+                return (
+                    out,
+                    Some(DrainError::store(
+                        "checking the orders table",
+                        Some(voucher),
+                        e,
+                    )),
+                );
+            }
+        };
         if !healthy {
             // The database refuses everything, not these orders. Keep them all pending;
             // the error alarms.
@@ -231,7 +232,11 @@ impl Drainer {
     }
 
     /// Commits one voucher's orders in one transaction, retrying when a concurrent
-    /// writer made the row counts differ from the plan, or held the voucher's row.
+    /// writer made the row counts differ from the plan, or held the voucher's row, or
+    /// when the database chose it as a deadlock's victim. The retries are few and short
+    /// (well within the run's safety margin), and are not cut by the run's time: the
+    /// roll-back of a killed run's transaction comes at the fourth attempt at the lock,
+    /// and a run too short to reach it would never free the row.
     ///
     /// A batch of first deliveries is first tried without looking up existing rows: none
     /// should exist, and the exact counts of `INSERT IGNORE` prove it. If one did exist
@@ -378,7 +383,8 @@ impl Drainer {
         outcome
     }
 
-    /// Rolls back the recorded open transactions of other runs on `voucher` that began
+    /// Rolls back the recorded open transactions of other runs (or of this consumer's
+    /// earlier invocations) on `voucher` that began
     /// at least [`abandoned_after`](Drainer::abandoned_after) ago: after a kill they
     /// would hold the voucher's row for the Data API's 3 idle minutes. A younger one is
     /// left alone (a live batch of an overlapping run; it ends within seconds). A live
@@ -395,7 +401,12 @@ impl Drainer {
         let old_enough = self.abandoned_after().as_millis() as i64;
         let mut aborted = 0;
         for (tx, consumer, begun) in open {
-            if consumer == run.consumer || now - begun < old_enough {
+            // This run's own transactions are live (one per voucher at a time). An older
+            // one under the same name is a former invocation's: a warm Lambda instance
+            // keeps its consumer name, and a transaction whose commit and rollback both
+            // failed there would otherwise hold the row until the Data API drops it.
+            let this_run = consumer == run.consumer && begun >= run.started_ms;
+            if this_run || now - begun < old_enough {
                 continue;
             }
             match self.ledger.abort_abandoned(&tx).await {
