@@ -86,6 +86,9 @@ end
 local order, user = ARGV[2], ARGV[3]
 local prior = redis.call('HGET', KEYS[4], order)
 if prior then
+  -- Closed before, maybe by a copy on another connection: written again (the same
+  -- value), so that a durable caller's WAIT on this connection covers the close.
+  redis.call('HSET', KEYS[4], order, prior)
   return prior
 end
 local deadline = redis.call('ZSCORE', KEYS[3], order .. '\n' .. user)

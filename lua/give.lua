@@ -31,6 +31,9 @@ local SENTINEL = '~'
 local open = redis.call('HLEN', KEYS[2]) - redis.call('HEXISTS', KEYS[2], SENTINEL)
 local recorded = redis.call('HGET', KEYS[2], ARGV[1])
 if recorded then
+  -- Given before, maybe by a copy on another connection: written again (the same
+  -- value), so that a durable caller's WAIT on this connection covers the record.
+  redis.call('HSET', KEYS[2], ARGV[1], recorded)
   return {tonumber(string.match(recorded, ' (%d+) ')), open - 1}
 end
 local stock = tonumber(redis.call('HGET', KEYS[1], STOCK))

@@ -160,6 +160,96 @@ async fn a_stranded_transfer_is_delivered_on_time_by_a_server_whose_clock_is_ahe
     assert_eq!(transfers::finish_open(&ctx.sales, b1).await.unwrap(), 0);
 }
 
+/// A durable client of `ctx`'s Redis (one replica must acknowledge, within 300 ms),
+/// through a proxy that can lose a reply or mute the replica's link: its proxy, its
+/// sales adapter and an app on it.
+async fn durable_client(ctx: &DrainCtx) -> (ReplyDropper, RedisSales, App) {
+    let proxy = ReplyDropper::start(&ctx.redis).await;
+    let mut cfg = ctx.redis.config();
+    cfg.url = proxy.url();
+    let durable = seckill_shared::config::Durable {
+        replicas: 1,
+        timeout: Duration::from_millis(300),
+    };
+    cfg.durable = Some(durable);
+    let sales =
+        RedisSales::new(RedisConn::connect(&cfg).await.unwrap()).with_durability(Some(durable));
+    let app = App::new(&test_http_config(cfg, ctx.data_api_config())).await;
+    (proxy, sales, app)
+}
+
+/// Waits for a durable admission of `voucher`: the replica follows its primary's
+/// announced (proxy) address, a durable 202 once it has.
+async fn until_durable(app: &App, voucher: VoucherId) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = buy(app, voucher, "warmup").await;
+        if status == 202 || body["code"] == "already_purchased" {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no durable 202: {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Mutes the replica's link from now on: it acknowledges what it has every second, and
+/// after its next acknowledgement nothing more reaches it.
+async fn mute_the_replica(proxy: &ReplyDropper) {
+    proxy.mute(&[b"REPLCONF", b"ACK"], 1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proxy.muted() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the replication link was not muted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A durable payment (the provider's webhook closing an order as paid) whose close runs
+/// and whose reply is lost while the only replica receives nothing more: the client
+/// sends the close and its `WAIT` again on a new connection, where the close finds the
+/// order closed. That `WAIT` must count only the replicas holding the close, so the
+/// payment is not confirmed (the provider's delivery is retried) rather than recorded
+/// paid while a failover could still lose the close and sell the unit again. The close
+/// writes its value again for the `WAIT` to cover (lua/close.lua).
+#[tokio::test]
+async fn a_durable_payment_resent_by_the_client_waits_for_the_replicas() {
+    use seckill_shared::adapters::redis::CloseAction;
+    use seckill_shared::domain::{OrderId, PaymentRef, UserId};
+
+    let ctx = DrainCtx::start_with(RedisServer::cluster(1, 1)).await;
+    let (proxy, sales, app) = durable_client(&ctx).await;
+    let voucher = create_with(
+        &app,
+        10,
+        2,
+        json!({ "pay_within_s": 600, "price_minor": TEST_PRICE_MINOR, "currency": TEST_CURRENCY }),
+    )
+    .await;
+    until_durable(&app, voucher).await;
+    let (status, body) = buy(&app, voucher, "payer").await;
+    assert_eq!(status, 202, "{body}");
+    let order: OrderId = body["order_id"].as_str().unwrap().parse().unwrap();
+    mute_the_replica(&proxy).await;
+    // Loaded, so the copy whose reply is lost runs (rather than answering NOSCRIPT).
+    let _: String = redis::Script::new(include_str!("../../../lua/close.lua"))
+        .prepare_invoke()
+        .load_async(&mut ctx.conn())
+        .await
+        .unwrap();
+    proxy.arm(&[b"EVALSHA", b":closed", order.to_string().as_bytes()]);
+    let user = UserId::parse("payer").unwrap();
+    let paid = CloseAction::Pay(PaymentRef::parse("pi-resent").unwrap());
+    let bucket = Bucket::of_user(voucher, 2, user.as_str());
+    let closed = sales.close(bucket, order, &user, &paid).await;
+    assert_eq!(proxy.dropped(), 1, "the close's reply was lost");
+    assert!(
+        closed.is_err(),
+        "a close no replica holds was reported held: {closed:?}"
+    );
+}
+
 /// The drainer finishing a stranded transfer in durable mode: its take runs and the
 /// connection is cut before the reply, while the only replica receives nothing more
 /// (its replication link, through the proxies too, is muted). The client sends the
@@ -174,33 +264,13 @@ async fn a_stranded_transfer_is_delivered_on_time_by_a_server_whose_clock_is_ahe
 #[tokio::test]
 async fn a_durable_take_resent_by_the_client_waits_for_the_replicas() {
     let ctx = DrainCtx::start_with(RedisServer::cluster(1, 1)).await;
-    let proxy = ReplyDropper::start(&ctx.redis).await;
-    let mut cfg = ctx.redis.config();
-    cfg.url = proxy.url();
-    let durable = seckill_shared::config::Durable {
-        replicas: 1,
-        timeout: Duration::from_millis(300),
-    };
-    cfg.durable = Some(durable);
-    let sales =
-        RedisSales::new(RedisConn::connect(&cfg).await.unwrap()).with_durability(Some(durable));
-    let app = App::new(&test_http_config(cfg, ctx.data_api_config())).await;
+    let (proxy, sales, app) = durable_client(&ctx).await;
     let voucher = create(&app, 10, 2).await;
     let [b0, b1]: [Bucket; 2] = Bucket::all(voucher, 2)
         .collect::<Vec<_>>()
         .try_into()
         .unwrap();
-    // The replica follows its primary's announced (proxy) address: a durable 202 once
-    // it has.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (status, body) = buy(&app, voucher, "warmup").await;
-        if status == 202 || body["code"] == "already_purchased" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no durable 202: {body}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until_durable(&app, voucher).await;
     let given = give(&ctx, b1, b0, "dead-caller.0").await.0;
     assert!(given > 0, "nothing given");
     let before = stocks(&ctx, voucher, 2).await;
@@ -208,16 +278,7 @@ async fn a_durable_take_resent_by_the_client_waits_for_the_replicas() {
         transfers::STALE_TRANSFER_MS as u64 + 200,
     ))
     .await;
-    // The replica acknowledges what it has every second: its link is muted from then on.
-    proxy.mute(&[b"REPLCONF", b"ACK"], 1);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while proxy.muted() == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the replication link was not muted"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    mute_the_replica(&proxy).await;
     // Loaded, so the copy whose reply is lost runs (rather than answering NOSCRIPT).
     let _: String = redis::Script::new(include_str!("../../../lua/take.lua"))
         .prepare_invoke()
@@ -244,6 +305,48 @@ async fn a_durable_take_resent_by_the_client_waits_for_the_replicas() {
         vec![before[0] + given, before[1]],
         "taken once"
     );
+}
+
+/// A durable borrow whose give runs and whose reply is lost while the only replica
+/// receives nothing more (its link muted): the client sends the give and its `WAIT`
+/// again on a new connection, where the give finds the transfer recorded. That `WAIT`
+/// must still count only the replicas holding the record, so the borrow is not
+/// reported held and takes nothing: the donor's record stays for the drainer (a
+/// failover could otherwise give the donor its units back while the recipient kept
+/// them). The give writes the record again for the `WAIT` to cover (lua/give.lua), as
+/// the take does; without that, Valkey 9.1 (the cluster pass) answered at once with the
+/// muted replica counted.
+#[tokio::test]
+async fn a_durable_give_resent_by_the_client_waits_for_the_replicas() {
+    let ctx = DrainCtx::start_with(RedisServer::cluster(1, 1)).await;
+    let (proxy, sales, app) = durable_client(&ctx).await;
+    let voucher = create(&app, 10, 2).await;
+    let [b0, b1]: [Bucket; 2] = Bucket::all(voucher, 2)
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap();
+    until_durable(&app, voucher).await;
+    let before = stocks(&ctx, voucher, 2).await;
+    assert!(before[1] > 0, "the donor has units: {before:?}");
+    mute_the_replica(&proxy).await;
+    // Loaded, so the copy whose reply is lost runs (rather than answering NOSCRIPT).
+    let _: String = redis::Script::new(include_str!("../../../lua/give.lua"))
+        .prepare_invoke()
+        .load_async(&mut ctx.conn())
+        .await
+        .unwrap();
+    proxy.arm(&[b"EVALSHA", b":transfers", b"resent-give.0"]);
+    let borrowed = transfers::borrow(&sales, 2, b0, "resent-give.0").await;
+    assert_eq!(proxy.dropped(), 1, "the give's reply was lost");
+    assert!(
+        borrowed.is_err(),
+        "a give no replica holds was reported held: {borrowed:?}"
+    );
+    let open = transfers::open_transfers(&ctx.conn(), b1, 0).await.unwrap();
+    assert_eq!(open.len(), 1, "the donor's record stays: {open:?}");
+    let after = stocks(&ctx, voucher, 2).await;
+    assert_eq!(after[0], before[0], "the recipient took nothing");
+    assert!(after[1] < before[1], "given once: {before:?} -> {after:?}");
 }
 
 /// One answer a buyer got: status, code, order id, when the request started and ended.
