@@ -372,6 +372,40 @@ async fn entries_delivered_many_times_are_still_written_never_dead_lettered() {
     ctx.cleanup().await;
 }
 
+/// An order an operator requeues (`seckill reconcile --repair`) into a retired sale's
+/// stream (its keys expiring, the voucher out of the active set, as the drainer leaves
+/// a finished sale) stays there: the stream loses its expiry, the voucher is active
+/// again, and the next run writes the order.
+#[tokio::test]
+async fn an_order_requeued_into_a_retired_sale_stays_and_is_drained() {
+    use seckill_shared::domain::AdmittedOrder;
+    let ctx = DrainCtx::start().await;
+    let v = ctx.voucher(10, 10).await;
+    ctx.admit(v.id, "u", 1).await;
+    let s = ctx.drain(ctx.drainer_config()).await;
+    assert_eq!((s.inserted, s.errors), (1, 0), "{s:?}");
+    let k = VoucherKeys::new(v.id);
+    let mut conn = ctx.conn();
+    let _: bool = conn.expire(&k.orders, 600).await.unwrap();
+    let _: i64 = conn.srem(ACTIVE_VOUCHERS, v.id.get()).await.unwrap();
+    let lost = AdmittedOrder {
+        id: ctx.ids.next(&ctx.sales, v.id, now_millis()).await.unwrap(),
+        voucher: v.id,
+        user: UserId::parse("lost-0").unwrap(),
+        admitted_ms: now_millis(),
+    };
+    ctx.streams.requeue(v.id.into(), &lost).await.unwrap();
+    let ttl: i64 = conn.ttl(&k.orders).await.unwrap();
+    assert_eq!(ttl, -1, "the stream keeps no expiry");
+    let active: bool = conn.sismember(ACTIVE_VOUCHERS, v.id.get()).await.unwrap();
+    assert!(active, "the voucher is active again");
+    let s = ctx.drain(ctx.drainer_config()).await;
+    assert_eq!((s.inserted, s.errors), (1, 0), "{s:?}");
+    assert!(ctx.orders_in_db(v.id).await.contains_key(&lost.id.get()));
+    assert_eq!(ctx.pending(v.id).await, 0);
+    ctx.cleanup().await;
+}
+
 /// Every order of a read refused on its own (two here, a batch's worth in the second
 /// run, first deliveries and then claimed ones): the database still takes an ordinary
 /// row, so the orders are at fault and each is dead-lettered with the reason; the sale

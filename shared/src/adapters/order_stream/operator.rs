@@ -200,9 +200,10 @@ impl OrderStreams {
 
     /// Appends an order to the orders stream of `bucket` (its buyer's bucket) with the
     /// fields admission writes (an operator re-enqueueing an admitted order that is
-    /// nowhere else), after adding the bucket to the active set. Returns the new entry's
-    /// id. The drainer writes it like any admission; an order already in the database is
-    /// a duplicate by its id.
+    /// nowhere else), with the bucket in the active set before and after the write and
+    /// the stream's expiry (a retired sale's) removed, as a replay does. Returns the new
+    /// entry's id. The drainer writes it like any admission; an order already in the
+    /// database is a duplicate by its id.
     pub async fn requeue(
         &self,
         bucket: Bucket,
@@ -223,6 +224,11 @@ impl OrderStreams {
             .arg(order.admitted_ms)
             .query_async(&mut self.conn.clone())
             .await?;
+        // A retired sale's stream expires: the entry must not go with it.
+        let _: bool = self.conn.clone().persist(&k.orders).await?;
+        // Again after the write: a drainer that retired the voucher in between (it
+        // checked the stream before the new entry) must find it active once more.
+        self.activate(bucket).await?;
         Ok(id)
     }
 }
