@@ -89,6 +89,7 @@ const QUICK: &[(&str, &str)] = &[
     ("floor_rounds", "1"),
     ("pinned_rounds", "1"),
     ("sales", "1,10,100"),
+    ("spread_rounds", "1"),
     ("rate", "300"),
     ("seconds", "3"),
     ("latency_callers", "8"),
