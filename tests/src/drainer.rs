@@ -256,12 +256,19 @@ impl DrainCtx {
     }
 
     /// Makes the test database refuse (SIGNAL) every order row whose user id starts with
-    /// `prefix`: a permanent error no retry fixes, tied to those orders alone.
+    /// `prefix`: a permanent error no retry fixes, tied to those orders alone. The
+    /// trigger is `refuse_<prefix>`.
     pub async fn refuse_users(&self, prefix: &str) {
+        self.refuse_users_after(prefix, 0).await;
+    }
+
+    /// [`DrainCtx::refuse_users`], each refusal after `seconds` of sleep (a statement
+    /// that takes that long before it fails).
+    pub async fn refuse_users_after(&self, prefix: &str, seconds: u32) {
         let mut conn = self.mysql().await;
         conn.query_drop(format!(
             "CREATE TRIGGER refuse_{prefix} BEFORE INSERT ON orders FOR EACH ROW \
-             IF NEW.user_id LIKE '{prefix}%' THEN \
+             IF NEW.user_id LIKE '{prefix}%' THEN DO SLEEP({seconds}); \
              SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'order refused by a test trigger'; END IF"
         ))
         .await

@@ -192,6 +192,38 @@ async fn until_durable(app: &App, voucher: VoucherId) {
     }
 }
 
+/// A sale of 10 units over two buckets on a primary with one replica, its durable
+/// client (see [`durable_client`]) admitting at last: the context, the client's proxy,
+/// sales adapter and app, the voucher and its two buckets.
+async fn durable_sale_of_two_buckets() -> (
+    DrainCtx,
+    ReplyDropper,
+    RedisSales,
+    App,
+    VoucherId,
+    [Bucket; 2],
+) {
+    let ctx = DrainCtx::start_with(RedisServer::cluster(1, 1)).await;
+    let (proxy, sales, app) = durable_client(&ctx).await;
+    let voucher = create(&app, 10, 2).await;
+    let buckets: [Bucket; 2] = Bucket::all(voucher, 2)
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap();
+    until_durable(&app, voucher).await;
+    (ctx, proxy, sales, app, voucher, buckets)
+}
+
+/// Loads `script` on the node, so that a copy whose reply is lost runs (rather than
+/// answering NOSCRIPT).
+async fn load(ctx: &DrainCtx, script: &str) {
+    let _: String = redis::Script::new(script)
+        .prepare_invoke()
+        .load_async(&mut ctx.conn())
+        .await
+        .unwrap();
+}
+
 /// Mutes the replica's link from now on: it acknowledges what it has every second, and
 /// after its next acknowledgement nothing more reaches it.
 async fn mute_the_replica(proxy: &ReplyDropper) {
@@ -232,12 +264,7 @@ async fn a_durable_payment_resent_by_the_client_waits_for_the_replicas() {
     assert_eq!(status, 202, "{body}");
     let order: OrderId = body["order_id"].as_str().unwrap().parse().unwrap();
     mute_the_replica(&proxy).await;
-    // Loaded, so the copy whose reply is lost runs (rather than answering NOSCRIPT).
-    let _: String = redis::Script::new(include_str!("../../../lua/close.lua"))
-        .prepare_invoke()
-        .load_async(&mut ctx.conn())
-        .await
-        .unwrap();
+    load(&ctx, include_str!("../../../lua/close.lua")).await;
     proxy.arm(&[b"EVALSHA", b":closed", order.to_string().as_bytes()]);
     let user = UserId::parse("payer").unwrap();
     let paid = CloseAction::Pay(PaymentRef::parse("pi-resent").unwrap());
@@ -263,14 +290,7 @@ async fn a_durable_payment_resent_by_the_client_waits_for_the_replicas() {
 /// primary's whole offset.)
 #[tokio::test]
 async fn a_durable_take_resent_by_the_client_waits_for_the_replicas() {
-    let ctx = DrainCtx::start_with(RedisServer::cluster(1, 1)).await;
-    let (proxy, sales, app) = durable_client(&ctx).await;
-    let voucher = create(&app, 10, 2).await;
-    let [b0, b1]: [Bucket; 2] = Bucket::all(voucher, 2)
-        .collect::<Vec<_>>()
-        .try_into()
-        .unwrap();
-    until_durable(&app, voucher).await;
+    let (ctx, proxy, sales, _app, voucher, [b0, b1]) = durable_sale_of_two_buckets().await;
     let given = give(&ctx, b1, b0, "dead-caller.0").await.0;
     assert!(given > 0, "nothing given");
     let before = stocks(&ctx, voucher, 2).await;
@@ -279,12 +299,7 @@ async fn a_durable_take_resent_by_the_client_waits_for_the_replicas() {
     ))
     .await;
     mute_the_replica(&proxy).await;
-    // Loaded, so the copy whose reply is lost runs (rather than answering NOSCRIPT).
-    let _: String = redis::Script::new(include_str!("../../../lua/take.lua"))
-        .prepare_invoke()
-        .load_async(&mut ctx.conn())
-        .await
-        .unwrap();
+    load(&ctx, include_str!("../../../lua/take.lua")).await;
     proxy.arm(&[b"EVALSHA", b":received", b"dead-caller.0"]);
     let finished = transfers::finish_open(&sales, b1).await;
     assert_eq!(proxy.dropped(), 1, "the take's reply was lost");
@@ -318,23 +333,11 @@ async fn a_durable_take_resent_by_the_client_waits_for_the_replicas() {
 /// muted replica counted.
 #[tokio::test]
 async fn a_durable_give_resent_by_the_client_waits_for_the_replicas() {
-    let ctx = DrainCtx::start_with(RedisServer::cluster(1, 1)).await;
-    let (proxy, sales, app) = durable_client(&ctx).await;
-    let voucher = create(&app, 10, 2).await;
-    let [b0, b1]: [Bucket; 2] = Bucket::all(voucher, 2)
-        .collect::<Vec<_>>()
-        .try_into()
-        .unwrap();
-    until_durable(&app, voucher).await;
+    let (ctx, proxy, sales, _app, voucher, [b0, b1]) = durable_sale_of_two_buckets().await;
     let before = stocks(&ctx, voucher, 2).await;
     assert!(before[1] > 0, "the donor has units: {before:?}");
     mute_the_replica(&proxy).await;
-    // Loaded, so the copy whose reply is lost runs (rather than answering NOSCRIPT).
-    let _: String = redis::Script::new(include_str!("../../../lua/give.lua"))
-        .prepare_invoke()
-        .load_async(&mut ctx.conn())
-        .await
-        .unwrap();
+    load(&ctx, include_str!("../../../lua/give.lua")).await;
     proxy.arm(&[b"EVALSHA", b":transfers", b"resent-give.0"]);
     let borrowed = transfers::borrow(&sales, 2, b0, "resent-give.0").await;
     assert_eq!(proxy.dropped(), 1, "the give's reply was lost");

@@ -525,19 +525,10 @@ async fn an_order_the_database_refuses_alone_is_dead_lettered_and_its_batch_comm
 /// the database's last unit from an earlier one.
 #[tokio::test]
 async fn a_batch_cut_short_by_the_run_s_time_holds_back_the_batch_read_behind_it() {
-    use mysql_async::prelude::Queryable;
     let ctx = DrainCtx::start().await;
     let v = ctx.voucher(100, 100).await;
     // The refusal takes 2 s: longer than the run has left after it.
-    let mut conn = ctx.mysql().await;
-    conn.query_drop(
-        "CREATE TRIGGER refuse_slowly BEFORE INSERT ON orders FOR EACH ROW \
-         IF NEW.user_id LIKE 'slow%' THEN DO SLEEP(2); \
-         SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'order refused by a test trigger'; END IF",
-    )
-    .await
-    .expect("CREATE TRIGGER");
-    conn.disconnect().await.ok();
+    ctx.refuse_users_after("slow", 2).await;
     let mut first = ctx.admit(v.id, "a", 9).await;
     let slow = ctx.admit(v.id, "slow", 1).await;
     first.extend(&slow);

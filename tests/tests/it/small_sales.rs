@@ -210,14 +210,7 @@ async fn a_group_sent_alone_too_late_in_the_run_leaves_its_sales_for_the_next() 
     let ctx = DrainCtx::start().await;
     let (vouchers, _) = small_sales(&ctx, 1, 20).await;
     let slow_sale = vouchers[5].id;
-    let mut conn = ctx.mysql().await;
-    conn.query_drop(
-        "CREATE TRIGGER refuse_slowly BEFORE INSERT ON orders FOR EACH ROW \
-         IF NEW.user_id LIKE 'slow%' THEN DO SLEEP(2); \
-         SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'order refused by a test trigger'; END IF",
-    )
-    .await
-    .expect("CREATE TRIGGER");
+    ctx.refuse_users_after("slow", 2).await;
     ctx.admit(slow_sale, "slow", 1).await;
     let mut cfg = ctx.drainer_config();
     cfg.batch_size = 100;
@@ -231,7 +224,8 @@ async fn a_group_sent_alone_too_late_in_the_run_leaves_its_sales_for_the_next() 
     );
     assert!(s.elapsed_ms < 3_000, "the run kept to its time: {s:?}");
 
-    conn.query_drop("DROP TRIGGER refuse_slowly").await.unwrap();
+    let mut conn = ctx.mysql().await;
+    conn.query_drop("DROP TRIGGER refuse_slow").await.unwrap();
     conn.disconnect().await.ok();
     cfg.min_idle = Duration::from_millis(1);
     let s = ctx.drain(cfg).await;
