@@ -125,8 +125,7 @@ impl FloorRound {
     /// database's CPU seconds), over the floor's measured rate. What the database's own
     /// work allows; the rest of the gap is the way to it (round trips, the drainer, Redis).
     pub fn database_bound(&self) -> Option<f64> {
-        let ours_at_full = self.ours.orders as f64 / self.ours.db_cpu_s.filter(|s| *s > 0.0)?;
-        Some(ours_at_full / self.floor.orders_per_s.max(1e-9))
+        self.bound(self.ours.db_cpu_s)
     }
 
     /// The same for the other CPU in a pinned round: ours were Redis, the drainer and
@@ -134,7 +133,13 @@ impl FloorRound {
     /// seconds), over the floor's rate. With [`FloorRound::database_bound`], what a
     /// perfect overlap of the two sides would reach: the lower of the two.
     pub fn rest_bound(&self) -> Option<f64> {
-        let ours_at_full = self.ours.orders as f64 / self.ours.rest_cpu_s.filter(|s| *s > 0.0)?;
+        self.bound(self.ours.rest_cpu_s)
+    }
+
+    /// Ours at `busy_s` seconds of one side's work kept busy throughout (orders over
+    /// those seconds), over the floor's rate.
+    fn bound(&self, busy_s: Option<f64>) -> Option<f64> {
+        let ours_at_full = self.ours.orders as f64 / busy_s.filter(|s| *s > 0.0)?;
         Some(ours_at_full / self.floor.orders_per_s.max(1e-9))
     }
 }
@@ -265,25 +270,34 @@ impl DrainRun {
 
     /// The database's CPU per order, in microseconds.
     pub fn db_cpu_per_order_us(&self) -> Option<f64> {
-        self.db_cpu_s.map(|s| s * 1e6 / (self.orders.max(1) as f64))
+        self.per_order_us(self.db_cpu_s)
     }
 
     /// The share of the run's time the database spent on a CPU (1.0: one core busy
     /// throughout).
     pub fn db_busy(&self) -> Option<f64> {
-        self.db_cpu_s.map(|s| s / self.elapsed_s.max(1e-9))
+        self.share(self.db_cpu_s)
     }
 
     /// CPU 1's busy time per order, in microseconds (pinned runs: everything but the
     /// database).
     pub fn rest_cpu_per_order_us(&self) -> Option<f64> {
-        self.rest_cpu_s
-            .map(|s| s * 1e6 / (self.orders.max(1) as f64))
+        self.per_order_us(self.rest_cpu_s)
     }
 
     /// The share of the run's time CPU 1 was busy.
     pub fn rest_busy(&self) -> Option<f64> {
-        self.rest_cpu_s.map(|s| s / self.elapsed_s.max(1e-9))
+        self.share(self.rest_cpu_s)
+    }
+
+    /// `cpu_s` seconds of CPU per order, in microseconds.
+    fn per_order_us(&self, cpu_s: Option<f64>) -> Option<f64> {
+        cpu_s.map(|s| s * 1e6 / (self.orders.max(1) as f64))
+    }
+
+    /// `cpu_s` seconds of CPU as a share of the run's time.
+    fn share(&self, cpu_s: Option<f64>) -> Option<f64> {
+        cpu_s.map(|s| s / self.elapsed_s.max(1e-9))
     }
 }
 
