@@ -406,6 +406,47 @@ async fn an_order_requeued_into_a_retired_sale_stays_and_is_drained() {
     ctx.cleanup().await;
 }
 
+/// A drainer's retirement of a drained sale is two calls (the check with the expiries,
+/// then the removal from the active set); an operator's requeue lands between them,
+/// its own activation before the removal. The removal must not leave the new entry
+/// where no run looks: the voucher stays active and the next run writes it.
+#[tokio::test]
+async fn an_order_requeued_while_its_sale_is_being_retired_is_still_drained() {
+    use seckill_shared::domain::AdmittedOrder;
+    let ctx = DrainCtx::start().await;
+    let v = ctx.voucher(10, 10).await;
+    ctx.admit(v.id, "u", 1).await;
+    let s = ctx.drain(ctx.drainer_config()).await;
+    assert_eq!((s.inserted, s.errors), (1, 0), "{s:?}");
+    let expiring = ctx
+        .streams
+        .expire_finished(v.id, Some(Duration::from_secs(600)))
+        .await
+        .unwrap();
+    assert!(expiring, "drained: the sale may be retired");
+    let lost = AdmittedOrder {
+        id: ctx.ids.next(&ctx.sales, v.id, now_millis()).await.unwrap(),
+        voucher: v.id,
+        user: UserId::parse("lost-0").unwrap(),
+        admitted_ms: now_millis(),
+    };
+    ctx.streams.requeue(v.id.into(), &lost).await.unwrap();
+    let retired = ctx.streams.retire(v.id).await.unwrap();
+    assert!(!retired, "an entry arrived after the check: not retired");
+    let mut conn = ctx.conn();
+    let active: bool = conn.sismember(ACTIVE_VOUCHERS, v.id.get()).await.unwrap();
+    assert!(active, "the voucher is still visited");
+    let s = ctx.drain(ctx.drainer_config()).await;
+    assert_eq!((s.inserted, s.errors), (1, 0), "{s:?}");
+    assert!(ctx.orders_in_db(v.id).await.contains_key(&lost.id.get()));
+    // Drained now: the retirement goes through.
+    assert!(ctx.streams.expire_finished(v.id, None).await.unwrap());
+    assert!(ctx.streams.retire(v.id).await.unwrap());
+    let active: bool = conn.sismember(ACTIVE_VOUCHERS, v.id.get()).await.unwrap();
+    assert!(!active);
+    ctx.cleanup().await;
+}
+
 /// Every order of a read refused on its own (two here, a batch's worth in the second
 /// run, first deliveries and then claimed ones): the database still takes an ordinary
 /// row, so the orders are at fault and each is dead-lettered with the reason; the sale

@@ -127,7 +127,16 @@ impl OrderStreams {
         Ok(done == protocol::expire_sale::EXPIRING)
     }
 
-    /// Removes a voucher from the active set; true when it was there.
+    /// Removes a voucher from the active set, after [`Self::expire_finished`] agreed;
+    /// true when it was there and stays out.
+    ///
+    /// The check and the removal are two calls (the active set is one key of its own
+    /// slot, the check's keys are the voucher's), so an operator's replay or requeue
+    /// can write an entry between them; it activates the voucher after its write, and
+    /// that may come before the removal. So the check is made once more after the
+    /// removal (nothing expires in it) and the voucher goes back when something waits:
+    /// an entry written before that second check is seen by it, one written after finds
+    /// the removal done and its own activation lasts. No entry is left unvisited.
     pub async fn retire(&self, voucher: impl Into<Bucket>) -> Result<bool, StoreError> {
         let voucher: Bucket = voucher.into();
         let removed: i64 = self
@@ -135,6 +144,10 @@ impl OrderStreams {
             .clone()
             .srem(keys::ACTIVE_VOUCHERS, voucher.to_string())
             .await?;
+        if !self.expire_finished(voucher, None).await? {
+            self.activate(voucher).await?;
+            return Ok(false);
+        }
         Ok(removed == 1)
     }
 
