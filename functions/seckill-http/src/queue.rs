@@ -42,9 +42,19 @@ pub(crate) async fn standing(
     let mut reply = queue::queue(&sales.conn(), id, &caller.user, join).await?;
     if reply == QueueReply::NotLoaded {
         // Redis lost the sale (or never had it): a live sale is repaired as an
-        // admission would; an unknown voucher is 404.
-        if !repair(app, id, now).await? {
-            return Err(not_found_voucher(id));
+        // admission would; an unknown voucher is 404, and a sale that has ended is
+        // never repaired.
+        match repair(app, id, now).await {
+            Ok(true) => {}
+            Ok(false) => return Err(not_found_voucher(id)),
+            // Over and gone from Redis: no queue left to join (`409 ended`, as a join
+            // after the end) nor a place in it to look at.
+            Err(ApiError::Ended) if !join => {
+                return Err(ApiError::NotFound(format!(
+                    "the sale of voucher {id} has ended; its waiting room is gone"
+                )));
+            }
+            Err(e) => return Err(e),
         }
         reply = queue::queue(&sales.conn(), id, &caller.user, join).await?;
     }

@@ -71,6 +71,7 @@ use seckill_shared::domain::{Bucket, OrderId, Reopen, UnixMillis, VoucherId, now
 use seckill_shared::error::StoreError;
 
 use crate::app::App;
+use crate::cache::{Known, SKEW_BOUND_MS};
 use crate::error::ApiError;
 
 /// How long a repair lock lasts if its holder never releases it (it died).
@@ -95,16 +96,26 @@ const REPAIR_POLL: Duration = Duration::from_millis(50);
 
 /// Reopens a voucher that Redis does not have, from the database and what Redis still
 /// holds, or waits for the instance that is doing it. Returns false when the database
-/// does not know the voucher.
+/// does not know the voucher; [`ApiError::Ended`] for a sale that has ended.
+///
+/// Every route that finds a sale missing comes here (a purchase, the waiting room), so
+/// the two guards sit here too: an id this instance learned the database does not
+/// know costs no database read again (for [`crate::cache::MISSING_TTL_MS`]), and a sale that
+/// has ended is never reopened. It sells nothing more, and reopening it reads all its
+/// orders: anyone could ask that of every past sale in turn (their ids are
+/// sequential) and keep the database from the drainer during a live one.
 pub async fn repair(app: &App, id: VoucherId, now: UnixMillis) -> Result<bool, ApiError> {
+    if app.cache.short_circuit(id, now) == Some(Known::Missing) {
+        return Ok(false);
+    }
     // An id the database does not know is answered 404 without taking a lock (a
     // voucher seen before is known: vouchers can only be deleted before their sale).
-    let buckets = match app.cache.voucher(id) {
-        Some(v) => v.buckets,
+    let voucher = match app.cache.voucher(id) {
+        Some(v) => v,
         None => match app.db.voucher(id).await? {
             Some(v) => {
                 app.cache.learn_voucher(&v);
-                v.buckets
+                v
             }
             None => {
                 app.cache.learn_missing(id, now);
@@ -112,6 +123,13 @@ pub async fn repair(app: &App, id: VoucherId, now: UnixMillis) -> Result<bool, A
             }
         },
     };
+    // By this instance's clock, with the bound the cache allows it off Redis's: a sale
+    // at its very end may still be reopened (Redis's clock then decides), never one
+    // clearly over.
+    if now >= voucher.window.ends_ms().saturating_add(SKEW_BOUND_MS) {
+        return Err(ApiError::Ended);
+    }
+    let buckets = voucher.buckets;
     let sales = app.sales().await?;
     // Who holds it, for someone inspecting Redis; nothing compares it.
     let holder = format!("pid {} at {now}", std::process::id());

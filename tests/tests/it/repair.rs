@@ -289,6 +289,55 @@ async fn reading_a_sale_that_ended_and_left_redis_never_repairs_it() {
     ctx.cleanup().await;
 }
 
+/// The same past sale asked for by a signed-in user, on every route that finds a sale
+/// missing (a purchase, joining and looking at the waiting room): `409 ended` (a look
+/// at the gone queue `404`), and
+/// nothing is reopened or read back into Redis (a repair there would read every order
+/// of any past sale for anyone with an account).
+#[tokio::test]
+async fn buying_or_queueing_for_a_sale_that_ended_and_left_redis_never_repairs_it() {
+    let ctx = DrainCtx::start().await;
+    let v = ctx
+        .voucher_at(5, seckill_shared::domain::now_millis() - 3_601_000)
+        .await;
+    lose(&ctx, v.id, &["sale", "buyers", "orders"]).await;
+    // Retired, as the drainer leaves a past sale.
+    let _: i64 = ctx
+        .conn()
+        .srem(seckill_shared::keys::ACTIVE_VOUCHERS, v.id.get())
+        .await
+        .unwrap();
+    for (method, path, status, code) in [
+        ("POST", format!("/vouchers/{}/seckill", v.id), 409, "ended"),
+        ("POST", format!("/vouchers/{}/queue", v.id), 409, "ended"),
+        // Looking at one's place: the queue is gone with the sale.
+        ("GET", format!("/vouchers/{}/queue", v.id), 404, "not_found"),
+    ] {
+        // A fresh instance each time: nothing learned by an earlier call helps.
+        let app = App::new(&http_config(&ctx)).await;
+        let res = call(
+            &app,
+            request(method, &path, Some(&token("late", false)), None, None),
+        )
+        .await;
+        assert_code(res, status, code, &format!("{method} {path}"));
+    }
+    let k = VoucherKeys::new(v.id);
+    let exists: i64 = ctx
+        .conn()
+        .exists(&[k.sale.as_str(), k.buyers.as_str()])
+        .await
+        .unwrap();
+    assert_eq!(exists, 0, "nothing written back");
+    let active: bool = ctx
+        .conn()
+        .sismember(seckill_shared::keys::ACTIVE_VOUCHERS, v.id.get())
+        .await
+        .unwrap();
+    assert!(!active, "not put back among the sales the drainer visits");
+    ctx.cleanup().await;
+}
+
 /// Redis loses everything (FLUSHALL: sale, buyers, stream, the active set, the order-id
 /// leases): the drained buyers come back from the database, the stock is the database's,
 /// and orders bought afterwards (whose ids' lease records are gone too) are found by
