@@ -188,4 +188,27 @@ mod tests {
             Err(EntryRefused::Malformed)
         );
     }
+
+    /// User ids may hold dots, and the signed text joins fields with dots: still one
+    /// text for one (voucher, buyer, expiry), because the expiry, last, has none. A
+    /// token of `x.1` lends nothing to `x`, however its expiry field is rewritten.
+    #[test]
+    fn a_token_of_a_dotted_user_id_verifies_for_no_other_id() {
+        let keys = vec![KEY.to_vec()];
+        let t = issue(KEY, v(7), &user("x.1"), 5_000);
+        assert_eq!(verify(&keys, Some(&t), v(7), &user("x.1"), 0), Ok(()));
+        let sig = t.rsplit('.').next().unwrap();
+        for (who, expires) in [
+            ("x", "5000"),
+            ("x", "15000"),
+            ("x", "1.5000"),
+            ("x.1.5", "000"),
+        ] {
+            let lent = format!("e1.7.{expires}.{sig}");
+            assert!(
+                verify(&keys, Some(&lent), v(7), &user(who), 0).is_err(),
+                "{who} with {lent}"
+            );
+        }
+    }
 }
