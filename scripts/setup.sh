@@ -78,6 +78,8 @@ find_pip_python() {
 have_cargo_lambda=0
 cargo lambda --version >/dev/null 2>&1 && have_cargo_lambda=1
 CFN_LINT_VERSION=1.51.0
+# Pinned too: scripts/stack.sh relies on `cargo lambda watch`'s flags and log lines.
+CARGO_LAMBDA_VERSION=1.9.2
 have_cfn_lint=0
 cfn-lint --version 2>/dev/null | grep -q "$CFN_LINT_VERSION" && have_cfn_lint=1
 SCHEMATHESIS_VERSION=4.32.5
@@ -121,10 +123,10 @@ and mariadb-admin are on PATH, and run it again."
     cleanup_policy() { ((placed_policy)) && "${SUDO[@]}" rm -f "$policy"; placed_policy=0; }
     trap cleanup_policy EXIT
     export DEBIAN_FRONTEND=noninteractive
-    if ! "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q </dev/null; then
+    if ! "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q -o Acquire::Retries=3 </dev/null; then
         die "apt-get update failed: check network access to the Debian mirrors (/etc/apt/sources.list*)"
     fi
-    if ! "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+    if ! "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o Acquire::Retries=3 \
         -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
         "${missing_pkgs[@]}" </dev/null; then
         die "apt-get install ${missing_pkgs[*]} failed (see above). Fix the package state
@@ -160,10 +162,10 @@ if ((!have_cargo_lambda)); then
     [[ -n $py ]] || die "cargo-lambda is missing and no pip was found to install it.
 Install Python 3 with pip (Debian: apt-get install -y python3-pip), then run $0 again,
 or install cargo-lambda another way: https://www.cargo-lambda.info/guide/installation.html"
-    log "installing cargo-lambda from PyPI ($py -m pip install cargo-lambda)"
+    log "installing cargo-lambda $CARGO_LAMBDA_VERSION from PyPI"
     export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
     pip_log="$(mktemp)"
-    if ! "$py" -m pip install cargo-lambda </dev/null 2>&1 | tee "$pip_log"; then
+    if ! "$py" -m pip install "cargo-lambda==$CARGO_LAMBDA_VERSION" </dev/null 2>&1 | tee "$pip_log"; then
         :
     fi
     if ! cargo lambda --version >/dev/null 2>&1; then
@@ -173,14 +175,14 @@ or install cargo-lambda another way: https://www.cargo-lambda.info/guide/install
     if ! cargo lambda --version >/dev/null 2>&1 && grep -q externally-managed-environment "$pip_log"; then
         # Debian's own python3 refuses system-wide pip installs (PEP 668).
         log "this Python is externally managed; retrying with --break-system-packages"
-        "$py" -m pip install --break-system-packages cargo-lambda </dev/null 2>&1 | tee "$pip_log" || true
+        "$py" -m pip install --break-system-packages "cargo-lambda==$CARGO_LAMBDA_VERSION" </dev/null 2>&1 | tee "$pip_log" || true
         ensure_path
         hash -r
     fi
     rm -f "$pip_log"
     if command -v pyenv >/dev/null 2>&1; then pyenv rehash >/dev/null 2>&1 || true; fi
     cargo lambda --version >/dev/null 2>&1 || die "cargo-lambda did not install (see pip output above).
-Try by hand: $py -m pip install cargo-lambda   and make sure its 'cargo-lambda' script
+Try by hand: $py -m pip install cargo-lambda==$CARGO_LAMBDA_VERSION   and make sure its 'cargo-lambda' script
 is on PATH (cargo finds subcommands as cargo-<name> on PATH)."
     ok "cargo-lambda installed: $(cargo lambda --version 2>/dev/null)"
 fi
