@@ -336,7 +336,10 @@ pub(crate) async fn webhook(
     let matches = price.is_some_and(|p| {
         p.amount_minor() == event.data.amount_minor && p.currency() == event.data.currency
     });
-    if !matches {
+    // Only money taken is held to the price: a failed attempt took none, whatever it
+    // says it was for, and must not settle the payment id against a later success
+    // (the provider retries a card under the same id).
+    if !matches && event.kind == EventType::Succeeded {
         let why = match price {
             Some(p) => format!(
                 "paid {} {}, the price is {} {}",
@@ -349,6 +352,19 @@ pub(crate) async fn webhook(
         };
         let row = ledger.record(&new, Outcome::Refused, Some(&why)).await?;
         same_order(&row, id)?;
+        if !row.outcome.is_final() {
+            // Recorded before by an attempt that failed (or one still undecided): this
+            // success took the wrong amount, and the row must say so, to be refunded.
+            ledger
+                .decide(
+                    payment.as_str(),
+                    Outcome::Refused,
+                    Some(&why),
+                    &event.id,
+                    now,
+                )
+                .await?;
+        }
         tracing::warn!(
             order_id = id.get(),
             payment = payment.as_str(),
@@ -362,6 +378,17 @@ pub(crate) async fn webhook(
     }
     let row = ledger.record(&new, Outcome::Received, None).await?;
     same_order(&row, id)?;
+    if row.outcome == Outcome::Refused {
+        // Refused for good by an earlier event (a success for the wrong amount): told
+        // the same way, whatever this one says.
+        return Err(ApiError::PaymentMismatch(format!(
+            "payment {} refused: {}",
+            payment.as_str(),
+            row.reason
+                .as_deref()
+                .unwrap_or("its amount was not the price")
+        )));
+    }
     if row.outcome.is_final() {
         // Decided by an earlier delivery: told the same way.
         return Ok(outcome_json(&row));

@@ -59,12 +59,13 @@ impl Outcome {
     }
 
     /// The outcomes a row may move to `self` from: forward only. A failed attempt may
-    /// still succeed (the provider retries a card), nothing else moves back.
+    /// still succeed (the provider retries a card), for the price or for another
+    /// amount (refused); nothing else moves back.
     fn may_follow(self) -> &'static [&'static str] {
         match self {
-            Outcome::Received | Outcome::Refused => &[],
+            Outcome::Received => &[],
             Outcome::Failed => &["received"],
-            Outcome::Paid | Outcome::RefundDue => &["received", "failed"],
+            Outcome::Paid | Outcome::RefundDue | Outcome::Refused => &["received", "failed"],
         }
     }
 }

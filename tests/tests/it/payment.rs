@@ -1282,6 +1282,96 @@ async fn without_retention_a_finished_sale_with_open_orders_is_not_retired() {
     ctx.cleanup().await;
 }
 
+/// A failed attempt moved no money, so its amount is not held to the price: a `failed`
+/// for another amount, then the provider's retried card succeeding for the price under
+/// the same payment id, pays the order (the failure was recorded `refused`, for good,
+/// and the success was answered `refused` too: the order expired unpaid and the unit was
+/// sold again). The other way round, a success for the wrong amount after a failed
+/// attempt is recorded `refused` (the money to give back), not left `failed`.
+#[tokio::test]
+async fn a_failed_attempt_of_another_amount_never_blocks_its_payment_nor_hides_a_wrong_one() {
+    use seckill_shared::adapters::payments::{Outcome, Payments};
+    use seckill_tests::harness::{deliver, provider_event};
+    let ctx = DrainCtx::start().await;
+    let app = app_of(&ctx).await;
+    let v = pay_voucher(&ctx, 2, 600, false).await;
+    let mut orders = Vec::new();
+    for user in ["eve", "fay"] {
+        let res = buy(&app, v.id, user).await;
+        assert_eq!(status(&res), (202, "pending"), "{user}");
+        orders.push(res.1["order_id"].as_str().unwrap().to_string());
+    }
+    let (eve, fay) = (&orders[0], &orders[1]);
+    let ledger = |payment: &'static str| {
+        let ctx = &ctx;
+        async move {
+            Payments(&ctx.db().await)
+                .get(payment)
+                .await
+                .unwrap()
+                .map(|p| p.outcome)
+        }
+    };
+    let cheap = TEST_PRICE_MINOR - 1;
+
+    let failed = provider_event(
+        "payment.failed",
+        eve,
+        "eve",
+        "pay_eve",
+        cheap,
+        TEST_CURRENCY,
+    );
+    assert_eq!(outcome(&deliver(&app, &failed).await), (200, "failed"));
+    let ok = provider_event(
+        "payment.succeeded",
+        eve,
+        "eve",
+        "pay_eve",
+        TEST_PRICE_MINOR,
+        TEST_CURRENCY,
+    );
+    assert_eq!(outcome(&deliver(&app, &ok).await), (200, "paid"));
+    assert_eq!(status(&get_order(&app, eve, "eve").await), (200, "paid"));
+    assert_eq!(ledger("pay_eve").await, Some(Outcome::Paid));
+
+    let failed = provider_event(
+        "payment.failed",
+        fay,
+        "fay",
+        "pay_fay",
+        TEST_PRICE_MINOR,
+        TEST_CURRENCY,
+    );
+    assert_eq!(outcome(&deliver(&app, &failed).await), (200, "failed"));
+    let wrong = provider_event(
+        "payment.succeeded",
+        fay,
+        "fay",
+        "pay_fay",
+        cheap,
+        TEST_CURRENCY,
+    );
+    assert_eq!(
+        code(&deliver(&app, &wrong).await),
+        (422, "payment_mismatch")
+    );
+    assert_eq!(ledger("pay_fay").await, Some(Outcome::Refused));
+    // Refused for good: the same payment id pays nothing later, and says so the same way.
+    let late = provider_event(
+        "payment.succeeded",
+        fay,
+        "fay",
+        "pay_fay",
+        TEST_PRICE_MINOR,
+        TEST_CURRENCY,
+    );
+    assert_eq!(code(&deliver(&app, &late).await), (422, "payment_mismatch"));
+    assert_eq!(status(&get_order(&app, fay, "fay").await), (200, "pending"));
+    assert_eq!(ledger("pay_fay").await, Some(Outcome::Refused));
+    ctx.cleanup().await;
+}
+
 /// The webhook's own rules, in process: an event signed with the previous secret is
 /// accepted (a rotation under way); a `failed` event is recorded and leaves the order
 /// open, and a later `succeeded` of the same payment pays it (a `failed` arriving after
