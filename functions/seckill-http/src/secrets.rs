@@ -2,12 +2,13 @@
 //! entry tokens'. Where the function finds each ([`SecretSource`], part of the
 //! [`Config`](crate::config::Config)) and how an instance holds them between reads
 //! ([`HeldSecrets`]): a rotation (`new,old`) reaches every instance within
-//! [`SECRET_REFRESH`].
+//! [`SECRET_REFRESH`], and an outage of Secrets Manager leaves the held secrets in use.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use seckill_shared::webhook::Secrets;
 use tokio::sync::Mutex;
+use tokio::time::Instant;
 
 use crate::error::ApiError;
 
@@ -31,12 +32,35 @@ pub enum SecretSource {
 /// How long an instance keeps the secrets it read before reading them again.
 pub const SECRET_REFRESH: Duration = Duration::from_secs(300);
 
+/// After a read that failed, how long until the next one: meanwhile the secrets held
+/// before serve on (stale), or, with none held yet, what needs them answers 503 at once
+/// instead of every request trying Secrets Manager again (each try can take its whole
+/// five-second timeout).
+pub const SECRET_RETRY: Duration = Duration::from_secs(10);
+
 /// One set of secrets as an instance holds them.
+///
+/// An outage of Secrets Manager must not become one of the function: a read that fails
+/// keeps the secrets held (a rotation is `new,old`, so the old ones still verify what
+/// the provider signs until the next successful read), one request at a time reads
+/// while the others go on with what is held, and failures are retried after
+/// [`SECRET_RETRY`], not on every request.
 pub struct HeldSecrets {
     source: SecretSource,
     /// What they are and the variable that names them, for errors and logs.
     what: &'static str,
-    read: Mutex<Option<(Instant, Secrets)>>,
+    held: std::sync::Mutex<Held>,
+    /// Taken by the one request that reads from the source.
+    reading: Mutex<()>,
+}
+
+#[derive(Default)]
+struct Held {
+    secrets: Option<Secrets>,
+    /// When to read again; `None`: at the next request.
+    next_read: Option<Instant>,
+    /// Why the last read failed (none held: the 503's detail until the next try).
+    failure: Option<String>,
 }
 
 impl HeldSecrets {
@@ -46,7 +70,8 @@ impl HeldSecrets {
         HeldSecrets {
             source,
             what,
-            read: Mutex::new(None),
+            held: std::sync::Mutex::new(Held::default()),
+            reading: Mutex::new(()),
         }
     }
 
@@ -55,29 +80,251 @@ impl HeldSecrets {
         let (arn, endpoint) = match &self.source {
             SecretSource::Inline(s) => return Ok(s.clone()),
             SecretSource::Missing => {
-                return Err(ApiError::Unavailable(
-                    seckill_shared::error::StoreError::Unavailable {
-                        backend: "secrets",
-                        detail: format!("no {} configured", self.what),
-                    },
-                ));
+                return Err(self.unavailable(format!("no {} configured", self.what)));
             }
             SecretSource::SecretsManager { arn, endpoint } => (arn, endpoint.as_deref()),
         };
-        let mut read = self.read.lock().await;
-        if let Some((at, secrets)) = read.as_ref()
-            && at.elapsed() < SECRET_REFRESH
-        {
-            return Ok(secrets.clone());
+        self.held_or_read(|| async move {
+            let text = seckill_shared::adapters::secrets::secret_string(arn, endpoint)
+                .await
+                .map_err(|e| e.to_string())?;
+            Secrets::parse(&text).map_err(|e| format!("the {} {arn}: {e}", self.what))
+        })
+        .await
+    }
+
+    /// What is held while it is current (or, none held, the last failure while its
+    /// retry waits); otherwise one read through `read`, which concurrent requests do
+    /// not repeat: they take what is held meanwhile, or, with nothing held, wait for
+    /// that read's outcome.
+    async fn held_or_read<F, Fut>(&self, read: F) -> Result<Secrets, ApiError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Secrets, String>>,
+    {
+        if let Some(answer) = self.current() {
+            return answer;
         }
-        let text = seckill_shared::adapters::secrets::secret_string(arn, endpoint).await?;
-        let secrets = Secrets::parse(&text).map_err(|e| {
-            ApiError::Unavailable(seckill_shared::error::StoreError::Corrupt(format!(
-                "the {} {arn}: {e}",
-                self.what
-            )))
-        })?;
-        *read = Some((Instant::now(), secrets.clone()));
-        Ok(secrets)
+        let _reading = match self.reading.try_lock() {
+            Ok(guard) => guard,
+            Err(_) => {
+                if let Some(secrets) = self.state().secrets.clone() {
+                    return Ok(secrets);
+                }
+                let _after = self.reading.lock().await;
+                return self.current().unwrap_or_else(|| {
+                    Err(self.unavailable(format!("the {} could not be read", self.what)))
+                });
+            }
+        };
+        // Another request may have read while this one waited for the lock's turn.
+        if let Some(answer) = self.current() {
+            return answer;
+        }
+        let outcome = read().await;
+        let mut held = self.state();
+        match outcome {
+            Ok(secrets) => {
+                held.secrets = Some(secrets.clone());
+                held.next_read = Some(Instant::now() + SECRET_REFRESH);
+                held.failure = None;
+                Ok(secrets)
+            }
+            Err(why) => {
+                held.next_read = Some(Instant::now() + SECRET_RETRY);
+                match held.secrets.clone() {
+                    Some(secrets) => {
+                        tracing::warn!(
+                            what = self.what,
+                            error = why,
+                            "could not read the secrets again: the held ones serve on"
+                        );
+                        Ok(secrets)
+                    }
+                    None => {
+                        held.failure = Some(why.clone());
+                        Err(self.unavailable(why))
+                    }
+                }
+            }
+        }
+    }
+
+    /// The answer without a read, if one is due to nobody yet.
+    fn current(&self) -> Option<Result<Secrets, ApiError>> {
+        let held = self.state();
+        if held.next_read.is_none_or(|at| Instant::now() >= at) {
+            return None;
+        }
+        Some(match (&held.secrets, &held.failure) {
+            (Some(secrets), _) => Ok(secrets.clone()),
+            (None, failure) => Err(self.unavailable(
+                failure
+                    .clone()
+                    .unwrap_or_else(|| format!("the {} could not be read", self.what)),
+            )),
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, Held> {
+        // A poisoned lock still holds consistent fields: each update is whole.
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn unavailable(&self, detail: String) -> ApiError {
+        ApiError::Unavailable(seckill_shared::error::StoreError::Unavailable {
+            backend: "secrets",
+            detail,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    fn held() -> HeldSecrets {
+        HeldSecrets::new(SecretSource::Missing, "test secret")
+    }
+
+    fn secrets(text: &str) -> Secrets {
+        Secrets::parse(text).unwrap()
+    }
+
+    /// A source that answers `answers` in turn (then fails), counting its reads.
+    fn source(
+        reads: &Arc<AtomicUsize>,
+        answers: &'static [Result<&'static str, &'static str>],
+    ) -> impl FnOnce() -> std::future::Ready<Result<Secrets, String>> {
+        let reads = reads.clone();
+        move || {
+            let n = reads.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(match answers.get(n) {
+                Some(Ok(text)) => Ok(secrets(text)),
+                Some(Err(why)) => Err(why.to_string()),
+                None => Err("no more answers".to_string()),
+            })
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn secrets_read_once_serve_until_the_refresh_and_on_through_a_failed_read() {
+        let h = held();
+        let reads = Arc::new(AtomicUsize::new(0));
+        const ANSWERS: &[Result<&str, &str>] = &[
+            Ok("whsec_first_0123456789"),
+            Err("down"),
+            Ok("whsec_second_0123456789"),
+        ];
+        let first = secrets("whsec_first_0123456789");
+        assert_eq!(
+            h.held_or_read(source(&reads, ANSWERS)).await.unwrap(),
+            first
+        );
+        tokio::time::advance(SECRET_REFRESH - Duration::from_secs(1)).await;
+        assert_eq!(
+            h.held_or_read(source(&reads, ANSWERS)).await.unwrap(),
+            first
+        );
+        assert_eq!(reads.load(Ordering::SeqCst), 1, "held: no read");
+        // Due: the read fails, the held secrets serve on, and nothing is read again
+        // before the retry.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(
+            h.held_or_read(source(&reads, ANSWERS)).await.unwrap(),
+            first
+        );
+        assert_eq!(reads.load(Ordering::SeqCst), 2);
+        tokio::time::advance(SECRET_RETRY - Duration::from_secs(1)).await;
+        assert_eq!(
+            h.held_or_read(source(&reads, ANSWERS)).await.unwrap(),
+            first
+        );
+        assert_eq!(reads.load(Ordering::SeqCst), 2, "within the retry: no read");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(
+            h.held_or_read(source(&reads, ANSWERS)).await.unwrap(),
+            secrets("whsec_second_0123456789"),
+            "the rotation is picked up once the source answers"
+        );
+        assert_eq!(reads.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_none_held_a_failed_read_answers_unavailable_until_its_retry() {
+        let h = held();
+        let reads = Arc::new(AtomicUsize::new(0));
+        const ANSWERS: &[Result<&str, &str>] = &[Err("down"), Ok("whsec_first_0123456789")];
+        for _ in 0..5 {
+            let err = h.held_or_read(source(&reads, ANSWERS)).await.unwrap_err();
+            assert!(matches!(err, ApiError::Unavailable(_)), "{err:?}");
+        }
+        assert_eq!(
+            reads.load(Ordering::SeqCst),
+            1,
+            "one read for five requests"
+        );
+        tokio::time::advance(SECRET_RETRY).await;
+        assert_eq!(
+            h.held_or_read(source(&reads, ANSWERS)).await.unwrap(),
+            secrets("whsec_first_0123456789")
+        );
+        assert_eq!(reads.load(Ordering::SeqCst), 2);
+    }
+
+    /// A slow read (Secrets Manager timing out) holds up no request that can go on with
+    /// the secrets held; with none held, the others wait for that one read, not a read
+    /// each.
+    #[tokio::test(start_paused = true)]
+    async fn while_one_request_reads_slowly_the_others_do_not_wait_or_read() {
+        let h = Arc::new(held());
+        let reads = Arc::new(AtomicUsize::new(0));
+        const ANSWERS: &[Result<&str, &str>] = &[Ok("whsec_first_0123456789")];
+        let first = secrets("whsec_first_0123456789");
+        h.held_or_read(source(&reads, ANSWERS)).await.unwrap();
+        tokio::time::advance(SECRET_REFRESH).await;
+        let slow = {
+            let (h, reads) = (h.clone(), reads.clone());
+            tokio::spawn(async move {
+                h.held_or_read(|| async move {
+                    reads.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    Err::<Secrets, String>("timed out".into())
+                })
+                .await
+            })
+        };
+        tokio::task::yield_now().await;
+        let started = Instant::now();
+        assert_eq!(
+            h.held_or_read(source(&reads, ANSWERS)).await.unwrap(),
+            first
+        );
+        assert_eq!(started.elapsed(), Duration::ZERO, "served at once");
+        assert_eq!(slow.await.unwrap().unwrap(), first);
+        assert_eq!(
+            reads.load(Ordering::SeqCst),
+            2,
+            "one read for the two requests"
+        );
+
+        let cold = Arc::new(held());
+        let waiting = {
+            let cold = cold.clone();
+            tokio::spawn(async move {
+                cold.held_or_read(|| async {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    Ok(secrets("whsec_first_0123456789"))
+                })
+                .await
+            })
+        };
+        tokio::task::yield_now().await;
+        let never = || async { panic!("a second read") };
+        assert_eq!(cold.held_or_read(never).await.unwrap(), first);
+        assert_eq!(waiting.await.unwrap().unwrap(), first);
     }
 }
