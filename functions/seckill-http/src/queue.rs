@@ -27,6 +27,11 @@ use crate::repair::repair;
 /// The header an admission of a voucher with a room carries its entry token in.
 pub const ENTRY_HEADER: &str = "seckill-entry";
 
+/// How soon a caller told `sold_out` while units may still come back looks again, at
+/// least and at most.
+const RETURN_LOOK_MIN_MS: i64 = 1_000;
+const RETURN_LOOK_MAX_MS: i64 = 30_000;
+
 /// `POST /vouchers/{id}/queue` (`join`) or `GET /vouchers/{id}/queue` (user).
 pub(crate) async fn standing(
     app: &App,
@@ -100,6 +105,18 @@ pub(crate) async fn standing(
     let status = if view.now_ms >= view.window.ends_ms() {
         "ended"
     } else if sold_out(sales, id, &view).await? {
+        // Not for good while orders await payment: an unpaid one gives its unit back at
+        // its deadline (a cancel sooner). The caller is told to look again then (at
+        // most RETURN_LOOK_MAX_MS ahead, for the cancels), instead of giving up and
+        // leaving the returned units to whoever keeps asking.
+        let next = queue::earliest_deadline(&sales.conn(), id, view.buckets).await?;
+        body["units_may_return"] = json!(next.is_some());
+        if let Some(at) = next {
+            body["expected_wait_ms"] = json!(
+                at.saturating_sub(view.now_ms)
+                    .clamp(RETURN_LOOK_MIN_MS, RETURN_LOOK_MAX_MS)
+            );
+        }
         "sold_out"
     } else {
         match view

@@ -75,7 +75,7 @@ function render() {
 // ---- the waiting room ---------------------------------------------------------------
 // Client rule: join once the queue opens and look again only when `expected_wait_ms` is
 // over, never sooner; a join is idempotent (the place is kept), so a lost answer is
-// simply asked again.
+// simply asked again. `sold_out` ends the wait unless units may still come back.
 async function waitInLine() {
   if (!voucher || voucher.entry_rate_per_s === undefined || roomDone || joining || !token) return;
   const opens = Date.parse(voucher.begins_at) - (voucher.queue_opens_before_s ?? 0) * 1000;
@@ -96,6 +96,11 @@ async function waitInLine() {
       entryToken = s.entry_token;
       roomDone = true;
       show("wait", "It is your turn: you may buy now.");
+    } else if (s.status === "sold_out" && s.units_may_return) {
+      // Orders still await payment: a unit comes back if one is not paid in time.
+      show("wait", "Sold out for now: a unit may come back if an order is not paid.");
+      await sleep(Math.max(1000, s.expected_wait_ms) + Math.random() * 250);
+      a = await callRetrying("GET", path, { token });
     } else if (s.status === "sold_out" || s.status === "ended") {
       roomDone = true;
       saleOver = true;

@@ -12,7 +12,7 @@ use std::sync::LazyLock;
 use redis::Script;
 
 use crate::adapters::redis::RedisConn;
-use crate::domain::{SaleWindow, UnixMillis, UserId, VoucherId, WaitingRoom};
+use crate::domain::{Bucket, SaleWindow, UnixMillis, UserId, VoucherId, WaitingRoom};
 use crate::error::StoreError;
 use crate::keys::{self, VoucherKeys};
 use crate::protocol::{queue, sale_fields};
@@ -165,4 +165,30 @@ mod tests {
         let v = VoucherId::new(42).unwrap();
         assert_eq!(slot(&keys::queue(v)), slot(&VoucherKeys::new(v).sale));
     }
+}
+
+/// The earliest payment deadline among the voucher's orders still awaiting payment
+/// (every bucket's `deadlines`, the `+inf` sentinel left out), `None` when no order
+/// awaits payment: then no unit can come back to a sold-out voucher. One read per
+/// bucket, each on its own slot, made only when a room answers `sold_out`.
+pub async fn earliest_deadline(
+    conn: &RedisConn,
+    voucher: VoucherId,
+    buckets: u16,
+) -> Result<Option<UnixMillis>, StoreError> {
+    let each = futures::future::try_join_all(Bucket::all(voucher, buckets).map(|b| async move {
+        let first: Vec<(String, f64)> = redis::cmd("ZRANGEBYSCORE")
+            .arg(VoucherKeys::new(b).deadlines)
+            .arg("-inf")
+            .arg("(+inf")
+            .arg("WITHSCORES")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(1)
+            .query_async(&mut conn.clone())
+            .await?;
+        Ok::<_, StoreError>(first.first().map(|(_, at)| *at as UnixMillis))
+    }))
+    .await?;
+    Ok(each.into_iter().flatten().min())
 }

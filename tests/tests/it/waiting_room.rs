@@ -74,14 +74,25 @@ async fn buy_with(app: &App, voucher: &str, user: &str, entry: &str) -> (u16, Va
     call(app, req).await
 }
 
-/// `user`'s look at the queue answers `sold_out`.
-async fn assert_looks_sold_out(app: &App, voucher: &str, user: &str) {
+/// `user`'s look at the queue answers `sold_out`, saying whether a unit may come back
+/// (orders still await payment; then it names when to look again, 1-30 s).
+async fn assert_looks_sold_out(app: &App, voucher: &str, user: &str, may_return: bool) {
     let (status, s) = queue(app, voucher, user, false).await;
     assert_eq!(
-        (status, s["status"].as_str()),
-        (200, Some("sold_out")),
+        (
+            status,
+            s["status"].as_str(),
+            s["units_may_return"].as_bool()
+        ),
+        (200, Some("sold_out"), Some(may_return)),
         "{user}: {s}"
     );
+    let wait = s["expected_wait_ms"].as_i64().unwrap();
+    if may_return {
+        assert!((1_000..=30_000).contains(&wait), "{user}: {s}");
+    } else {
+        assert_eq!(wait, 0, "{user}: {s}");
+    }
 }
 
 /// Units left as `GET /vouchers/{id}` says.
@@ -486,6 +497,8 @@ async fn once_sold_out_everybody_still_waiting_learns_it_on_their_next_look() {
                 "{buckets} buckets, {u}: {s}"
             );
             assert!(s.get("entry_token").is_none(), "{s}");
+            // No payment step: nothing can come back, the wait is over.
+            assert_eq!(s["units_may_return"], false, "{s}");
         }
     }
     b.cleanup().await;
@@ -519,7 +532,8 @@ async fn a_room_with_a_payment_step_lets_the_next_in_line_buy_a_cancelled_unit()
         assert_eq!(status, 202, "{u}: {body}");
         orders.insert(u, body["order_id"].as_str().unwrap().to_string());
     }
-    assert_looks_sold_out(&app, &voucher, "p3").await;
+    // p1 and p2 have not paid yet: their units may come back.
+    assert_looks_sold_out(&app, &voucher, "p3", true).await;
 
     // p2 pays, p1 cancels: one unit comes back.
     let (status, paid) = provider_pays(&app, &orders["p2"], "p2", "ref-p2").await;
@@ -551,13 +565,23 @@ async fn a_room_with_a_payment_step_lets_the_next_in_line_buy_a_cancelled_unit()
         .to_string();
     let (status, body) = buy_with(&app, &voucher, "p3", &p3).await;
     assert_eq!(status, 202, "{body}");
+    let p3_order = body["order_id"].as_str().unwrap().to_string();
     let (status, body) = buy_with(&app, &voucher, "p4", entries["p4"].as_deref().unwrap()).await;
     assert_eq!(
         (status, body["code"].as_str()),
         (409, Some("sold_out")),
         "{body}"
     );
-    assert_looks_sold_out(&app, &voucher, "p4").await;
+    // p3 has not paid yet.
+    assert_looks_sold_out(&app, &voucher, "p4", true).await;
+    let (status, paid) = provider_pays(&app, &p3_order, "p3", "ref-p3").await;
+    assert_eq!(
+        (status, paid["outcome"].as_str()),
+        (200, Some("paid")),
+        "{paid}"
+    );
+    // Every order paid: sold out for good.
+    assert_looks_sold_out(&app, &voucher, "p4", false).await;
     b.cleanup().await;
 }
 
@@ -623,7 +647,7 @@ async fn a_room_whose_sale_redis_lost_keeps_its_line_and_sells_on() {
     let (status, body) = buy_with(&other, &voucher, "r3", &tokens["r3"]).await;
     assert_eq!(status, 202, "{body}");
     assert_eq!(stock_left(&other, &voucher).await, 0);
-    assert_looks_sold_out(&other, &voucher, "r4").await;
+    assert_looks_sold_out(&other, &voucher, "r4", false).await;
     b.cleanup().await;
 }
 
