@@ -155,18 +155,6 @@ pub async fn queue(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::keys::slot;
-
-    #[test]
-    fn the_queue_shares_bucket_zeros_slot() {
-        let v = VoucherId::new(42).unwrap();
-        assert_eq!(slot(&keys::queue(v)), slot(&VoucherKeys::new(v).sale));
-    }
-}
-
 /// The earliest payment deadline among the voucher's orders still awaiting payment
 /// (every bucket's `deadlines`, the `+inf` sentinel left out), `None` when no order
 /// awaits payment: then no unit can come back to a sold-out voucher. One read per
@@ -191,4 +179,16 @@ pub async fn earliest_deadline(
     }))
     .await?;
     Ok(each.into_iter().flatten().min())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::slot;
+
+    #[test]
+    fn the_queue_shares_bucket_zeros_slot() {
+        let v = VoucherId::new(42).unwrap();
+        assert_eq!(slot(&keys::queue(v)), slot(&VoucherKeys::new(v).sale));
+    }
 }
