@@ -4,12 +4,19 @@
 --
 -- KEYS[1] buyers hash   seckill:{<voucher>}:buyers
 -- KEYS[2] orders stream seckill:{<voucher>}:orders
+-- KEYS[3] closed hash   seckill:{<voucher>}:closed (vouchers with a payment step)
 -- ARGV[1] PAIRS: ARGV[2..] are user id, order id, user id, order id, ... (orders the
 --         database holds). Returns {'', added}.
 -- ARGV[1] STREAM: ARGV[2] the start of an XRANGE page ('-', or '(<id>' exclusive),
 --         ARGV[3] its COUNT. Records the buyer of every admitted order still in the
 --         stream (undrained, or drained and not yet trimmed). Returns {last id of the
 --         page or '' when the page was empty, added}.
+--
+-- In both modes an order Redis closed with its unit given back (cancelled or expired)
+-- names no buyer: with `rebuy` its close dropped the buyer on purpose, so that they may
+-- buy again, and restoring it would refuse them for good (or hide the order they hold
+-- now behind the closed one, the stream's older entry). Checked here, in the same
+-- script as the write, so a close made while a repair or reconcile runs is seen.
 
 -- Shared with Rust (shared/src/protocol.rs; its test checks that the two agree).
 -- Modes (ARGV[1]):
@@ -18,11 +25,25 @@ local STREAM = 'stream'
 -- Orders stream entry fields:
 local ORDER_ID = 'order_id'
 local USER_ID = 'user_id'
+-- Closed states (lua/close.lua) that gave the unit back:
+local CANCELLED = 'cancelled'
+local EXPIRED = 'expired'
+
+local function returned(order)
+  local closed = redis.call('HGET', KEYS[3], order)
+  if not closed then
+    return false
+  end
+  local state = string.match(closed, '^[^\n]*')
+  return state == CANCELLED or state == EXPIRED
+end
 
 local added = 0
 if ARGV[1] == PAIRS then
   for i = 2, #ARGV - 1, 2 do
-    added = added + redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1])
+    if not returned(ARGV[i + 1]) then
+      added = added + redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1])
+    end
   end
   return {'', added}
 end
@@ -41,7 +62,7 @@ for _, entry in ipairs(entries) do
     end
   end
   -- A malformed entry (the drainer dead-letters it) names no buyer.
-  if user and order then
+  if user and order and not returned(order) then
     added = added + redis.call('HSETNX', KEYS[1], user, order)
   end
 end

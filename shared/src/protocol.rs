@@ -309,6 +309,8 @@ mod tests {
                     ("STREAM", text(restore_buyers::STREAM)),
                     ("ORDER_ID", text(f::ORDER_ID)),
                     ("USER_ID", text(f::USER_ID)),
+                    ("CANCELLED", text(close::CANCELLED)),
+                    ("EXPIRED", text(close::EXPIRED)),
                 ],
             ),
             (

@@ -322,3 +322,80 @@ async fn reconcile_finds_and_repairs_each_seeded_discrepancy() {
     assert_eq!(ctx.orders_in_db(v.id).await.len(), 20);
     ctx.cleanup().await;
 }
+
+/// A voucher that lets a buyer buy again after a close: a buyer who cancelled left the
+/// buyers hash on purpose. Reconcile must not take that for a lost buyer, neither while
+/// the cancelled order is still undrained in the stream nor when the database still
+/// reads it `awaiting_payment` after Redis's `to_settle` no longer lists it (the
+/// drainer settled it between reconcile's two reads): `--repair` would restore the
+/// buyer and refuse them for good (`already_purchased`).
+#[tokio::test]
+async fn reconcile_leaves_a_buyer_who_cancelled_free_to_buy_again() {
+    use seckill_shared::domain::{NewVoucher, PaymentTerms, Price, SaleWindow, now_millis};
+    use seckill_tests::harness::{
+        TEST_CURRENCY, TEST_PRICE_MINOR, buy, call, request, test_http_config, token,
+    };
+    let ctx = DrainCtx::start().await;
+    let b = backends(&ctx).await;
+    let now = now_millis();
+    let v = ctx
+        .voucher_of(&NewVoucher {
+            title: "rebuy".into(),
+            stock: 5,
+            window: SaleWindow::new(now - 60_000, now + 3_600_000).unwrap(),
+            payment: Some(PaymentTerms {
+                pay_within_ms: 600_000,
+                rebuy_after_close: true,
+                price: Some(Price::new(TEST_PRICE_MINOR, TEST_CURRENCY).unwrap()),
+            }),
+            buckets: 1,
+            room: None,
+        })
+        .await;
+    let app =
+        seckill_http::App::new(&test_http_config(ctx.redis.config(), ctx.data_api_config())).await;
+    let cancel = |order: String, user: &'static str| {
+        let app = &app;
+        async move {
+            let path = format!("/orders/{order}/cancel");
+            let (status, body) = call(
+                app,
+                request("POST", &path, Some(&token(user, false)), None, None),
+            )
+            .await;
+            assert_eq!(
+                (status, body["status"].as_str()),
+                (200, Some("cancelled")),
+                "{body}"
+            );
+        }
+    };
+    let order_of = |res: (u16, serde_json::Value)| {
+        assert_eq!(res.0, 202, "{}", res.1);
+        res.1["order_id"].as_str().unwrap().to_string()
+    };
+    let k = VoucherKeys::new(v.id);
+
+    // Drained as awaiting payment, then cancelled; its close settled by the drainer
+    // right after reconcile read the database (simulated: Redis forgets it is to
+    // settle, the row still reads awaiting_payment).
+    let late = order_of(buy(&app, v.id, "late").await);
+    ctx.drain(ctx.drainer_config()).await;
+    cancel(late.clone(), "late").await;
+    let _: i64 = ctx.conn().srem(&k.to_settle, &late).await.unwrap();
+
+    // Cancelled before the drainer saw it: undrained in the stream, out of the buyers.
+    let early = order_of(buy(&app, v.id, "early").await);
+    cancel(early, "early").await;
+    let r = reconcile::reconcile(&b, v.id, true).await.unwrap();
+    for c in [class::STREAM_NOT_IN_BUYERS, class::DB_NOT_IN_REDIS] {
+        assert!(r.class(c).is_none(), "{c}: {r:#?}");
+    }
+    for user in ["early", "late"] {
+        let held: Option<String> = ctx.conn().hget(&k.buyers, user).await.unwrap();
+        assert_eq!(held, None, "{user} not restored");
+        let (status, body) = buy(&app, v.id, user).await;
+        assert_eq!(status, 202, "{user} buys again: {body}");
+    }
+    ctx.cleanup().await;
+}

@@ -463,6 +463,52 @@ async fn pay_cancel_and_expiry_follow_the_contract() {
     ctx.cleanup().await;
 }
 
+/// Redis loses the sale and buyers hashes of a voucher that lets a buyer buy again,
+/// while the stream still holds a cancelled order and, after it, the same buyer's new
+/// one (neither drained). The repair reads the buyers back from the stream: the
+/// cancelled order names no buyer (its unit is back), so the buyer holds the new order,
+/// and one who cancelled without buying again is free to buy. The stock stays exact.
+#[tokio::test]
+async fn a_repair_never_gives_a_buyer_back_an_order_they_cancelled() {
+    let ctx = DrainCtx::start().await;
+    let app = app_of(&ctx).await;
+    let v = pay_voucher(&ctx, 4, 600, true).await;
+    let id_of = |res: (u16, Value)| {
+        assert_eq!(res.0, 202, "{}", res.1);
+        res.1["order_id"].as_str().unwrap().to_string()
+    };
+    let first = id_of(buy(&app, v.id, "gus").await);
+    assert_eq!(
+        status(&cancel(&app, &first, "gus").await),
+        (200, "cancelled")
+    );
+    let second = id_of(buy(&app, v.id, "gus").await);
+    let gone = id_of(buy(&app, v.id, "hal").await);
+    assert_eq!(
+        status(&cancel(&app, &gone, "hal").await),
+        (200, "cancelled")
+    );
+    let k = VoucherKeys::new(v.id);
+    let _: i64 = ctx.conn().del(&[&k.sale, &k.buyers]).await.unwrap();
+
+    // A fresh instance; gus's attempt finds the sale missing and repairs it.
+    let app = app_of(&ctx).await;
+    let res = buy(&app, v.id, "gus").await;
+    assert_eq!(code(&res), (409, "already_purchased"), "{}", res.1);
+    assert_eq!(
+        res.1["order_id"],
+        second.as_str(),
+        "the order gus holds now"
+    );
+    let res = buy(&app, v.id, "hal").await;
+    assert_eq!(status(&res), (202, "pending"), "hal buys again: {}", res.1);
+    // Four units: gus's and hal's live orders hold two.
+    assert_eq!(ctx.sales.stock_left(v.id).await.unwrap(), Some(2));
+    drain_until_settled(&ctx, v.id).await;
+    assert_eq!(ctx.db_stock_left(v.id).await, 2);
+    ctx.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_voucher_that_allows_it_lets_a_cancelled_buyer_buy_again() {
     let ctx = DrainCtx::start().await;

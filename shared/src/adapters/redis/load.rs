@@ -136,7 +136,8 @@ impl RedisSales {
     }
 
     /// Records buyers the buyers hash lost (`lua/restore_buyers.lua`, HSETNX: a buyer it
-    /// still has is never overwritten). Returns how many were added.
+    /// still has is never overwritten; an order closed with its unit given back names
+    /// no buyer). Returns how many were added.
     pub async fn restore_buyers(
         &self,
         voucher: impl Into<Bucket>,
@@ -148,7 +149,9 @@ impl RedisSales {
         }
         let k = VoucherKeys::new(voucher);
         let mut call = RESTORE_BUYERS.key(&k.buyers);
-        call.key(&k.orders).arg(protocol::restore_buyers::PAIRS);
+        call.key(&k.orders)
+            .key(&k.closed)
+            .arg(protocol::restore_buyers::PAIRS);
         for (user, order) in buyers {
             call.arg(user.as_str()).arg(order.get());
         }
@@ -171,6 +174,7 @@ impl RedisSales {
             let (last, n): (String, u64) = RESTORE_BUYERS
                 .key(&k.buyers)
                 .key(&k.orders)
+                .key(&k.closed)
                 .arg(protocol::restore_buyers::STREAM)
                 .arg(&start)
                 .arg(RESTORE_STREAM_PAGE)

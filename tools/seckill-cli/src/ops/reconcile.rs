@@ -280,6 +280,13 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
         .filter(|(u, o)| unknown(u) && !settling.contains(o))
         .map(|(u, o)| (u.clone(), *o))
         .collect();
+    // A buyer whose order was cancelled or expired (its unit back in the stock) left the
+    // buyers hash on purpose when the voucher lets them buy again: no discrepancy, and
+    // restoring them would refuse them for good (`already_purchased`). Read after the
+    // database's snapshot and the stream: a close made since shows here (the closed
+    // hash only grows until the sale is retired).
+    let not_in_buyers = without_returned(b, voucher, k, not_in_buyers).await?;
+    let stream_lost_buyers = without_returned(b, voucher, k, stream_lost_buyers).await?;
 
     let listed = |pairs: &[(String, OrderId)]| -> Vec<String> {
         pairs.iter().map(|(u, o)| order_of(*o, u)).collect()
@@ -392,6 +399,33 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
         }
     }
     Ok(report)
+}
+
+/// `pairs` (buyer, order) without the orders Redis closed with their unit given back
+/// (cancelled or expired), each looked up in its buyer's bucket.
+async fn without_returned(
+    b: &Backends,
+    voucher: VoucherId,
+    buckets: u16,
+    pairs: Vec<(String, OrderId)>,
+) -> anyhow::Result<Vec<(String, OrderId)>> {
+    let mut kept = Vec::with_capacity(pairs.len());
+    for bk in Bucket::all(voucher, buckets) {
+        let theirs: Vec<&(String, OrderId)> = pairs
+            .iter()
+            .filter(|(u, _)| Bucket::of_user(voucher, buckets, u) == bk)
+            .collect();
+        let ids: Vec<OrderId> = theirs.iter().map(|(_, o)| *o).collect();
+        let closed = b.streams.closed_orders(bk, &ids).await.redis()?;
+        kept.extend(
+            theirs
+                .into_iter()
+                .zip(closed)
+                .filter(|(_, c)| !c.as_ref().is_some_and(|c| c.status.returned_unit()))
+                .map(|(pair, _)| pair.clone()),
+        );
+    }
+    Ok(kept)
 }
 
 /// The text form.
