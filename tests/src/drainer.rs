@@ -87,6 +87,11 @@ impl DrainCtx {
 
     /// (Re)starts the in-process Data API server (on a new port).
     pub async fn start_data_api(&mut self) {
+        self.start_data_api_with(|_| {}).await;
+    }
+
+    /// [`Self::start_data_api`] with its configuration changed by `edit` first.
+    pub async fn start_data_api_with(&mut self, edit: impl FnOnce(&mut ServerConfig)) {
         assert!(
             self.data_api.is_none(),
             "the Data API server is already running"
@@ -96,6 +101,7 @@ impl DrainCtx {
             &self.database,
         ));
         config.transaction_idle_timeout = TX_IDLE_TIMEOUT;
+        edit(&mut config);
         self.data_api = Some(start_data_api(config).await);
     }
 

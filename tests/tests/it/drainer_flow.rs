@@ -447,6 +447,32 @@ async fn an_order_requeued_while_its_sale_is_being_retired_is_still_drained() {
     ctx.cleanup().await;
 }
 
+/// A statement the database refuses ends its transaction (Aurora terminates it), so the
+/// drainer's rollback after it is answered "Transaction ... is not found": by today's
+/// Data API as `TransactionNotFoundException`, by earlier versions as a
+/// `BadRequestException` of the same text. Both mean the transaction is over, and its
+/// record goes: none is left behind for later runs to try to roll back.
+#[tokio::test]
+async fn a_transaction_the_data_api_says_is_gone_in_either_form_leaves_no_record() {
+    let mut ctx = DrainCtx::start().await;
+    ctx.stop_data_api().await;
+    ctx.start_data_api_with(|c| c.not_found_as_bad_request = true)
+        .await;
+    let v = ctx.voucher(10, 10).await;
+    ctx.refuse_users("poison").await;
+    ctx.admit(v.id, "poison", 1).await;
+    ctx.admit(v.id, "good", 2).await;
+    let s = ctx.drain(ctx.drainer_config()).await;
+    assert_eq!((s.inserted, s.dead_lettered, s.errors), (2, 1, 0), "{s:?}");
+    let open: u64 = ctx
+        .conn()
+        .hlen(VoucherKeys::new(v.id).drain_tx)
+        .await
+        .unwrap();
+    assert_eq!(open, 0, "no transaction record left: {s:?}");
+    ctx.cleanup().await;
+}
+
 /// Every order of a read refused on its own (two here, a batch's worth in the second
 /// run, first deliveries and then claimed ones): the database still takes an ordinary
 /// row, so the orders are at fault and each is dead-lettered with the reason; the sale

@@ -21,6 +21,11 @@ pub struct ServerConfig {
     pub secrets: Vec<secrets::SecretCredentials>,
     pub transaction_idle_timeout: Duration,
     pub statement_timeout: Duration,
+    /// Answer a call on a transaction the server does not know as earlier versions of
+    /// the Data API did: `400 BadRequestException` "Transaction <id> is not found",
+    /// instead of `404 TransactionNotFoundException` (tests of clients that must take
+    /// both forms for the same fact).
+    pub not_found_as_bad_request: bool,
 }
 
 impl ServerConfig {
@@ -35,6 +40,7 @@ impl ServerConfig {
             // a call after 45 seconds.
             transaction_idle_timeout: Duration::from_secs(180),
             statement_timeout: Duration::from_secs(45),
+            not_found_as_bad_request: false,
         }
     }
 }

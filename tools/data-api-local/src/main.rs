@@ -66,6 +66,7 @@ async fn main() -> anyhow::Result<()> {
         secrets,
         transaction_idle_timeout: Duration::from_secs(cli.transaction_timeout_secs),
         statement_timeout: Duration::from_secs(cli.statement_timeout_secs),
+        not_found_as_bad_request: false,
     };
     let listener = tokio::net::TcpListener::bind(cli.listen)
         .await

@@ -141,7 +141,12 @@ where
     post(
         move |State(app): State<Arc<AppState>>, body: Body| async move {
             let started = Instant::now();
+            let legacy = app.config.not_found_as_bad_request;
             let result = async { op(app, parse(body)?).await }.await;
+            let result = match result {
+                Err(ApiError::TransactionNotFound(m)) if legacy => Err(ApiError::BadRequest(m)),
+                other => other,
+            };
             let elapsed_ms = started.elapsed().as_millis();
             match result {
                 Ok(json) => {

@@ -14,7 +14,7 @@ use aws_sdk_rdsdata::operation::execute_statement::ExecuteStatementOutput;
 use aws_sdk_rdsdata::types::SqlParameter;
 use aws_smithy_types::timeout::TimeoutConfig;
 
-use super::errors::store_error;
+use super::errors::{says_transaction_not_found, store_error};
 use crate::config::DataApiConfig;
 use crate::error::StoreError;
 
@@ -147,7 +147,8 @@ impl DataApi {
                 if matches!(
                     err.code(),
                     Some("TransactionNotFoundException" | "NotFoundException")
-                ) =>
+                ) || (err.code() == Some("BadRequestException")
+                    && err.message().is_some_and(says_transaction_not_found)) =>
             {
                 Ok(false)
             }

@@ -87,8 +87,16 @@ pub fn is_transient_database_error(message: &str) -> bool {
     let lower = message.to_ascii_lowercase();
     // The transaction expired or went with a failover: the batch's next attempt begins
     // a new one.
-    let lost_transaction = lower.contains("transaction") && lower.contains("not found");
-    lost_transaction || PASSING.iter().any(|p| lower.contains(p))
+    says_transaction_not_found(message) || PASSING.iter().any(|p| lower.contains(p))
+}
+
+/// Whether an error's text says the Data API no longer knows the transaction (it
+/// committed, rolled back, expired, or went with a failover). The service has said so
+/// as `TransactionNotFoundException` and, in earlier versions, as a
+/// `BadRequestException` with this text: the text is the one both share.
+pub fn says_transaction_not_found(message: &str) -> bool {
+    let lower = message.to_ascii_lowercase();
+    lower.contains("transaction") && lower.contains("not found")
 }
 
 /// Whether a database error's text says a row lock was held by another transaction
