@@ -174,6 +174,26 @@ pub fn event(p: &Payable, opts: &PayOptions) -> anyhow::Result<Event> {
     })
 }
 
+/// Refuses any seckill-http but one on this machine: a signed `payment.succeeded` pays an
+/// order, and this command plays a provider that took no money. Pointed by mistake at a
+/// deployed API with its real secret in the environment, it would mark real orders paid.
+pub fn local_only(base_url: &str) -> anyhow::Result<()> {
+    let url =
+        reqwest::Url::parse(base_url).with_context(|| format!("{base_url:?} is not a URL"))?;
+    let host = url.host_str().unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let local = host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if !local {
+        bail!(
+            "seckill pay plays the payment provider for the local stack only; {base_url} is not on this machine"
+        );
+    }
+    Ok(())
+}
+
 fn random_hex() -> String {
     format!("{:016x}", rand::random::<u64>())
 }
@@ -187,6 +207,7 @@ pub async fn pay(
     order: OrderId,
     opts: &PayOptions,
 ) -> anyhow::Result<Vec<Delivery>> {
+    local_only(base_url)?;
     let p = payable(b, order).await?;
     if opts.late {
         let Some(pay_by) = p.pay_by else {
@@ -251,4 +272,29 @@ pub fn render(all: &[Delivery]) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::local_only;
+
+    #[test]
+    fn the_provider_is_played_for_this_machine_only() {
+        for url in [
+            "http://127.0.0.1:19100",
+            "http://localhost:9000/",
+            "http://[::1]:8080",
+            "http://127.0.0.2",
+        ] {
+            assert!(local_only(url).is_ok(), "{url}");
+        }
+        for url in [
+            "https://abc123.execute-api.eu-west-1.amazonaws.com",
+            "http://10.0.0.5:9000",
+            "http://localhost.example.com",
+            "not a url",
+        ] {
+            assert!(local_only(url).is_err(), "{url}");
+        }
+    }
 }
