@@ -5,23 +5,27 @@
 -- KEYS[1] buyers hash   seckill:{<voucher>}:buyers
 -- KEYS[2] orders stream seckill:{<voucher>}:orders
 -- KEYS[3] closed hash   seckill:{<voucher>}:closed (vouchers with a payment step)
--- ARGV[1] PAIRS: ARGV[2..] are user id, order id, user id, order id, ... (orders the
---         database holds). Returns {'', added}.
--- ARGV[1] STREAM: ARGV[2] the start of an XRANGE page ('-', or '(<id>' exclusive),
---         ARGV[3] its COUNT. Records the buyer of every admitted order still in the
---         stream (undrained, or drained and not yet trimmed). Returns {last id of the
---         page or '' when the page was empty, added}.
+-- ARGV[1] PAIRS: ARGV[2] REBUY or KEEP (below), ARGV[3..] are user id, order id, user
+--         id, order id, ... (orders the database holds). Returns {'', added}.
+-- ARGV[1] STREAM: ARGV[2] REBUY or KEEP, ARGV[3] the start of an XRANGE page ('-', or
+--         '(<id>' exclusive), ARGV[4] its COUNT. Records the buyer of every admitted
+--         order still in the stream (undrained, or drained and not yet trimmed).
+--         Returns {last id of the page or '' when the page was empty, added}.
 --
--- In both modes an order Redis closed with its unit given back (cancelled or expired)
--- names no buyer: with `rebuy` its close dropped the buyer on purpose, so that they may
--- buy again, and restoring it would refuse them for good (or hide the order they hold
+-- REBUY: the voucher lets a buyer buy again after a close (its `rebuy_after_close`,
+-- passed in: the sale hash may be what was lost). Then an order Redis closed with its
+-- unit given back (cancelled or expired) names no buyer: its close dropped the buyer on
+-- purpose, and restoring it would refuse them for good (or hide the order they hold
 -- now behind the closed one, the stream's older entry). Checked here, in the same
--- script as the write, so a close made while a repair or reconcile runs is seen.
+-- script as the write, so a close made while a repair or reconcile runs is seen. KEEP:
+-- every order names its buyer, closed or not (a close keeps the buyer then).
 
 -- Shared with Rust (shared/src/protocol.rs; its test checks that the two agree).
 -- Modes (ARGV[1]):
 local PAIRS = 'pairs'
 local STREAM = 'stream'
+-- Whether closed orders free their buyer (ARGV[2]):
+local REBUY = 'rebuy'
 -- Orders stream entry fields:
 local ORDER_ID = 'order_id'
 local USER_ID = 'user_id'
@@ -29,7 +33,12 @@ local USER_ID = 'user_id'
 local CANCELLED = 'cancelled'
 local EXPIRED = 'expired'
 
+local rebuy = ARGV[2] == REBUY
+
 local function returned(order)
+  if not rebuy then
+    return false
+  end
   local closed = redis.call('HGET', KEYS[3], order)
   if not closed then
     return false
@@ -40,7 +49,7 @@ end
 
 local added = 0
 if ARGV[1] == PAIRS then
-  for i = 2, #ARGV - 1, 2 do
+  for i = 3, #ARGV - 1, 2 do
     if not returned(ARGV[i + 1]) then
       added = added + redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1])
     end
@@ -51,7 +60,7 @@ if ARGV[1] ~= STREAM then
   return redis.error_reply('restore_buyers: unknown mode ' .. tostring(ARGV[1]))
 end
 
-local entries = redis.call('XRANGE', KEYS[2], ARGV[2], '+', 'COUNT', ARGV[3])
+local entries = redis.call('XRANGE', KEYS[2], ARGV[3], '+', 'COUNT', ARGV[4])
 for _, entry in ipairs(entries) do
   local fields, user, order = entry[2], nil, nil
   for i = 1, #fields - 1, 2 do

@@ -92,12 +92,18 @@ pub mod expire_sale {
     pub const UNDRAINED: i64 = 0;
 }
 
-/// `lua/restore_buyers.lua`: its mode (`ARGV[1]`).
+/// `lua/restore_buyers.lua`: its mode (`ARGV[1]`) and whether closed orders free their
+/// buyer (`ARGV[2]`).
 pub mod restore_buyers {
-    /// `ARGV[2..]` are user id, order id pairs from the database.
+    /// `ARGV[3..]` are user id, order id pairs from the database.
     pub const PAIRS: &str = "pairs";
-    /// `ARGV[2]`, `ARGV[3]`: a page of the orders stream to take buyers from.
+    /// `ARGV[3]`, `ARGV[4]`: a page of the orders stream to take buyers from.
     pub const STREAM: &str = "stream";
+    /// The voucher lets a buyer buy again after a close: an order closed with its unit
+    /// given back names no buyer.
+    pub const REBUY: &str = "rebuy";
+    /// Every order names its buyer.
+    pub const KEEP: &str = "keep";
 }
 
 /// Field names of an orders-stream entry and of a dead letter (`lua/dead_letter.lua` adds
@@ -307,6 +313,7 @@ mod tests {
                 vec![
                     ("PAIRS", text(restore_buyers::PAIRS)),
                     ("STREAM", text(restore_buyers::STREAM)),
+                    ("REBUY", text(restore_buyers::REBUY)),
                     ("ORDER_ID", text(f::ORDER_ID)),
                     ("USER_ID", text(f::USER_ID)),
                     ("CANCELLED", text(close::CANCELLED)),

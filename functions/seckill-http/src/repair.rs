@@ -136,7 +136,10 @@ pub async fn repair(app: &App, id: VoucherId, now: UnixMillis) -> Result<bool, A
     if !sales.try_lock_repair(id, &holder, REPAIR_LOCK_MS).await? {
         return wait_for_repair(sales, id, buckets).await;
     }
-    let repaired = repair_locked(app, sales, id, buckets, now).await;
+    // A voucher that lets a buyer buy again after a close: its closed orders name no
+    // buyer when buyers are restored (`lua/restore_buyers.lua`).
+    let rebuy = voucher.payment.is_some_and(|p| p.rebuy_after_close);
+    let repaired = repair_locked(app, sales, id, buckets, rebuy, now).await;
     if let Err(error) = sales.unlock_repair(id).await {
         tracing::warn!(%error, "repair lock not released; it expires by itself");
     }
@@ -213,6 +216,7 @@ async fn repair_locked(
     sales: &RedisSales,
     id: VoucherId,
     k: u16,
+    rebuy: bool,
     now: UnixMillis,
 ) -> Result<bool, ApiError> {
     // A bucket can go missing while this runs, but none comes back (a repair holds the
@@ -237,7 +241,7 @@ async fn repair_locked(
                 ..Progress::default()
             };
             for b in &missing {
-                p.from_stream += sales.restore_buyers_from_stream(*b).await?;
+                p.from_stream += sales.restore_buyers_from_stream(*b, rebuy).await?;
             }
             p
         }
@@ -274,7 +278,7 @@ async fn repair_locked(
             for (b, part) in parts {
                 *progress.settled.entry(b.index()).or_default() += part.len() as u64;
                 if missing.contains(&b) {
-                    progress.from_db += sales.restore_buyers(b, &part).await?;
+                    progress.from_db += sales.restore_buyers(b, &part, rebuy).await?;
                 }
             }
             progress.read_through = snapshot.read_through().map(str::to_string);

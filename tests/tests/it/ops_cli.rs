@@ -391,6 +391,37 @@ async fn reconcile_leaves_a_buyer_who_cancelled_free_to_buy_again() {
     for c in [class::STREAM_NOT_IN_BUYERS, class::DB_NOT_IN_REDIS] {
         assert!(r.class(c).is_none(), "{c}: {r:#?}");
     }
+    // Without rebuy a close keeps its buyer: one lost with a cancelled order is a
+    // discrepancy, and restored.
+    let w = ctx
+        .voucher_of(&NewVoucher {
+            title: "no rebuy".into(),
+            stock: 5,
+            window: SaleWindow::new(now - 60_000, now + 3_600_000).unwrap(),
+            payment: Some(PaymentTerms {
+                pay_within_ms: 600_000,
+                rebuy_after_close: false,
+                price: Some(Price::new(TEST_PRICE_MINOR, TEST_CURRENCY).unwrap()),
+            }),
+            buckets: 1,
+            room: None,
+        })
+        .await;
+    let kept = order_of(buy(&app, w.id, "kept").await);
+    cancel(kept.clone(), "kept").await;
+    let _: i64 = ctx
+        .conn()
+        .hdel(VoucherKeys::new(w.id).buyers, "kept")
+        .await
+        .unwrap();
+    let r = reconcile::reconcile(&b, w.id, true).await.unwrap();
+    assert!(r.class(class::STREAM_NOT_IN_BUYERS).is_some(), "{r:#?}");
+    let held: Option<String> = ctx
+        .conn()
+        .hget(VoucherKeys::new(w.id).buyers, "kept")
+        .await
+        .unwrap();
+    assert_eq!(held, Some(kept), "restored with the order they cancelled");
     for user in ["early", "late"] {
         let held: Option<String> = ctx.conn().hget(&k.buyers, user).await.unwrap();
         assert_eq!(held, None, "{user} not restored");

@@ -509,6 +509,31 @@ async fn a_repair_never_gives_a_buyer_back_an_order_they_cancelled() {
     ctx.cleanup().await;
 }
 
+/// The same loss on a voucher that does not let a buyer buy again: a close keeps the
+/// buyer, so the repair restores them from the stream with their cancelled order, and
+/// they still cannot buy a second time.
+#[tokio::test]
+async fn without_rebuy_a_repair_keeps_a_buyer_who_cancelled_to_that_order() {
+    let ctx = DrainCtx::start().await;
+    let app = app_of(&ctx).await;
+    let v = pay_voucher(&ctx, 4, 600, false).await;
+    let res = buy(&app, v.id, "ida").await;
+    assert_eq!(status(&res), (202, "pending"), "{}", res.1);
+    let first = res.1["order_id"].as_str().unwrap().to_string();
+    assert_eq!(
+        status(&cancel(&app, &first, "ida").await),
+        (200, "cancelled")
+    );
+    let k = VoucherKeys::new(v.id);
+    let _: i64 = ctx.conn().del(&[&k.sale, &k.buyers]).await.unwrap();
+
+    let app = app_of(&ctx).await;
+    let res = buy(&app, v.id, "ida").await;
+    assert_eq!(code(&res), (409, "already_purchased"), "{}", res.1);
+    assert_eq!(res.1["order_id"], first.as_str(), "{}", res.1);
+    ctx.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_voucher_that_allows_it_lets_a_cancelled_buyer_buy_again() {
     let ctx = DrainCtx::start().await;

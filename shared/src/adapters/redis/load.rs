@@ -136,12 +136,14 @@ impl RedisSales {
     }
 
     /// Records buyers the buyers hash lost (`lua/restore_buyers.lua`, HSETNX: a buyer it
-    /// still has is never overwritten; an order closed with its unit given back names
-    /// no buyer). Returns how many were added.
+    /// still has is never overwritten; with `rebuy`, the voucher's `rebuy_after_close`,
+    /// an order closed with its unit given back names no buyer). Returns how many were
+    /// added.
     pub async fn restore_buyers(
         &self,
         voucher: impl Into<Bucket>,
         buyers: &[(String, OrderId)],
+        rebuy: bool,
     ) -> Result<u64, StoreError> {
         let voucher: Bucket = voucher.into();
         if buyers.is_empty() {
@@ -151,7 +153,8 @@ impl RedisSales {
         let mut call = RESTORE_BUYERS.key(&k.buyers);
         call.key(&k.orders)
             .key(&k.closed)
-            .arg(protocol::restore_buyers::PAIRS);
+            .arg(protocol::restore_buyers::PAIRS)
+            .arg(rebuy_arg(rebuy));
         for (user, order) in buyers {
             call.arg(user.as_str()).arg(order.get());
         }
@@ -160,11 +163,12 @@ impl RedisSales {
     }
 
     /// Records the buyer of every order still in the voucher's orders stream that the
-    /// buyers hash lost, a page of [`RESTORE_STREAM_PAGE`] entries per call. Returns how
-    /// many were added.
+    /// buyers hash lost, a page of [`RESTORE_STREAM_PAGE`] entries per call (`rebuy` as
+    /// for [`Self::restore_buyers`]). Returns how many were added.
     pub async fn restore_buyers_from_stream(
         &self,
         voucher: impl Into<Bucket>,
+        rebuy: bool,
     ) -> Result<u64, StoreError> {
         let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
@@ -176,6 +180,7 @@ impl RedisSales {
                 .key(&k.orders)
                 .key(&k.closed)
                 .arg(protocol::restore_buyers::STREAM)
+                .arg(rebuy_arg(rebuy))
                 .arg(&start)
                 .arg(RESTORE_STREAM_PAGE)
                 .invoke_async(&mut self.conn.clone())
@@ -331,5 +336,14 @@ impl RedisSales {
         let k = VoucherKeys::new(voucher);
         let held: Option<i64> = self.conn.clone().hget(&k.buyers, user.as_str()).await?;
         Ok(held.and_then(OrderId::new))
+    }
+}
+
+/// `lua/restore_buyers.lua`'s `ARGV[2]`.
+fn rebuy_arg(rebuy: bool) -> &'static str {
+    if rebuy {
+        protocol::restore_buyers::REBUY
+    } else {
+        protocol::restore_buyers::KEEP
     }
 }

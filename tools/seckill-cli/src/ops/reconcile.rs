@@ -281,12 +281,22 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
         .map(|(u, o)| (u.clone(), *o))
         .collect();
     // A buyer whose order was cancelled or expired (its unit back in the stock) left the
-    // buyers hash on purpose when the voucher lets them buy again: no discrepancy, and
+    // buyers hash on purpose when the voucher lets them buy again (else a close keeps
+    // the buyer, and a lost one is a discrepancy as any other): no discrepancy, and
     // restoring them would refuse them for good (`already_purchased`). Read after the
     // database's snapshot and the stream: a close made since shows here (the closed
     // hash only grows until the sale is retired).
-    let not_in_buyers = without_returned(b, voucher, k, not_in_buyers).await?;
-    let stream_lost_buyers = without_returned(b, voucher, k, stream_lost_buyers).await?;
+    let rebuy = db_voucher
+        .as_ref()
+        .is_some_and(|v| v.payment.is_some_and(|p| p.rebuy_after_close));
+    let (not_in_buyers, stream_lost_buyers) = if rebuy {
+        (
+            without_returned(b, voucher, k, not_in_buyers).await?,
+            without_returned(b, voucher, k, stream_lost_buyers).await?,
+        )
+    } else {
+        (not_in_buyers, stream_lost_buyers)
+    };
 
     let listed = |pairs: &[(String, OrderId)]| -> Vec<String> {
         pairs.iter().map(|(u, o)| order_of(*o, u)).collect()
@@ -387,7 +397,7 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
                     .filter(|(u, _)| Bucket::of_user(voucher, k, u) == *bk)
                     .cloned()
                     .collect();
-                added += b.sales.restore_buyers(*bk, &theirs).await.redis()?;
+                added += b.sales.restore_buyers(*bk, &theirs, rebuy).await.redis()?;
             }
             report.repaired(class, format!("restored {added} buyer(s) (HSETNX)"));
         }
