@@ -352,18 +352,10 @@ pub(crate) async fn webhook(
         };
         let row = ledger.record(&new, Outcome::Refused, Some(&why)).await?;
         same_order(&row, id)?;
-        if !row.outcome.is_final() {
-            // Recorded before by an attempt that failed (or one still undecided): this
-            // success took the wrong amount, and the row must say so, to be refunded.
-            ledger
-                .decide(
-                    payment.as_str(),
-                    Outcome::Refused,
-                    Some(&why),
-                    &event.id,
-                    now,
-                )
-                .await?;
+        if row.outcome == Outcome::Failed {
+            // Recorded before by an attempt that failed: this success took the wrong
+            // amount, and the row must say so, to be refunded.
+            ledger.decide(&new, Outcome::Refused, Some(&why)).await?;
         }
         tracing::warn!(
             order_id = id.get(),
@@ -371,34 +363,26 @@ pub(crate) async fn webhook(
             why,
             "payment refused"
         );
-        return Err(ApiError::PaymentMismatch(format!(
-            "payment {} refused: {why}",
-            payment.as_str()
-        )));
+        return Err(refused(&payment, &why));
     }
     let row = ledger.record(&new, Outcome::Received, None).await?;
     same_order(&row, id)?;
     if row.outcome == Outcome::Refused {
         // Refused for good by an earlier event (a success for the wrong amount): told
         // the same way, whatever this one says.
-        return Err(ApiError::PaymentMismatch(format!(
-            "payment {} refused: {}",
-            payment.as_str(),
+        return Err(refused(
+            &payment,
             row.reason
                 .as_deref()
-                .unwrap_or("its amount was not the price")
-        )));
+                .unwrap_or("its amount was not the price"),
+        ));
     }
     if row.outcome.is_final() {
         // Decided by an earlier delivery: told the same way.
         return Ok(outcome_json(&row));
     }
     let decided = match event.kind {
-        EventType::Failed => {
-            ledger
-                .decide(payment.as_str(), Outcome::Failed, None, &event.id, now)
-                .await?
-        }
+        EventType::Failed => ledger.decide(&new, Outcome::Failed, None).await?,
         EventType::Succeeded => {
             let action = CloseAction::Pay(payment.clone());
             let closed = match order.rejected() {
@@ -433,9 +417,7 @@ pub(crate) async fn webhook(
                     Some("the order is no longer open".to_string()),
                 ),
             };
-            let row = ledger
-                .decide(payment.as_str(), outcome, reason.as_deref(), &event.id, now)
-                .await?;
+            let row = ledger.decide(&new, outcome, reason.as_deref()).await?;
             if row.outcome == Outcome::RefundDue {
                 seckill_shared::metrics::late_payment();
                 tracing::warn!(
@@ -456,6 +438,11 @@ pub(crate) async fn webhook(
         }
     };
     Ok(outcome_json(&decided))
+}
+
+/// The answer to an event of a payment refused for its amount.
+fn refused(payment: &PaymentRef, why: &str) -> ApiError {
+    ApiError::PaymentMismatch(format!("payment {} refused: {why}", payment.as_str()))
 }
 
 /// A payment id names one order: an event naming it for another is refused.

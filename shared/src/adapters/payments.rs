@@ -60,12 +60,15 @@ impl Outcome {
 
     /// The outcomes a row may move to `self` from: forward only. A failed attempt may
     /// still succeed (the provider retries a card), for the price or for another
-    /// amount (refused); nothing else moves back.
+    /// amount (refused); nothing else moves back. A row still `received` (its delivery
+    /// died before deciding) is decided by that delivery's retry, never refused by
+    /// another event: the close Redis may already have made for it stands.
     fn may_follow(self) -> &'static [&'static str] {
         match self {
             Outcome::Received => &[],
             Outcome::Failed => &["received"],
-            Outcome::Paid | Outcome::RefundDue | Outcome::Refused => &["received", "failed"],
+            Outcome::Refused => &["failed"],
+            Outcome::Paid | Outcome::RefundDue => &["received", "failed"],
         }
     }
 }
@@ -172,15 +175,16 @@ impl Payments<'_> {
     }
 
     /// Moves the payment to `outcome` (with `reason`) if it may go there from where it
-    /// stands ([`Outcome::may_follow`]); returns the row as it stands after.
+    /// stands ([`Outcome::may_follow`]), as event `p` decides it: the row takes that
+    /// event's amount and currency (a failed attempt's may differ from the money the
+    /// success took). Returns the row as it stands after.
     pub async fn decide(
         &self,
-        payment_id: &str,
+        p: &NewPayment<'_>,
         outcome: Outcome,
         reason: Option<&str>,
-        event_id: &str,
-        now: UnixMillis,
     ) -> Result<PaymentRow, StoreError> {
+        let payment_id = p.payment_id;
         let from = outcome.may_follow();
         if !from.is_empty() {
             let allowed = from
@@ -192,14 +196,17 @@ impl Payments<'_> {
                 .execute(
                     &format!(
                         "UPDATE payments SET outcome = :outcome, reason = :reason, event_id = :event, \
-                         decided_at = :at WHERE payment_id = :p AND outcome IN ({allowed})"
+                         amount_minor = :amount, currency = :currency, decided_at = :at \
+                         WHERE payment_id = :p AND outcome IN ({allowed})"
                     ),
                     vec![
                         param::string("outcome", outcome.as_str()),
                         reason
                             .map_or_else(|| param::null("reason"), |r| param::string("reason", r)),
-                        param::string("event", event_id),
-                        param::timestamp("at", now),
+                        param::string("event", p.event_id),
+                        param::long("amount", p.amount_minor),
+                        param::string("currency", p.currency),
+                        param::timestamp("at", p.received_ms),
                         param::string("p", payment_id),
                     ],
                     None,

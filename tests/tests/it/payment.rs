@@ -1355,10 +1355,11 @@ async fn without_retention_a_finished_sale_with_open_orders_is_not_retired() {
 
 /// A failed attempt moved no money, so its amount is not held to the price: a `failed`
 /// for another amount, then the provider's retried card succeeding for the price under
-/// the same payment id, pays the order (the failure was recorded `refused`, for good,
-/// and the success was answered `refused` too: the order expired unpaid and the unit was
-/// sold again). The other way round, a success for the wrong amount after a failed
-/// attempt is recorded `refused` (the money to give back), not left `failed`.
+/// the same payment id, pays the order, and the row records the amount paid. (Before,
+/// the failure was recorded `refused` for good, the success was refused too, and the
+/// order expired unpaid.) The other way round, a success for the wrong amount after a
+/// failed attempt is recorded `refused` with the amount taken (to give back), not left
+/// `failed`.
 #[tokio::test]
 async fn a_failed_attempt_of_another_amount_never_blocks_its_payment_nor_hides_a_wrong_one() {
     use seckill_shared::adapters::payments::{Outcome, Payments};
@@ -1405,6 +1406,22 @@ async fn a_failed_attempt_of_another_amount_never_blocks_its_payment_nor_hides_a
     assert_eq!(outcome(&deliver(&app, &ok).await), (200, "paid"));
     assert_eq!(status(&get_order(&app, eve, "eve").await), (200, "paid"));
     assert_eq!(ledger("pay_eve").await, Some(Outcome::Paid));
+    let amount = |payment: &'static str| {
+        let ctx = &ctx;
+        async move {
+            let p = Payments(&ctx.db().await)
+                .get(payment)
+                .await
+                .unwrap()
+                .unwrap();
+            (p.amount_minor, p.currency)
+        }
+    };
+    assert_eq!(
+        amount("pay_eve").await,
+        (TEST_PRICE_MINOR, TEST_CURRENCY.to_string()),
+        "the amount paid, not the failed attempt's"
+    );
 
     let failed = provider_event(
         "payment.failed",
@@ -1428,6 +1445,11 @@ async fn a_failed_attempt_of_another_amount_never_blocks_its_payment_nor_hides_a
         (422, "payment_mismatch")
     );
     assert_eq!(ledger("pay_fay").await, Some(Outcome::Refused));
+    assert_eq!(
+        amount("pay_fay").await,
+        (cheap, TEST_CURRENCY.to_string()),
+        "the amount taken, to give back"
+    );
     // Refused for good: the same payment id pays nothing later, and says so the same way.
     let late = provider_event(
         "payment.succeeded",
