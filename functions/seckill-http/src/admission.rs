@@ -122,11 +122,8 @@ pub(crate) async fn seckill(
 }
 
 /// A sale Redis lost again right after a repair: the caller retries.
-fn not_loaded(id: VoucherId) -> ApiError {
-    ApiError::Unavailable(seckill_shared::error::StoreError::Unavailable {
-        backend: "redis",
-        detail: format!("voucher {id} not loaded after preload"),
-    })
+pub(crate) fn not_loaded(id: VoucherId) -> ApiError {
+    ApiError::unavailable("redis", format!("voucher {id} not loaded after preload"))
 }
 
 /// One purchase attempt's parts that the borrowing loop needs. `first_id` is the order

@@ -162,13 +162,29 @@ impl VoucherCache {
         });
     }
 
+    /// Whether the sale of `window` is clearly over at `now` (this instance's clock):
+    /// by Redis's clock as this instance last measured it (its own, when it has no
+    /// recent measure), more than [`SKEW_BOUND_MS`] past the end. What a past sale is
+    /// for the routes that must not reload one from the database; nearer the end,
+    /// Redis decides.
+    pub fn clearly_over(&self, window: &SaleWindow, now: UnixMillis) -> bool {
+        let clock = self.with(|s| s.clock);
+        let redis_now = Self::redis_now(clock, now).unwrap_or(now);
+        redis_now >= window.ends_ms().saturating_add(SKEW_BOUND_MS)
+    }
+
+    /// Redis's clock at `now` by the last measure, while it is recent.
+    fn redis_now(clock: Option<ClockOffset>, now: UnixMillis) -> Option<UnixMillis> {
+        clock
+            .filter(|c| now.abs_diff(c.measured_at) < CLOCK_OFFSET_TTL_MS.unsigned_abs())
+            .map(|c| now.saturating_add(c.offset))
+    }
+
     fn answer(e: &Entry, clock: Option<ClockOffset>, now: UnixMillis) -> Option<Known> {
         if within(e.missing_until, MISSING_TTL_MS, now) {
             return Some(Known::Missing);
         }
-        let redis_now = clock
-            .filter(|c| now.abs_diff(c.measured_at) < CLOCK_OFFSET_TTL_MS.unsigned_abs())
-            .map(|c| now.saturating_add(c.offset));
+        let redis_now = Self::redis_now(clock, now);
         if let (Some(w), Some(t)) = (e.window, redis_now) {
             // Saturating: a window read back from Redis is whatever its hash holds, and
             // a corrupt one must not panic here (debug) or wrap (release).
@@ -323,6 +339,27 @@ mod tests {
             c.short_circuit(v, 130_000 + SKEW_BOUND_MS),
             Some(Known::Ended)
         );
+    }
+
+    #[test]
+    fn a_sale_is_clearly_over_by_redis_clock_when_known_else_by_this_instance() {
+        let c = VoucherCache::default();
+        let w = SaleWindow::new(100_000, 130_000).unwrap();
+        let end = 130_000 + SKEW_BOUND_MS;
+        // No measure of Redis's clock: this instance's.
+        assert!(!c.clearly_over(&w, end - 1));
+        assert!(c.clearly_over(&w, end));
+        // Redis's clock is 5 s behind this instance's: the sale is over 5 s later here.
+        c.learn_sale(
+            VoucherId::new(1).unwrap(),
+            None,
+            false,
+            Some(120_000),
+            125_000,
+        );
+        assert!(!c.clearly_over(&w, end));
+        assert!(!c.clearly_over(&w, end + 4_999));
+        assert!(c.clearly_over(&w, end + 5_000));
     }
 
     #[test]

@@ -111,6 +111,14 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// `503 unavailable`: `backend` cannot answer now; the caller may retry.
+    pub fn unavailable(backend: &'static str, detail: impl Into<String>) -> ApiError {
+        ApiError::Unavailable(StoreError::Unavailable {
+            backend,
+            detail: detail.into(),
+        })
+    }
+
     /// The status and the stable code of the contract.
     pub fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {

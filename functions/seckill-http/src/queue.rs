@@ -19,6 +19,7 @@ use seckill_shared::domain::{
 use seckill_shared::entry;
 use serde_json::json;
 
+use crate::admission::not_loaded;
 use crate::app::App;
 use crate::error::{ApiError, json_response};
 use crate::lookup::not_found_voucher;
@@ -28,9 +29,11 @@ use crate::repair::repair;
 pub const ENTRY_HEADER: &str = "seckill-entry";
 
 /// How soon a caller told `sold_out` while units may still come back looks again, at
-/// least and at most.
+/// least and at most (until the earliest payment deadline), and once that deadline has
+/// passed (the drainer's sweep returns the unit).
 const RETURN_LOOK_MIN_MS: i64 = 1_000;
 const RETURN_LOOK_MAX_MS: i64 = 30_000;
+const RETURN_LOOK_DUE_MS: i64 = 10_000;
 
 /// `POST /vouchers/{id}/queue` (`join`) or `GET /vouchers/{id}/queue` (user).
 pub(crate) async fn standing(
@@ -70,14 +73,7 @@ pub(crate) async fn standing(
                 "voucher {id} has no waiting room"
             )));
         }
-        QueueReply::NotLoaded => {
-            return Err(ApiError::Unavailable(
-                seckill_shared::error::StoreError::Unavailable {
-                    backend: "redis",
-                    detail: format!("voucher {id} not loaded after preload"),
-                },
-            ));
-        }
+        QueueReply::NotLoaded => return Err(not_loaded(id)),
     };
     let position = match (view.outcome, view.position) {
         (QueueOutcome::Queued, Some(p)) => p,
@@ -112,10 +108,13 @@ pub(crate) async fn standing(
         let next = queue::earliest_deadline(&sales.conn(), id, view.buckets).await?;
         body["units_may_return"] = json!(next.is_some());
         if let Some(at) = next {
-            body["expected_wait_ms"] = json!(
-                at.saturating_sub(view.now_ms)
-                    .clamp(RETURN_LOOK_MIN_MS, RETURN_LOOK_MAX_MS)
-            );
+            // A deadline already past waits for the drainer's sweep (a run a minute):
+            // no sooner than RETURN_LOOK_DUE_MS, so the waiters do not ask every second.
+            let wait = match at.saturating_sub(view.now_ms) {
+                due if due <= 0 => RETURN_LOOK_DUE_MS,
+                ahead => ahead.clamp(RETURN_LOOK_MIN_MS, RETURN_LOOK_MAX_MS),
+            };
+            body["expected_wait_ms"] = json!(wait);
         }
         "sold_out"
     } else {

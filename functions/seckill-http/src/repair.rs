@@ -71,7 +71,7 @@ use seckill_shared::domain::{Bucket, OrderId, Reopen, UnixMillis, VoucherId, now
 use seckill_shared::error::StoreError;
 
 use crate::app::App;
-use crate::cache::{Known, SKEW_BOUND_MS};
+use crate::cache::Known;
 use crate::error::ApiError;
 
 /// How long a repair lock lasts if its holder never releases it (it died).
@@ -123,10 +123,9 @@ pub async fn repair(app: &App, id: VoucherId, now: UnixMillis) -> Result<bool, A
             }
         },
     };
-    // By this instance's clock, with the bound the cache allows it off Redis's: a sale
-    // at its very end may still be reopened (Redis's clock then decides), never one
-    // clearly over.
-    if now >= voucher.window.ends_ms().saturating_add(SKEW_BOUND_MS) {
+    // A sale at its very end may still be reopened (Redis's clock then decides), never
+    // one clearly over.
+    if app.cache.clearly_over(&voucher.window, now) {
         return Err(ApiError::Ended);
     }
     let buckets = voucher.buckets;
@@ -162,10 +161,10 @@ async fn wait_for_repair(
         }
         return Ok(true);
     }
-    Err(ApiError::Unavailable(StoreError::Unavailable {
-        backend: "redis",
-        detail: format!("voucher {id} is being repaired by another instance"),
-    }))
+    Err(ApiError::unavailable(
+        "redis",
+        format!("voucher {id} is being repaired by another instance"),
+    ))
 }
 
 /// How far a repair got, saved in Redis after every page it reads (as JSON).
@@ -301,13 +300,13 @@ async fn repair_locked(
             read_through = progress.read_through.as_deref(),
             "repair part done; the next request goes on"
         );
-        return Err(ApiError::Unavailable(StoreError::Unavailable {
-            backend: "redis",
-            detail: format!(
+        return Err(ApiError::unavailable(
+            "redis",
+            format!(
                 "voucher {id} is being reloaded from the database ({} order rows read in {} part(s)); retry",
                 progress.rows, progress.parts
             ),
-        }));
+        ));
     }
     let settled: BTreeMap<Bucket, u64> = progress
         .settled
@@ -363,10 +362,10 @@ async fn repair_locked(
             Reopen::BuyersLost => {
                 // What was merged is gone with them: the next repair begins again.
                 sales.clear_repair_progress(id).await?;
-                return Err(ApiError::Unavailable(StoreError::Unavailable {
-                    backend: "redis",
-                    detail: format!("voucher {b}: buyers lost again during repair"),
-                }));
+                return Err(ApiError::unavailable(
+                    "redis",
+                    format!("voucher {b}: buyers lost again during repair"),
+                ));
             }
         }
     }

@@ -172,10 +172,7 @@ impl HeldSecrets {
     }
 
     fn unavailable(&self, detail: String) -> ApiError {
-        ApiError::Unavailable(seckill_shared::error::StoreError::Unavailable {
-            backend: "secrets",
-            detail,
-        })
+        ApiError::unavailable("secrets", detail)
     }
 }
 

@@ -137,7 +137,7 @@ pub(crate) async fn get_voucher(
         // A sale that has ended (retired from Redis after its retention, or lost) sells
         // nothing more: the database's count is its answer. An anonymous read never
         // reloads a past sale (that would read all its orders, for anyone who asks).
-        None if now >= voucher.window.ends_ms() => voucher.db_stock_left,
+        None if app.cache.clearly_over(&voucher.window, now) => voucher.db_stock_left,
         None => {
             repair(app, id, now).await?;
             sales

@@ -258,7 +258,7 @@ async fn a_lost_sale_hash_alone_never_reopens_more_than_the_database_stock_minus
 async fn reading_a_sale_that_ended_and_left_redis_never_repairs_it() {
     let ctx = DrainCtx::start().await;
     let v = ctx
-        .voucher_at(5, seckill_shared::domain::now_millis() - 3_601_000)
+        .voucher_at(5, seckill_shared::domain::now_millis() - 3_605_000)
         .await;
     lose(&ctx, v.id, &["sale", "buyers", "orders"]).await;
     let app = App::new(&http_config(&ctx)).await;
@@ -297,8 +297,9 @@ async fn reading_a_sale_that_ended_and_left_redis_never_repairs_it() {
 #[tokio::test]
 async fn buying_or_queueing_for_a_sale_that_ended_and_left_redis_never_repairs_it() {
     let ctx = DrainCtx::start().await;
+    // Ended five seconds ago: clearly over, by any clock within the skew bound.
     let v = ctx
-        .voucher_at(5, seckill_shared::domain::now_millis() - 3_601_000)
+        .voucher_at(5, seckill_shared::domain::now_millis() - 3_605_000)
         .await;
     lose(&ctx, v.id, &["sale", "buyers", "orders"]).await;
     // Retired, as the drainer leaves a past sale.

@@ -144,11 +144,19 @@ impl OrderStreams {
             .clone()
             .srem(keys::ACTIVE_VOUCHERS, voucher.to_string())
             .await?;
-        if !self.expire_finished(voucher, None).await? {
-            self.activate(voucher).await?;
-            return Ok(false);
+        match self.expire_finished(voucher, None).await {
+            Ok(true) => Ok(removed == 1),
+            Ok(false) => {
+                self.activate(voucher).await?;
+                Ok(false)
+            }
+            Err(e) => {
+                // Not known to be drained still: back in the set (best effort), so a
+                // later run looks again.
+                let _ = self.activate(voucher).await;
+                Err(e)
+            }
         }
-        Ok(removed == 1)
     }
 
     /// Probes one voucher's stream in one script call (`lua/probe.lua`): makes its drain
