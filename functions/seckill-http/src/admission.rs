@@ -17,7 +17,7 @@ use serde_json::json;
 use crate::app::App;
 use crate::cache::Known;
 use crate::error::{ApiError, json_response};
-use crate::lookup::{not_found_voucher, sale_shape};
+use crate::lookup::{not_found_voucher, not_loaded, sale_shape};
 use crate::queue::check_entry;
 use crate::repair::repair;
 
@@ -119,11 +119,6 @@ pub(crate) async fn seckill(
         // Still not loaded right after a preload: Redis lost it again; let the caller retry.
         Admission::NotLoaded => Err(not_loaded(id)),
     }
-}
-
-/// A sale Redis lost again right after a repair: the caller retries.
-pub(crate) fn not_loaded(id: VoucherId) -> ApiError {
-    ApiError::unavailable("redis", format!("voucher {id} not loaded after preload"))
 }
 
 /// One purchase attempt's parts that the borrowing loop needs. `first_id` is the order

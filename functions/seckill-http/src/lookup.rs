@@ -31,6 +31,11 @@ pub(crate) fn not_found_voucher(id: VoucherId) -> ApiError {
     ApiError::NotFound(format!("voucher {id} not found"))
 }
 
+/// A sale Redis lost again right after a repair: the caller retries.
+pub(crate) fn not_loaded(id: VoucherId) -> ApiError {
+    ApiError::unavailable("redis", format!("voucher {id} not loaded after preload"))
+}
+
 /// The voucher's stock buckets and waiting room as bucket 0's sale hash records them,
 /// remembered by this instance; `None` when Redis does not have the sale.
 pub(crate) async fn sale_shape(

@@ -19,10 +19,9 @@ use seckill_shared::domain::{
 use seckill_shared::entry;
 use serde_json::json;
 
-use crate::admission::not_loaded;
 use crate::app::App;
 use crate::error::{ApiError, json_response};
-use crate::lookup::not_found_voucher;
+use crate::lookup::{not_found_voucher, not_loaded};
 use crate::repair::repair;
 
 /// The header an admission of a voucher with a room carries its entry token in.

@@ -338,20 +338,20 @@ async fn reconcile_leaves_a_buyer_who_cancelled_free_to_buy_again() {
     let ctx = DrainCtx::start().await;
     let b = backends(&ctx).await;
     let now = now_millis();
-    let v = ctx
-        .voucher_of(&NewVoucher {
-            title: "rebuy".into(),
-            stock: 5,
-            window: SaleWindow::new(now - 60_000, now + 3_600_000).unwrap(),
-            payment: Some(PaymentTerms {
-                pay_within_ms: 600_000,
-                rebuy_after_close: true,
-                price: Some(Price::new(TEST_PRICE_MINOR, TEST_CURRENCY).unwrap()),
-            }),
-            buckets: 1,
-            room: None,
-        })
-        .await;
+    // A sale of five with a payment step, with or without rebuy after a close.
+    let pay_sale = |rebuy_after_close: bool| NewVoucher {
+        title: "rebuy".into(),
+        stock: 5,
+        window: SaleWindow::new(now - 60_000, now + 3_600_000).unwrap(),
+        payment: Some(PaymentTerms {
+            pay_within_ms: 600_000,
+            rebuy_after_close,
+            price: Some(Price::new(TEST_PRICE_MINOR, TEST_CURRENCY).unwrap()),
+        }),
+        buckets: 1,
+        room: None,
+    };
+    let v = ctx.voucher_of(&pay_sale(true)).await;
     let app =
         seckill_http::App::new(&test_http_config(ctx.redis.config(), ctx.data_api_config())).await;
     let cancel = |order: String, user: &'static str| {
@@ -393,20 +393,7 @@ async fn reconcile_leaves_a_buyer_who_cancelled_free_to_buy_again() {
     }
     // Without rebuy a close keeps its buyer: one lost with a cancelled order is a
     // discrepancy, and restored.
-    let w = ctx
-        .voucher_of(&NewVoucher {
-            title: "no rebuy".into(),
-            stock: 5,
-            window: SaleWindow::new(now - 60_000, now + 3_600_000).unwrap(),
-            payment: Some(PaymentTerms {
-                pay_within_ms: 600_000,
-                rebuy_after_close: false,
-                price: Some(Price::new(TEST_PRICE_MINOR, TEST_CURRENCY).unwrap()),
-            }),
-            buckets: 1,
-            room: None,
-        })
-        .await;
+    let w = ctx.voucher_of(&pay_sale(false)).await;
     let kept = order_of(buy(&app, w.id, "kept").await);
     cancel(kept.clone(), "kept").await;
     let _: i64 = ctx
