@@ -6,9 +6,10 @@
 
 use std::time::Duration;
 
+use std::time::Instant;
+
 use seckill_shared::webhook::Secrets;
 use tokio::sync::Mutex;
-use tokio::time::Instant;
 
 use crate::error::ApiError;
 
@@ -84,7 +85,7 @@ impl HeldSecrets {
             }
             SecretSource::SecretsManager { arn, endpoint } => (arn, endpoint.as_deref()),
         };
-        self.held_or_read(|| async move {
+        self.held_or_read(Instant::now(), || async move {
             let text = seckill_shared::adapters::secrets::secret_string(arn, endpoint)
                 .await
                 .map_err(|e| e.to_string())?;
@@ -93,16 +94,16 @@ impl HeldSecrets {
         .await
     }
 
-    /// What is held while it is current (or, none held, the last failure while its
-    /// retry waits); otherwise one read through `read`, which concurrent requests do
-    /// not repeat: they take what is held meanwhile, or, with nothing held, wait for
-    /// that read's outcome.
-    async fn held_or_read<F, Fut>(&self, read: F) -> Result<Secrets, ApiError>
+    /// What is held while it is current at `now` (or, none held, the last failure while
+    /// its retry waits); otherwise one read through `read`, which concurrent requests
+    /// do not repeat: they take what is held meanwhile, or, with nothing held, wait for
+    /// that read's outcome. (`now` is the caller's, so that tests set the clock.)
+    async fn held_or_read<F, Fut>(&self, now: Instant, read: F) -> Result<Secrets, ApiError>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<Secrets, String>>,
     {
-        if let Some(answer) = self.current() {
+        if let Some(answer) = self.current(now) {
             return answer;
         }
         let _reading = match self.reading.try_lock() {
@@ -112,13 +113,13 @@ impl HeldSecrets {
                     return Ok(secrets);
                 }
                 let _after = self.reading.lock().await;
-                return self.current().unwrap_or_else(|| {
+                return self.current(now).unwrap_or_else(|| {
                     Err(self.unavailable(format!("the {} could not be read", self.what)))
                 });
             }
         };
         // Another request may have read while this one waited for the lock's turn.
-        if let Some(answer) = self.current() {
+        if let Some(answer) = self.current(now) {
             return answer;
         }
         let outcome = read().await;
@@ -126,12 +127,12 @@ impl HeldSecrets {
         match outcome {
             Ok(secrets) => {
                 held.secrets = Some(secrets.clone());
-                held.next_read = Some(Instant::now() + SECRET_REFRESH);
+                held.next_read = Some(now + SECRET_REFRESH);
                 held.failure = None;
                 Ok(secrets)
             }
             Err(why) => {
-                held.next_read = Some(Instant::now() + SECRET_RETRY);
+                held.next_read = Some(now + SECRET_RETRY);
                 match held.secrets.clone() {
                     Some(secrets) => {
                         tracing::warn!(
@@ -150,10 +151,10 @@ impl HeldSecrets {
         }
     }
 
-    /// The answer without a read, if one is due to nobody yet.
-    fn current(&self) -> Option<Result<Secrets, ApiError>> {
+    /// The answer without a read at `now`, if none is due.
+    fn current(&self, now: Instant) -> Option<Result<Secrets, ApiError>> {
         let held = self.state();
-        if held.next_read.is_none_or(|at| Instant::now() >= at) {
+        if held.next_read.is_none_or(|at| now >= at) {
             return None;
         }
         Some(match (&held.secrets, &held.failure) {
@@ -207,56 +208,48 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
+    const FIRST: &str = "whsec_first_0123456789";
+    const SECOND: &str = "whsec_second_0123456789";
+
+    #[tokio::test]
     async fn secrets_read_once_serve_until_the_refresh_and_on_through_a_failed_read() {
         let h = held();
         let reads = Arc::new(AtomicUsize::new(0));
-        const ANSWERS: &[Result<&str, &str>] = &[
-            Ok("whsec_first_0123456789"),
-            Err("down"),
-            Ok("whsec_second_0123456789"),
-        ];
-        let first = secrets("whsec_first_0123456789");
-        assert_eq!(
-            h.held_or_read(source(&reads, ANSWERS)).await.unwrap(),
-            first
-        );
-        tokio::time::advance(SECRET_REFRESH - Duration::from_secs(1)).await;
-        assert_eq!(
-            h.held_or_read(source(&reads, ANSWERS)).await.unwrap(),
-            first
-        );
+        const ANSWERS: &[Result<&str, &str>] = &[Ok(FIRST), Err("down"), Ok(SECOND)];
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let get = |t: Instant| h.held_or_read(t, source(&reads, ANSWERS));
+        let refresh = SECRET_REFRESH.as_secs();
+        let retry = SECRET_RETRY.as_secs();
+        assert_eq!(get(at(0)).await.unwrap(), secrets(FIRST));
+        assert_eq!(get(at(refresh - 1)).await.unwrap(), secrets(FIRST));
         assert_eq!(reads.load(Ordering::SeqCst), 1, "held: no read");
         // Due: the read fails, the held secrets serve on, and nothing is read again
         // before the retry.
-        tokio::time::advance(Duration::from_secs(1)).await;
-        assert_eq!(
-            h.held_or_read(source(&reads, ANSWERS)).await.unwrap(),
-            first
-        );
+        assert_eq!(get(at(refresh)).await.unwrap(), secrets(FIRST));
         assert_eq!(reads.load(Ordering::SeqCst), 2);
-        tokio::time::advance(SECRET_RETRY - Duration::from_secs(1)).await;
-        assert_eq!(
-            h.held_or_read(source(&reads, ANSWERS)).await.unwrap(),
-            first
-        );
+        assert_eq!(get(at(refresh + retry - 1)).await.unwrap(), secrets(FIRST));
         assert_eq!(reads.load(Ordering::SeqCst), 2, "within the retry: no read");
-        tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(
-            h.held_or_read(source(&reads, ANSWERS)).await.unwrap(),
-            secrets("whsec_second_0123456789"),
+            get(at(refresh + retry)).await.unwrap(),
+            secrets(SECOND),
             "the rotation is picked up once the source answers"
         );
         assert_eq!(reads.load(Ordering::SeqCst), 3);
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn with_none_held_a_failed_read_answers_unavailable_until_its_retry() {
         let h = held();
         let reads = Arc::new(AtomicUsize::new(0));
-        const ANSWERS: &[Result<&str, &str>] = &[Err("down"), Ok("whsec_first_0123456789")];
-        for _ in 0..5 {
-            let err = h.held_or_read(source(&reads, ANSWERS)).await.unwrap_err();
+        const ANSWERS: &[Result<&str, &str>] = &[Err("down"), Ok(FIRST)];
+        let t0 = Instant::now();
+        for s in 0..5 {
+            let t = t0 + Duration::from_secs(s);
+            let err = h
+                .held_or_read(t, source(&reads, ANSWERS))
+                .await
+                .unwrap_err();
             assert!(matches!(err, ApiError::Unavailable(_)), "{err:?}");
         }
         assert_eq!(
@@ -264,64 +257,83 @@ mod tests {
             1,
             "one read for five requests"
         );
-        tokio::time::advance(SECRET_RETRY).await;
-        assert_eq!(
-            h.held_or_read(source(&reads, ANSWERS)).await.unwrap(),
-            secrets("whsec_first_0123456789")
-        );
+        let res = h.held_or_read(t0 + SECRET_RETRY, source(&reads, ANSWERS));
+        assert_eq!(res.await.unwrap(), secrets(FIRST));
         assert_eq!(reads.load(Ordering::SeqCst), 2);
     }
 
     /// A slow read (Secrets Manager timing out) holds up no request that can go on with
     /// the secrets held; with none held, the others wait for that one read, not a read
     /// each.
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn while_one_request_reads_slowly_the_others_do_not_wait_or_read() {
         let h = Arc::new(held());
         let reads = Arc::new(AtomicUsize::new(0));
-        const ANSWERS: &[Result<&str, &str>] = &[Ok("whsec_first_0123456789")];
-        let first = secrets("whsec_first_0123456789");
-        h.held_or_read(source(&reads, ANSWERS)).await.unwrap();
-        tokio::time::advance(SECRET_REFRESH).await;
+        const ANSWERS: &[Result<&str, &str>] = &[Ok(FIRST)];
+        let t0 = Instant::now();
+        h.held_or_read(t0, source(&reads, ANSWERS)).await.unwrap();
+        let due = t0 + SECRET_REFRESH;
+        // The read due now hangs until `finish` says.
+        let (finish, finished) = tokio::sync::oneshot::channel::<()>();
         let slow = {
             let (h, reads) = (h.clone(), reads.clone());
             tokio::spawn(async move {
-                h.held_or_read(|| async move {
+                h.held_or_read(due, || async move {
                     reads.fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    let _ = finished.await;
                     Err::<Secrets, String>("timed out".into())
                 })
                 .await
             })
         };
-        tokio::task::yield_now().await;
-        let started = Instant::now();
-        assert_eq!(
-            h.held_or_read(source(&reads, ANSWERS)).await.unwrap(),
-            first
-        );
-        assert_eq!(started.elapsed(), Duration::ZERO, "served at once");
-        assert_eq!(slow.await.unwrap().unwrap(), first);
+        while reads.load(Ordering::SeqCst) < 2 {
+            tokio::task::yield_now().await;
+        }
+        // The slow read is under way: another request is served what is held, at once
+        // (waiting for the read would wait for ever: it ends only when told below).
+        let served = tokio::time::timeout(
+            Duration::from_secs(5),
+            h.held_or_read(due, source(&reads, ANSWERS)),
+        )
+        .await
+        .expect("served without waiting for the read");
+        assert_eq!(served.unwrap(), secrets(FIRST));
+        finish.send(()).unwrap();
+        assert_eq!(slow.await.unwrap().unwrap(), secrets(FIRST));
         assert_eq!(
             reads.load(Ordering::SeqCst),
             2,
             "one read for the two requests"
         );
 
+        // Nothing held: the second request waits for the first one's read.
         let cold = Arc::new(held());
-        let waiting = {
-            let cold = cold.clone();
+        let (finish, finished) = tokio::sync::oneshot::channel::<()>();
+        let started = Arc::new(AtomicUsize::new(0));
+        let first = {
+            let (cold, started) = (cold.clone(), started.clone());
             tokio::spawn(async move {
-                cold.held_or_read(|| async {
-                    tokio::time::sleep(Duration::from_secs(5)).await;
-                    Ok(secrets("whsec_first_0123456789"))
+                cold.held_or_read(t0, || async move {
+                    started.fetch_add(1, Ordering::SeqCst);
+                    let _ = finished.await;
+                    Ok(secrets(FIRST))
                 })
                 .await
             })
         };
+        while started.load(Ordering::SeqCst) < 1 {
+            tokio::task::yield_now().await;
+        }
+        let second = {
+            let cold = cold.clone();
+            tokio::spawn(async move {
+                cold.held_or_read(t0, || async { panic!("a second read") })
+                    .await
+            })
+        };
         tokio::task::yield_now().await;
-        let never = || async { panic!("a second read") };
-        assert_eq!(cold.held_or_read(never).await.unwrap(), first);
-        assert_eq!(waiting.await.unwrap().unwrap(), first);
+        finish.send(()).unwrap();
+        assert_eq!(first.await.unwrap().unwrap(), secrets(FIRST));
+        assert_eq!(second.await.unwrap().unwrap(), secrets(FIRST));
     }
 }

@@ -372,28 +372,41 @@ async fn entries_delivered_many_times_are_still_written_never_dead_lettered() {
     ctx.cleanup().await;
 }
 
+/// A sale of ten whose one order is drained.
+async fn drained_sale_of_one(ctx: &DrainCtx) -> Voucher {
+    let v = ctx.voucher(10, 10).await;
+    ctx.admit(v.id, "u", 1).await;
+    let s = ctx.drain(ctx.drainer_config()).await;
+    assert_eq!((s.inserted, s.errors), (1, 0), "{s:?}");
+    v
+}
+
+/// An admitted order found nowhere, for an operator to requeue (a fresh id of `v`).
+async fn order_for_an_operator(
+    ctx: &DrainCtx,
+    v: VoucherId,
+) -> seckill_shared::domain::AdmittedOrder {
+    seckill_shared::domain::AdmittedOrder {
+        id: ctx.ids.next(&ctx.sales, v, now_millis()).await.unwrap(),
+        voucher: v,
+        user: UserId::parse("lost-0").unwrap(),
+        admitted_ms: now_millis(),
+    }
+}
+
 /// An order an operator requeues (`seckill reconcile --repair`) into a retired sale's
 /// stream (its keys expiring, the voucher out of the active set, as the drainer leaves
 /// a finished sale) stays there: the stream loses its expiry, the voucher is active
 /// again, and the next run writes the order.
 #[tokio::test]
 async fn an_order_requeued_into_a_retired_sale_stays_and_is_drained() {
-    use seckill_shared::domain::AdmittedOrder;
     let ctx = DrainCtx::start().await;
-    let v = ctx.voucher(10, 10).await;
-    ctx.admit(v.id, "u", 1).await;
-    let s = ctx.drain(ctx.drainer_config()).await;
-    assert_eq!((s.inserted, s.errors), (1, 0), "{s:?}");
+    let v = drained_sale_of_one(&ctx).await;
     let k = VoucherKeys::new(v.id);
     let mut conn = ctx.conn();
     let _: bool = conn.expire(&k.orders, 600).await.unwrap();
     let _: i64 = conn.srem(ACTIVE_VOUCHERS, v.id.get()).await.unwrap();
-    let lost = AdmittedOrder {
-        id: ctx.ids.next(&ctx.sales, v.id, now_millis()).await.unwrap(),
-        voucher: v.id,
-        user: UserId::parse("lost-0").unwrap(),
-        admitted_ms: now_millis(),
-    };
+    let lost = order_for_an_operator(&ctx, v.id).await;
     ctx.streams.requeue(v.id.into(), &lost).await.unwrap();
     let ttl: i64 = conn.ttl(&k.orders).await.unwrap();
     assert_eq!(ttl, -1, "the stream keeps no expiry");
@@ -412,24 +425,15 @@ async fn an_order_requeued_into_a_retired_sale_stays_and_is_drained() {
 /// where no run looks: the voucher stays active and the next run writes it.
 #[tokio::test]
 async fn an_order_requeued_while_its_sale_is_being_retired_is_still_drained() {
-    use seckill_shared::domain::AdmittedOrder;
     let ctx = DrainCtx::start().await;
-    let v = ctx.voucher(10, 10).await;
-    ctx.admit(v.id, "u", 1).await;
-    let s = ctx.drain(ctx.drainer_config()).await;
-    assert_eq!((s.inserted, s.errors), (1, 0), "{s:?}");
+    let v = drained_sale_of_one(&ctx).await;
     let expiring = ctx
         .streams
         .expire_finished(v.id, Some(Duration::from_secs(600)))
         .await
         .unwrap();
     assert!(expiring, "drained: the sale may be retired");
-    let lost = AdmittedOrder {
-        id: ctx.ids.next(&ctx.sales, v.id, now_millis()).await.unwrap(),
-        voucher: v.id,
-        user: UserId::parse("lost-0").unwrap(),
-        admitted_ms: now_millis(),
-    };
+    let lost = order_for_an_operator(&ctx, v.id).await;
     ctx.streams.requeue(v.id.into(), &lost).await.unwrap();
     let retired = ctx.streams.retire(v.id).await.unwrap();
     assert!(!retired, "an entry arrived after the check: not retired");

@@ -250,6 +250,16 @@ async fn a_lost_sale_hash_alone_never_reopens_more_than_the_database_stock_minus
     ctx.cleanup().await;
 }
 
+/// A sale of five that ended five seconds ago (clearly over, by any clock within the
+/// skew bound) and whose sale, buyers and stream Redis no longer has.
+async fn past_sale_gone_from_redis(ctx: &DrainCtx) -> Voucher {
+    let v = ctx
+        .voucher_at(5, seckill_shared::domain::now_millis() - 3_605_000)
+        .await;
+    lose(ctx, v.id, &["sale", "buyers", "orders"]).await;
+    v
+}
+
 /// A sale that has ended and left Redis (retired after its retention, or lost) is read
 /// from the database alone: an anonymous `GET /vouchers/{id}` answers its stock and never
 /// starts a repair (which would read all its orders for anyone who asks, past sale after
@@ -257,10 +267,7 @@ async fn a_lost_sale_hash_alone_never_reopens_more_than_the_database_stock_minus
 #[tokio::test]
 async fn reading_a_sale_that_ended_and_left_redis_never_repairs_it() {
     let ctx = DrainCtx::start().await;
-    let v = ctx
-        .voucher_at(5, seckill_shared::domain::now_millis() - 3_605_000)
-        .await;
-    lose(&ctx, v.id, &["sale", "buyers", "orders"]).await;
+    let v = past_sale_gone_from_redis(&ctx).await;
     let app = App::new(&http_config(&ctx)).await;
     for _ in 0..3 {
         let (status, body) = call(
@@ -297,11 +304,7 @@ async fn reading_a_sale_that_ended_and_left_redis_never_repairs_it() {
 #[tokio::test]
 async fn buying_or_queueing_for_a_sale_that_ended_and_left_redis_never_repairs_it() {
     let ctx = DrainCtx::start().await;
-    // Ended five seconds ago: clearly over, by any clock within the skew bound.
-    let v = ctx
-        .voucher_at(5, seckill_shared::domain::now_millis() - 3_605_000)
-        .await;
-    lose(&ctx, v.id, &["sale", "buyers", "orders"]).await;
+    let v = past_sale_gone_from_redis(&ctx).await;
     // Retired, as the drainer leaves a past sale.
     let _: i64 = ctx
         .conn()
