@@ -239,18 +239,65 @@ impl Browser {
     }
 
     /// Sets this browser's clock `skew_ms` off (JavaScript's `Date.now`, in every page
-    /// opened from now on), as a buyer's machine with a wrong clock: through
-    /// chromedriver's DevTools passthrough (`Page.addScriptToEvaluateOnNewDocument`).
+    /// opened from now on), as a buyer's machine with a wrong clock.
     pub async fn skew_clock(&self, skew_ms: i64) {
+        self.before_each_page(&format!(
+            "(() => {{ const real = Date.now.bind(Date); Date.now = () => real() + ({skew_ms}); }})();"
+        ))
+        .await;
+    }
+
+    /// Stands between every page opened from now on and the network, as a bad network
+    /// or a server's answer the test needs would: `rule` is the body of an async JS
+    /// function of `{method, path, nth, real}` (`nth`: how many calls of that method and
+    /// path so far, this one included; `real()`: makes the call) that returns a
+    /// `Response` to answer with, or nothing to let the call through. `fake(status,
+    /// body)` builds a JSON answer. Every call is listed in `window.__calls` as
+    /// "METHOD /path" ([`Browser::calls`]).
+    pub async fn intercept(&self, rule: &str) {
+        self.before_each_page(&format!(
+            r#"(() => {{
+              const real = window.fetch.bind(window);
+              const fake = (status, body) => new Response(JSON.stringify(body),
+                {{ status, headers: {{ "content-type": "application/json" }} }});
+              const rule = async ({{ method, path, nth, real }}) => {{ {rule} }};
+              window.__calls = [];
+              window.fetch = async (url, opts = {{}}) => {{
+                const method = opts.method ?? "GET";
+                const path = new URL(String(url), location.href).pathname;
+                const call = `${{method}} ${{path}}`;
+                window.__calls.push(call);
+                const nth = window.__calls.filter((c) => c === call).length;
+                const answer = await rule({{ method, path, nth, real: () => real(url, opts) }});
+                return answer ?? real(url, opts);
+              }};
+            }})();"#
+        ))
+        .await;
+    }
+
+    /// How many calls the page made so far whose "METHOD /path" ends with `suffix`
+    /// (pages opened after [`Browser::intercept`]).
+    pub async fn calls(&self, suffix: &str) -> usize {
+        let listed = self.eval("return window.__calls ?? [];").await;
+        listed
+            .as_array()
+            .expect("a list of calls")
+            .iter()
+            .filter(|c| c.as_str().is_some_and(|c| c.ends_with(suffix)))
+            .count()
+    }
+
+    /// Runs `source` in every page opened from now on, before the page's own scripts:
+    /// through chromedriver's DevTools passthrough
+    /// (`Page.addScriptToEvaluateOnNewDocument`).
+    async fn before_each_page(&self, source: &str) {
         let session = self
             .client
             .session_id()
             .await
             .expect("a session")
             .expect("a session id");
-        let source = format!(
-            "(() => {{ const real = Date.now.bind(Date); Date.now = () => real() + ({skew_ms}); }})();"
-        );
         let res = reqwest::Client::new()
             .post(format!(
                 "{}/session/{session}/goog/cdp/execute",
@@ -265,7 +312,7 @@ impl Browser {
             .expect("chromedriver answers");
         assert!(
             res.status().is_success(),
-            "the clock skew: {}",
+            "a script for every page: {}",
             res.status()
         );
     }

@@ -81,13 +81,18 @@ export async function call(method, path, { token, headers = {}, timeoutMs = 8000
 
 // A call retried on 429, 503 and lost answers (only safe for idempotent requests: reads,
 // and the admission, which the server makes idempotent per buyer). `onWait(ms, answer)`
-// is told about each pause.
+// is told about each pause. The answer carries `unsure` when an earlier try got no
+// answer or a 503: that try may have run on the server, so a refusal that follows may
+// only say what the server saw after it (see the buyer page's `buy`).
 export async function callRetrying(method, path, opts = {}, onWait = () => {}) {
   const attempts = opts.attempts ?? 6;
   let answer;
+  let unsure = false;
   for (let attempt = 0; attempt < attempts; attempt++) {
     answer = await call(method, path, opts);
+    answer.unsure = unsure;
     if (!answer.lost && answer.status !== 429 && answer.status !== 503) return answer;
+    unsure ||= answer.lost || answer.status === 503;
     if (attempt + 1 === attempts) break;
     const ms = backoffMs(attempt);
     onWait(ms, answer);
@@ -118,13 +123,26 @@ const SENTENCES = {
   payment_not_required: "This voucher needs no payment.",
   payment_mismatch: "The payment did not match the price.",
   payment_reused: "That payment was already used for another order.",
-  rate_limited: "Too many tries at once; trying again shortly.",
-  unavailable: "The shop is very busy; trying again shortly.",
-  lost: "No answer from the shop; checking again.",
+  // Shown while the call is retried (the page adds when) and after its last try: no
+  // promise of another.
+  rate_limited: "Too many tries at once.",
+  unavailable: "The shop is very busy.",
+  lost: "No answer from the shop.",
 };
 
 export function sentence(body) {
   return SENTENCES[body?.code] ?? body?.message ?? "Something went wrong.";
+}
+
+// An amount in a currency's minor unit, as "12.50 EUR" (two decimals), "5000 JPY" (none),
+// "1.250 KWD" (three): the currency's own number of decimals.
+export function money(amountMinor, currency) {
+  let digits = 2;
+  try {
+    digits = new Intl.NumberFormat("en", { style: "currency", currency })
+      .resolvedOptions().maximumFractionDigits;
+  } catch { /* a code this browser does not know: two decimals */ }
+  return `${(amountMinor / 10 ** digits).toFixed(digits)} ${currency}`;
 }
 
 export function human(ms) {

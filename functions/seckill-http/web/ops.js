@@ -26,6 +26,7 @@ function cells(s, rate) {
     awaiting_payment: s.awaiting_payment,
     paid: s.paid,
     expired: s.expired,
+    refunds_due: s.refunds_due,
   };
 }
 
@@ -52,6 +53,15 @@ async function poll() {
   }
   show("message", "");
   const at = Date.parse(a.body.server_time);
+  // A sale no longer listed (it left the newest sales shown) loses its row rather
+  // than keep figures that stopped changing.
+  const listed = new Set(a.body.vouchers.map((s) => s.voucher));
+  for (const tr of document.querySelectorAll("#sales tr[data-voucher]")) {
+    if (!listed.has(tr.dataset.voucher)) {
+      tr.remove();
+      previous.delete(tr.dataset.voucher);
+    }
+  }
   for (const s of a.body.vouchers) {
     const before = previous.get(s.voucher);
     const rate = before && at > before.at

@@ -2,15 +2,18 @@
 // countdown by the server's clock, the buy button (only inside the window, and only
 // once the waiting room lets this buyer in), then the order until it is settled.
 import {
-  call, callRetrying, human, sentence, serverNow, setToken, show, sleep, takeToken,
+  backoffMs, callRetrying, human, money, sentence, serverNow, setToken, show, sleep, takeToken,
 } from "./client.js";
 
 const voucherId = new URLSearchParams(location.search).get("voucher") ?? "";
 let token = takeToken();
 let voucher = null; // the last read of GET /vouchers/{id}
 let entryToken = null; // the waiting room's pass, once served
+let entryExpires = 0; // when that pass lapses (server clock, ms)
 let roomDone = false; // joined and finished waiting (served, sold out or ended)
 let joining = false;
+let roomFailures = 0; // failed joins in a row, and when the next may be tried
+let roomRetryAt = 0;
 let buying = false;
 let order = null; // {order_id, status, pay_by?}
 let saleOver = false; // sold out or ended, as an answer said
@@ -25,6 +28,12 @@ const ORDER_SENTENCES = {
   expired: "The time to pay ran out; the voucher went back on sale.",
 };
 const SETTLED = new Set(["confirmed", "paid", "rejected", "cancelled", "expired"]);
+// Orders that no longer hold a unit (the buyer may buy again where the voucher allows).
+const CLOSED = new Set(["rejected", "cancelled", "expired"]);
+
+// The order's payment can be made: reserved with a deadline, drained or not yet (the
+// time to pay runs from the admission, not from the database's write).
+const payable = (o) => o?.pay_by && ["pending", "awaiting_payment"].includes(o.status);
 
 // ---- the sale -----------------------------------------------------------------------
 async function readVoucher() {
@@ -32,6 +41,9 @@ async function readVoucher() {
   if (a.status === 200) {
     voucher = a.body;
     show("title", voucher.title);
+    // A unit back on sale (an order cancelled or not paid in time) reopens a sale an
+    // earlier answer said was sold out.
+    if (voucher.stock_left > 0 && phase(serverNow()) === "open") saleOver = false;
   } else if (a.status === 404 || a.status === 400) {
     show("title", "There is no such sale.");
   } else {
@@ -64,12 +76,27 @@ function render() {
     show("countdown", "");
   }
   const room = voucher.entry_rate_per_s !== undefined;
-  const canBuy = token && p === "open" && left > 0 && !order && !buying && !saleOver
+  if (entryToken && now >= entryExpires) {
+    // The pass lapsed: the line gives a fresh one (the place is kept).
+    entryToken = null;
+    roomDone = false;
+  }
+  // A buyer whose order was cancelled or expired may buy again if the voucher says so.
+  const free = !order || (voucher.rebuy_after_close && CLOSED.has(order.status));
+  const canBuy = token && p === "open" && left > 0 && free && !buying && !saleOver
     && (!room || entryToken);
   document.getElementById("buy").disabled = !canBuy;
-  if (order?.status === "awaiting_payment" && order.pay_by) {
+  if (payable(order)) {
     show("order-detail", `Pay within ${human(Date.parse(order.pay_by) - now)}.`);
   }
+}
+
+// The token was refused (expired, or not a buyer's): every loop stops asking, and the
+// form takes a new one.
+function signedOut(body) {
+  token = null;
+  document.getElementById("token-form").hidden = false;
+  show("message", sentence(body));
 }
 
 // ---- the waiting room ---------------------------------------------------------------
@@ -79,21 +106,38 @@ function render() {
 async function waitInLine() {
   if (!voucher || voucher.entry_rate_per_s === undefined || roomDone || joining || !token) return;
   const opens = Date.parse(voucher.begins_at) - (voucher.queue_opens_before_s ?? 0) * 1000;
-  if (serverNow() < opens) return;
+  if (serverNow() < opens || Date.now() < roomRetryAt) return;
   joining = true;
   document.getElementById("queue").hidden = false;
   const path = `/vouchers/${encodeURIComponent(voucherId)}/queue`;
   let a = await callRetrying("POST", path, { token });
   while (!roomDone) {
+    if (a.status === 409 && a.body.code === "queue_not_open") {
+      // Client rule: the line opens by the server's clock, which this page only
+      // estimates: a join a little early is asked again shortly, never given up.
+      show("wait", sentence(a.body));
+      await sleep(1000 + Math.random() * 500);
+      a = await callRetrying("POST", path, { token });
+      continue;
+    }
     if (a.status !== 200) {
-      show("message", sentence(a.body));
-      if (a.status === 409) roomDone = true; // ended, or the queue is not open after all
+      if (a.status === 401) signedOut(a.body);
+      else show("message", sentence(a.body));
+      if (a.status === 409) {
+        roomDone = true; // the sale ended
+        saleOver = true;
+      } else {
+        // Client rule: never ask again in a tight loop; the pause grows with each failure.
+        roomRetryAt = Date.now() + backoffMs(roomFailures++);
+      }
       break;
     }
+    roomFailures = 0;
     const s = a.body;
     show("position", s.position);
     if (s.status === "served") {
       entryToken = s.entry_token;
+      entryExpires = Date.parse(s.entry_expires_at);
       roomDone = true;
       show("wait", "It is your turn: you may buy now.");
     } else if (s.status === "sold_out" && s.units_may_return) {
@@ -125,7 +169,7 @@ async function buy() {
   // naming the order already held: never a second order.
   const a = await callRetrying(
     "POST", `/vouchers/${encodeURIComponent(voucherId)}/seckill`, { token, headers },
-    (ms, ans) => show("message", `${sentence(ans.body)} (again in ${human(ms)})`),
+    (ms, ans) => show("message", `${sentence(ans.body)} Trying again in ${human(ms)}.`),
   );
   buying = false;
   if (a.status === 202) {
@@ -138,6 +182,18 @@ async function buy() {
     // Client rule: no answer is not a "no". The admission may have run: ask which order
     // this buyer holds before saying anything else.
     if (!(await lookUpMine())) show("message", sentence(a.body));
+  } else if (a.unsure && ["sold_out", "ended"].includes(a.body.code) && (await lookUpMine(true))) {
+    // Client rule: a refusal after a lost answer may be this buyer's own earlier try
+    // having taken the last unit (an instance answers `sold_out` from memory without
+    // asking who holds what): the order found is theirs.
+  } else if (a.status === 401) {
+    signedOut(a.body);
+  } else if (a.status === 403 && a.body.code === "entry_required") {
+    // The pass was refused (it lapsed, or the line's key changed): the line gives a
+    // fresh one, keeping the place.
+    entryToken = null;
+    roomDone = false;
+    show("message", sentence(a.body));
   } else {
     if (["sold_out", "ended"].includes(a.body.code)) saleOver = true;
     show("message", sentence(a.body));
@@ -150,7 +206,10 @@ async function buy() {
 async function lookUpMine(announce = false) {
   const a = await callRetrying("GET", `/vouchers/${encodeURIComponent(voucherId)}/order`, { token });
   if (a.status !== 200) return false;
-  if (announce) show("message", `${sentence({ code: "already_purchased" })} (order ${a.body.order_id})`);
+  // Only an order that still holds a unit is "already yours".
+  if (announce && !CLOSED.has(a.body.status)) {
+    show("message", `${sentence({ code: "already_purchased" })} (order ${a.body.order_id})`);
+  }
   await follow(a.body);
   return true;
 }
@@ -163,12 +222,13 @@ async function follow(o) {
     show("order-id", order.order_id);
     show("order-status", order.status.replace("_", " "));
     show("order-detail", ORDER_SENTENCES[order.status] ?? "");
-    document.getElementById("payment").hidden = order.status !== "awaiting_payment";
+    document.getElementById("payment").hidden = !payable(order);
     render();
     if (SETTLED.has(order.status)) return;
     await sleep(order.status === "pending" ? 1000 : 2000);
     const a = await callRetrying("GET", `/orders/${encodeURIComponent(order.order_id)}`, { token });
     if (a.status === 200) order = a.body;
+    else if (a.status === 401) return signedOut(a.body);
     else if (a.status === 404) {
       // A pending order Redis can no longer place by its id: find it by voucher.
       const b = await callRetrying("GET", `/vouchers/${encodeURIComponent(voucherId)}/order`, { token });
@@ -179,18 +239,20 @@ async function follow(o) {
 
 // Paying starts a checkout at the payment provider; only the provider's confirmation
 // pays, so the page keeps following the order rather than believing the click.
+// Both calls may be retried: starting a payment changes nothing, and a cancel is
+// answered the same however often it is asked.
 async function pay() {
-  const a = await call("POST", `/orders/${encodeURIComponent(order.order_id)}/pay`, { token });
+  const a = await callRetrying("POST", `/orders/${encodeURIComponent(order.order_id)}/pay`, { token });
   if (a.status === 200) {
-    const amount = (a.body.amount_minor / 100).toFixed(2);
-    show("message", `Checkout started: pay ${amount} ${a.body.currency} with the payment provider. This page updates when the provider confirms.`);
+    const amount = money(a.body.amount_minor, a.body.currency);
+    show("message", `Checkout started: pay ${amount} with the payment provider. This page updates when the provider confirms.`);
   } else {
     show("message", sentence(a.body));
   }
 }
 
 async function cancel() {
-  const a = await call("POST", `/orders/${encodeURIComponent(order.order_id)}/cancel`, { token });
+  const a = await callRetrying("POST", `/orders/${encodeURIComponent(order.order_id)}/cancel`, { token });
   if (a.status === 200) order = a.body;
   show("message", a.status === 200 ? "Cancelled." : sentence(a.body));
 }

@@ -169,6 +169,291 @@ async fn browser_a_sold_out_sale_says_so_and_keeps_the_button_off() {
     .await;
 }
 
+/// A buyer whose try took the last unit but whose answer was lost: the page's retry is
+/// answered `sold_out` (the instance that sold the unit remembers the sale sold out for a
+/// second and asks Redis nothing), and the page must look up the order the buyer holds
+/// rather than tell them they missed it. The first answer is dropped after the server
+/// ran the admission.
+#[tokio::test(flavor = "multi_thread")]
+async fn browser_a_buyer_whose_answer_was_lost_on_the_last_unit_sees_their_order_not_sold_out() {
+    Browser::run("lost_last_unit", |b| async move {
+        let api = Api::new();
+        let id = voucher(&api, "Only one", 1, -1_000, json!({})).await;
+        let buyer = user("unlucky-network");
+        b.intercept(
+            r#"if (method === "POST" && path.endsWith("/seckill") && nth === 1) {
+                 await real();
+                 throw new TypeError("the answer was lost on the way");
+               }"#,
+        )
+        .await;
+        b.open(&sale_page(&api, &id, &buyer)).await;
+        b.wait_enabled("#buy", true, Duration::from_secs(10)).await;
+        b.click("#buy").await;
+        let shown = b
+            .wait_text("#order-id", "the order taken", is_order_id)
+            .await;
+        assert_eq!(b.calls("/seckill").await, 2, "one lost try, one retry");
+        // The order the page shows is the one the server holds for this buyer.
+        let (status, mine) = api
+            .call(
+                "GET",
+                &format!("/vouchers/{id}/order"),
+                Some(&api.token(&buyer, false)),
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{mine}");
+        assert_eq!(mine["order_id"], shown.as_str(), "{mine}");
+        let message = b.text("#message").await;
+        assert!(
+            !message.starts_with("Sold out"),
+            "the buyer holds the unit, yet the page says: {message}"
+        );
+    })
+    .await;
+}
+
+/// Whether the element `id` is hidden.
+async fn hidden(b: &Browser, id: &str) -> bool {
+    b.eval(&format!("return document.getElementById({id:?}).hidden;"))
+        .await
+        .as_bool()
+        .expect("a flag")
+}
+
+/// A voucher with a payment step whose drainer is behind: the order is still `pending`,
+/// but its time to pay runs from the admission, so the page offers to pay at once (and
+/// shows the price in the currency's own decimals: none for yen).
+#[tokio::test(flavor = "multi_thread")]
+async fn browser_a_pending_order_of_a_sale_with_a_payment_step_can_be_paid_before_the_drain() {
+    Browser::run("pay_pending", |b| async move {
+        let api = Api::new();
+        let id = voucher(
+            &api,
+            "Yen seat",
+            3,
+            -1_000,
+            json!({"pay_within_s": 600, "price_minor": 5000, "currency": "JPY"}),
+        )
+        .await;
+        b.open(&sale_page(&api, &id, &user("early-payer"))).await;
+        b.wait_enabled("#buy", true, Duration::from_secs(10)).await;
+        b.click("#buy").await;
+        b.wait_text("#order-id", "an order id", is_order_id).await;
+        // Not drained: pending, with the deadline the admission set.
+        b.wait_text("#order-detail", "the time left to pay", |t| {
+            t.starts_with("Pay within 9m") || t.starts_with("Pay within 10m")
+        })
+        .await;
+        assert_eq!(b.text("#order-status").await, "pending");
+        assert!(!hidden(&b, "payment").await, "the payment block is offered");
+        b.click("#pay").await;
+        b.wait_text("#message", "the checkout", |t| t.contains("pay 5000 JPY"))
+            .await;
+    })
+    .await;
+}
+
+/// A voucher that lets a buyer buy again after a close: after a cancel the button comes
+/// back, and after a reload the page shows the cancelled order without calling it "yours
+/// already"; the buyer buys again and gets a new order.
+#[tokio::test(flavor = "multi_thread")]
+async fn browser_a_buyer_who_cancelled_may_buy_again_where_the_voucher_allows_it() {
+    Browser::run("rebuy", |b| async move {
+        let api = Api::new();
+        let id = voucher(
+            &api,
+            "Second chance",
+            1,
+            -1_000,
+            json!({"pay_within_s": 600, "price_minor": 990, "currency": "EUR", "rebuy_after_close": true}),
+        )
+        .await;
+        let page = sale_page(&api, &id, &user("changed-mind"));
+        b.open(&page).await;
+        b.wait_enabled("#buy", true, Duration::from_secs(10)).await;
+        b.click("#buy").await;
+        let first = b.wait_text("#order-id", "an order id", is_order_id).await;
+        b.wait_text("#order-detail", "the time left to pay", |t| {
+            t.starts_with("Pay within")
+        })
+        .await;
+        b.click("#cancel").await;
+        b.wait_text("#order-status", "cancelled", |t| t == "cancelled")
+            .await;
+        b.wait_enabled("#buy", true, Duration::from_secs(10)).await;
+        // Coming back later: the cancelled order is shown, not announced as held.
+        b.open(&page).await;
+        b.wait_text("#order-status", "the cancelled order", |t| t == "cancelled")
+            .await;
+        let message = b.text("#message").await;
+        assert!(
+            !message.starts_with("You already have"),
+            "a cancelled order is not a voucher held: {message}"
+        );
+        b.wait_enabled("#buy", true, Duration::from_secs(10)).await;
+        b.click("#buy").await;
+        b.wait_text("#order-id", "a new order id", |t| {
+            is_order_id(t) && t != first
+        })
+        .await;
+        b.wait_text("#order-status", "the new order held", |t| t == "pending")
+            .await;
+    })
+    .await;
+}
+
+/// A `sold_out` answer is not the end when units are back on sale (an unpaid order
+/// expired or was cancelled since): once the page reads stock left, the button comes
+/// back. The first answer is made `sold_out` for the test.
+#[tokio::test(flavor = "multi_thread")]
+async fn browser_a_sold_out_answer_gives_way_when_the_stock_read_says_units_are_back() {
+    Browser::run("units_back", |b| async move {
+        let api = Api::new();
+        let id = voucher(&api, "Came back", 2, -1_000, json!({})).await;
+        b.intercept(
+            r#"if (method === "POST" && path.endsWith("/seckill") && nth === 1) {
+                 return fake(409, { code: "sold_out", message: "test" });
+               }"#,
+        )
+        .await;
+        b.open(&sale_page(&api, &id, &user("patient"))).await;
+        b.wait_enabled("#buy", true, Duration::from_secs(10)).await;
+        b.click("#buy").await;
+        b.wait_text("#message", "sold out", |t| t.starts_with("Sold out"))
+            .await;
+        b.wait_enabled("#buy", true, Duration::from_secs(10)).await;
+        b.click("#buy").await;
+        b.wait_text("#order-id", "an order id", is_order_id).await;
+    })
+    .await;
+}
+
+/// A voucher with a waiting room whose queue a page joins a little early (its estimate
+/// of the server's clock ahead of Redis's): `queue_not_open` is asked again shortly,
+/// never taken as the end. The first two joins are answered `queue_not_open`.
+#[tokio::test(flavor = "multi_thread")]
+async fn browser_a_page_early_for_the_line_asks_again_until_it_opens() {
+    Browser::run("early_for_line", |b| async move {
+        let api = Api::new();
+        let id = voucher(
+            &api,
+            "Early bird",
+            5,
+            -1_000,
+            json!({"entry_rate_per_s": 100, "queue_opens_before_s": 60}),
+        )
+        .await;
+        b.intercept(
+            r#"if (method === "POST" && path.endsWith("/queue") && nth <= 2) {
+                 return fake(409, { code: "queue_not_open", message: "test" });
+               }"#,
+        )
+        .await;
+        b.open(&sale_page(&api, &id, &user("early-bird"))).await;
+        b.wait_text("#wait", "served", |t| t.starts_with("It is your turn"))
+            .await;
+        assert_eq!(b.calls(&format!("POST /vouchers/{id}/queue")).await, 3);
+        b.wait_enabled("#buy", true, Duration::from_secs(10)).await;
+        b.click("#buy").await;
+        b.wait_text("#order-id", "an order id", is_order_id).await;
+    })
+    .await;
+}
+
+/// The waiting room's pass lapses (its `entry_expires_at`, made 1.5 s here) or is
+/// refused (`entry_required`): the page asks the line again, which keeps the place and
+/// gives a fresh pass, instead of offering a button that can only fail.
+#[tokio::test(flavor = "multi_thread")]
+async fn browser_a_lapsed_or_refused_entry_pass_is_renewed_from_the_line() {
+    Browser::run("entry_renewed", |b| async move {
+        let api = Api::new();
+        let id = voucher(
+            &api,
+            "Short pass",
+            5,
+            -1_000,
+            json!({"entry_rate_per_s": 100, "queue_opens_before_s": 60}),
+        )
+        .await;
+        b.intercept(
+            r#"if (method === "POST" && path.endsWith("/queue") && nth === 1) {
+                 const answer = await real();
+                 const body = await answer.json();
+                 if (body.entry_expires_at) {
+                   body.entry_expires_at = new Date(Date.now() + 1500).toISOString();
+                 }
+                 return fake(answer.status, body);
+               }
+               if (method === "POST" && path.endsWith("/seckill") && nth === 1) {
+                 return fake(403, { code: "entry_required", message: "test" });
+               }"#,
+        )
+        .await;
+        let joins = format!("POST /vouchers/{id}/queue");
+        b.open(&sale_page(&api, &id, &user("short-pass"))).await;
+        b.wait_text("#wait", "served", |t| t.starts_with("It is your turn"))
+            .await;
+        // The pass lapses: the page joins again.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while b.calls(&joins).await < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the lapsed pass was never renewed"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // The buy is refused for want of a pass: the page joins again, then buys.
+        b.wait_enabled("#buy", true, Duration::from_secs(10)).await;
+        b.click("#buy").await;
+        b.wait_text("#message", "the refusal", |t| {
+            t.contains("wait for your turn")
+        })
+        .await;
+        b.wait_enabled("#buy", true, Duration::from_secs(10)).await;
+        assert_eq!(b.calls(&joins).await, 3, "a join after the refusal");
+        b.click("#buy").await;
+        b.wait_text("#order-id", "an order id", is_order_id).await;
+    })
+    .await;
+}
+
+/// A token the server refuses (expired mid-sale): the page stops asking (no join every
+/// half second) and shows the form for a new one.
+#[tokio::test(flavor = "multi_thread")]
+async fn browser_a_refused_token_stops_the_page_asking_and_brings_the_form_back() {
+    Browser::run("token_refused", |b| async move {
+        let api = Api::new();
+        let id = voucher(
+            &api,
+            "Signed out",
+            5,
+            -1_000,
+            json!({"entry_rate_per_s": 100, "queue_opens_before_s": 60}),
+        )
+        .await;
+        b.intercept(
+            r#"if (method === "POST" && path.endsWith("/queue")) {
+                 return fake(401, { code: "unauthorized", message: "test" });
+               }"#,
+        )
+        .await;
+        b.open(&sale_page(&api, &id, &user("expired-token"))).await;
+        b.wait_text("#message", "the refusal", |t| t.contains("not signed in"))
+            .await;
+        assert!(!hidden(&b, "token-form").await, "the form for a new token");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            b.calls("/queue").await,
+            1,
+            "no join asked again with a refused token"
+        );
+        assert!(!b.enabled("#buy").await);
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn browser_an_unpaid_order_shows_its_time_to_pay_and_can_be_cancelled() {
     Browser::run("pay_and_cancel", |b| async move {
@@ -339,6 +624,55 @@ async fn browser_the_live_view_refuses_a_buyer_token() {
         })
         .await;
         assert_eq!(b.text("#sales").await, "", "no figures shown");
+    })
+    .await;
+}
+
+/// The live view keeps only the sales the last answer lists (a sale that left the newest
+/// ones shown loses its row, not its figures frozen), and shows the refunds due. From the
+/// third poll on, the answer is made to list only the first sale.
+#[tokio::test(flavor = "multi_thread")]
+async fn browser_the_live_view_drops_a_sale_no_longer_listed_and_shows_refunds_due() {
+    Browser::run("live_view_rows", |b| async move {
+        let api = Api::new();
+        let first = voucher(&api, "Stays", 5, -1_000, json!({})).await;
+        let second = voucher(&api, "Leaves", 5, -1_000, json!({})).await;
+        b.intercept(
+            r#"if (method === "GET" && path.endsWith("/status") && nth >= 3) {
+                 const answer = await real();
+                 const body = await answer.json();
+                 body.vouchers = body.vouchers.slice(0, 1);
+                 return fake(answer.status, body);
+               }"#,
+        )
+        .await;
+        b.open(&format!(
+            "{}/app/ops.html?voucher={first},{second}#token={}",
+            api.base(),
+            api.token("operator", true)
+        ))
+        .await;
+        let rows = || async {
+            b.eval("return [...document.querySelectorAll('#sales tr')].map((tr) => tr.dataset.voucher);")
+                .await
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let shown = rows().await;
+            if shown.as_array().is_some_and(|r| r.len() == 1) {
+                assert!(
+                    shown[0] == first.as_str() || shown[0] == second.as_str(),
+                    "{shown}"
+                );
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the sale no longer listed kept its row: {shown}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(b.text("td[data-field=refunds_due]").await, "0");
     })
     .await;
 }
