@@ -319,16 +319,19 @@ async fn repair_locked(
     // (the others reopen empty and borrow from it). With other buckets still live, their
     // stock cannot be read together with the database's, so a lost bucket reopens empty:
     // its units are stranded, never sold twice (docs/promises.md). Except before
-    // anything was sold (no buyer in any bucket, no order in the database: a preload
-    // that stopped part-way, or a loss before the sale began): then each missing bucket
-    // gets its share, as the preload would have given it.
+    // anything was sold (a preload that stopped part-way, or a loss before the sale
+    // began): then each missing bucket gets its share, as the preload would have given
+    // it. "Nothing sold" is no order row in the database, of any status, and every
+    // bucket as the preload left it (its share, no buyer, no order entry): no buyer alone
+    // is not enough, since a voucher that lets buyers buy again forgets a buyer who
+    // cancelled, while the units that sale borrowed stay moved.
     let all_lost = missing.len() == usize::from(k);
-    let mut pristine = k > 1 && settled.values().sum::<u64>() == 0;
+    let mut pristine = k > 1 && progress.rows == 0 && settled.values().sum::<u64>() == 0;
     for b in Bucket::all(id, k) {
         if !pristine {
             break;
         }
-        pristine = sales.buyer_count(b).await? == 0;
+        pristine = sales.as_preloaded(b, b.share(voucher.stock, k)).await?;
     }
     let mut bucket0_stock = if all_lost { voucher.db_stock_left } else { 0 };
     if all_lost {

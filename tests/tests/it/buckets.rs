@@ -773,6 +773,95 @@ async fn a_lost_bucket_is_repaired_without_selling_a_unit_twice() {
     );
 }
 
+/// A voucher that lets a buyer buy again after a close forgets the buyers who cancelled,
+/// while the units their sale borrowed between buckets stay moved: a bucket lost after
+/// every order was cancelled (drained or not) must not be reopened with its full share
+/// as if nothing had been sold (the live bucket holds the units it borrowed), or Redis
+/// would admit more than the stock and the database reject the extra orders.
+#[tokio::test]
+async fn a_lost_bucket_of_a_rebuy_sale_whose_orders_were_all_cancelled_never_gets_its_share_again()
+{
+    let ctx = DrainCtx::start_with(RedisServer::cluster(3, 0)).await;
+    let cfg = test_http_config(ctx.redis.config(), ctx.data_api_config());
+    for drained in [false, true] {
+        let app = App::new(&cfg).await;
+        let voucher = create_with(
+            &app,
+            4,
+            2,
+            json!({ "pay_within_s": 600, "price_minor": TEST_PRICE_MINOR,
+                    "currency": TEST_CURRENCY, "rebuy_after_close": true }),
+        )
+        .await;
+        // Three buyers of bucket 0 (share 2): the third borrows from bucket 1.
+        let buyers: Vec<String> = (0..)
+            .map(|i| format!("first-wave-{drained}-{i}"))
+            .filter(|u| Bucket::of_user(voucher, 2, u).index() == 0)
+            .take(3)
+            .collect();
+        let mut orders = Vec::new();
+        for u in &buyers {
+            let (status, body) = buy(&app, voucher, u).await;
+            assert_eq!(status, 202, "{body}");
+            orders.push(body["order_id"].as_str().unwrap().to_string());
+        }
+        if drained {
+            drain_all(&ctx, voucher, 3).await;
+        }
+        for (u, o) in buyers.iter().zip(&orders) {
+            let (status, body) = close(&app, o, u, false).await;
+            assert_eq!((status, body["status"].as_str()), (200, Some("cancelled")));
+        }
+        if drained {
+            // The closes written: the database has all its stock back, and no buyer.
+            ctx.drain(ctx.drainer_config()).await;
+            assert_eq!(ctx.db_stock_left(voucher).await, 4);
+        }
+        let live = stocks(&ctx, voucher, 2).await;
+        assert_eq!(live.iter().sum::<i64>(), 4, "every unit back: {live:?}");
+        assert!(live[1] < 2, "bucket 1 gave a unit away: {live:?}");
+        // Bucket 1 lost, every key of it.
+        let k1 = VoucherKeys::new(Bucket::all(voucher, 2).nth(1).unwrap());
+        let _: () = ctx
+            .conn()
+            .del(&[
+                &k1.sale,
+                &k1.buyers,
+                &k1.orders,
+                &k1.transfers,
+                &k1.received,
+            ])
+            .await
+            .unwrap();
+        // A new crowd, a buyer of the lost bucket first (its repair then sees nothing
+        // new sold): never more admitted than the stock, nothing the database refuses.
+        let fresh = App::new(&cfg).await;
+        let mut crowd: Vec<String> = (0..12)
+            .map(|i| format!("second-wave-{drained}-{i}"))
+            .collect();
+        crowd.sort_by_key(|u| Bucket::of_user(voucher, 2, u).index() == 0);
+        assert_eq!(Bucket::of_user(voucher, 2, &crowd[0]).index(), 1);
+        let mut admitted = 0;
+        for u in &crowd {
+            let (status, body) = buy(&fresh, voucher, u).await;
+            assert!(matches!(status, 202 | 409), "{status} {body}");
+            admitted += usize::from(status == 202);
+        }
+        let after = stocks(&ctx, voucher, 2).await;
+        assert!(
+            admitted <= 4,
+            "{admitted} admitted of a stock of 4 ({drained}): Redis holds {after:?}"
+        );
+        drain_all(&ctx, voucher, 3 * usize::from(drained) + admitted).await;
+        let rejected = rows(&ctx, voucher)
+            .await
+            .into_iter()
+            .filter(|r| r.2 == "rejected")
+            .count();
+        assert_eq!(rejected, 0, "an admitted order refused by the database");
+    }
+}
+
 /// `user`'s order paid (the provider's signed event) or cancelled (`POST
 /// /orders/{order}/cancel`). A payment answers `status` from its `outcome`.
 async fn close(app: &App, order: &str, user: &str, pay: bool) -> (u16, serde_json::Value) {

@@ -289,6 +289,21 @@ impl RedisSales {
             .await?)
     }
 
+    /// Whether `bucket` is as a preload leaves it, nothing ever sold from it nor moved
+    /// out: its stock is `share` (when its sale hash exists), and neither a buyer nor an
+    /// order entry is in it (one pipeline, one slot). Orders drained and trimmed away
+    /// are not seen here: the database's rows tell those.
+    pub async fn as_preloaded(&self, bucket: Bucket, share: i64) -> Result<bool, StoreError> {
+        let k = VoucherKeys::new(bucket);
+        let (stock, buyers, orders): (Option<i64>, u64, u64) = redis::pipe()
+            .hget(&k.sale, sale_fields::STOCK)
+            .hlen(&k.buyers)
+            .xlen(&k.orders)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(stock.is_none_or(|s| s == share) && buyers == 0 && orders == 0)
+    }
+
     /// Every (user id, order id) of the buyers hash (HSCAN). A value that is not an order
     /// id comes back as `None`.
     pub async fn buyers(
