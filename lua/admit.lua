@@ -5,6 +5,8 @@
 -- KEYS[3] orders stream seckill:{<voucher>}:orders
 -- KEYS[4] deadlines    seckill:{<voucher>}:deadlines (written when the sale has pay_ms;
 --                      it always exists, see lua/preload.lua)
+-- KEYS[5] closed       seckill:{<voucher>}:closed (order id -> its close, lua/close.lua;
+--                      read by resends only)
 -- ARGV[1] user id, ARGV[2] order id, ARGV[3] (optional) 'again': this call is sent
 --         again after an earlier copy of the same attempt got no reply in time
 --
@@ -36,7 +38,11 @@
 -- answered. The resend decides: it first marks the order id in the sale hash (field
 -- 'again:<order id>'), and a copy without 'again' that finds the mark writes nothing.
 -- So a late first copy never admits an attempt its resend refused (sold out, then a
--- unit came back), nor admits again an order the buyer has cancelled since. A copy
+-- unit came back), nor admits again an order the buyer has cancelled since. Nor does
+-- the resend itself when the order it carries was closed after an earlier copy admitted
+-- it (the buyer learned the order id by looking it up, and cancelled): the closed hash
+-- says so, since a voucher that lets buyers buy again has forgotten the buyer, and the
+-- buyers hash alone would let the resend take a second unit for a closed order. A copy
 -- that finds the buyer holding this very order id also marks it: that write is what a
 -- durable caller's WAIT then waits for (the order's own write may have gone out on
 -- another connection, which this connection's WAIT does not cover), and it voids any
@@ -94,6 +100,10 @@ if again then
     return {SUPERSEDED, held or '', begins, ends, stock, now}
   end
   redis.call('HSET', KEYS[1], mark, 1)
+  if redis.call('HEXISTS', KEYS[5], ARGV[2]) == 1 then
+    local held = redis.call('HGET', KEYS[2], ARGV[1])
+    return {SUPERSEDED, held or '', begins, ends, stock, now}
+  end
 end
 
 if now < begins then

@@ -131,11 +131,17 @@ pub fn queue(voucher: VoucherId) -> String {
 
 impl VoucherKeys {
     /// The keys `lua/admit.lua` takes, in its `KEYS` order (sale, buyers, orders,
-    /// deadlines), and only those: the admission runs on every purchase attempt, and
-    /// [`VoucherKeys::new`] formats every key of the voucher.
-    pub fn admission(bucket: impl Into<Bucket>) -> [String; 4] {
+    /// deadlines, closed), and only those: the admission runs on every purchase attempt,
+    /// and [`VoucherKeys::new`] formats every key of the voucher.
+    pub fn admission(bucket: impl Into<Bucket>) -> [String; 5] {
         let key = key_maker(bucket);
-        [key("sale"), key("buyers"), key("orders"), key("deadlines")]
+        [
+            key("sale"),
+            key("buyers"),
+            key("orders"),
+            key("deadlines"),
+            key("closed"),
+        ]
     }
 }
 
@@ -188,7 +194,8 @@ mod tests {
                 k.sale.clone(),
                 k.buyers.clone(),
                 k.orders.clone(),
-                k.deadlines.clone()
+                k.deadlines.clone(),
+                k.closed.clone()
             ]
         );
         let s = IdKeys::for_day("20261122");

@@ -657,6 +657,51 @@ async fn a_late_first_copy_never_admits_again_an_order_cancelled_since() {
     b.cleanup().await;
 }
 
+/// The first copy admits but its answer never comes (its connection goes silent), and
+/// the resend is held in the network; meanwhile the buyer, told a 503 naming the order,
+/// looks it up and cancels it (another instance). When the resend arrives at last it
+/// must not admit the closed order again: with a voucher that lets buyers buy again the
+/// buyer is no longer in the buyers hash, and the resend would take a second unit for an
+/// order already cancelled (lost for the sale, and the buyer held to a closed order).
+#[tokio::test]
+async fn a_late_resend_never_admits_again_an_order_cancelled_since() {
+    let (b, proxy, app, _) = behind_a_reply_dropper(Some(Duration::from_millis(300))).await;
+    let id = create_with(
+        &app,
+        2,
+        json!({ "pay_within_s": 600, "rebuy_after_close": true, "price_minor": TEST_PRICE_MINOR, "currency": TEST_CURRENCY }),
+    )
+    .await;
+    proxy.mute(&[b"EVALSHA", b":buyers", b"alice"], 1);
+    proxy.hold(&[b"EVALSHA", b":buyers", b"alice", b"again"]);
+    let (status, body) = buy(&app, &id, "alice").await;
+    assert_eq!((proxy.muted(), proxy.held()), (1, 1), "{body}");
+    assert_eq!(status, 503, "no answer from either copy: {body}");
+    let order = body["order_id"]
+        .as_str()
+        .expect("the 503 names the order")
+        .to_string();
+    assert_eq!(
+        redis_sale(&b, &id, "alice").await,
+        (Some(1), order.parse().ok(), 1),
+        "the first copy admitted"
+    );
+    let other = App::new(&b.http_config()).await;
+    assert_eq!(cancel(&other, &order, "alice").await, "cancelled");
+    assert_eq!(redis_sale(&b, &id, "alice").await, (Some(2), None, 1));
+
+    proxy.release().await;
+    assert_eq!(
+        redis_sale(&b, &id, "alice").await,
+        (Some(2), None, 1),
+        "the late resend wrote nothing"
+    );
+    let (status, body) = buy(&other, &id, "alice").await;
+    assert_eq!(status, 202, "free to buy again: {body}");
+    assert_ne!(body["order_id"], order.as_str(), "a new order");
+    b.cleanup().await;
+}
+
 /// The first copy is held (no reply in time) and its resend fails with an error reply:
 /// the answer is a 503 naming the attempt's order, because the held copy may still
 /// run. Here it does, and the named order is the buyer's.
