@@ -25,16 +25,22 @@
 -- ARGV[11] how many seconds before the start its queue opens: recorded in the sale hash,
 --         where lua/queue.lua reads them and an instance that never saw the voucher
 --         learns, with its buckets, that buying needs an entry token.
+-- ARGV[12] returned: of the settled orders, how many Redis closed with their unit given
+--         back (cancelled or expired) before the drainer settled the close; a voucher
+--         that lets buyers buy again names no buyer for them (lua/restore_buyers.lua).
 --
--- Stock = stock_left - pending, where pending = buyers the database had not settled
--- (HLEN(buyers) - settled): orders admitted but not yet drained, whose units the
--- database has not taken yet. Never more than stock_left, never below 0.
+-- Stock = stock_left - (HLEN(buyers) - settled): the orders admitted but not yet drained
+-- (buyers the database had not settled) take units the database has not taken yet, and
+-- the returned ones give back units it has not got back yet (the drainer settles a
+-- close before it writes new orders, so the database's guard sees those units first).
+-- Never below 0.
 --
 -- Returns CREATED when it created the sale, ALREADY_LIVE when the sale was already there
 -- (its stock is live and must not be reset: a repair after admissions began would
 -- oversell), BUYERS_LOST when
--- the buyers hash holds fewer buyers than the database settled (Redis lost it again
--- while the caller was merging): nothing written, the caller retries.
+-- the buyers hash holds fewer buyers than the database settled, less the returned ones
+-- (Redis lost it again while the caller was merging): nothing written, the caller
+-- retries.
 
 -- Shared with Rust (shared/src/protocol.rs; its test checks that the two agree).
 -- Results:
@@ -82,7 +88,7 @@ end
 
 local buyers = redis.call('HLEN', KEYS[2])
 local settled = tonumber(ARGV[6])
-if buyers < settled then
+if buyers + tonumber(ARGV[12]) < settled then
   return BUYERS_LOST
 end
 local stock = tonumber(ARGV[1]) - (buyers - settled)

@@ -6,7 +6,9 @@
 -- KEYS[2] orders stream seckill:{<voucher>}:orders
 -- KEYS[3] closed hash   seckill:{<voucher>}:closed (vouchers with a payment step)
 -- ARGV[1] PAIRS: ARGV[2] REBUY or KEEP (below), ARGV[3..] are user id, order id, user
---         id, order id, ... (orders the database holds). Returns {'', added}.
+--         id, order id, ... (orders the database holds). Returns {'', added, returned}:
+--         returned counts the orders skipped as closed with their unit given back (the
+--         database still counts their unit taken until the drainer settles the close).
 -- ARGV[1] STREAM: ARGV[2] REBUY or KEEP, ARGV[3] the start of an XRANGE page ('-', or
 --         '(<id>' exclusive), ARGV[4] its COUNT. Records the buyer of every admitted
 --         order still in the stream (undrained, or drained and not yet trimmed).
@@ -49,12 +51,15 @@ end
 
 local added = 0
 if ARGV[1] == PAIRS then
+  local skipped = 0
   for i = 3, #ARGV - 1, 2 do
-    if not returned(ARGV[i + 1]) then
+    if returned(ARGV[i + 1]) then
+      skipped = skipped + 1
+    else
       added = added + redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1])
     end
   end
-  return {'', added}
+  return {'', added, skipped}
 end
 if ARGV[1] ~= STREAM then
   return redis.error_reply('restore_buyers: unknown mode ' .. tostring(ARGV[1]))

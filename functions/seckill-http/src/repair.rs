@@ -177,6 +177,11 @@ pub struct Progress {
     pub read_through: Option<String>,
     /// Buyers the database had settled, per bucket index, over the pages read.
     pub settled: BTreeMap<u16, u64>,
+    /// Of those, per bucket index, the ones Redis had closed with their unit given back
+    /// (not settled yet; a voucher that lets buyers buy again restores no buyer for
+    /// them).
+    #[serde(default)]
+    pub returned: BTreeMap<u16, u64>,
     /// Buyers restored from the streams, and from the database's pages.
     pub from_stream: u64,
     pub from_db: u64,
@@ -277,7 +282,9 @@ async fn repair_locked(
             for (b, part) in parts {
                 *progress.settled.entry(b.index()).or_default() += part.len() as u64;
                 if missing.contains(&b) {
-                    progress.from_db += sales.restore_buyers(b, &part, rebuy).await?;
+                    let restored = sales.restore_buyers(b, &part, rebuy).await?;
+                    progress.from_db += restored.added;
+                    *progress.returned.entry(b.index()).or_default() += restored.returned;
                 }
             }
             progress.read_through = snapshot.read_through().map(str::to_string);
@@ -351,7 +358,19 @@ async fn repair_locked(
             (false, _) => 0,
         };
         let settled = settled.get(b).copied().unwrap_or(0);
-        match sales.reopen_bucket(&voucher, *b, stock, settled).await? {
+        let returned = progress.returned.get(&b.index()).copied().unwrap_or(0);
+        // Units given back by closes the database has not settled yet are the sale's
+        // again where its stock is known (every bucket lost): lua/preload.lua counts
+        // them in. A bucket reopened empty beside live ones gets none: those units may
+        // have moved on to another bucket since.
+        let (settled, returned) = match all_lost {
+            true => (settled, returned),
+            false => (settled.saturating_sub(returned), 0),
+        };
+        match sales
+            .reopen_bucket(&voucher, *b, stock, settled, returned)
+            .await?
+        {
             Reopen::Created => tracing::warn!(
                 voucher_id = id.get(),
                 bucket = %b,

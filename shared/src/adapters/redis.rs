@@ -24,7 +24,7 @@ mod scripts;
 
 pub use cluster::{Cluster, REPLACE_AT_MOST_EVERY, SPLIT_SLOT_BUDGET};
 pub use conn::{RedisConn, install_crypto_provider};
-pub use load::RESTORE_STREAM_PAGE;
+pub use load::{RESTORE_STREAM_PAGE, Restored};
 pub use order_ids::OrderIds;
 pub use pipelined::{AfterFailure, MAX_PER_PIPELINE};
 pub use sales::{CloseAction, RedisSales, admission_of};

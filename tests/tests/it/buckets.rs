@@ -862,6 +862,62 @@ async fn a_lost_bucket_of_a_rebuy_sale_whose_orders_were_all_cancelled_never_get
     }
 }
 
+/// A drained order cancelled in its bucket (its close not yet written to the database)
+/// on a voucher that lets buyers buy again, the unit it gave back then borrowed by
+/// another bucket and sold there, and then the first bucket lost: its repair must not
+/// count the given-back unit as its own (it moved on), or Redis sells it twice.
+#[tokio::test]
+async fn a_lost_bucket_never_reopens_with_a_returned_unit_that_moved_on() {
+    let ctx = DrainCtx::start_with(RedisServer::cluster(3, 0)).await;
+    let cfg = test_http_config(ctx.redis.config(), ctx.data_api_config());
+    let app = App::new(&cfg).await;
+    let voucher = create_with(
+        &app,
+        2,
+        2,
+        json!({ "pay_within_s": 600, "price_minor": TEST_PRICE_MINOR,
+                "currency": TEST_CURRENCY, "rebuy_after_close": true }),
+    )
+    .await;
+    let of_bucket = |i: u16, n: usize| -> Vec<String> {
+        (0..)
+            .map(|j| format!("moved-on-{j}"))
+            .filter(|u| Bucket::of_user(voucher, 2, u).index() == i)
+            .take(n)
+            .collect()
+    };
+    let (zero, one) = (of_bucket(0, 2), of_bucket(1, 2));
+    // Bucket 1's buyer is drained, then cancels: the unit is back in bucket 1 only.
+    let (status, body) = buy(&app, voucher, &one[0]).await;
+    assert_eq!(status, 202, "{body}");
+    drain_all(&ctx, voucher, 1).await;
+    let order = body["order_id"].as_str().unwrap();
+    let (status, body) = close(&app, order, &one[0], false).await;
+    assert_eq!((status, body["status"].as_str()), (200, Some("cancelled")));
+    // Bucket 0 sells its unit, then borrows bucket 1's and sells it too.
+    for u in &zero {
+        let (status, body) = buy(&app, voucher, u).await;
+        assert_eq!(status, 202, "{u}: {body}");
+    }
+    assert_eq!(stocks(&ctx, voucher, 2).await, vec![0, 0]);
+    // Bucket 1's sale and buyers lost (its closes kept); its next buyer repairs it.
+    let k1 = VoucherKeys::new(Bucket::all(voucher, 2).nth(1).unwrap());
+    let _: () = ctx.conn().del(&[&k1.sale, &k1.buyers]).await.unwrap();
+    let fresh = App::new(&cfg).await;
+    let (status, body) = buy(&fresh, voucher, &one[1]).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("sold_out")),
+        "both units are sold: {body}"
+    );
+    drain_all(&ctx, voucher, 3).await;
+    let rows = rows(&ctx, voucher).await;
+    assert!(
+        rows.iter().all(|r| r.2 != "rejected"),
+        "an admitted order refused: {rows:?}"
+    );
+}
+
 /// `user`'s order paid (the provider's signed event) or cancelled (`POST
 /// /orders/{order}/cancel`). A payment answers `status` from its `outcome`.
 async fn close(app: &App, order: &str, user: &str, pay: bool) -> (u16, serde_json::Value) {

@@ -509,6 +509,58 @@ async fn a_repair_never_gives_a_buyer_back_an_order_they_cancelled() {
     ctx.cleanup().await;
 }
 
+/// A drained order cancelled in Redis, its close not yet written to the database, on a
+/// voucher that lets a buyer buy again: then Redis loses the sale. The database still
+/// counts the order's unit taken, while the repair (rightly) gives its buyer no order
+/// back; the repair must open the sale at once with that unit on sale again, not refuse
+/// every buyer (503, a full read each time) until the drainer settles the close. The
+/// stock stays exact once it does.
+#[tokio::test]
+async fn a_repair_opens_at_once_beside_a_drained_order_cancelled_and_not_yet_settled() {
+    let ctx = DrainCtx::start().await;
+    let app = app_of(&ctx).await;
+    let v = pay_voucher(&ctx, 3, 600, true).await;
+    let res = buy(&app, v.id, "jan").await;
+    assert_eq!(status(&res), (202, "pending"), "{}", res.1);
+    let first = res.1["order_id"].as_str().unwrap().to_string();
+    ctx.drain(ctx.drainer_config()).await;
+    assert_eq!(ctx.db_stock_left(v.id).await, 2, "drained: the unit taken");
+    assert_eq!(
+        status(&cancel(&app, &first, "jan").await),
+        (200, "cancelled")
+    );
+    let k = VoucherKeys::new(v.id);
+    let _: i64 = ctx.conn().del(&[&k.sale, &k.buyers]).await.unwrap();
+
+    let app = app_of(&ctx).await;
+    let res = buy(&app, v.id, "kim").await;
+    assert_eq!(status(&res), (202, "pending"), "the sale opens: {}", res.1);
+    let res = buy(&app, v.id, "jan").await;
+    assert_eq!(status(&res), (202, "pending"), "jan buys again: {}", res.1);
+    assert_ne!(res.1["order_id"], first.as_str());
+    // Three units: jan's and kim's new orders hold two; the cancelled one is back.
+    assert_eq!(ctx.sales.stock_left(v.id).await.unwrap(), Some(1));
+    drain_until_settled(&ctx, v.id).await;
+    assert_eq!(ctx.db_stock_left(v.id).await, 1);
+    let res = buy(&app, v.id, "lea").await;
+    assert_eq!(status(&res), (202, "pending"), "the last unit: {}", res.1);
+    drain_until_settled(&ctx, v.id).await;
+    assert_eq!(ctx.db_stock_left(v.id).await, 0);
+    let mut conn = ctx.mysql().await;
+    let rejected: Vec<i64> = conn
+        .exec(
+            "SELECT id FROM orders WHERE voucher_id = ? AND status = 'rejected'",
+            (v.id.get(),),
+        )
+        .await
+        .unwrap();
+    assert!(
+        rejected.is_empty(),
+        "an admitted order refused: {rejected:?}"
+    );
+    ctx.cleanup().await;
+}
+
 /// The same loss on a voucher that does not let a buyer buy again: a close keeps the
 /// buyer, so the repair restores them from the stream with their cancelled order, and
 /// they still cannot buy a second time.

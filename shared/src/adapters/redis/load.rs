@@ -20,6 +20,16 @@ use crate::protocol::{self, preload, sale_fields};
 /// Orders stream entries per page when buyers are restored from the stream.
 pub const RESTORE_STREAM_PAGE: usize = 1_000;
 
+/// What [`RedisSales::restore_buyers`] did with the database's holders it was given.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Restored {
+    /// Buyers recorded (the buyers hash lacked them).
+    pub added: u64,
+    /// Holders skipped: their order was closed in Redis with its unit given back (the
+    /// database has not settled the close yet) on a voucher that lets buyers buy again.
+    pub returned: u64,
+}
+
 impl RedisSales {
     /// Makes a new voucher sellable: registers each of its buckets for the drainer, then
     /// creates each bucket's sale hash (only if absent, with the bucket's share of the
@@ -32,7 +42,7 @@ impl RedisSales {
         for bucket in voucher.buckets().collect::<Vec<_>>().into_iter().rev() {
             // A new voucher has no orders in the database.
             let share = bucket.share(voucher.stock, voucher.buckets);
-            created = self.reopen_bucket(voucher, bucket, share, 0).await? == Reopen::Created;
+            created = self.reopen_bucket(voucher, bucket, share, 0, 0).await? == Reopen::Created;
         }
         Ok(created)
     }
@@ -40,8 +50,14 @@ impl RedisSales {
     /// Makes a voucher of one bucket sellable again after Redis lost its sale hash: see
     /// [`Self::reopen_bucket`], with the voucher's `db_stock_left`.
     pub async fn reopen(&self, voucher: &Voucher, settled: u64) -> Result<Reopen, StoreError> {
-        self.reopen_bucket(voucher, voucher.id.into(), voucher.db_stock_left, settled)
-            .await
+        self.reopen_bucket(
+            voucher,
+            voucher.id.into(),
+            voucher.db_stock_left,
+            settled,
+            0,
+        )
+        .await
     }
 
     /// Makes one bucket sellable again after Redis lost its sale hash
@@ -51,8 +67,10 @@ impl RedisSales {
     ///
     /// `settled` is the number of the bucket's orders in the database when `stock_left`
     /// was read (one consistent read), and every one of their buyers must already be in
-    /// the buyers hash ([`Self::restore_buyers`]); the buyers beyond those are admitted
-    /// orders the database has not taken stock for yet.
+    /// the buyers hash ([`Self::restore_buyers`]) but the `returned` ones (closed in
+    /// Redis with their unit given back, the close not yet settled, on a voucher that
+    /// lets buyers buy again: [`Restored::returned`]); the buyers beyond those are
+    /// admitted orders the database has not taken stock for yet.
     ///
     /// The active-set write comes first: if the second step fails, the drainer merely
     /// visits an empty stream, while the reverse order could leave orders undrained.
@@ -62,6 +80,7 @@ impl RedisSales {
         bucket: Bucket,
         stock_left: i64,
         settled: u64,
+        returned: u64,
     ) -> Result<Reopen, StoreError> {
         let mut conn = self.conn.clone();
         let _: i64 = conn.sadd(keys::ACTIVE_VOUCHERS, bucket.to_string()).await?;
@@ -98,6 +117,7 @@ impl RedisSales {
                     .map_or(String::new(), |r| r.entry_rate_per_s().to_string()),
             )
             .arg(voucher.room.map_or(0, |r| r.opens_before_s()))
+            .arg(returned)
             .invoke_async(&mut conn)
             .await?;
         match created {
@@ -137,17 +157,17 @@ impl RedisSales {
 
     /// Records buyers the buyers hash lost (`lua/restore_buyers.lua`, HSETNX: a buyer it
     /// still has is never overwritten; with `rebuy`, the voucher's `rebuy_after_close`,
-    /// an order closed with its unit given back names no buyer). Returns how many were
-    /// added.
+    /// an order closed with its unit given back names no buyer): how many were added,
+    /// and how many were skipped so.
     pub async fn restore_buyers(
         &self,
         voucher: impl Into<Bucket>,
         buyers: &[(String, OrderId)],
         rebuy: bool,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<Restored, StoreError> {
         let voucher: Bucket = voucher.into();
         if buyers.is_empty() {
-            return Ok(0);
+            return Ok(Restored::default());
         }
         let k = VoucherKeys::new(voucher);
         let mut call = RESTORE_BUYERS.key(&k.buyers);
@@ -158,8 +178,9 @@ impl RedisSales {
         for (user, order) in buyers {
             call.arg(user.as_str()).arg(order.get());
         }
-        let (_, added): (String, u64) = call.invoke_async(&mut self.conn.clone()).await?;
-        Ok(added)
+        let (_, added, returned): (String, u64, u64) =
+            call.invoke_async(&mut self.conn.clone()).await?;
+        Ok(Restored { added, returned })
     }
 
     /// Records the buyer of every order still in the voucher's orders stream that the

@@ -397,7 +397,12 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
                     .filter(|(u, _)| Bucket::of_user(voucher, k, u) == *bk)
                     .cloned()
                     .collect();
-                added += b.sales.restore_buyers(*bk, &theirs, rebuy).await.redis()?;
+                added += b
+                    .sales
+                    .restore_buyers(*bk, &theirs, rebuy)
+                    .await
+                    .redis()?
+                    .added;
             }
             report.repaired(class, format!("restored {added} buyer(s) (HSETNX)"));
         }
