@@ -12,7 +12,7 @@
 
 mod client;
 mod errors;
-mod orders;
+pub mod orders;
 mod snapshot;
 mod values;
 mod vouchers;

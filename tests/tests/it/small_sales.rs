@@ -448,22 +448,7 @@ async fn the_group_statements_read_only_their_rows_on_a_table_never_analysed() {
 
 /// See [`the_group_statements_read_only_their_rows_on_a_table_never_analysed`].
 async fn group_statements_read_only_their_rows(ctx: &DrainCtx, ids: &[VoucherId]) {
-    use aws_sdk_rdsdata::types::Field;
     use seckill_shared::adapters::ledger::sql;
-    let named = |params: Vec<aws_sdk_rdsdata::types::SqlParameter>| {
-        let map: std::collections::HashMap<Vec<u8>, mysql_async::Value> = params
-            .iter()
-            .map(|p| {
-                let v = match p.value().unwrap() {
-                    Field::LongValue(n) => mysql_async::Value::from(*n),
-                    Field::StringValue(s) => mysql_async::Value::from(s.as_str()),
-                    other => panic!("a group statement binds {other:?}"),
-                };
-                (p.name().unwrap().as_bytes().to_vec(), v)
-            })
-            .collect();
-        mysql_async::Params::Named(map)
-    };
     let mut conn = ctx.mysql().await;
     let overhead = {
         let a = handler_reads(&mut conn).await;
@@ -519,6 +504,149 @@ async fn group_statements_read_only_their_rows(ctx: &DrainCtx, ids: &[VoucherId]
 }
 
 /// `EXPLAIN` of `sql`: each table's access type and key.
+/// Data API parameters as the database's own client binds them (named, as the Data API
+/// server does): the statements run with the product's SQL text and values.
+fn named(params: Vec<aws_sdk_rdsdata::types::SqlParameter>) -> mysql_async::Params {
+    use aws_sdk_rdsdata::types::Field;
+    let map: std::collections::HashMap<Vec<u8>, mysql_async::Value> = params
+        .iter()
+        .map(|p| {
+            let v = match p.value().unwrap() {
+                Field::LongValue(n) => mysql_async::Value::from(*n),
+                Field::StringValue(s) => mysql_async::Value::from(s.as_str()),
+                other => panic!("a statement here binds {other:?}"),
+            };
+            (p.name().unwrap().as_bytes().to_vec(), v)
+        })
+        .collect();
+    mysql_async::Params::Named(map)
+}
+
+/// The statements on the orders table read only about the rows they return on a table
+/// written just now and never analysed, whatever the optimizer makes of the missing
+/// statistics (each names its index): 30,000 orders of one sale (one in fifteen unpaid,
+/// the others confirmed or cancelled) beside a sale of 100, and each statement run with
+/// the product's own SQL (`Handler_read_*` counts what it examined): the buyer's order,
+/// the repair's page of unpaid orders, the live view's counts of the small sale, the
+/// drainer's lookup of a chunk's collisions, and its settlement of closes (which locks
+/// what it reads).
+#[tokio::test]
+async fn the_order_statements_read_only_their_rows_on_a_table_never_analysed() {
+    use seckill_shared::adapters::data_api::orders;
+    use seckill_shared::adapters::data_api::param;
+    use seckill_shared::adapters::ledger::sql;
+    use seckill_shared::domain::{AdmittedOrder, ClosedOrder, OrderStatus, UserId};
+
+    let ctx = DrainCtx::start().await;
+    ctx.many_vouchers(1, 2, 100_000).await;
+    let mut conn = ctx.mysql().await;
+    conn.query_drop(
+        "INSERT INTO orders (id, voucher_id, user_id, status, admitted_at, pay_by) \
+         SELECT seq, IF(seq > 30000, 2, 1), CONCAT('buyer-', seq), \
+         CASE WHEN seq % 15 = 0 THEN 'awaiting_payment' WHEN seq % 2 = 0 THEN 'cancelled' \
+         ELSE 'confirmed' END, NOW(3), IF(seq % 15 = 0, NOW(3) + INTERVAL 10 MINUTE, NULL) \
+         FROM seq_1_to_30100",
+    )
+    .await
+    .unwrap();
+    let overhead = {
+        let a = handler_reads(&mut conn).await;
+        handler_reads(&mut conn).await - a
+    };
+    let v1 = VoucherId::new(1).unwrap();
+    let mut examined = async |sql: &str, params: mysql_async::Params| -> (usize, u64) {
+        let before = handler_reads(&mut conn).await;
+        let rows: Vec<mysql_async::Row> = conn.exec(sql, params).await.unwrap();
+        let n = rows.len();
+        (n, handler_reads(&mut conn).await - before - overhead)
+    };
+
+    let by_buyer = vec![param::long("v", 1), param::string("u", "buyer-7")];
+    let (n, read) = examined(orders::ORDER_OF_BUYER, named(by_buyer)).await;
+    assert_eq!(n, 1);
+    assert!(read <= 10, "the buyer's order examined {read} rows");
+
+    let page = vec![param::long("v", 1), param::long("after", 0)];
+    let (n, read) = examined(&orders::awaiting_payment_sql(), named(page)).await;
+    assert_eq!(n, 2_000, "one in fifteen of 30,000");
+    assert!(
+        read <= 2 * 2_000 + 10,
+        "a page of 2,000 unpaid examined {read} rows"
+    );
+
+    let counts = vec![param::long("v", 2)];
+    let (n, read) = examined(orders::ORDER_STATUS_COUNTS, named(counts)).await;
+    assert_eq!(n, 3);
+    assert!(
+        read <= 2 * 100 + 10,
+        "the counts of 100 orders examined {read} rows"
+    );
+
+    // A chunk of 1,000 orders: ids found by key, buyers by (voucher, holder).
+    let chunk: Vec<AdmittedOrder> = (0..1_000)
+        .map(|i| {
+            let id = 1 + 29 * i;
+            AdmittedOrder {
+                id: OrderId::new(id).unwrap(),
+                voucher: v1,
+                user: UserId::parse(&format!("buyer-{}", id + 1)).unwrap(),
+                admitted_ms: now_millis(),
+            }
+        })
+        .collect();
+    let (lookup, params) = sql::existing_orders(v1, &chunk);
+    let (n, read) = examined(&lookup, named(params)).await;
+    assert!(n >= 1_000, "{n} collisions");
+    assert!(
+        read <= 6 * 1_000 + 10,
+        "the chunk's lookup examined {read} rows"
+    );
+
+    // The closes of 500 unpaid orders, and which of 1,000 are settled.
+    let unpaid: Vec<OrderId> = (1..=500).map(|i| OrderId::new(15 * i).unwrap()).collect();
+    let ids: Vec<i64> = unpaid
+        .iter()
+        .map(|o| o.get())
+        .chain((1..=500).map(|i| 2 * i + 1))
+        .collect();
+    let settled = vec![
+        param::string("rows", &serde_json::to_string(&ids).unwrap()),
+        param::long("v", 1),
+    ];
+    let (n, read) = examined(sql::SETTLED_ORDERS, named(settled)).await;
+    let confirmed = (1..=500)
+        .map(|i| 2 * i + 1)
+        .filter(|id| id % 15 != 0)
+        .count();
+    assert_eq!(n, confirmed, "the odd ids but the unpaid ones");
+    assert!(
+        read <= 4 * 1_000 + 10,
+        "which of 1,000 are settled examined {read} rows"
+    );
+
+    let closed = ClosedOrder {
+        status: OrderStatus::Cancelled,
+        pay_by_ms: now_millis(),
+        payment_ref: String::new(),
+        user: "buyer".into(),
+    };
+    let closes: Vec<(OrderId, &ClosedOrder)> = unpaid.iter().map(|o| (*o, &closed)).collect();
+    let (update, params) = sql::settle_closes(v1, &closes, true);
+    conn.query_drop("BEGIN").await.unwrap();
+    let before = handler_reads(&mut conn).await;
+    conn.exec_drop(&update, named(params)).await.unwrap();
+    let updated = conn.affected_rows();
+    let read = handler_reads(&mut conn).await - before - overhead;
+    assert_eq!(updated, 500);
+    assert!(
+        read <= 4 * 500 + 10,
+        "the closes of 500 examined {read} rows"
+    );
+    conn.query_drop("ROLLBACK").await.unwrap();
+    conn.disconnect().await.ok();
+    ctx.cleanup().await;
+}
+
 async fn plan_of(
     conn: &mut mysql_async::Conn,
     sql: &str,

@@ -14,6 +14,28 @@ use super::values::{USER_ID_TEXT, field, param};
 use crate::domain::{OrderId, OrderStatus, UnixMillis, UserId, VoucherId};
 use crate::error::StoreError;
 
+/// The buyer's order of a voucher ([`DataApi::order_of_buyer`]): the one still holding
+/// a unit, else the latest. Every statement here names its index: a table just written
+/// may have no statistics, and three indexes begin with `voucher_id`.
+pub const ORDER_OF_BUYER: &str = "SELECT id, status, pay_by FROM orders FORCE INDEX (orders_by_buyer) \
+    WHERE voucher_id = :v AND user_id = :u ORDER BY holder IS NULL, id DESC LIMIT 1";
+
+/// A page of the voucher's unpaid orders after `:after` ([`DataApi::awaiting_payment`]):
+/// a range of `(voucher_id, status, id)` that is already in id order, never a walk of
+/// the primary key in id order that the optimizer may prefer for the `ORDER BY ... LIMIT`.
+pub fn awaiting_payment_sql() -> String {
+    format!(
+        "SELECT id, {USER_ID_TEXT}, pay_by FROM orders FORCE INDEX (orders_by_voucher_status) \
+         WHERE voucher_id = :v AND status = 'awaiting_payment' AND id > :after \
+         ORDER BY id LIMIT {SNAPSHOT_PAGE_ROWS}"
+    )
+}
+
+/// The voucher's orders counted by status ([`DataApi::order_status_counts`]), from the
+/// one index that covers the query (the live view asks every second).
+pub const ORDER_STATUS_COUNTS: &str = "SELECT status, COUNT(*) FROM orders \
+    FORCE INDEX (orders_by_voucher_status) WHERE voucher_id = :v GROUP BY status";
+
 impl DataApi {
     /// The order `user` holds for `voucher` in the database: (order id, status, payment
     /// deadline). The one still counting when the buyer also has closed ones (a voucher
@@ -25,8 +47,7 @@ impl DataApi {
     ) -> Result<Option<(OrderId, OrderStatus, Option<UnixMillis>)>, StoreError> {
         let out = self
             .execute(
-                "SELECT id, status, pay_by FROM orders WHERE voucher_id = :v AND user_id = :u \
-                 ORDER BY holder IS NULL, id DESC LIMIT 1",
+                ORDER_OF_BUYER,
                 vec![
                     param::long("v", voucher.get()),
                     param::string("u", user.as_str()),
@@ -106,10 +127,7 @@ impl DataApi {
     ) -> Result<Vec<(OrderId, String, UnixMillis)>, StoreError> {
         let out = self
             .execute(
-                &format!(
-                    "SELECT id, {USER_ID_TEXT}, pay_by FROM orders WHERE voucher_id = :v \
-                     AND status = 'awaiting_payment' AND id > :after ORDER BY id LIMIT {SNAPSHOT_PAGE_ROWS}"
-                ),
+                &awaiting_payment_sql(),
                 vec![param::long("v", voucher.get()), param::long("after", after)],
                 None,
             )
@@ -147,7 +165,7 @@ impl DataApi {
     ) -> Result<HashMap<OrderStatus, u64>, StoreError> {
         let out = self
             .execute(
-                "SELECT status, COUNT(*) FROM orders WHERE voucher_id = :v GROUP BY status",
+                ORDER_STATUS_COUNTS,
                 vec![param::long("v", voucher.get())],
                 None,
             )
