@@ -76,13 +76,13 @@ function render() {
     show("countdown", "");
   }
   const room = voucher.entry_rate_per_s !== undefined;
-  if (entryToken && now >= entryExpires) {
+  // A buyer whose order was cancelled or expired may buy again if the voucher says so.
+  const free = !order || (voucher.rebuy_after_close && CLOSED.has(order.status));
+  if (entryToken && now >= entryExpires && free) {
     // The pass lapsed: the line gives a fresh one (the place is kept).
     entryToken = null;
     roomDone = false;
   }
-  // A buyer whose order was cancelled or expired may buy again if the voucher says so.
-  const free = !order || (voucher.rebuy_after_close && CLOSED.has(order.status));
   const canBuy = token && p === "open" && left > 0 && free && !buying && !saleOver
     && (!room || entryToken);
   document.getElementById("buy").disabled = !canBuy;
