@@ -248,6 +248,20 @@ impl LedgerTx<'_> {
                     returned += u64::try_from(out.number_of_records_updated()).unwrap_or(0);
                 }
             }
+            // A paid order the database holds rejected: the money is to be refunded.
+            let paid: Vec<(OrderId, &str)> = chunk
+                .iter()
+                .filter(|(_, c)| c.status == OrderStatus::Paid && !c.payment_ref.is_empty())
+                .map(|(i, c)| (*i, c.payment_ref.as_str()))
+                .collect();
+            if !paid.is_empty() {
+                let (sql, params) = sql::refund_rejected_paid(voucher, &paid);
+                let out = self.api.execute(&sql, params, Some(&self.id)).await?;
+                let refunds = out.number_of_records_updated();
+                if refunds > 0 {
+                    tracing::warn!(%voucher, refunds, "paid orders the database rejected: payments due for refund");
+                }
+            }
             let ids: Vec<i64> = chunk.iter().map(|(i, _)| i.get()).collect();
             let ids = serde_json::to_string(&ids).expect("ids serialise");
             let out = self

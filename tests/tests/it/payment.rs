@@ -1319,6 +1319,75 @@ async fn a_rejected_order_never_gives_redis_a_unit_back() {
     ctx.cleanup().await;
 }
 
+/// Orders paid before the drain (the provider's money taken) that the database then
+/// rejects, its stock short (as after a Redis loss): their payments are marked due for
+/// refund when the drainer settles their closes, once, and the operators see them. Two
+/// shapes: the payment decided before the drain read the close, and the order written
+/// `rejected` while the payment was still on its way (its close settled later).
+#[tokio::test]
+async fn a_paid_order_the_database_rejects_has_its_payment_due_for_refund() {
+    let ctx = DrainCtx::start().await;
+    let app = app_of(&ctx).await;
+    let v = pay_voucher(&ctx, 5, 600, false).await;
+    let mut my = ctx.mysql().await;
+    my.exec_drop(
+        "UPDATE vouchers SET stock_left = 0 WHERE id = ?",
+        (v.id.get(),),
+    )
+    .await
+    .unwrap();
+    let order_of = |res: (u16, Value)| {
+        assert_eq!(res.0, 202, "{}", res.1);
+        res.1["order_id"].as_str().unwrap().to_string()
+    };
+    // Paid first, then drained: written rejected.
+    let early = order_of(buy(&app, v.id, "pia").await);
+    let (status, body) = pay(&app, &early, "pia", "pay-early").await;
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (200, Some("paid")),
+        "{body}"
+    );
+    // Drained first (rejected), then paid: the webhook sees the rejected row.
+    let late = order_of(buy(&app, v.id, "quin").await);
+    drain_until_settled(&ctx, v.id).await;
+    let (status, body) = pay(&app, &late, "quin", "pay-late").await;
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (200, Some("refund_due")),
+        "{body}"
+    );
+    drain_until_settled(&ctx, v.id).await;
+    let rows = status_counts(&ctx, v.id).await;
+    assert_eq!(count(&rows, "rejected"), 2, "{rows:?}");
+    let outcomes: Vec<(String, String)> = my
+        .exec(
+            "SELECT payment_id, outcome FROM payments WHERE voucher_id = ? ORDER BY payment_id",
+            (v.id.get(),),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        outcomes,
+        vec![
+            ("pay-early".to_string(), "refund_due".to_string()),
+            ("pay-late".to_string(), "refund_due".to_string())
+        ]
+    );
+    // Settling again changes nothing.
+    drain_until_settled(&ctx, v.id).await;
+    let due: Vec<String> = my
+        .exec(
+            "SELECT payment_id FROM payments WHERE voucher_id = ? AND outcome = 'refund_due'",
+            (v.id.get(),),
+        )
+        .await
+        .unwrap();
+    assert_eq!(due.len(), 2);
+    my.disconnect().await.ok();
+    ctx.cleanup().await;
+}
+
 /// A cancel while Redis has lost the sale hash does not recreate it with a stock field
 /// alone (which would pass for a live sale without a window); the repair rebuilds it and
 /// Redis never holds more units than the database.

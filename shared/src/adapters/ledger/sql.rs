@@ -267,6 +267,39 @@ pub fn settle_closes(
     )
 }
 
+/// Marks for refund the payments of orders Redis closed as paid but the database holds
+/// `rejected` (its stock could not cover them: they never held a unit, yet the provider
+/// took the money). `paid` is `[[order id, payment id], ...]`; a payment row moves only
+/// from `received` or `paid`, and only for its own order, so a second run changes
+/// nothing. The row count is the payments newly due for refund.
+pub fn refund_rejected_paid(
+    voucher: VoucherId,
+    paid: &[(OrderId, &str)],
+) -> (String, Vec<SqlParameter>) {
+    const SQL: &str = "UPDATE JSON_TABLE(:paid, '$[*]' COLUMNS (\
+        id BIGINT UNSIGNED PATH '$[0]' ERROR ON EMPTY, \
+        ref VARCHAR(128) PATH '$[1]' ERROR ON EMPTY)) AS j \
+        STRAIGHT_JOIN orders AS o FORCE INDEX (PRIMARY) ON o.id = j.id \
+        STRAIGHT_JOIN payments AS p FORCE INDEX (PRIMARY) ON p.payment_id = j.ref \
+        SET p.outcome = 'refund_due', p.reason = :r, p.decided_at = UTC_TIMESTAMP(3) \
+        WHERE o.voucher_id = :v AND o.status = 'rejected' AND p.order_id = o.id \
+        AND p.outcome IN ('received', 'paid')";
+    let paid: Vec<(i64, &str)> = paid.iter().map(|(o, r)| (o.get(), *r)).collect();
+    let paid = serde_json::to_string(&paid).expect("numbers and strings serialise");
+    (
+        SQL.to_string(),
+        vec![
+            param::string("paid", &paid),
+            param::string("r", REJECTED_PAID_REASON),
+            param::long("v", voucher.get()),
+        ],
+    )
+}
+
+/// Why a payment of a rejected order is due for refund.
+pub const REJECTED_PAID_REASON: &str =
+    "the order was rejected (the database stock could not cover it) after it was paid";
+
 /// Gives `:n` units back to voucher `:v`'s database stock (closes recorded by
 /// [`settle_closes`]); the table's CHECK keeps `stock_left <= stock`.
 pub const RETURN_STOCK: &str = "UPDATE vouchers SET stock_left = stock_left + :n WHERE id = :v";
