@@ -477,6 +477,62 @@ async fn a_transaction_the_data_api_says_is_gone_in_either_form_leaves_no_record
     ctx.cleanup().await;
 }
 
+/// The Data API's answer to a statement that ran is lost (a 503 from a proxy that gave up
+/// waiting, a connection cut after the request went out): the statement must not be sent
+/// again inside its transaction, or the stock update would take the batch's units twice
+/// and the database refuse later orders Redis admitted. Sent once, the failure rolls the
+/// transaction back, and the drainer writes the batch again: stock taken once. Then the
+/// same for the stock update of a group of small sales.
+#[tokio::test]
+async fn a_statement_whose_answer_was_lost_is_never_sent_again_in_its_transaction() {
+    use data_api_local::LostAnswers;
+    for (what, sql, sales) in [
+        (
+            "one sale",
+            "UPDATE vouchers SET stock_left = stock_left - :n",
+            1,
+        ),
+        (
+            "a group of sales",
+            "SET v.stock_left = v.stock_left - j.n",
+            3,
+        ),
+    ] {
+        let mut ctx = DrainCtx::start().await;
+        let lost = LostAnswers::new(sql, 1);
+        let fault = lost.clone();
+        ctx.stop_data_api().await;
+        ctx.start_data_api_with(move |c| c.lose_answers = Some(fault))
+            .await;
+        let mut vouchers = Vec::new();
+        for _ in 0..sales {
+            let v = ctx.voucher(10, 10).await;
+            ctx.admit(v.id, "lost-answer", 4).await;
+            vouchers.push(v);
+        }
+        for _ in 0..5 {
+            ctx.drain(ctx.drainer_config()).await;
+            let mut written = 0;
+            for v in &vouchers {
+                written += ctx.orders_in_db(v.id).await.len();
+            }
+            if written == 4 * sales {
+                break;
+            }
+        }
+        assert_eq!(lost.left(), 0, "{what}: an answer was lost");
+        for v in &vouchers {
+            assert_eq!(ctx.orders_in_db(v.id).await.len(), 4, "{what}");
+            assert_eq!(
+                ctx.db_stock_left(v.id).await,
+                6,
+                "{what}: four units taken once"
+            );
+        }
+        ctx.cleanup().await;
+    }
+}
+
 /// Every order of a read refused on its own (two here, a batch's worth in the second
 /// run, first deliveries and then claimed ones): the database still takes an ordinary
 /// row, so the orders are at fault and each is dead-lettered with the reason; the sale

@@ -1,6 +1,8 @@
 //! The server's configuration: the MariaDB it fronts, the resource and secret ARNs it
 //! accepts, and Aurora's timeouts, with the local stack's defaults.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::secrets;
@@ -26,6 +28,42 @@ pub struct ServerConfig {
     /// instead of `404 TransactionNotFoundException` (tests of clients that must take
     /// both forms for the same fact).
     pub not_found_as_bad_request: bool,
+    /// Tests of what a client does when an answer is lost after the statement ran: the
+    /// next statements whose SQL contains the text run, then are answered `503
+    /// ServiceUnavailableError` (as a proxy that gave up waiting answers, or a
+    /// connection cut after the request went out), their effect kept.
+    pub lose_answers: Option<LostAnswers>,
+}
+
+/// See [`ServerConfig::lose_answers`]: statements containing `sql` lose their answer,
+/// `times` times in all.
+#[derive(Debug, Clone)]
+pub struct LostAnswers {
+    pub sql: String,
+    left: Arc<AtomicUsize>,
+}
+
+impl LostAnswers {
+    pub fn new(sql: impl Into<String>, times: usize) -> Self {
+        LostAnswers {
+            sql: sql.into(),
+            left: Arc::new(AtomicUsize::new(times)),
+        }
+    }
+
+    /// Whether the answer to a statement of this SQL, which ran, is to be lost now.
+    pub fn take(&self, sql: &str) -> bool {
+        sql.contains(&self.sql)
+            && self
+                .left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+    }
+
+    /// How many answers are still to be lost.
+    pub fn left(&self) -> usize {
+        self.left.load(Ordering::SeqCst)
+    }
 }
 
 impl ServerConfig {
@@ -41,6 +79,7 @@ impl ServerConfig {
             transaction_idle_timeout: Duration::from_secs(180),
             statement_timeout: Duration::from_secs(45),
             not_found_as_bad_request: false,
+            lose_answers: None,
         }
     }
 }

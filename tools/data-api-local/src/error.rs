@@ -24,6 +24,8 @@ pub enum ApiError {
     Internal(String),
     /// Not a local SDK client (a browser page, a rebound DNS name).
     Forbidden(String),
+    /// The service gave no answer in time (only as a test asks: the statement ran).
+    ServiceUnavailable(String),
 }
 
 impl ApiError {
@@ -52,6 +54,11 @@ impl ApiError {
                 m,
             ),
             Forbidden(m) => ("ForbiddenException", StatusCode::FORBIDDEN, m),
+            ServiceUnavailable(m) => (
+                "ServiceUnavailableError",
+                StatusCode::SERVICE_UNAVAILABLE,
+                m,
+            ),
         }
     }
 

@@ -67,6 +67,7 @@ async fn main() -> anyhow::Result<()> {
         transaction_idle_timeout: Duration::from_secs(cli.transaction_timeout_secs),
         statement_timeout: Duration::from_secs(cli.statement_timeout_secs),
         not_found_as_bad_request: false,
+        lose_answers: None,
     };
     let listener = tokio::net::TcpListener::bind(cli.listen)
         .await

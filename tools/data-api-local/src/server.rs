@@ -253,7 +253,18 @@ async fn execute(app: Arc<AppState>, req: Request) -> Result<Vec<u8>, ApiError> 
     let creds = check_arns(&app, &req)?;
     let sql = check_sql(req.sql.as_deref())?;
     let values = values::bind(&sql.names, &req.parameters)?;
+    let text = req.sql.as_deref().unwrap_or_default();
+    let lose = app
+        .config
+        .lose_answers
+        .as_ref()
+        .is_some_and(|l| l.take(text));
     let outcome = run(&app, &creds, &req, sql, vec![values], false).await?;
+    if lose {
+        return Err(ApiError::ServiceUnavailable(
+            "the answer was lost after the statement ran (a test's fault)".into(),
+        ));
+    }
     let outcome = outcome.into_iter().next().unwrap_or_default();
     let generated_fields = generated_fields(&outcome)?;
     let column_metadata = match (&outcome.columns, req.include_result_metadata) {

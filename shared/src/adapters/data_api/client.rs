@@ -2,12 +2,20 @@
 //! every statement goes through: one statement, and a transaction begun, committed or
 //! rolled back.
 //!
-//! Invariants kept here: every call is bounded by the configured timeout (retries
-//! included), and every failure leaves through [`store_error`], so callers see transient
-//! and permanent errors told apart.
+//! Invariants kept here: every call is sent once and bounded by the configured timeout,
+//! and every failure leaves through [`store_error`], so callers see transient and
+//! permanent errors told apart.
+//!
+//! Once, because the SDK's own retries (standard mode: after a timeout, a cut
+//! connection, a 500/502/503/504) would send a statement again whose first copy may have
+//! run: inside a transaction a stock update then takes its units twice, and a close's
+//! settlement counts its units back twice. Only the caller knows what may be sent again:
+//! the drainer rolls a failed transaction back and writes the batch anew; a buyer's
+//! request answered 503 is asked again by the client.
 
 use aws_config::BehaviorVersion;
 use aws_sdk_rdsdata::Client;
+use aws_sdk_rdsdata::config::retry::RetryConfig;
 use aws_sdk_rdsdata::config::{Credentials, Region};
 use aws_sdk_rdsdata::error::ProvideErrorMetadata;
 use aws_sdk_rdsdata::operation::execute_statement::ExecuteStatementOutput;
@@ -51,14 +59,17 @@ pub async fn sdk_config(local: bool) -> aws_config::SdkConfig {
 
 impl DataApi {
     /// Builds the client once per cold start: region and credentials from the standard
-    /// AWS environment, a bound on each call (retries included).
+    /// AWS environment, a bound on each call, no retry by the SDK (see the module's
+    /// header).
     pub async fn connect(cfg: &DataApiConfig) -> DataApi {
         let shared = sdk_config(cfg.endpoint.is_some()).await;
-        let mut builder = aws_sdk_rdsdata::config::Builder::from(&shared).timeout_config(
-            TimeoutConfig::builder()
-                .operation_timeout(cfg.timeout)
-                .build(),
-        );
+        let mut builder = aws_sdk_rdsdata::config::Builder::from(&shared)
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .operation_timeout(cfg.timeout)
+                    .build(),
+            )
+            .retry_config(RetryConfig::disabled());
         if let Some(endpoint) = &cfg.endpoint {
             builder = builder.endpoint_url(endpoint);
         }
