@@ -282,6 +282,30 @@ impl DrainCtx {
         conn.disconnect().await.ok();
     }
 
+    /// Makes the test database refuse the next `times` order rows whose user id starts
+    /// with `prefix`, then take them: a fault the error's text calls permanent that
+    /// passes all the same. The count lives in a MEMORY table, which a refused
+    /// statement does not roll back.
+    pub async fn refuse_users_times(&self, prefix: &str, times: u32) {
+        let mut conn = self.mysql().await;
+        conn.query_drop(format!(
+            "CREATE TABLE refusals_{prefix} (n INT NOT NULL) ENGINE = MEMORY; \
+             INSERT INTO refusals_{prefix} VALUES ({times})"
+        ))
+        .await
+        .expect("the refusals' count");
+        conn.query_drop(format!(
+            "CREATE TRIGGER refuse_{prefix} BEFORE INSERT ON orders FOR EACH ROW \
+             IF NEW.user_id LIKE '{prefix}%' AND (SELECT n FROM refusals_{prefix}) > 0 THEN \
+             BEGIN UPDATE refusals_{prefix} SET n = n - 1; \
+             SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'order refused by a test trigger'; END; \
+             END IF"
+        ))
+        .await
+        .expect("CREATE TRIGGER");
+        conn.disconnect().await.ok();
+    }
+
     /// Makes `n` vouchers of `stock` units on sale now, straight in the database (one
     /// multi-row INSERT per thousand) and preloaded in Redis, ids from `first_id`.
     pub async fn many_vouchers(&self, first_id: i64, n: i64, stock: i64) -> Vec<Voucher> {

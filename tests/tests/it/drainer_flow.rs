@@ -533,6 +533,24 @@ async fn a_statement_whose_answer_was_lost_is_never_sent_again_in_its_transactio
     }
 }
 
+/// An order refused alone with an error whose text says permanent, by a fault that then
+/// passes (the database takes an ordinary row meanwhile): it is tried alone once more
+/// and written, not dead-lettered; an order is blamed only when refused again.
+#[tokio::test]
+async fn an_order_refused_alone_by_a_fault_that_passes_is_written_not_dead_lettered() {
+    let ctx = DrainCtx::start().await;
+    let v = ctx.voucher(10, 10).await;
+    // Refused in its batch and then alone: twice.
+    ctx.refuse_users_times("flaky", 2).await;
+    ctx.admit(v.id, "flaky", 1).await;
+    ctx.admit(v.id, "steady", 1).await;
+    let s = ctx.drain(ctx.drainer_config()).await;
+    assert_eq!((s.inserted, s.dead_lettered, s.errors), (2, 0, 0), "{s:?}");
+    assert!(ctx.dead_letters(v.id).await.is_empty());
+    assert_eq!(ctx.db_stock_left(v.id).await, 8);
+    ctx.cleanup().await;
+}
+
 /// Every order of a read refused on its own (two here, a batch's worth in the second
 /// run, first deliveries and then claimed ones): the database still takes an ordinary
 /// row, so the orders are at fault and each is dead-lettered with the reason; the sale

@@ -224,10 +224,29 @@ impl Drainer {
             let (_, first) = refusals.swap_remove(0);
             return (out, Some(first));
         }
-        out.refused = refusals
-            .into_iter()
-            .map(|(i, e)| (i, e.to_string()))
-            .collect();
+        // The database takes an ordinary row: each refused order is tried alone once
+        // more, and only one refused again is the order's fault. A passing state of the
+        // database that the error list does not know (it sorts it permanent) is met
+        // twice, around a healthy check, far less often than once, and once would cost
+        // the order for good. An order not tried again (the run's time is up, or the
+        // database failed otherwise) stays pending.
+        for (i, _) in refusals {
+            if !run.fits(1) {
+                out.unfinished = true;
+                break;
+            }
+            match self
+                .commit_batch(run, voucher, &orders[i..i + 1], first_delivery)
+                .await
+            {
+                Ok(BatchOutcome::Committed(split)) => out.merge(i, split),
+                Ok(BatchOutcome::UnknownVoucher) => out.unknown.push(i),
+                Err(e) if e.is_refusal() || matches!(e, DrainError::Raced { .. }) => {
+                    out.refused.push((i, e.to_string()));
+                }
+                Err(e) => return (out, Some(e)),
+            }
+        }
         (out, None)
     }
 

@@ -83,6 +83,17 @@ pub fn is_transient_database_error(message: &str) -> bool {
         "seamless scaling",
         // MariaDB 1020: a row changed under a consistent read; the next attempt reads it.
         "record has changed since last read",
+        // The server short of something for a while: transactions (1637), memory (1037,
+        // 1038, 1041), threads (1135), connections of the user (1203), disk or a
+        // temporary table's room (1021, 1114); a statement to prepare again (1615).
+        "too many active concurrent transactions",
+        "out of memory",
+        "out of sort memory",
+        "can't create a new thread",
+        "max_user_connections",
+        "disk full",
+        "is full",
+        "needs to be re-prepared",
     ];
     let lower = message.to_ascii_lowercase();
     // The transaction expired or went with a failover: the batch's next attempt begins
@@ -136,6 +147,13 @@ mod tests {
             "The last transaction was aborted due to Seamless Scaling. Please retry.",
             "Transaction AQC9dZ8l... is not found",
             "Record has changed since last read in table 'orders'",
+            "Too many active concurrent transactions",
+            "Out of memory; check if mysqld or some other process uses all available memory",
+            "Out of sort memory, consider increasing server sort buffer size",
+            "Can't create a new thread (errno 11); if you are not out of available memory",
+            "User app already has more than 'max_user_connections' active connections",
+            "The table '#sql-temptable-1' is full",
+            "Prepared statement needs to be re-prepared",
         ] {
             assert!(is_transient_database_error(transient), "{transient}");
         }
