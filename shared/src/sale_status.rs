@@ -53,8 +53,10 @@ pub struct VoucherStatus {
     pub paid: u64,
     pub closed: u64,
     pub expired: u64,
-    /// Payments the provider confirmed after their order had closed (or for an order
-    /// another payment paid): recorded `refund_due`, to refund.
+    /// Payments to refund: confirmed by the provider after their order had closed, for
+    /// an order another payment paid, or for an order the database rejected (recorded
+    /// `refund_due`), and successes of the wrong amount (recorded `refused`): money taken
+    /// that pays for nothing.
     pub refunds_due: u64,
     /// Entries not yet acked: delivered to a drainer (`pending`) or not yet read (`lag`).
     pub pending: u64,
@@ -132,7 +134,7 @@ impl SaleSources<'_> {
             .counts(voucher)
             .await?
             .into_iter()
-            .filter(|(o, _)| *o == Outcome::RefundDue)
+            .filter(|(o, _)| matches!(o, Outcome::RefundDue | Outcome::Refused))
             .map(|(_, n)| n)
             .sum();
         let now = now_millis();

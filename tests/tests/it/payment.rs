@@ -1637,6 +1637,20 @@ async fn a_failed_attempt_of_another_amount_never_blocks_its_payment_nor_hides_a
     assert_eq!(code(&deliver(&app, &late).await), (422, "payment_mismatch"));
     assert_eq!(status(&get_order(&app, fay, "fay").await), (200, "pending"));
     assert_eq!(ledger("pay_fay").await, Some(Outcome::Refused));
+    // Money taken that pays for nothing: the operators' figures count it to refund.
+    let (code, body) = call(
+        &app,
+        request(
+            "GET",
+            &format!("/status?voucher={}", v.id),
+            Some(&token("ops", true)),
+            None,
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["vouchers"][0]["refunds_due"], 1, "{body}");
     ctx.cleanup().await;
 }
 

@@ -77,9 +77,10 @@ pub struct Report {
     pub closes_to_settle: u64,
     pub discrepancies: Vec<Discrepancy>,
     pub repaired: bool,
-    /// Payments to refund (confirmed by the provider after their order closed, or for
-    /// an order another payment paid): money to give back, not a discrepancy of the
-    /// sale's state (at most `payments::LIST_LIMIT` listed).
+    /// Payments to refund (confirmed by the provider after their order closed, for an
+    /// order another payment paid or the database rejected, or of the wrong amount):
+    /// money to give back, not a discrepancy of the sale's state (at most
+    /// `payments::LIST_LIMIT` listed of each kind).
     pub refunds_due: Vec<RefundDue>,
 }
 
@@ -197,19 +198,22 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
         settling.extend(b.streams.to_settle(*bk).await.redis()?);
     }
     report.closes_to_settle = settling.len() as u64;
-    report.refunds_due = Payments(&b.db)
-        .list(voucher, Outcome::RefundDue)
-        .await
-        .db()?
-        .into_iter()
-        .map(|p| RefundDue {
-            payment_id: p.payment_id,
-            order_id: p.order.to_string(),
-            amount_minor: p.amount_minor,
-            currency: p.currency,
-            reason: p.reason.unwrap_or_default(),
-        })
-        .collect();
+    for outcome in [Outcome::RefundDue, Outcome::Refused] {
+        report.refunds_due.extend(
+            Payments(&b.db)
+                .list(voucher, outcome)
+                .await
+                .db()?
+                .into_iter()
+                .map(|p| RefundDue {
+                    payment_id: p.payment_id,
+                    order_id: p.order.to_string(),
+                    amount_minor: p.amount_minor,
+                    currency: p.currency,
+                    reason: p.reason.unwrap_or_default(),
+                }),
+        );
+    }
 
     // Admission times of the orders in the stream.
     let mut admitted_ms: HashMap<OrderId, i64> = HashMap::new();
