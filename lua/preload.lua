@@ -28,19 +28,12 @@
 -- ARGV[12] returned: of the settled orders, how many Redis closed with their unit given
 --         back (cancelled or expired) before the drainer settled the close; a voucher
 --         that lets buyers buy again names no buyer for them (lua/restore_buyers.lua).
--- ARGV[13] '1' when ARGV[1] is what the whole sale has left (one bucket, or every bucket
---         reopened from the database): then closes not settled yet whose buyer the buyers
---         hash still names with that order (a voucher that keeps a buyer after a close)
---         give their unit back here (see below). Not for a bucket reopened empty beside
---         live ones: such units may have moved on to another bucket.
 --
 -- Stock = stock_left - (HLEN(buyers) - settled): the orders admitted but not yet drained
 -- (buyers the database had not settled) take units the database has not taken yet, and
 -- the returned ones give back units it has not got back yet (the drainer settles a
 -- close before it writes new orders, so the database's guard sees those units first).
--- A voucher that keeps a buyer after a close keeps that buyer in the hash, counted above
--- as holding a unit (drained: settled; not drained: pending) although Redis gave it back:
--- each such close still to settle adds its unit (ARGV[13]). Never below 0.
+-- Never below 0.
 --
 -- Returns CREATED when it created the sale, ALREADY_LIVE when the sale was already there
 -- (its stock is live and must not be reset: a repair after admissions began would
@@ -57,10 +50,6 @@ local BUYERS_LOST = -1
 -- The sentinel member of the deadlines (score +inf: never due), closed and to-settle
 -- keys:
 local SENTINEL = '~'
--- Closed states (lua/close.lua) that gave the unit back; a close is
--- `<state>\n<deadline>\n<payment ref>\n<user>`:
-local CANCELLED = 'cancelled'
-local EXPIRED = 'expired'
 -- Sale hash fields:
 local STOCK = 'stock'
 local TOTAL = 'total'
@@ -103,17 +92,6 @@ if buyers + tonumber(ARGV[12]) < settled then
   return BUYERS_LOST
 end
 local stock = tonumber(ARGV[1]) - (buyers - settled)
-if ARGV[13] == '1' then
-  for _, order in ipairs(redis.call('SMEMBERS', KEYS[6])) do
-    local closed = order ~= SENTINEL and redis.call('HGET', KEYS[5], order)
-    if closed then
-      local state, user = string.match(closed, '^([^\n]*)\n[^\n]*\n[^\n]*\n(.*)$')
-      if (state == CANCELLED or state == EXPIRED) and redis.call('HGET', KEYS[2], user) == order then
-        stock = stock + 1
-      end
-    end
-  end
-end
 if stock < 0 then
   stock = 0
 end

@@ -368,7 +368,7 @@ async fn repair_locked(
             false => (settled.saturating_sub(returned), 0),
         };
         match sales
-            .reopen_bucket(&voucher, *b, stock, settled, returned, all_lost)
+            .reopen_bucket(&voucher, *b, stock, settled, returned)
             .await?
         {
             Reopen::Created => tracing::warn!(

@@ -586,60 +586,6 @@ async fn without_rebuy_a_repair_keeps_a_buyer_who_cancelled_to_that_order() {
     ctx.cleanup().await;
 }
 
-/// On a voucher that keeps a buyer after a close, Redis loses the sale while a drained
-/// order's cancel and an undrained order's cancel are not settled yet: both buyers are
-/// restored to their cancelled orders, yet both units are back on sale after the repair
-/// (not stranded), and the sale sells exactly its stock, nothing the database refuses.
-#[tokio::test]
-async fn without_rebuy_a_repair_gives_back_the_units_of_closes_not_settled_yet() {
-    let ctx = DrainCtx::start().await;
-    let app = app_of(&ctx).await;
-    let v = pay_voucher(&ctx, 4, 600, false).await;
-    let order_of = |res: (u16, Value)| {
-        assert_eq!(res.0, 202, "{}", res.1);
-        res.1["order_id"].as_str().unwrap().to_string()
-    };
-    let drained = order_of(buy(&app, v.id, "ann").await);
-    ctx.drain(ctx.drainer_config()).await;
-    assert_eq!(ctx.db_stock_left(v.id).await, 3);
-    assert_eq!(
-        status(&cancel(&app, &drained, "ann").await),
-        (200, "cancelled")
-    );
-    let undrained = order_of(buy(&app, v.id, "bob").await);
-    assert_eq!(
-        status(&cancel(&app, &undrained, "bob").await),
-        (200, "cancelled")
-    );
-    order_of(buy(&app, v.id, "cid").await);
-    let k = VoucherKeys::new(v.id);
-    let _: i64 = ctx.conn().del(&[&k.sale, &k.buyers]).await.unwrap();
-
-    let app = app_of(&ctx).await;
-    order_of(buy(&app, v.id, "dee").await);
-    assert_eq!(
-        ctx.sales.stock_left(v.id).await.unwrap(),
-        Some(2),
-        "four units, cid's and dee's orders hold two"
-    );
-    let res = buy(&app, v.id, "ann").await;
-    assert_eq!(code(&res), (409, "already_purchased"), "{}", res.1);
-    let mut sold = 0;
-    for i in 0..6 {
-        sold += usize::from(buy(&app, v.id, &format!("late-{i}")).await.0 == 202);
-    }
-    assert_eq!(sold, 2, "the two units given back, sold again");
-    drain_until_settled(&ctx, v.id).await;
-    let rows = status_counts(&ctx, v.id).await;
-    assert_eq!(
-        (count(&rows, "awaiting_payment"), count(&rows, "rejected")),
-        (4, 0),
-        "{rows:?}"
-    );
-    assert_eq!(ctx.db_stock_left(v.id).await, 0);
-    ctx.cleanup().await;
-}
-
 #[tokio::test]
 async fn a_voucher_that_allows_it_lets_a_cancelled_buyer_buy_again() {
     let ctx = DrainCtx::start().await;

@@ -42,10 +42,7 @@ impl RedisSales {
         for bucket in voucher.buckets().collect::<Vec<_>>().into_iter().rev() {
             // A new voucher has no orders in the database.
             let share = bucket.share(voucher.stock, voucher.buckets);
-            created = self
-                .reopen_bucket(voucher, bucket, share, 0, 0, false)
-                .await?
-                == Reopen::Created;
+            created = self.reopen_bucket(voucher, bucket, share, 0, 0).await? == Reopen::Created;
         }
         Ok(created)
     }
@@ -59,7 +56,6 @@ impl RedisSales {
             voucher.db_stock_left,
             settled,
             0,
-            true,
         )
         .await
     }
@@ -74,10 +70,7 @@ impl RedisSales {
     /// the buyers hash ([`Self::restore_buyers`]) but the `returned` ones (closed in
     /// Redis with their unit given back, the close not yet settled, on a voucher that
     /// lets buyers buy again: [`Restored::returned`]); the buyers beyond those are
-    /// admitted orders the database has not taken stock for yet. `whole_sale`:
-    /// `stock_left` is what the whole sale has left (one bucket, or every bucket
-    /// reopened), so closes Redis decided and the database has not settled count their
-    /// units back (`lua/preload.lua`, ARGV[13]).
+    /// admitted orders the database has not taken stock for yet.
     ///
     /// The active-set write comes first: if the second step fails, the drainer merely
     /// visits an empty stream, while the reverse order could leave orders undrained.
@@ -88,7 +81,6 @@ impl RedisSales {
         stock_left: i64,
         settled: u64,
         returned: u64,
-        whole_sale: bool,
     ) -> Result<Reopen, StoreError> {
         let mut conn = self.conn.clone();
         let _: i64 = conn.sadd(keys::ACTIVE_VOUCHERS, bucket.to_string()).await?;
@@ -126,7 +118,6 @@ impl RedisSales {
             )
             .arg(voucher.room.map_or(0, |r| r.opens_before_s()))
             .arg(returned)
-            .arg(if whole_sale { "1" } else { "0" })
             .invoke_async(&mut conn)
             .await?;
         match created {
