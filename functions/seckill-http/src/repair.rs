@@ -359,11 +359,13 @@ async fn repair_locked(
         };
         let settled = settled.get(b).copied().unwrap_or(0);
         let returned = progress.returned.get(&b.index()).copied().unwrap_or(0);
-        // Units given back by closes the database has not settled yet are the sale's
-        // again where its stock is known (every bucket lost): lua/preload.lua counts
-        // them in. A bucket reopened empty beside live ones gets none: those units may
-        // have moved on to another bucket since.
-        let (settled, returned) = match all_lost {
+        // Units given back by closes the database had not settled are the sale's again
+        // where its stock is known (every bucket lost) and was read in the same snapshot
+        // as those closes (one part): lua/preload.lua counts them in. Not otherwise: a
+        // bucket reopened empty beside live ones (those units may have moved on to
+        // another bucket since), or a repair of several parts, whose last snapshot's
+        // stock may already have a close back that an earlier part saw unsettled.
+        let (settled, returned) = match all_lost && progress.parts == 1 {
             true => (settled, returned),
             false => (settled.saturating_sub(returned), 0),
         };

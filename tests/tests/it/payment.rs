@@ -561,6 +561,79 @@ async fn a_repair_opens_at_once_beside_a_drained_order_cancelled_and_not_yet_set
     ctx.cleanup().await;
 }
 
+/// A repair of a voucher that lets buyers buy again, read in two parts (more buyers than
+/// a part reads): the first part sees a drained order that Redis cancelled as still
+/// holding its unit, and the database settles that close before the last part. The
+/// repair must not count the unit back on top of the database's stock, which now has it:
+/// Redis opens with exactly what the database has left.
+#[tokio::test]
+async fn a_repair_in_parts_never_counts_a_close_settled_between_them_twice() {
+    let ctx = DrainCtx::start().await;
+    let app = app_of(&ctx).await;
+    let v = pay_voucher(&ctx, 5_000, 600, true).await;
+    // The first buyer by user id (the first page), drained, then cancelled in Redis.
+    let res = buy(&app, v.id, "aaa-first").await;
+    assert_eq!(status(&res), (202, "pending"), "{}", res.1);
+    let first = res.1["order_id"].as_str().unwrap().to_string();
+    ctx.drain(ctx.drainer_config()).await;
+    assert_eq!(
+        status(&cancel(&app, &first, "aaa-first").await),
+        (200, "cancelled")
+    );
+    // 3,000 more buyers in the database: two pages, two parts.
+    let mut my = ctx.mysql().await;
+    let rows: Vec<(i64, String, &str)> = (0..3_000)
+        .map(|i| (3_000_000 + i, format!("zz-{i:05}"), "confirmed"))
+        .collect();
+    for chunk in rows.chunks(1_000) {
+        seckill_tests::mysql::insert_orders(&mut my, v.id.get(), chunk).await;
+    }
+    my.exec_drop(
+        "UPDATE vouchers SET stock_left = stock_left - 3000 WHERE id = ?",
+        (v.id.get(),),
+    )
+    .await
+    .unwrap();
+    let k = VoucherKeys::new(v.id);
+    let _: i64 = ctx.conn().del(&[&k.sale, &k.buyers]).await.unwrap();
+
+    let mut cfg = test_http_config(ctx.redis.config(), ctx.data_api_config());
+    cfg.repair_part_rows = 1;
+    let app = App::new(&cfg).await;
+    let res = buy(&app, v.id, "newcomer").await;
+    assert_eq!(code(&res), (503, "unavailable"), "part one: {}", res.1);
+    // The close settled between the parts, as the drainer records it.
+    my.exec_drop(
+        "UPDATE orders SET status = 'cancelled' WHERE id = ?",
+        (first.parse::<i64>().unwrap(),),
+    )
+    .await
+    .unwrap();
+    my.exec_drop(
+        "UPDATE vouchers SET stock_left = stock_left + 1 WHERE id = ?",
+        (v.id.get(),),
+    )
+    .await
+    .unwrap();
+    my.disconnect().await.ok();
+    let mut res = buy(&app, v.id, "newcomer").await;
+    for _ in 0..3 {
+        if res.0 != 503 {
+            break;
+        }
+        res = buy(&app, v.id, "newcomer").await;
+    }
+    assert_eq!(status(&res), (202, "pending"), "the last part: {}", res.1);
+    // The database has 5,000 - 3,000 left; the newcomer holds one of them.
+    assert_eq!(ctx.db_stock_left(v.id).await, 2_000);
+    assert_eq!(
+        ctx.sales.stock_left(v.id).await.unwrap(),
+        Some(1_999),
+        "Redis opens with what the database has left"
+    );
+    ctx.cleanup().await;
+}
+
 /// The same loss on a voucher that does not let a buyer buy again: a close keeps the
 /// buyer, so the repair restores them from the stream with their cancelled order, and
 /// they still cannot buy a second time.
