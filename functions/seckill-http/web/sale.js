@@ -28,8 +28,11 @@ const ORDER_SENTENCES = {
   expired: "The time to pay ran out; the voucher went back on sale.",
 };
 const SETTLED = new Set(["confirmed", "paid", "rejected", "cancelled", "expired"]);
-// Orders that no longer hold a unit (the buyer may buy again where the voucher allows).
+// Orders that hold no unit; of those, the ones whose buyer may buy again where the
+// voucher allows (a rejected order keeps its buyer: the server answers
+// `already_purchased` naming it).
 const CLOSED = new Set(["rejected", "cancelled", "expired"]);
+const FREED = new Set(["cancelled", "expired"]);
 
 // The order's payment can be made: reserved with a deadline, drained or not yet (the
 // time to pay runs from the admission, not from the database's write).
@@ -77,7 +80,7 @@ function render() {
   }
   const room = voucher.entry_rate_per_s !== undefined;
   // A buyer whose order was cancelled or expired may buy again if the voucher says so.
-  const free = !order || (voucher.rebuy_after_close && CLOSED.has(order.status));
+  const free = !order || (voucher.rebuy_after_close && FREED.has(order.status));
   if (entryToken && now >= entryExpires && free) {
     // The pass lapsed: the line gives a fresh one (the place is kept).
     entryToken = null;
@@ -201,17 +204,18 @@ async function buy() {
   render();
 }
 
-// The order this buyer holds for this voucher (found by voucher and buyer, so it works
-// after a lost answer); true when there is one.
+// The buyer's order for this voucher (found by voucher and buyer, so it works after a
+// lost answer), shown and followed; true when it holds a unit (an earlier order they
+// cancelled is shown, but is no answer to a purchase).
 async function lookUpMine(announce = false) {
   const a = await callRetrying("GET", `/vouchers/${encodeURIComponent(voucherId)}/order`, { token });
   if (a.status !== 200) return false;
-  // Only an order that still holds a unit is "already yours".
-  if (announce && !CLOSED.has(a.body.status)) {
+  const holds = !CLOSED.has(a.body.status);
+  if (announce && holds) {
     show("message", `${sentence({ code: "already_purchased" })} (order ${a.body.order_id})`);
   }
   await follow(a.body);
-  return true;
+  return holds;
 }
 
 // Shows the order and follows it until it is settled.

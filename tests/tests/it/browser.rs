@@ -304,6 +304,43 @@ async fn browser_a_buyer_who_cancelled_may_buy_again_where_the_voucher_allows_it
     .await;
 }
 
+/// A rejected order (the database's stock could not cover it) keeps its buyer, even on
+/// a voucher that lets a buyer buy again after a cancel: the button stays off (the
+/// server would only answer `already_purchased`). The order lookups are made to say
+/// `rejected` for the test.
+#[tokio::test(flavor = "multi_thread")]
+async fn browser_a_rejected_order_is_not_a_reason_to_buy_again() {
+    Browser::run("rejected_no_rebuy", |b| async move {
+        let api = Api::new();
+        let id = voucher(
+            &api,
+            "Refused seat",
+            3,
+            -1_000,
+            json!({"pay_within_s": 600, "price_minor": 990, "currency": "EUR", "rebuy_after_close": true}),
+        )
+        .await;
+        b.intercept(
+            r#"if (method === "GET" && path.startsWith("/orders/")) {
+                 const answer = await real();
+                 const body = await answer.json();
+                 body.status = "rejected";
+                 delete body.pay_by;
+                 return fake(answer.status, body);
+               }"#,
+        )
+        .await;
+        b.open(&sale_page(&api, &id, &user("refused"))).await;
+        b.wait_enabled("#buy", true, Duration::from_secs(10)).await;
+        b.click("#buy").await;
+        b.wait_text("#order-status", "rejected", |t| t == "rejected")
+            .await;
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(!b.enabled("#buy").await, "a rejected order keeps its buyer");
+    })
+    .await;
+}
+
 /// A `sold_out` answer is not the end when units are back on sale (an unpaid order
 /// expired or was cancelled since): once the page reads stock left, the button comes
 /// back. The first answer is made `sold_out` for the test.

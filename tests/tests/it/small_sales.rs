@@ -503,7 +503,6 @@ async fn group_statements_read_only_their_rows(ctx: &DrainCtx, ids: &[VoucherId]
     conn.disconnect().await.ok();
 }
 
-/// `EXPLAIN` of `sql`: each table's access type and key.
 /// Data API parameters as the database's own client binds them (named, as the Data API
 /// server does): the statements run with the product's SQL text and values.
 fn named(params: Vec<aws_sdk_rdsdata::types::SqlParameter>) -> mysql_async::Params {
@@ -647,6 +646,7 @@ async fn the_order_statements_read_only_their_rows_on_a_table_never_analysed() {
     ctx.cleanup().await;
 }
 
+/// `EXPLAIN` of `sql`: each table's access type and key.
 async fn plan_of(
     conn: &mut mysql_async::Conn,
     sql: &str,
