@@ -282,9 +282,18 @@ async fn repair_locked(
             for (b, part) in parts {
                 *progress.settled.entry(b.index()).or_default() += part.len() as u64;
                 if missing.contains(&b) {
-                    let restored = sales.restore_buyers(b, &part, rebuy).await?;
+                    // A rejected order took no unit: closed in Redis (a cancel racing its
+                    // write), it gives none back, and its skipped buyer is no longer one
+                    // the database settled.
+                    let (rejected, took): (Vec<_>, Vec<_>) =
+                        part.into_iter().partition(|(_, o)| snapshot.rejected(*o));
+                    let restored = sales.restore_buyers(b, &took, rebuy).await?;
                     progress.from_db += restored.added;
                     *progress.returned.entry(b.index()).or_default() += restored.returned;
+                    let restored = sales.restore_buyers(b, &rejected, rebuy).await?;
+                    progress.from_db += restored.added;
+                    let settled = progress.settled.entry(b.index()).or_default();
+                    *settled = settled.saturating_sub(restored.returned);
                 }
             }
             progress.read_through = snapshot.read_through().map(str::to_string);

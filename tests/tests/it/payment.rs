@@ -634,6 +634,51 @@ async fn a_repair_in_parts_never_counts_a_close_settled_between_them_twice() {
     ctx.cleanup().await;
 }
 
+/// A rejected order (the database's stock short) that Redis closed all the same (a
+/// cancel racing its write: the drainer read the closes, the cancel came, the row was
+/// written rejected) holds its buyer in the database but took no unit. A repair of the
+/// voucher (buyers may buy again) must neither count a unit back for it nor refuse to
+/// open: Redis opens with what the database has left.
+#[tokio::test]
+async fn a_repair_counts_no_unit_back_for_a_rejected_order_closed_in_redis() {
+    let ctx = DrainCtx::start().await;
+    let app = app_of(&ctx).await;
+    let v = pay_voucher(&ctx, 3, 600, true).await;
+    let mut my = ctx.mysql().await;
+    my.exec_drop(
+        "UPDATE vouchers SET stock_left = 2 WHERE id = ?",
+        (v.id.get(),),
+    )
+    .await
+    .unwrap();
+    my.disconnect().await.ok();
+    let mut orders = Vec::new();
+    for user in ["ann", "bob", "cy"] {
+        let res = buy(&app, v.id, user).await;
+        assert_eq!(status(&res), (202, "pending"), "{}", res.1);
+        orders.push(res.1["order_id"].as_str().unwrap().to_string());
+    }
+    ctx.drain(ctx.drainer_config()).await;
+    let rows = status_counts(&ctx, v.id).await;
+    assert_eq!(
+        (count(&rows, "awaiting_payment"), count(&rows, "rejected")),
+        (2, 1),
+        "{rows:?}"
+    );
+    // The racing cancel, as lua/close.lua leaves it on such a voucher.
+    let k = VoucherKeys::new(v.id);
+    let close = format!("cancelled\n{}\n\ncy", now_millis() + 600_000);
+    let _: i64 = ctx.conn().hset(&k.closed, &orders[2], close).await.unwrap();
+    let _: i64 = ctx.conn().hdel(&k.buyers, "cy").await.unwrap();
+    let _: i64 = ctx.conn().del(&[&k.sale, &k.buyers]).await.unwrap();
+
+    let app = app_of(&ctx).await;
+    let res = buy(&app, v.id, "dee").await;
+    assert_eq!(code(&res), (409, "sold_out"), "nothing is left: {}", res.1);
+    assert_eq!(ctx.sales.stock_left(v.id).await.unwrap(), Some(0));
+    ctx.cleanup().await;
+}
+
 /// The same loss on a voucher that does not let a buyer buy again: a close keeps the
 /// buyer, so the repair restores them from the stream with their cancelled order, and
 /// they still cannot buy a second time.

@@ -720,7 +720,7 @@ async fn snapshot_pages_examine_about_the_rows_they_return_on_a_table_never_anal
     let (mut after, mut read) = ((String::new(), 0i64), 0usize);
     loop {
         let before = handler_reads(&mut conn).await;
-        let page: Vec<(String, i64, i64)> = conn
+        let page: Vec<(String, i64, i64, i64)> = conn
             .exec(
                 sql.as_str(),
                 params! { "v" => v.id.get(), "u" => after.0.clone(), "id" => after.1 },
@@ -735,7 +735,7 @@ async fn snapshot_pages_examine_about_the_rows_they_return_on_a_table_never_anal
         );
         read += page.len();
         match page.last() {
-            Some((u, id, _))
+            Some((u, id, _, _))
                 if page.len() == seckill_shared::adapters::data_api::SNAPSHOT_PAGE_ROWS =>
             {
                 after = (u.clone(), *id);

@@ -7,6 +7,8 @@
 //! rollback, never a commit; a page reads at most [`SNAPSHOT_PAGE_ROWS`] + 1 rows of
 //! one index range, whatever the table's statistics say.
 
+use std::collections::HashSet;
+
 use super::client::DataApi;
 use super::values::{USER_ID_TEXT, field, param};
 use crate::domain::{OrderId, Voucher, VoucherId};
@@ -55,6 +57,7 @@ impl DataApi {
                         buyers: BuyerRows::new(rebuy),
                         after: Some(start),
                         rows: 0,
+                        rejected: HashSet::new(),
                     },
                 )))
             }
@@ -72,7 +75,7 @@ impl DataApi {
 
 /// Rows per page of [`SaleSnapshot::next_page`]. A row of the response is a user id
 /// (at most 64 bytes, at most 128 once JSON escapes quotes and backslashes), an order id
-/// and a flag, with about 100 bytes of JSON around them: at most ~240 bytes, so a page
+/// and two flags, with about 100 bytes of JSON around them: at most ~240 bytes, so a page
 /// stays under ~480 KiB, well within the Data API's 1 MiB response limit.
 pub const SNAPSHOT_PAGE_ROWS: usize = 2_000;
 
@@ -85,7 +88,8 @@ pub const SNAPSHOT_PAGE_ROWS: usize = 2_000;
 /// plan that sorts instead would read every remaining row of the voucher per page.
 pub fn snapshot_page_sql() -> String {
     format!(
-        "SELECT {USER_ID_TEXT}, id, holder IS NOT NULL FROM orders FORCE INDEX (orders_by_buyer) \
+        "SELECT {USER_ID_TEXT}, id, holder IS NOT NULL, status = 'rejected' \
+         FROM orders FORCE INDEX (orders_by_buyer) \
          WHERE voucher_id = :v AND (user_id > :u OR (user_id = :u AND id > :id)) \
          ORDER BY user_id, id LIMIT {SNAPSHOT_PAGE_ROWS}"
     )
@@ -107,6 +111,9 @@ pub struct SaleSnapshot<'a> {
     after: Option<(String, i64)>,
     /// Rows the page queries returned so far.
     rows: u64,
+    /// The rejected orders of the last page: they hold their buyer (`holder` set) but
+    /// took no unit of the database's stock.
+    rejected: HashSet<OrderId>,
 }
 
 /// Folds a voucher's order rows, read in (buyer, order id) order, into the one order per
@@ -181,6 +188,7 @@ impl SaleSnapshot<'_> {
     /// about [`SNAPSHOT_PAGE_ROWS`] buyers.
     pub async fn next_page(&mut self) -> Result<Option<Vec<(String, OrderId)>>, StoreError> {
         let mut page = Vec::new();
+        self.rejected.clear();
         while let Some((after_user, after_id)) = self.after.take() {
             let out = self
                 .api
@@ -197,12 +205,15 @@ impl SaleSnapshot<'_> {
             let bad = || StoreError::Corrupt("orders page returned an unexpected row".into());
             let mut last = None;
             for row in out.records() {
-                let [user, id, holds] = row.as_slice() else {
+                let [user, id, holds, rejected] = row.as_slice() else {
                     return Err(bad());
                 };
                 let user = field::string(user).ok_or_else(bad)?;
                 let id = field::long(id).and_then(OrderId::new).ok_or_else(bad)?;
                 let holds = field::long(holds).ok_or_else(bad)? != 0;
+                if field::long(rejected).ok_or_else(bad)? != 0 {
+                    self.rejected.insert(id);
+                }
                 last = Some((user.clone(), id.get()));
                 page.extend(self.buyers.push(user, id, holds));
             }
@@ -218,6 +229,12 @@ impl SaleSnapshot<'_> {
             }
         }
         Ok(Some(page).filter(|p| !p.is_empty()))
+    }
+
+    /// Whether `order`, of the last page, is rejected: it holds its buyer, but the
+    /// database's stock never counted a unit for it.
+    pub fn rejected(&self, order: OrderId) -> bool {
+        self.rejected.contains(&order)
     }
 
     /// Rows the page queries returned so far (what the read cost the database: each
