@@ -679,6 +679,63 @@ async fn a_repair_counts_no_unit_back_for_a_rejected_order_closed_in_redis() {
     ctx.cleanup().await;
 }
 
+/// The same rejected and closed order, its buyer's rows spanning two pages of the
+/// repair's read (the rejected order the last row of the first page, a later cancelled
+/// order of the same buyer the first of the second): it is still known as rejected
+/// when its buyer is returned with the second page.
+#[tokio::test]
+async fn a_rejected_order_at_a_page_boundary_is_still_known_rejected() {
+    let ctx = DrainCtx::start().await;
+    let v = pay_voucher(&ctx, 5_000, 600, true).await;
+    let page = seckill_shared::adapters::data_api::SNAPSHOT_PAGE_ROWS;
+    let mut my = ctx.mysql().await;
+    let fillers: Vec<(i64, String, &str)> = (0..page - 1)
+        .map(|i| (4_000_000 + i as i64, format!("a-{i:05}"), "confirmed"))
+        .collect();
+    for chunk in fillers.chunks(1_000) {
+        seckill_tests::mysql::insert_orders(&mut my, v.id.get(), chunk).await;
+    }
+    let (rejected, cancelled) = (5_000_000_i64, 5_000_001_i64);
+    seckill_tests::mysql::insert_orders(
+        &mut my,
+        v.id.get(),
+        &[
+            (rejected, "cy".to_string(), "rejected"),
+            (cancelled, "cy".to_string(), "cancelled"),
+        ],
+    )
+    .await;
+    my.exec_drop(
+        "UPDATE vouchers SET stock_left = stock_left - ? WHERE id = ?",
+        (fillers.len() as i64, v.id.get()),
+    )
+    .await
+    .unwrap();
+    my.disconnect().await.ok();
+    // Redis closed the rejected order (a racing cancel) and forgot its buyer; then lost
+    // the sale.
+    let k = VoucherKeys::new(v.id);
+    let close = format!("cancelled\n{}\n\ncy", now_millis() + 600_000);
+    let _: i64 = ctx
+        .conn()
+        .hset(&k.closed, rejected.to_string(), close)
+        .await
+        .unwrap();
+    let _: i64 = ctx.conn().del(&[&k.sale, &k.buyers]).await.unwrap();
+
+    let app = app_of(&ctx).await;
+    let res = buy(&app, v.id, "newcomer").await;
+    assert_eq!(status(&res), (202, "pending"), "{}", res.1);
+    let left = 5_000 - fillers.len() as i64;
+    assert_eq!(ctx.db_stock_left(v.id).await, left);
+    assert_eq!(
+        ctx.sales.stock_left(v.id).await.unwrap(),
+        Some(left - 1),
+        "what the database has left, less the newcomer's unit"
+    );
+    ctx.cleanup().await;
+}
+
 /// The same loss on a voucher that does not let a buyer buy again: a close keeps the
 /// buyer, so the repair restores them from the stream with their cancelled order, and
 /// they still cannot buy a second time.

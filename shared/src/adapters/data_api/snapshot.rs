@@ -111,8 +111,9 @@ pub struct SaleSnapshot<'a> {
     after: Option<(String, i64)>,
     /// Rows the page queries returned so far.
     rows: u64,
-    /// The rejected orders of the last page: they hold their buyer (`holder` set) but
-    /// took no unit of the database's stock.
+    /// The rejected orders read so far (few: the database's stock ran short): they hold
+    /// their buyer (`holder` set) but took no unit of the database's stock. Kept over
+    /// every page, since a buyer whose rows span two pages is returned with the second.
     rejected: HashSet<OrderId>,
 }
 
@@ -188,7 +189,6 @@ impl SaleSnapshot<'_> {
     /// about [`SNAPSHOT_PAGE_ROWS`] buyers.
     pub async fn next_page(&mut self) -> Result<Option<Vec<(String, OrderId)>>, StoreError> {
         let mut page = Vec::new();
-        self.rejected.clear();
         while let Some((after_user, after_id)) = self.after.take() {
             let out = self
                 .api
@@ -231,7 +231,7 @@ impl SaleSnapshot<'_> {
         Ok(Some(page).filter(|p| !p.is_empty()))
     }
 
-    /// Whether `order`, of the last page, is rejected: it holds its buyer, but the
+    /// Whether `order` (of a page returned) is rejected: it holds its buyer, but the
     /// database's stock never counted a unit for it.
     pub fn rejected(&self, order: OrderId) -> bool {
         self.rejected.contains(&order)
