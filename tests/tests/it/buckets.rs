@@ -86,6 +86,13 @@ async fn rows(ctx: &DrainCtx, voucher: VoucherId) -> Vec<(String, String, String
         .collect()
 }
 
+/// Redis loses one bucket: its sale, buyers, orders, transfers and received keys.
+async fn lose_bucket(ctx: &DrainCtx, bucket: Bucket) {
+    let k = VoucherKeys::new(bucket);
+    let keys = [&k.sale, &k.buyers, &k.orders, &k.transfers, &k.received];
+    let _: () = ctx.conn().del(&keys).await.unwrap();
+}
+
 /// Drains until every bucket's orders are in the database (or a minute passes).
 async fn drain_all(ctx: &DrainCtx, voucher: VoucherId, expected: usize) {
     let t0 = Instant::now();
@@ -704,18 +711,7 @@ async fn a_lost_bucket_is_repaired_without_selling_a_unit_twice() {
     // Bucket 2 lost (all its keys), buckets 0 and 1 live.
     let b2 = Bucket::all(voucher, 3).nth(2).unwrap();
     let before: i64 = stocks(&ctx, voucher, 3).await.iter().sum();
-    let k2 = VoucherKeys::new(b2);
-    let _: () = ctx
-        .conn()
-        .del(&[
-            &k2.sale,
-            &k2.buyers,
-            &k2.orders,
-            &k2.transfers,
-            &k2.received,
-        ])
-        .await
-        .unwrap();
+    lose_bucket(&ctx, b2).await;
     let lost_units = before - {
         let mut live = 0;
         for b in Bucket::all(voucher, 3).take(2) {
@@ -821,18 +817,7 @@ async fn a_lost_bucket_of_a_rebuy_sale_whose_orders_were_all_cancelled_never_get
         assert_eq!(live.iter().sum::<i64>(), 4, "every unit back: {live:?}");
         assert!(live[1] < 2, "bucket 1 gave a unit away: {live:?}");
         // Bucket 1 lost, every key of it.
-        let k1 = VoucherKeys::new(Bucket::all(voucher, 2).nth(1).unwrap());
-        let _: () = ctx
-            .conn()
-            .del(&[
-                &k1.sale,
-                &k1.buyers,
-                &k1.orders,
-                &k1.transfers,
-                &k1.received,
-            ])
-            .await
-            .unwrap();
+        lose_bucket(&ctx, Bucket::all(voucher, 2).nth(1).unwrap()).await;
         // A new crowd, a buyer of the lost bucket first (its repair then sees nothing
         // new sold): never more admitted than the stock, nothing the database refuses.
         let fresh = App::new(&cfg).await;

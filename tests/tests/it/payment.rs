@@ -110,6 +110,27 @@ fn outcome(res: &(u16, Value)) -> (u16, &str) {
     (res.0, res.1["outcome"].as_str().unwrap_or(""))
 }
 
+/// The order id of an admission's `202`.
+fn admitted(res: (u16, Value)) -> String {
+    assert_eq!(res.0, 202, "{}", res.1);
+    res.1["order_id"].as_str().unwrap().to_string()
+}
+
+/// Redis loses the voucher's sale and buyers hashes (its other keys survive).
+async fn lose_sale(ctx: &DrainCtx, v: VoucherId) {
+    let k = VoucherKeys::new(v);
+    let _: i64 = ctx.conn().del(&[&k.sale, &k.buyers]).await.unwrap();
+}
+
+/// A cancel of `order` (of `user`) racing its write as `lua/close.lua` leaves it on a
+/// voucher that lets buyers buy again: closed, its buyer forgotten.
+async fn cancel_racing_its_write(ctx: &DrainCtx, v: VoucherId, order: &str, user: &str) {
+    let k = VoucherKeys::new(v);
+    let close = format!("cancelled\n{}\n\n{user}", now_millis() + 600_000);
+    let _: i64 = ctx.conn().hset(&k.closed, order, close).await.unwrap();
+    let _: i64 = ctx.conn().hdel(&k.buyers, user).await.unwrap();
+}
+
 /// Runs the drainer in process until every close is in the database: nothing waits in
 /// `to_settle`, no open order is past its deadline, nothing is pending or undelivered.
 async fn drain_until_settled(ctx: &DrainCtx, v: VoucherId) {
@@ -473,23 +494,18 @@ async fn a_repair_never_gives_a_buyer_back_an_order_they_cancelled() {
     let ctx = DrainCtx::start().await;
     let app = app_of(&ctx).await;
     let v = pay_voucher(&ctx, 4, 600, true).await;
-    let id_of = |res: (u16, Value)| {
-        assert_eq!(res.0, 202, "{}", res.1);
-        res.1["order_id"].as_str().unwrap().to_string()
-    };
-    let first = id_of(buy(&app, v.id, "gus").await);
+    let first = admitted(buy(&app, v.id, "gus").await);
     assert_eq!(
         status(&cancel(&app, &first, "gus").await),
         (200, "cancelled")
     );
-    let second = id_of(buy(&app, v.id, "gus").await);
-    let gone = id_of(buy(&app, v.id, "hal").await);
+    let second = admitted(buy(&app, v.id, "gus").await);
+    let gone = admitted(buy(&app, v.id, "hal").await);
     assert_eq!(
         status(&cancel(&app, &gone, "hal").await),
         (200, "cancelled")
     );
-    let k = VoucherKeys::new(v.id);
-    let _: i64 = ctx.conn().del(&[&k.sale, &k.buyers]).await.unwrap();
+    lose_sale(&ctx, v.id).await;
 
     // A fresh instance; gus's attempt finds the sale missing and repairs it.
     let app = app_of(&ctx).await;
@@ -529,8 +545,7 @@ async fn a_repair_opens_at_once_beside_a_drained_order_cancelled_and_not_yet_set
         status(&cancel(&app, &first, "jan").await),
         (200, "cancelled")
     );
-    let k = VoucherKeys::new(v.id);
-    let _: i64 = ctx.conn().del(&[&k.sale, &k.buyers]).await.unwrap();
+    lose_sale(&ctx, v.id).await;
 
     let app = app_of(&ctx).await;
     let res = buy(&app, v.id, "kim").await;
@@ -594,8 +609,7 @@ async fn a_repair_in_parts_never_counts_a_close_settled_between_them_twice() {
     )
     .await
     .unwrap();
-    let k = VoucherKeys::new(v.id);
-    let _: i64 = ctx.conn().del(&[&k.sale, &k.buyers]).await.unwrap();
+    lose_sale(&ctx, v.id).await;
 
     let mut cfg = test_http_config(ctx.redis.config(), ctx.data_api_config());
     cfg.repair_part_rows = 1;
@@ -665,12 +679,8 @@ async fn a_repair_counts_no_unit_back_for_a_rejected_order_closed_in_redis() {
         (2, 1),
         "{rows:?}"
     );
-    // The racing cancel, as lua/close.lua leaves it on such a voucher.
-    let k = VoucherKeys::new(v.id);
-    let close = format!("cancelled\n{}\n\ncy", now_millis() + 600_000);
-    let _: i64 = ctx.conn().hset(&k.closed, &orders[2], close).await.unwrap();
-    let _: i64 = ctx.conn().hdel(&k.buyers, "cy").await.unwrap();
-    let _: i64 = ctx.conn().del(&[&k.sale, &k.buyers]).await.unwrap();
+    cancel_racing_its_write(&ctx, v.id, &orders[2], "cy").await;
+    lose_sale(&ctx, v.id).await;
 
     let app = app_of(&ctx).await;
     let res = buy(&app, v.id, "dee").await;
@@ -714,14 +724,8 @@ async fn a_rejected_order_at_a_page_boundary_is_still_known_rejected() {
     my.disconnect().await.ok();
     // Redis closed the rejected order (a racing cancel) and forgot its buyer; then lost
     // the sale.
-    let k = VoucherKeys::new(v.id);
-    let close = format!("cancelled\n{}\n\ncy", now_millis() + 600_000);
-    let _: i64 = ctx
-        .conn()
-        .hset(&k.closed, rejected.to_string(), close)
-        .await
-        .unwrap();
-    let _: i64 = ctx.conn().del(&[&k.sale, &k.buyers]).await.unwrap();
+    cancel_racing_its_write(&ctx, v.id, &rejected.to_string(), "cy").await;
+    lose_sale(&ctx, v.id).await;
 
     let app = app_of(&ctx).await;
     let res = buy(&app, v.id, "newcomer").await;
@@ -751,8 +755,7 @@ async fn without_rebuy_a_repair_keeps_a_buyer_who_cancelled_to_that_order() {
         status(&cancel(&app, &first, "ida").await),
         (200, "cancelled")
     );
-    let k = VoucherKeys::new(v.id);
-    let _: i64 = ctx.conn().del(&[&k.sale, &k.buyers]).await.unwrap();
+    lose_sale(&ctx, v.id).await;
 
     let app = app_of(&ctx).await;
     let res = buy(&app, v.id, "ida").await;
@@ -1511,12 +1514,8 @@ async fn a_paid_order_the_database_rejects_has_its_payment_due_for_refund() {
     )
     .await
     .unwrap();
-    let order_of = |res: (u16, Value)| {
-        assert_eq!(res.0, 202, "{}", res.1);
-        res.1["order_id"].as_str().unwrap().to_string()
-    };
     // Paid first, then drained: written rejected.
-    let early = order_of(buy(&app, v.id, "pia").await);
+    let early = admitted(buy(&app, v.id, "pia").await);
     let (status, body) = pay(&app, &early, "pia", "pay-early").await;
     assert_eq!(
         (status, body["outcome"].as_str()),
@@ -1524,7 +1523,7 @@ async fn a_paid_order_the_database_rejects_has_its_payment_due_for_refund() {
         "{body}"
     );
     // Drained first (rejected), then paid: the webhook sees the rejected row.
-    let late = order_of(buy(&app, v.id, "quin").await);
+    let late = admitted(buy(&app, v.id, "quin").await);
     drain_until_settled(&ctx, v.id).await;
     let (status, body) = pay(&app, &late, "quin", "pay-late").await;
     assert_eq!(
