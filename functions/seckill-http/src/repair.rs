@@ -342,7 +342,7 @@ async fn repair_locked(
     // is not enough, since a voucher that lets buyers buy again forgets a buyer who
     // cancelled, while the units that sale borrowed stay moved.
     let all_lost = missing.len() == usize::from(k);
-    let mut pristine = k > 1 && progress.rows == 0 && settled.values().sum::<u64>() == 0;
+    let mut pristine = k > 1 && progress.rows == 0;
     for b in Bucket::all(id, k) {
         if !pristine {
             break;
