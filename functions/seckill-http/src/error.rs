@@ -7,7 +7,7 @@
 
 use http::StatusCode;
 use lambda_http::{Body, Response};
-use seckill_shared::domain::{OrderId, ValidationError};
+use seckill_shared::domain::{OrderId, ValidationError, VoucherId};
 use seckill_shared::error::StoreError;
 
 /// Every `code` an error body can carry: the contract's list (`docs/openapi.yaml`,
@@ -112,6 +112,15 @@ pub enum ApiError {
 
 impl ApiError {
     /// `503 unavailable`: `backend` cannot answer now; the caller may retry.
+    /// Redis lost the sale of `voucher` and nothing repaired it yet: an order may still
+    /// wait in its stream, so "not found" would be no truthful answer (`503`, ask again).
+    pub fn sale_being_restored(voucher: VoucherId) -> ApiError {
+        ApiError::unavailable(
+            "redis",
+            format!("the sale of voucher {voucher} is being restored; ask again shortly"),
+        )
+    }
+
     pub fn unavailable(backend: &'static str, detail: impl Into<String>) -> ApiError {
         ApiError::Unavailable(StoreError::Unavailable {
             backend,

@@ -56,7 +56,7 @@ pub(crate) async fn get_order(
                 .await?;
             match closed {
                 Some(c) => Ok(order_json(voucher, (id, c.status, Some(c.pay_by_ms)))),
-                None => Err(not_found()),
+                None => Err(unless_lost(app, bucket, not_found()).await?),
             }
         }
     }
@@ -94,46 +94,64 @@ pub(crate) async fn buyer_order(
 ) -> Result<Response<Body>, ApiError> {
     match caller_order(app, id, &caller.user).await? {
         Some(view) => Ok(order_json(id, view)),
-        None => Err(ApiError::NotFound(format!(
-            "you hold no order for voucher {id}"
-        ))),
+        None => {
+            let bucket = buyer_bucket(app, id, &caller.user).await?;
+            let none = ApiError::NotFound(format!("you hold no order for voucher {id}"));
+            Err(unless_lost(app, bucket, none).await?)
+        }
     }
 }
 
+/// `not_found`, unless Redis lost the buyer's sale (its buyers hash with it) and the
+/// order may still wait in the stream: then not found is no truthful answer, and the
+/// caller is asked to come back (`503`) once the sale is repaired or the order drained.
+async fn unless_lost(app: &App, bucket: Bucket, not_found: ApiError) -> Result<ApiError, ApiError> {
+    if app.sales().await?.sale_lost(bucket).await? {
+        return Ok(ApiError::sale_being_restored(bucket.voucher()));
+    }
+    Ok(not_found)
+}
+
 /// The order `user` holds for `voucher` and its status. The database first (a drained
-/// order, confirmed or rejected, even if Redis lost it), then the buyers hash (admitted,
-/// `pending`), then the database again: the drainer may have committed between the two
-/// reads, and a drained order's status is the database's.
+/// order, confirmed or rejected, even if Redis lost it) with the close Redis decided
+/// since, then the buyers hash (admitted, `pending`), then the database again: the
+/// drainer may have committed between the two reads, and a drained order's status is the
+/// database's.
+///
+/// The close is laid over the drained order *before* deciding whether it still counts:
+/// a buyer who cancelled a drained order and bought again (a voucher that allows it)
+/// holds the new order even while the database still reads the old one
+/// `awaiting_payment` (the drainer records the cancel on its next run).
 async fn caller_order(
     app: &App,
     voucher: VoucherId,
     user: &UserId,
 ) -> Result<Option<OrderView>, ApiError> {
-    let in_db = app.db.order_of_buyer(voucher, user).await?;
-    let found = match in_db {
-        // A drained order that still counts is the buyer's order.
-        Some(found) if !found.1.returned_unit() => Some(found),
-        // None drained, or only one they cancelled or let expire: a newer admitted order
-        // (a voucher that lets them buy again) is theirs now.
-        closed => match app
-            .sales()
-            .await?
-            .order_of_buyer(buyer_bucket(app, voucher, user).await?, user)
-            .await?
-        {
-            Some(held) if closed.is_none_or(|c| c.0 != held) => Some(
-                // Drained meanwhile? The database's word then.
-                match app.db.order_of_buyer(voucher, user).await? {
-                    Some(found) if found.0 == held => found,
-                    _ => (held, OrderStatus::Pending, None),
-                },
-            ),
-            _ => closed,
-        },
+    let in_db = match app.db.order_of_buyer(voucher, user).await? {
+        Some(found) => Some(overlay_close(app, voucher, user, found).await?),
+        None => None,
     };
-    match found {
-        Some(view) => Ok(Some(overlay_close(app, voucher, user, view).await?)),
-        None => Ok(None),
+    // A drained order that still counts is the buyer's order.
+    if let Some(view) = in_db.filter(|v| !v.1.returned_unit()) {
+        return Ok(Some(view));
+    }
+    // None drained, or only one they cancelled or let expire: a newer admitted order
+    // (a voucher that lets them buy again) is theirs now.
+    let held = app
+        .sales()
+        .await?
+        .order_of_buyer(buyer_bucket(app, voucher, user).await?, user)
+        .await?;
+    match held {
+        Some(held) if in_db.is_none_or(|c| c.0 != held) => {
+            // Drained meanwhile? The database's word then.
+            let view = match app.db.order_of_buyer(voucher, user).await? {
+                Some(found) if found.0 == held => found,
+                _ => (held, OrderStatus::Pending, None),
+            };
+            Ok(Some(overlay_close(app, voucher, user, view).await?))
+        }
+        _ => Ok(in_db),
     }
 }
 

@@ -834,6 +834,57 @@ async fn a_voucher_that_allows_it_lets_a_cancelled_buyer_buy_again() {
     ctx.cleanup().await;
 }
 
+/// A buyer cancels a drained order and buys again before the drainer has recorded the
+/// cancel: the database still reads the old order `awaiting_payment`, yet the buyer's
+/// order is the new one (pending), found by its id and by the voucher, never a 404.
+#[tokio::test]
+async fn a_new_order_bought_before_the_drainer_records_the_cancel_is_the_buyers() {
+    let ctx = DrainCtx::start().await;
+    let app = app_of(&ctx).await;
+    let v = pay_voucher(&ctx, 3, 60, true).await;
+    let mine = || {
+        let path = format!("/vouchers/{}/order", v.id);
+        request("GET", &path, Some(&token("gus", false)), None, None)
+    };
+    let first = admitted(buy(&app, v.id, "gus").await);
+    drain_until_settled(&ctx, v.id).await;
+    assert_eq!(
+        status(&cancel(&app, &first, "gus").await),
+        (200, "cancelled")
+    );
+    let second = admitted(buy(&app, v.id, "gus").await);
+    let rows = ctx.orders_in_db(v.id).await;
+    assert_eq!(
+        rows[&first.parse::<i64>().unwrap()].0,
+        "awaiting_payment",
+        "the cancel is not in the database yet: {rows:?}"
+    );
+
+    let res = get_order(&app, &second, "gus").await;
+    assert_eq!(status(&res), (200, "pending"), "{}", res.1);
+    let res = call(&app, mine()).await;
+    assert_eq!(res.1["order_id"], second.as_str(), "{}", res.1);
+    assert_eq!(status(&res), (200, "pending"));
+    assert_eq!(
+        status(&get_order(&app, &first, "gus").await),
+        (200, "cancelled")
+    );
+    assert_eq!(
+        code(&get_order(&app, &second, "hal").await),
+        (404, "not_found")
+    );
+
+    drain_until_settled(&ctx, v.id).await;
+    let res = call(&app, mine()).await;
+    assert_eq!(res.1["order_id"], second.as_str(), "{}", res.1);
+    assert_eq!(status(&res), (200, "awaiting_payment"));
+    assert_eq!(
+        status(&get_order(&app, &second, "gus").await),
+        (200, "awaiting_payment")
+    );
+    ctx.cleanup().await;
+}
+
 /// ≥ 5,000 orders whose payment and expiry race: the payments start around the first
 /// deadlines and run past the last ones while drainers expire orders at the same time.
 /// Every order ends paid xor expired, as its payer was told; stock is conserved exactly

@@ -208,6 +208,54 @@ async fn a_lost_sale_and_buyers_hash_are_rebuilt_and_undrained_orders_keep_their
     ctx.cleanup().await;
 }
 
+/// Before anything repairs it (no purchase came since the loss, or the sale is over and
+/// is never repaired), a lost sale cannot tell a pending order from an unknown one: its
+/// buyer hears `503` and asks again, never a `404` for an order the drainer will write;
+/// a drained order is the database's word throughout, and once the drainer wrote the
+/// pending one it is found again.
+#[tokio::test]
+async fn before_its_repair_a_lost_sale_never_answers_not_found_for_a_pending_order() {
+    let ctx = DrainCtx::start().await;
+    let v: Voucher = ctx.voucher(10, 10).await;
+    let app = App::new(&http_config(&ctx)).await;
+    let drained = admitted(&app, v.id, "early").await;
+    drain_all(&ctx, v.id).await;
+    let pending = admitted(&app, v.id, "late").await;
+
+    lose(&ctx, v.id, &["sale", "buyers"]).await;
+    let other = App::new(&http_config(&ctx)).await;
+    for app in [&app, &other] {
+        let by_id = get(app, &format!("/orders/{pending}"), "late").await;
+        assert_code(by_id, 503, "unavailable", "late, by id");
+        let by_voucher = get(app, &format!("/vouchers/{}/order", v.id), "late").await;
+        assert_code(by_voucher, 503, "unavailable", "late, by voucher");
+        assert_eq!(
+            status_of(app, drained, "early").await.as_deref(),
+            Some("confirmed")
+        );
+        assert_eq!(
+            order_of(app, v.id, "early").await,
+            Some((drained, "confirmed".to_string()))
+        );
+    }
+
+    drain_all(&ctx, v.id).await;
+    assert_eq!(
+        status_of(&other, pending, "late").await.as_deref(),
+        Some("confirmed")
+    );
+    assert_eq!(
+        order_of(&other, v.id, "late").await,
+        Some((pending, "confirmed".to_string()))
+    );
+    assert_eq!(status_of(&other, pending, "stranger").await, None);
+    // Every key of the sale gone (as a sale retired long ago): nothing waits anywhere,
+    // and not found is the truth again.
+    lose(&ctx, v.id, &["orders"]).await;
+    assert_eq!(order_of(&other, v.id, "stranger").await, None);
+    ctx.cleanup().await;
+}
+
 /// Only the sale hash is lost (the buyers hash and the stream survive): the stock is the
 /// database's minus the undrained orders, not the database's.
 #[tokio::test]

@@ -373,6 +373,20 @@ impl RedisSales {
         let held: Option<i64> = self.conn.clone().hget(&k.buyers, user.as_str()).await?;
         Ok(held.and_then(OrderId::new))
     }
+
+    /// Whether Redis lost `voucher`'s sale (its sale hash is gone) while its orders stream
+    /// is still there: the sale waits for its repair (the next admission makes it), and
+    /// until then a pending order cannot be told from an unknown one. A sale retired on
+    /// purpose loses both keys together; a voucher never sold has neither.
+    pub async fn sale_lost(&self, voucher: impl Into<Bucket>) -> Result<bool, StoreError> {
+        let k = VoucherKeys::new(voucher.into());
+        let (sale, orders): (bool, bool) = redis::pipe()
+            .exists(&k.sale)
+            .exists(&k.orders)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(!sale && orders)
+    }
 }
 
 /// `lua/restore_buyers.lua`'s `ARGV[2]`.
