@@ -309,22 +309,26 @@ async fn dispatch(app: &App, req: &Request, route: &Route<'_>) -> Result<Respons
         Route::GetOrder(id) => {
             let (caller, now) = who()?;
             let id = id.parse()?;
-            limit_reads(app, &caller, now).await?;
+            limit_order_calls(app, &caller, now).await?;
             orders::get_order(app, &caller, id).await
         }
         Route::BuyerOrder(id) => {
             let (caller, now) = who()?;
             let id = id.parse()?;
-            limit_reads(app, &caller, now).await?;
+            limit_order_calls(app, &caller, now).await?;
             orders::buyer_order(app, &caller, id).await
         }
         Route::PayOrder(id) => {
             let (caller, now) = who()?;
-            payment::start_payment(app, &caller, now, id.parse()?).await
+            let id = id.parse()?;
+            limit_order_calls(app, &caller, now).await?;
+            payment::start_payment(app, &caller, now, id).await
         }
         Route::CancelOrder(id) => {
             let (caller, now) = who()?;
-            payment::cancel_order(app, &caller, now, id.parse()?).await
+            let id = id.parse()?;
+            limit_order_calls(app, &caller, now).await?;
+            payment::cancel_order(app, &caller, now, id).await
         }
         // No token: the provider signs its events (checked before anything is read).
         Route::PaymentWebhook => payment::webhook(app, req, now_millis()).await,
@@ -337,11 +341,13 @@ async fn dispatch(app: &App, req: &Request, route: &Route<'_>) -> Result<Respons
     }
 }
 
-/// A read of orders costs the database several queries: held per user in this instance
-/// (as every authenticated route is), then across every instance (`lua/rate.lua`, one
-/// Redis call), so warm instances do not multiply what one user may read. When Redis
-/// cannot answer, the instance's own limit stands alone (the read goes on).
-async fn limit_reads(app: &App, caller: &Identity, now: UnixMillis) -> Result<(), ApiError> {
+/// A call on an order (a read, a checkout, a cancel) costs the database a query or
+/// more, whether the order exists or not: held per user in this instance (as every
+/// authenticated route is), then across every instance (`lua/rate.lua`, one Redis call,
+/// one budget for all four routes), so warm instances do not multiply what one user may
+/// ask. When Redis cannot answer, the instance's own limit stands alone (the call goes
+/// on).
+async fn limit_order_calls(app: &App, caller: &Identity, now: UnixMillis) -> Result<(), ApiError> {
     if !app.limiter.allow(&caller.user, now) {
         return Err(ApiError::RateLimited);
     }

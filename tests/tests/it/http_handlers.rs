@@ -1230,6 +1230,55 @@ async fn reads_of_orders_are_limited_per_user_across_instances() {
     b.cleanup().await;
 }
 
+/// A checkout or a cancel costs the database a query even for an order that does not
+/// exist: both draw on the same per-user budget as the reads, across instances, so a
+/// flood of made-up ids from one account spread over warm instances stays at that
+/// budget (each instance's own limit alone would let every instance through).
+#[tokio::test]
+async fn checkouts_and_cancels_share_the_order_calls_limit_across_instances() {
+    let b = Backends::start().await;
+    let mut cfg = b.http_config();
+    cfg.read_rate_per_sec = 2;
+    cfg.read_rate_burst = 4;
+    let (one, two) = (App::new(&cfg).await, App::new(&cfg).await);
+    let bot = token("bot", false);
+    let made_up = ["/orders/123456/pay", "/orders/123457/cancel"];
+    let mut answers = Vec::new();
+    for i in 0..6 {
+        let app = if i % 2 == 0 { &one } else { &two };
+        let path = made_up[i / 2 % 2];
+        let res = call(app, request("POST", path, Some(&bot), None, None)).await;
+        answers.push((res.0, res.1["code"].as_str().unwrap_or("").to_string()));
+    }
+    let codes: Vec<(u16, &str)> = answers.iter().map(|(s, c)| (*s, c.as_str())).collect();
+    assert_eq!(
+        codes,
+        [
+            (404, "not_found"),
+            (404, "not_found"),
+            (404, "not_found"),
+            (404, "not_found"),
+            (429, "rate_limited"),
+            (429, "rate_limited"),
+        ]
+    );
+    // The reads share that budget: spent.
+    assert_error(
+        call(
+            &one,
+            request("GET", "/orders/123456", Some(&bot), None, None),
+        )
+        .await,
+        429,
+        "rate_limited",
+    );
+    // Another user is not affected.
+    let other = token("other", false);
+    let res = call(&two, request("POST", made_up[0], Some(&other), None, None)).await;
+    assert_eq!(res.0, 404, "{}", res.1);
+    b.cleanup().await;
+}
+
 /// `GET path` without a token from source address `ip`.
 fn anonymous_get(path: &str, ip: &str) -> lambda_http::Request {
     let mut e = seckill_tests::harness::fixture_event();
