@@ -761,6 +761,32 @@ impl RedisServer {
             .sum()
     }
 
+    /// Commands every running node ran so far, by its `INFO commandstats`, but for the
+    /// ones clients and tests send on their own (`INFO`, `CLUSTER`, `PING`, `HELLO`,
+    /// `CLIENT`, `READONLY`): what the code under test asked of Redis, counted on the
+    /// server.
+    pub fn command_calls(&self) -> u64 {
+        const OWN: [&str; 6] = ["info", "cluster", "ping", "hello", "client", "readonly"];
+        self.running()
+            .map(|node| {
+                let info: String = self
+                    .query(node.port, redis::cmd("INFO").arg("commandstats"))
+                    .unwrap_or_else(|e| panic!("INFO on node {}: {e}", node.port));
+                info.lines()
+                    .filter_map(|l| l.strip_prefix("cmdstat_"))
+                    .filter_map(|l| l.split_once(':'))
+                    .filter(|(name, _)| !OWN.iter().any(|own| name.starts_with(own)))
+                    .filter_map(|(_, stats)| {
+                        stats
+                            .split(',')
+                            .find_map(|kv| kv.strip_prefix("calls="))
+                            .and_then(|v| v.parse::<u64>().ok())
+                    })
+                    .sum::<u64>()
+            })
+            .sum()
+    }
+
     /// One command on the node on `port`, over a connection of its own (for what a
     /// cluster client would route elsewhere or to every node: `WAIT`, `CLUSTER ...`,
     /// `DEBUG`, `INFO`).

@@ -141,7 +141,10 @@ pub(crate) async fn standing(
 
 /// Whether the voucher is sold out, as a waiting buyer must learn it: bucket 0's stock
 /// (read by the script) for a voucher of one bucket; with several, bucket 0 empty and
-/// then every bucket empty with nothing moving between them, on two looks that agree.
+/// then the voucher's sold-out mark (one read), else every bucket empty with nothing
+/// moving between them, on two looks that agree, which then set the mark as an
+/// admission does. Without the mark every look of every waiter at a sold-out voucher
+/// would read each bucket twice (three commands each).
 async fn sold_out(
     sales: &seckill_shared::adapters::redis::RedisSales,
     id: VoucherId,
@@ -154,12 +157,19 @@ async fn sold_out(
         return Ok(true);
     }
     let conn = sales.conn();
+    if transfers::is_marked_sold_out(&conn, id).await? {
+        return Ok(true);
+    }
     let first = transfers::units(&conn, id, view.buckets).await?;
     if first.total() > 0 {
         return Ok(false);
     }
     let second = transfers::units(&conn, id, view.buckets).await?;
-    Ok(transfers::sold_out_between(first, second))
+    let sold_out = transfers::sold_out_between(first, second);
+    if sold_out {
+        transfers::mark_sold_out(&conn, id).await?;
+    }
+    Ok(sold_out)
 }
 
 /// The admission's entry check for a voucher with a room: the caller's token for this

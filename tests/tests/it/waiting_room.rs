@@ -504,6 +504,49 @@ async fn once_sold_out_everybody_still_waiting_learns_it_on_their_next_look() {
     b.cleanup().await;
 }
 
+/// Waiters keep looking at a sold-out voucher (every few seconds when units may come
+/// back): with many stock buckets, a look costs Redis a few commands, counted on the
+/// server (the queue script and its reads, the sold-out mark, one deadline read per
+/// bucket), not two reads of every bucket (three commands each) every time.
+#[tokio::test]
+async fn a_look_at_a_sold_out_room_of_many_buckets_costs_a_few_commands() {
+    let b = Backends::start().await;
+    let app = App::new(&b.http_config()).await;
+    let voucher = create_room(&app, 16, 1_000, -100, json!({"buckets": 16})).await;
+    let mut bought = 0;
+    for i in 0..40 {
+        let u = format!("w{i}");
+        let (status, s) = queue(&app, &voucher, &u, true).await;
+        assert_eq!(status, 200, "{s}");
+        let Some(t) = s["entry_token"].as_str() else {
+            continue;
+        };
+        if buy_with(&app, &voucher, &u, t).await.0 == 202 {
+            bought += 1;
+        }
+    }
+    assert_eq!(bought, 16, "every unit sold");
+    let (status, s) = queue(&app, &voucher, "w39", false).await;
+    assert_eq!(
+        (status, s["status"].as_str()),
+        (200, Some("sold_out")),
+        "{s}"
+    );
+    for u in ["w30", "w31", "w32"] {
+        let before = b.redis.command_calls();
+        let (status, s) = queue(&app, &voucher, u, false).await;
+        let spent = b.redis.command_calls() - before;
+        assert_eq!(
+            (status, s["status"].as_str()),
+            (200, Some("sold_out")),
+            "{s}"
+        );
+        // The script and its three reads, the mark, a deadline read per bucket.
+        assert!(spent <= 4 + 1 + 16, "{u}'s look cost {spent} commands");
+    }
+    b.cleanup().await;
+}
+
 /// A room with a payment step: the buyers served first take every unit, so the next in
 /// line is told `sold_out`; when one of them cancels, the unit is back and the next in
 /// line, looking again, is served and buys it (paying like anyone). Nobody further back
