@@ -25,7 +25,7 @@ pub mod sql;
 use self::sql::MAX_ROWS_PER_STATEMENT;
 use super::data_api::{DataApi, field, param};
 use crate::domain::{
-    AdmittedOrder, ClosedOrder, ExistingOrder, OrderId, OrderStatus, UserId, VoucherId,
+    AdmittedOrder, ClosedOrder, ExistingOrder, OrderId, OrderStatus, UnixMillis, UserId, VoucherId,
 };
 use crate::error::StoreError;
 
@@ -53,6 +53,13 @@ impl Ledger {
     /// it had already ended.
     pub async fn abort_abandoned(&self, transaction: &str) -> Result<bool, StoreError> {
         self.api.try_rollback(transaction).await
+    }
+
+    /// When voucher `id`'s sale ends (unix ms), as the database has it; `None` when it has
+    /// no such voucher. (For a sale Redis holds no sale hash of: see the drainer's
+    /// retirement.)
+    pub async fn sale_end(&self, id: VoucherId) -> Result<Option<UnixMillis>, StoreError> {
+        Ok(self.api.voucher(id).await?.map(|v| v.window.ends_ms()))
     }
 
     /// Whether the `orders` table accepts an ordinary row: inserts a made-up `rejected`

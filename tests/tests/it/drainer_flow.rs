@@ -1071,6 +1071,70 @@ async fn a_finished_sale_keeps_its_dead_letters_and_expires_only_once_drained() 
     ctx.cleanup().await;
 }
 
+/// A bucket the active set lists without its sale hash (Redis lost the sale after it
+/// ended; a sale whose preload never happened) is retired once drained and over by the
+/// database's end, its keys given the retention's expiry, instead of being probed by every
+/// run for good; one that lost its hash while its sale is open stays.
+#[tokio::test]
+async fn a_drained_sale_without_its_sale_hash_is_retired_by_the_database_end() {
+    let ctx = DrainCtx::start().await;
+    let lost_after_end = ctx.voucher(10, 10).await;
+    let admitted = ctx.admit(lost_after_end.id, "l", 2).await;
+    ctx.db()
+        .await
+        .execute(
+            "UPDATE vouchers SET begins_at = UTC_TIMESTAMP(3) - INTERVAL 2 HOUR, \
+             ends_at = UTC_TIMESTAMP(3) - INTERVAL 2 MINUTE WHERE id = :id",
+            vec![seckill_shared::adapters::data_api::param::long(
+                "id",
+                lost_after_end.id.get(),
+            )],
+            None,
+        )
+        .await
+        .unwrap();
+    let never_loaded = ctx.voucher_at(10, now_millis() - 3_720_000).await;
+    let open_lost = ctx.voucher(10, 10).await;
+    ctx.admit(open_lost.id, "o", 1).await;
+    for v in [lost_after_end.id, never_loaded.id, open_lost.id] {
+        let k = VoucherKeys::new(v);
+        let _: i64 = ctx.conn().del(&[&k.sale, &k.buyers]).await.unwrap();
+    }
+
+    let mut cfg = ctx.drainer_config();
+    cfg.retention = Some(Duration::from_secs(60));
+    let s = ctx.drain(cfg.clone()).await;
+    assert_eq!((s.inserted, s.retired, s.errors), (3, 2, 0), "{s:?}");
+    assert_eq!(
+        ctx.orders_in_db(lost_after_end.id)
+            .await
+            .keys()
+            .copied()
+            .collect::<BTreeSet<_>>(),
+        id_set(&admitted)
+    );
+    let active: BTreeSet<i64> = ctx.conn().smembers(ACTIVE_VOUCHERS).await.unwrap();
+    assert!(active.contains(&open_lost.id.get()), "{active:?}");
+    for v in [lost_after_end.id, never_loaded.id] {
+        assert!(!active.contains(&v.get()), "{v} still active: {active:?}");
+        let orders_ttl: i64 = ctx.conn().pttl(VoucherKeys::new(v).orders).await.unwrap();
+        assert!(
+            orders_ttl == -2 || (orders_ttl > 0 && orders_ttl <= 60_000),
+            "{v}: the stream expires in {orders_ttl} ms"
+        );
+    }
+    let open_ttl: i64 = ctx
+        .conn()
+        .pttl(VoucherKeys::new(open_lost.id).orders)
+        .await
+        .unwrap();
+    assert_eq!(open_ttl, -1, "an open sale's stream never expires");
+    // The next run probes only what is left.
+    let s = ctx.drain(cfg).await;
+    assert_eq!((s.retired, s.errors), (0, 0), "{s:?}");
+    ctx.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_fixed_voucher_list_limits_the_drain() {
     let ctx = DrainCtx::start().await;

@@ -210,20 +210,49 @@ impl Drainer {
     /// for its close to reach the database, no units on their way; with or without a
     /// retention): their keys get an expiry when a retention is set, then they leave
     /// the active set. Until `finish_by`.
+    ///
+    /// A drained bucket of the active set without a sale hash (a sale whose preload
+    /// failed and that nobody asked for, one Redis lost after it ended, a dead letter
+    /// replayed after the retention) has its end read from the database: else it would
+    /// be probed by every run, its stream kept without expiry, for good.
     pub(super) async fn retire_finished(&self, run: &Run) {
         let run_ref = run;
         let now = now_millis();
-        let over: Vec<Bucket> = run.with(|s| {
-            s.probes
+        let over_at = |end: i64| end + RETIRE_GRACE_MS < now;
+        let (mut over, unknown): (Vec<Bucket>, Vec<Bucket>) = run.with(|s| {
+            let drained = s
+                .probes
                 .iter()
-                .filter(|(_, p)| {
-                    p.pending == 0
-                        && p.fully_delivered
-                        && p.ends_ms.is_some_and(|end| end + RETIRE_GRACE_MS < now)
-                })
+                .filter(|(_, p)| p.pending == 0 && p.fully_delivered);
+            let over = drained
+                .clone()
+                .filter(|(_, p)| p.ends_ms.is_some_and(over_at))
                 .map(|(v, _)| *v)
-                .collect()
+                .collect();
+            let unknown = drained
+                .filter(|(_, p)| p.ends_ms.is_none())
+                .map(|(v, _)| *v)
+                .collect();
+            (over, unknown)
         });
+        let end = tokio::time::sleep_until(run.finish_by.into());
+        let ended: Vec<Bucket> = futures::stream::iter(unknown)
+            .map(|v| async move {
+                match self.ledger.sale_end(v.voucher()).await {
+                    // No such voucher: nothing of it can ever be written; drained, it goes.
+                    Ok(end) => end.is_none_or(over_at).then_some(v),
+                    Err(e) => {
+                        run_ref.record(&DrainError::store("reading a sale's end", Some(v), e));
+                        None
+                    }
+                }
+            })
+            .buffer_unordered(PROBES_IN_FLIGHT)
+            .take_until(end)
+            .filter_map(std::future::ready)
+            .collect()
+            .await;
+        over.extend(ended);
         let end = tokio::time::sleep_until(run.finish_by.into());
         futures::stream::iter(over)
             .map(|v| async move {
