@@ -97,6 +97,11 @@ async fn find_order(
             || deadline.is_some()
             || sales.order_of_buyer(bucket, buyer).await? == Some(id);
         if !theirs {
+            // Redis lost the sale: the order may wait in the stream, and a provider told
+            // 404 would stop sending its payment for good.
+            if sales.sale_lost(bucket).await? {
+                return Err(ApiError::sale_being_restored(voucher.id));
+            }
             return Err(not_found());
         }
     }
@@ -348,10 +353,26 @@ pub(crate) async fn webhook(
         };
         let row = ledger.record(&new, Outcome::Refused, Some(&why)).await?;
         same_order(&row, id)?;
-        if row.outcome == Outcome::Failed {
+        match row.outcome {
             // Recorded before by an attempt that failed: this success took the wrong
             // amount, and the row must say so, to be refunded.
-            ledger.decide(&new, Outcome::Refused, Some(&why)).await?;
+            Outcome::Failed => {
+                ledger.decide(&new, Outcome::Refused, Some(&why)).await?;
+            }
+            // Recorded by an earlier event not decided yet (in flight, or answered 503):
+            // were this one answered 422, the provider would stop sending it, and that
+            // event could still end the row `failed`, the money taken listed nowhere.
+            // Asked again once the row is decided, it is refused for good.
+            Outcome::Received => {
+                return Err(ApiError::unavailable(
+                    "database",
+                    format!(
+                        "payment {} is being decided by an earlier event: send this one again",
+                        payment.as_str()
+                    ),
+                ));
+            }
+            _ => {}
         }
         tracing::warn!(
             order_id = id.get(),

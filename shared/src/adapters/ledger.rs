@@ -253,6 +253,18 @@ impl LedgerTx<'_> {
                 let out = self.api.execute(&sql, params, Some(&self.id)).await?;
                 if gives_back {
                     returned += u64::try_from(out.number_of_records_updated()).unwrap_or(0);
+                    // An order closed so, yet recorded paid: its paid close was lost.
+                    let ids: Vec<OrderId> = pairs
+                        .iter()
+                        .filter(|(_, c)| c.status.returned_unit())
+                        .map(|(i, _)| *i)
+                        .collect();
+                    let (sql, params) = sql::refund_paid_closed(voucher, &ids);
+                    let out = self.api.execute(&sql, params, Some(&self.id)).await?;
+                    let refunds = out.number_of_records_updated();
+                    if refunds > 0 {
+                        tracing::warn!(%voucher, refunds, "paid orders closed since (a paid close Redis lost): payments due for refund");
+                    }
                 }
             }
             // A paid order the database holds rejected: the money is to be refunded.

@@ -1825,6 +1825,207 @@ async fn a_failed_attempt_of_another_amount_never_blocks_its_payment_nor_hides_a
     ctx.cleanup().await;
 }
 
+/// A `payment.failed` recorded whose decision has not run yet (its delivery died after
+/// the record, or is still in flight), then a success of that payment id for the wrong
+/// amount: the success is answered `503`, never a final `422` while the row could still
+/// end `failed` (the money taken then listed nowhere); sent again once the failure is
+/// decided, it is refused and counted among the refunds due.
+#[tokio::test]
+async fn a_wrong_amount_after_an_undecided_failure_is_refused_once_the_failure_is_decided() {
+    use seckill_shared::adapters::payments::{NewPayment, Outcome, Payments};
+    use seckill_tests::harness::{deliver, provider_event};
+    let ctx = DrainCtx::start().await;
+    let app = app_of(&ctx).await;
+    let v = pay_voucher(&ctx, 2, 600, false).await;
+    let order = admitted(buy(&app, v.id, "fay").await);
+    let ledger = || {
+        let ctx = &ctx;
+        async move {
+            Payments(&ctx.db().await)
+                .get("pay_fay")
+                .await
+                .unwrap()
+                .map(|p| p.outcome)
+        }
+    };
+    // The failure's delivery recorded the row and died before deciding it.
+    let db = ctx.db().await;
+    let recorded = Payments(&db)
+        .record(
+            &NewPayment {
+                payment_id: "pay_fay",
+                order: order.parse().unwrap(),
+                voucher: v.id,
+                amount_minor: TEST_PRICE_MINOR,
+                currency: TEST_CURRENCY,
+                event_id: "evt_failed",
+                received_ms: now_millis(),
+            },
+            Outcome::Received,
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(recorded.outcome, Outcome::Received);
+    let cheap = TEST_PRICE_MINOR - 1;
+    let wrong = provider_event(
+        "payment.succeeded",
+        &order,
+        "fay",
+        "pay_fay",
+        cheap,
+        TEST_CURRENCY,
+    );
+    assert_eq!(code(&deliver(&app, &wrong).await), (503, "unavailable"));
+    assert_eq!(ledger().await, Some(Outcome::Received));
+    // The provider sends the failure again: decided.
+    let failed = provider_event(
+        "payment.failed",
+        &order,
+        "fay",
+        "pay_fay",
+        TEST_PRICE_MINOR,
+        TEST_CURRENCY,
+    );
+    assert_eq!(outcome(&deliver(&app, &failed).await), (200, "failed"));
+    // And the success again: refused for good, to be refunded.
+    assert_eq!(
+        code(&deliver(&app, &wrong).await),
+        (422, "payment_mismatch")
+    );
+    assert_eq!(ledger().await, Some(Outcome::Refused));
+    assert_eq!(
+        status(&get_order(&app, &order, "fay").await),
+        (200, "pending")
+    );
+    let (code, body) = call(
+        &app,
+        request(
+            "GET",
+            &format!("/status?voucher={}", v.id),
+            Some(&token("ops", true)),
+            None,
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["vouchers"][0]["refunds_due"], 1, "{body}");
+    ctx.cleanup().await;
+}
+
+/// A paid close Redis lost (a failover that dropped the write; the replica still holds
+/// the order's deadline) lets the order expire at its deadline and its unit go back on
+/// sale: the payment recorded `paid` is then due for refund, counted in the operators'
+/// figures, never left `paid` beside an expired order.
+#[tokio::test]
+async fn a_paid_order_that_expires_after_redis_lost_its_paid_close_is_due_for_refund() {
+    use seckill_shared::adapters::payments::{Outcome, Payments};
+    let ctx = DrainCtx::start().await;
+    let app = app_of(&ctx).await;
+    let v = pay_voucher(&ctx, 3, 2, false).await;
+    let order = admitted(buy(&app, v.id, "ann").await);
+    drain_until_settled(&ctx, v.id).await;
+    let res = pay(&app, &order, "ann", "pi_ann").await;
+    assert_eq!(outcome(&res), (200, "paid"), "{}", res.1);
+    let pay_by = seckill_shared::domain::parse_rfc3339_millis(
+        get_order(&app, &order, "ann").await.1["pay_by"]
+            .as_str()
+            .unwrap(),
+        "pay_by",
+    )
+    .unwrap();
+    // The failover: the replica never got the close (nor its to-settle entry) and
+    // still holds the deadline.
+    let k = VoucherKeys::new(v.id);
+    let mut conn = ctx.conn();
+    let _: i64 = conn.hdel(&k.closed, &order).await.unwrap();
+    let _: i64 = conn.srem(&k.to_settle, &order).await.unwrap();
+    let member = seckill_shared::keys::deadline_member(order.parse().unwrap(), "ann");
+    let _: i64 = conn.zadd(&k.deadlines, member, pay_by).await.unwrap();
+
+    sleep_until(pay_by + 100).await;
+    drain_until_settled(&ctx, v.id).await;
+    let rows = ctx.orders_in_db(v.id).await;
+    assert_eq!(
+        rows[&order.parse::<i64>().unwrap()].0,
+        "expired",
+        "{rows:?}"
+    );
+    assert_eq!(redis_stock(&ctx, v.id).await, 3, "its unit is back on sale");
+    let payment = Payments(&ctx.db().await)
+        .get("pi_ann")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(payment.outcome, Outcome::RefundDue, "{payment:?}");
+    let (code, body) = call(
+        &app,
+        request(
+            "GET",
+            &format!("/status?voucher={}", v.id),
+            Some(&token("ops", true)),
+            None,
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["vouchers"][0]["refunds_due"], 1, "{body}");
+    // Settling again changes nothing.
+    drain_until_settled(&ctx, v.id).await;
+    let payment = Payments(&ctx.db().await)
+        .get("pi_ann")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(payment.outcome, Outcome::RefundDue);
+    ctx.cleanup().await;
+}
+
+/// The provider's success for an order admitted and not yet drained, while Redis has
+/// lost the sale (its buyers and deadlines with it) and nothing repaired it yet: `503`,
+/// which the provider sends again, never a `404` that would make it stop for good; once
+/// the order is drained the same event pays it.
+#[tokio::test]
+async fn a_payment_for_an_order_of_a_lost_sale_is_answered_503_until_it_can_be_applied() {
+    use seckill_shared::adapters::payments::Payments;
+    let ctx = DrainCtx::start().await;
+    let app = app_of(&ctx).await;
+    let v = pay_voucher(&ctx, 3, 600, false).await;
+    let order = admitted(buy(&app, v.id, "eli").await);
+    let k = VoucherKeys::new(v.id);
+    let _: i64 = ctx
+        .conn()
+        .del(&[&k.sale, &k.buyers, &k.deadlines])
+        .await
+        .unwrap();
+    let other = app_of(&ctx).await;
+    let res = pay(&other, &order, "eli", "pi_eli").await;
+    assert_eq!(code(&res), (503, "unavailable"), "{}", res.1);
+    assert!(
+        Payments(&ctx.db().await)
+            .get("pi_eli")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(
+        code(&checkout(&other, &order, "eli").await),
+        (503, "unavailable")
+    );
+    assert_eq!(code(&pay(&other, &order, "stranger", "pi_x").await).0, 503);
+
+    drain_until_settled(&ctx, v.id).await;
+    let res = pay(&other, &order, "eli", "pi_eli").await;
+    assert_eq!(outcome(&res), (200, "paid"), "{}", res.1);
+    assert_eq!(
+        status(&get_order(&other, &order, "eli").await),
+        (200, "paid")
+    );
+    ctx.cleanup().await;
+}
+
 /// The webhook's own rules, in process: an event signed with the previous secret is
 /// accepted (a rotation under way); a `failed` event is recorded and leaves the order
 /// open, and a later `succeeded` of the same payment pays it (a `failed` arriving after

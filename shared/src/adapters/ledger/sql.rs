@@ -296,6 +296,37 @@ pub fn refund_rejected_paid(
     )
 }
 
+/// Marks for refund the payments recorded `paid` of orders of voucher `:v` the database
+/// now holds `cancelled` or `expired` (`:ids`, a JSON array of the order ids whose
+/// returning close was just recorded). Redis decides every close once, so such an order
+/// was paid only in a close Redis lost since (a failover that dropped the write, the
+/// sale lost and rebuilt from the database's `awaiting_payment` row), then expired or
+/// cancelled again: its unit went back on sale, and the money taken is to be given
+/// back, not kept `paid`. Only `paid` rows move (a `received` one is still being decided
+/// by its event), so a second run changes nothing.
+pub fn refund_paid_closed(voucher: VoucherId, ids: &[OrderId]) -> (String, Vec<SqlParameter>) {
+    const SQL: &str = "UPDATE JSON_TABLE(:ids, '$[*]' COLUMNS (\
+        id BIGINT UNSIGNED PATH '$' ERROR ON EMPTY)) AS j \
+        STRAIGHT_JOIN orders AS o FORCE INDEX (PRIMARY) ON o.id = j.id \
+        STRAIGHT_JOIN payments AS p FORCE INDEX (payments_by_order) ON p.order_id = o.id \
+        SET p.outcome = 'refund_due', p.reason = :r, p.decided_at = UTC_TIMESTAMP(3) \
+        WHERE o.voucher_id = :v AND o.status IN ('cancelled', 'expired') \
+        AND p.outcome = 'paid'";
+    let ids: Vec<i64> = ids.iter().map(|o| o.get()).collect();
+    let ids = serde_json::to_string(&ids).expect("numbers serialise");
+    (
+        SQL.to_string(),
+        vec![
+            param::string("ids", &ids),
+            param::string("r", CLOSED_PAID_REASON),
+            param::long("v", voucher.get()),
+        ],
+    )
+}
+
+/// Why a payment of an order closed after it was paid is due for refund.
+pub const CLOSED_PAID_REASON: &str = "the order was cancelled or expired after it was paid (its paid close was lost): its unit went back on sale";
+
 /// Why a payment of a rejected order is due for refund.
 pub const REJECTED_PAID_REASON: &str =
     "the order was rejected (the database stock could not cover it) after it was paid";
