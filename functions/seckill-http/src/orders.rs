@@ -36,19 +36,21 @@ pub(crate) async fn get_order(
         if buyer != caller.user {
             return Err(not_found());
         }
-        let view = overlay_close(app, voucher, &caller.user, (id, status, pay_by)).await?;
+        let buyer = Buyer::new(app, voucher, &caller.user);
+        let view = overlay_close(&buyer, (id, status, pay_by)).await?;
         return Ok(order_json(voucher, view));
     }
     let Some(voucher) = app.sales().await?.voucher_of_order(id).await? else {
         return Err(not_found());
     };
-    match caller_order(app, voucher, &caller.user).await? {
+    let buyer = Buyer::new(app, voucher, &caller.user);
+    match caller_order(&buyer).await? {
         Some(view) if view.0 == id => Ok(order_json(voucher, view)),
         _ => {
             // Not the buyer's current order: it may be one they cancelled or let expire
             // before it was drained (a voucher that lets them buy again no longer lists
             // it among the buyers).
-            let bucket = buyer_bucket(app, voucher, &caller.user).await?;
+            let bucket = buyer.bucket().await?;
             let (closed, _) = app
                 .sales()
                 .await?
@@ -66,18 +68,15 @@ pub(crate) async fn get_order(
 /// `pending` or `awaiting_payment` order may already be paid, cancelled or expired
 /// (the drainer records closes on its next run), and a pending order's deadline is in
 /// Redis only. Other statuses are final and cost no Redis call.
-async fn overlay_close(
-    app: &App,
-    voucher: VoucherId,
-    user: &UserId,
-    view: OrderView,
-) -> Result<OrderView, ApiError> {
+async fn overlay_close(buyer: &Buyer<'_>, view: OrderView) -> Result<OrderView, ApiError> {
     let (id, status, pay_by) = view;
     if !matches!(status, OrderStatus::Pending | OrderStatus::AwaitingPayment) {
         return Ok(view);
     }
-    let bucket = buyer_bucket(app, voucher, user).await?;
-    let (closed, deadline) = app.sales().await?.payment_state(bucket, id, user).await?;
+    let bucket = buyer.bucket().await?;
+    let (closed, deadline) = (buyer.app.sales().await?)
+        .payment_state(bucket, id, buyer.user)
+        .await?;
     Ok(match closed {
         Some(c) => (id, c.status, Some(c.pay_by_ms)),
         None => (id, status, pay_by.or(deadline)),
@@ -92,10 +91,11 @@ pub(crate) async fn buyer_order(
     caller: &Identity,
     id: VoucherId,
 ) -> Result<Response<Body>, ApiError> {
-    match caller_order(app, id, &caller.user).await? {
+    let buyer = Buyer::new(app, id, &caller.user);
+    match caller_order(&buyer).await? {
         Some(view) => Ok(order_json(id, view)),
         None => {
-            let bucket = buyer_bucket(app, id, &caller.user).await?;
+            let bucket = buyer.bucket().await?;
             let none = ApiError::NotFound(format!("you hold no order for voucher {id}"));
             Err(unless_lost(app, bucket, none).await?)
         }
@@ -122,13 +122,12 @@ async fn unless_lost(app: &App, bucket: Bucket, not_found: ApiError) -> Result<A
 /// a buyer who cancelled a drained order and bought again (a voucher that allows it)
 /// holds the new order even while the database still reads the old one
 /// `awaiting_payment` (the drainer records the cancel on its next run).
-async fn caller_order(
-    app: &App,
-    voucher: VoucherId,
-    user: &UserId,
-) -> Result<Option<OrderView>, ApiError> {
+async fn caller_order(buyer: &Buyer<'_>) -> Result<Option<OrderView>, ApiError> {
+    let Buyer {
+        app, voucher, user, ..
+    } = *buyer;
     let in_db = match app.db.order_of_buyer(voucher, user).await? {
-        Some(found) => Some(overlay_close(app, voucher, user, found).await?),
+        Some(found) => Some(overlay_close(buyer, found).await?),
         None => None,
     };
     // A drained order that still counts is the buyer's order.
@@ -140,7 +139,7 @@ async fn caller_order(
     let held = app
         .sales()
         .await?
-        .order_of_buyer(buyer_bucket(app, voucher, user).await?, user)
+        .order_of_buyer(buyer.bucket().await?, user)
         .await?;
     match held {
         Some(held) if in_db.is_none_or(|c| c.0 != held) => {
@@ -149,7 +148,7 @@ async fn caller_order(
                 Some(found) if found.0 == held => found,
                 _ => (held, OrderStatus::Pending, None),
             };
-            Ok(Some(overlay_close(app, voucher, user, view).await?))
+            Ok(Some(overlay_close(buyer, view).await?))
         }
         _ => Ok(in_db),
     }
@@ -158,6 +157,36 @@ async fn caller_order(
 /// An order as a buyer sees it: id, status, payment deadline (vouchers with a payment
 /// step).
 type OrderView = (OrderId, OrderStatus, Option<UnixMillis>);
+
+/// The caller and the voucher a lookup is about, with the caller's bucket found at most
+/// once per request (on an instance that never saw the voucher it costs a Redis read,
+/// and a database read for a voucher Redis does not hold).
+struct Buyer<'a> {
+    app: &'a App,
+    voucher: VoucherId,
+    user: &'a UserId,
+    bucket: std::sync::OnceLock<Bucket>,
+}
+
+impl<'a> Buyer<'a> {
+    fn new(app: &'a App, voucher: VoucherId, user: &'a UserId) -> Buyer<'a> {
+        Buyer {
+            app,
+            voucher,
+            user,
+            bucket: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The bucket the caller buys from ([`buyer_bucket`]).
+    async fn bucket(&self) -> Result<Bucket, ApiError> {
+        if let Some(b) = self.bucket.get() {
+            return Ok(*b);
+        }
+        let b = buyer_bucket(self.app, self.voucher, self.user).await?;
+        Ok(*self.bucket.get_or_init(|| b))
+    }
+}
 
 /// The bucket `user` buys from in `voucher` (bucket 0 of a voucher the database does
 /// not know: nothing is found there either).
