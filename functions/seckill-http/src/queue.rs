@@ -99,12 +99,11 @@ pub(crate) async fn standing(
     });
     let status = if view.now_ms >= view.window.ends_ms() {
         "ended"
-    } else if sold_out(sales, id, &view).await? {
+    } else if let Some(next) = sold_out(sales, id, &view).await? {
         // Not for good while orders await payment: an unpaid one gives its unit back at
         // its deadline (a cancel sooner). The caller is told to look again then (at
         // most RETURN_LOOK_MAX_MS ahead, for the cancels), instead of giving up and
         // leaving the returned units to whoever keeps asking.
-        let next = queue::earliest_deadline(&sales.conn(), id, view.buckets).await?;
         body["units_may_return"] = json!(next.is_some());
         if let Some(at) = next {
             // A deadline already past waits for the drainer's sweep (a run a minute):
@@ -139,37 +138,52 @@ pub(crate) async fn standing(
     Ok(json_response(StatusCode::OK, &body))
 }
 
-/// Whether the voucher is sold out, as a waiting buyer must learn it: bucket 0's stock
-/// (read by the script) for a voucher of one bucket; with several, bucket 0 empty and
-/// then the voucher's sold-out mark (one read), else every bucket empty with nothing
-/// moving between them, on two looks that agree, which then set the mark as an
-/// admission does. Without the mark every look of every waiter at a sold-out voucher
-/// would read each bucket twice (three commands each).
+/// Whether the voucher is sold out, as a waiting buyer must learn it, and the earliest
+/// deadline of an unpaid order (a unit may come back then).
+///
+/// One bucket: bucket 0's stock (read by the script). Several: bucket 0 empty, then
+/// every bucket empty with nothing moving between them, on two looks that agree (three
+/// commands a bucket each). Waiters keep looking at a sold-out voucher while units may
+/// come back (every 1-30 s), so while an unpaid order's deadline is ahead and the
+/// voucher's sold-out mark is set (an admission's or an earlier look's two looks), the
+/// mark answers instead. Never when no deadline is left: that answer tells the waiters
+/// nothing will come back, and a mark set just after a cancel returned a unit (the race
+/// [`transfers::SOLD_OUT_MARK`] bounds to 5 s) must not end anybody's wait for good.
 async fn sold_out(
     sales: &seckill_shared::adapters::redis::RedisSales,
     id: VoucherId,
     view: &QueueView,
-) -> Result<bool, ApiError> {
+) -> Result<Option<Option<UnixMillis>>, ApiError> {
     if view.stock_bucket0 > 0 {
-        return Ok(false);
-    }
-    if view.buckets <= 1 {
-        return Ok(true);
+        return Ok(None);
     }
     let conn = sales.conn();
-    if transfers::is_marked_sold_out(&conn, id).await? {
-        return Ok(true);
+    let next = || queue::earliest_deadline(&conn, id, view.buckets);
+    if view.buckets <= 1 {
+        return Ok(Some(next().await?));
+    }
+    if transfers::is_marked_sold_out(&conn, id).await?
+        && let Some(at) = next().await?
+    {
+        return Ok(Some(Some(at)));
     }
     let first = transfers::units(&conn, id, view.buckets).await?;
     if first.total() > 0 {
-        return Ok(false);
+        return Ok(None);
     }
     let second = transfers::units(&conn, id, view.buckets).await?;
-    let sold_out = transfers::sold_out_between(first, second);
-    if sold_out {
-        transfers::mark_sold_out(&conn, id).await?;
+    if !transfers::sold_out_between(first, second) {
+        return Ok(None);
     }
-    Ok(sold_out)
+    // Marked for the looks and admissions after this one, unless a bucket's sale is
+    // missing (its units unknown until it is repaired), as an admission would not.
+    if first.missing == 0
+        && second.missing == 0
+        && let Err(error) = transfers::mark_sold_out(&conn, id).await
+    {
+        tracing::warn!(voucher = %id, %error, "could not set the sold-out mark");
+    }
+    Ok(Some(next().await?))
 }
 
 /// The admission's entry check for a voucher with a room: the caller's token for this

@@ -197,6 +197,9 @@ pub struct Units {
     /// Transfers received over every bucket (their `received` hashes' sizes): only ever
     /// grows during a sale, by one each time units land in a bucket.
     pub received: u64,
+    /// Buckets whose sale Redis does not hold (lost, or not loaded): their units are
+    /// unknown, counted 0.
+    pub missing: u64,
 }
 
 impl Units {
@@ -253,6 +256,7 @@ pub async fn units(
             stock: stock.unwrap_or(0).max(0),
             in_transit,
             received,
+            missing: u64::from(stock.is_none()),
         })
     }))
     .await?;
@@ -260,6 +264,7 @@ pub async fn units(
         stock: a.stock + u.stock,
         in_transit: a.in_transit + u.in_transit,
         received: a.received + u.received,
+        missing: a.missing + u.missing,
     }))
 }
 
@@ -308,6 +313,7 @@ mod tests {
             stock,
             in_transit,
             received,
+            missing: 0,
         }
     }
 

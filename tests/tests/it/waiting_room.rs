@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::StreamExt;
 use rand::seq::SliceRandom;
+use redis::AsyncCommands;
 use seckill_http::App;
 use seckill_shared::domain::{
     UserId, VoucherId, format_rfc3339_millis, now_millis, parse_rfc3339_millis,
@@ -504,16 +505,21 @@ async fn once_sold_out_everybody_still_waiting_learns_it_on_their_next_look() {
     b.cleanup().await;
 }
 
-/// Waiters keep looking at a sold-out voucher (every few seconds when units may come
-/// back): with many stock buckets, a look costs Redis a few commands, counted on the
-/// server (the queue script and its reads, the sold-out mark, one deadline read per
-/// bucket), not two reads of every bucket (three commands each) every time.
+/// Waiters keep looking at a sold-out voucher while units may come back (every 1-30 s,
+/// orders await payment): with many stock buckets, a look then costs Redis a few
+/// commands, counted on the server (the queue script and its reads, the sold-out mark,
+/// one deadline read per bucket), not two reads of every bucket (three commands each)
+/// every time. Once nothing can come back, the mark alone never answers: a cancel's
+/// unit is found, and the waiters are not sent away for good while it is on sale.
 #[tokio::test]
 async fn a_look_at_a_sold_out_room_of_many_buckets_costs_a_few_commands() {
     let b = Backends::start().await;
     let app = App::new(&b.http_config()).await;
-    let voucher = create_room(&app, 16, 1_000, -100, json!({"buckets": 16})).await;
-    let mut bought = 0;
+    let pay = json!({
+        "buckets": 16, "pay_within_s": 600, "price_minor": TEST_PRICE_MINOR, "currency": TEST_CURRENCY
+    });
+    let voucher = create_room(&app, 16, 1_000, -100, pay).await;
+    let mut bought = Vec::new();
     for i in 0..40 {
         let u = format!("w{i}");
         let (status, s) = queue(&app, &voucher, &u, true).await;
@@ -521,29 +527,54 @@ async fn a_look_at_a_sold_out_room_of_many_buckets_costs_a_few_commands() {
         let Some(t) = s["entry_token"].as_str() else {
             continue;
         };
-        if buy_with(&app, &voucher, &u, t).await.0 == 202 {
-            bought += 1;
+        let res = buy_with(&app, &voucher, &u, t).await;
+        if res.0 == 202 {
+            bought.push((u, res.1["order_id"].as_str().unwrap().to_string()));
         }
     }
-    assert_eq!(bought, 16, "every unit sold");
-    let (status, s) = queue(&app, &voucher, "w39", false).await;
-    assert_eq!(
-        (status, s["status"].as_str()),
-        (200, Some("sold_out")),
-        "{s}"
-    );
+    assert_eq!(bought.len(), 16, "every unit sold");
+    let mark = format!("seckill:{{{voucher}}}:sold_out");
+    let mut conn = b.redis.connect().await;
+    // A fresh mark (its 5 s start now): this look reads every bucket twice and sets it.
+    let _: i64 = conn.del(&mark).await.unwrap();
+    assert_looks_sold_out(&app, &voucher, "w39", true).await;
     for u in ["w30", "w31", "w32"] {
         let before = b.redis.command_calls();
-        let (status, s) = queue(&app, &voucher, u, false).await;
+        assert_looks_sold_out(&app, &voucher, u, true).await;
         let spent = b.redis.command_calls() - before;
-        assert_eq!(
-            (status, s["status"].as_str()),
-            (200, Some("sold_out")),
-            "{s}"
-        );
         // The script and its three reads, the mark, a deadline read per bucket.
         assert!(spent <= 4 + 1 + 16, "{u}'s look cost {spent} commands");
     }
+
+    // Every order but one paid... and that one cancelled while the mark stands (as if
+    // set just after the cancel's return): no deadline is left, so the look reads the
+    // buckets, finds the unit and serves the next in line.
+    for (u, order) in &bought[1..] {
+        assert_eq!(
+            provider_pays(&app, order, u, &format!("pi_{u}")).await.0,
+            200
+        );
+    }
+    let (u, order) = &bought[0];
+    let res = call(
+        &app,
+        request(
+            "POST",
+            &format!("/orders/{order}/cancel"),
+            Some(&token(u, false)),
+            None,
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(res.0, 200, "{}", res.1);
+    let _: () = conn.pset_ex(&mark, 1, 5_000).await.unwrap();
+    let (status, s) = queue(&app, &voucher, "w30", false).await;
+    assert_eq!(status, 200, "{s}");
+    assert_ne!(
+        s["status"], "sold_out",
+        "the cancelled unit is on sale: {s}"
+    );
     b.cleanup().await;
 }
 
