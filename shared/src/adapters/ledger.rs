@@ -55,11 +55,24 @@ impl Ledger {
         self.api.try_rollback(transaction).await
     }
 
-    /// When voucher `id`'s sale ends (unix ms), as the database has it; `None` when it has
-    /// no such voucher. (For a sale Redis holds no sale hash of: see the drainer's
-    /// retirement.)
-    pub async fn sale_end(&self, id: VoucherId) -> Result<Option<UnixMillis>, StoreError> {
-        Ok(self.api.voucher(id).await?.map(|v| v.window.ends_ms()))
+    /// When voucher `id`'s sale ends (unix ms), as the database has it, and whether any
+    /// of its orders still awaits payment there; `None` when it has no such voucher.
+    /// (For a sale Redis holds no sale hash of, whose deadlines Redis may have lost with
+    /// it: see the drainer's retirement.)
+    pub async fn sale_end(&self, id: VoucherId) -> Result<Option<(UnixMillis, bool)>, StoreError> {
+        let out = self
+            .api
+            .execute(sql::SALE_END, vec![param::long("v", id.get())], None)
+            .await?;
+        let Some(row) = out.records().first() else {
+            return Ok(None);
+        };
+        let bad = || StoreError::Corrupt(format!("voucher {id}'s end reads {row:?}"));
+        let [ends, unpaid] = row.as_slice() else {
+            return Err(bad());
+        };
+        let ends = field::datetime(ends).ok_or_else(bad)?;
+        Ok(Some((ends, field::long(unpaid).ok_or_else(bad)? != 0)))
     }
 
     /// Whether the `orders` table accepts an ordinary row: inserts a made-up `rejected`
@@ -253,19 +266,16 @@ impl LedgerTx<'_> {
                 let out = self.api.execute(&sql, params, Some(&self.id)).await?;
                 if gives_back {
                     returned += u64::try_from(out.number_of_records_updated()).unwrap_or(0);
-                    // An order closed so, yet recorded paid: its paid close was lost.
-                    let ids: Vec<OrderId> = pairs
-                        .iter()
-                        .filter(|(_, c)| c.status.returned_unit())
-                        .map(|(i, _)| *i)
-                        .collect();
-                    let (sql, params) = sql::refund_paid_closed(voucher, &ids);
-                    let out = self.api.execute(&sql, params, Some(&self.id)).await?;
-                    let refunds = out.number_of_records_updated();
-                    if refunds > 0 {
-                        tracing::warn!(%voucher, refunds, "paid orders closed since (a paid close Redis lost): payments due for refund");
-                    }
                 }
+            }
+            // A payment recorded paid whose paid close Redis lost: the order expired,
+            // was cancelled or was paid again since.
+            let ids: Vec<OrderId> = chunk.iter().map(|(i, _)| *i).collect();
+            let (sql, params) = sql::refund_paid_closed(voucher, &ids);
+            let out = self.api.execute(&sql, params, Some(&self.id)).await?;
+            let refunds = out.number_of_records_updated();
+            if refunds > 0 {
+                tracing::warn!(%voucher, refunds, "orders closed again after a paid close Redis lost: payments due for refund");
             }
             // A paid order the database holds rejected: the money is to be refunded.
             let paid: Vec<(OrderId, &str)> = chunk

@@ -1074,7 +1074,8 @@ async fn a_finished_sale_keeps_its_dead_letters_and_expires_only_once_drained() 
 /// A bucket the active set lists without its sale hash (Redis lost the sale after it
 /// ended; a sale whose preload never happened) is retired once drained and over by the
 /// database's end, its keys given the retention's expiry, instead of being probed by every
-/// run for good; one that lost its hash while its sale is open stays.
+/// run for good; one that lost its hash while its sale is open stays, and so does one
+/// whose orders still await payment in the database.
 #[tokio::test]
 async fn a_drained_sale_without_its_sale_hash_is_retired_by_the_database_end() {
     let ctx = DrainCtx::start().await;
@@ -1096,7 +1097,39 @@ async fn a_drained_sale_without_its_sale_hash_is_retired_by_the_database_end() {
     let never_loaded = ctx.voucher_at(10, now_millis() - 3_720_000).await;
     let open_lost = ctx.voucher(10, 10).await;
     ctx.admit(open_lost.id, "o", 1).await;
-    for v in [lost_after_end.id, never_loaded.id, open_lost.id] {
+    // Over and lost too, but an order awaits payment in the database (its deadline lost
+    // with the sale): a payment or a cancel may still close it there, to be settled.
+    let now = now_millis();
+    let unpaid = ctx
+        .voucher_of(&seckill_shared::domain::NewVoucher {
+            title: "unpaid".into(),
+            stock: 10,
+            window: SaleWindow::new(now - 60_000, now + 3_600_000).unwrap(),
+            payment: Some(seckill_shared::domain::PaymentTerms {
+                pay_within_ms: 3_600_000,
+                rebuy_after_close: false,
+                price: None,
+            }),
+            buckets: 1,
+            room: None,
+        })
+        .await;
+    ctx.admit(unpaid.id, "u", 1).await;
+    let ended = "UPDATE vouchers SET begins_at = UTC_TIMESTAMP(3) - INTERVAL 2 HOUR, \
+        ends_at = UTC_TIMESTAMP(3) - INTERVAL 2 MINUTE WHERE id = :id";
+    ctx.db()
+        .await
+        .execute(
+            ended,
+            vec![seckill_shared::adapters::data_api::param::long(
+                "id",
+                unpaid.id.get(),
+            )],
+            None,
+        )
+        .await
+        .unwrap();
+    for v in [lost_after_end.id, never_loaded.id, open_lost.id, unpaid.id] {
         let k = VoucherKeys::new(v);
         let _: i64 = ctx.conn().del(&[&k.sale, &k.buyers]).await.unwrap();
     }
@@ -1104,7 +1137,18 @@ async fn a_drained_sale_without_its_sale_hash_is_retired_by_the_database_end() {
     let mut cfg = ctx.drainer_config();
     cfg.retention = Some(Duration::from_secs(60));
     let s = ctx.drain(cfg.clone()).await;
-    assert_eq!((s.inserted, s.retired, s.errors), (3, 2, 0), "{s:?}");
+    assert_eq!((s.inserted, s.retired, s.errors), (4, 2, 0), "{s:?}");
+    let rows = ctx.orders_in_db(unpaid.id).await;
+    assert_eq!(
+        rows.values().next().unwrap().0,
+        "awaiting_payment",
+        "{rows:?}"
+    );
+    let _: i64 = ctx
+        .conn()
+        .del(VoucherKeys::new(unpaid.id).deadlines)
+        .await
+        .unwrap();
     assert_eq!(
         ctx.orders_in_db(lost_after_end.id)
             .await
@@ -1115,6 +1159,7 @@ async fn a_drained_sale_without_its_sale_hash_is_retired_by_the_database_end() {
     );
     let active: BTreeSet<i64> = ctx.conn().smembers(ACTIVE_VOUCHERS).await.unwrap();
     assert!(active.contains(&open_lost.id.get()), "{active:?}");
+    assert!(active.contains(&unpaid.id.get()), "{active:?}");
     for v in [lost_after_end.id, never_loaded.id] {
         assert!(!active.contains(&v.get()), "{v} still active: {active:?}");
         let orders_ttl: i64 = ctx.conn().pttl(VoucherKeys::new(v).orders).await.unwrap();
@@ -1129,9 +1174,12 @@ async fn a_drained_sale_without_its_sale_hash_is_retired_by_the_database_end() {
         .await
         .unwrap();
     assert_eq!(open_ttl, -1, "an open sale's stream never expires");
-    // The next run probes only what is left.
+    // The next run: the unpaid order's deadline is gone from Redis too, so only the
+    // database tells that it still awaits payment; nothing retires.
     let s = ctx.drain(cfg).await;
     assert_eq!((s.retired, s.errors), (0, 0), "{s:?}");
+    let active: BTreeSet<i64> = ctx.conn().smembers(ACTIVE_VOUCHERS).await.unwrap();
+    assert!(active.contains(&unpaid.id.get()), "{active:?}");
     ctx.cleanup().await;
 }
 

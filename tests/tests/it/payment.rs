@@ -1915,50 +1915,62 @@ async fn a_wrong_amount_after_an_undecided_failure_is_refused_once_the_failure_i
 }
 
 /// A paid close Redis lost (a failover that dropped the write; the replica still holds
-/// the order's deadline) lets the order expire at its deadline and its unit go back on
-/// sale: the payment recorded `paid` is then due for refund, counted in the operators'
-/// figures, never left `paid` beside an expired order.
+/// the order's deadline): the order expires at its deadline and its unit goes back on
+/// sale, or its buyer pays it again with another payment. The payment recorded `paid`
+/// by the lost close is then due for refund, counted in the operators' figures, never
+/// left `paid` beside an expired order or beside the payment that paid it again.
 #[tokio::test]
 async fn a_paid_order_that_expires_after_redis_lost_its_paid_close_is_due_for_refund() {
     use seckill_shared::adapters::payments::{Outcome, Payments};
     let ctx = DrainCtx::start().await;
     let app = app_of(&ctx).await;
-    let v = pay_voucher(&ctx, 3, 2, false).await;
-    let order = admitted(buy(&app, v.id, "ann").await);
+    let v = pay_voucher(&ctx, 3, 600, false).await;
+    let ann = admitted(buy(&app, v.id, "ann").await);
+    let bea = admitted(buy(&app, v.id, "bea").await);
     drain_until_settled(&ctx, v.id).await;
-    let res = pay(&app, &order, "ann", "pi_ann").await;
-    assert_eq!(outcome(&res), (200, "paid"), "{}", res.1);
-    let pay_by = seckill_shared::domain::parse_rfc3339_millis(
-        get_order(&app, &order, "ann").await.1["pay_by"]
-            .as_str()
-            .unwrap(),
-        "pay_by",
-    )
-    .unwrap();
-    // The failover: the replica never got the close (nor its to-settle entry) and
-    // still holds the deadline.
+    for (order, user, payment) in [(&ann, "ann", "pi_ann"), (&bea, "bea", "pi_bea1")] {
+        let res = pay(&app, order, user, payment).await;
+        assert_eq!(outcome(&res), (200, "paid"), "{}", res.1);
+    }
+    // The failover: the replica never got the closes (nor their to-settle entries) and
+    // still holds the deadlines; ann's is due at once.
     let k = VoucherKeys::new(v.id);
     let mut conn = ctx.conn();
-    let _: i64 = conn.hdel(&k.closed, &order).await.unwrap();
-    let _: i64 = conn.srem(&k.to_settle, &order).await.unwrap();
-    let member = seckill_shared::keys::deadline_member(order.parse().unwrap(), "ann");
-    let _: i64 = conn.zadd(&k.deadlines, member, pay_by).await.unwrap();
+    let due = now_millis() + 300;
+    for (order, user, at) in [(&ann, "ann", due), (&bea, "bea", due + 600_000)] {
+        let _: i64 = conn.hdel(&k.closed, order).await.unwrap();
+        let _: i64 = conn.srem(&k.to_settle, order).await.unwrap();
+        let member = seckill_shared::keys::deadline_member(order.parse().unwrap(), user);
+        let _: i64 = conn.zadd(&k.deadlines, member, at).await.unwrap();
+    }
+    // bea, told her order is open again, pays it again.
+    let res = pay(&app, &bea, "bea", "pi_bea2").await;
+    assert_eq!(outcome(&res), (200, "paid"), "{}", res.1);
 
-    sleep_until(pay_by + 100).await;
+    sleep_until(due + 100).await;
     drain_until_settled(&ctx, v.id).await;
     let rows = ctx.orders_in_db(v.id).await;
+    assert_eq!(rows[&ann.parse::<i64>().unwrap()].0, "expired", "{rows:?}");
+    assert_eq!(rows[&bea.parse::<i64>().unwrap()].0, "paid", "{rows:?}");
     assert_eq!(
-        rows[&order.parse::<i64>().unwrap()].0,
-        "expired",
-        "{rows:?}"
+        redis_stock(&ctx, v.id).await,
+        2,
+        "ann's unit is back on sale"
     );
-    assert_eq!(redis_stock(&ctx, v.id).await, 3, "its unit is back on sale");
-    let payment = Payments(&ctx.db().await)
-        .get("pi_ann")
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(payment.outcome, Outcome::RefundDue, "{payment:?}");
+    let outcome_of = |payment: &'static str| {
+        let ctx = &ctx;
+        async move {
+            Payments(&ctx.db().await)
+                .get(payment)
+                .await
+                .unwrap()
+                .unwrap()
+                .outcome
+        }
+    };
+    assert_eq!(outcome_of("pi_ann").await, Outcome::RefundDue);
+    assert_eq!(outcome_of("pi_bea1").await, Outcome::RefundDue);
+    assert_eq!(outcome_of("pi_bea2").await, Outcome::Paid);
     let (code, body) = call(
         &app,
         request(
@@ -1971,15 +1983,11 @@ async fn a_paid_order_that_expires_after_redis_lost_its_paid_close_is_due_for_re
     )
     .await;
     assert_eq!(code, 200, "{body}");
-    assert_eq!(body["vouchers"][0]["refunds_due"], 1, "{body}");
+    assert_eq!(body["vouchers"][0]["refunds_due"], 2, "{body}");
     // Settling again changes nothing.
     drain_until_settled(&ctx, v.id).await;
-    let payment = Payments(&ctx.db().await)
-        .get("pi_ann")
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(payment.outcome, Outcome::RefundDue);
+    assert_eq!(outcome_of("pi_ann").await, Outcome::RefundDue);
+    assert_eq!(outcome_of("pi_bea2").await, Outcome::Paid);
     ctx.cleanup().await;
 }
 

@@ -956,6 +956,7 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
         ],
     ),
     ("record_rejected", &["ExecuteStatement"]),
+    ("sale_end", &["ExecuteStatement"]),
     ("lock_voucher", &["ExecuteStatement"]),
     ("lock_vouchers", &["ExecuteStatement"]),
     ("existing_orders", &["ExecuteStatement"]),

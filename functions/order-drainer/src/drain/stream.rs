@@ -213,8 +213,9 @@ impl Drainer {
     ///
     /// A drained bucket of the active set without a sale hash (a sale whose preload
     /// failed and that nobody asked for, one Redis lost after it ended, a dead letter
-    /// replayed after the retention) has its end read from the database: else it would
-    /// be probed by every run, its stream kept without expiry, for good.
+    /// replayed after the retention) has its end read from the database, and goes once
+    /// over with no order of the voucher awaiting payment there: else it would be probed
+    /// by every run, its stream kept without expiry, for good.
     pub(super) async fn retire_finished(&self, run: &Run) {
         let run_ref = run;
         let now = now_millis();
@@ -240,7 +241,11 @@ impl Drainer {
             .map(|v| async move {
                 match self.ledger.sale_end(v.voucher()).await {
                     // No such voucher: nothing of it can ever be written; drained, it goes.
-                    Ok(end) => end.is_none_or(over_at).then_some(v),
+                    Ok(None) => Some(v),
+                    // Orders still awaiting payment in the database: Redis may have lost
+                    // their deadlines with the sale hash, and a payment or a cancel of
+                    // one closes it in this bucket, for a later run to settle: it stays.
+                    Ok(Some((end, unpaid))) => (over_at(end) && !unpaid).then_some(v),
                     Err(e) => {
                         run_ref.record(&DrainError::store("reading a sale's end", Some(v), e));
                         None
