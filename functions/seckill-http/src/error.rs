@@ -111,7 +111,6 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    /// `503 unavailable`: `backend` cannot answer now; the caller may retry.
     /// Redis lost the sale of `voucher` and nothing repaired it yet: an order may still
     /// wait in its stream, so "not found" would be no truthful answer (`503`, ask again).
     pub fn sale_being_restored(voucher: VoucherId) -> ApiError {
@@ -121,6 +120,7 @@ impl ApiError {
         )
     }
 
+    /// `503 unavailable`: `backend` cannot answer now; the caller may retry.
     pub fn unavailable(backend: &'static str, detail: impl Into<String>) -> ApiError {
         ApiError::Unavailable(StoreError::Unavailable {
             backend,

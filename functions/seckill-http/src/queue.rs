@@ -148,7 +148,9 @@ pub(crate) async fn standing(
 /// voucher's sold-out mark is set (an admission's or an earlier look's two looks), the
 /// mark answers instead. Never when no deadline is left: that answer tells the waiters
 /// nothing will come back, and a mark set just after a cancel returned a unit (the race
-/// [`transfers::SOLD_OUT_MARK`] bounds to 5 s) must not end anybody's wait for good.
+/// [`transfers::SOLD_OUT_MARK`] bounds to 5 s) must not end anybody's wait for good. Nor
+/// is a voucher with a bucket Redis lost sold out: its units are unknown until an
+/// admission repairs it.
 async fn sold_out(
     sales: &seckill_shared::adapters::redis::RedisSales,
     id: VoucherId,
@@ -172,15 +174,14 @@ async fn sold_out(
         return Ok(None);
     }
     let second = transfers::units(&conn, id, view.buckets).await?;
-    if !transfers::sold_out_between(first, second) {
+    // A bucket whose sale Redis lost holds units nobody can count until an admission
+    // repairs it: not sold out (the caller is served, and buying repairs it), as an
+    // admission would wait rather than answer sold out.
+    if first.missing + second.missing > 0 || !transfers::sold_out_between(first, second) {
         return Ok(None);
     }
-    // Marked for the looks and admissions after this one, unless a bucket's sale is
-    // missing (its units unknown until it is repaired), as an admission would not.
-    if first.missing == 0
-        && second.missing == 0
-        && let Err(error) = transfers::mark_sold_out(&conn, id).await
-    {
+    // Marked for the looks and admissions after this one.
+    if let Err(error) = transfers::mark_sold_out(&conn, id).await {
         tracing::warn!(voucher = %id, %error, "could not set the sold-out mark");
     }
     Ok(Some(next().await?))

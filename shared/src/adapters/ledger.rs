@@ -55,11 +55,11 @@ impl Ledger {
         self.api.try_rollback(transaction).await
     }
 
-    /// When voucher `id`'s sale ends (unix ms), as the database has it, and whether any
-    /// of its orders still awaits payment there; `None` when it has no such voucher.
-    /// (For a sale Redis holds no sale hash of, whose deadlines Redis may have lost with
-    /// it: see the drainer's retirement.)
-    pub async fn sale_end(&self, id: VoucherId) -> Result<Option<(UnixMillis, bool)>, StoreError> {
+    /// When voucher `id`'s sale ends, as the database has it, and whether any of its
+    /// orders still awaits payment there; `None` when it has no such voucher. (For a sale
+    /// Redis holds no sale hash of, whose deadlines Redis may have lost with it: see the
+    /// drainer's retirement.)
+    pub async fn sale_end(&self, id: VoucherId) -> Result<Option<SaleEnd>, StoreError> {
         let out = self
             .api
             .execute(sql::SALE_END, vec![param::long("v", id.get())], None)
@@ -68,11 +68,27 @@ impl Ledger {
             return Ok(None);
         };
         let bad = || StoreError::Corrupt(format!("voucher {id}'s end reads {row:?}"));
-        let [ends, unpaid] = row.as_slice() else {
+        let [ends, unpaid, buckets] = row.as_slice() else {
             return Err(bad());
         };
-        let ends = field::datetime(ends).ok_or_else(bad)?;
-        Ok(Some((ends, field::long(unpaid).ok_or_else(bad)? != 0)))
+        Ok(Some(SaleEnd {
+            ends_ms: field::datetime(ends).ok_or_else(bad)?,
+            unpaid: field::long(unpaid).ok_or_else(bad)? != 0,
+            buckets: field::long(buckets)
+                .and_then(|k| u16::try_from(k).ok())
+                .filter(|k| (1..=crate::domain::MAX_BUCKETS).contains(k))
+                .ok_or_else(bad)?,
+        }))
+    }
+
+    /// A page of voucher `id`'s orders awaiting payment after order `after` (id order):
+    /// (order, buyer, deadline).
+    pub async fn awaiting_payment(
+        &self,
+        id: VoucherId,
+        after: i64,
+    ) -> Result<Vec<(OrderId, String, UnixMillis)>, StoreError> {
+        self.api.awaiting_payment(id, after).await
     }
 
     /// Whether the `orders` table accepts an ordinary row: inserts a made-up `rejected`
@@ -125,6 +141,16 @@ impl Ledger {
 /// Closes one transaction records at most (ten statements' worth): a backlog after a
 /// mass expiry is settled over several transactions, each well within a run.
 pub const SETTLE_PER_TRANSACTION: usize = 10 * MAX_ROWS_PER_STATEMENT;
+
+/// A sale's end as the database has it ([`Ledger::sale_end`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SaleEnd {
+    pub ends_ms: UnixMillis,
+    /// Some order of the voucher still awaits payment.
+    pub unpaid: bool,
+    /// How many stock buckets the voucher's stock is split over.
+    pub buckets: u16,
+}
 
 /// The voucher row as a batch transaction locked it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -270,12 +296,35 @@ impl LedgerTx<'_> {
             }
             // A payment recorded paid whose paid close Redis lost: the order expired,
             // was cancelled or was paid again since.
-            let ids: Vec<OrderId> = chunk.iter().map(|(i, _)| *i).collect();
-            let (sql, params) = sql::refund_paid_closed(voucher, &ids);
-            let out = self.api.execute(&sql, params, Some(&self.id)).await?;
-            let refunds = out.number_of_records_updated();
-            if refunds > 0 {
-                tracing::warn!(%voucher, refunds, "orders closed again after a paid close Redis lost: payments due for refund");
+            let ids: Vec<i64> = chunk.iter().map(|(i, _)| i.get()).collect();
+            let ids = serde_json::to_string(&ids).expect("ids serialise");
+            let out = self
+                .api
+                .execute(
+                    sql::PAID_CLOSED_AGAIN,
+                    vec![param::string("ids", &ids), param::long("v", voucher.get())],
+                    Some(&self.id),
+                )
+                .await?;
+            let mut refunds: Vec<(String, &str)> = Vec::new();
+            for row in out.records() {
+                let [id, paid] = row.as_slice() else {
+                    return Err(StoreError::Corrupt(format!("a paid payment reads {row:?}")));
+                };
+                let id = field::string(id)
+                    .ok_or_else(|| StoreError::Corrupt(format!("a payment id reads {id:?}")))?;
+                let reason = match field::long(paid) {
+                    Some(0) => sql::CLOSED_PAID_REASON,
+                    _ => sql::PAID_TWICE_REASON,
+                };
+                refunds.push((id, reason));
+            }
+            if !refunds.is_empty() {
+                let rows: Vec<(&str, &str)> =
+                    refunds.iter().map(|(i, r)| (i.as_str(), *r)).collect();
+                let (sql, params) = sql::refund_payments(&rows);
+                let out = self.api.execute(&sql, params, Some(&self.id)).await?;
+                tracing::warn!(%voucher, refunds = out.number_of_records_updated(), "orders closed again after a paid close Redis lost: payments due for refund");
             }
             // A paid order the database holds rejected: the money is to be refunded.
             let paid: Vec<(OrderId, &str)> = chunk

@@ -1075,7 +1075,8 @@ async fn a_finished_sale_keeps_its_dead_letters_and_expires_only_once_drained() 
 /// ended; a sale whose preload never happened) is retired once drained and over by the
 /// database's end, its keys given the retention's expiry, instead of being probed by every
 /// run for good; one that lost its hash while its sale is open stays, and so does one
-/// whose orders still await payment in the database.
+/// whose orders still await payment in the database, until their deadlines, given back
+/// to Redis, have expired them.
 #[tokio::test]
 async fn a_drained_sale_without_its_sale_hash_is_retired_by_the_database_end() {
     let ctx = DrainCtx::start().await;
@@ -1106,7 +1107,7 @@ async fn a_drained_sale_without_its_sale_hash_is_retired_by_the_database_end() {
             stock: 10,
             window: SaleWindow::new(now - 60_000, now + 3_600_000).unwrap(),
             payment: Some(seckill_shared::domain::PaymentTerms {
-                pay_within_ms: 3_600_000,
+                pay_within_ms: 10_000,
                 rebuy_after_close: false,
                 price: None,
             }),
@@ -1114,6 +1115,7 @@ async fn a_drained_sale_without_its_sale_hash_is_retired_by_the_database_end() {
             room: None,
         })
         .await;
+    let admitted_at = now_millis();
     ctx.admit(unpaid.id, "u", 1).await;
     let ended = "UPDATE vouchers SET begins_at = UTC_TIMESTAMP(3) - INTERVAL 2 HOUR, \
         ends_at = UTC_TIMESTAMP(3) - INTERVAL 2 MINUTE WHERE id = :id";
@@ -1175,11 +1177,37 @@ async fn a_drained_sale_without_its_sale_hash_is_retired_by_the_database_end() {
         .unwrap();
     assert_eq!(open_ttl, -1, "an open sale's stream never expires");
     // The next run: the unpaid order's deadline is gone from Redis too, so only the
-    // database tells that it still awaits payment; nothing retires.
-    let s = ctx.drain(cfg).await;
+    // database tells that it still awaits payment; nothing retires, and the deadline is
+    // given back (an ended sale is never repaired: nothing else would expire it).
+    let s = ctx.drain(cfg.clone()).await;
     assert_eq!((s.retired, s.errors), (0, 0), "{s:?}");
     let active: BTreeSet<i64> = ctx.conn().smembers(ACTIVE_VOUCHERS).await.unwrap();
     assert!(active.contains(&unpaid.id.get()), "{active:?}");
+    let deadlines: u64 = ctx
+        .conn()
+        .zcard(VoucherKeys::new(unpaid.id).deadlines)
+        .await
+        .unwrap();
+    assert_eq!(deadlines, 1, "the unpaid order's deadline is back");
+    // Past it, the sweep expires the order, the close is settled, and the sale retires.
+    let wait = admitted_at + 10_000 + 200 - now_millis();
+    tokio::time::sleep(Duration::from_millis(wait.max(0) as u64)).await;
+    let mut retired = false;
+    for _ in 0..3 {
+        let s = ctx.drain(cfg.clone()).await;
+        assert_eq!(s.errors, 0, "{s:?}");
+        let active: BTreeSet<i64> = ctx.conn().smembers(ACTIVE_VOUCHERS).await.unwrap();
+        if !active.contains(&unpaid.id.get()) {
+            retired = true;
+            break;
+        }
+    }
+    assert!(
+        retired,
+        "the sale over retires once its unpaid order expired"
+    );
+    let rows = ctx.orders_in_db(unpaid.id).await;
+    assert_eq!(rows.values().next().unwrap().0, "expired", "{rows:?}");
     ctx.cleanup().await;
 }
 

@@ -2386,6 +2386,61 @@ async fn payment_queries_examine_about_the_rows_they_match_on_a_table_never_anal
             "counting voucher {voucher}'s {of_voucher} payments examined {examined} rows"
         );
     }
+
+    // The settle's look for payments a lost paid close left `paid` (one statement per
+    // chunk of 1,000 closes): the chunk's orders through the primary key, each one's
+    // payments through `payments_by_order`; never the voucher's other payments.
+    use seckill_shared::adapters::ledger::sql::{PAID_CLOSED_AGAIN, SALE_END};
+    let voucher = 7u64;
+    let orders: Vec<(i64, String, &str)> = rows
+        .iter()
+        .filter(|r| r.2 == voucher)
+        .enumerate()
+        .map(|(i, r)| {
+            let status = ["expired", "paid", "awaiting_payment"][i % 3];
+            (r.1 as i64, format!("buyer-{i}"), status)
+        })
+        .collect();
+    seckill_tests::mysql::insert_orders(&mut conn, voucher as i64, &orders).await;
+    let chunk: Vec<i64> = orders.iter().take(1_000).map(|o| o.0).collect();
+    let expect = rows
+        .iter()
+        .filter(|r| chunk.contains(&(r.1 as i64)) && r.3 == "paid")
+        // The expired orders' (the paid ones here have no reference that differs).
+        .filter(|r| orders.iter().position(|o| o.0 == r.1 as i64).unwrap() % 3 == 0)
+        .count();
+    let before = handler_reads(&mut conn).await;
+    let found: Vec<mysql_async::Row> = conn
+        .exec(
+            PAID_CLOSED_AGAIN,
+            params! { "ids" => serde_json::to_string(&chunk).unwrap(), "v" => voucher },
+        )
+        .await
+        .unwrap();
+    let examined = handler_reads(&mut conn).await - before - overhead;
+    assert_eq!(found.len(), expect, "paid payments of closed orders");
+    assert!(
+        examined <= 4 * chunk.len() as u64 + 10,
+        "{} closes examined {examined} rows",
+        chunk.len()
+    );
+    // A sale's end and whether anything awaits payment: the first such row answers.
+    conn.exec_drop(
+        "INSERT INTO vouchers (id, title, stock, stock_left, begins_at, ends_at) \
+         VALUES (7, 't', 10, 10, NOW(3) - INTERVAL 2 HOUR, NOW(3) - INTERVAL 1 HOUR)",
+        (),
+    )
+    .await
+    .unwrap();
+    let before = handler_reads(&mut conn).await;
+    let end: Vec<(mysql_async::Value, i64, i64)> = conn
+        .exec(SALE_END, params! { "v" => voucher })
+        .await
+        .unwrap();
+    let examined = handler_reads(&mut conn).await - before - overhead;
+    assert_eq!(end.len(), 1);
+    assert_eq!(end[0].1, 1, "orders await payment");
+    assert!(examined <= 10, "the sale's end examined {examined} rows");
     conn.disconnect().await.ok();
     ctx.cleanup().await;
 }

@@ -578,6 +578,43 @@ async fn a_look_at_a_sold_out_room_of_many_buckets_costs_a_few_commands() {
     b.cleanup().await;
 }
 
+/// A bucket whose sale Redis lost holds units nobody can count until an admission
+/// repairs it: a look never answers `sold_out` then (that answer, with nothing to come
+/// back, ends the waiters' wait for good and nobody would be served to buy, which is
+/// what repairs it), sold-out mark or not.
+#[tokio::test]
+async fn a_room_with_a_bucket_redis_lost_is_never_told_sold_out() {
+    let b = Backends::start().await;
+    let app = App::new(&b.http_config()).await;
+    let voucher = create_room(&app, 4, 100, -100, json!({"buckets": 2})).await;
+    let mut bought = 0;
+    for i in 0..10 {
+        let u = format!("l{i}");
+        let (status, s) = queue(&app, &voucher, &u, true).await;
+        assert_eq!(status, 200, "{s}");
+        // Served at once, until the voucher is sold out.
+        let Some(t) = s["entry_token"].as_str() else {
+            continue;
+        };
+        if buy_with(&app, &voucher, &u, t).await.0 == 202 {
+            bought += 1;
+        }
+    }
+    assert_eq!(bought, 4);
+    assert_looks_sold_out(&app, &voucher, "l9", false).await;
+    let v: VoucherId = voucher.parse().unwrap();
+    let lost = seckill_shared::domain::Bucket::new(v, 1, 2).unwrap();
+    let key = seckill_shared::keys::VoucherKeys::new(lost).sale;
+    let _: i64 = b.redis.connect().await.del(&key).await.unwrap();
+    let (status, s) = queue(&app, &voucher, "l9", false).await;
+    assert_eq!(status, 200, "{s}");
+    assert_ne!(
+        s["status"], "sold_out",
+        "a lost bucket's units are unknown: {s}"
+    );
+    b.cleanup().await;
+}
+
 /// A room with a payment step: the buyers served first take every unit, so the next in
 /// line is told `sold_out`; when one of them cancels, the unit is back and the next in
 /// line, looking again, is served and buys it (paying like anyone). Nobody further back

@@ -15,9 +15,11 @@
 //!   ([`Drainer::release`]);
 //! - what was read is counted as soon as it is pending, whatever happens next.
 
+use std::collections::BTreeMap;
+
 use futures::StreamExt;
 use seckill_shared::adapters::order_stream::Probe;
-use seckill_shared::domain::{AdmittedOrder, Bucket, OrderId, StreamEntry, now_millis};
+use seckill_shared::domain::{AdmittedOrder, Bucket, OrderId, StreamEntry, VoucherId, now_millis};
 use seckill_shared::error::StoreError;
 
 use super::run::Run;
@@ -205,6 +207,31 @@ impl Drainer {
         }
     }
 
+    /// Puts back in Redis the deadlines of voucher `v`'s orders the database holds
+    /// awaiting payment, each in its buyer's bucket (`ZADD NX`: a deadline Redis still
+    /// has, or a close it decided, is left as it is; see
+    /// [`seckill_shared::adapters::closes::restore_deadlines`]).
+    async fn restore_unpaid_deadlines(&self, v: VoucherId, buckets: u16) -> Result<(), StoreError> {
+        let mut after = 0;
+        loop {
+            let page = self.ledger.awaiting_payment(v, after).await?;
+            let Some((last, ..)) = page.last() else {
+                return Ok(());
+            };
+            after = last.get();
+            let mut parts: BTreeMap<Bucket, Vec<(OrderId, &str, i64)>> = BTreeMap::new();
+            for (o, u, d) in &page {
+                parts
+                    .entry(Bucket::of_user(v, buckets, u))
+                    .or_default()
+                    .push((*o, u.as_str(), *d));
+            }
+            for (b, open) in parts {
+                self.streams.restore_deadlines(b, &open).await?;
+            }
+        }
+    }
+
     /// Retires the sales that are over and drained (by the latest probes), once
     /// `lua/expire_sale.lua` agrees (nothing undrained, no order waiting for payment or
     /// for its close to reach the database, no units on their way; with or without a
@@ -236,27 +263,49 @@ impl Drainer {
                 .collect();
             (over, unknown)
         });
+        // One look at the database per voucher, however many of its buckets lost their
+        // sale hash.
+        let mut by_voucher: BTreeMap<VoucherId, Vec<Bucket>> = BTreeMap::new();
+        for b in unknown {
+            by_voucher.entry(b.voucher()).or_default().push(b);
+        }
         let end = tokio::time::sleep_until(run.finish_by.into());
-        let ended: Vec<Bucket> = futures::stream::iter(unknown)
-            .map(|v| async move {
-                match self.ledger.sale_end(v.voucher()).await {
+        let ended: Vec<Vec<Bucket>> = futures::stream::iter(by_voucher)
+            .map(|(v, buckets)| async move {
+                match self.ledger.sale_end(v).await {
                     // No such voucher: nothing of it can ever be written; drained, it goes.
-                    Ok(None) => Some(v),
-                    // Orders still awaiting payment in the database: Redis may have lost
-                    // their deadlines with the sale hash, and a payment or a cancel of
-                    // one closes it in this bucket, for a later run to settle: it stays.
-                    Ok(Some((end, unpaid))) => (over_at(end) && !unpaid).then_some(v),
+                    Ok(None) => buckets,
+                    Ok(Some(end)) if !over_at(end.ends_ms) => Vec::new(),
+                    Ok(Some(end)) if !end.unpaid => buckets,
+                    // Over, but orders still await payment in the database: Redis lost
+                    // their deadlines with the sale hash (nothing else would expire them,
+                    // an ended sale is never repaired). Given back, the sweep expires
+                    // them at their deadline, and the bucket retires once settled.
+                    Ok(Some(end)) => {
+                        if let Err(e) = self.restore_unpaid_deadlines(v, end.buckets).await {
+                            run_ref.record(&DrainError::store(
+                                "restoring the deadlines of a sale over",
+                                Some(v.into()),
+                                e,
+                            ));
+                        }
+                        Vec::new()
+                    }
                     Err(e) => {
-                        run_ref.record(&DrainError::store("reading a sale's end", Some(v), e));
-                        None
+                        run_ref.record(&DrainError::store(
+                            "reading a sale's end",
+                            Some(v.into()),
+                            e,
+                        ));
+                        Vec::new()
                     }
                 }
             })
             .buffer_unordered(PROBES_IN_FLIGHT)
             .take_until(end)
-            .filter_map(std::future::ready)
             .collect()
             .await;
+        let ended: Vec<Bucket> = ended.into_iter().flatten().collect();
         over.extend(ended);
         let end = tokio::time::sleep_until(run.finish_by.into());
         futures::stream::iter(over)

@@ -296,34 +296,34 @@ pub fn refund_rejected_paid(
     )
 }
 
-/// Marks for refund the payments recorded `paid` of orders of voucher `:v` (`:ids`, a
-/// JSON array of the order ids whose close was just recorded) that the database now
-/// holds `cancelled` or `expired`, or `paid` by another payment. Redis decides every
-/// close once, so such a payment paid the order in a close Redis lost since (a failover
-/// that dropped the write, the sale rebuilt from an `awaiting_payment` row); the order
-/// was then closed again: expired or cancelled (its unit back on sale), or paid a second
-/// time. The money taken is to be given back, not kept `paid`. Only `paid` rows move (a
-/// `received` one is still being decided by its event), so a second run changes nothing.
-pub fn refund_paid_closed(voucher: VoucherId, ids: &[OrderId]) -> (String, Vec<SqlParameter>) {
-    const SQL: &str = "UPDATE JSON_TABLE(:ids, '$[*]' COLUMNS (\
-        id BIGINT UNSIGNED PATH '$' ERROR ON EMPTY)) AS j \
-        STRAIGHT_JOIN orders AS o FORCE INDEX (PRIMARY) ON o.id = j.id \
-        STRAIGHT_JOIN payments AS p FORCE INDEX (payments_by_order) ON p.order_id = o.id \
-        SET p.outcome = 'refund_due', p.reason = IF(o.status = 'paid', :other, :closed), \
-        p.decided_at = UTC_TIMESTAMP(3) \
-        WHERE o.voucher_id = :v AND p.outcome = 'paid' \
-        AND (o.status IN ('cancelled', 'expired') OR (o.status = 'paid' AND p.payment_id <> o.pay_ref))";
-    let ids: Vec<i64> = ids.iter().map(|o| o.get()).collect();
-    let ids = serde_json::to_string(&ids).expect("numbers serialise");
-    (
-        SQL.to_string(),
-        vec![
-            param::string("ids", &ids),
-            param::string("closed", CLOSED_PAID_REASON),
-            param::string("other", PAID_TWICE_REASON),
-            param::long("v", voucher.get()),
-        ],
-    )
+/// The payments recorded `paid` of orders of voucher `:v` (`:ids`, a JSON array of the
+/// order ids whose close was just recorded) that the database now holds `cancelled` or
+/// `expired`, or `paid` by another payment, and whether the order is paid (the second
+/// column). Redis decides every close once, so such a payment paid the order in a close
+/// Redis lost since (a failover that dropped the write, the sale rebuilt from an
+/// `awaiting_payment` row); the order was then closed again: expired or cancelled (its
+/// unit back on sale), or paid a second time. The money taken is to be given back
+/// ([`refund_payments`]), not kept `paid`. A plain read: only the rows found are then
+/// locked (through their primary key), never the gaps of `payments_by_order` between
+/// the orders that have none, where webhooks insert.
+pub const PAID_CLOSED_AGAIN: &str = "SELECT p.payment_id, o.status = 'paid' FROM JSON_TABLE(:ids, '$[*]' COLUMNS (\
+    id BIGINT UNSIGNED PATH '$' ERROR ON EMPTY)) AS j \
+    STRAIGHT_JOIN orders AS o FORCE INDEX (PRIMARY) ON o.id = j.id \
+    STRAIGHT_JOIN payments AS p FORCE INDEX (payments_by_order) ON p.order_id = o.id \
+    WHERE o.voucher_id = :v AND p.outcome = 'paid' \
+    AND (o.status IN ('cancelled', 'expired') OR (o.status = 'paid' AND p.payment_id <> o.pay_ref))";
+
+/// Marks payments `refund_due` with a reason each (`[[payment id, reason], ...]`), each
+/// found through its primary key, from `paid` only: a second run changes nothing.
+pub fn refund_payments(rows: &[(&str, &str)]) -> (String, Vec<SqlParameter>) {
+    const SQL: &str = "UPDATE JSON_TABLE(:rows, '$[*]' COLUMNS (\
+        id VARCHAR(128) PATH '$[0]' ERROR ON EMPTY, \
+        r VARCHAR(255) PATH '$[1]' ERROR ON EMPTY)) AS j \
+        STRAIGHT_JOIN payments AS p FORCE INDEX (PRIMARY) ON p.payment_id = j.id \
+        SET p.outcome = 'refund_due', p.reason = j.r, p.decided_at = UTC_TIMESTAMP(3) \
+        WHERE p.outcome = 'paid'";
+    let rows = serde_json::to_string(rows).expect("strings serialise");
+    (SQL.to_string(), vec![param::string("rows", &rows)])
 }
 
 /// Why a payment of an order closed after it was paid is due for refund.
@@ -333,10 +333,10 @@ pub const CLOSED_PAID_REASON: &str = "the order was cancelled or expired after i
 pub const PAID_TWICE_REASON: &str =
     "another payment paid the order after this one's close was lost: paid twice";
 
-/// Voucher `:v`'s end, and whether any of its orders awaits payment (through the
-/// `(voucher_id, status)` index, named: the first such row answers).
+/// Voucher `:v`'s end, whether any of its orders awaits payment (through the
+/// `(voucher_id, status)` index, named: the first such row answers), and its buckets.
 pub const SALE_END: &str = "SELECT v.ends_at, EXISTS (SELECT 1 FROM orders FORCE INDEX (orders_by_voucher_status) \
-    WHERE voucher_id = :v AND status = 'awaiting_payment') FROM vouchers AS v WHERE v.id = :v";
+    WHERE voucher_id = :v AND status = 'awaiting_payment'), v.buckets FROM vouchers AS v WHERE v.id = :v";
 
 /// Why a payment of a rejected order is due for refund.
 pub const REJECTED_PAID_REASON: &str =
