@@ -12,7 +12,7 @@ use serde_json::json;
 
 use crate::app::App;
 use crate::error::{ApiError, json_response};
-use crate::lookup::{sale_shape, voucher_of};
+use crate::lookup::{sale_lost, sale_shape, voucher_of};
 
 /// `GET /orders/{order_id}` (the buyer): `confirmed`/`rejected` from the database,
 /// `pending` while admitted in Redis and not yet drained. Another user's order is 404.
@@ -106,7 +106,7 @@ pub(crate) async fn buyer_order(
 /// order may still wait in the stream: then not found is no truthful answer, and the
 /// caller is asked to come back (`503`) once the sale is repaired or the order drained.
 async fn unless_lost(app: &App, bucket: Bucket, not_found: ApiError) -> Result<ApiError, ApiError> {
-    if app.sales().await?.sale_lost(bucket).await? {
+    if sale_lost(app.sales().await?, bucket).await? {
         return Ok(ApiError::sale_being_restored(bucket.voucher()));
     }
     Ok(not_found)

@@ -31,7 +31,7 @@ use serde_json::json;
 
 use crate::app::App;
 use crate::error::{ApiError, json_response};
-use crate::lookup::voucher_of;
+use crate::lookup::{sale_lost, voucher_of};
 use crate::request::MAX_BODY_BYTES;
 use seckill_shared::auth::Identity;
 
@@ -99,7 +99,7 @@ async fn find_order(
         if !theirs {
             // Redis lost the sale: the order may wait in the stream, and a provider told
             // 404 would stop sending its payment for good.
-            if sales.sale_lost(bucket).await? {
+            if sale_lost(sales, bucket).await? {
                 return Err(ApiError::sale_being_restored(voucher.id));
             }
             return Err(not_found());

@@ -375,30 +375,16 @@ impl RedisSales {
     }
 
     /// Whether Redis lost `voucher`'s sale (its sale hash is gone) while its orders stream
-    /// still holds orders not drained (pending, or not yet delivered to the drain group):
-    /// the sale waits for its repair (the next admission of a live sale makes it) or the
-    /// drain, and until then a pending order cannot be told from an unknown one. One
-    /// round trip when the sale hash is there or the stream is not (a sale retired on
-    /// purpose loses both together); the stream's state is read only for a lost sale (a
-    /// drained stream keeps its key, and the drainer's probe recreates an empty one).
+    /// still holds entries, in one round trip. Whether any of them is still to be drained
+    /// is the drain group's to say: see seckill-http's `lookup::sale_lost`.
     pub async fn sale_lost(&self, voucher: impl Into<Bucket>) -> Result<bool, StoreError> {
-        let bucket: Bucket = voucher.into();
-        let k = VoucherKeys::new(bucket);
+        let k = VoucherKeys::new(voucher.into());
         let (sale, orders): (bool, u64) = redis::pipe()
             .exists(&k.sale)
             .xlen(&k.orders)
             .query_async(&mut self.conn.clone())
             .await?;
-        if sale || orders == 0 {
-            return Ok(false);
-        }
-        let streams = crate::adapters::order_stream::OrderStreams::new(self.conn.clone());
-        Ok(match streams.stats(bucket).await? {
-            Some(s) => s.pending > 0 || s.undelivered > 0,
-            // No drain group: every entry is still to be delivered (the drainer makes
-            // the group again from the start).
-            None => true,
-        })
+        Ok(!sale && orders > 0)
     }
 }
 
