@@ -8,6 +8,7 @@
 //! replicas for failover tests. Stopped when dropped; [`RedisServer::restart`] kills every
 //! node and brings it back from its last snapshot, to test what survives lost writes.
 
+use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -737,27 +738,42 @@ impl RedisServer {
         Ok(text.lines().filter_map(NodeLine::parse).collect())
     }
 
-    /// Script calls (`EVALSHA`, `EVAL`) every running node ran so far, by its
-    /// `INFO commandstats`: calls that failed (the first call of a script the server
-    /// did not have yet, refused `NOSCRIPT` and sent again loaded) not counted.
-    pub fn script_calls(&self) -> u64 {
+    /// Every running node's `INFO commandstats`, summed by command: (name, calls, failed
+    /// calls), the name lower-case without its `cmdstat_` prefix.
+    fn commandstats(&self) -> BTreeMap<String, (u64, u64)> {
         // `cmdstat_evalsha:calls=5,usec=..,rejected_calls=0,failed_calls=1`
-        let field = |line: &str, name: &str| -> u64 {
-            line.split([':', ','])
+        let field = |stats: &str, name: &str| -> u64 {
+            stats
+                .split(',')
                 .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0)
         };
-        self.running()
-            .map(|node| {
-                let info: String = self
-                    .query(node.port, redis::cmd("INFO").arg("commandstats"))
-                    .unwrap_or_else(|e| panic!("INFO on node {}: {e}", node.port));
-                info.lines()
-                    .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-                    .map(|l| field(l, "calls") - field(l, "failed_calls"))
-                    .sum::<u64>()
-            })
+        let mut out: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+        for node in self.running() {
+            let info: String = self
+                .query(node.port, redis::cmd("INFO").arg("commandstats"))
+                .unwrap_or_else(|e| panic!("INFO on node {}: {e}", node.port));
+            for (name, stats) in info
+                .lines()
+                .filter_map(|l| l.strip_prefix("cmdstat_")?.split_once(':'))
+            {
+                let entry = out.entry(name.to_string()).or_default();
+                entry.0 += field(stats, "calls");
+                entry.1 += field(stats, "failed_calls");
+            }
+        }
+        out
+    }
+
+    /// Script calls (`EVALSHA`, `EVAL`) every running node ran so far, by its
+    /// `INFO commandstats`: calls that failed (the first call of a script the server
+    /// did not have yet, refused `NOSCRIPT` and sent again loaded) not counted.
+    pub fn script_calls(&self) -> u64 {
+        self.commandstats()
+            .iter()
+            .filter(|(name, _)| *name == "evalsha" || *name == "eval")
+            .map(|(_, (calls, failed))| calls - failed)
             .sum()
     }
 
@@ -767,23 +783,10 @@ impl RedisServer {
     /// server.
     pub fn command_calls(&self) -> u64 {
         const OWN: [&str; 6] = ["info", "cluster", "ping", "hello", "client", "readonly"];
-        self.running()
-            .map(|node| {
-                let info: String = self
-                    .query(node.port, redis::cmd("INFO").arg("commandstats"))
-                    .unwrap_or_else(|e| panic!("INFO on node {}: {e}", node.port));
-                info.lines()
-                    .filter_map(|l| l.strip_prefix("cmdstat_"))
-                    .filter_map(|l| l.split_once(':'))
-                    .filter(|(name, _)| !OWN.iter().any(|own| name.starts_with(own)))
-                    .filter_map(|(_, stats)| {
-                        stats
-                            .split(',')
-                            .find_map(|kv| kv.strip_prefix("calls="))
-                            .and_then(|v| v.parse::<u64>().ok())
-                    })
-                    .sum::<u64>()
-            })
+        self.commandstats()
+            .iter()
+            .filter(|(name, _)| !OWN.iter().any(|own| name.starts_with(own)))
+            .map(|(_, (calls, _))| calls)
             .sum()
     }
 

@@ -255,6 +255,44 @@ impl LedgerTx<'_> {
         Ok(locked)
     }
 
+    /// Marks `refund_due` the payments a lost paid close left `paid` among the orders
+    /// `ids` (a JSON array) of `voucher` whose close was just recorded: found with a
+    /// plain read ([`sql::PAID_CLOSED_AGAIN`]), then updated through their primary key.
+    async fn refund_paid_closed_again(
+        &self,
+        voucher: VoucherId,
+        ids: &str,
+    ) -> Result<(), StoreError> {
+        let out = self
+            .api
+            .execute(
+                sql::PAID_CLOSED_AGAIN,
+                vec![param::string("ids", ids), param::long("v", voucher.get())],
+                Some(&self.id),
+            )
+            .await?;
+        let mut refunds: Vec<(String, &str)> = Vec::new();
+        for row in out.records() {
+            let [id, paid] = row.as_slice() else {
+                return Err(StoreError::Corrupt(format!("a paid payment reads {row:?}")));
+            };
+            let id = field::string(id)
+                .ok_or_else(|| StoreError::Corrupt(format!("a payment id reads {id:?}")))?;
+            let reason = match field::long(paid) {
+                Some(0) => sql::CLOSED_PAID_REASON,
+                _ => sql::PAID_TWICE_REASON,
+            };
+            refunds.push((id, reason));
+        }
+        if !refunds.is_empty() {
+            let rows: Vec<(&str, &str)> = refunds.iter().map(|(i, r)| (i.as_str(), *r)).collect();
+            let (sql, params) = sql::refund_payments(&rows);
+            let out = self.api.execute(&sql, params, Some(&self.id)).await?;
+            tracing::warn!(%voucher, refunds = out.number_of_records_updated(), "orders closed again after a paid close Redis lost: payments due for refund");
+        }
+        Ok(())
+    }
+
     /// Takes `n` units of each voucher's database stock where it has them, in one
     /// statement; returns how many vouchers' rows were updated (all of them unless a
     /// guard refused). At most [`sql::MAX_VOUCHERS_PER_STATEMENT`] vouchers.
@@ -298,34 +336,7 @@ impl LedgerTx<'_> {
             // was cancelled or was paid again since.
             let ids: Vec<i64> = chunk.iter().map(|(i, _)| i.get()).collect();
             let ids = serde_json::to_string(&ids).expect("ids serialise");
-            let out = self
-                .api
-                .execute(
-                    sql::PAID_CLOSED_AGAIN,
-                    vec![param::string("ids", &ids), param::long("v", voucher.get())],
-                    Some(&self.id),
-                )
-                .await?;
-            let mut refunds: Vec<(String, &str)> = Vec::new();
-            for row in out.records() {
-                let [id, paid] = row.as_slice() else {
-                    return Err(StoreError::Corrupt(format!("a paid payment reads {row:?}")));
-                };
-                let id = field::string(id)
-                    .ok_or_else(|| StoreError::Corrupt(format!("a payment id reads {id:?}")))?;
-                let reason = match field::long(paid) {
-                    Some(0) => sql::CLOSED_PAID_REASON,
-                    _ => sql::PAID_TWICE_REASON,
-                };
-                refunds.push((id, reason));
-            }
-            if !refunds.is_empty() {
-                let rows: Vec<(&str, &str)> =
-                    refunds.iter().map(|(i, r)| (i.as_str(), *r)).collect();
-                let (sql, params) = sql::refund_payments(&rows);
-                let out = self.api.execute(&sql, params, Some(&self.id)).await?;
-                tracing::warn!(%voucher, refunds = out.number_of_records_updated(), "orders closed again after a paid close Redis lost: payments due for refund");
-            }
+            self.refund_paid_closed_again(voucher, &ids).await?;
             // A paid order the database holds rejected: the money is to be refunded.
             let paid: Vec<(OrderId, &str)> = chunk
                 .iter()
@@ -340,8 +351,6 @@ impl LedgerTx<'_> {
                     tracing::warn!(%voucher, refunds, "paid orders the database rejected: payments due for refund");
                 }
             }
-            let ids: Vec<i64> = chunk.iter().map(|(i, _)| i.get()).collect();
-            let ids = serde_json::to_string(&ids).expect("ids serialise");
             let out = self
                 .api
                 .execute(

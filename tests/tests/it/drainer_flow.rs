@@ -1071,6 +1071,23 @@ async fn a_finished_sale_keeps_its_dead_letters_and_expires_only_once_drained() 
     ctx.cleanup().await;
 }
 
+/// The database says voucher `v`'s sale ended two minutes ago (Redis is left as it is).
+async fn ended_in_db(ctx: &DrainCtx, v: VoucherId) {
+    ctx.db()
+        .await
+        .execute(
+            "UPDATE vouchers SET begins_at = UTC_TIMESTAMP(3) - INTERVAL 2 HOUR, \
+             ends_at = UTC_TIMESTAMP(3) - INTERVAL 2 MINUTE WHERE id = :id",
+            vec![seckill_shared::adapters::data_api::param::long(
+                "id",
+                v.get(),
+            )],
+            None,
+        )
+        .await
+        .unwrap();
+}
+
 /// A bucket the active set lists without its sale hash (Redis lost the sale after it
 /// ended; a sale whose preload never happened) is retired once drained and over by the
 /// database's end, its keys given the retention's expiry, instead of being probed by every
@@ -1082,19 +1099,7 @@ async fn a_drained_sale_without_its_sale_hash_is_retired_by_the_database_end() {
     let ctx = DrainCtx::start().await;
     let lost_after_end = ctx.voucher(10, 10).await;
     let admitted = ctx.admit(lost_after_end.id, "l", 2).await;
-    ctx.db()
-        .await
-        .execute(
-            "UPDATE vouchers SET begins_at = UTC_TIMESTAMP(3) - INTERVAL 2 HOUR, \
-             ends_at = UTC_TIMESTAMP(3) - INTERVAL 2 MINUTE WHERE id = :id",
-            vec![seckill_shared::adapters::data_api::param::long(
-                "id",
-                lost_after_end.id.get(),
-            )],
-            None,
-        )
-        .await
-        .unwrap();
+    ended_in_db(&ctx, lost_after_end.id).await;
     let never_loaded = ctx.voucher_at(10, now_millis() - 3_720_000).await;
     let open_lost = ctx.voucher(10, 10).await;
     ctx.admit(open_lost.id, "o", 1).await;
@@ -1117,20 +1122,7 @@ async fn a_drained_sale_without_its_sale_hash_is_retired_by_the_database_end() {
         .await;
     let admitted_at = now_millis();
     ctx.admit(unpaid.id, "u", 1).await;
-    let ended = "UPDATE vouchers SET begins_at = UTC_TIMESTAMP(3) - INTERVAL 2 HOUR, \
-        ends_at = UTC_TIMESTAMP(3) - INTERVAL 2 MINUTE WHERE id = :id";
-    ctx.db()
-        .await
-        .execute(
-            ended,
-            vec![seckill_shared::adapters::data_api::param::long(
-                "id",
-                unpaid.id.get(),
-            )],
-            None,
-        )
-        .await
-        .unwrap();
+    ended_in_db(&ctx, unpaid.id).await;
     for v in [lost_after_end.id, never_loaded.id, open_lost.id, unpaid.id] {
         let k = VoucherKeys::new(v);
         let _: i64 = ctx.conn().del(&[&k.sale, &k.buyers]).await.unwrap();

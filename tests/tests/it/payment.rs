@@ -181,6 +181,25 @@ fn count(c: &BTreeMap<String, usize>, status: &str) -> usize {
     c.get(status).copied().unwrap_or(0)
 }
 
+/// The voucher's payments due for refund, as the operators' status says (`GET /status`).
+async fn refunds_due(app: &App, v: VoucherId) -> i64 {
+    let (code, body) = call(
+        app,
+        request(
+            "GET",
+            &format!("/status?voucher={v}"),
+            Some(&token("ops", true)),
+            None,
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    body["vouchers"][0]["refunds_due"]
+        .as_i64()
+        .expect("refunds_due")
+}
+
 async fn redis_stock(ctx: &DrainCtx, v: VoucherId) -> i64 {
     ctx.sales.stock_left(v).await.unwrap().expect("sale loaded")
 }
@@ -1809,19 +1828,7 @@ async fn a_failed_attempt_of_another_amount_never_blocks_its_payment_nor_hides_a
     assert_eq!(status(&get_order(&app, fay, "fay").await), (200, "pending"));
     assert_eq!(ledger("pay_fay").await, Some(Outcome::Refused));
     // Money taken that pays for nothing: the operators' figures count it to refund.
-    let (code, body) = call(
-        &app,
-        request(
-            "GET",
-            &format!("/status?voucher={}", v.id),
-            Some(&token("ops", true)),
-            None,
-            None,
-        ),
-    )
-    .await;
-    assert_eq!(code, 200, "{body}");
-    assert_eq!(body["vouchers"][0]["refunds_due"], 1, "{body}");
+    assert_eq!(refunds_due(&app, v.id).await, 1);
     ctx.cleanup().await;
 }
 
@@ -1898,19 +1905,7 @@ async fn a_wrong_amount_after_an_undecided_failure_is_refused_once_the_failure_i
         status(&get_order(&app, &order, "fay").await),
         (200, "pending")
     );
-    let (code, body) = call(
-        &app,
-        request(
-            "GET",
-            &format!("/status?voucher={}", v.id),
-            Some(&token("ops", true)),
-            None,
-            None,
-        ),
-    )
-    .await;
-    assert_eq!(code, 200, "{body}");
-    assert_eq!(body["vouchers"][0]["refunds_due"], 1, "{body}");
+    assert_eq!(refunds_due(&app, v.id).await, 1);
     ctx.cleanup().await;
 }
 
@@ -1971,19 +1966,7 @@ async fn a_paid_order_that_expires_after_redis_lost_its_paid_close_is_due_for_re
     assert_eq!(outcome_of("pi_ann").await, Outcome::RefundDue);
     assert_eq!(outcome_of("pi_bea1").await, Outcome::RefundDue);
     assert_eq!(outcome_of("pi_bea2").await, Outcome::Paid);
-    let (code, body) = call(
-        &app,
-        request(
-            "GET",
-            &format!("/status?voucher={}", v.id),
-            Some(&token("ops", true)),
-            None,
-            None,
-        ),
-    )
-    .await;
-    assert_eq!(code, 200, "{body}");
-    assert_eq!(body["vouchers"][0]["refunds_due"], 2, "{body}");
+    assert_eq!(refunds_due(&app, v.id).await, 2);
     // Settling again changes nothing.
     drain_until_settled(&ctx, v.id).await;
     assert_eq!(outcome_of("pi_ann").await, Outcome::RefundDue);

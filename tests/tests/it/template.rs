@@ -957,6 +957,7 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
     ),
     ("record_rejected", &["ExecuteStatement"]),
     ("sale_end", &["ExecuteStatement"]),
+    ("refund_paid_closed_again", &["ExecuteStatement"]),
     ("lock_voucher", &["ExecuteStatement"]),
     ("lock_vouchers", &["ExecuteStatement"]),
     ("existing_orders", &["ExecuteStatement"]),

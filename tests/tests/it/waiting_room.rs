@@ -96,6 +96,26 @@ async fn assert_looks_sold_out(app: &App, voucher: &str, user: &str, may_return:
     }
 }
 
+/// Buyers `<prefix>0` ... `<prefix>{n-1}` join one after the other and buy with their
+/// entry token when served at once (until the voucher is sold out): the (buyer, order)
+/// of every `202`.
+async fn join_and_buy(app: &App, voucher: &str, prefix: &str, n: usize) -> Vec<(String, String)> {
+    let mut bought = Vec::new();
+    for i in 0..n {
+        let u = format!("{prefix}{i}");
+        let (status, s) = queue(app, voucher, &u, true).await;
+        assert_eq!(status, 200, "{s}");
+        let Some(t) = s["entry_token"].as_str() else {
+            continue;
+        };
+        let res = buy_with(app, voucher, &u, t).await;
+        if res.0 == 202 {
+            bought.push((u, res.1["order_id"].as_str().unwrap().to_string()));
+        }
+    }
+    bought
+}
+
 /// Units left as `GET /vouchers/{id}` says.
 async fn stock_left(app: &App, voucher: &str) -> i64 {
     let (status, v) = call(
@@ -519,19 +539,7 @@ async fn a_look_at_a_sold_out_room_of_many_buckets_costs_a_few_commands() {
         "buckets": 16, "pay_within_s": 600, "price_minor": TEST_PRICE_MINOR, "currency": TEST_CURRENCY
     });
     let voucher = create_room(&app, 16, 1_000, -100, pay).await;
-    let mut bought = Vec::new();
-    for i in 0..40 {
-        let u = format!("w{i}");
-        let (status, s) = queue(&app, &voucher, &u, true).await;
-        assert_eq!(status, 200, "{s}");
-        let Some(t) = s["entry_token"].as_str() else {
-            continue;
-        };
-        let res = buy_with(&app, &voucher, &u, t).await;
-        if res.0 == 202 {
-            bought.push((u, res.1["order_id"].as_str().unwrap().to_string()));
-        }
-    }
+    let bought = join_and_buy(&app, &voucher, "w", 40).await;
     assert_eq!(bought.len(), 16, "every unit sold");
     let mark = format!("seckill:{{{voucher}}}:sold_out");
     let mut conn = b.redis.connect().await;
@@ -587,20 +595,7 @@ async fn a_room_with_a_bucket_redis_lost_is_never_told_sold_out() {
     let b = Backends::start().await;
     let app = App::new(&b.http_config()).await;
     let voucher = create_room(&app, 4, 100, -100, json!({"buckets": 2})).await;
-    let mut bought = 0;
-    for i in 0..10 {
-        let u = format!("l{i}");
-        let (status, s) = queue(&app, &voucher, &u, true).await;
-        assert_eq!(status, 200, "{s}");
-        // Served at once, until the voucher is sold out.
-        let Some(t) = s["entry_token"].as_str() else {
-            continue;
-        };
-        if buy_with(&app, &voucher, &u, t).await.0 == 202 {
-            bought += 1;
-        }
-    }
-    assert_eq!(bought, 4);
+    assert_eq!(join_and_buy(&app, &voucher, "l", 10).await.len(), 4);
     assert_looks_sold_out(&app, &voucher, "l9", false).await;
     let v: VoucherId = voucher.parse().unwrap();
     let lost = seckill_shared::domain::Bucket::new(v, 1, 2).unwrap();
