@@ -526,3 +526,73 @@ fn the_lambda_watch_watches_no_workspace_directory_without_reload() {
         "the watch runs from the workspace root"
     );
 }
+
+/// 300 requests sent at once through the local API Gateway all get an answer. cargo
+/// lambda watch 1.9 wedges for good once 100 invocations of one function wait in its
+/// queue (docs/local-stack.md, "Past 100 requests in flight"); the gateway keeps fewer
+/// than that in flight and lets the rest wait their turn. Without that bound this test
+/// never finishes (and the stack answers nothing more until restarted).
+#[tokio::test]
+async fn three_hundred_requests_at_once_all_get_an_answer() {
+    use seckill_tests::api::Api;
+    let api = Api::new();
+    let (status, voucher) = api
+        .call(
+            "POST",
+            "/vouchers",
+            Some(&api.token("ops", true)),
+            Some(serde_json::json!({
+                "title": "burst",
+                "stock": 10,
+                "begins_at": "2020-01-01T00:00:00Z",
+                "ends_at": "2099-01-01T00:00:00Z",
+            })),
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::CREATED, "{voucher}");
+    let url = format!(
+        "{}/vouchers/{}",
+        api.base().trim_end_matches('/'),
+        voucher["id"].as_str().expect("a decimal id")
+    );
+    // Fresh connections, all sent before any answer can come back.
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(120))
+        .build()
+        .expect("reqwest client");
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(300));
+    let calls: Vec<_> = (0..300)
+        .map(|_| {
+            let (client, url, start) = (client.clone(), url.clone(), start.clone());
+            tokio::spawn(async move {
+                start.wait().await;
+                match client.get(&url).send().await {
+                    Ok(res) => Ok(res.status().as_u16()),
+                    Err(e) => Err(e.to_string()),
+                }
+            })
+        })
+        .collect();
+    let mut statuses = std::collections::BTreeMap::new();
+    for call in calls {
+        let answer = within("300 requests at once", call)
+            .await
+            .expect("the request task");
+        *statuses.entry(answer).or_insert(0) += 1;
+    }
+    // The function's own limit on anonymous reads may answer some 429 (an answer all
+    // the same); nothing may time out or come back 5xx from the gateway.
+    let answered: u32 = [Ok(200), Ok(429)]
+        .iter()
+        .map(|s| statuses.get(s).copied().unwrap_or(0))
+        .sum();
+    assert_eq!(
+        answered, 300,
+        "every request answered 200 or 429: {statuses:?}"
+    );
+    assert!(statuses.contains_key(&Ok(200)), "{statuses:?}");
+    // And the stack still answers afterwards.
+    let (status, _) = api.call("GET", "/vouchers/1", None, None).await;
+    assert!(status.as_u16() == 200 || status.as_u16() == 404, "{status}");
+}

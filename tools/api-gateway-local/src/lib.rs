@@ -14,6 +14,8 @@
 //! `$default` route would) instead of API Gateway's own `404 {"message":"Not Found"}`,
 //! so the function's `404`/`405` answers can be checked locally.
 
+pub mod in_flight;
+
 use std::collections::HashMap;
 use std::net::IpAddr;
 

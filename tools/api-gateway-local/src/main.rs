@@ -7,10 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use api_gateway_local::in_flight::{InFlight, Place};
 use api_gateway_local::{
     FunctionResponse, Incoming, MAX_PAYLOAD_BYTES, Outgoing, event_of, gateway_error,
     internal_error, response_of,
 };
+use aws_lambda_events::apigw::ApiGatewayV2httpRequest;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::response::Response;
@@ -36,14 +38,23 @@ struct Cli {
     #[arg(long, default_value = "seckill-http")]
     function: String,
 
-    /// API Gateway's integration timeout (30 s for HTTP APIs): `503` past it.
+    /// API Gateway's integration timeout (30 s for HTTP APIs): `503` past it, the wait
+    /// for a place among the invocations in flight included.
     #[arg(long, default_value_t = 30)]
     timeout_secs: u64,
+
+    /// Invocations of the function in flight at once; the others wait in arrival order.
+    /// Keep it below 100: cargo lambda watch 1.9 deadlocks for good once 100 invocations
+    /// of one function wait in its queue (see `in_flight`).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..100))]
+    max_in_flight: u16,
 }
 
 struct Gateway {
     http: reqwest::Client,
     invoke_url: String,
+    in_flight: InFlight,
+    timeout: Duration,
 }
 
 #[tokio::main]
@@ -55,8 +66,9 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     let gateway = Arc::new(Gateway {
+        // No timeout of the client's own: an invocation holds its place until the watch
+        // answers it, also after its caller was told 503 (see `handle`).
         http: reqwest::Client::builder()
-            .timeout(Duration::from_secs(cli.timeout_secs))
             .pool_max_idle_per_host(256)
             .build()
             .context("an HTTP client")?,
@@ -65,12 +77,14 @@ async fn main() -> anyhow::Result<()> {
             cli.lambda.trim_end_matches('/'),
             cli.function
         ),
+        in_flight: InFlight::new(cli.max_in_flight.into()),
+        timeout: Duration::from_secs(cli.timeout_secs),
     });
     let app = axum::Router::new().fallback(handle).with_state(gateway);
     let listener = tokio::net::TcpListener::bind(cli.listen)
         .await
         .with_context(|| format!("cannot listen on {}", cli.listen))?;
-    tracing::info!(listen = %cli.listen, function = %cli.function, "api-gateway-local up");
+    tracing::info!(listen = %cli.listen, function = %cli.function, max_in_flight = cli.max_in_flight, "api-gateway-local up");
     let mut term = signal(SignalKind::terminate())?;
     axum::serve(
         listener,
@@ -91,6 +105,7 @@ async fn handle(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     req: Request,
 ) -> Response {
+    let arrived = tokio::time::Instant::now();
     let (parts, body) = req.into_parts();
     let out = match axum::body::to_bytes(body, MAX_PAYLOAD_BYTES).await {
         Err(_) => gateway_error(StatusCode::PAYLOAD_TOO_LARGE, "Request Entity Too Large"),
@@ -105,7 +120,34 @@ async fn handle(
                 request_id: uuid::Uuid::new_v4().to_string(),
                 at_ms: (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64,
             };
-            invoke(&gw, &incoming).await
+            let deadline = arrived + gw.timeout;
+            match gw.in_flight.enter(deadline).await {
+                // The invocation runs as a task of its own that keeps its place until the
+                // watch answers: a caller told 503 at the integration timeout leaves its
+                // invocation queued at the watch all the same, and a place freed then
+                // would let the watch's queue grow past the bound (and wedge it).
+                Some(place) => {
+                    let call = tokio::spawn(invoke(gw.clone(), event_of(&incoming), place));
+                    match tokio::time::timeout_at(deadline, call).await {
+                        Ok(Ok(out)) => out,
+                        Ok(Err(e)) => {
+                            tracing::error!(error = %e, "the invocation task failed");
+                            internal_error()
+                        }
+                        Err(_) => {
+                            tracing::warn!("the function did not answer in time");
+                            gateway_error(StatusCode::SERVICE_UNAVAILABLE, "Service Unavailable")
+                        }
+                    }
+                }
+                None => {
+                    tracing::warn!(
+                        in_flight = gw.in_flight.taken(),
+                        "no place among the invocations in flight within the integration timeout"
+                    );
+                    gateway_error(StatusCode::SERVICE_UNAVAILABLE, "Service Unavailable")
+                }
+            }
         }
     };
     let mut res = Response::new(Body::from(out.body));
@@ -116,17 +158,12 @@ async fn handle(
     res
 }
 
-/// Invokes the function with the request's event; API Gateway's own `500`/`503` when
-/// the function fails or does not answer in time.
-async fn invoke(gw: &Gateway, req: &Incoming<'_>) -> Outgoing {
-    let event = event_of(req);
+/// Invokes the function with `event`, holding `place` until the watch answers; API
+/// Gateway's own `500` when the function fails.
+async fn invoke(gw: Arc<Gateway>, event: ApiGatewayV2httpRequest, place: Place) -> Outgoing {
     let sent = gw.http.post(&gw.invoke_url).json(&event).send().await;
     let res = match sent {
         Ok(res) => res,
-        Err(e) if e.is_timeout() => {
-            tracing::warn!(error = %e, "the function did not answer in time");
-            return gateway_error(StatusCode::SERVICE_UNAVAILABLE, "Service Unavailable");
-        }
         Err(e) => {
             tracing::error!(error = %e, "invoke failed");
             return internal_error();
@@ -134,6 +171,7 @@ async fn invoke(gw: &Gateway, req: &Incoming<'_>) -> Outgoing {
     };
     let failed = !res.status().is_success() || res.headers().contains_key("x-amz-function-error");
     let bytes = res.bytes().await.unwrap_or_default();
+    drop(place);
     if failed {
         tracing::error!(body = %String::from_utf8_lossy(&bytes), "the function failed");
         return internal_error();
