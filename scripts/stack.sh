@@ -19,7 +19,9 @@
 #                                         all 16384 slots; cluster: 3 primaries with one
 #                                         replica each, 6 processes
 # Each engine and topology keeps its own data; `up` with another selection than the one
-# running stops the running Redis processes first and says so.
+# running stops the running Redis processes first and says so. With none of these
+# variables set, `up` keeps the Redis that runs (engine, version and topology) and says
+# so: run again to bring back one service, it never swaps Redis under a running sale.
 #
 # Ports (override with these variables): Redis SECKILL_REDIS_PORT (16379; cluster: that
 # port and the 5 after it; every Redis port + 10000 is its cluster bus port and must be
@@ -53,6 +55,34 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ensure_path
 redis_selection
 cd "$SECKILL_ROOT"
+
+# The Redis the stack runs now, when none of the three selection variables is set: `up`
+# run again (to bring back a MariaDB that died, say) must not swap the Redis under a
+# running sale for the default one, whose data folder is another (every undrained order
+# of the running sale would vanish from the drainer's view). Setting any of them is
+# asking for that selection, which `up` switches to as before.
+adopt_running_redis() {
+    local f pid stamp engine version topology
+    [[ -z ${SECKILL_REDIS_ENGINE+x}${SECKILL_REDIS_TOPOLOGY+x}${SECKILL_VALKEY_VERSION+x} ]] || return 0
+    for f in "$DEV_DIR"/pids/redis.pid "$DEV_DIR"/pids/redis-[0-9]*.pid; do
+        [[ -r $f ]] || continue
+        pid=$(<"$f")
+        pid_alive "$pid" || continue
+        stamp=$(cat "${f%.pid}.stamp" 2>/dev/null || true)
+        engine=$(sed -n 's/.*engine=\([^ ]*\).*/\1/p' <<<"$stamp")
+        version=$(sed -n 's/.*version=\([0-9]*\.[0-9]*\).*/\1/p' <<<"$stamp")
+        topology=$(sed -n 's/.*topology=\([^ ]*\).*/\1/p' <<<"$stamp")
+        [[ $engine == redis || $engine == valkey ]] || continue
+        [[ $topology == single || $topology == cluster ]] || continue
+        REDIS_ENGINE=$engine
+        REDIS_TOPOLOGY=$topology
+        [[ $engine == valkey ]] && valkey_full_version "$version" >/dev/null && VALKEY_VERSION=$version
+        ADOPTED_REDIS="$engine $version, $topology topology"
+        return 0
+    done
+}
+ADOPTED_REDIS=''
+adopt_running_redis
 
 REDIS_PORT=${SECKILL_REDIS_PORT:-16379}
 MYSQL_PORT=${SECKILL_MYSQL_PORT:-13306}
@@ -1098,6 +1128,9 @@ cmd_up() {
     [[ -f $EVENT_FIXTURE ]] || die "missing $EVENT_FIXTURE"
     "$SECKILL_ROOT/scripts/setup.sh"
     lock_stack
+    if [[ -n $ADOPTED_REDIS ]]; then
+        log "Redis keeps the topology it runs with: $ADOPTED_REDIS (SECKILL_REDIS_ENGINE, SECKILL_REDIS_TOPOLOGY or SECKILL_VALKEY_VERSION switch it; SECKILL_REDIS_TOPOLOGY=single scripts/stack.sh up for the default)"
+    fi
     # A stale contract file must not point anyone at a stack that is being (re)started.
     rm -f "$STACK_ENV"
     log "cargo build --workspace --bins"

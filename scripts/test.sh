@@ -30,11 +30,13 @@ cd "$SECKILL_ROOT"
 # The suites run a second time on the Valkey cluster: admission, drainer, end to end, the
 # waiting room.
 CLUSTER_SUITES="admission_lua http_handlers drainer_flow drainer_crash drainer_e2e e2e_http repair stack_smoke redis_fixture payment buckets waiting_room small_sales"
-# Run after the others in each pass, on their own: each of their tests starts clusters of
-# its own (up to 9 more Valkey processes beside the stack's), whose load on 2 cores pushed
-# other suites' requests past their Redis timeout (a 503 where the test wanted a 409), and
-# whose own slot-moving sale got 503s when other suites loaded the machine.
-SUITES_ALONE="cluster_topology"
+# Run after the others in each pass, on their own: cluster_topology's tests start clusters
+# of their own (up to 9 more Valkey processes beside the stack's), whose load on 2 cores
+# pushed other suites' requests past their Redis timeout (a 503 where the test wanted a
+# 409), and whose own slot-moving sale got 503s when other suites loaded the machine;
+# stack_rerun runs `scripts/stack.sh up` again, which rewrites .dev/stack.env under other
+# suites.
+SUITES_ALONE="cluster_topology stack_rerun"
 
 TOPOLOGIES=${SECKILL_TEST_TOPOLOGIES:-both}
 case $TOPOLOGIES in

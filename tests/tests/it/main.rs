@@ -32,6 +32,7 @@ mod redis_fixture;
 mod repair;
 mod repository;
 mod small_sales;
+mod stack_rerun;
 mod stack_smoke;
 mod stale_truths;
 mod template;
