@@ -819,7 +819,7 @@ up_data_api() {
     [[ -x $bin ]] || die "$bin is missing: the workspace build did not produce it"
     write_data_api_secrets
     # A changed application password (a rotation) restarts the server with it.
-    stamp="$(file_stamp "$bin") $MYSQL_URL secrets=$(cksum <"$DATA_API_SECRETS")"
+    stamp="$(file_stamp "$bin") $MYSQL_URL secrets=$(cksum <"$DATA_API_SECRETS") faults=on"
     if running_ok data-api "$stamp"; then
         ok "data-api  already running (pid $(svc_pid data-api), port $DATA_API_PORT)"
     else
@@ -830,7 +830,8 @@ up_data_api() {
             --listen "127.0.0.1:$DATA_API_PORT" \
             --resource-arn "$DB_CLUSTER_ARN" \
             --secret-arn "$DB_MASTER_SECRET_ARN" \
-            --secrets-file "$DATA_API_SECRETS"
+            --secrets-file "$DATA_API_SECRETS" \
+            --fault-control
         wait_port data-api 60 "data-api-local must listen on --listen (tools/data-api-local)"
     fi
     ok "data-api  $DATA_API_URL"

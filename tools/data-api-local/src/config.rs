@@ -33,6 +33,9 @@ pub struct ServerConfig {
     /// ServiceUnavailableError` (as a proxy that gave up waiting answers, or a
     /// connection cut after the request went out), their effect kept.
     pub lose_answers: Option<LostAnswers>,
+    /// Faults set at run time through `POST /_local/faults` (`--fault-control`); `None`:
+    /// no such route.
+    pub faults: Option<Arc<crate::faults::Faults>>,
 }
 
 /// See [`ServerConfig::lose_answers`]: statements containing `sql` lose their answer,
@@ -80,6 +83,7 @@ impl ServerConfig {
             statement_timeout: Duration::from_secs(45),
             not_found_as_bad_request: false,
             lose_answers: None,
+            faults: None,
         }
     }
 }

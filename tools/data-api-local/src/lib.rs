@@ -14,6 +14,7 @@
 pub mod config;
 pub mod database;
 pub mod error;
+pub mod faults;
 pub mod limits;
 pub mod lock;
 pub mod secrets;

@@ -40,6 +40,10 @@ struct Cli {
     /// Cancel a statement after this many seconds (StatementTimeoutException).
     #[arg(long, default_value_t = 45)]
     statement_timeout_secs: u64,
+
+    /// Serve `POST /_local/faults` (an outage, lost answers) for whole-sale tests.
+    #[arg(long)]
+    fault_control: bool,
 }
 
 #[tokio::main]
@@ -68,6 +72,7 @@ async fn main() -> anyhow::Result<()> {
         statement_timeout: Duration::from_secs(cli.statement_timeout_secs),
         not_found_as_bad_request: false,
         lose_answers: None,
+        faults: cli.fault_control.then(Default::default),
     };
     let listener = tokio::net::TcpListener::bind(cli.listen)
         .await

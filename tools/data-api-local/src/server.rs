@@ -83,9 +83,37 @@ pub fn router(state: Arc<AppState>) -> Router {
             }),
         )
         .route("/", post(secrets_manager))
+        .route(
+            "/_local/faults",
+            axum::routing::get(faults_read).post(faults_set),
+        )
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .layer(middleware::from_fn(only_local_clients))
         .with_state(state)
+}
+
+/// `GET /_local/faults`: the faults in force ([`crate::faults`]); 404 without
+/// `--fault-control`.
+async fn faults_read(State(app): State<Arc<AppState>>) -> Response {
+    match &app.config.faults {
+        Some(f) => axum::Json(f.read()).into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+/// `POST /_local/faults`: sets the faults ([`crate::faults::FaultRequest`]).
+async fn faults_set(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
+    let Some(f) = &app.config.faults else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    match serde_json::from_slice::<crate::faults::FaultRequest>(&body) {
+        Ok(req) => {
+            let state = f.set(&req);
+            tracing::warn!(?state, "faults set");
+            axum::Json(state).into_response()
+        }
+        Err(e) => ApiError::bad_request(format!("a fault request: {e}")).into_response(),
+    }
 }
 
 /// Refuses what a browser could send (see the module header); passes the SDK's calls.
@@ -142,7 +170,21 @@ where
         move |State(app): State<Arc<AppState>>, body: Body| async move {
             let started = Instant::now();
             let legacy = app.config.not_found_as_bad_request;
-            let result = async { op(app, parse(body)?).await }.await;
+            let faults = app.config.faults.clone();
+            let result = match &faults {
+                Some(f) if f.in_outage() => Err(ApiError::DatabaseUnavailable(
+                    "the database is unreachable (a test's outage)".into(),
+                )),
+                _ => async { op(app, parse(body)?).await }.await,
+            };
+            let result = match result {
+                Ok(_) if faults.as_ref().is_some_and(|f| f.lose_answer()) => {
+                    Err(ApiError::ServiceUnavailable(
+                        "the answer was lost after the call ran (a test's fault)".into(),
+                    ))
+                }
+                other => other,
+            };
             let result = match result {
                 Err(ApiError::TransactionNotFound(m)) if legacy => Err(ApiError::BadRequest(m)),
                 other => other,
