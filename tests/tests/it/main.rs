@@ -35,5 +35,6 @@ mod small_sales;
 mod stack_rerun;
 mod stack_smoke;
 mod stale_truths;
+mod storm;
 mod template;
 mod waiting_room;

@@ -63,6 +63,12 @@ impl StackEnv {
         }
     }
 
+    /// The stack file read, if one was found (its folder also holds the functions'
+    /// `functions.env`).
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
     /// Every key and value read: the file's, and the environment's non-empty ones over them.
     pub fn vars(&self) -> &HashMap<String, String> {
         &self.vars

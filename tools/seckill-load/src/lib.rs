@@ -17,5 +17,6 @@ pub mod record;
 pub mod redis_info;
 pub mod report;
 pub mod rush;
+pub mod storm;
 pub mod svg;
 pub mod workload;

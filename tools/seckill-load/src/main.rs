@@ -117,6 +117,9 @@ enum Cmd {
     /// A paced crowd of buyers over real HTTP against the running stack's seckill-http,
     /// to watch a sale happen (the live view, `seckill status --watch`)
     Rush(seckill_load::rush::RushOptions),
+    /// A whole sale at once with every feature and fault, seeded, ending with the
+    /// ledger checked (exit 2 when a promise broke); --seconds for a soak
+    Storm(seckill_load::storm::StormOptions),
 }
 
 #[derive(Args)]
@@ -187,6 +190,7 @@ fn main() -> ExitCode {
             Cmd::Report(r) => report_cmd(&cli.global, &r),
             Cmd::Cost(o) => cost_cmd(&cli.global, &o),
             Cmd::Rush(o) => rt.block_on(rush_cmd(&cli.global, &o)),
+            Cmd::Storm(o) => rt.block_on(storm_cmd(&cli.global, o)),
         });
     match status {
         Ok(status) => ExitCode::from(status),
@@ -214,6 +218,24 @@ async fn rush_cmd(g: &Global, o: &seckill_load::rush::RushOptions) -> anyhow::Re
         write_file(path, &serde_json::to_string_pretty(&summary)?)?;
     }
     Ok(if summary.unexpected > 0 { 2 } else { 0 })
+}
+
+/// `storm`: one storm or a soak, each report printed (and all as JSON with --json); 2
+/// when a promise broke.
+async fn storm_cmd(g: &Global, o: seckill_load::storm::StormOptions) -> anyhow::Result<u8> {
+    let stack = StackEnv::load(g.stack_env.as_deref())?;
+    let reports = seckill_load::storm::run(&stack, o).await?;
+    if let Some(path) = &g.json {
+        write_file(path, &serde_json::to_string_pretty(&reports)?)?;
+    }
+    let failed = reports.iter().filter(|r| !r.passed()).count();
+    println!(
+        "{} storm(s), {} failed; seeds {:?}",
+        reports.len(),
+        failed,
+        reports.iter().map(|r| r.seed).collect::<Vec<_>>()
+    );
+    Ok(if failed > 0 { 2 } else { 0 })
 }
 
 /// Runs every scenario asked for; `Ok` with the exit status.
@@ -423,7 +445,7 @@ mod tests {
         let args: Vec<String> = line.split(' ').map(String::from).collect();
         match parse(&args).expect("the line parses").cmd {
             Cmd::Bench(b) => (b.sale, b.drain),
-            Cmd::Report(_) | Cmd::Cost(_) | Cmd::Rush(_) => panic!("not bench"),
+            Cmd::Report(_) | Cmd::Cost(_) | Cmd::Rush(_) | Cmd::Storm(_) => panic!("not bench"),
         }
     }
 
