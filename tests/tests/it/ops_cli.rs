@@ -417,3 +417,153 @@ async fn reconcile_leaves_a_buyer_who_cancelled_free_to_buy_again() {
     }
     ctx.cleanup().await;
 }
+
+/// A sale of `stock` with a payment step (ten minutes to pay, the test price), in the
+/// database and preloaded.
+async fn payment_sale(ctx: &DrainCtx, stock: i64) -> seckill_shared::domain::Voucher {
+    use seckill_shared::domain::{NewVoucher, PaymentTerms, Price, SaleWindow, now_millis};
+    use seckill_tests::harness::{TEST_CURRENCY, TEST_PRICE_MINOR};
+    let now = now_millis();
+    ctx.voucher_of(&NewVoucher {
+        title: "money".into(),
+        stock,
+        window: SaleWindow::new(now - 60_000, now + 3_600_000).unwrap(),
+        payment: Some(PaymentTerms {
+            pay_within_ms: 600_000,
+            rebuy_after_close: false,
+            price: Some(Price::new(TEST_PRICE_MINOR, TEST_CURRENCY).unwrap()),
+        }),
+        buckets: 1,
+        room: None,
+    })
+    .await
+}
+
+async fn http_app(ctx: &DrainCtx) -> seckill_http::App {
+    use seckill_tests::harness::test_http_config;
+    seckill_http::App::new(&test_http_config(ctx.redis.config(), ctx.data_api_config())).await
+}
+
+/// `user` buys on `app`: the order id of the `202`.
+async fn bought(app: &seckill_http::App, v: VoucherId, user: &str) -> String {
+    let (status, body) = seckill_tests::harness::buy(app, v, user).await;
+    assert_eq!(status, 202, "{body}");
+    body["order_id"].as_str().unwrap().to_string()
+}
+
+/// The provider's success for `order` of `user`, paid by `payment`: the outcome it was
+/// told.
+async fn paid(app: &seckill_http::App, order: &str, user: &str, payment: &str) -> String {
+    let (status, body) = seckill_tests::harness::provider_pays(app, order, user, payment).await;
+    assert_eq!(status, 200, "{body}");
+    body["outcome"].as_str().unwrap().to_string()
+}
+
+/// Drainer runs until no close waits in Redis and nothing waits in the stream.
+async fn drain_settled(ctx: &DrainCtx, v: VoucherId) {
+    for _ in 0..20 {
+        let summary = ctx.drain(ctx.drainer_config()).await;
+        let waiting = ctx.streams.to_settle(v).await.unwrap().len();
+        if waiting == 0 && summary.lag == 0 && summary.pending == 0 {
+            return;
+        }
+    }
+    panic!("voucher {v} not settled after 20 drainer runs");
+}
+
+/// The payment rows of the voucher: id → outcome.
+async fn payment_outcomes(
+    ctx: &DrainCtx,
+    v: VoucherId,
+) -> std::collections::BTreeMap<String, String> {
+    let mut conn = ctx.mysql().await;
+    let rows: Vec<(String, String)> = conn
+        .exec(
+            "SELECT payment_id, outcome FROM payments WHERE voucher_id = ?",
+            (v.get(),),
+        )
+        .await
+        .unwrap();
+    conn.disconnect().await.ok();
+    rows.into_iter().collect()
+}
+
+/// An order paid before the drainer saw it, then dead-lettered (the database refuses
+/// its row): its payment stays `paid`, and its dead letter carries the paid close, so
+/// once Redis forgot the close (the sale's keys expire after the retention; a failover)
+/// a replay still writes the order `paid` by that payment: not open again, not paid
+/// twice.
+#[tokio::test]
+async fn a_dead_lettered_paid_order_keeps_its_payment_listed_and_is_replayed_paid() {
+    let ctx = DrainCtx::start().await;
+    let b = backends(&ctx).await;
+    let v = payment_sale(&ctx, 5).await;
+    let app = http_app(&ctx).await;
+    ctx.refuse_users("poison").await;
+    let fine = bought(&app, v.id, "fine").await;
+    let poison = bought(&app, v.id, "poison-1").await;
+    for (order, user, payment) in [
+        (&fine, "fine", "pi_fine"),
+        (&poison, "poison-1", "pi_poison"),
+    ] {
+        assert_eq!(paid(&app, order, user, payment).await, "paid");
+    }
+    drain_settled(&ctx, v.id).await;
+    let rows = ctx.orders_in_db(v.id).await;
+    assert_eq!(rows.len(), 1, "only fine's order is written: {rows:?}");
+    let letters = dead_letters::list(&b, v.id).await.unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert!(letters[0].reason.starts_with("refused: "), "{letters:?}");
+    assert_eq!(letters[0].closed.as_deref(), Some("paid by pi_poison"));
+    assert!(
+        dead_letters::render_list(v.id, &letters).contains("closed paid by pi_poison"),
+        "{}",
+        dead_letters::render_list(v.id, &letters)
+    );
+    assert_eq!(
+        payment_outcomes(&ctx, v.id).await["pi_poison"],
+        "paid",
+        "the money is kept for a replay"
+    );
+
+    // Redis forgets the order's close, then the cause is fixed and the dead letter
+    // replayed: written paid by its payment.
+    let k = VoucherKeys::new(v.id);
+    let _: i64 = ctx.conn().hdel(&k.closed, &poison).await.unwrap();
+    sql(&ctx, "DROP TRIGGER refuse_poison").await;
+    let done = dead_letters::replay(&b, v.id, &[]).await.unwrap();
+    assert!(matches!(done[..], [Replay::Replayed { .. }]), "{done:?}");
+    drain_settled(&ctx, v.id).await;
+
+    let mut conn = ctx.mysql().await;
+    let row: Option<(String, Option<String>)> = conn
+        .exec_first(
+            "SELECT status, pay_ref FROM orders WHERE id = ?",
+            (&poison,),
+        )
+        .await
+        .unwrap();
+    conn.disconnect().await.ok();
+    assert_eq!(
+        row,
+        Some(("paid".to_string(), Some("pi_poison".to_string()))),
+        "the replayed order is paid by the payment that paid it"
+    );
+    // Paid once: another payment of it is to be refunded, the first stays paid.
+    assert_eq!(
+        paid(&app, &poison, "poison-1", "pi_poison_again").await,
+        "refund_due"
+    );
+    let outcomes = payment_outcomes(&ctx, v.id).await;
+    assert_eq!(
+        (outcomes["pi_poison"].as_str(), outcomes["pi_fine"].as_str()),
+        ("paid", "paid"),
+        "{outcomes:?}"
+    );
+    let r = reconcile::reconcile(&b, v.id, false).await.unwrap();
+    assert_eq!(r.refunds_due.len(), 1, "{}", reconcile::render(&r));
+    let st = status::voucher_status(&b, v.id).await.unwrap();
+    assert_eq!((st.paid, st.refunds_due), (2, 1), "{st:?}");
+    assert_eq!(ctx.db_stock_left(v.id).await, 3);
+    ctx.cleanup().await;
+}
