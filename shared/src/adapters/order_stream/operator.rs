@@ -1,6 +1,6 @@
 //! What an operator asks of the orders streams: entries and dead letters read in pages,
-//! pending ids, the oldest unfinished entry, and putting an entry back (a dead letter
-//! replayed, an admitted order requeued).
+//! pending ids, the oldest unfinished entry, which closes still wait for the drainer,
+//! and putting an entry back (a dead letter replayed, an admitted order requeued).
 //!
 //! Invariants kept here: a dead letter is replayed exactly once
 //! (`lua/replay_dead_letter.lua` appends it and deletes the dead letter in one script),
@@ -13,7 +13,7 @@ use redis::{AsyncCommands, Value};
 use super::parse::parse_entries;
 use super::reading::OrderStreams;
 use super::scripts::REPLAY_DEAD_LETTER;
-use crate::domain::{AdmittedOrder, Bucket, DeadLetter, StreamEntry};
+use crate::domain::{AdmittedOrder, Bucket, DeadLetter, OrderId, StreamEntry};
 use crate::error::StoreError;
 use crate::keys::{self, VoucherKeys};
 use crate::protocol::fields;
@@ -114,6 +114,25 @@ impl OrderStreams {
             .conn
             .clone()
             .xlen(VoucherKeys::new(voucher).dead)
+            .await?)
+    }
+
+    /// Which of `orders` wait in the bucket's closes to settle (closed in Redis, the
+    /// close not yet in the database): one `SMISMEMBER`, an answer per order, in order.
+    pub async fn closes_waiting(
+        &self,
+        voucher: impl Into<Bucket>,
+        orders: &[OrderId],
+    ) -> Result<Vec<bool>, StoreError> {
+        let voucher: Bucket = voucher.into();
+        if orders.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<i64> = orders.iter().map(|o| o.get()).collect();
+        Ok(redis::cmd("SMISMEMBER")
+            .arg(VoucherKeys::new(voucher).to_settle)
+            .arg(&ids)
+            .query_async(&mut self.conn.clone())
             .await?)
     }
 
