@@ -107,7 +107,7 @@ pub mod restore_buyers {
 }
 
 /// Field names of an orders-stream entry and of a dead letter (`lua/dead_letter.lua` adds
-/// the last three to the entry's own).
+/// the last four to the entry's own: `close` only to an order Redis had closed).
 ///
 /// `lua/admit.lua` writes `order_id` and `user_id` only: the entry id is the admission
 /// time and the key names the voucher. `voucher_id` and `admitted_ms` are in entries an
@@ -127,6 +127,9 @@ pub mod fields {
     pub const REASON: &str = "reason";
     /// Added to a dead letter: how many times the entry had been delivered.
     pub const DELIVERIES: &str = "deliveries";
+    /// Added to a dead letter of an order Redis had closed (paid, cancelled or expired):
+    /// the close as `lua/close.lua` wrote it, which a replay puts back.
+    pub const CLOSE: &str = "close";
 }
 
 /// Field names of a voucher's sale hash (`seckill:{<voucher>}:sale`, written by
@@ -296,6 +299,7 @@ mod tests {
                     ("SOURCE_ID", text(f::SOURCE_ID)),
                     ("REASON", text(f::REASON)),
                     ("DELIVERIES", text(f::DELIVERIES)),
+                    ("CLOSE", text(f::CLOSE)),
                 ],
             ),
             (

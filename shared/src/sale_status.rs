@@ -4,7 +4,11 @@
 //! Read-only: nothing here writes, so an operator polling it during a sale changes
 //! nothing the admission or the drainer decides. The database part counts one voucher's
 //! orders by status (its index on `voucher_id`), so it costs a read of that voucher's
-//! rows: meant for operators, a few times a second at most, not for buyers.
+//! rows: meant for operators, a few times a second at most, not for buyers. It also
+//! checks the voucher's payments and paid orders against each other ([`money`]: each
+//! payment `paid` and each paid order read once more, through their indexes).
+
+pub mod money;
 
 use futures::{StreamExt, TryStreamExt};
 use serde::{Serialize, Serializer};
@@ -58,6 +62,13 @@ pub struct VoucherStatus {
     /// `refund_due`), and successes of the wrong amount (recorded `refused`): money taken
     /// that pays for nothing.
     pub refunds_due: u64,
+    /// Money not matched both ways ([`money`]): payments `paid` whose order is not
+    /// `paid` by them (no row: dead-lettered, lost; or a row that says otherwise),
+    /// payments still `received` 15 minutes after they were recorded, and paid orders
+    /// whose payment is not `paid` for them; what is only on its way to the database is
+    /// not counted. `seckill reconcile` lists each, with what to do. Counted up to
+    /// [`crate::adapters::payments::UNMATCHED_LIMIT`] of each look.
+    pub unmatched_money: u64,
     /// Entries not yet acked: delivered to a drainer (`pending`) or not yet read (`lag`).
     pub pending: u64,
     pub lag: u64,
@@ -137,6 +148,11 @@ impl SaleSources<'_> {
             .filter(|(o, _)| matches!(o, Outcome::RefundDue | Outcome::Refused))
             .map(|(_, n)| n)
             .sum();
+        // Every voucher: one without a payment step has no payment nor paid order, and
+        // its two index lookups find nothing at once.
+        let unmatched_money = money::unmatched(self.streams, self.db, voucher, buckets)
+            .await?
+            .len() as u64;
         let now = now_millis();
         let (begins_ms, ends_ms) = match (&db_voucher, sale) {
             (Some(v), _) => (Some(v.window.begins_ms()), Some(v.window.ends_ms())),
@@ -173,6 +189,7 @@ impl SaleSources<'_> {
             closed: of(OrderStatus::Cancelled) + expired,
             expired,
             refunds_due,
+            unmatched_money,
             pending: stats.pending,
             lag: stats.undelivered,
             stream_length: stats.length,

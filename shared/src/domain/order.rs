@@ -67,6 +67,12 @@ pub struct DeadLetter {
     /// Deliveries before it was dead-lettered (`deliveries`; 0 when unknown).
     pub deliveries: u64,
     /// The orders-stream entry as it was admitted: `id` is its orders-stream id
-    /// (`source_id`), `fields` its original fields, without the three added ones.
+    /// (`source_id`), `fields` its original fields, without the ones the dead letter
+    /// added.
     pub entry: StreamEntry,
+    /// The close Redis had decided for the order when it was dead-lettered (`close`, as
+    /// `lua/close.lua` writes it; [`crate::domain::ClosedOrder::parse`] reads it): `None`
+    /// for an order still open, or of a voucher without a payment step. A replay puts
+    /// it back.
+    pub close: Option<String>,
 }

@@ -417,3 +417,490 @@ async fn reconcile_leaves_a_buyer_who_cancelled_free_to_buy_again() {
     }
     ctx.cleanup().await;
 }
+
+/// A sale of `stock` with a payment step (ten minutes to pay, the test price), in the
+/// database and preloaded.
+async fn payment_sale(ctx: &DrainCtx, stock: i64) -> seckill_shared::domain::Voucher {
+    use seckill_shared::domain::{NewVoucher, PaymentTerms, Price, SaleWindow, now_millis};
+    use seckill_tests::harness::{TEST_CURRENCY, TEST_PRICE_MINOR};
+    let now = now_millis();
+    ctx.voucher_of(&NewVoucher {
+        title: "money".into(),
+        stock,
+        window: SaleWindow::new(now - 60_000, now + 3_600_000).unwrap(),
+        payment: Some(PaymentTerms {
+            pay_within_ms: 600_000,
+            rebuy_after_close: false,
+            price: Some(Price::new(TEST_PRICE_MINOR, TEST_CURRENCY).unwrap()),
+        }),
+        buckets: 1,
+        room: None,
+    })
+    .await
+}
+
+async fn http_app(ctx: &DrainCtx) -> seckill_http::App {
+    use seckill_tests::harness::test_http_config;
+    seckill_http::App::new(&test_http_config(ctx.redis.config(), ctx.data_api_config())).await
+}
+
+/// `user` buys on `app`: the order id of the `202`.
+async fn bought(app: &seckill_http::App, v: VoucherId, user: &str) -> String {
+    let (status, body) = seckill_tests::harness::buy(app, v, user).await;
+    assert_eq!(status, 202, "{body}");
+    body["order_id"].as_str().unwrap().to_string()
+}
+
+/// The provider's success for `order` of `user`, paid by `payment`: the outcome it was
+/// told.
+async fn paid(app: &seckill_http::App, order: &str, user: &str, payment: &str) -> String {
+    let (status, body) = seckill_tests::harness::provider_pays(app, order, user, payment).await;
+    assert_eq!(status, 200, "{body}");
+    body["outcome"].as_str().unwrap().to_string()
+}
+
+/// Drainer runs until no close waits in Redis and nothing waits in the stream.
+async fn drain_settled(ctx: &DrainCtx, v: VoucherId) {
+    for _ in 0..20 {
+        let summary = ctx.drain(ctx.drainer_config()).await;
+        let waiting = ctx.streams.to_settle(v).await.unwrap().len();
+        if waiting == 0 && summary.lag == 0 && summary.pending == 0 {
+            return;
+        }
+    }
+    panic!("voucher {v} not settled after 20 drainer runs");
+}
+
+/// The payment rows of the voucher: id → outcome.
+async fn payment_outcomes(
+    ctx: &DrainCtx,
+    v: VoucherId,
+) -> std::collections::BTreeMap<String, String> {
+    let mut conn = ctx.mysql().await;
+    let rows: Vec<(String, String)> = conn
+        .exec(
+            "SELECT payment_id, outcome FROM payments WHERE voucher_id = ?",
+            (v.get(),),
+        )
+        .await
+        .unwrap();
+    conn.disconnect().await.ok();
+    rows.into_iter().collect()
+}
+
+/// An order paid before the drainer saw it, then dead-lettered (the database refuses
+/// its row): its payment stays `paid` and is listed (reconcile names the dead letter
+/// and the replay to do, status counts it), never left with no order and nowhere to be
+/// seen. Its dead letter carries the paid close, so once Redis forgot the close (the
+/// sale's keys expire after the retention; a failover) a replay still writes the order
+/// `paid` by that payment: not open again, not paid twice. While a paid close is on its
+/// way (undrained, or replayed and undrained) nothing is listed.
+#[tokio::test]
+async fn a_dead_lettered_paid_order_keeps_its_payment_listed_and_is_replayed_paid() {
+    let ctx = DrainCtx::start().await;
+    let b = backends(&ctx).await;
+    let v = payment_sale(&ctx, 5).await;
+    let app = http_app(&ctx).await;
+    ctx.refuse_users("poison").await;
+    let fine = bought(&app, v.id, "fine").await;
+    let poison = bought(&app, v.id, "poison-1").await;
+    for (order, user, payment) in [
+        (&fine, "fine", "pi_fine"),
+        (&poison, "poison-1", "pi_poison"),
+    ] {
+        assert_eq!(paid(&app, order, user, payment).await, "paid");
+    }
+    // Paid, not yet drained: on its way, nothing unmatched.
+    let r = reconcile::reconcile(&b, v.id, false).await.unwrap();
+    assert!(r.unmatched_money.is_empty(), "{}", reconcile::render(&r));
+
+    drain_settled(&ctx, v.id).await;
+    let rows = ctx.orders_in_db(v.id).await;
+    assert_eq!(rows.len(), 1, "only fine's order is written: {rows:?}");
+    let letters = dead_letters::list(&b, v.id).await.unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert!(letters[0].reason.starts_with("refused: "), "{letters:?}");
+    assert_eq!(letters[0].closed.as_deref(), Some("paid by pi_poison"));
+    assert!(
+        dead_letters::render_list(v.id, &letters).contains("closed paid by pi_poison"),
+        "{}",
+        dead_letters::render_list(v.id, &letters)
+    );
+    assert_eq!(
+        payment_outcomes(&ctx, v.id).await["pi_poison"],
+        "paid",
+        "the money is kept for a replay"
+    );
+
+    // Listed: reconcile names the payment, its dead letter and what to do; status counts it.
+    let r = reconcile::reconcile(&b, v.id, false).await.unwrap();
+    let text = reconcile::render(&r);
+    assert_eq!(r.unmatched_money.len(), 1, "{text}");
+    let m = &r.unmatched_money[0];
+    assert_eq!(
+        (
+            m.class.as_str(),
+            m.payment_id.as_deref(),
+            m.order_id.as_str()
+        ),
+        (
+            "paid_payment_without_its_order",
+            Some("pi_poison"),
+            poison.as_str()
+        ),
+        "{text}"
+    );
+    assert!(m.found.contains(&letters[0].id), "{text}");
+    assert!(
+        m.what_to_do.contains(&format!(
+            "seckill dead-letters replay {} --id {}",
+            v.id, letters[0].id
+        )),
+        "{text}"
+    );
+    assert_eq!(
+        (m.amount_minor, m.currency.as_deref()),
+        (Some(1_999), Some("EUR"))
+    );
+    assert!(text.contains("money not matched both ways: 1"), "{text}");
+    assert!(!r.clean_after(), "unmatched money is not clean");
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(json["unmatched_money"][0]["payment_id"], "pi_poison");
+    let st = status::voucher_status(&b, v.id).await.unwrap();
+    assert_eq!(
+        (st.unmatched_money, st.paid, st.refunds_due),
+        (1, 1, 0),
+        "{st:?}"
+    );
+    let text = status::render(std::slice::from_ref(&st));
+    assert!(text.contains("not matched both ways 1"), "{text}");
+    assert_eq!(serde_json::to_value(&st).unwrap()["unmatched_money"], 1);
+
+    // Redis forgets the order's close, then the cause is fixed and the dead letter
+    // replayed: on its way again (not listed), then written paid by its payment.
+    let k = VoucherKeys::new(v.id);
+    let _: i64 = ctx.conn().hdel(&k.closed, &poison).await.unwrap();
+    sql(&ctx, "DROP TRIGGER refuse_poison").await;
+    let done = dead_letters::replay(&b, v.id, &[]).await.unwrap();
+    assert!(matches!(done[..], [Replay::Replayed { .. }]), "{done:?}");
+    let r = reconcile::reconcile(&b, v.id, false).await.unwrap();
+    assert!(r.unmatched_money.is_empty(), "{}", reconcile::render(&r));
+    drain_settled(&ctx, v.id).await;
+
+    let mut conn = ctx.mysql().await;
+    let row: Option<(String, Option<String>)> = conn
+        .exec_first(
+            "SELECT status, pay_ref FROM orders WHERE id = ?",
+            (&poison,),
+        )
+        .await
+        .unwrap();
+    conn.disconnect().await.ok();
+    assert_eq!(
+        row,
+        Some(("paid".to_string(), Some("pi_poison".to_string()))),
+        "the replayed order is paid by the payment that paid it"
+    );
+    // Paid once: another payment of it is to be refunded, the first stays paid.
+    assert_eq!(
+        paid(&app, &poison, "poison-1", "pi_poison_again").await,
+        "refund_due"
+    );
+    let outcomes = payment_outcomes(&ctx, v.id).await;
+    assert_eq!(
+        (outcomes["pi_poison"].as_str(), outcomes["pi_fine"].as_str()),
+        ("paid", "paid"),
+        "{outcomes:?}"
+    );
+    let r = reconcile::reconcile(&b, v.id, false).await.unwrap();
+    assert!(r.unmatched_money.is_empty(), "{}", reconcile::render(&r));
+    assert_eq!(r.refunds_due.len(), 1, "{}", reconcile::render(&r));
+    let st = status::voucher_status(&b, v.id).await.unwrap();
+    assert_eq!(
+        (st.unmatched_money, st.paid, st.refunds_due),
+        (0, 2, 1),
+        "{st:?}"
+    );
+    assert_eq!(ctx.db_stock_left(v.id).await, 3);
+    ctx.cleanup().await;
+}
+
+/// Money planted out of step, found both ways: a payment `paid` whose order has no row,
+/// a payment still `received` twenty minutes after it was recorded (one a minute old is
+/// still on its way), an order `paid` whose payment says `failed`, and one paid by a
+/// payment never recorded; each listed by reconcile with what to do, counted by status.
+/// A paid order that matches its payment, and a paid close still on its way, are not.
+#[tokio::test]
+async fn reconcile_finds_money_planted_out_of_step_both_ways() {
+    use seckill_tests::harness::{TEST_CURRENCY, TEST_PRICE_MINOR};
+    let ctx = DrainCtx::start().await;
+    let b = backends(&ctx).await;
+    let v = payment_sale(&ctx, 10).await;
+    let app = http_app(&ctx).await;
+    // Two orders paid through the provider and written; a third paid, not yet drained.
+    let ann = bought(&app, v.id, "ann").await;
+    let bob = bought(&app, v.id, "bob").await;
+    drain_settled(&ctx, v.id).await;
+    assert_eq!(paid(&app, &ann, "ann", "pi_ann").await, "paid");
+    assert_eq!(paid(&app, &bob, "bob", "pi_bob").await, "paid");
+    drain_settled(&ctx, v.id).await;
+    let cat = bought(&app, v.id, "cat").await;
+    assert_eq!(paid(&app, &cat, "cat", "pi_cat").await, "paid");
+    let r = reconcile::reconcile(&b, v.id, false).await.unwrap();
+    assert!(r.unmatched_money.is_empty(), "{}", reconcile::render(&r));
+
+    // Planted: money with no order, undecided payments old and new, paid orders whose
+    // payment says otherwise.
+    let ghost_order = ann.parse::<i64>().unwrap() + 1_000_000;
+    let planted = format!(
+        "INSERT INTO payments (payment_id, order_id, voucher_id, amount_minor, currency, outcome, \
+         event_id, received_at) VALUES \
+         ('pi_ghost', {ghost_order}, {v}, {TEST_PRICE_MINOR}, '{TEST_CURRENCY}', 'paid', 'ev_1', UTC_TIMESTAMP(3)), \
+         ('pi_stuck', {ghost_order} + 1, {v}, {TEST_PRICE_MINOR}, '{TEST_CURRENCY}', 'received', 'ev_2', \
+          UTC_TIMESTAMP(3) - INTERVAL 20 MINUTE), \
+         ('pi_fresh', {ghost_order} + 2, {v}, {TEST_PRICE_MINOR}, '{TEST_CURRENCY}', 'received', 'ev_3', \
+          UTC_TIMESTAMP(3) - INTERVAL 1 MINUTE)",
+        v = v.id
+    );
+    sql(&ctx, &planted).await;
+    sql(
+        &ctx,
+        "UPDATE payments SET outcome = 'failed' WHERE payment_id = 'pi_bob'",
+    )
+    .await;
+    sql(
+        &ctx,
+        &format!(
+            "INSERT INTO orders (id, voucher_id, user_id, status, admitted_at, pay_ref) \
+             VALUES ({}, {}, 'dan', 'paid', UTC_TIMESTAMP(3), 'pi_nowhere')",
+            ghost_order + 3,
+            v.id
+        ),
+    )
+    .await;
+
+    let r = reconcile::reconcile(&b, v.id, false).await.unwrap();
+    let text = reconcile::render(&r);
+    let found: std::collections::BTreeMap<&str, &reconcile::UnmatchedMoney> = r
+        .unmatched_money
+        .iter()
+        .map(|m| (m.payment_id.as_deref().unwrap_or("-"), m))
+        .collect();
+    let names: Vec<&str> = found.keys().copied().collect();
+    assert_eq!(
+        names,
+        ["pi_bob", "pi_ghost", "pi_nowhere", "pi_stuck"],
+        "{text}"
+    );
+    let ghost = found["pi_ghost"];
+    assert_eq!(ghost.class, "paid_payment_without_its_order");
+    assert_eq!(ghost.order_id, ghost_order.to_string());
+    assert!(ghost.found.contains("no row"), "{text}");
+    assert_eq!(ghost.what_to_do, "refund the payment", "{text}");
+    let stuck = found["pi_stuck"];
+    assert_eq!(stuck.class, "payment_undecided");
+    assert!(stuck.found.contains("never decided"), "{text}");
+    assert!(
+        stuck.what_to_do.contains("send the payment's event again"),
+        "{text}"
+    );
+    let bob_found = found["pi_bob"];
+    assert_eq!(
+        (bob_found.class.as_str(), bob_found.order_id.as_str()),
+        ("paid_order_without_its_payment", bob.as_str())
+    );
+    assert!(bob_found.found.ends_with("which is failed"), "{text}");
+    assert!(bob_found.what_to_do.contains("with the provider"), "{text}");
+    assert!(found["pi_nowhere"].found.contains("not recorded"), "{text}");
+    assert_eq!(found["pi_nowhere"].amount_minor, None);
+    assert!(!r.clean_after());
+    assert!(text.contains("money not matched both ways: 4"), "{text}");
+    let st = status::voucher_status(&b, v.id).await.unwrap();
+    assert_eq!(st.unmatched_money, 4, "{st:?}");
+
+    // Put right, nothing is listed; cat's close, settled now, never was.
+    sql(
+        &ctx,
+        "DELETE FROM payments WHERE payment_id IN ('pi_ghost', 'pi_stuck')",
+    )
+    .await;
+    sql(
+        &ctx,
+        "UPDATE payments SET outcome = 'paid' WHERE payment_id = 'pi_bob'",
+    )
+    .await;
+    sql(
+        &ctx,
+        &format!("DELETE FROM orders WHERE id = {}", ghost_order + 3),
+    )
+    .await;
+    drain_settled(&ctx, v.id).await;
+    let r = reconcile::reconcile(&b, v.id, false).await.unwrap();
+    assert!(r.unmatched_money.is_empty(), "{}", reconcile::render(&r));
+    assert!(r.clean_after(), "{}", reconcile::render(&r));
+    let st = status::voucher_status(&b, v.id).await.unwrap();
+    assert_eq!((st.unmatched_money, st.paid), (0, 3), "{st:?}");
+    ctx.cleanup().await;
+}
+
+/// The two looks of the money check, on tables written just now and never analysed:
+/// each reads the voucher's own rows it checks (its payments `paid` or `received`, its
+/// paid orders) once, with one primary-key look at the other table each, never another
+/// voucher's rows nor the table, whatever the statistics say.
+#[tokio::test]
+async fn money_checks_examine_only_the_rows_they_check_on_tables_never_analysed() {
+    use mysql_async::params;
+    use seckill_shared::adapters::data_api::format_datetime;
+    use seckill_shared::adapters::payments::{unmatched_paid_orders_sql, unmatched_payments_sql};
+    use seckill_shared::domain::now_millis;
+    use seckill_tests::mysql::handler_reads;
+    let ctx = DrainCtx::start().await;
+    let mut conn = ctx.mysql().await;
+    let outcomes = ["received", "paid", "refund_due", "failed", "refused"];
+    // (i, payment id, order, voucher, outcome, age in seconds); vouchers interleaved.
+    // Ages never near the 15 minutes after which a received payment is overdue.
+    let rows: Vec<(u64, String, u64, u64, &str, u64)> = (0..20_000u64)
+        .map(|i| {
+            let age = (i * 31) % 86_400;
+            let age = if (850..950).contains(&age) {
+                age + 200
+            } else {
+                age
+            };
+            (
+                i,
+                format!("pay_{i:06}"),
+                1_000_000 + i,
+                1 + (i * 7_919) % 200,
+                outcomes[((i / 7) % 5) as usize],
+                age,
+            )
+        })
+        .collect();
+    for chunk in rows.chunks(1_000) {
+        let values =
+            vec!["(?, ?, ?, 1999, 'EUR', ?, ?, UTC_TIMESTAMP(3) - INTERVAL ? SECOND)"; chunk.len()]
+                .join(",");
+        let params: Vec<mysql_async::Value> = chunk
+            .iter()
+            .flat_map(|(_, p, o, v, outcome, age)| {
+                [
+                    p.clone().into(),
+                    (*o).into(),
+                    (*v).into(),
+                    (*outcome).into(),
+                    format!("ev_{p}").into(),
+                    (*age).into(),
+                ]
+            })
+            .collect();
+        conn.exec_drop(
+            format!(
+                "INSERT INTO payments (payment_id, order_id, voucher_id, amount_minor, currency, \
+                 outcome, event_id, received_at) VALUES {values}"
+            ),
+            params,
+        )
+        .await
+        .unwrap();
+    }
+    // Orders of each voucher's payments, by eighths: five paid by their payment, one paid
+    // by another reference, one awaiting payment; the last has no row.
+    let order_of = |i: u64| -> Option<(&'static str, Option<String>)> {
+        match (i / 200) % 8 {
+            0..=4 => Some(("paid", Some(format!("pay_{i:06}")))),
+            5 => Some(("paid", Some(format!("other_{i}")))),
+            6 => Some(("awaiting_payment", None)),
+            _ => None,
+        }
+    };
+    let with_rows: Vec<_> = rows.iter().filter(|r| order_of(r.0).is_some()).collect();
+    for chunk in with_rows.chunks(1_000) {
+        let values = vec!["(?, ?, ?, ?, ?, UTC_TIMESTAMP(3))"; chunk.len()].join(",");
+        let params: Vec<mysql_async::Value> = chunk
+            .iter()
+            .flat_map(|(i, _, o, v, ..)| {
+                let (status, pay_ref) = order_of(*i).unwrap();
+                [
+                    (*o).into(),
+                    (*v).into(),
+                    format!("buyer-{i}").into(),
+                    status.into(),
+                    pay_ref.into(),
+                ]
+            })
+            .collect();
+        conn.exec_drop(
+            format!(
+                "INSERT INTO orders (id, voucher_id, user_id, status, pay_ref, admitted_at) \
+                 VALUES {values}"
+            ),
+            params,
+        )
+        .await
+        .unwrap();
+    }
+    let overhead = {
+        let a = handler_reads(&mut conn).await;
+        let b = handler_reads(&mut conn).await;
+        b - a
+    };
+    let before = format_datetime(now_millis() - 15 * 60 * 1000);
+    for voucher in [7u64, 200] {
+        let mine: Vec<_> = rows.iter().filter(|r| r.3 == voucher).collect();
+        // From the payments: each paid or received payment once, its order by key.
+        let checked = mine
+            .iter()
+            .filter(|r| matches!(r.4, "paid" | "received"))
+            .count() as u64;
+        let expect = mine
+            .iter()
+            .filter(|r| match r.4 {
+                "paid" => (r.0 / 200) % 8 > 4,
+                "received" => r.5 > 900,
+                _ => false,
+            })
+            .count();
+        let at = handler_reads(&mut conn).await;
+        let got: Vec<mysql_async::Row> = conn
+            .exec(
+                unmatched_payments_sql(),
+                params! { "v" => voucher, "before" => before.clone() },
+            )
+            .await
+            .unwrap();
+        let examined = handler_reads(&mut conn).await - at - overhead;
+        assert_eq!(got.len(), expect, "voucher {voucher}'s unmatched payments");
+        assert!(
+            examined <= 2 * checked + 10,
+            "checking {checked} payments of voucher {voucher} examined {examined} rows"
+        );
+        // From the orders: each paid order once, its payment by key.
+        let paid_orders: Vec<_> = mine
+            .iter()
+            .filter(|r| order_of(r.0).is_some_and(|(s, _)| s == "paid"))
+            .collect();
+        let expect = paid_orders
+            .iter()
+            .filter(|r| (r.0 / 200) % 8 == 5 || !matches!(r.4, "paid" | "received"))
+            .count();
+        let at = handler_reads(&mut conn).await;
+        let got: Vec<mysql_async::Row> = conn
+            .exec(unmatched_paid_orders_sql(), params! { "v" => voucher })
+            .await
+            .unwrap();
+        let examined = handler_reads(&mut conn).await - at - overhead;
+        assert_eq!(
+            got.len(),
+            expect,
+            "voucher {voucher}'s unmatched paid orders"
+        );
+        let checked = paid_orders.len() as u64;
+        assert!(
+            examined <= 2 * checked + 10,
+            "checking {checked} paid orders of voucher {voucher} examined {examined} rows"
+        );
+    }
+    conn.disconnect().await.ok();
+    ctx.cleanup().await;
+}

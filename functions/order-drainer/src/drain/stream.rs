@@ -7,7 +7,9 @@
 //! Invariants kept here:
 //! - an entry leaves the pending list only through an ack after its batch committed, or
 //!   through its dead letter, written in the same script as the ack and after the
-//!   `rejected` row its buyer should see ([`Drainer::dead_letter_all`]);
+//!   `rejected` row its buyer should see ([`Drainer::dead_letter_all`]); a dead letter
+//!   carries the close Redis decided for its order (a paid order keeps its payment
+//!   through a replay), and the order leaves the payment step in that same script;
 //! - only entries that can never be written are dead-lettered; how often an entry was
 //!   delivered never counts;
 //! - an entry a run read but cannot finish (a transient failure, a voucher stopped) is
@@ -113,12 +115,16 @@ impl Drainer {
                 return false;
             }
         }
-        let orders: Vec<AdmittedOrder> = dead.iter().filter_map(|(_, _, o)| o.clone()).collect();
-        for (index, reason, _) in dead {
+        for (index, reason, order) in dead {
             let entry = &entries[index];
             let text = reason.text();
             failpoint::hit("before_dead_letter");
-            match self.streams.dead_letter(voucher, entry, &text).await {
+            // Vouchers with a payment step: in the same script the order leaves the
+            // deadlines (it never expires) and the closes to settle (no row will record
+            // its close), and the close Redis decided for it travels in the dead letter,
+            // so a paid order keeps the payment that paid it when it is replayed.
+            let order = order.as_ref().map(|o| (o.id, o.user.as_str()));
+            match self.streams.dead_letter(voucher, entry, &text, order).await {
                 Ok(true) => {
                     run.count(|s| s.dead_lettered += 1);
                     tracing::warn!(%voucher, entry = %entry.id, reason = %text, deliveries = entry.deliveries, "dead-lettered");
@@ -135,17 +141,6 @@ impl Drainer {
                 }
             }
             failpoint::hit("after_dead_letter");
-        }
-        // Vouchers with a payment step: a dead-lettered order neither expires nor waits
-        // to be settled (a replay admits it again through the stream).
-        let gone: Vec<(OrderId, &str)> = orders.iter().map(|o| (o.id, o.user.as_str())).collect();
-        let ids: Vec<OrderId> = orders.iter().map(|o| o.id).collect();
-        let left = async {
-            self.streams.drop_deadlines(voucher, &gone).await?;
-            self.streams.settled(voucher, &ids).await
-        };
-        if let Err(e) = left.await {
-            tracing::warn!(%voucher, error = %e, "could not take dead-lettered orders out of the payment step");
         }
         true
     }

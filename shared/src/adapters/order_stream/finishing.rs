@@ -3,7 +3,8 @@
 //!
 //! Invariants kept here: an entry is never acked without being either in the database
 //! (the caller acks after its commit) or in the dead letters (`lua/dead_letter.lua`
-//! copies and acks in one script); a trim removes only entries every group has acked
+//! copies and acks in one script, and carries the close Redis decided for its order, so
+//! a paid order never loses the payment that paid it); a trim removes only entries every group has acked
 //! and that were delivered (`lua/trim.lua`, `XTRIM MINID`), never by `MAXLEN`.
 
 use std::sync::atomic::Ordering;
@@ -14,7 +15,7 @@ use redis::aio::ConnectionLike;
 use super::reading::OrderStreams;
 use super::scripts::{DEAD_LETTER, TRIM};
 use crate::adapters::redis::AfterFailure;
-use crate::domain::{Bucket, StreamEntry};
+use crate::domain::{Bucket, OrderId, StreamEntry};
 use crate::error::StoreError;
 use crate::keys::{self, VoucherKeys};
 use crate::protocol;
@@ -89,21 +90,33 @@ impl OrderStreams {
     }
 
     /// Copies `entry` with `reason` to the dead-letter stream and acks it, atomically.
-    /// Returns false when the entry was no longer pending (someone else finished it).
+    /// `order` is the entry's order and buyer when it parsed as one: in the same script
+    /// the order leaves the payment step (its deadline and the closes to settle: no row
+    /// will ever record its close) and the close Redis decided for it, if any, is
+    /// carried in the dead letter, so a paid order keeps its payment through a replay
+    /// (`lua/dead_letter.lua`). Returns false when the entry was no longer pending
+    /// (someone else finished it).
     pub async fn dead_letter(
         &self,
         voucher: impl Into<Bucket>,
         entry: &StreamEntry,
         reason: &str,
+        order: Option<(OrderId, &str)>,
     ) -> Result<bool, StoreError> {
         let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
         let mut call = DEAD_LETTER.key(&k.orders);
+        let (id, user) = order.map_or((String::new(), ""), |(o, u)| (o.to_string(), u));
         call.key(&k.dead)
+            .key(&k.deadlines)
+            .key(&k.closed)
+            .key(&k.to_settle)
             .arg(keys::DRAIN_GROUP)
             .arg(&entry.id)
             .arg(reason)
-            .arg(entry.deliveries);
+            .arg(entry.deliveries)
+            .arg(id)
+            .arg(user);
         for (f, v) in &entry.fields {
             call.arg(f.as_slice()).arg(v.as_slice());
         }

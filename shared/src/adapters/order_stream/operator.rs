@@ -1,9 +1,10 @@
 //! What an operator asks of the orders streams: entries and dead letters read in pages,
-//! pending ids, the oldest unfinished entry, and putting an entry back (a dead letter
-//! replayed, an admitted order requeued).
+//! pending ids, the oldest unfinished entry, which closes still wait for the drainer,
+//! and putting an entry back (a dead letter replayed, an admitted order requeued).
 //!
 //! Invariants kept here: a dead letter is replayed exactly once
-//! (`lua/replay_dead_letter.lua` appends it and deletes the dead letter in one script);
+//! (`lua/replay_dead_letter.lua` appends it and deletes the dead letter in one script),
+//! with the close it carries put back (a paid order is written paid by its payment);
 //! a replayed or requeued entry's bucket is in the active set before and after the
 //! write, so the drainer visits it.
 
@@ -12,7 +13,7 @@ use redis::{AsyncCommands, Value};
 use super::parse::parse_entries;
 use super::reading::OrderStreams;
 use super::scripts::REPLAY_DEAD_LETTER;
-use crate::domain::{AdmittedOrder, Bucket, DeadLetter, StreamEntry};
+use crate::domain::{AdmittedOrder, Bucket, DeadLetter, OrderId, StreamEntry};
 use crate::error::StoreError;
 use crate::keys::{self, VoucherKeys};
 use crate::protocol::fields;
@@ -21,17 +22,25 @@ use crate::protocol::fields;
 pub const RANGE_PAGE: usize = 1_000;
 
 /// A dead letter as `lua/dead_letter.lua` wrote it: the entry's own fields, and the
-/// three it added taken out.
+/// ones it added taken out.
 fn dead_letter_of(raw: StreamEntry) -> DeadLetter {
     let text = |name: &str| {
         raw.field(name)
             .map(|v| String::from_utf8_lossy(v).into_owned())
             .unwrap_or_default()
     };
-    let added = [fields::SOURCE_ID, fields::REASON, fields::DELIVERIES];
+    let added = [
+        fields::SOURCE_ID,
+        fields::REASON,
+        fields::DELIVERIES,
+        fields::CLOSE,
+    ];
     DeadLetter {
         reason: text(fields::REASON),
         deliveries: text(fields::DELIVERIES).parse().unwrap_or(0),
+        close: raw
+            .field(fields::CLOSE)
+            .map(|v| String::from_utf8_lossy(v).into_owned()),
         entry: StreamEntry {
             id: text(fields::SOURCE_ID),
             fields: raw
@@ -108,6 +117,25 @@ impl OrderStreams {
             .await?)
     }
 
+    /// Which of `orders` wait in the bucket's closes to settle (closed in Redis, the
+    /// close not yet in the database): one `SMISMEMBER`, an answer per order, in order.
+    pub async fn closes_waiting(
+        &self,
+        voucher: impl Into<Bucket>,
+        orders: &[OrderId],
+    ) -> Result<Vec<bool>, StoreError> {
+        let voucher: Bucket = voucher.into();
+        if orders.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<i64> = orders.iter().map(|o| o.get()).collect();
+        Ok(redis::cmd("SMISMEMBER")
+            .arg(VoucherKeys::new(voucher).to_settle)
+            .arg(&ids)
+            .query_async(&mut self.conn.clone())
+            .await?)
+    }
+
     /// Ids of every entry pending in the drain group (delivered, not acked), in order.
     pub async fn pending_ids(&self, voucher: impl Into<Bucket>) -> Result<Vec<String>, StoreError> {
         let voucher: Bucket = voucher.into();
@@ -168,9 +196,12 @@ impl OrderStreams {
 
     /// Puts a dead letter back on the orders stream, exactly once
     /// (`lua/replay_dead_letter.lua`): its original fields are appended as a new entry
-    /// and the dead letter is deleted, in one script. The voucher is added to the active
-    /// set first, so the drainer visits it. Returns the new entry's id, `None` when the
-    /// dead letter was gone already (replayed by someone else): nothing was written.
+    /// and the dead letter is deleted, in one script; the close it carries (an order
+    /// paid, cancelled or expired before it was dead-lettered) goes back to the closed
+    /// hash, unless Redis holds one, and among the closes to settle, so the order is
+    /// written as it was closed. The voucher is added to the active set first, so the
+    /// drainer visits it. Returns the new entry's id, `None` when the dead letter was
+    /// gone already (replayed by someone else): nothing was written.
     pub async fn replay_dead_letter(
         &self,
         voucher: impl Into<Bucket>,
@@ -180,7 +211,21 @@ impl OrderStreams {
         self.activate(voucher).await?;
         let k = VoucherKeys::new(voucher);
         let mut call = REPLAY_DEAD_LETTER.key(&k.orders);
-        call.key(&k.dead).arg(keys::DRAIN_GROUP).arg(&dead.id);
+        // A close without the order it closes cannot be put back (a dead letter only
+        // carries one when its entry parsed as an order).
+        let order = dead.entry.field(fields::ORDER_ID).unwrap_or_default();
+        let close = dead
+            .close
+            .as_deref()
+            .filter(|_| !order.is_empty())
+            .unwrap_or_default();
+        call.key(&k.dead)
+            .key(&k.closed)
+            .key(&k.to_settle)
+            .arg(keys::DRAIN_GROUP)
+            .arg(&dead.id)
+            .arg(close)
+            .arg(order);
         for (f, v) in &dead.entry.fields {
             call.arg(f.as_slice()).arg(v.as_slice());
         }

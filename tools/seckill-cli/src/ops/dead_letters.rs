@@ -1,9 +1,10 @@
 //! `seckill dead-letters list|replay VOUCHER`: why entries could not be written, and
 //! putting them back on the orders stream, each at most once (one Redis script), for the
-//! drainer to write like any admission; those that would fail again are refused.
+//! drainer to write like any admission (an order Redis had closed, as it was closed: a
+//! paid one paid by its payment); those that would fail again are refused.
 
 use order_drainer::plan::parse_entry;
-use seckill_shared::domain::{Bucket, DeadLetter, VoucherId};
+use seckill_shared::domain::{Bucket, ClosedOrder, DeadLetter, OrderStatus, VoucherId};
 use seckill_shared::protocol::fields;
 use serde::Serialize;
 
@@ -23,6 +24,9 @@ pub struct DeadLetterView {
     pub admitted_ms: Option<String>,
     /// The order's row, when the database has one: `confirmed` or `rejected`.
     pub in_database: Option<String>,
+    /// How Redis had closed the order when it was dead-lettered (vouchers with a payment
+    /// step): `paid by <payment>`, `cancelled`, `expired`; a replay writes it so.
+    pub closed: Option<String>,
     /// Why a replay would be refused; `None`: it can be replayed.
     pub not_replayable: Option<String>,
     /// The dead letter itself, what a replay writes back.
@@ -81,6 +85,14 @@ pub async fn list(b: &Backends, voucher: VoucherId) -> anyhow::Result<Vec<DeadLe
             admitted_ms: text(fields::ADMITTED_MS)
                 .or_else(|| dead.entry.id_ms().map(|ms| ms.to_string())),
             in_database,
+            closed: dead
+                .close
+                .as_deref()
+                .and_then(ClosedOrder::parse)
+                .map(|c| match c.status {
+                    OrderStatus::Paid => format!("paid by {}", c.payment_ref),
+                    other => other.as_str().to_string(),
+                }),
             not_replayable: refusal.or(no_voucher),
             dead,
             bucket,
@@ -147,13 +159,16 @@ pub fn render_list(voucher: VoucherId, all: &[DeadLetterView]) -> String {
     let mut out = format!("voucher {voucher}: {} dead letter(s)\n", all.len());
     for v in all {
         out.push_str(&format!(
-            "  {}  order {}  user {}  reason {:?}  deliveries {}  database {}  {}\n",
+            "  {}  order {}  user {}  reason {:?}  deliveries {}  database {}  {}{}\n",
             v.id,
             or_dash(v.order_id.as_ref()),
             or_dash(v.user_id.as_ref()),
             v.reason,
             v.deliveries,
             or_dash(v.in_database.as_ref()),
+            v.closed
+                .as_ref()
+                .map_or(String::new(), |c| format!("closed {c}  ")),
             v.not_replayable
                 .as_deref()
                 .map_or("replayable".to_string(), |w| format!("not replayable: {w}")),

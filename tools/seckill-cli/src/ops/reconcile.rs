@@ -2,7 +2,10 @@
 //! letters and the orders table, and names each discrepancy by class. Reads go the way
 //! orders move (buyers, stream, dead letters, one database snapshot), so an order in
 //! flight is never reported lost. `--repair` fixes only what cannot oversell or duplicate
-//! (docs/operations.md); the other classes are left to an operator.
+//! (docs/operations.md); the other classes are left to an operator. The money is checked
+//! both ways too ([`seckill_shared::sale_status::money`]): each payment `paid` without its
+//! paid order, payment never decided, or paid order without its payment is listed with
+//! what to do.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -17,6 +20,10 @@ use seckill_shared::order_id::{EPOCH_UNIX_MS, OrderIdParts};
 use serde::Serialize;
 
 use super::{Backend, Backends};
+
+mod unmatched;
+
+pub use unmatched::UnmatchedMoney;
 
 /// Examples shown per class.
 pub const EXAMPLES: usize = 5;
@@ -82,6 +89,11 @@ pub struct Report {
     /// money to give back, not a discrepancy of the sale's state (at most
     /// `payments::LIST_LIMIT` listed of each kind).
     pub refunds_due: Vec<RefundDue>,
+    /// Money the records do not match both ways (payments `paid` without their paid
+    /// order, payments never decided, paid orders without their payment), each with what
+    /// to do; what is only on its way to the database is not listed. A discrepancy:
+    /// reconcile is not clean while any is listed.
+    pub unmatched_money: Vec<UnmatchedMoney>,
 }
 
 /// A payment to refund.
@@ -95,11 +107,14 @@ pub struct RefundDue {
 }
 
 impl Report {
-    /// True when nothing is left to fix: no discrepancy, or `--repair` fixed each one.
+    /// True when nothing is left to fix: no money unmatched, and no discrepancy or
+    /// `--repair` fixed each one.
     pub fn clean_after(&self) -> bool {
-        self.discrepancies
-            .iter()
-            .all(|d| self.repaired && d.repairable && !d.repaired.is_empty())
+        self.unmatched_money.is_empty()
+            && self
+                .discrepancies
+                .iter()
+                .all(|d| self.repaired && d.repairable && !d.repaired.is_empty())
     }
 
     /// The class named `class`, if found.
@@ -378,6 +393,9 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
         })
         .collect();
 
+    // The money, both ways, after everything else: each mismatch with what to do.
+    report.unmatched_money = unmatched::listed(b, voucher, k).await?;
+
     if repair {
         for o in &lost {
             let bucket = Bucket::of_user(voucher, k, o.user.as_str());
@@ -469,7 +487,8 @@ pub fn render(r: &Report) -> String {
             );
         }
     }
-    if r.discrepancies.is_empty() {
+    unmatched::render(&mut out, &r.unmatched_money);
+    if r.discrepancies.is_empty() && r.unmatched_money.is_empty() {
         out.push_str("clean: no discrepancy\n");
     }
     for d in &r.discrepancies {

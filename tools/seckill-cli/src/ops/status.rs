@@ -94,12 +94,20 @@ pub fn render(all: &[VoucherStatus]) -> String {
                 s.buckets, s.in_transit
             );
         }
-        if s.awaiting_payment + s.paid + s.closed + s.refunds_due > 0 {
+        if s.awaiting_payment + s.paid + s.closed + s.refunds_due + s.unmatched_money > 0 {
             let _ = writeln!(
                 out,
                 "  payment   awaiting {}, paid {}, cancelled or expired {} (units given back), \
                  payments to refund {}",
                 s.awaiting_payment, s.paid, s.closed, s.refunds_due
+            );
+        }
+        if s.unmatched_money > 0 {
+            let _ = writeln!(
+                out,
+                "  money     not matched both ways {} (payments and paid orders: `seckill \
+                 reconcile {}` lists each, with what to do)",
+                s.unmatched_money, s.voucher
             );
         }
     }
