@@ -1561,3 +1561,153 @@ async fn user_ids_differing_only_in_trailing_spaces_or_case_are_different_buyers
     );
     ctx.cleanup().await;
 }
+
+/// A voucher on sale now (for an hour) whose orders wait `pay_within_s` for payment and
+/// whose buyers may buy again after a close, preloaded into Redis.
+async fn rebuy_voucher(ctx: &DrainCtx, stock: i64, pay_within_s: i64) -> Voucher {
+    use seckill_shared::domain::{NewVoucher, PaymentTerms, Price};
+    use seckill_tests::harness::{TEST_CURRENCY, TEST_PRICE_MINOR};
+    let now = now_millis();
+    ctx.voucher_of(&NewVoucher {
+        title: "rebuy test".into(),
+        stock,
+        window: SaleWindow::new(now - 60_000, now + 3_600_000).unwrap(),
+        payment: Some(PaymentTerms {
+            pay_within_ms: pay_within_s * 1_000,
+            rebuy_after_close: true,
+            price: Some(Price::new(TEST_PRICE_MINOR, TEST_CURRENCY).unwrap()),
+        }),
+        buckets: 1,
+        room: None,
+    })
+    .await
+}
+
+/// Cancels each of `ids` (the orders of `<prefix>-<i>`) through `lua/close.lua`.
+async fn cancel_all(ctx: &DrainCtx, v: VoucherId, prefix: &str, ids: &[OrderId]) {
+    use seckill_shared::adapters::redis::CloseAction;
+    for (i, id) in ids.iter().enumerate() {
+        let user = UserId::parse(&format!("{prefix}-{i}")).unwrap();
+        let closed = ctx
+            .sales
+            .close(v, *id, &user, &CloseAction::Cancel)
+            .await
+            .unwrap()
+            .expect("an open order");
+        assert_eq!(closed.status.as_str(), "cancelled");
+    }
+}
+
+/// `n` orders of `<prefix>-<i>` admitted and cancelled before any drain, as
+/// `lua/admit.lua` and `lua/close.lua` leave them on a voucher that lets buyers buy
+/// again: the order's stream entry, its close in the closed hash and in `to_settle`
+/// (the unit and the buyer's place taken and given back: the stock and the buyers hash
+/// as before). Written in pipelines: the backlog a database outage longer than the pay
+/// window leaves behind, in a second rather than 2n script calls.
+async fn cancelled_before_their_drain(
+    ctx: &DrainCtx,
+    v: VoucherId,
+    prefix: &str,
+    n: usize,
+    pay_within_ms: i64,
+) {
+    let k = VoucherKeys::new(v);
+    let mut conn = ctx.conn();
+    for start in (0..n).step_by(1_000) {
+        let mut pipe = redis::pipe();
+        for i in start..(start + 1_000).min(n) {
+            let id = ctx.ids.next(&ctx.sales, v, now_millis()).await.unwrap();
+            let user = format!("{prefix}-{i}");
+            let close = format!("cancelled\n{}\n\n{user}", now_millis() + pay_within_ms);
+            pipe.cmd("XADD")
+                .arg(&k.orders)
+                .arg("*")
+                .arg("order_id")
+                .arg(id.get())
+                .arg("user_id")
+                .arg(&user)
+                .ignore();
+            pipe.hset(&k.closed, id.get(), close).ignore();
+            pipe.sadd(&k.to_settle, id.get()).ignore();
+        }
+        let () = pipe.query_async(&mut conn).await.unwrap();
+    }
+}
+
+/// More closes wait to be settled than a transaction records
+/// (`SETTLE_PER_TRANSACTION`), twice as many, all of orders not drained yet (their
+/// buyers cancelled them before a drain: a database outage longer than the pay window
+/// leaves that behind, or a mass expiry). Before them in the stream: twenty buyers of
+/// drained orders who cancelled and bought again, and twenty buyers of the units twenty
+/// others gave back; the database has no unit left but those twenty. Each new order must
+/// find its buyer's old order closed in the database and the units back: none
+/// dead-lettered `duplicate_buyer` (a 202 with no row), none written `rejected` though
+/// its unit exists. (Before, each transaction recorded the closes `to_settle` happened
+/// to list first, closes of orders without a row among them: about half the closes that
+/// mattered were left out, run after run.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closes_of_undrained_orders_never_starve_the_closes_a_batch_needs() {
+    use seckill_shared::adapters::ledger::SETTLE_PER_TRANSACTION;
+    const PAY_WITHIN_S: i64 = 600;
+    let ctx = DrainCtx::start().await;
+    let v = rebuy_voucher(&ctx, 40, PAY_WITHIN_S).await;
+    let old_rebuy = ctx.admit(v.id, "rebuy", 20).await;
+    let old_gone = ctx.admit(v.id, "gone", 20).await;
+    let s = ctx.drain(ctx.drainer_config()).await;
+    assert_eq!((s.inserted, s.errors), (40, 0), "{s:?}");
+    assert_eq!(ctx.db_stock_left(v.id).await, 0);
+
+    cancel_all(&ctx, v.id, "rebuy", &old_rebuy).await;
+    let new_rebuy = ctx.admit(v.id, "rebuy", 20).await;
+    cancel_all(&ctx, v.id, "gone", &old_gone).await;
+    let new_buyers = ctx.admit(v.id, "new", 20).await;
+    let backlog = 2 * SETTLE_PER_TRANSACTION;
+    cancelled_before_their_drain(&ctx, v.id, "outage", backlog, PAY_WITHIN_S * 1_000).await;
+    assert_eq!(
+        ctx.streams.to_settle(v.id).await.unwrap().len(),
+        40 + backlog
+    );
+
+    let mut cfg = ctx.drainer_config();
+    cfg.batch_size = 2_000;
+    cfg.max_run = Duration::from_secs(4);
+    let mut runs = 0;
+    loop {
+        let s = ctx.drain(cfg.clone()).await;
+        assert_eq!(s.errors, 0, "{s:?}");
+        runs += 1;
+        let waiting = ctx.streams.to_settle(v.id).await.unwrap().len();
+        if waiting == 0 && s.lag == 0 && s.pending == 0 {
+            break;
+        }
+        assert!(runs < 20, "still {waiting} closes to settle: {s:?}");
+    }
+
+    let rows = ctx.orders_in_db(v.id).await;
+    let dead: Vec<String> = ctx
+        .dead_letters(v.id)
+        .await
+        .iter()
+        .map(|d| format!("{}: {}", d["user_id"], d["reason"]))
+        .collect();
+    let rejected: Vec<i64> = rows
+        .iter()
+        .filter(|(_, (s, _))| s == "rejected")
+        .map(|(id, _)| *id)
+        .collect();
+    assert!(
+        dead.is_empty() && rejected.is_empty(),
+        "{} new orders dead-lettered ({dead:?}), {} written rejected",
+        dead.len(),
+        rejected.len()
+    );
+    for id in new_rebuy.iter().chain(&new_buyers) {
+        assert_eq!(rows[&id.get()].0, "awaiting_payment", "order {id}");
+    }
+    for id in old_rebuy.iter().chain(&old_gone) {
+        assert_eq!(rows[&id.get()].0, "cancelled", "order {id}");
+    }
+    assert_eq!(rows.len(), 80 + backlog, "every order exactly one row");
+    assert_eq!(ctx.db_stock_left(v.id).await, 0, "forty units held, once");
+    ctx.cleanup().await;
+}

@@ -1068,3 +1068,66 @@ async fn probes_sent_as_a_pipeline_load_the_script_the_nodes_forgot() {
     assert_each_sale_drained_once(&ctx, &vouchers, "after SCRIPT FLUSH").await;
     ctx.cleanup().await;
 }
+
+/// The drainer's lookup of which orders of a backlog of closes have a row
+/// (`sql::ORDER_ROWS`, asked when more closes wait than a transaction records) reads one
+/// row per id through the primary key, whatever the statistics say, on a table written
+/// just now and never analysed: 30,000 orders of one sale beside 100 of another, the
+/// largest statement's 10,000 ids (half with a row of the sale, the others none, or the
+/// other sale's), examining about one row per id (`Handler_read_*`), `eq_ref` on the key.
+#[tokio::test]
+async fn the_lookup_of_the_rows_of_closes_reads_one_row_per_id_on_a_table_never_analysed() {
+    use seckill_shared::adapters::data_api::param;
+    use seckill_shared::adapters::ledger::sql;
+
+    let ctx = DrainCtx::start().await;
+    ctx.many_vouchers(1, 2, 100_000).await;
+    let mut conn = ctx.mysql().await;
+    conn.query_drop(
+        "INSERT INTO orders (id, voucher_id, user_id, status, admitted_at, pay_by) \
+         SELECT seq, IF(seq > 30000, 2, 1), CONCAT('buyer-', seq), \
+         IF(seq % 3 = 0, 'awaiting_payment', 'cancelled'), NOW(3), NOW(3) \
+         FROM seq_1_to_30100",
+    )
+    .await
+    .unwrap();
+    let overhead = {
+        let a = handler_reads(&mut conn).await;
+        handler_reads(&mut conn).await - a
+    };
+    // Every sixth order of sale 1 (5,000), ids no order has (4,950), sale 2's 50.
+    let ids: Vec<i64> = (1..=5_000)
+        .map(|i| 6 * i)
+        .chain((1..=4_950).map(|i| 100_000 + i))
+        .chain(30_001..=30_050)
+        .collect();
+    assert_eq!(ids.len(), sql::IDS_PER_ROW_LOOKUP);
+    let params = named(vec![
+        param::string("ids", &serde_json::to_string(&ids).unwrap()),
+        param::long("v", 1),
+    ]);
+    let plan = plan_of(&mut conn, sql::ORDER_ROWS, params.clone()).await;
+    assert_eq!(
+        plan,
+        vec![
+            (Some("ALL".into()), None),
+            (Some("eq_ref".into()), Some("PRIMARY".into()))
+        ],
+        "the ids read in order, each row found through the key"
+    );
+    let before = handler_reads(&mut conn).await;
+    let rows: Vec<(i64, i64)> = conn.exec(sql::ORDER_ROWS, params).await.unwrap();
+    let examined = handler_reads(&mut conn).await - before - overhead;
+    assert_eq!(rows.len(), 5_000, "only sale 1's rows");
+    // Every sixth order is a multiple of three: all of them await payment.
+    assert!(
+        rows.iter()
+            .all(|(id, awaiting)| id % 6 == 0 && *awaiting == 1)
+    );
+    assert!(
+        examined <= 2 * ids.len() as u64 + 10,
+        "10,000 ids examined {examined} rows"
+    );
+    conn.disconnect().await.ok();
+    ctx.cleanup().await;
+}
