@@ -1711,3 +1711,138 @@ async fn closes_of_undrained_orders_never_starve_the_closes_a_batch_needs() {
     assert_eq!(ctx.db_stock_left(v.id).await, 0, "forty units held, once");
     ctx.cleanup().await;
 }
+
+/// The survey's probe reads a batch of a sale's new orders in its own call. Its reply is
+/// lost (the connection cut after Redis ran it): the orders wait pending for the
+/// drainer's consumer, unseen, idle for less than the claim threshold. They must still
+/// be drained before the orders admitted after them, whether the client sent the probe
+/// again (its second copy finding them) or the run ended with the voucher stopped and
+/// the next run of the same instance finds them: with the database's stock short of
+/// the orders, the order of writing decides who gets the units, and the
+/// earlier-admitted orders must be the confirmed ones. (Before, the next read took the
+/// newer orders, which got the units; the lost ones waited for the claim threshold and
+/// were then written `rejected`.)
+#[tokio::test]
+async fn orders_whose_probe_reply_was_lost_are_drained_before_newer_ones() {
+    use seckill_tests::redis::ReplyDropper;
+    let ctx = DrainCtx::start().await;
+    let proxy = ReplyDropper::start(&ctx.redis).await;
+    // Redis sells 20, the database holds 10.
+    let v = ctx.voucher(20, 10).await;
+    let mut cfg = ctx.drainer_config();
+    cfg.redis.url = proxy.url();
+    cfg.batch_size = 10;
+    // Longer than the test: nothing of this consumer becomes claimable.
+    cfg.min_idle = Duration::from_secs(120);
+    let drainer = order_drainer::Drainer::connect(cfg.clone())
+        .await
+        .expect("drainer connects");
+    let consumer = "drainer-lost-probe";
+    let run = async || {
+        drainer
+            .run(consumer, Instant::now() + cfg.max_run + cfg.safety_margin)
+            .await
+    };
+    // The scripts are loaded: the probe's next EVALSHA runs it.
+    let s = run().await;
+    assert_eq!(s.errors, 0, "{s:?}");
+
+    let early = ctx.admit(v.id, "early", 10).await;
+    let late = ctx.admit(v.id, "late", 10).await;
+    // The probe reads a batch: the ten early orders.
+    let orders = VoucherKeys::new(v.id).orders;
+    proxy.arm(&[b"EVALSHA", orders.as_bytes(), consumer.as_bytes()]);
+    let first = run().await;
+    println!("{first:?}");
+    assert_eq!(proxy.dropped(), 1, "the probe's reply was lost: {first:?}");
+    let second = run().await;
+    assert_eq!(second.errors, 0, "{second:?}");
+
+    let rows = ctx.orders_in_db(v.id).await;
+    let with = |status: &str| -> BTreeSet<i64> {
+        rows.iter()
+            .filter(|(_, (s, _))| s == status)
+            .map(|(id, _)| *id)
+            .collect()
+    };
+    assert_eq!(
+        with("confirmed"),
+        id_set(&early),
+        "the earlier orders get the database's ten units ({first:?}, {second:?})"
+    );
+    assert_eq!(with("rejected"), id_set(&late));
+    assert_eq!(ctx.db_stock_left(v.id).await, 0);
+    assert_eq!(ctx.pending(v.id).await, 0, "nothing left pending");
+    assert!(ctx.dead_letters(v.id).await.is_empty());
+    drop(proxy);
+    ctx.cleanup().await;
+}
+
+/// The same for a read of the drain rounds (the next batch, read while the one before
+/// is written): its reply is lost after Redis ran it, and the client sends it again.
+/// The orders the first copy read are drained before the ones admitted after them, so
+/// the earlier-admitted orders get the database's units. (Before, a plain XREADGROUP
+/// sent twice handed out the next batch too: it was written first, and the lost one
+/// waited for the claim threshold.)
+#[tokio::test]
+async fn orders_whose_read_reply_was_lost_are_drained_before_newer_ones() {
+    use seckill_tests::redis::ReplyDropper;
+    let ctx = DrainCtx::start().await;
+    let proxy = ReplyDropper::start(&ctx.redis).await;
+    // Redis sells 30, the database holds 20.
+    let v = ctx.voucher(30, 20).await;
+    let mut cfg = ctx.drainer_config();
+    cfg.redis.url = proxy.url();
+    cfg.batch_size = 10;
+    cfg.min_idle = Duration::from_secs(120);
+    let drainer = order_drainer::Drainer::connect(cfg.clone())
+        .await
+        .expect("drainer connects");
+    let consumer = "drainer-lost-read";
+    let run = async || {
+        drainer
+            .run(consumer, Instant::now() + cfg.max_run + cfg.safety_margin)
+            .await
+    };
+    let first = ctx.admit(v.id, "first", 10).await;
+    let second = ctx.admit(v.id, "second", 10).await;
+    let third = ctx.admit(v.id, "third", 10).await;
+    // The probe reads the first ten; the read of the next ten (lua/read.lua, while the
+    // first ten are written) loses its reply.
+    let read = redis::Script::new(include_str!("../../../lua/read.lua"));
+    // Loaded: the read's first EVALSHA runs it (a NOSCRIPT answer would be the one lost).
+    let _: String = read
+        .prepare_invoke()
+        .load_async(&mut ctx.conn())
+        .await
+        .unwrap();
+    let orders = VoucherKeys::new(v.id).orders;
+    proxy.arm(&[
+        read.get_hash().as_bytes(),
+        orders.as_bytes(),
+        consumer.as_bytes(),
+    ]);
+    let one = run().await;
+    println!("{one:?}");
+    assert_eq!(proxy.dropped(), 1, "a read's reply was lost: {one:?}");
+    let two = run().await;
+    assert_eq!(two.errors, 0, "{two:?}");
+
+    let rows = ctx.orders_in_db(v.id).await;
+    let with = |status: &str| -> BTreeSet<i64> {
+        rows.iter()
+            .filter(|(_, (s, _))| s == status)
+            .map(|(id, _)| *id)
+            .collect()
+    };
+    let earlier: BTreeSet<i64> = id_set(&first).union(&id_set(&second)).copied().collect();
+    assert_eq!(
+        with("confirmed"),
+        earlier,
+        "the earlier orders get the database's twenty units ({one:?}, {two:?})"
+    );
+    assert_eq!(with("rejected"), id_set(&third));
+    assert_eq!(ctx.pending(v.id).await, 0, "nothing left pending");
+    drop(proxy);
+    ctx.cleanup().await;
+}

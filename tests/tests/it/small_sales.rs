@@ -662,9 +662,10 @@ async fn plan_of(
 }
 
 /// The survey's probe reads the new orders it finds in its own call (a small sale then
-/// costs one call until its ack, not two); it reads nothing when not asked, and nothing
-/// new while older entries wait to be claimed (those are recovered first, and the new
-/// ones read after them).
+/// costs one call until its ack, not two); it reads nothing when not asked, nothing new
+/// for a caller that holds entries of its own (a read whose reply was lost left them:
+/// they go first), and nothing new while older entries wait to be claimed (those are
+/// recovered first, and the new ones read after them).
 #[tokio::test]
 async fn the_survey_probe_reads_new_orders_in_its_own_call_but_not_past_claimable_ones() {
     let ctx = DrainCtx::start().await;
@@ -695,12 +696,21 @@ async fn the_survey_probe_reads_new_orders_in_its_own_call_but_not_past_claimabl
         (0, 2),
         "not asked to read"
     );
-    // At most what was asked.
+    // The caller holds the first three: it is told so, and nothing new is read.
     let p = ctx
         .streams
-        .probe(v.id, me, patient, false, 1)
+        .probe(v.id, me, patient, false, 100)
         .await
         .unwrap();
+    assert!(p.own_pending);
+    assert_eq!((p.entries.len(), p.undelivered), (0, 2));
+    // At most what was asked, for a caller holding none.
+    let p = ctx
+        .streams
+        .probe(v.id, "second", patient, false, 1)
+        .await
+        .unwrap();
+    assert!(!p.own_pending);
     assert_eq!(p.entries.len(), 1);
     assert_eq!(ctx.pending(v.id).await, 4);
 
@@ -781,6 +791,14 @@ async fn the_probe_tells_what_waits_whether_or_not_redis_knows_the_lag() {
         "the newest entry is not delivered: one waits (length 2 less 1 pending)"
     );
     let p = probe(w.id, 100).await.unwrap();
+    assert!(
+        p.own_pending && p.entries.is_empty(),
+        "the caller holds the first"
+    );
+    let p = streams
+        .probe(w.id, "lag-test-2", patient, false, 100)
+        .await
+        .unwrap();
     assert_eq!(p.entries.len(), 1, "the third order is read");
     assert_eq!(p.entries[0].id, all.ids[2].id);
     let p = probe(w.id, 100).await.unwrap();
@@ -875,10 +893,14 @@ async fn the_probes_short_way_agrees_with_the_full_look() {
     ctx.admit(w.id, "c", 3).await;
     assert_eq!(figures(&probe(w.id, 3).await.unwrap()), (3, false, 0, 3));
     ctx.admit(w.id, "d", 2).await;
-    // Pending entries: the full look (their idle time, whether they can be claimed).
-    let p = probe(w.id, 100).await.unwrap();
+    // Pending entries: the full look (their idle time, whether they can be claimed),
+    // and a read for a caller holding none of them.
+    let p = streams
+        .probe(w.id, "short-way-2", patient, false, 100)
+        .await
+        .unwrap();
     assert_eq!(figures(&p), (2, false, 3, 2));
-    assert!(p.oldest_idle_ms.is_some() && !p.claimable);
+    assert!(p.oldest_idle_ms.is_some() && !p.claimable && !p.own_pending);
 
     // An undelivered entry deleted with nothing pending: the read counts what waits
     // exactly, where Redis cannot tell the lag.
