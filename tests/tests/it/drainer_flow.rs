@@ -1846,3 +1846,85 @@ async fn orders_whose_read_reply_was_lost_are_drained_before_newer_ones() {
     drop(proxy);
     ctx.cleanup().await;
 }
+
+/// The Data API's answer to a commit is lost: the transaction committed, the drainer
+/// told `503` (a proxy that gave up waiting, a connection cut after the request went
+/// out), so it cannot tell whether its batch is in the database. For one sale's batch
+/// and for a group of small sales' orders in one transaction: the entries stay pending,
+/// and the next run finds their rows and acks them as duplicates. Then a rollback's
+/// answer lost (a copy of a committed order's entry delivered again: its batch rolls
+/// back). Every order exactly one row, each stock taken once, nothing dead-lettered,
+/// and a run after that changes nothing.
+#[tokio::test]
+async fn a_commit_or_rollback_whose_answer_was_lost_writes_each_order_once() {
+    use data_api_local::{LostAnswers, LostCall};
+    for (what, call, sales) in [
+        ("one sale's commit", LostCall::Commit, 1),
+        ("a group's commit", LostCall::Commit, 3),
+        ("a rollback", LostCall::Rollback, 1),
+    ] {
+        let mut ctx = DrainCtx::start().await;
+        let lost = LostAnswers::of(call.clone(), 1);
+        let fault = lost.clone();
+        ctx.stop_data_api().await;
+        ctx.start_data_api_with(move |c| c.lose_answers = Some(fault))
+            .await;
+        let mut vouchers = Vec::new();
+        for _ in 0..sales {
+            let v = ctx.voucher(10, 10).await;
+            let ids = ctx.admit(v.id, "lost-end", 4).await;
+            vouchers.push((v, ids));
+        }
+        let first = ctx.drain(ctx.drainer_config()).await;
+        if call == LostCall::Commit {
+            assert_eq!(lost.left(), 0, "{what}: its answer was lost: {first:?}");
+            assert!(first.errors > 0, "{what}: the run says so: {first:?}");
+            assert_eq!(first.inserted, 0, "{what}: nothing counted as written");
+        } else {
+            assert_eq!((first.inserted, first.errors), (4, 0), "{what}: {first:?}");
+            // A committed order's entry once more: its batch has nothing to write.
+            let (v, ids) = &vouchers[0];
+            let order = ids[0].get().to_string();
+            ctx.xadd_raw(v.id, &[("order_id", &order), ("user_id", "lost-end-0")])
+                .await;
+        }
+        let second = ctx.drain(ctx.drainer_config()).await;
+        assert_eq!(lost.left(), 0, "{what}: its answer was lost: {second:?}");
+        let again = if call == LostCall::Commit {
+            4 * sales
+        } else {
+            1
+        };
+        assert_eq!(
+            (second.inserted, second.duplicates, second.errors),
+            (0, again as u64, 0),
+            "{what}: found as duplicates, not written again: {second:?}"
+        );
+        let rows = async |v: VoucherId| (ctx.orders_in_db(v).await, ctx.db_stock_left(v).await);
+        let mut after = Vec::new();
+        for (v, ids) in &vouchers {
+            let (orders, stock) = rows(v.id).await;
+            assert_eq!(orders.keys().copied().collect::<BTreeSet<_>>(), id_set(ids));
+            assert_eq!(confirmed(&orders), 4, "{what}");
+            assert_eq!(stock, 6, "{what}: four units taken once");
+            assert!(ctx.dead_letters(v.id).await.is_empty(), "{what}");
+            assert_eq!(ctx.pending(v.id).await, 0, "{what}");
+            after.push((orders, stock));
+        }
+        let third = ctx.drain(ctx.drainer_config()).await;
+        assert_eq!(
+            (
+                third.inserted,
+                third.duplicates,
+                third.dead_lettered,
+                third.errors
+            ),
+            (0, 0, 0, 0),
+            "{what}: {third:?}"
+        );
+        for ((v, _), before) in vouchers.iter().zip(after) {
+            assert_eq!(rows(v.id).await, before, "{what}: nothing changed");
+        }
+        ctx.cleanup().await;
+    }
+}
