@@ -1,7 +1,8 @@
 //! Stream bookkeeping: what the drainer does to the orders streams around a batch: read
 //! the next entries (its own unseen pending ones first, then new ones), dead-letter,
-//! release what it cannot finish, and at the end of the run trim, measure and retire. (Claiming what other runs left idle is step 2 of the cycle,
-//! in [`Drainer::run`](super::Drainer); acking a committed batch is one call in
+//! release what it cannot finish, and at the end of the run trim, measure and retire.
+//! (Claiming what other runs left idle is step 2 of the cycle, in
+//! [`Drainer::run`](super::Drainer); acking a committed batch is one call in
 //! [`Drainer::process`](super::Drainer), next to the commit it follows.)
 //!
 //! Invariants kept here:
