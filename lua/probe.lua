@@ -12,7 +12,7 @@
 -- absent: none)
 --
 -- Returns {length, pending, undelivered, fully_delivered, claimable, oldest_idle_ms,
---          ends_ms, reaped, closing, entries}:
+--          ends_ms, reaped, closing, entries, own}:
 --   undelivered     entries not yet delivered to the group: the count read when a read
 --                   took them all (nothing pending, fewer entries than ARGV[6]), else
 --                   the XINFO lag; when Redis cannot tell, 0 if the newest entry was
@@ -26,10 +26,16 @@
 --                   clock) or a close waits to be settled in the database (vouchers
 --                   with a payment step; lua/close.lua)
 --   entries         the new entries read (XREADGROUP '>' as ARGV[3], up to ARGV[6]),
---                   after every figure above was taken, unless claimable is 1; an
---                   empty list when none were read. They are pending for ARGV[3] now,
---                   as after any read: the survey of a run with thousands of small
+--                   after every figure above was taken, unless claimable or own is 1;
+--                   an empty list when none were read. They are pending for ARGV[3]
+--                   now, as after any read: the survey of a run with thousands of small
 --                   sales reads each one's orders in this same call, not a second one.
+--   own             1 when entries are pending for ARGV[3] itself: a read whose reply
+--                   was lost (this probe's own, sent again by the client after a cut
+--                   connection, or an earlier run's of the same consumer) left them
+--                   there, unseen. Nothing new is read then: the caller drains them
+--                   first (they are older than anything undelivered), or a newer order
+--                   could take the database's last unit from an earlier one.
 --
 -- Consumer hygiene rides along (the drainer asks for it on its last look at a stream,
 -- ARGV[4] > 0; its survey passes 0): up to ARGV[4] other consumers that hold no pending entry
@@ -81,7 +87,7 @@ if read > 0 and most == 0 then
   end
 end
 
-local pending, undelivered, fully, claimable, oldest_idle = 0, 0, 1, 0, -1
+local pending, undelivered, fully, claimable, oldest_idle, own = 0, 0, 1, 0, -1, 0
 if not fast then
   local info = stream_group(KEYS[1], group)
   if info == nil then
@@ -113,6 +119,7 @@ if not fast then
     if #oldest > 0 then oldest_idle = oldest[1][3] end
     local idle = redis.call('XPENDING', KEYS[1], group, 'IDLE', ARGV[2], '-', '+', 1)
     if #idle > 0 then claimable = 1 end
+    if #redis.call('XPENDING', KEYS[1], group, '-', '+', 1, ARGV[3]) > 0 then own = 1 end
   end
 end
 
@@ -150,14 +157,15 @@ if pays then
 end
 
 local entries = {}
--- Not when older entries wait to be claimed: those are recovered first, and the new
--- ones read after them, by the round (a recovery that fails stops the voucher before
--- anything newer is handed out). The short way reads whatever the stream holds.
+-- Not when older entries wait to be claimed, nor while the caller holds entries of its
+-- own: those are drained first, and the new ones read after them, by the round (a
+-- recovery that fails stops the voucher before anything newer is handed out). The
+-- short way (nothing pending at all) reads whatever the stream holds.
 local reading
 if fast then
   reading = length > 0
 else
-  reading = read > 0 and claimable == 0 and (undelivered > 0 or fully == 0)
+  reading = read > 0 and claimable == 0 and own == 0 and (undelivered > 0 or fully == 0)
 end
 if reading then
   -- XREADGROUP makes its consumer even when it hands out nothing; the full look never
@@ -176,4 +184,4 @@ if fast then
   if undelivered > 0 then fully = 0 end
 end
 
-return {length, pending, undelivered, fully, claimable, oldest_idle, ends, reaped, closing, entries}
+return {length, pending, undelivered, fully, claimable, oldest_idle, ends, reaped, closing, entries, own}

@@ -334,6 +334,7 @@ mod tests {
                     ("SENTINEL", text(DEADLINES_SENTINEL)),
                 ],
             ),
+            ("read.lua", include_str!("../../lua/read.lua"), vec![]),
             ("trim.lua", include_str!("../../lua/trim.lua"), vec![]),
             (
                 "replay_dead_letter.lua",

@@ -17,15 +17,15 @@
 //! 2. **Recover**: where the survey found claimable entries (left by a crashed, killed
 //!    or timed-out invocation, or released by one that gave up), XAUTOCLAIM them page
 //!    by page, following the cursor to its end; each page is processed like a batch.
-//! 3. **Drain**: each round reads every voucher's new entries (XREADGROUP `>`, many at
-//!    once); the small reads of many sales are written together, a group per
-//!    transaction ([`group`]); the others up to `DRAINER_CONCURRENCY` vouchers at once,
-//!    largest backlog first, in batches (up to [`BATCHES_PER_TURN`] per voucher per
-//!    turn, the next read while the database writes the current batch). Vouchers whose
-//!    read was a full batch are read again at once; those whose read emptied the stream,
-//!    and quiet open sales, only while there are few ([`POLL_OPEN_SALES`], the larger
-//!    reads first), every `DRAINER_IDLE_POLL_MS`; every [`MAINTENANCE_EVERY`] the whole
-//!    set is surveyed again.
+//! 3. **Drain**: each round reads every voucher's new entries (`lua/read.lua`, many at
+//!    once; entries a lost reply left with this consumer first); the small reads of
+//!    many sales are written together, a group per transaction ([`group`]); the others
+//!    up to `DRAINER_CONCURRENCY` vouchers at once, largest backlog first, in batches
+//!    (up to [`BATCHES_PER_TURN`] per voucher per turn, the next read while the
+//!    database writes the current batch). Vouchers whose read was a full batch are read
+//!    again at once; those whose read emptied the stream, and quiet open sales, only
+//!    while there are few ([`POLL_OPEN_SALES`], the larger reads first), every
+//!    `DRAINER_IDLE_POLL_MS`; every [`MAINTENANCE_EVERY`] the whole set is surveyed again.
 //! 4. **Finish**: trim the streams it acked, measure what is left, retire sales that are
 //!    over and drained (their keys expire after `DRAINER_RETENTION_S`; a non-empty
 //!    dead-letter stream stays), and return the [`Summary`].
@@ -328,7 +328,8 @@ impl Drainer {
             if probe.closing {
                 closing.push(voucher);
             }
-            if probe.undelivered > 0 || !probe.fully_delivered {
+            // Entries a lost reply left with this consumer: the round reads them first.
+            if probe.undelivered > 0 || !probe.fully_delivered || probe.own_pending {
                 with_work.push((probe.undelivered.max(1), voucher));
             } else if probe.ends_ms.is_some_and(|end| end > now) {
                 open.push(voucher);
@@ -462,20 +463,24 @@ impl Drainer {
             }
             let read_ahead =
                 entries.len() >= self.cfg.batch_size && turn < BATCHES_PER_TURN && run.fits(2);
+            // Entries read again (this consumer's own, after a lost reply) may have been
+            // written before: their batch looks its rows up.
+            let first = entries.iter().all(|e| e.deliveries <= 1);
             if !read_ahead {
-                self.process(run, voucher, entries, true).await;
+                self.process(run, voucher, entries, first).await;
                 break;
             }
+            let after = entries.last().map(|e| e.id.clone());
             let gate = run.read_ahead_gate(voucher);
             let (_, next) = tokio::join!(
                 async {
-                    self.process(run, voucher, entries, true).await;
+                    self.process(run, voucher, entries, first).await;
                     // Opened at the latest when the batch is over, whatever happened.
                     gate.notify_one();
                 },
                 async {
                     gate.notified().await;
-                    self.read_new(voucher, &run.consumer).await
+                    self.read_next(run, voucher, after.as_deref()).await
                 }
             );
             match self.accept_read(run, voucher, next).await {

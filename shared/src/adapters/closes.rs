@@ -23,6 +23,10 @@ use crate::protocol::close;
 /// orders goes in steps, never one long script.
 pub const EXPIRE_PER_CALL: u64 = 500;
 
+/// Closes one `HMGET` reads at most: a backlog of closes to settle (a mass expiry) is
+/// read in steps, never one long command on the sale's slot.
+const CLOSES_PER_CALL: usize = 10_000;
+
 /// Deadlines per `ZADD` when deadlines are restored.
 const DEADLINES_PER_CALL: usize = 1_000;
 
@@ -90,27 +94,30 @@ impl OrderStreams {
             .collect())
     }
 
-    /// How each of `orders` was closed, in order (`None`: still open, or no such order).
+    /// How each of `orders` was closed, in order (`None`: still open, or no such order),
+    /// read [`CLOSES_PER_CALL`] at a time.
     pub async fn closed_orders(
         &self,
         voucher: impl Into<Bucket>,
         orders: &[OrderId],
     ) -> Result<Vec<Option<ClosedOrder>>, StoreError> {
         let voucher: Bucket = voucher.into();
-        if orders.is_empty() {
-            return Ok(Vec::new());
-        }
         let k = VoucherKeys::new(voucher);
-        let ids: Vec<i64> = orders.iter().map(|o| o.get()).collect();
-        let values: Vec<Option<String>> = redis::cmd("HMGET")
-            .arg(&k.closed)
-            .arg(&ids)
-            .query_async(&mut self.conn.clone())
-            .await?;
-        Ok(values
-            .iter()
-            .map(|v| v.as_deref().and_then(ClosedOrder::parse))
-            .collect())
+        let mut closed = Vec::with_capacity(orders.len());
+        for chunk in orders.chunks(CLOSES_PER_CALL) {
+            let ids: Vec<i64> = chunk.iter().map(|o| o.get()).collect();
+            let values: Vec<Option<String>> = redis::cmd("HMGET")
+                .arg(&k.closed)
+                .arg(&ids)
+                .query_async(&mut self.conn.clone())
+                .await?;
+            closed.extend(
+                values
+                    .iter()
+                    .map(|v| v.as_deref().and_then(ClosedOrder::parse)),
+            );
+        }
+        Ok(closed)
     }
 
     /// Removes the deadlines of orders the database holds no unit for (`(order, buyer)`):

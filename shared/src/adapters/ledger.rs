@@ -6,7 +6,8 @@
 //! [`lock_voucher`](LedgerTx::lock_voucher) (`SELECT ... FOR UPDATE NOWAIT`, which
 //! serialises concurrent drainers of one voucher and never waits behind a lock), [`existing_orders`](LedgerTx::existing_orders),
 //! [`insert_orders`](LedgerTx::insert_orders), [`take_stock`](LedgerTx::take_stock),
-//! [`commit`](LedgerTx::commit).
+//! [`commit`](LedgerTx::commit); for vouchers with a payment step,
+//! [`rows_of`](LedgerTx::rows_of) and [`settle`](LedgerTx::settle) before the insert.
 //!
 //! Invariants kept here:
 //! - counts are exact: inserts are `INSERT IGNORE ... SELECT` over `JSON_TABLE` (one JSON
@@ -21,6 +22,8 @@
 //! The statements' text and parameters are all in [`sql`]; this module runs them.
 
 pub mod sql;
+
+use std::collections::HashMap;
 
 use self::sql::MAX_ROWS_PER_STATEMENT;
 use super::data_api::{DataApi, field, param};
@@ -376,6 +379,38 @@ impl LedgerTx<'_> {
                 .await?;
         }
         Ok((returned, done))
+    }
+
+    /// Which of the orders `ids` of `voucher` have a row, and whether it still awaits
+    /// payment (see [`sql::ORDER_ROWS`]); orders without a row are missing from the
+    /// answer. In statements of [`sql::IDS_PER_ROW_LOOKUP`] ids.
+    pub async fn rows_of(
+        &self,
+        voucher: VoucherId,
+        ids: &[OrderId],
+    ) -> Result<HashMap<OrderId, bool>, StoreError> {
+        let mut rows = HashMap::new();
+        for chunk in ids.chunks(sql::IDS_PER_ROW_LOOKUP) {
+            let ids: Vec<i64> = chunk.iter().map(|i| i.get()).collect();
+            let ids = serde_json::to_string(&ids).expect("ids serialise");
+            let out = self
+                .api
+                .execute(
+                    sql::ORDER_ROWS,
+                    vec![param::string("ids", &ids), param::long("v", voucher.get())],
+                    Some(&self.id),
+                )
+                .await?;
+            for row in out.records() {
+                let bad = || StoreError::Corrupt(format!("an order's row reads {row:?}"));
+                let [id, awaiting] = row.as_slice() else {
+                    return Err(bad());
+                };
+                let id = field::long(id).and_then(OrderId::new).ok_or_else(bad)?;
+                rows.insert(id, field::long(awaiting).ok_or_else(bad)? != 0);
+            }
+        }
+        Ok(rows)
     }
 
     /// Inserts orders of a voucher with a payment step, each with its own status,

@@ -1561,3 +1561,370 @@ async fn user_ids_differing_only_in_trailing_spaces_or_case_are_different_buyers
     );
     ctx.cleanup().await;
 }
+
+/// A voucher on sale now (for an hour) whose orders wait `pay_within_s` for payment and
+/// whose buyers may buy again after a close, preloaded into Redis.
+async fn rebuy_voucher(ctx: &DrainCtx, stock: i64, pay_within_s: i64) -> Voucher {
+    use seckill_shared::domain::{NewVoucher, PaymentTerms, Price};
+    use seckill_tests::harness::{TEST_CURRENCY, TEST_PRICE_MINOR};
+    let now = now_millis();
+    ctx.voucher_of(&NewVoucher {
+        title: "rebuy test".into(),
+        stock,
+        window: SaleWindow::new(now - 60_000, now + 3_600_000).unwrap(),
+        payment: Some(PaymentTerms {
+            pay_within_ms: pay_within_s * 1_000,
+            rebuy_after_close: true,
+            price: Some(Price::new(TEST_PRICE_MINOR, TEST_CURRENCY).unwrap()),
+        }),
+        buckets: 1,
+        room: None,
+    })
+    .await
+}
+
+/// Cancels each of `ids` (the orders of `<prefix>-<i>`) through `lua/close.lua`.
+async fn cancel_all(ctx: &DrainCtx, v: VoucherId, prefix: &str, ids: &[OrderId]) {
+    use seckill_shared::adapters::redis::CloseAction;
+    for (i, id) in ids.iter().enumerate() {
+        let user = UserId::parse(&format!("{prefix}-{i}")).unwrap();
+        let closed = ctx
+            .sales
+            .close(v, *id, &user, &CloseAction::Cancel)
+            .await
+            .unwrap()
+            .expect("an open order");
+        assert_eq!(closed.status.as_str(), "cancelled");
+    }
+}
+
+/// `n` orders of `<prefix>-<i>` admitted and cancelled before any drain, as
+/// `lua/admit.lua` and `lua/close.lua` leave them on a voucher that lets buyers buy
+/// again: the order's stream entry, its close in the closed hash and in `to_settle`
+/// (the unit and the buyer's place taken and given back: the stock and the buyers hash
+/// as before). Written in pipelines: the backlog a database outage longer than the pay
+/// window leaves behind, in a second rather than 2n script calls.
+async fn cancelled_before_their_drain(
+    ctx: &DrainCtx,
+    v: VoucherId,
+    prefix: &str,
+    n: usize,
+    pay_within_ms: i64,
+) {
+    let k = VoucherKeys::new(v);
+    let mut conn = ctx.conn();
+    for start in (0..n).step_by(1_000) {
+        let mut pipe = redis::pipe();
+        for i in start..(start + 1_000).min(n) {
+            let id = ctx.ids.next(&ctx.sales, v, now_millis()).await.unwrap();
+            let user = format!("{prefix}-{i}");
+            let close = format!("cancelled\n{}\n\n{user}", now_millis() + pay_within_ms);
+            pipe.cmd("XADD")
+                .arg(&k.orders)
+                .arg("*")
+                .arg("order_id")
+                .arg(id.get())
+                .arg("user_id")
+                .arg(&user)
+                .ignore();
+            pipe.hset(&k.closed, id.get(), close).ignore();
+            pipe.sadd(&k.to_settle, id.get()).ignore();
+        }
+        let () = pipe.query_async(&mut conn).await.unwrap();
+    }
+}
+
+/// More closes wait to be settled than a transaction records
+/// (`SETTLE_PER_TRANSACTION`), twice as many, all of orders not drained yet (their
+/// buyers cancelled them before a drain: a database outage longer than the pay window
+/// leaves that behind, or a mass expiry). Before them in the stream: twenty buyers of
+/// drained orders who cancelled and bought again, and twenty buyers of the units twenty
+/// others gave back; the database has no unit left but those twenty. Each new order must
+/// find its buyer's old order closed in the database and the units back: none
+/// dead-lettered `duplicate_buyer` (a 202 with no row), none written `rejected` though
+/// its unit exists. (Before, each transaction recorded the closes `to_settle` happened
+/// to list first, closes of orders without a row among them: about half the closes that
+/// mattered were left out, run after run.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closes_of_undrained_orders_never_starve_the_closes_a_batch_needs() {
+    use seckill_shared::adapters::ledger::SETTLE_PER_TRANSACTION;
+    const PAY_WITHIN_S: i64 = 600;
+    let ctx = DrainCtx::start().await;
+    let v = rebuy_voucher(&ctx, 40, PAY_WITHIN_S).await;
+    let old_rebuy = ctx.admit(v.id, "rebuy", 20).await;
+    let old_gone = ctx.admit(v.id, "gone", 20).await;
+    let s = ctx.drain(ctx.drainer_config()).await;
+    assert_eq!((s.inserted, s.errors), (40, 0), "{s:?}");
+    assert_eq!(ctx.db_stock_left(v.id).await, 0);
+
+    cancel_all(&ctx, v.id, "rebuy", &old_rebuy).await;
+    let new_rebuy = ctx.admit(v.id, "rebuy", 20).await;
+    cancel_all(&ctx, v.id, "gone", &old_gone).await;
+    let new_buyers = ctx.admit(v.id, "new", 20).await;
+    let backlog = 2 * SETTLE_PER_TRANSACTION;
+    cancelled_before_their_drain(&ctx, v.id, "outage", backlog, PAY_WITHIN_S * 1_000).await;
+    assert_eq!(
+        ctx.streams.to_settle(v.id).await.unwrap().len(),
+        40 + backlog
+    );
+
+    let mut cfg = ctx.drainer_config();
+    cfg.batch_size = 2_000;
+    cfg.max_run = Duration::from_secs(4);
+    let mut runs = 0;
+    loop {
+        let s = ctx.drain(cfg.clone()).await;
+        assert_eq!(s.errors, 0, "{s:?}");
+        runs += 1;
+        let waiting = ctx.streams.to_settle(v.id).await.unwrap().len();
+        if waiting == 0 && s.lag == 0 && s.pending == 0 {
+            break;
+        }
+        assert!(runs < 20, "still {waiting} closes to settle: {s:?}");
+    }
+
+    let rows = ctx.orders_in_db(v.id).await;
+    let dead: Vec<String> = ctx
+        .dead_letters(v.id)
+        .await
+        .iter()
+        .map(|d| format!("{}: {}", d["user_id"], d["reason"]))
+        .collect();
+    let rejected: Vec<i64> = rows
+        .iter()
+        .filter(|(_, (s, _))| s == "rejected")
+        .map(|(id, _)| *id)
+        .collect();
+    assert!(
+        dead.is_empty() && rejected.is_empty(),
+        "{} new orders dead-lettered ({dead:?}), {} written rejected",
+        dead.len(),
+        rejected.len()
+    );
+    for id in new_rebuy.iter().chain(&new_buyers) {
+        assert_eq!(rows[&id.get()].0, "awaiting_payment", "order {id}");
+    }
+    for id in old_rebuy.iter().chain(&old_gone) {
+        assert_eq!(rows[&id.get()].0, "cancelled", "order {id}");
+    }
+    assert_eq!(rows.len(), 80 + backlog, "every order exactly one row");
+    assert_eq!(ctx.db_stock_left(v.id).await, 0, "forty units held, once");
+    ctx.cleanup().await;
+}
+
+/// The survey's probe reads a batch of a sale's new orders in its own call. Its reply is
+/// lost (the connection cut after Redis ran it): the orders wait pending for the
+/// drainer's consumer, unseen, idle for less than the claim threshold. They must still
+/// be drained before the orders admitted after them, whether the client sent the probe
+/// again (its second copy finding them) or the run ended with the voucher stopped and
+/// the next run of the same instance finds them: with the database's stock short of
+/// the orders, the order of writing decides who gets the units, and the
+/// earlier-admitted orders must be the confirmed ones. (Before, the next read took the
+/// newer orders, which got the units; the lost ones waited for the claim threshold and
+/// were then written `rejected`.)
+#[tokio::test]
+async fn orders_whose_probe_reply_was_lost_are_drained_before_newer_ones() {
+    use seckill_tests::redis::ReplyDropper;
+    let ctx = DrainCtx::start().await;
+    let proxy = ReplyDropper::start(&ctx.redis).await;
+    // Redis sells 20, the database holds 10.
+    let v = ctx.voucher(20, 10).await;
+    let mut cfg = ctx.drainer_config();
+    cfg.redis.url = proxy.url();
+    cfg.batch_size = 10;
+    // Longer than the test: nothing of this consumer becomes claimable.
+    cfg.min_idle = Duration::from_secs(120);
+    let drainer = order_drainer::Drainer::connect(cfg.clone())
+        .await
+        .expect("drainer connects");
+    let consumer = "drainer-lost-probe";
+    let run = async || {
+        drainer
+            .run(consumer, Instant::now() + cfg.max_run + cfg.safety_margin)
+            .await
+    };
+    // The scripts are loaded: the probe's next EVALSHA runs it.
+    let s = run().await;
+    assert_eq!(s.errors, 0, "{s:?}");
+
+    let early = ctx.admit(v.id, "early", 10).await;
+    let late = ctx.admit(v.id, "late", 10).await;
+    // The probe reads a batch: the ten early orders.
+    let orders = VoucherKeys::new(v.id).orders;
+    proxy.arm(&[b"EVALSHA", orders.as_bytes(), consumer.as_bytes()]);
+    let first = run().await;
+    println!("{first:?}");
+    assert_eq!(proxy.dropped(), 1, "the probe's reply was lost: {first:?}");
+    let second = run().await;
+    assert_eq!(second.errors, 0, "{second:?}");
+
+    let rows = ctx.orders_in_db(v.id).await;
+    let with = |status: &str| -> BTreeSet<i64> {
+        rows.iter()
+            .filter(|(_, (s, _))| s == status)
+            .map(|(id, _)| *id)
+            .collect()
+    };
+    assert_eq!(
+        with("confirmed"),
+        id_set(&early),
+        "the earlier orders get the database's ten units ({first:?}, {second:?})"
+    );
+    assert_eq!(with("rejected"), id_set(&late));
+    assert_eq!(ctx.db_stock_left(v.id).await, 0);
+    assert_eq!(ctx.pending(v.id).await, 0, "nothing left pending");
+    assert!(ctx.dead_letters(v.id).await.is_empty());
+    drop(proxy);
+    ctx.cleanup().await;
+}
+
+/// The same for a read of the drain rounds (the next batch, read while the one before
+/// is written): its reply is lost after Redis ran it, and the client sends it again.
+/// The orders the first copy read are drained before the ones admitted after them, so
+/// the earlier-admitted orders get the database's units. (Before, a plain XREADGROUP
+/// sent twice handed out the next batch too: it was written first, and the lost one
+/// waited for the claim threshold.)
+#[tokio::test]
+async fn orders_whose_read_reply_was_lost_are_drained_before_newer_ones() {
+    use seckill_tests::redis::ReplyDropper;
+    let ctx = DrainCtx::start().await;
+    let proxy = ReplyDropper::start(&ctx.redis).await;
+    // Redis sells 30, the database holds 20.
+    let v = ctx.voucher(30, 20).await;
+    let mut cfg = ctx.drainer_config();
+    cfg.redis.url = proxy.url();
+    cfg.batch_size = 10;
+    cfg.min_idle = Duration::from_secs(120);
+    let drainer = order_drainer::Drainer::connect(cfg.clone())
+        .await
+        .expect("drainer connects");
+    let consumer = "drainer-lost-read";
+    let run = async || {
+        drainer
+            .run(consumer, Instant::now() + cfg.max_run + cfg.safety_margin)
+            .await
+    };
+    let first = ctx.admit(v.id, "first", 10).await;
+    let second = ctx.admit(v.id, "second", 10).await;
+    let third = ctx.admit(v.id, "third", 10).await;
+    // The probe reads the first ten; the read of the next ten (lua/read.lua, while the
+    // first ten are written) loses its reply.
+    let read = redis::Script::new(include_str!("../../../lua/read.lua"));
+    // Loaded: the read's first EVALSHA runs it (a NOSCRIPT answer would be the one lost).
+    let _: String = read
+        .prepare_invoke()
+        .load_async(&mut ctx.conn())
+        .await
+        .unwrap();
+    let orders = VoucherKeys::new(v.id).orders;
+    proxy.arm(&[
+        read.get_hash().as_bytes(),
+        orders.as_bytes(),
+        consumer.as_bytes(),
+    ]);
+    let one = run().await;
+    println!("{one:?}");
+    assert_eq!(proxy.dropped(), 1, "a read's reply was lost: {one:?}");
+    let two = run().await;
+    assert_eq!(two.errors, 0, "{two:?}");
+
+    let rows = ctx.orders_in_db(v.id).await;
+    let with = |status: &str| -> BTreeSet<i64> {
+        rows.iter()
+            .filter(|(_, (s, _))| s == status)
+            .map(|(id, _)| *id)
+            .collect()
+    };
+    let earlier: BTreeSet<i64> = id_set(&first).union(&id_set(&second)).copied().collect();
+    assert_eq!(
+        with("confirmed"),
+        earlier,
+        "the earlier orders get the database's twenty units ({one:?}, {two:?})"
+    );
+    assert_eq!(with("rejected"), id_set(&third));
+    assert_eq!(ctx.pending(v.id).await, 0, "nothing left pending");
+    drop(proxy);
+    ctx.cleanup().await;
+}
+
+/// The Data API's answer to a commit is lost: the transaction committed, the drainer
+/// told `503` (a proxy that gave up waiting, a connection cut after the request went
+/// out), so it cannot tell whether its batch is in the database. For one sale's batch
+/// and for a group of small sales' orders in one transaction: the entries stay pending,
+/// and the next run finds their rows and acks them as duplicates. Then a rollback's
+/// answer lost (a copy of a committed order's entry delivered again: its batch rolls
+/// back). Every order exactly one row, each stock taken once, nothing dead-lettered,
+/// and a run after that changes nothing.
+#[tokio::test]
+async fn a_commit_or_rollback_whose_answer_was_lost_writes_each_order_once() {
+    use data_api_local::{LostAnswers, LostCall};
+    for (what, call, sales) in [
+        ("one sale's commit", LostCall::Commit, 1),
+        ("a group's commit", LostCall::Commit, 3),
+        ("a rollback", LostCall::Rollback, 1),
+    ] {
+        let mut ctx = DrainCtx::start().await;
+        let lost = LostAnswers::of(call.clone(), 1);
+        let fault = lost.clone();
+        ctx.stop_data_api().await;
+        ctx.start_data_api_with(move |c| c.lose_answers = Some(fault))
+            .await;
+        let mut vouchers = Vec::new();
+        for _ in 0..sales {
+            let v = ctx.voucher(10, 10).await;
+            let ids = ctx.admit(v.id, "lost-end", 4).await;
+            vouchers.push((v, ids));
+        }
+        let first = ctx.drain(ctx.drainer_config()).await;
+        if call == LostCall::Commit {
+            assert_eq!(lost.left(), 0, "{what}: its answer was lost: {first:?}");
+            assert!(first.errors > 0, "{what}: the run says so: {first:?}");
+            assert_eq!(first.inserted, 0, "{what}: nothing counted as written");
+        } else {
+            assert_eq!((first.inserted, first.errors), (4, 0), "{what}: {first:?}");
+            // A committed order's entry once more: its batch has nothing to write.
+            let (v, ids) = &vouchers[0];
+            let order = ids[0].get().to_string();
+            ctx.xadd_raw(v.id, &[("order_id", &order), ("user_id", "lost-end-0")])
+                .await;
+        }
+        let second = ctx.drain(ctx.drainer_config()).await;
+        assert_eq!(lost.left(), 0, "{what}: its answer was lost: {second:?}");
+        let again = if call == LostCall::Commit {
+            4 * sales
+        } else {
+            1
+        };
+        assert_eq!(
+            (second.inserted, second.duplicates, second.errors),
+            (0, again as u64, 0),
+            "{what}: found as duplicates, not written again: {second:?}"
+        );
+        let rows = async |v: VoucherId| (ctx.orders_in_db(v).await, ctx.db_stock_left(v).await);
+        let mut after = Vec::new();
+        for (v, ids) in &vouchers {
+            let (orders, stock) = rows(v.id).await;
+            assert_eq!(orders.keys().copied().collect::<BTreeSet<_>>(), id_set(ids));
+            assert_eq!(confirmed(&orders), 4, "{what}");
+            assert_eq!(stock, 6, "{what}: four units taken once");
+            assert!(ctx.dead_letters(v.id).await.is_empty(), "{what}");
+            assert_eq!(ctx.pending(v.id).await, 0, "{what}");
+            after.push((orders, stock));
+        }
+        let third = ctx.drain(ctx.drainer_config()).await;
+        assert_eq!(
+            (
+                third.inserted,
+                third.duplicates,
+                third.dead_lettered,
+                third.errors
+            ),
+            (0, 0, 0, 0),
+            "{what}: {third:?}"
+        );
+        for ((v, _), before) in vouchers.iter().zip(after) {
+            assert_eq!(rows(v.id).await, before, "{what}: nothing changed");
+        }
+        ctx.cleanup().await;
+    }
+}

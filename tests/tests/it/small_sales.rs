@@ -662,9 +662,10 @@ async fn plan_of(
 }
 
 /// The survey's probe reads the new orders it finds in its own call (a small sale then
-/// costs one call until its ack, not two); it reads nothing when not asked, and nothing
-/// new while older entries wait to be claimed (those are recovered first, and the new
-/// ones read after them).
+/// costs one call until its ack, not two); it reads nothing when not asked, nothing new
+/// for a caller that holds entries of its own (a read whose reply was lost left them:
+/// they go first), and nothing new while older entries wait to be claimed (those are
+/// recovered first, and the new ones read after them).
 #[tokio::test]
 async fn the_survey_probe_reads_new_orders_in_its_own_call_but_not_past_claimable_ones() {
     let ctx = DrainCtx::start().await;
@@ -695,12 +696,21 @@ async fn the_survey_probe_reads_new_orders_in_its_own_call_but_not_past_claimabl
         (0, 2),
         "not asked to read"
     );
-    // At most what was asked.
+    // The caller holds the first three: it is told so, and nothing new is read.
     let p = ctx
         .streams
-        .probe(v.id, me, patient, false, 1)
+        .probe(v.id, me, patient, false, 100)
         .await
         .unwrap();
+    assert!(p.own_pending);
+    assert_eq!((p.entries.len(), p.undelivered), (0, 2));
+    // At most what was asked, for a caller holding none.
+    let p = ctx
+        .streams
+        .probe(v.id, "second", patient, false, 1)
+        .await
+        .unwrap();
+    assert!(!p.own_pending);
     assert_eq!(p.entries.len(), 1);
     assert_eq!(ctx.pending(v.id).await, 4);
 
@@ -781,6 +791,14 @@ async fn the_probe_tells_what_waits_whether_or_not_redis_knows_the_lag() {
         "the newest entry is not delivered: one waits (length 2 less 1 pending)"
     );
     let p = probe(w.id, 100).await.unwrap();
+    assert!(
+        p.own_pending && p.entries.is_empty(),
+        "the caller holds the first"
+    );
+    let p = streams
+        .probe(w.id, "lag-test-2", patient, false, 100)
+        .await
+        .unwrap();
     assert_eq!(p.entries.len(), 1, "the third order is read");
     assert_eq!(p.entries[0].id, all.ids[2].id);
     let p = probe(w.id, 100).await.unwrap();
@@ -875,10 +893,14 @@ async fn the_probes_short_way_agrees_with_the_full_look() {
     ctx.admit(w.id, "c", 3).await;
     assert_eq!(figures(&probe(w.id, 3).await.unwrap()), (3, false, 0, 3));
     ctx.admit(w.id, "d", 2).await;
-    // Pending entries: the full look (their idle time, whether they can be claimed).
-    let p = probe(w.id, 100).await.unwrap();
+    // Pending entries: the full look (their idle time, whether they can be claimed),
+    // and a read for a caller holding none of them.
+    let p = streams
+        .probe(w.id, "short-way-2", patient, false, 100)
+        .await
+        .unwrap();
     assert_eq!(figures(&p), (2, false, 3, 2));
-    assert!(p.oldest_idle_ms.is_some() && !p.claimable);
+    assert!(p.oldest_idle_ms.is_some() && !p.claimable && !p.own_pending);
 
     // An undelivered entry deleted with nothing pending: the read counts what waits
     // exactly, where Redis cannot tell the lag.
@@ -1066,5 +1088,68 @@ async fn probes_sent_as_a_pipeline_load_the_script_the_nodes_forgot() {
     assert!(ok && s.errors == 0, "{s:?}");
     assert_eq!(s.inserted, 60, "{s:?}");
     assert_each_sale_drained_once(&ctx, &vouchers, "after SCRIPT FLUSH").await;
+    ctx.cleanup().await;
+}
+
+/// The drainer's lookup of which orders of a backlog of closes have a row
+/// (`sql::ORDER_ROWS`, asked when more closes wait than a transaction records) reads one
+/// row per id through the primary key, whatever the statistics say, on a table written
+/// just now and never analysed: 30,000 orders of one sale beside 100 of another, the
+/// largest statement's 10,000 ids (half with a row of the sale, the others none, or the
+/// other sale's), examining about one row per id (`Handler_read_*`), `eq_ref` on the key.
+#[tokio::test]
+async fn the_lookup_of_the_rows_of_closes_reads_one_row_per_id_on_a_table_never_analysed() {
+    use seckill_shared::adapters::data_api::param;
+    use seckill_shared::adapters::ledger::sql;
+
+    let ctx = DrainCtx::start().await;
+    ctx.many_vouchers(1, 2, 100_000).await;
+    let mut conn = ctx.mysql().await;
+    conn.query_drop(
+        "INSERT INTO orders (id, voucher_id, user_id, status, admitted_at, pay_by) \
+         SELECT seq, IF(seq > 30000, 2, 1), CONCAT('buyer-', seq), \
+         IF(seq % 3 = 0, 'awaiting_payment', 'cancelled'), NOW(3), NOW(3) \
+         FROM seq_1_to_30100",
+    )
+    .await
+    .unwrap();
+    let overhead = {
+        let a = handler_reads(&mut conn).await;
+        handler_reads(&mut conn).await - a
+    };
+    // Every sixth order of sale 1 (5,000), ids no order has (4,950), sale 2's 50.
+    let ids: Vec<i64> = (1..=5_000)
+        .map(|i| 6 * i)
+        .chain((1..=4_950).map(|i| 100_000 + i))
+        .chain(30_001..=30_050)
+        .collect();
+    assert_eq!(ids.len(), sql::IDS_PER_ROW_LOOKUP);
+    let params = named(vec![
+        param::string("ids", &serde_json::to_string(&ids).unwrap()),
+        param::long("v", 1),
+    ]);
+    let plan = plan_of(&mut conn, sql::ORDER_ROWS, params.clone()).await;
+    assert_eq!(
+        plan,
+        vec![
+            (Some("ALL".into()), None),
+            (Some("eq_ref".into()), Some("PRIMARY".into()))
+        ],
+        "the ids read in order, each row found through the key"
+    );
+    let before = handler_reads(&mut conn).await;
+    let rows: Vec<(i64, i64)> = conn.exec(sql::ORDER_ROWS, params).await.unwrap();
+    let examined = handler_reads(&mut conn).await - before - overhead;
+    assert_eq!(rows.len(), 5_000, "only sale 1's rows");
+    // Every sixth order is a multiple of three: all of them await payment.
+    assert!(
+        rows.iter()
+            .all(|(id, awaiting)| id % 6 == 0 && *awaiting == 1)
+    );
+    assert!(
+        examined <= 2 * ids.len() as u64 + 10,
+        "10,000 ids examined {examined} rows"
+    );
+    conn.disconnect().await.ok();
     ctx.cleanup().await;
 }

@@ -28,39 +28,67 @@ pub struct ServerConfig {
     /// instead of `404 TransactionNotFoundException` (tests of clients that must take
     /// both forms for the same fact).
     pub not_found_as_bad_request: bool,
-    /// Tests of what a client does when an answer is lost after the statement ran: the
-    /// next statements whose SQL contains the text run, then are answered `503
-    /// ServiceUnavailableError` (as a proxy that gave up waiting answers, or a
-    /// connection cut after the request went out), their effect kept.
+    /// Tests of what a client does when an answer is lost after the call took effect:
+    /// the next calls [`LostAnswers`] names (statements whose SQL contains a text, or
+    /// commits, or rollbacks) run, then are answered `503 ServiceUnavailableError` (as
+    /// a proxy that gave up waiting answers, or a connection cut after the request went
+    /// out), their effect kept: the statement's writes, the transaction committed or
+    /// rolled back (and so no longer known to the server).
     pub lose_answers: Option<LostAnswers>,
     /// Faults set at run time through `POST /_local/faults` (`--fault-control`); `None`:
     /// no such route.
     pub faults: Option<Arc<crate::faults::Faults>>,
 }
 
-/// See [`ServerConfig::lose_answers`]: statements containing `sql` lose their answer,
-/// `times` times in all.
+/// See [`ServerConfig::lose_answers`]: which calls lose their answer, `times` times in
+/// all.
 #[derive(Debug, Clone)]
 pub struct LostAnswers {
-    pub sql: String,
+    pub of: LostCall,
     left: Arc<AtomicUsize>,
 }
 
+/// The calls whose answers [`LostAnswers`] loses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LostCall {
+    /// `ExecuteStatement` of an SQL text containing this one.
+    Statement(String),
+    /// `CommitTransaction`: the transaction is committed.
+    Commit,
+    /// `RollbackTransaction`: the transaction is rolled back.
+    Rollback,
+}
+
 impl LostAnswers {
+    /// The answers to statements whose SQL contains `sql`.
     pub fn new(sql: impl Into<String>, times: usize) -> Self {
+        LostAnswers::of(LostCall::Statement(sql.into()), times)
+    }
+
+    /// The answers to calls of `of`.
+    pub fn of(of: LostCall, times: usize) -> Self {
         LostAnswers {
-            sql: sql.into(),
+            of,
             left: Arc::new(AtomicUsize::new(times)),
         }
     }
 
     /// Whether the answer to a statement of this SQL, which ran, is to be lost now.
     pub fn take(&self, sql: &str) -> bool {
-        sql.contains(&self.sql)
-            && self
-                .left
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok()
+        matches!(&self.of, LostCall::Statement(text) if sql.contains(text.as_str()))
+            && self.count_one()
+    }
+
+    /// Whether the answer to this call ending a transaction (`Commit` or `Rollback`),
+    /// which took effect, is to be lost now.
+    pub fn take_end(&self, call: &LostCall) -> bool {
+        self.of == *call && self.count_one()
+    }
+
+    fn count_one(&self) -> bool {
+        self.left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
     }
 
     /// How many answers are still to be lost.

@@ -31,7 +31,9 @@ use anyhow::Context as _;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
-pub use crate::config::{DEFAULT_RESOURCE_ARN, DEFAULT_SECRET_ARN, LostAnswers, ServerConfig};
+pub use crate::config::{
+    DEFAULT_RESOURCE_ARN, DEFAULT_SECRET_ARN, LostAnswers, LostCall, ServerConfig,
+};
 use crate::server::AppState;
 
 /// A server running in this process.

@@ -33,7 +33,7 @@ use mysql_async::{Conn, Value};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::config::ServerConfig;
+use crate::config::{LostCall, ServerConfig};
 use crate::database::{
     self, Database, Deadline, Outcome, response_too_large, transaction_not_found,
 };
@@ -64,13 +64,13 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(
             "/CommitTransaction",
             operation("CommitTransaction", |app, req| {
-                end(app, req, "COMMIT", "Transaction Committed")
+                end(app, req, LostCall::Commit, "Transaction Committed")
             }),
         )
         .route(
             "/RollbackTransaction",
             operation("RollbackTransaction", |app, req| {
-                end(app, req, "ROLLBACK", "Rollback Complete")
+                end(app, req, LostCall::Rollback, "Rollback Complete")
             }),
         )
         // The deprecated ExecuteSql (Aurora Serverless v1 only) is not offered.
@@ -431,11 +431,12 @@ async fn begin(app: Arc<AppState>, req: Request) -> Result<Vec<u8>, ApiError> {
     respond(&json!({ "transactionId": transaction_id }))
 }
 
-/// CommitTransaction and RollbackTransaction: runs `statement` and ends the transaction.
+/// CommitTransaction and RollbackTransaction: runs `statement` and ends the transaction
+/// (`call` says which, for [`ServerConfig::lose_answers`]).
 async fn end(
     app: Arc<AppState>,
     req: Request,
-    statement: &'static str,
+    call: LostCall,
     status: &'static str,
 ) -> Result<Vec<u8>, ApiError> {
     // The transaction's connection is signed in already; the secret must still be known.
@@ -446,7 +447,22 @@ async fn end(
         .ok_or_else(|| ApiError::bad_request("transactionId is required"))?;
     let mut tx = app.db.transaction(&id).await?;
     let mut conn = app.db.end(&id, &mut tx)?;
+    let statement = match call {
+        LostCall::Rollback => "ROLLBACK",
+        _ => "COMMIT",
+    };
     conn.query_drop(statement).await?;
+    let lose = app
+        .config
+        .lose_answers
+        .as_ref()
+        .is_some_and(|l| l.take_end(&call));
+    if lose {
+        return Err(ApiError::ServiceUnavailable(format!(
+            "the answer was lost after the {} (a test's fault)",
+            statement.to_lowercase()
+        )));
+    }
     respond(&json!({ "transactionStatus": status }))
 }
 

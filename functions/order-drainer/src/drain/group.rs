@@ -169,7 +169,7 @@ impl Drainer {
                 if !run.fits(1) {
                     return None;
                 }
-                let read = self.read_new(v, &run.consumer).await;
+                let read = self.read_next(run, v, None).await;
                 self.accept_read(run, v, read)
                     .await
                     .map(|entries| (v, entries))

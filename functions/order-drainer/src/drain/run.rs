@@ -40,7 +40,8 @@ pub struct Summary {
     pub probed: u64,
     /// Entries taken over from idle consumers (XAUTOCLAIM).
     pub claimed: u64,
-    /// Entries read for the first time (XREADGROUP).
+    /// Entries read (XREADGROUP; and the consumer's own pending entries, read again
+    /// after a reply was lost).
     pub read: u64,
     /// Orders inserted as `confirmed`.
     pub inserted: u64,
@@ -116,6 +117,11 @@ pub(super) struct RunState {
     pub(super) turns: BTreeMap<VoucherId, Arc<tokio::sync::Mutex<()>>>,
     /// The signal a voucher's read-ahead waits for (see [`Run::read_ahead_gate`]).
     pub(super) read_gates: BTreeMap<Bucket, Arc<tokio::sync::Notify>>,
+    /// Vouchers whose read found entries pending for this run's consumer that no batch
+    /// of the run holds (a read whose reply was lost: a probe's or a read's, sent again
+    /// by the client, or an earlier invocation's of this instance). Their reads take
+    /// those first, and new entries only once none is left (`Drainer::read_next`).
+    pub(super) own_first: BTreeSet<Bucket>,
 }
 
 impl Run {

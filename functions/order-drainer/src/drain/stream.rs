@@ -1,7 +1,8 @@
 //! Stream bookkeeping: what the drainer does to the orders streams around a batch: read
-//! new entries, dead-letter, release what it cannot finish, and at the end of the run
-//! trim, measure and retire. (Claiming what other runs left idle is step 2 of the cycle,
-//! in [`Drainer::run`](super::Drainer); acking a committed batch is one call in
+//! the next entries (its own unseen pending ones first, then new ones), dead-letter,
+//! release what it cannot finish, and at the end of the run trim, measure and retire.
+//! (Claiming what other runs left idle is step 2 of the cycle, in
+//! [`Drainer::run`](super::Drainer); acking a committed batch is one call in
 //! [`Drainer::process`](super::Drainer), next to the commit it follows.)
 //!
 //! Invariants kept here:
@@ -14,7 +15,8 @@
 //!   delivered never counts;
 //! - an entry a run read but cannot finish (a transient failure, a voucher stopped) is
 //!   released: still pending, but marked idle, so the next run claims it at once
-//!   ([`Drainer::release`]);
+//!   ([`Drainer::release`]); one whose read lost its reply is read again, before any
+//!   newer entry of its stream ([`Drainer::read_next`]);
 //! - what was read is counted as soon as it is pending, whatever happens next.
 
 use std::collections::BTreeMap;
@@ -35,14 +37,46 @@ use crate::plan::Reason;
 const RETIRE_GRACE_MS: i64 = 60_000;
 
 impl Drainer {
-    pub(super) async fn read_new(
+    /// The next batch of `voucher`'s entries for this run, in stream order: entries
+    /// pending for this consumer past `after` (the last entry of the batch in hand;
+    /// `None`: it holds none), which a read whose reply was lost left there unseen,
+    /// while there are any (`lua/read.lua` finds them in its own call and reads nothing
+    /// then, as the survey's probe does), and new entries only then. Else a newer order
+    /// could take the database's last unit from one admitted before it, and the lost
+    /// entries would wait for the claim threshold.
+    pub(super) async fn read_next(
         &self,
+        run: &Run,
         voucher: Bucket,
-        consumer: &str,
+        after: Option<&str>,
     ) -> Result<Vec<StreamEntry>, StoreError> {
-        self.streams
-            .read_new(voucher, consumer, self.cfg.batch_size)
-            .await
+        let (batch, consumer) = (self.cfg.batch_size, run.consumer.as_str());
+        if !run.with(|s| s.own_first.contains(&voucher)) {
+            match self
+                .streams
+                .read_new(voucher, consumer, after, batch)
+                .await?
+            {
+                Some(new) => return Ok(new),
+                None => {
+                    tracing::warn!(%voucher, "entries a lost reply left pending: read before new ones");
+                    run.with(|s| s.own_first.insert(voucher));
+                }
+            }
+        }
+        let own = self
+            .streams
+            .read_own_pending(voucher, consumer, after, batch)
+            .await?;
+        if !own.is_empty() {
+            return Ok(own);
+        }
+        run.with(|s| s.own_first.remove(&voucher));
+        Ok(self
+            .streams
+            .read_new(voucher, consumer, after, batch)
+            .await?
+            .unwrap_or_default())
     }
 
     /// Takes the result of one XREADGROUP: counts what was read (it is pending now,

@@ -30,6 +30,7 @@ use seckill_shared::adapters::ledger::SETTLE_PER_TRANSACTION;
 use seckill_shared::adapters::transfers;
 use seckill_shared::domain::{AdmittedOrder, Bucket, now_millis};
 
+mod settle;
 mod statements;
 
 use self::statements::Attempt;
@@ -53,7 +54,8 @@ const DEADLOCK_ATTEMPTS: u32 = 3;
 
 /// How a batch transaction ended.
 enum BatchOutcome {
-    Committed(Split),
+    /// Committed (or nothing to commit): the plan, and how many closes it recorded.
+    Committed(Split, usize),
     UnknownVoucher,
 }
 
@@ -126,29 +128,20 @@ impl Drainer {
             }
         };
         failpoint::hit("after_expire");
-        let mut waiting = waiting;
-        // Settling transactions record up to SETTLE_PER_TRANSACTION closes each; closes
-        // of orders not drained yet stay waiting, so the rounds are bounded too.
+        // Settling transactions record up to SETTLE_PER_TRANSACTION closes each, of
+        // orders with a row; one that records fewer has recorded all there were (closes
+        // of orders not drained yet wait for their batch). The rounds are bounded too.
         let mut rounds = 0;
         while waiting > 0 && run.fits(1) && rounds < 10 {
             rounds += 1;
-            if let Err(e) = self.commit_batch(run, voucher, &[], true).await {
-                run.fail(voucher, e);
-                return;
-            }
-            if waiting <= SETTLE_PER_TRANSACTION as u64 {
-                return;
-            }
-            waiting = match self.streams.to_settle(voucher).await {
-                Ok(left) => left.len() as u64,
+            match self.commit_batch(run, voucher, &[], true).await {
+                Ok(BatchOutcome::Committed(_, settled)) if settled >= SETTLE_PER_TRANSACTION => {}
+                Ok(_) => return,
                 Err(e) => {
-                    run.fail(
-                        voucher,
-                        DrainError::store("reading closes to settle", Some(voucher), e),
-                    );
+                    run.fail(voucher, e);
                     return;
                 }
-            };
+            }
         }
     }
 
@@ -187,7 +180,7 @@ impl Drainer {
                 .commit_batch(run, voucher, &orders[part.clone()], first_delivery)
                 .await;
             match result {
-                Ok(BatchOutcome::Committed(split)) => out.merge(part.start, split),
+                Ok(BatchOutcome::Committed(split, _)) => out.merge(part.start, split),
                 Ok(BatchOutcome::UnknownVoucher) => out.unknown.extend(part),
                 Err(e) if !(e.is_refusal() || matches!(e, DrainError::Raced { .. })) => {
                     return (out, Some(e));
@@ -239,7 +232,7 @@ impl Drainer {
                 .commit_batch(run, voucher, &orders[i..i + 1], first_delivery)
                 .await
             {
-                Ok(BatchOutcome::Committed(split)) => out.merge(i, split),
+                Ok(BatchOutcome::Committed(split, _)) => out.merge(i, split),
                 Ok(BatchOutcome::UnknownVoucher) => out.unknown.push(i),
                 Err(e) if e.is_refusal() || matches!(e, DrainError::Raced { .. }) => {
                     out.refused.push((i, e.to_string()));
@@ -283,7 +276,9 @@ impl Drainer {
                 other => other?,
             };
             match attempt {
-                Attempt::Planned(split, _) => return Ok(BatchOutcome::Committed(split)),
+                Attempt::Planned(split, settled) => {
+                    return Ok(BatchOutcome::Committed(split, settled.count()));
+                }
                 Attempt::UnknownVoucher => return Ok(BatchOutcome::UnknownVoucher),
                 Attempt::Raced(detail) if !look_up => {
                     look_up = true;

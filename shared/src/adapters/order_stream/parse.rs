@@ -1,5 +1,6 @@
-//! Stream replies as Redis sends them, read into entries: XRANGE, XREADGROUP (in its
-//! RESP2 and RESP3 shapes), XAUTOCLAIM (Redis 6.2 and 7), and stream ids compared.
+//! Stream replies as Redis sends them, read into entries: XRANGE, XCLAIM, the entries
+//! `lua/read.lua` and `lua/probe.lua` read, XAUTOCLAIM (Redis 6.2 and 7), and stream
+//! ids compared.
 //!
 //! Entry fields stay raw bytes, and a reply of an unexpected shape is
 //! [`StoreError::Corrupt`], never a panic.
@@ -99,38 +100,6 @@ pub(super) fn parse_entries(v: Value) -> Result<Vec<StreamEntry>, StoreError> {
     }
 }
 
-/// XREADGROUP of one stream: nil (nothing new), `[[key, entries]]` (RESP2) or
-/// `{key: entries}` (RESP3).
-pub(super) fn parse_read_reply(v: Value) -> Result<Vec<StreamEntry>, StoreError> {
-    match v {
-        Value::Nil => Ok(Vec::new()),
-        Value::Array(streams) => {
-            let mut out = Vec::new();
-            for s in streams {
-                match s {
-                    Value::Array(pair) if pair.len() == 2 => {
-                        let mut pair = pair.into_iter();
-                        let _key = pair.next();
-                        if let Some(entries) = pair.next() {
-                            out.extend(parse_entries(entries)?);
-                        }
-                    }
-                    other => return Err(corrupt("XREADGROUP", &other)),
-                }
-            }
-            Ok(out)
-        }
-        Value::Map(streams) => {
-            let mut out = Vec::new();
-            for (_key, entries) in streams {
-                out.extend(parse_entries(entries)?);
-            }
-            Ok(out)
-        }
-        other => Err(corrupt("XREADGROUP", &other)),
-    }
-}
-
 /// XAUTOCLAIM: `[next, entries]` (Redis 6.2) or `[next, entries, deleted ids]` (7+).
 pub(super) fn parse_autoclaim(v: Value) -> Result<ClaimPage, StoreError> {
     let Value::Array(items) = v else {
@@ -172,25 +141,23 @@ mod tests {
     }
 
     #[test]
-    fn read_replies_parse_in_resp2_and_resp3_shapes() {
-        let resp2 = Value::Array(vec![Value::Array(vec![
-            bulk("seckill:{1}:orders"),
-            Value::Array(vec![
-                entry("1-0", &["order_id", "5"]),
-                entry("2-0", &["a", "b"]),
-            ]),
-        ])]);
-        let got = parse_read_reply(resp2).unwrap();
+    fn entries_parse_with_their_fields_and_deleted_ones_are_skipped() {
+        // What XRANGE, XCLAIM and lua/read.lua return: entries, a deleted one as nil.
+        let reply = Value::Array(vec![
+            entry("1-0", &["order_id", "5"]),
+            Value::Nil,
+            Value::Array(vec![bulk("2-0"), Value::Nil]),
+            Value::Array(vec![bulk("3-0"), Value::Map(vec![(bulk("x"), bulk("y"))])]),
+        ]);
+        let got = parse_entries(reply).unwrap();
         assert_eq!(got.len(), 2);
         assert_eq!(got[0].field("order_id"), Some(&b"5"[..]));
-        assert_eq!(got[1].id, "2-0");
-        let resp3 = Value::Map(vec![(
-            bulk("k"),
-            Value::Array(vec![entry("3-0", &["x", "y"])]),
-        )]);
-        assert_eq!(parse_read_reply(resp3).unwrap()[0].id, "3-0");
-        assert!(parse_read_reply(Value::Nil).unwrap().is_empty());
-        assert!(parse_read_reply(Value::Int(3)).is_err());
+        assert_eq!(
+            (got[1].id.as_str(), got[1].field("x")),
+            ("3-0", Some(&b"y"[..]))
+        );
+        assert!(parse_entries(Value::Nil).unwrap().is_empty());
+        assert!(parse_entries(Value::Int(3)).is_err());
     }
 
     #[test]

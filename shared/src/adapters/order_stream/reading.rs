@@ -1,19 +1,24 @@
 //! [`OrderStreams`], the orders streams seen from the drain group, and how entries are
-//! handed out to a drainer: new ones (XREADGROUP), idle ones claimed (XAUTOCLAIM), and
-//! unfinished ones given back (XCLAIM) without an ack.
+//! handed out to a drainer: new ones (`lua/read.lua`: XREADGROUP, unless the drainer
+//! holds unseen ones of its own), idle ones claimed (XAUTOCLAIM), its own pending ones
+//! again after a lost reply (XPENDING, XCLAIM), and unfinished ones given back (XCLAIM)
+//! without an ack.
 //!
 //! Invariants kept here: in durable mode no entry reaches a drainer before the replicas
 //! hold it (entries handed out too early are given back, claimable at once, and the
-//! caller sees a transient error); an entry given back stays pending, never lost.
+//! caller sees a transient error); an entry given back stays pending, never lost; no
+//! new entry is handed to a drainer that holds older ones it has not seen (a read whose
+//! reply was lost), so a stream is drained in order.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use redis::{Cmd, Value};
+use redis::{Cmd, ScriptInvocation, Value};
 
-use super::parse::{ClaimPage, parse_autoclaim, parse_read_reply};
+use super::parse::{ClaimPage, parse_autoclaim, parse_entries};
+use super::scripts::READ;
 use crate::adapters::redis::RedisConn;
 use crate::config::Durable;
 use crate::domain::{Bucket, StreamEntry};
@@ -78,6 +83,29 @@ impl OrderStreams {
                 Ok((reply, d.held_by(acked)))
             }
         }
+    }
+
+    /// [`Self::handing_out`] for a script call that hands out entries (`lua/read.lua`):
+    /// in durable mode the script and the `WAIT` in one pipeline, the script loaded
+    /// first where a primary never ran it (new, or promoted).
+    async fn handing_out_script(
+        &self,
+        call: &ScriptInvocation<'_>,
+    ) -> Result<(Value, bool), StoreError> {
+        let mut conn = self.conn.clone();
+        let Some(d) = self.durable else {
+            return Ok((call.invoke_async(&mut conn).await?, true));
+        };
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(call).add_command(d.wait_cmd());
+        let (reply, acked): (Value, u32) = match pipe.query_async(&mut conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                call.load_async(&mut conn).await?;
+                pipe.query_async(&mut conn).await?
+            }
+            other => other?,
+        };
+        Ok((reply, d.held_by(acked)))
     }
 
     /// Durable mode: entries just handed out that the replicas do not hold yet. They
@@ -203,29 +231,102 @@ impl OrderStreams {
             .collect())
     }
 
-    /// Up to `count` entries never delivered to the group (`XREADGROUP ... >`), now
-    /// pending for `consumer`. Does not block: the caller decides how long to wait. In
-    /// durable mode, entries the replicas do not hold yet are given back and reported as
-    /// a transient error (see [`Self::with_durability`]).
-    pub async fn read_new(
+    /// Up to `count` entries pending for `consumer` itself after the entry `after` (from
+    /// the start when `None`), handed to it again: entries a read gave it whose reply
+    /// was lost, which must be drained before anything newer is read. Taken with
+    /// `XCLAIM` (min idle 0: their idle time starts over, as for a read; in durable mode
+    /// with the same `WAIT` as a read, see [`Self::with_durability`]), each with its
+    /// delivery count. Entries deleted from the stream meanwhile are dropped from the
+    /// pending list by the claim (Redis 7) and skipped. Empty when `consumer` holds none
+    /// after `after`.
+    pub async fn read_own_pending(
         &self,
         voucher: impl Into<Bucket>,
         consumer: &str,
+        after: Option<&str>,
         count: usize,
     ) -> Result<Vec<StreamEntry>, StoreError> {
         let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
-        let mut cmd = redis::cmd("XREADGROUP");
-        cmd.arg("GROUP")
-            .arg(keys::DRAIN_GROUP)
+        let mut start = after.map_or_else(|| "-".to_string(), |id| format!("({id}"));
+        loop {
+            let rows: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+                .arg(&k.orders)
+                .arg(keys::DRAIN_GROUP)
+                .arg(&start)
+                .arg("+")
+                .arg(count.max(1))
+                .arg(consumer)
+                .query_async(&mut self.conn.clone())
+                .await?;
+            let Some((last, ..)) = rows.last() else {
+                return Ok(Vec::new());
+            };
+            let mut cmd = redis::cmd("XCLAIM");
+            cmd.arg(&k.orders)
+                .arg(keys::DRAIN_GROUP)
+                .arg(consumer)
+                .arg(0);
+            for (id, ..) in &rows {
+                cmd.arg(id);
+            }
+            let (reply, replicated) = self.handing_out(&cmd).await?;
+            let mut entries = parse_entries(reply)?;
+            if entries.is_empty() {
+                // All deleted from the stream: look past them.
+                start = format!("({last}");
+                continue;
+            }
+            if !replicated {
+                let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+                return Err(self.not_yet_replicated(voucher, consumer, &ids).await);
+            }
+            let delivered: HashMap<&str, u64> =
+                rows.iter().map(|(id, _, _, n)| (id.as_str(), *n)).collect();
+            for e in &mut entries {
+                // The claim counted one more delivery.
+                e.deliveries = delivered.get(e.id.as_str()).map_or(1, |n| n + 1);
+            }
+            return Ok(entries);
+        }
+    }
+
+    /// Up to `count` entries never delivered to the group (`XREADGROUP ... >`), now
+    /// pending for `consumer` (`lua/read.lua`), unless `consumer` holds entries past
+    /// `after` (the last entry of the batch in hand; `None`: it holds none): then
+    /// `None`, and nothing is read. Those were handed out by a read whose reply was
+    /// lost (an earlier copy of this call, which the client sends again after a cut
+    /// connection): the caller takes them first ([`Self::read_own_pending`]). Does not
+    /// block: the caller decides how long to wait. In durable mode, entries the
+    /// replicas do not hold yet are given back and reported as a transient error (see
+    /// [`Self::with_durability`]).
+    pub async fn read_new(
+        &self,
+        voucher: impl Into<Bucket>,
+        consumer: &str,
+        after: Option<&str>,
+        count: usize,
+    ) -> Result<Option<Vec<StreamEntry>>, StoreError> {
+        let voucher: Bucket = voucher.into();
+        let k = VoucherKeys::new(voucher);
+        let mut call = READ.key(&k.orders);
+        call.arg(keys::DRAIN_GROUP)
             .arg(consumer)
-            .arg("COUNT")
             .arg(count.max(1))
-            .arg("STREAMS")
-            .arg(&k.orders)
-            .arg(">");
-        let (reply, replicated) = self.handing_out(&cmd).await?;
-        let mut entries = parse_read_reply(reply)?;
+            .arg(after.unwrap_or(""));
+        let (reply, replicated) = self.handing_out_script(&call).await?;
+        let bad = || StoreError::Corrupt(format!("read of voucher {voucher} replied {reply:?}"));
+        let (own, entries) = match &reply {
+            Value::Array(items) => match items.as_slice() {
+                [Value::Int(own), entries @ Value::Array(_)] => (*own, entries.clone()),
+                _ => return Err(bad()),
+            },
+            _ => return Err(bad()),
+        };
+        if own == 1 {
+            return Ok(None);
+        }
+        let mut entries = parse_entries(entries)?;
         if !replicated && !entries.is_empty() {
             let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
             return Err(self.not_yet_replicated(voucher, consumer, &ids).await);
@@ -233,6 +334,6 @@ impl OrderStreams {
         for e in &mut entries {
             e.deliveries = 1;
         }
-        Ok(entries)
+        Ok(Some(entries))
     }
 }

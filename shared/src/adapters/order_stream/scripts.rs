@@ -19,6 +19,8 @@ pub(super) static DEAD_LETTER: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../../lua/dead_letter.lua")));
 pub(super) static TRIM: LazyLock<Script> = LazyLock::new(|| stream_script!("trim"));
 pub(super) static PROBE: LazyLock<Script> = LazyLock::new(|| stream_script!("probe"));
+pub(super) static READ: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../../lua/read.lua")));
 pub(super) static EXPIRE_SALE: LazyLock<Script> = LazyLock::new(|| stream_script!("expire_sale"));
 pub(super) static REPLAY_DEAD_LETTER: LazyLock<Script> =
     LazyLock::new(|| stream_script!("replay_dead_letter"));

@@ -69,12 +69,18 @@ pub struct Probe {
     /// New entries the probe read for its caller (asked with `read > 0`, see
     /// [`OrderStreams::probe`]): pending for it now, to process or release like any read.
     pub entries: Vec<StreamEntry>,
+    /// Entries are pending for the caller itself: a read whose reply was lost left them
+    /// there unseen (the probe's own, sent again after a cut connection, or an earlier
+    /// run's of the same consumer). The probe read nothing new then; the caller drains
+    /// them first ([`OrderStreams::read_own_pending`]), before anything newer.
+    pub own_pending: bool,
 }
 
 impl Probe {
-    /// Whether the drainer has anything to do here: new entries, or idle ones to claim.
+    /// Whether the drainer has anything to do here: new entries, idle ones to claim, or
+    /// its own pending ones.
     pub fn has_work(&self) -> bool {
-        self.undelivered > 0 || !self.fully_delivered || self.claimable
+        self.undelivered > 0 || !self.fully_delivered || self.claimable || self.own_pending
     }
 }
 
@@ -164,11 +170,12 @@ impl OrderStreams {
     /// `leaving` (the run's last look at the stream), it also deletes up to
     /// [`REAP_PER_PROBE`] spent consumers other than `consumer`, and `consumer` itself
     /// if it holds nothing. With `read > 0` it also reads up to `read` new entries for
-    /// `consumer` when some wait and none is claimable ([`Probe::entries`]; claimable
-    /// entries are recovered first, and the new ones read after them), in the same
-    /// call: a survey of thousands of small sales then reads each one once instead of
-    /// twice. In durable mode nothing is read here (entries are handed out only
-    /// through [`Self::read_new`], which waits for the replicas first).
+    /// `consumer` when some wait, none is claimable and `consumer` holds none
+    /// ([`Probe::entries`]; claimable entries are recovered first, the caller's own
+    /// drained first, and the new ones read after them), in the same call: a survey of
+    /// thousands of small sales then reads each one once instead of twice. In durable
+    /// mode nothing is read here (entries are handed out only through
+    /// [`Self::read_new`], which waits for the replicas first).
     pub async fn probe(
         &self,
         voucher: impl Into<Bucket>,
@@ -372,6 +379,7 @@ fn parse_probe(voucher: Bucket, reply: Value) -> Result<Probe, StoreError> {
     let (fully, claimable, oldest_idle, ends) = (int(3)?, int(4)?, int(5)?, int(6)?);
     let reaped = int(7)?;
     let closing = int(8)? == 1;
+    let own_pending = int(10)? == 1;
     let mut entries = match reply.get(9) {
         Some(v @ Value::Array(_)) => parse_entries(v.clone())?,
         _ => return Err(bad()),
@@ -392,5 +400,6 @@ fn parse_probe(voucher: Bucket, reply: Value) -> Result<Probe, StoreError> {
         reaped: count(reaped)?,
         closing,
         entries,
+        own_pending,
     })
 }

@@ -1,18 +1,19 @@
 //! The statements of one attempt at a batch transaction, between its begin and its
 //! commit: lock the voucher row (`NOWAIT`), record the closes Redis decided (vouchers
-//! with a payment step), look up colliding rows when asked, [`plan::split`], insert the
-//! `confirmed` and `rejected` rows with exact counts, take the stock with a guard. What
-//! the attempt came to is an [`Attempt`]; beginning, committing and retrying are the
-//! caller's ([`write`](super)).
+//! with a payment step; which ones, [`settle`](super::settle)), look up colliding rows
+//! when asked, [`plan::split`], insert the `confirmed` and `rejected` rows with exact
+//! counts, take the stock with a guard. What the attempt came to is an [`Attempt`];
+//! beginning, committing and retrying are the caller's ([`write`](super)).
 
 use std::collections::HashSet;
 
+use seckill_shared::adapters::ledger::LedgerTx;
 use seckill_shared::adapters::ledger::sql::PaymentRow;
-use seckill_shared::adapters::ledger::{LedgerTx, SETTLE_PER_TRANSACTION};
 use seckill_shared::adapters::order_stream::OrderStreams;
 use seckill_shared::domain::{AdmittedOrder, Bucket, ClosedOrder, OrderId, OrderStatus};
 use seckill_shared::error::StoreError;
 
+use super::settle::{self, Settled};
 use crate::drain::run::Run;
 use crate::error::DrainError;
 use crate::failpoint;
@@ -27,21 +28,6 @@ pub(super) enum Attempt {
     Raced(String),
     /// The voucher row is locked by another transaction.
     Locked(StoreError),
-}
-
-/// Closes recorded in a batch transaction: units given back, and per bucket the orders
-/// whose close the database holds once it commits (they leave that bucket's `to_settle`
-/// then).
-#[derive(Default)]
-pub(super) struct Settled {
-    pub(super) returned: u64,
-    pub(super) done: Vec<(Bucket, Vec<OrderId>)>,
-}
-
-impl Settled {
-    pub(super) fn count(&self) -> usize {
-        self.done.iter().map(|(_, ids)| ids.len()).sum()
-    }
 }
 
 /// The statements of one attempt, up to (not including) the commit; without
@@ -63,29 +49,16 @@ pub(super) async fn plan_and_write(
     };
     failpoint::hit("after_lock");
     let mut stock_left = locked.stock_left;
-    // Vouchers with a payment step: first record every close Redis decided so far,
-    // in every bucket of the voucher, under this row lock, so that a unit given back
-    // in Redis and sold again (in its own bucket, or in another by borrowing) is
-    // back in the database before its new order is written (else the database stock
-    // would refuse the new order). Then learn which orders of the batch are closed.
+    // Vouchers with a payment step: first record the closes Redis decided so far, in
+    // every bucket of the voucher, under this row lock, so that a unit given back in
+    // Redis and sold again (in its own bucket, or in another by borrowing) is back in
+    // the database before its new order is written (else the database stock would
+    // refuse the new order), and a buyer who closed an order and bought again holds it
+    // no more. Then learn which orders of the batch are closed.
     let (settled, closes) = match locked.pay_within_ms {
         None => (Settled::default(), Vec::new()),
         Some(_) => {
-            let mut settled = Settled::default();
-            // The bucket being drained first; the transaction's budget of closes is
-            // shared by all of them (what is left waits for the next transaction).
-            let others = Bucket::all(voucher.voucher(), locked.buckets).filter(|b| *b != voucher);
-            for bucket in std::iter::once(voucher).chain(others) {
-                let budget = SETTLE_PER_TRANSACTION.saturating_sub(settled.count());
-                if budget == 0 {
-                    break;
-                }
-                let (returned, done) = settle_in(streams, tx, bucket, budget).await?;
-                settled.returned += returned;
-                if !done.is_empty() {
-                    settled.done.push((bucket, done));
-                }
-            }
+            let settled = settle::settle(streams, tx, voucher, locked.buckets, orders).await?;
             stock_left += i64::try_from(settled.returned).unwrap_or(0);
             let ids: Vec<OrderId> = orders.iter().map(|o| o.id).collect();
             let closes = streams
@@ -229,38 +202,4 @@ async fn write_payment_rows(
         .await
         .map_err(|e| err("restoring deadlines", e))?;
     Ok(None)
-}
-
-/// Records, inside `tx`, up to `budget` closes of one bucket waiting in Redis
-/// (`to_settle`): (units given back, orders whose close the database holds).
-async fn settle_in(
-    streams: &OrderStreams,
-    tx: &LedgerTx<'_>,
-    voucher: Bucket,
-    budget: usize,
-) -> Result<(u64, Vec<OrderId>), DrainError> {
-    let redis = |step, e| DrainError::store(step, Some(voucher), e);
-    let ids = streams
-        .to_settle(voucher)
-        .await
-        .map_err(|e| redis("reading closes to settle", e))?;
-    if ids.is_empty() {
-        return Ok((0, Vec::new()));
-    }
-    let ids: Vec<OrderId> = ids.into_iter().take(budget).collect();
-    let closed = streams
-        .closed_orders(voucher, &ids)
-        .await
-        .map_err(|e| redis("reading closed orders", e))?;
-    let closes: Vec<(OrderId, ClosedOrder)> = ids
-        .into_iter()
-        .zip(closed)
-        .filter_map(|(id, c)| Some((id, c?)))
-        .collect();
-    let (returned, done) = tx
-        .settle(voucher.voucher(), &closes)
-        .await
-        .map_err(|e| DrainError::store("settling closed orders", Some(voucher), e))?;
-    failpoint::hit("after_settle");
-    Ok((returned, done))
 }
