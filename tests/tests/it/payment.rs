@@ -1400,8 +1400,9 @@ async fn reconcile_sees_no_discrepancy_in_a_payment_sale() {
 }
 
 /// Redis loses a payment sale (sale, buyers and deadlines): the repair restores the
-/// deadlines of the orders the database holds, the drainer those of the orders it writes
-/// afterwards, so every open order can still be paid, cancelled or expire.
+/// deadlines of the orders the database holds and of those its stream holds undrained
+/// (the drainer restores the same when it writes them), so every open order can still be
+/// paid, cancelled or expire.
 #[tokio::test]
 async fn deadlines_lost_with_the_sale_come_back_with_the_repair_and_the_drain() {
     let ctx = DrainCtx::start().await;
@@ -1438,14 +1439,14 @@ async fn deadlines_lost_with_the_sale_come_back_with_the_repair_and_the_drain() 
     assert_eq!(body["stock_left"], 1);
     assert_eq!(
         open(&ctx).await,
-        4,
-        "the drained orders' deadlines are back"
+        5,
+        "the drained orders' deadlines are back, and erin's (not drained) from the stream"
     );
     quick_drain(&ctx).await;
     assert_eq!(
         open(&ctx).await,
         5,
-        "erin's deadline is back once her order is written"
+        "erin's deadline stays once her order is written"
     );
 
     assert_eq!(
@@ -2424,6 +2425,145 @@ async fn payment_queries_examine_about_the_rows_they_match_on_a_table_never_anal
     assert_eq!(end.len(), 1);
     assert_eq!(end[0].1, 1, "orders await payment");
     assert!(examined <= 10, "the sale's end examined {examined} rows");
+    conn.disconnect().await.ok();
+    ctx.cleanup().await;
+}
+
+/// The payment deadline Redis holds for `user`'s `order` (its member in `deadlines`).
+async fn deadline_of(ctx: &DrainCtx, v: VoucherId, order: &str, user: &str) -> Option<i64> {
+    let k = VoucherKeys::new(v);
+    let score: Option<f64> = ctx
+        .conn()
+        .zscore(&k.deadlines, format!("{order}\n{user}"))
+        .await
+        .unwrap();
+    score.map(|s| s as i64)
+}
+
+/// Redis loses a payment sale while an order waits undrained: the repair gives that
+/// order its deadline back (its admission's, read from the stream), so the provider's
+/// payment pays it, never "no longer open" for an order the database then writes
+/// open. An undrained entry of an order the database holds closed (written, its ack
+/// lost in a crash) gets none: it would expire, and give its unit back, a second time.
+#[tokio::test]
+async fn after_a_repair_a_payment_pays_an_order_not_yet_drained() {
+    use seckill_shared::adapters::payments::{Outcome, Payments};
+    let ctx = DrainCtx::start().await;
+    let app = app_of(&ctx).await;
+    let v = pay_voucher(&ctx, 4, 600, false).await;
+    let k = VoucherKeys::new(v.id);
+    // cy's order is written, then cancelled, the close recorded.
+    let cy = admitted(buy(&app, v.id, "cy").await);
+    drain_until_settled(&ctx, v.id).await;
+    assert_eq!(status(&cancel(&app, &cy, "cy").await), (200, "cancelled"));
+    drain_until_settled(&ctx, v.id).await;
+    // bo's waits undrained, and so does a copy of cy's entry, delivered to a drainer
+    // that died before its ack.
+    let bo = admitted(buy(&app, v.id, "bo").await);
+    let bo_deadline = deadline_of(&ctx, v.id, &bo, "bo").await.expect("admitted");
+    ctx.xadd_raw(v.id, &[("order_id", &cy), ("user_id", "cy")])
+        .await;
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("drainers")
+        .arg("died")
+        .arg("COUNT")
+        .arg(10)
+        .arg("STREAMS")
+        .arg(&k.orders)
+        .arg(">")
+        .query_async(&mut ctx.conn())
+        .await
+        .unwrap();
+    assert_eq!(ctx.pending(v.id).await, 2);
+
+    // Redis loses the sale, its buyers and its deadlines; a read repairs it.
+    let _: i64 = ctx
+        .conn()
+        .del(&[&k.sale, &k.buyers, &k.deadlines])
+        .await
+        .unwrap();
+    let (st, body) = call(
+        &app,
+        request("GET", &format!("/vouchers/{}", v.id), None, None, None),
+    )
+    .await;
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(
+        deadline_of(&ctx, v.id, &bo, "bo").await,
+        Some(bo_deadline),
+        "the undrained order's deadline is back, as its admission wrote it"
+    );
+    assert_eq!(
+        deadline_of(&ctx, v.id, &cy, "cy").await,
+        None,
+        "an order the database holds cancelled gets no deadline"
+    );
+
+    let res = pay(&app, &bo, "bo", "pi_bo").await;
+    assert_eq!(outcome(&res), (200, "paid"), "{}", res.1);
+    drain_until_settled(&ctx, v.id).await;
+    let rows = ctx.orders_in_db(v.id).await;
+    let of = |order: &str| rows[&order.parse::<i64>().unwrap()].0.clone();
+    assert_eq!((of(&bo).as_str(), of(&cy).as_str()), ("paid", "cancelled"));
+    let p = Payments(&ctx.db().await)
+        .get("pi_bo")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(p.outcome, Outcome::Paid);
+    // Units: bo holds one; cy's came back once (3 in the database; Redis the same).
+    assert_eq!(ctx.db_stock_left(v.id).await, 3);
+    assert_eq!(redis_stock(&ctx, v.id).await, 3);
+    ctx.cleanup().await;
+}
+
+/// The repair's look at which undrained orders the database holds, and in which status,
+/// reads each by its primary key on a table never analysed: the rows it examines stay
+/// about the ids it is given, however many orders the voucher and others have.
+#[tokio::test]
+async fn undrained_order_statuses_are_read_by_key_never_analysed() {
+    use mysql_async::params;
+    use seckill_shared::adapters::data_api::orders::ORDER_STATUSES;
+    use seckill_tests::mysql::handler_reads;
+    let ctx = DrainCtx::start().await;
+    let mut conn = ctx.mysql().await;
+    // 30,000 orders of three vouchers; the statuses of 1,000 ids of one (every other one
+    // of them held by the database).
+    for v in 1..=3i64 {
+        let orders: Vec<(i64, String, &str)> = (0..10_000i64)
+            .map(|i| {
+                let id = 1 + 3 * i + (v - 1);
+                let status = ["awaiting_payment", "paid", "expired"][(i % 3) as usize];
+                (id, format!("buyer-{id}"), status)
+            })
+            .collect();
+        for chunk in orders.chunks(2_000) {
+            seckill_tests::mysql::insert_orders(&mut conn, v, chunk).await;
+        }
+    }
+    let overhead = {
+        let a = handler_reads(&mut conn).await;
+        let b = handler_reads(&mut conn).await;
+        b - a
+    };
+    let ids: Vec<i64> = (0..1_000i64)
+        .map(|i| if i % 2 == 0 { 1 + 3 * i } else { 1_000_000 + i })
+        .collect();
+    let before = handler_reads(&mut conn).await;
+    let found: Vec<(i64, String)> = conn
+        .exec(
+            ORDER_STATUSES,
+            params! { "ids" => serde_json::to_string(&ids).unwrap(), "v" => 1 },
+        )
+        .await
+        .unwrap();
+    let examined = handler_reads(&mut conn).await - before - overhead;
+    assert_eq!(found.len(), 500);
+    assert!(
+        examined <= 4 * 1_000 + 10,
+        "the statuses of 1,000 orders examined {examined} rows"
+    );
     conn.disconnect().await.ok();
     ctx.cleanup().await;
 }
