@@ -13,24 +13,25 @@
 //!   `paid` with its order, `refund_due` (its order closed first, was paid by another
 //!   payment, or was rejected), `refused` with the reason (an event that cannot be
 //!   applied: its payment id, order id, amount or currency outside the accepted form, an
-//!   order that is not its buyer's or of a voucher without a payment step), or `failed`
-//!   (no money taken);
+//!   order that is not its buyer's or of a voucher without a payment step, an order
+//!   nobody has), or `failed` (no money taken);
 //! - `503` while the answer could still change: a backend failed; the order may wait
 //!   undrained in its stream (Redis lost the sale and nothing repaired it, or Redis does
-//!   not show it as the event's buyer's);
+//!   not show it as the event's buyer's); or nobody knows the order id yet (its lease
+//!   record lost), for at most
+//!   [`UNKNOWN_ORDER_WAIT_MS`] after the money moved;
 //! - a 4xx only for what is no payment at all (a bad signature: `401`, nothing read; a
 //!   body that is no payment event: `400`), and for the two refusals the contract names:
 //!   a payment id recorded for another order (`409 payment_reused`: that payment is
 //!   listed under its order already) and an amount or currency other than the voucher's
-//!   price (`422 payment_mismatch`, recorded `refused` first); and, as before, `404` for
-//!   an order id neither the database nor its id's lease record knows.
+//!   price (`422 payment_mismatch`, recorded `refused` first).
 
 use http::StatusCode;
 use lambda_http::{Body, Request, Response};
 use seckill_shared::adapters::payments::{NewPayment, Outcome, PaymentRow, Payments};
 use seckill_shared::adapters::redis::CloseAction;
 use seckill_shared::domain::{Bucket, OrderId, OrderStatus, PaymentRef, UnixMillis, VoucherId};
-use seckill_shared::order_id::{EPOCH_UNIX_MS, OrderIdParts};
+use seckill_shared::order_id::{EPOCH_UNIX_MS, MAX_BLOCK_AGE_MS, OrderIdParts};
 use seckill_shared::webhook::{self, EventType, Received};
 use serde_json::json;
 
@@ -40,10 +41,18 @@ use crate::lookup::{undrained_orders, voucher_of};
 use crate::payment::{FoundOrder, Lookup, close, look_up};
 use crate::request::MAX_BODY_BYTES;
 
+/// How long after its payment the webhook waits for an order id that neither the
+/// database nor the id's lease record knows (`503`, the provider sends again), before it
+/// records the payment `refused`. Such an order may still be drained: admitted by an
+/// instance whose lease record Redis lost since, it is found once written. The drainer
+/// writes an order within seconds and alarms when it cannot; six hours leave an outage
+/// of hours time to be fixed and stay within the days providers resend for.
+pub const UNKNOWN_ORDER_WAIT_MS: i64 = 6 * 3_600_000;
+
 /// How far ahead of the server's clock a lease stamp may run (the lease clock jumps ahead
 /// after a failover to a server whose clock is behind: `CLOCK_BEHIND_JUMP_MS` a jump),
-/// generously: an order's stream entry is never older than its id's stamp by more than
-/// that.
+/// generously. An order id stamped later than that was never issued; an order's stream
+/// entry is never older than its id's stamp by more than that.
 const LEASE_AHEAD_MS: i64 = 3_600_000;
 
 /// Where an event's payment goes.
@@ -156,7 +165,22 @@ async fn target(app: &App, event: &Received, now: UnixMillis) -> Result<Target, 
             };
             refuse(Some(voucher), why)
         }
-        Lookup::Unknown => return Err(ApiError::NotFound(format!("order {id} not found"))),
+        Lookup::Unknown => {
+            if may_still_appear(id, event.created_ms, now) {
+                return Err(ApiError::unavailable(
+                    "database",
+                    format!(
+                        "order {id} is not known yet (not drained, its lease record lost): send this event again"
+                    ),
+                ));
+            }
+            refuse(
+                None,
+                format!(
+                    "no order {id} was found: the database does not hold it and its id's lease record names no voucher"
+                ),
+            )
+        }
     })
 }
 
@@ -321,6 +345,20 @@ fn leased_ms(id: OrderId) -> UnixMillis {
     EPOCH_UNIX_MS.saturating_add(OrderIdParts::of(id).ms)
 }
 
+/// Whether an order id nobody knows (no row, no lease record) may still be drained:
+/// admitted by then (never later than a day after its lease, nor than the payment the
+/// provider made the event for, `created_ms`) and not yet [`UNKNOWN_ORDER_WAIT_MS`] past
+/// that. An id stamped past any lease issued by now never was an order.
+fn may_still_appear(id: OrderId, created_ms: Option<i64>, now: UnixMillis) -> bool {
+    let leased = leased_ms(id);
+    if leased > now.saturating_add(LEASE_AHEAD_MS) {
+        return false;
+    }
+    let latest = leased.saturating_add(MAX_BLOCK_AGE_MS);
+    let admitted_by = created_ms.map_or(latest, |c| c.clamp(leased, latest));
+    now < admitted_by.saturating_add(UNKNOWN_ORDER_WAIT_MS)
+}
+
 /// Whether order `id` of `voucher`, its buyer not known (so every bucket's stream), still
 /// waits undrained, or was written meanwhile (the streams are read first, the row after,
 /// as orders move): either way the next delivery decides its payment.
@@ -392,4 +430,39 @@ fn outcome_json(row: &PaymentRow) -> Response<Body> {
         body["reason"] = json!(reason);
     }
     json_response(StatusCode::OK, &body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use seckill_shared::order_id::Lease;
+
+    const HOUR: i64 = 3_600_000;
+
+    /// An order id leased at unix `ms`.
+    fn leased_at(ms: i64) -> OrderId {
+        Lease::new(ms - EPOCH_UNIX_MS, 7).unwrap().id(3).unwrap()
+    }
+
+    #[test]
+    fn an_unknown_order_is_waited_for_a_bounded_time_after_its_payment() {
+        let now = 1_795_000_000_000;
+        let id = leased_at(now - HOUR);
+        assert_eq!(leased_ms(id), now - HOUR);
+        // Paid a minute ago: it may still be drained.
+        assert!(may_still_appear(id, Some(now - 60_000), now));
+        // Paid longer ago than the wait: decided.
+        let paid = now - UNKNOWN_ORDER_WAIT_MS - 1;
+        assert!(!may_still_appear(leased_at(paid - HOUR), Some(paid), now));
+        // A payment said to be older than the lease waits from the lease; no time said,
+        // or one past the block's last day, waits from the block's last day.
+        assert!(may_still_appear(id, Some(0), now));
+        assert!(may_still_appear(id, None, now));
+        let old = leased_at(now - MAX_BLOCK_AGE_MS - UNKNOWN_ORDER_WAIT_MS - 1);
+        assert!(!may_still_appear(old, None, now));
+        assert!(!may_still_appear(old, Some(i64::MAX), now));
+        // Stamped past every lease issued by now: never an order.
+        assert!(!may_still_appear(leased_at(now + 2 * HOUR), Some(now), now));
+        assert!(may_still_appear(leased_at(now + 60_000), Some(now), now));
+    }
 }

@@ -2198,7 +2198,7 @@ async fn the_webhook_records_each_payment_once_and_refuses_what_it_cannot_apply(
             (400, "invalid_request"),
         ),
         (
-            "an unknown order",
+            "an order nobody has, of an id leased long ago",
             event(
                 "payment.succeeded",
                 "4242424242",
@@ -2207,7 +2207,7 @@ async fn the_webhook_records_each_payment_once_and_refuses_what_it_cannot_apply(
                 TEST_PRICE_MINOR,
                 TEST_CURRENCY,
             ),
-            (404, "not_found"),
+            (200, "refused"),
         ),
         (
             "another buyer, the order not drained",
@@ -2264,7 +2264,10 @@ async fn the_webhook_records_each_payment_once_and_refuses_what_it_cannot_apply(
         assert_eq!(got, want, "{what}: {}", res.1);
     }
     assert_eq!(ledger("pay_dee").await, None);
-    assert_eq!(ledger("pay_x").await, None);
+    assert_eq!(
+        ledger("pay_x").await,
+        Some((Outcome::Refused, "4242424242".to_string()))
+    );
     assert_eq!(ledger("pay_y").await, None);
     for refused in ["pay_dee_euro", "pay_dee_half"] {
         assert_eq!(
@@ -2919,5 +2922,102 @@ async fn payments_of_no_voucher_are_read_through_their_index_never_analysed() {
         "counting {unmatched} payments of no voucher examined {examined} rows"
     );
     conn.disconnect().await.ok();
+    ctx.cleanup().await;
+}
+
+/// The provider's payment for an order whose id's lease record Redis lost (so no lookup
+/// can place it until it is drained): `503` while it may still be drained, never a
+/// `404` that ends the provider's resending; once written, the same event pays it. An
+/// order id nobody has, paid longer ago than the webhook waits, is recorded `refused`
+/// without a voucher, and the operators' `status` and `reconcile` list it.
+#[tokio::test]
+async fn a_payment_for_an_order_whose_lease_record_is_lost_waits_then_is_recorded() {
+    use seckill_shared::adapters::payments::{Outcome, Payments};
+    use seckill_shared::keys::IdKeys;
+    use seckill_shared::order_id::{EPOCH_UNIX_MS, Lease, OrderIdParts, day_name};
+    use seckill_tests::harness::{deliver, provider_event};
+    let ctx = DrainCtx::start().await;
+    let app = app_of(&ctx).await;
+    let v = pay_voucher(&ctx, 4, 600, false).await;
+    let eve = admitted(buy(&app, v.id, "eve").await);
+    let parts = OrderIdParts::of(eve.parse().unwrap());
+    let blocks = IdKeys::for_day(&day_name(parts.day())).blocks;
+    let lost: i64 = ctx.conn().hdel(&blocks, parts.block_field()).await.unwrap();
+    assert_eq!(lost, 1, "the lease record was there");
+    let fresh = app_of(&ctx).await;
+    let res = pay(&fresh, &eve, "eve", "pi_eve").await;
+    assert_eq!(code(&res), (503, "unavailable"), "{}", res.1);
+    let db = ctx.db().await;
+    assert!(Payments(&db).get("pi_eve").await.unwrap().is_none());
+    drain_until_settled(&ctx, v.id).await;
+    let res = pay(&fresh, &eve, "eve", "pi_eve").await;
+    assert_eq!(outcome(&res), (200, "paid"), "{}", res.1);
+
+    // An id of a lease seven hours ago that no record names, paid as long ago.
+    let then = now_millis() - 7 * 3_600_000;
+    let ghost = Lease::new(then - EPOCH_UNIX_MS, 9)
+        .unwrap()
+        .id(5)
+        .unwrap()
+        .to_string();
+    let paid_then = |payment: &str| {
+        let body = provider_event(
+            "payment.succeeded",
+            &ghost,
+            "eve",
+            payment,
+            TEST_PRICE_MINOR,
+            TEST_CURRENCY,
+        );
+        with_field(&body, &["created"], json!(then / 1000))
+    };
+    let res = deliver(&fresh, &paid_then("pi_ghost")).await;
+    assert_eq!(outcome(&res), (200, "refused"), "{}", res.1);
+    assert_eq!(res.1["order_id"], ghost.as_str());
+    assert!(
+        res.1["reason"].as_str().unwrap().contains("no order"),
+        "{}",
+        res.1
+    );
+    let p = Payments(&db).get("pi_ghost").await.unwrap().unwrap();
+    assert_eq!(
+        (p.outcome, p.voucher, p.order.map(|o| o.to_string())),
+        (Outcome::Refused, None, Some(ghost.clone()))
+    );
+    // Delivered again: the same answer, the same row.
+    let again = deliver(&fresh, &paid_then("pi_ghost")).await;
+    assert_eq!(again, res);
+    // The same id paid just now may still be drained: not decided yet.
+    let now_body = provider_event(
+        "payment.succeeded",
+        &ghost,
+        "eve",
+        "pi_ghost_now",
+        TEST_PRICE_MINOR,
+        TEST_CURRENCY,
+    );
+    assert_eq!(
+        code(&deliver(&fresh, &now_body).await),
+        (503, "unavailable")
+    );
+
+    let b = operators(&ctx).await;
+    assert_eq!(
+        seckill_cli::ops::status::unmatched_refunds(&b)
+            .await
+            .unwrap(),
+        1
+    );
+    let r = seckill_cli::ops::reconcile::reconcile(&b, v.id, false)
+        .await
+        .unwrap();
+    let listed: Vec<&str> = r
+        .unmatched_payments
+        .iter()
+        .map(|p| p.payment_id.as_str())
+        .collect();
+    assert_eq!(listed, ["pi_ghost"]);
+    let text = seckill_cli::ops::reconcile::render(&r);
+    assert!(text.contains("pi_ghost of order"), "{text}");
     ctx.cleanup().await;
 }
