@@ -16,9 +16,9 @@
 //!   order that is not its buyer's or of a voucher without a payment step, an order
 //!   nobody has), or `failed` (no money taken);
 //! - `503` while the answer could still change: a backend failed; the order may wait
-//!   undrained in its stream (Redis lost the sale and nothing repaired it, or Redis does
-//!   not show it as the event's buyer's); or nobody knows the order id yet (its lease
-//!   record lost), for at most
+//!   undrained in its stream (Redis lost the sale and nothing repaired it, Redis does not
+//!   show it as the event's buyer's, or shows it neither open nor closed); or nobody
+//!   knows the order id yet (its lease record lost), for at most
 //!   [`UNKNOWN_ORDER_WAIT_MS`] after the money moved;
 //! - a 4xx only for what is no payment at all (a bad signature: `401`, nothing read; a
 //!   body that is no payment event: `400`), and for the two refusals the contract names:
@@ -246,6 +246,11 @@ async fn apply(
                 true => None,
                 false => close(app, &order, &order.buyer, &action).await?,
             };
+            if closed.is_none() && order.row.is_none() && not_drained(app, &order, now).await? {
+                // Neither open nor closed in Redis, no row: still in its stream, it is
+                // open once written (the row stays `received` until then).
+                return Err(not_visible_yet(id));
+            }
             let (outcome, reason) = match &closed {
                 Some(c) if c.status == OrderStatus::Paid && c.payment_ref == payment.as_str() => {
                     (Outcome::Paid, None)
@@ -268,6 +273,7 @@ async fn apply(
                             .to_string(),
                     ),
                 ),
+                // Not in its stream either: dead-lettered, never to be written.
                 None => (
                     Outcome::RefundDue,
                     Some("the order is no longer open".to_string()),
@@ -357,6 +363,21 @@ fn may_still_appear(id: OrderId, created_ms: Option<i64>, now: UnixMillis) -> bo
     let latest = leased.saturating_add(MAX_BLOCK_AGE_MS);
     let admitted_by = created_ms.map_or(latest, |c| c.clamp(leased, latest));
     now < admitted_by.saturating_add(UNKNOWN_ORDER_WAIT_MS)
+}
+
+/// [`undrained_anywhere`] for the buyer's own order (no close, no deadline, no row when
+/// looked at): its bucket's stream.
+async fn not_drained(app: &App, order: &FoundOrder, now: UnixMillis) -> Result<bool, ApiError> {
+    let sales = app.sales().await?;
+    let since = leased_ms(order.id).saturating_sub(LEASE_AHEAD_MS).min(now);
+    if undrained_orders(sales, order.bucket, since)
+        .await?
+        .iter()
+        .any(|o| o.id == order.id)
+    {
+        return Ok(true);
+    }
+    Ok(app.db.order(order.id).await?.is_some())
 }
 
 /// Whether order `id` of `voucher`, its buyer not known (so every bucket's stream), still

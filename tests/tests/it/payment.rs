@@ -3021,3 +3021,70 @@ async fn a_payment_for_an_order_whose_lease_record_is_lost_waits_then_is_recorde
     assert!(text.contains("pi_ghost of order"), "{text}");
     ctx.cleanup().await;
 }
+
+/// An order Redis shows neither open nor closed (no close, no deadline: a repair that
+/// did not restore it, or has not yet) and the database does not hold: while it waits
+/// in its stream the provider's payment is answered `503` (recorded, undecided), never
+/// `refund_due`; once the drainer wrote it (and gave it its deadline back) the same
+/// event pays it. An order no stream holds any more (acked unwritten: dead-lettered) is
+/// decided at once.
+#[tokio::test]
+async fn a_payment_for_an_order_redis_shows_neither_open_nor_closed_waits_for_its_drain() {
+    use seckill_shared::adapters::payments::{Outcome, Payments};
+    let ctx = DrainCtx::start().await;
+    let app = app_of(&ctx).await;
+    let v = pay_voucher(&ctx, 4, 600, false).await;
+    let k = VoucherKeys::new(v.id);
+    let dot = admitted(buy(&app, v.id, "dot").await);
+    let _: i64 = ctx
+        .conn()
+        .zrem(&k.deadlines, format!("{dot}\ndot"))
+        .await
+        .unwrap();
+    let ledger = |payment: &'static str| {
+        let ctx = &ctx;
+        async move {
+            Payments(&ctx.db().await)
+                .get(payment)
+                .await
+                .unwrap()
+                .map(|p| p.outcome)
+        }
+    };
+    for _ in 0..2 {
+        let res = pay(&app, &dot, "dot", "pi_dot").await;
+        assert_eq!(code(&res), (503, "unavailable"), "{}", res.1);
+    }
+    assert_eq!(ledger("pi_dot").await, Some(Outcome::Received));
+    quick_drain(&ctx).await;
+    assert!(deadline_of(&ctx, v.id, &dot, "dot").await.is_some());
+    let res = pay(&app, &dot, "dot", "pi_dot").await;
+    assert_eq!(outcome(&res), (200, "paid"), "{}", res.1);
+
+    // Acked unwritten, as a dead letter is: no stream holds it, nothing will write it.
+    let gil = admitted(buy(&app, v.id, "gil").await);
+    let _: i64 = ctx
+        .conn()
+        .zrem(&k.deadlines, format!("{gil}\ngil"))
+        .await
+        .unwrap();
+    let read: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("drainers")
+        .arg("dead-letterer")
+        .arg("COUNT")
+        .arg(10)
+        .arg("STREAMS")
+        .arg(&k.orders)
+        .arg(">")
+        .query_async(&mut ctx.conn())
+        .await
+        .unwrap();
+    let ids: Vec<String> = read.keys[0].ids.iter().map(|e| e.id.clone()).collect();
+    assert_eq!(ids.len(), 1);
+    let _: i64 = ctx.conn().xack(&k.orders, "drainers", &ids).await.unwrap();
+    let res = pay(&app, &gil, "gil", "pi_gil").await;
+    assert_eq!(outcome(&res), (200, "refund_due"), "{}", res.1);
+    assert_eq!(res.1["reason"], "the order is no longer open");
+    ctx.cleanup().await;
+}
