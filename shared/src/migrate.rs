@@ -88,6 +88,10 @@ pub const EMBEDDED: &[(&str, &str)] = &[
         "0007_waiting_room.sql",
         include_str!("../../migrations/0007_waiting_room.sql"),
     ),
+    (
+        "0008_unmatched_payments.sql",
+        include_str!("../../migrations/0008_unmatched_payments.sql"),
+    ),
 ];
 
 /// Splits SQL text into statements at the delimiter (`;`) outside quotes and comments;

@@ -19,10 +19,20 @@
 //! at least once, late and out of order, and the receiver makes an event's effect
 //! happen once (the payment id is unique in the database, the close is decided once in
 //! Redis).
+//!
+//! Once the signature holds, the event is read leniently ([`Received::read`]): a provider
+//! treats a 4xx as final and stops resending, so only what is no payment event at all
+//! ([`NotAnEvent`]) may be refused. Unknown fields are ignored, and a field outside the
+//! accepted form is a reason the payment cannot be applied ([`Received::defects`]), which
+//! the receiver records with the payment: the money taken is then listed, never lost
+//! with a refusal.
 
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
-use sha2::Sha256;
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::domain::{OrderId, PaymentRef, UserId};
 
 /// The header that carries the signature.
 pub const SIGNATURE_HEADER: &str = "seckill-signature";
@@ -193,9 +203,10 @@ pub enum EventType {
     Failed,
 }
 
-/// A payment event as the provider sends it (the body of `POST /payments/webhook`).
+/// A payment event as the provider sends it (the body of `POST /payments/webhook`): what
+/// a sender builds (`seckill pay`, the tests). Fields it does not name are ignored when
+/// read; the receiver reads events with [`Received::read`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Event {
     /// The event's own id: the same event delivered again carries the same id.
     pub id: String,
@@ -210,7 +221,6 @@ pub struct Event {
 /// The payment an event is about. `order_id` and `buyer` are what the shop gave the
 /// provider when the payment started (its checkout); the provider sends them back.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct PaymentData {
     /// The provider's payment id: pays at most one order.
     pub payment_id: String,
@@ -225,115 +235,204 @@ pub struct PaymentData {
     pub currency: String,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The longest event id recorded as sent (`payments.event_id`); a longer one is
+/// recorded by its [`stand_in`].
+pub const MAX_EVENT_ID_CHARS: usize = 128;
 
-    const NOW: i64 = 1_795_000_000;
+/// What the ledger records as the currency of an event whose currency is no
+/// three-letter code: ISO 4217's own code for "no currency".
+pub const NO_CURRENCY: &str = "XXX";
 
-    fn secrets() -> Secrets {
-        Secrets::parse("whsec_current_0123456789,whsec_previous_0123456789").unwrap()
-    }
+/// A body that is no payment event at all: not a JSON object, or a `type` other than
+/// [`EventType`]'s. The only events a receiver refuses once the signature holds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a payment event: {0}")]
+pub struct NotAnEvent(pub String);
 
-    #[test]
-    fn a_signature_made_with_either_secret_is_accepted() {
-        let body = br#"{"id":"evt_1"}"#;
-        for secret in [
-            &b"whsec_current_0123456789"[..],
-            b"whsec_previous_0123456789",
-        ] {
-            let h = header(&[secret], NOW, body);
-            assert_eq!(verify(&secrets(), Some(&h), body, NOW + 10), Ok(NOW));
+/// A payment event as received, read leniently after its signature held.
+///
+/// Every field is read on its own, so one outside the accepted form spoils only itself:
+/// the payment is still recorded (under its id, or a stand-in for it), and the reasons it
+/// cannot be applied are in [`Received::defects`] (the payment id, amount or currency),
+/// [`Received::order`] and [`Received::buyer`]. Unknown fields are ignored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Received {
+    pub kind: EventType,
+    /// The payment's key in the ledger: the provider's payment id when it is of the
+    /// accepted form ([`PaymentRef`]), else a [`stand_in`] of what was sent, so every
+    /// delivery of the event names the same row (and no provider's id can be it).
+    pub payment_id: String,
+    /// The payment id, when it is of the accepted form (only then can it close an order).
+    pub payment: Option<PaymentRef>,
+    /// The order named, or why none is (missing, or not a positive decimal id; a JSON
+    /// integer is read too).
+    pub order: Result<OrderId, String>,
+    /// The buyer named, or why nobody is (missing, or no user id can be it).
+    pub buyer: Result<UserId, String>,
+    /// In minor units; `None` when missing or not an integer (JSON Schema's: `5.0` is 5).
+    pub amount_minor: Option<i64>,
+    /// ISO 4217 in upper case (`eur` is read `EUR`); `None` when not three letters.
+    pub currency: Option<String>,
+    /// The event's id as recorded: as sent when it is a string of 1 to
+    /// [`MAX_EVENT_ID_CHARS`] characters, else a [`stand_in`]. Only ever shown: nothing
+    /// is decided by it, so an odd one spoils nothing.
+    pub event_id: String,
+    /// When the provider made the event (unix milliseconds), if it says so readably.
+    pub created_ms: Option<i64>,
+    /// Why the payment cannot be applied to any order: its id, amount or currency is
+    /// missing or outside the accepted form. Empty for a usable event.
+    pub defects: Vec<String>,
+}
+
+impl Received {
+    /// Reads an event's body (whose signature held). [`NotAnEvent`] only when it is no
+    /// payment event at all.
+    pub fn read(body: &[u8]) -> Result<Received, NotAnEvent> {
+        let event: Value =
+            serde_json::from_slice(body).map_err(|e| NotAnEvent(format!("not JSON: {e}")))?;
+        let Value::Object(event) = event else {
+            return Err(NotAnEvent("not a JSON object".into()));
+        };
+        let kind = match event.get("type") {
+            Some(t) => EventType::deserialize(t).map_err(|_| {
+                NotAnEvent(format!(
+                    "type {} is neither payment.succeeded nor payment.failed",
+                    shown(t)
+                ))
+            })?,
+            None => return Err(NotAnEvent("it has no type".into())),
+        };
+        let no_data = Map::new();
+        let data = match event.get("data") {
+            Some(Value::Object(data)) => data,
+            _ => &no_data,
+        };
+        // What names this event when it names no payment id of its own: its id, else
+        // its bytes (the same event is delivered with the same body).
+        let event_name = match event.get("id") {
+            Some(id) => format!("event:{id}"),
+            None => format!("body:{}", hex(&Sha256::digest(body))),
+        };
+        let mut defects = Vec::new();
+        let accepted = data
+            .get("payment_id")
+            .and_then(Value::as_str)
+            .and_then(|s| PaymentRef::parse(s).ok());
+        let (payment_id, payment) = match (accepted, data.get("payment_id")) {
+            (Some(p), _) => (p.as_str().to_string(), Some(p)),
+            (None, Some(v)) => {
+                defects.push(format!(
+                    "the payment id {} is not 1 to 128 characters of A-Z a-z 0-9 . _ : -",
+                    shown(v)
+                ));
+                (stand_in(&format!("payment_id:{v}")), None)
+            }
+            (None, None) => {
+                defects.push("the event names no payment id".into());
+                (stand_in(&event_name), None)
+            }
+        };
+        let amount_minor = data
+            .get("amount_minor")
+            .and_then(|v| crate::json::integral(v).ok());
+        if amount_minor.is_none() {
+            defects.push(match data.get("amount_minor") {
+                Some(v) => format!(
+                    "the amount {} is not a whole number of minor units",
+                    shown(v)
+                ),
+                None => "the event names no amount".into(),
+            });
         }
-        // A sender rotating signs with both.
-        let h = header(
-            &[b"whsec_unknown_012345678", b"whsec_current_0123456789"],
-            NOW,
-            body,
-        );
-        assert_eq!(verify(&secrets(), Some(&h), body, NOW), Ok(NOW));
-    }
-
-    #[test]
-    fn a_changed_body_a_wrong_secret_or_a_stale_timestamp_is_refused() {
-        let body = br#"{"id":"evt_1","amount_minor":100}"#;
-        let h = header(&[b"whsec_current_0123456789"], NOW, body);
-        let changed = br#"{"id":"evt_1","amount_minor":1}"#;
-        assert_eq!(
-            verify(&secrets(), Some(&h), changed, NOW),
-            Err(SignatureError::Mismatch)
-        );
-        let other = header(&[b"whsec_other_0123456789ab"], NOW, body);
-        assert_eq!(
-            verify(&secrets(), Some(&other), body, NOW),
-            Err(SignatureError::Mismatch)
-        );
-        assert_eq!(
-            verify(&secrets(), Some(&h), body, NOW + TOLERANCE_S + 1),
-            Err(SignatureError::OutsideTolerance(TOLERANCE_S + 1))
-        );
-        assert_eq!(
-            verify(&secrets(), Some(&h), body, NOW - TOLERANCE_S - 1),
-            Err(SignatureError::OutsideTolerance(-TOLERANCE_S - 1))
-        );
-        // The timestamp is signed: moving it breaks the signature.
-        let moved = h.replacen(&format!("t={NOW}"), &format!("t={}", NOW + 5), 1);
-        assert_eq!(
-            verify(&secrets(), Some(&moved), body, NOW),
-            Err(SignatureError::Mismatch)
-        );
-    }
-
-    #[test]
-    fn malformed_headers_are_refused() {
-        let body = b"{}";
-        for h in [
-            "",
-            "t=abc,v1=00",
-            "v1=00",
-            &format!("t={NOW}"),
-            &format!("t={NOW},v1=zz"),
-            &format!("t={NOW},v1=0"),
-            "garbage",
-        ] {
-            assert_eq!(
-                verify(&secrets(), Some(h), body, NOW),
-                Err(SignatureError::Malformed),
-                "{h:?}"
-            );
+        let currency = match data.get("currency") {
+            Some(Value::String(c))
+                if c.len() == 3 && c.bytes().all(|b| b.is_ascii_alphabetic()) =>
+            {
+                Some(c.to_ascii_uppercase())
+            }
+            _ => None,
+        };
+        if currency.is_none() {
+            defects.push(match data.get("currency") {
+                Some(v) => format!(
+                    "the currency {} is not a three-letter ISO 4217 code",
+                    shown(v)
+                ),
+                None => "the event names no currency".into(),
+            });
         }
-        assert_eq!(
-            verify(&secrets(), None, body, NOW),
-            Err(SignatureError::Missing)
-        );
+        let order = match data.get("order_id") {
+            Some(Value::String(s)) => s.parse::<OrderId>().ok(),
+            Some(Value::Number(n)) => n.as_i64().and_then(OrderId::new),
+            _ => None,
+        }
+        .ok_or_else(|| match data.get("order_id") {
+            Some(v) => format!("the order id {} is not a positive decimal id", shown(v)),
+            None => "the event names no order".into(),
+        });
+        let buyer = match data.get("buyer") {
+            Some(Value::String(s)) => UserId::parse(s)
+                .map_err(|e| format!("the buyer {} is no user id ({e})", shown(&json_text(s)))),
+            Some(v) => Err(format!("the buyer {} is no user id", shown(v))),
+            None => Err("the event names no buyer".into()),
+        };
+        let event_id = match event.get("id") {
+            Some(Value::String(s)) if (1..=MAX_EVENT_ID_CHARS).contains(&s.chars().count()) => {
+                s.clone()
+            }
+            _ => stand_in(&event_name),
+        };
+        let created_ms = event
+            .get("created")
+            .and_then(|c| crate::json::integral(c).ok())
+            .map(|s| s.saturating_mul(1000));
+        Ok(Received {
+            kind,
+            payment_id,
+            payment,
+            order,
+            buyer,
+            amount_minor,
+            currency,
+            event_id,
+            created_ms,
+            defects,
+        })
     }
 
-    #[test]
-    fn secrets_are_one_or_two_and_long_enough() {
-        assert!(Secrets::parse("whsec_current_0123456789").is_ok());
-        assert!(Secrets::parse("").is_err());
-        assert!(Secrets::parse("short").is_err());
-        assert!(
-            Secrets::parse("a123456789abcdefgh,b123456789abcdefgh,c123456789abcdefgh").is_err()
-        );
-        assert!(!format!("{:?}", secrets()).contains("whsec"));
+    /// The amount as the ledger records it: 0 when the event gave none readably (the
+    /// reason recorded with the payment says what it gave).
+    pub fn amount_recorded(&self) -> i64 {
+        self.amount_minor.unwrap_or(0)
     }
 
-    #[test]
-    fn events_read_as_the_provider_sends_them() {
-        let e: Event = serde_json::from_str(
-            r#"{"id":"evt_1","type":"payment.succeeded","created":1795000000,
-                "data":{"payment_id":"pay_1","order_id":"42","buyer":"alice",
-                        "amount_minor":1999,"currency":"EUR"}}"#,
-        )
-        .unwrap();
-        assert_eq!(e.kind, EventType::Succeeded);
-        assert_eq!(e.data.amount_minor, 1999);
-        assert!(
-            serde_json::from_str::<Event>(
-                r#"{"id":"evt_1","type":"payment.refunded","created":1,"data":{}}"#
-            )
-            .is_err()
-        );
+    /// The currency as the ledger records it: [`NO_CURRENCY`] when the event gave no
+    /// three-letter code.
+    pub fn currency_recorded(&self) -> &str {
+        self.currency.as_deref().unwrap_or(NO_CURRENCY)
     }
 }
+
+/// What the ledger records for a value sent outside the accepted form (a payment id, an
+/// event id): `#` and the SHA-256 of `sent` in hex, 65 characters. The same value always
+/// gives the same stand-in; `#` is in no accepted payment id, so no provider's id is one.
+pub fn stand_in(sent: &str) -> String {
+    format!("#{}", hex(&Sha256::digest(sent.as_bytes())))
+}
+
+/// `s` as JSON text (quoted and escaped, as a reason shows it).
+fn json_text(s: &str) -> Value {
+    Value::String(s.to_string())
+}
+
+/// A value as a reason shows it: its JSON text, cut after 40 characters.
+fn shown(v: &Value) -> String {
+    let text = v.to_string();
+    match text.char_indices().nth(40) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -5,10 +5,11 @@
 //! per-user rate limit ([`limiter`]), take an order id from a leased block, run the one
 //! atomic Lua script, answer `202` with the order id. The database is written later by
 //! order-drainer. The other routes: [`vouchers`], [`queue`], [`orders`], [`payment`],
-//! [`operators`] (the live view's figures) and [`pages`] (the buyer page and the live view).
+//! [`webhook`] (the payment provider's events), [`operators`] (the live view's figures)
+//! and [`pages`] (the buyer page and the live view).
 //!
 //! Modules refer only downwards: [`routes`] → the handlers ([`vouchers`], [`admission`],
-//! [`orders`], [`payment`]) → [`repair`] and [`lookup`] → [`app`] → [`config`]; the
+//! [`orders`], [`webhook`] → [`payment`]) → [`repair`] and [`lookup`] → [`app`] → [`config`]; the
 //! leaves ([`error`], [`request`], [`identity`], [`cache`], [`limiter`],
 //! [`secrets`], [`costs`]) refer to none of these. [`queue`] (the waiting room) is a handler too,
 //! and the admission asks it for the entry check.
@@ -32,6 +33,7 @@ pub mod request;
 pub mod routes;
 pub mod secrets;
 pub mod vouchers;
+pub mod webhook;
 
 pub use app::App;
 pub use config::Config;

@@ -32,8 +32,12 @@
 //! (retry). A repairer that dies leaves the lock to expire.
 //!
 //! 4. for a voucher with a payment step, restores the deadlines of the orders the database
-//!    holds `awaiting_payment` (orders not drained yet get theirs back when the drainer
-//!    writes them), so they can still be paid and still expire.
+//!    holds `awaiting_payment`, and of the orders its streams still hold undrained
+//!    (admission + pay window, as the admission wrote it; the drainer restores the same
+//!    when it writes them, but until then a payment would find such an order closed), so
+//!    every open order can still be paid and still expire. An undrained order the
+//!    database already holds closed or refused (written, its ack lost) gets none: it
+//!    would expire, and give a unit back, a second time.
 //!
 //! A repair is bounded, and resumable: one request's part reads at most
 //! `SECKILL_REPAIR_PART_ROWS` order rows (100,000 by default) or [`REPAIR_PART_TIME`],
@@ -67,12 +71,15 @@ use serde::{Deserialize, Serialize};
 use seckill_shared::adapters::closes::restore_deadlines;
 use seckill_shared::adapters::redis::RedisSales;
 use seckill_shared::adapters::transfers;
-use seckill_shared::domain::{Bucket, OrderId, Reopen, UnixMillis, VoucherId, now_millis};
+use seckill_shared::domain::{
+    Bucket, OrderId, OrderStatus, Reopen, UnixMillis, Voucher, VoucherId, now_millis,
+};
 use seckill_shared::error::StoreError;
 
 use crate::app::App;
 use crate::cache::Known;
 use crate::error::ApiError;
+use crate::lookup::undrained_orders;
 
 /// How long a repair lock lasts if its holder never releases it (it died).
 pub const REPAIR_LOCK_MS: u64 = 10_000;
@@ -407,7 +414,7 @@ async fn repair_locked(
         // while its buckets were empty or missing, must not outlive the repair.
         transfers::clear_sold_out(&sales.conn(), id).await?;
     }
-    if voucher.payment.is_some() {
+    if let Some(terms) = voucher.payment {
         let mut after = 0;
         loop {
             let page = app.db.awaiting_payment(id, after).await?;
@@ -424,7 +431,42 @@ async fn repair_locked(
                 restore_deadlines(&sales.conn(), b, &open).await?;
             }
         }
+        for b in &missing {
+            undrained_deadlines(app, sales, &voucher, *b, terms.pay_within_ms).await?;
+        }
     }
     sales.clear_repair_progress(id).await?;
     Ok(true)
+}
+
+/// Gives the orders `bucket`'s stream holds undrained their deadlines back (step 4):
+/// admission + `pay_within_ms`, the deadline the admission wrote and the drainer writes
+/// again (`ZADD NX`, so a deadline still there or restored meanwhile stays). Without it
+/// such an order would be open in the database once drained, yet a payment before then
+/// would find it neither open nor closed in Redis. Left out: orders the database holds
+/// in any status but `awaiting_payment` (written and settled while their entry waited for
+/// its ack), whose deadline would expire them a second time. Returns how many were given.
+async fn undrained_deadlines(
+    app: &App,
+    sales: &RedisSales,
+    voucher: &Voucher,
+    bucket: Bucket,
+    pay_within_ms: i64,
+) -> Result<usize, ApiError> {
+    let undrained = undrained_orders(sales, bucket, 0).await?;
+    if undrained.is_empty() {
+        return Ok(0);
+    }
+    let ids: Vec<OrderId> = undrained.iter().map(|o| o.id).collect();
+    let rows = app.db.order_statuses(voucher.id, &ids).await?;
+    let open: Vec<(OrderId, &str, UnixMillis)> = undrained
+        .iter()
+        .filter(|o| {
+            rows.get(&o.id)
+                .is_none_or(|s| *s == OrderStatus::AwaitingPayment)
+        })
+        .map(|o| (o.id, o.user.as_str(), o.admitted_ms + pay_within_ms))
+        .collect();
+    restore_deadlines(&sales.conn(), bucket, &open).await?;
+    Ok(open.len())
 }

@@ -17,7 +17,7 @@ use seckill_shared::domain::{UnixMillis, now_millis};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::identity::identify;
-use crate::{admission, operators, orders, pages, payment, queue, vouchers};
+use crate::{admission, operators, orders, pages, payment, queue, vouchers, webhook};
 
 /// Every route: method, path pattern, whether it needs a token. The SAM template must
 /// declare exactly these (a test compares them).
@@ -331,7 +331,7 @@ async fn dispatch(app: &App, req: &Request, route: &Route<'_>) -> Result<Respons
             payment::cancel_order(app, &caller, now, id).await
         }
         // No token: the provider signs its events (checked before anything is read).
-        Route::PaymentWebhook => payment::webhook(app, req, now_millis()).await,
+        Route::PaymentWebhook => webhook::webhook(app, req, now_millis()).await,
         Route::SaleStatus => {
             let (caller, now) = who()?;
             operators::status(app, req, &caller, now).await

@@ -13,6 +13,11 @@
 //! payment `paid` for it; what does not match, and payments still `received` long after
 //! they were recorded, are found for the operators (`seckill status`, `seckill
 //! reconcile`).
+//!
+//! A payment whose event names no order any voucher has (an order id outside the
+//! accepted form, or one nobody found: `migrations/0008_unmatched_payments.sql`) is
+//! recorded too, without a voucher (and without an order when it named none readably):
+//! [`Payments::of_no_voucher`] lists those for the operators, since no voucher's list can.
 
 use aws_sdk_rdsdata::types::Field;
 
@@ -31,7 +36,9 @@ pub enum Outcome {
     RefundDue,
     /// The provider says this attempt failed.
     Failed,
-    /// Its amount or currency was not the voucher's price.
+    /// It cannot be applied: its amount or currency was not the voucher's price, or its
+    /// event was outside the accepted form or named no order of its buyer (the reason
+    /// says which). Money taken for nothing: to refund.
     Refused,
 }
 
@@ -79,24 +86,25 @@ impl Outcome {
     }
 }
 
-/// A payment as the provider described it, for an order.
+/// A payment as the provider described it, for an order (`None`: the event named no
+/// order readably; `voucher` `None`: no voucher has the order).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewPayment<'a> {
     pub payment_id: &'a str,
-    pub order: OrderId,
-    pub voucher: VoucherId,
+    pub order: Option<OrderId>,
+    pub voucher: Option<VoucherId>,
     pub amount_minor: i64,
     pub currency: &'a str,
     pub event_id: &'a str,
     pub received_ms: UnixMillis,
 }
 
-/// A payment's row.
+/// A payment's row (`order` and `voucher` as in [`NewPayment`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PaymentRow {
     pub payment_id: String,
-    pub order: OrderId,
-    pub voucher: VoucherId,
+    pub order: Option<OrderId>,
+    pub voucher: Option<VoucherId>,
     pub amount_minor: i64,
     pub currency: String,
     pub outcome: Outcome,
@@ -214,6 +222,40 @@ pub struct Unmatched {
     pub received_ms: Option<UnixMillis>,
 }
 
+/// [`Payments::of_no_voucher`]'s query (`:outcome`): the rows without a voucher, through the
+/// same index (its NULLs are one range of it), never the table.
+pub fn no_voucher_list_sql() -> String {
+    format!(
+        "SELECT {COLUMNS} FROM payments FORCE INDEX (payments_by_voucher_outcome) \
+         WHERE voucher_id IS NULL AND outcome = :outcome \
+         ORDER BY received_at, payment_id LIMIT {LIST_LIMIT}"
+    )
+}
+
+/// [`Payments::of_no_voucher_counts`]'s query.
+pub const NO_VOUCHER_COUNTS_SQL: &str = "SELECT outcome, COUNT(*) FROM payments FORCE INDEX (payments_by_voucher_outcome) \
+     WHERE voucher_id IS NULL GROUP BY outcome";
+
+/// The longest reason recorded (`payments.reason`): a longer one is cut, never a write
+/// the database refuses (which the provider would be answered 503 for, for ever).
+pub const MAX_REASON_CHARS: usize = 255;
+
+/// `reason` as recorded: at most [`MAX_REASON_CHARS`] characters.
+fn reason_param(reason: Option<&str>) -> aws_sdk_rdsdata::types::SqlParameter {
+    match reason {
+        Some(r) => param::string(
+            "reason",
+            &r.chars().take(MAX_REASON_CHARS).collect::<String>(),
+        ),
+        None => param::null("reason"),
+    }
+}
+
+/// An optional id as a parameter (`NULL` when absent).
+fn id_param(name: &str, id: Option<i64>) -> aws_sdk_rdsdata::types::SqlParameter {
+    id.map_or_else(|| param::null(name), |id| param::long(name, id))
+}
+
 /// The payments ledger, through the Data API.
 pub struct Payments<'a>(pub &'a DataApi);
 
@@ -235,12 +277,12 @@ impl Payments<'_> {
                  IF(:outcome = 'received', NULL, :at))",
                 vec![
                     param::string("p", p.payment_id),
-                    param::long("o", p.order.get()),
-                    param::long("v", p.voucher.get()),
+                    id_param("o", p.order.map(OrderId::get)),
+                    id_param("v", p.voucher.map(VoucherId::get)),
                     param::long("amount", p.amount_minor),
                     param::string("currency", p.currency),
                     param::string("outcome", outcome.as_str()),
-                    reason.map_or_else(|| param::null("reason"), |r| param::string("reason", r)),
+                    reason_param(reason),
                     param::string("event", p.event_id),
                     param::timestamp("at", p.received_ms),
                 ],
@@ -268,7 +310,8 @@ impl Payments<'_> {
     /// Moves the payment to `outcome` (with `reason`) if it may go there from where it
     /// stands ([`Outcome::may_follow`]), as event `p` decides it: the row takes that
     /// event's amount and currency (a failed attempt's may differ from the money the
-    /// success took). Returns the row as it stands after.
+    /// success took), and its voucher if it had none (recorded before its order was
+    /// found). Returns the row as it stands after.
     pub async fn decide(
         &self,
         p: &NewPayment<'_>,
@@ -287,13 +330,14 @@ impl Payments<'_> {
                 .execute(
                     &format!(
                         "UPDATE payments SET outcome = :outcome, reason = :reason, event_id = :event, \
-                         amount_minor = :amount, currency = :currency, decided_at = :at \
+                         amount_minor = :amount, currency = :currency, decided_at = :at, \
+                         voucher_id = COALESCE(voucher_id, :v) \
                          WHERE payment_id = :p AND outcome IN ({allowed})"
                     ),
                     vec![
                         param::string("outcome", outcome.as_str()),
-                        reason
-                            .map_or_else(|| param::null("reason"), |r| param::string("reason", r)),
+                        reason_param(reason),
+                        id_param("v", p.voucher.map(VoucherId::get)),
                         param::string("event", p.event_id),
                         param::long("amount", p.amount_minor),
                         param::string("currency", p.currency),
@@ -338,21 +382,55 @@ impl Payments<'_> {
             .0
             .execute(COUNTS_SQL, vec![param::long("v", voucher.get())], None)
             .await?;
-        let bad = || StoreError::Corrupt("payments count: unexpected row".into());
-        out.records()
-            .iter()
-            .map(|r| match r.as_slice() {
-                [outcome, n] => Ok((
-                    field::string(outcome)
-                        .and_then(|o| Outcome::parse(&o))
-                        .ok_or_else(bad)?,
-                    field::long(n)
-                        .and_then(|n| u64::try_from(n).ok())
-                        .ok_or_else(bad)?,
-                )),
-                _ => Err(bad()),
-            })
-            .collect()
+        outcome_counts(out.records())
+    }
+
+    /// The payments of no voucher (their event named no order any voucher has) at
+    /// `outcome`, oldest first, at most [`LIST_LIMIT`] ([`no_voucher_list_sql`]).
+    pub async fn of_no_voucher(&self, outcome: Outcome) -> Result<Vec<PaymentRow>, StoreError> {
+        let out = self
+            .0
+            .execute(
+                &no_voucher_list_sql(),
+                vec![param::string("outcome", outcome.as_str())],
+                None,
+            )
+            .await?;
+        out.records().iter().map(|r| row(r)).collect()
+    }
+
+    /// How many payments of no voucher stand at each outcome ([`NO_VOUCHER_COUNTS_SQL`]).
+    pub async fn of_no_voucher_counts(&self) -> Result<Vec<(Outcome, u64)>, StoreError> {
+        let out = self.0.execute(NO_VOUCHER_COUNTS_SQL, vec![], None).await?;
+        outcome_counts(out.records())
+    }
+}
+
+/// Rows of `(outcome, count)`.
+fn outcome_counts(records: &[Vec<Field>]) -> Result<Vec<(Outcome, u64)>, StoreError> {
+    let bad = || StoreError::Corrupt("payments count: unexpected row".into());
+    records
+        .iter()
+        .map(|r| match r.as_slice() {
+            [outcome, n] => Ok((
+                field::string(outcome)
+                    .and_then(|o| Outcome::parse(&o))
+                    .ok_or_else(bad)?,
+                field::long(n)
+                    .and_then(|n| u64::try_from(n).ok())
+                    .ok_or_else(bad)?,
+            )),
+            _ => Err(bad()),
+        })
+        .collect()
+}
+
+/// A column holding an id or `NULL`: `Some(None)` for `NULL`, `None` for anything else
+/// than a positive id.
+fn nullable_id<T>(f: &Field, id: impl Fn(i64) -> Option<T>) -> Option<Option<T>> {
+    match f {
+        Field::IsNull(true) => Some(None),
+        f => field::long(f).and_then(id).map(Some),
     }
 }
 
@@ -478,10 +556,8 @@ fn row(r: &[Field]) -> Result<PaymentRow, StoreError> {
     };
     Ok(PaymentRow {
         payment_id: field::string(payment_id).ok_or_else(bad)?,
-        order: field::long(order).and_then(OrderId::new).ok_or_else(bad)?,
-        voucher: field::long(voucher)
-            .and_then(VoucherId::new)
-            .ok_or_else(bad)?,
+        order: nullable_id(order, OrderId::new).ok_or_else(bad)?,
+        voucher: nullable_id(voucher, VoucherId::new).ok_or_else(bad)?,
         amount_minor: field::long(amount).ok_or_else(bad)?,
         currency: field::string(currency).ok_or_else(bad)?,
         outcome: field::string(outcome)

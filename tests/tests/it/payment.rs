@@ -328,14 +328,17 @@ async fn pay_cancel_and_expiry_follow_the_contract() {
         (200, "refund_due")
     );
     assert_eq!(code(&cancel(&app, a, "alice").await), (409, "order_paid"));
+    // A payment id outside the accepted form cannot close an order: recorded refused
+    // (under a stand-in for the id), the money listed for a refund.
     assert_eq!(
-        code(&pay(&app, a, "alice", "bad ref").await),
-        (400, "invalid_request")
+        outcome(&pay(&app, a, "alice", "bad ref").await),
+        (200, "refused")
     );
-    // Another user's order does not exist for them, nor for an event naming them.
+    // Another user's order does not exist for them; an event naming them waits for the
+    // order's drain (the database then says whose it is).
     assert_eq!(
         code(&pay(&app, a, "mallory", "pi_m").await),
-        (404, "not_found")
+        (503, "unavailable")
     );
     assert_eq!(code(&cancel(&app, a, "mallory").await), (404, "not_found"));
 
@@ -480,9 +483,14 @@ async fn pay_cancel_and_expiry_follow_the_contract() {
     let pid = plain["id"].as_str().unwrap();
     let res = buy(&app, pid, "alice").await;
     let order = res.1["order_id"].as_str().unwrap();
-    assert_eq!(
-        code(&pay(&app, order, "alice", "pi_1").await),
-        (409, "payment_not_required")
+    // A provider's payment for it took money all the same: recorded, to refund.
+    let res = pay(&app, order, "alice", "pi_1").await;
+    assert_eq!(outcome(&res), (200, "refused"), "{}", res.1);
+    assert!(
+        res.1["reason"]
+            .as_str()
+            .unwrap()
+            .contains("takes no payment")
     );
     assert_eq!(
         code(&checkout(&app, order, "alice").await),
@@ -494,8 +502,12 @@ async fn pay_cancel_and_expiry_follow_the_contract() {
     );
     // Only its buyer learns that.
     assert_eq!(
-        code(&pay(&app, order, "mallory", "pi_1").await),
+        code(&checkout(&app, order, "mallory").await),
         (404, "not_found")
+    );
+    assert_eq!(
+        outcome(&pay(&app, order, "mallory", "pi_2").await),
+        (200, "refused")
     );
     let res = get_order(&app, order, "alice").await;
     assert_eq!(status(&res), (200, "pending"));
@@ -1400,8 +1412,9 @@ async fn reconcile_sees_no_discrepancy_in_a_payment_sale() {
 }
 
 /// Redis loses a payment sale (sale, buyers and deadlines): the repair restores the
-/// deadlines of the orders the database holds, the drainer those of the orders it writes
-/// afterwards, so every open order can still be paid, cancelled or expire.
+/// deadlines of the orders the database holds and of those its stream holds undrained
+/// (the drainer restores the same when it writes them), so every open order can still be
+/// paid, cancelled or expire.
 #[tokio::test]
 async fn deadlines_lost_with_the_sale_come_back_with_the_repair_and_the_drain() {
     let ctx = DrainCtx::start().await;
@@ -1438,14 +1451,14 @@ async fn deadlines_lost_with_the_sale_come_back_with_the_repair_and_the_drain() 
     assert_eq!(body["stock_left"], 1);
     assert_eq!(
         open(&ctx).await,
-        4,
-        "the drained orders' deadlines are back"
+        5,
+        "the drained orders' deadlines are back, and erin's (not drained) from the stream"
     );
     quick_drain(&ctx).await;
     assert_eq!(
         open(&ctx).await,
         5,
-        "erin's deadline is back once her order is written"
+        "erin's deadline stays once her order is written"
     );
 
     assert_eq!(
@@ -1861,8 +1874,8 @@ async fn a_wrong_amount_after_an_undecided_failure_is_refused_once_the_failure_i
         .record(
             &NewPayment {
                 payment_id: "pay_fay",
-                order: order.parse().unwrap(),
-                voucher: v.id,
+                order: Some(order.parse().unwrap()),
+                voucher: Some(v.id),
                 amount_minor: TEST_PRICE_MINOR,
                 currency: TEST_CURRENCY,
                 event_id: "evt_failed",
@@ -2022,7 +2035,8 @@ async fn a_payment_for_an_order_of_a_lost_sale_is_answered_503_until_it_can_be_a
 /// open, and a later `succeeded` of the same payment pays it (a `failed` arriving after
 /// that changes nothing); a wrong amount or currency is refused with a 4xx, recorded
 /// `refused`, and pays nothing; a payment id recorded for one order is refused for
-/// another; events no signature vouches for, or that cannot be read, change nothing.
+/// another; events no signature vouches for, or that are no payment event, change
+/// nothing; a payment that cannot be applied is recorded `refused` and answered 200.
 #[tokio::test]
 async fn the_webhook_records_each_payment_once_and_refuses_what_it_cannot_apply() {
     use seckill_shared::adapters::payments::{Outcome, Payments};
@@ -2050,7 +2064,12 @@ async fn the_webhook_records_each_payment_once_and_refuses_what_it_cannot_apply(
                 .get(payment)
                 .await
                 .unwrap()
-                .map(|p| (p.outcome, p.order.to_string()))
+                .map(|p| {
+                    (
+                        p.outcome,
+                        p.order.map(|o| o.to_string()).unwrap_or_default(),
+                    )
+                })
         }
     };
 
@@ -2166,6 +2185,11 @@ async fn the_webhook_records_each_payment_once_and_refuses_what_it_cannot_apply(
         let res = call(&app, webhook_request(&body, sig.as_deref())).await;
         assert_eq!(code(&res), (401, "unauthorized"), "{what}: {}", res.1);
     }
+    // No payment event at all: refused, nothing recorded. An event that is a payment
+    // but cannot be applied is recorded `refused` and answered 200 (the money listed
+    // for a refund: the provider stops sending either way); one whose order may still
+    // turn out to be its buyer's (not drained, and Redis does not show it as theirs)
+    // is answered 503 until it is drained.
     for (what, body, want) in [
         ("not JSON", "{".to_string(), (400, "invalid_request")),
         (
@@ -2174,7 +2198,7 @@ async fn the_webhook_records_each_payment_once_and_refuses_what_it_cannot_apply(
             (400, "invalid_request"),
         ),
         (
-            "an unknown order",
+            "an order nobody has, of an id leased long ago",
             event(
                 "payment.succeeded",
                 "4242424242",
@@ -2183,10 +2207,10 @@ async fn the_webhook_records_each_payment_once_and_refuses_what_it_cannot_apply(
                 TEST_PRICE_MINOR,
                 TEST_CURRENCY,
             ),
-            (404, "not_found"),
+            (200, "refused"),
         ),
         (
-            "another buyer",
+            "another buyer, the order not drained",
             event(
                 "payment.succeeded",
                 dee,
@@ -2195,10 +2219,10 @@ async fn the_webhook_records_each_payment_once_and_refuses_what_it_cannot_apply(
                 TEST_PRICE_MINOR,
                 TEST_CURRENCY,
             ),
-            (404, "not_found"),
+            (503, "unavailable"),
         ),
         (
-            "a buyer no user id can be",
+            "a buyer no user id can be, the order not drained",
             event(
                 "payment.succeeded",
                 dee,
@@ -2207,43 +2231,57 @@ async fn the_webhook_records_each_payment_once_and_refuses_what_it_cannot_apply(
                 TEST_PRICE_MINOR,
                 TEST_CURRENCY,
             ),
-            (404, "not_found"),
+            (503, "unavailable"),
         ),
-        // Fields the ledger's columns could not hold: refused before any write (a
-        // failed write would be a 503 the provider resends forever).
+        // Fields outside the form the ledger's columns take: recorded all the same.
         (
             "a four-letter currency",
             event(
                 "payment.succeeded",
                 dee,
                 "dee",
-                "pay_y",
+                "pay_dee_euro",
                 TEST_PRICE_MINOR,
                 "EURO",
             ),
-            (400, "invalid_request"),
-        ),
-        (
-            "an event id of 129 characters",
-            with_field(&dee_pays, &["id"], json!("e".repeat(129))),
-            (400, "invalid_request"),
+            (200, "refused"),
         ),
         (
             "an amount with a fraction",
-            with_field(&dee_pays, &["data", "amount_minor"], json!(1999.5)),
-            (400, "invalid_request"),
+            with_field(
+                &dee_pays.replace("pay_dee", "pay_dee_half"),
+                &["data", "amount_minor"],
+                json!(1999.5),
+            ),
+            (200, "refused"),
         ),
     ] {
         let res = deliver(&app, &body).await;
-        assert_eq!(code(&res), want, "{what}: {}", res.1);
+        let got = match want.0 {
+            200 => outcome(&res),
+            _ => code(&res),
+        };
+        assert_eq!(got, want, "{what}: {}", res.1);
     }
     assert_eq!(ledger("pay_dee").await, None);
-    assert_eq!(ledger("pay_x").await, None);
+    assert_eq!(
+        ledger("pay_x").await,
+        Some((Outcome::Refused, "4242424242".to_string()))
+    );
     assert_eq!(ledger("pay_y").await, None);
+    for refused in ["pay_dee_euro", "pay_dee_half"] {
+        assert_eq!(
+            ledger(refused).await,
+            Some((Outcome::Refused, dee.to_string())),
+            "{refused}"
+        );
+    }
     assert_eq!(status(&get_order(&app, dee, "dee").await), (200, "pending"));
-    // And the real one pays, its amount written as JSON Schema's integers may be.
+    // And the real one pays, its amount written as JSON Schema's integers may be, its
+    // event id longer than the ledger keeps (recorded by a stand-in).
     let float_amount = f64::from(u32::try_from(TEST_PRICE_MINOR).unwrap());
     let dee_pays = with_field(&dee_pays, &["data", "amount_minor"], json!(float_amount));
+    let dee_pays = with_field(&dee_pays, &["id"], json!("e".repeat(129)));
     assert!(dee_pays.contains(".0"), "{dee_pays}");
     assert_eq!(outcome(&deliver(&app, &dee_pays).await), (200, "paid"));
     drain_until_settled(&ctx, v.id).await;
@@ -2425,5 +2463,628 @@ async fn payment_queries_examine_about_the_rows_they_match_on_a_table_never_anal
     assert_eq!(end[0].1, 1, "orders await payment");
     assert!(examined <= 10, "the sale's end examined {examined} rows");
     conn.disconnect().await.ok();
+    ctx.cleanup().await;
+}
+
+/// The payment deadline Redis holds for `user`'s `order` (its member in `deadlines`).
+async fn deadline_of(ctx: &DrainCtx, v: VoucherId, order: &str, user: &str) -> Option<i64> {
+    let k = VoucherKeys::new(v);
+    let score: Option<f64> = ctx
+        .conn()
+        .zscore(&k.deadlines, format!("{order}\n{user}"))
+        .await
+        .unwrap();
+    score.map(|s| s as i64)
+}
+
+/// Redis loses a payment sale while an order waits undrained: the repair gives that
+/// order its deadline back (its admission's, read from the stream), so the provider's
+/// payment pays it, never "no longer open" for an order the database then writes
+/// open. An undrained entry of an order the database holds closed (written, its ack
+/// lost in a crash) gets none: it would expire, and give its unit back, a second time.
+#[tokio::test]
+async fn after_a_repair_a_payment_pays_an_order_not_yet_drained() {
+    use seckill_shared::adapters::payments::{Outcome, Payments};
+    let ctx = DrainCtx::start().await;
+    let app = app_of(&ctx).await;
+    let v = pay_voucher(&ctx, 4, 600, false).await;
+    let k = VoucherKeys::new(v.id);
+    // cy's order is written, then cancelled, the close recorded.
+    let cy = admitted(buy(&app, v.id, "cy").await);
+    drain_until_settled(&ctx, v.id).await;
+    assert_eq!(status(&cancel(&app, &cy, "cy").await), (200, "cancelled"));
+    drain_until_settled(&ctx, v.id).await;
+    // bo's waits undrained, and so does a copy of cy's entry, delivered to a drainer
+    // that died before its ack.
+    let bo = admitted(buy(&app, v.id, "bo").await);
+    let bo_deadline = deadline_of(&ctx, v.id, &bo, "bo").await.expect("admitted");
+    ctx.xadd_raw(v.id, &[("order_id", &cy), ("user_id", "cy")])
+        .await;
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("drainers")
+        .arg("died")
+        .arg("COUNT")
+        .arg(10)
+        .arg("STREAMS")
+        .arg(&k.orders)
+        .arg(">")
+        .query_async(&mut ctx.conn())
+        .await
+        .unwrap();
+    assert_eq!(ctx.pending(v.id).await, 2);
+
+    // Redis loses the sale, its buyers and its deadlines; a read repairs it.
+    let _: i64 = ctx
+        .conn()
+        .del(&[&k.sale, &k.buyers, &k.deadlines])
+        .await
+        .unwrap();
+    let (st, body) = call(
+        &app,
+        request("GET", &format!("/vouchers/{}", v.id), None, None, None),
+    )
+    .await;
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(
+        deadline_of(&ctx, v.id, &bo, "bo").await,
+        Some(bo_deadline),
+        "the undrained order's deadline is back, as its admission wrote it"
+    );
+    assert_eq!(
+        deadline_of(&ctx, v.id, &cy, "cy").await,
+        None,
+        "an order the database holds cancelled gets no deadline"
+    );
+
+    let res = pay(&app, &bo, "bo", "pi_bo").await;
+    assert_eq!(outcome(&res), (200, "paid"), "{}", res.1);
+    drain_until_settled(&ctx, v.id).await;
+    let rows = ctx.orders_in_db(v.id).await;
+    let of = |order: &str| rows[&order.parse::<i64>().unwrap()].0.clone();
+    assert_eq!((of(&bo).as_str(), of(&cy).as_str()), ("paid", "cancelled"));
+    let p = Payments(&ctx.db().await)
+        .get("pi_bo")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(p.outcome, Outcome::Paid);
+    // Units: bo holds one; cy's came back once (3 in the database; Redis the same).
+    assert_eq!(ctx.db_stock_left(v.id).await, 3);
+    assert_eq!(redis_stock(&ctx, v.id).await, 3);
+    ctx.cleanup().await;
+}
+
+/// The repair's look at which undrained orders the database holds, and in which status,
+/// reads each by its primary key on a table never analysed: the rows it examines stay
+/// about the ids it is given, however many orders the voucher and others have.
+#[tokio::test]
+async fn undrained_order_statuses_are_read_by_key_never_analysed() {
+    use mysql_async::params;
+    use seckill_shared::adapters::data_api::orders::ORDER_STATUSES;
+    use seckill_tests::mysql::handler_reads;
+    let ctx = DrainCtx::start().await;
+    let mut conn = ctx.mysql().await;
+    // 30,000 orders of three vouchers; the statuses of 1,000 ids of one (every other one
+    // of them held by the database).
+    for v in 1..=3i64 {
+        let orders: Vec<(i64, String, &str)> = (0..10_000i64)
+            .map(|i| {
+                let id = 1 + 3 * i + (v - 1);
+                let status = ["awaiting_payment", "paid", "expired"][(i % 3) as usize];
+                (id, format!("buyer-{id}"), status)
+            })
+            .collect();
+        for chunk in orders.chunks(2_000) {
+            seckill_tests::mysql::insert_orders(&mut conn, v, chunk).await;
+        }
+    }
+    let overhead = {
+        let a = handler_reads(&mut conn).await;
+        let b = handler_reads(&mut conn).await;
+        b - a
+    };
+    let ids: Vec<i64> = (0..1_000i64)
+        .map(|i| if i % 2 == 0 { 1 + 3 * i } else { 1_000_000 + i })
+        .collect();
+    let before = handler_reads(&mut conn).await;
+    let found: Vec<(i64, String)> = conn
+        .exec(
+            ORDER_STATUSES,
+            params! { "ids" => serde_json::to_string(&ids).unwrap(), "v" => 1 },
+        )
+        .await
+        .unwrap();
+    let examined = handler_reads(&mut conn).await - before - overhead;
+    assert_eq!(found.len(), 500);
+    assert!(
+        examined <= 4 * 1_000 + 10,
+        "the statuses of 1,000 orders examined {examined} rows"
+    );
+    conn.disconnect().await.ok();
+    ctx.cleanup().await;
+}
+
+/// The operators' commands on this test's Redis and database.
+async fn operators(ctx: &DrainCtx) -> seckill_cli::ops::Backends {
+    seckill_cli::ops::Backends::connect(&ctx.redis.config(), &ctx.data_api_config())
+        .await
+        .expect("backends")
+}
+
+/// Signed events the webhook cannot use as they are: fields it does not know are
+/// ignored (the payment is applied), a currency in lower case is read; an event that
+/// cannot be applied (a currency, payment id, order id or amount outside the accepted
+/// form, another buyer's order, an order of a voucher without a payment step) is
+/// recorded `refused` with the reason and answered `200` (the provider stops, the money
+/// is listed for a refund), the same on every delivery; a `payment.failed` of that kind
+/// is recorded `failed`. Only a body that is no payment event at all is a `400`.
+#[tokio::test]
+async fn signed_events_the_webhook_cannot_use_are_recorded_and_answered_200() {
+    use seckill_shared::adapters::payments::{Outcome, Payments};
+    use seckill_tests::harness::{deliver, provider_event};
+    let ctx = DrainCtx::start().await;
+    let app = app_of(&ctx).await;
+    let v = pay_voucher(&ctx, 6, 600, false).await;
+    let mut orders = HashMap::new();
+    for user in ["fa", "gu", "hy", "io"] {
+        orders.insert(user, admitted(buy(&app, v.id, user).await));
+    }
+    // Written: whose each order is, the database says (an undrained order Redis does
+    // not show as the event's buyer's is waited for; see the test above).
+    drain_until_settled(&ctx, v.id).await;
+    let event = |order: &str, user: &str, payment: &str, amount: i64, currency: &str| {
+        provider_event("payment.succeeded", order, user, payment, amount, currency)
+    };
+    let row = |payment: String| {
+        let ctx = &ctx;
+        async move {
+            Payments(&ctx.db().await)
+                .get(&payment)
+                .await
+                .unwrap()
+                .expect("recorded")
+        }
+    };
+
+    // Fields the webhook does not know, at both levels: ignored, the order paid.
+    let extra = with_field(
+        &event(
+            &orders["fa"],
+            "fa",
+            "pay_fa",
+            TEST_PRICE_MINOR,
+            TEST_CURRENCY,
+        ),
+        &["livemode"],
+        json!(true),
+    );
+    let extra = with_field(&extra, &["data", "metadata"], json!({"cart": "7"}));
+    assert_eq!(outcome(&deliver(&app, &extra).await), (200, "paid"));
+    // A currency in lower case (as Stripe writes it) is the same currency.
+    let lower = event(
+        &orders["gu"],
+        "gu",
+        "pay_gu",
+        TEST_PRICE_MINOR,
+        &TEST_CURRENCY.to_lowercase(),
+    );
+    assert_eq!(outcome(&deliver(&app, &lower).await), (200, "paid"));
+    // An event id longer than the ledger keeps is recorded by a stand-in; it pays.
+    let long_id = with_field(
+        &event(
+            &orders["io"],
+            "io",
+            "pay_io",
+            TEST_PRICE_MINOR,
+            TEST_CURRENCY,
+        ),
+        &["id"],
+        json!("e".repeat(129)),
+    );
+    assert_eq!(outcome(&deliver(&app, &long_id).await), (200, "paid"));
+
+    let hy = orders["hy"].clone();
+    let plain = ctx.voucher(2, 2).await;
+    let plain_order = admitted(buy(&app, plain.id, "jo").await);
+    // (what, event, the voucher and order recorded, a word of the reason)
+    let cases = [
+        (
+            "a currency of four letters",
+            event(&hy, "hy", "pay_hy_euro", TEST_PRICE_MINOR, "EURO"),
+            Some(v.id),
+            Some(hy.clone()),
+            "\"EURO\"",
+        ),
+        (
+            "an amount with a fraction",
+            with_field(
+                &event(&hy, "hy", "pay_hy_half", TEST_PRICE_MINOR, TEST_CURRENCY),
+                &["data", "amount_minor"],
+                json!(1999.5),
+            ),
+            Some(v.id),
+            Some(hy.clone()),
+            "1999.5",
+        ),
+        (
+            "a payment id outside the accepted form",
+            event(&hy, "hy", "pay hy!", TEST_PRICE_MINOR, TEST_CURRENCY),
+            Some(v.id),
+            Some(hy.clone()),
+            "\"pay hy!\"",
+        ),
+        (
+            "an order id outside the accepted form",
+            event(
+                "12ab",
+                "hy",
+                "pay_hy_order",
+                TEST_PRICE_MINOR,
+                TEST_CURRENCY,
+            ),
+            None,
+            None,
+            "\"12ab\"",
+        ),
+        (
+            "another buyer's order",
+            event(&hy, "zed", "pay_zed", TEST_PRICE_MINOR, TEST_CURRENCY),
+            Some(v.id),
+            Some(hy.clone()),
+            "not \"zed\"'s",
+        ),
+        (
+            "a buyer no user id can be",
+            event(&hy, "h\u{1}y", "pay_ctl", TEST_PRICE_MINOR, TEST_CURRENCY),
+            Some(v.id),
+            Some(hy.clone()),
+            "no user id",
+        ),
+        (
+            "an order of a voucher without a payment step",
+            event(
+                &plain_order,
+                "jo",
+                "pay_jo",
+                TEST_PRICE_MINOR,
+                TEST_CURRENCY,
+            ),
+            Some(plain.id),
+            Some(plain_order.clone()),
+            "takes no payment",
+        ),
+    ];
+    let mut refused_of_v = 0;
+    for (what, body, voucher, order, word) in cases {
+        let res = deliver(&app, &body).await;
+        assert_eq!(outcome(&res), (200, "refused"), "{what}: {}", res.1);
+        let reason = res.1["reason"].as_str().unwrap_or("");
+        assert!(reason.contains(word), "{what}: {reason}");
+        assert_eq!(
+            res.1.get("order_id").and_then(Value::as_str),
+            order.as_deref(),
+            "{what}"
+        );
+        let payment = res.1["payment_id"].as_str().unwrap().to_string();
+        let p = row(payment.clone()).await;
+        assert_eq!(
+            (p.outcome, p.voucher, p.order.map(|o| o.to_string())),
+            (Outcome::Refused, voucher, order),
+            "{what}"
+        );
+        refused_of_v += usize::from(voucher == Some(v.id));
+        // Delivered again: the same answer, one row.
+        assert_eq!(deliver(&app, &body).await, res, "{what}");
+        if what.starts_with("a payment id") {
+            assert!(payment.starts_with('#') && payment.len() == 65, "{payment}");
+        }
+    }
+    assert_eq!(
+        row("pay_hy_euro".into()).await.currency,
+        seckill_shared::webhook::NO_CURRENCY
+    );
+    // A failed attempt of that kind took no money: recorded failed, nothing to refund.
+    let failed = provider_event(
+        "payment.failed",
+        &hy,
+        "hy",
+        "pay_hy_failed",
+        TEST_PRICE_MINOR,
+        "€€€",
+    );
+    assert_eq!(outcome(&deliver(&app, &failed).await), (200, "failed"));
+    // No payment event at all: refused, nothing recorded.
+    for body in [
+        "[1, 2]".to_string(),
+        event(&hy, "hy", "pay_hy_x", TEST_PRICE_MINOR, TEST_CURRENCY)
+            .replace("payment.succeeded", "payment.refunded"),
+    ] {
+        assert_eq!(code(&deliver(&app, &body).await), (400, "invalid_request"));
+    }
+    assert!(
+        Payments(&ctx.db().await)
+            .get("pay_hy_x")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // hy's order is still open, and every refusal is listed for the operators.
+    assert_eq!(
+        status(&get_order(&app, &hy, "hy").await),
+        (200, "awaiting_payment")
+    );
+    assert_eq!(refunds_due(&app, v.id).await, refused_of_v as i64);
+    let b = operators(&ctx).await;
+    let r = seckill_cli::ops::reconcile::reconcile(&b, v.id, false)
+        .await
+        .unwrap();
+    assert_eq!(r.refunds_due.len(), refused_of_v);
+    assert_eq!(r.unmatched_payments.len(), 1, "{:?}", r.unmatched_payments);
+    assert_eq!(r.unmatched_payments[0].payment_id, "pay_hy_order");
+    let text = seckill_cli::ops::status::render_unmatched(
+        seckill_cli::ops::status::unmatched_refunds(&b)
+            .await
+            .unwrap(),
+    );
+    assert!(
+        text.contains("payments of no known order to refund: 1"),
+        "{text}"
+    );
+    drain_until_settled(&ctx, v.id).await;
+    let rows = status_counts(&ctx, v.id).await;
+    assert_eq!(
+        (count(&rows, "paid"), count(&rows, "awaiting_payment")),
+        (3, 1),
+        "{rows:?}"
+    );
+    ctx.cleanup().await;
+}
+
+/// The queries behind the operators' list of payments of no voucher read through their
+/// index on a table never analysed: the rows they examine stay about the rows they
+/// return, however many payments vouchers have.
+#[tokio::test]
+async fn payments_of_no_voucher_are_read_through_their_index_never_analysed() {
+    use mysql_async::params;
+    use seckill_shared::adapters::payments::{NO_VOUCHER_COUNTS_SQL, no_voucher_list_sql};
+    use seckill_tests::mysql::handler_reads;
+    let ctx = DrainCtx::start().await;
+    let mut conn = ctx.mysql().await;
+    let outcomes = ["received", "paid", "refund_due", "failed", "refused"];
+    // 20,000 payments over 200 vouchers, one in fifty of no voucher.
+    let rows: Vec<(String, Option<u64>, Option<u64>, &str)> = (0..20_000u64)
+        .map(|i| {
+            let voucher = (i % 50 != 0).then_some(1 + (i * 7_919) % 200);
+            let order = (i % 100 != 0).then_some(1_000_000 + i);
+            (
+                format!("pay_{i:06}"),
+                order,
+                voucher,
+                outcomes[((i / 7) % 5) as usize],
+            )
+        })
+        .collect();
+    for chunk in rows.chunks(1_000) {
+        let values = vec!["(?, ?, ?, 1999, 'EUR', ?, ?, NOW(3))"; chunk.len()].join(",");
+        let params: Vec<mysql_async::Value> = chunk
+            .iter()
+            .flat_map(|(p, o, v, outcome)| {
+                [
+                    p.clone().into(),
+                    (*o).into(),
+                    (*v).into(),
+                    (*outcome).into(),
+                    format!("ev_{p}").into(),
+                ]
+            })
+            .collect();
+        conn.exec_drop(
+            format!(
+                "INSERT INTO payments (payment_id, order_id, voucher_id, amount_minor, currency, \
+                 outcome, event_id, received_at) VALUES {values}"
+            ),
+            params,
+        )
+        .await
+        .unwrap();
+    }
+    let overhead = {
+        let a = handler_reads(&mut conn).await;
+        let b = handler_reads(&mut conn).await;
+        b - a
+    };
+    let unmatched = rows.iter().filter(|r| r.2.is_none()).count() as u64;
+    for outcome in ["refused", "refund_due"] {
+        let matching = rows
+            .iter()
+            .filter(|r| r.2.is_none() && r.3 == outcome)
+            .count() as u64;
+        let before = handler_reads(&mut conn).await;
+        let got: Vec<mysql_async::Row> = conn
+            .exec(no_voucher_list_sql(), params! { "outcome" => outcome })
+            .await
+            .unwrap();
+        let examined = handler_reads(&mut conn).await - before - overhead;
+        assert_eq!(got.len() as u64, matching, "{outcome}");
+        assert!(
+            examined <= 2 * matching + 10,
+            "listing {matching} {outcome} payments of no voucher examined {examined} rows"
+        );
+    }
+    let before = handler_reads(&mut conn).await;
+    let counts: Vec<(String, u64)> = conn.query(NO_VOUCHER_COUNTS_SQL).await.unwrap();
+    let examined = handler_reads(&mut conn).await - before - overhead;
+    assert_eq!(counts.iter().map(|(_, n)| n).sum::<u64>(), unmatched);
+    assert!(
+        examined <= 2 * unmatched + 10,
+        "counting {unmatched} payments of no voucher examined {examined} rows"
+    );
+    conn.disconnect().await.ok();
+    ctx.cleanup().await;
+}
+
+/// The provider's payment for an order whose id's lease record Redis lost (so no lookup
+/// can place it until it is drained): `503` while it may still be drained, never a
+/// `404` that ends the provider's resending; once written, the same event pays it. An
+/// order id nobody has, paid longer ago than the webhook waits, is recorded `refused`
+/// without a voucher, and the operators' `status` and `reconcile` list it.
+#[tokio::test]
+async fn a_payment_for_an_order_whose_lease_record_is_lost_waits_then_is_recorded() {
+    use seckill_shared::adapters::payments::{Outcome, Payments};
+    use seckill_shared::keys::IdKeys;
+    use seckill_shared::order_id::{EPOCH_UNIX_MS, Lease, OrderIdParts, day_name};
+    use seckill_tests::harness::{deliver, provider_event};
+    let ctx = DrainCtx::start().await;
+    let app = app_of(&ctx).await;
+    let v = pay_voucher(&ctx, 4, 600, false).await;
+    let eve = admitted(buy(&app, v.id, "eve").await);
+    let parts = OrderIdParts::of(eve.parse().unwrap());
+    let blocks = IdKeys::for_day(&day_name(parts.day())).blocks;
+    let lost: i64 = ctx.conn().hdel(&blocks, parts.block_field()).await.unwrap();
+    assert_eq!(lost, 1, "the lease record was there");
+    let fresh = app_of(&ctx).await;
+    let res = pay(&fresh, &eve, "eve", "pi_eve").await;
+    assert_eq!(code(&res), (503, "unavailable"), "{}", res.1);
+    let db = ctx.db().await;
+    assert!(Payments(&db).get("pi_eve").await.unwrap().is_none());
+    drain_until_settled(&ctx, v.id).await;
+    let res = pay(&fresh, &eve, "eve", "pi_eve").await;
+    assert_eq!(outcome(&res), (200, "paid"), "{}", res.1);
+
+    // An id of a lease seven hours ago that no record names, paid as long ago.
+    let then = now_millis() - 7 * 3_600_000;
+    let ghost = Lease::new(then - EPOCH_UNIX_MS, 9)
+        .unwrap()
+        .id(5)
+        .unwrap()
+        .to_string();
+    let paid_then = |payment: &str| {
+        let body = provider_event(
+            "payment.succeeded",
+            &ghost,
+            "eve",
+            payment,
+            TEST_PRICE_MINOR,
+            TEST_CURRENCY,
+        );
+        with_field(&body, &["created"], json!(then / 1000))
+    };
+    let res = deliver(&fresh, &paid_then("pi_ghost")).await;
+    assert_eq!(outcome(&res), (200, "refused"), "{}", res.1);
+    assert_eq!(res.1["order_id"], ghost.as_str());
+    assert!(
+        res.1["reason"].as_str().unwrap().contains("no order"),
+        "{}",
+        res.1
+    );
+    let p = Payments(&db).get("pi_ghost").await.unwrap().unwrap();
+    assert_eq!(
+        (p.outcome, p.voucher, p.order.map(|o| o.to_string())),
+        (Outcome::Refused, None, Some(ghost.clone()))
+    );
+    // Delivered again: the same answer, the same row.
+    let again = deliver(&fresh, &paid_then("pi_ghost")).await;
+    assert_eq!(again, res);
+    // The same id paid just now may still be drained: not decided yet.
+    let now_body = provider_event(
+        "payment.succeeded",
+        &ghost,
+        "eve",
+        "pi_ghost_now",
+        TEST_PRICE_MINOR,
+        TEST_CURRENCY,
+    );
+    assert_eq!(
+        code(&deliver(&fresh, &now_body).await),
+        (503, "unavailable")
+    );
+
+    let b = operators(&ctx).await;
+    assert_eq!(
+        seckill_cli::ops::status::unmatched_refunds(&b)
+            .await
+            .unwrap(),
+        1
+    );
+    let r = seckill_cli::ops::reconcile::reconcile(&b, v.id, false)
+        .await
+        .unwrap();
+    let listed: Vec<&str> = r
+        .unmatched_payments
+        .iter()
+        .map(|p| p.payment_id.as_str())
+        .collect();
+    assert_eq!(listed, ["pi_ghost"]);
+    let text = seckill_cli::ops::reconcile::render(&r);
+    assert!(text.contains("pi_ghost of order"), "{text}");
+    ctx.cleanup().await;
+}
+
+/// An order Redis shows neither open nor closed (no close, no deadline: a repair that
+/// did not restore it, or has not yet) and the database does not hold: while it waits
+/// in its stream the provider's payment is answered `503` (recorded, undecided), never
+/// `refund_due`; once the drainer wrote it (and gave it its deadline back) the same
+/// event pays it. An order no stream holds any more (acked unwritten: dead-lettered) is
+/// decided at once.
+#[tokio::test]
+async fn a_payment_for_an_order_redis_shows_neither_open_nor_closed_waits_for_its_drain() {
+    use seckill_shared::adapters::payments::{Outcome, Payments};
+    let ctx = DrainCtx::start().await;
+    let app = app_of(&ctx).await;
+    let v = pay_voucher(&ctx, 4, 600, false).await;
+    let k = VoucherKeys::new(v.id);
+    let dot = admitted(buy(&app, v.id, "dot").await);
+    let _: i64 = ctx
+        .conn()
+        .zrem(&k.deadlines, format!("{dot}\ndot"))
+        .await
+        .unwrap();
+    let ledger = |payment: &'static str| {
+        let ctx = &ctx;
+        async move {
+            Payments(&ctx.db().await)
+                .get(payment)
+                .await
+                .unwrap()
+                .map(|p| p.outcome)
+        }
+    };
+    for _ in 0..2 {
+        let res = pay(&app, &dot, "dot", "pi_dot").await;
+        assert_eq!(code(&res), (503, "unavailable"), "{}", res.1);
+    }
+    assert_eq!(ledger("pi_dot").await, Some(Outcome::Received));
+    quick_drain(&ctx).await;
+    assert!(deadline_of(&ctx, v.id, &dot, "dot").await.is_some());
+    let res = pay(&app, &dot, "dot", "pi_dot").await;
+    assert_eq!(outcome(&res), (200, "paid"), "{}", res.1);
+
+    // Acked unwritten, as a dead letter is: no stream holds it, nothing will write it.
+    let gil = admitted(buy(&app, v.id, "gil").await);
+    let _: i64 = ctx
+        .conn()
+        .zrem(&k.deadlines, format!("{gil}\ngil"))
+        .await
+        .unwrap();
+    let read: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("drainers")
+        .arg("dead-letterer")
+        .arg("COUNT")
+        .arg(10)
+        .arg("STREAMS")
+        .arg(&k.orders)
+        .arg(">")
+        .query_async(&mut ctx.conn())
+        .await
+        .unwrap();
+    let ids: Vec<String> = read.keys[0].ids.iter().map(|e| e.id.clone()).collect();
+    assert_eq!(ids.len(), 1);
+    let _: i64 = ctx.conn().xack(&k.orders, "drainers", &ids).await.unwrap();
+    let res = pay(&app, &gil, "gil", "pi_gil").await;
+    assert_eq!(outcome(&res), (200, "refund_due"), "{}", res.1);
+    assert_eq!(res.1["reason"], "the order is no longer open");
     ctx.cleanup().await;
 }

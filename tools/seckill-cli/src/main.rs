@@ -159,6 +159,12 @@ async fn main() -> anyhow::Result<ExitCode> {
             } else {
                 let all = status::status(&b, ids.as_slice()).await?;
                 print(json, all.as_slice(), status::render)?;
+                if !json {
+                    print!(
+                        "{}",
+                        status::render_unmatched(status::unmatched_refunds(&b).await?)
+                    );
+                }
             }
         }
         Command::DeadLetters(DeadLetters::List { voucher, json }) => {

@@ -1,5 +1,6 @@
 //! The `orders` table as buyers and the payment step read it: a buyer's order, an order
-//! by id, its payment reference, the orders awaiting payment, the counts per status.
+//! by id, its payment reference, the orders awaiting payment, the statuses of a list of
+//! orders, the counts per status.
 //!
 //! Invariant kept here: a status read back is one the database holds (`pending` exists
 //! only in Redis); a row of an unexpected shape is [`StoreError::Corrupt`].
@@ -36,7 +37,51 @@ pub fn awaiting_payment_sql() -> String {
 pub const ORDER_STATUS_COUNTS: &str = "SELECT status, COUNT(*) FROM orders \
     FORCE INDEX (orders_by_voucher_status) WHERE voucher_id = :v GROUP BY status";
 
+/// The orders of voucher `:v` among `:ids` (a JSON array of ids) that the database
+/// holds, with their status ([`DataApi::order_statuses`]): each found through the
+/// primary key from the parameter, whatever the table's statistics say.
+pub const ORDER_STATUSES: &str = "SELECT o.id, o.status FROM JSON_TABLE(:ids, '$[*]' COLUMNS (\
+    id BIGINT UNSIGNED PATH '$' ERROR ON EMPTY)) AS j \
+    STRAIGHT_JOIN orders AS o FORCE INDEX (PRIMARY) ON o.id = j.id \
+    WHERE o.voucher_id = :v";
+
+/// Orders per [`ORDER_STATUSES`] statement: a JSON parameter well within the Data API's
+/// request limit.
+pub const ORDER_STATUSES_PER_CALL: usize = 1_000;
+
 impl DataApi {
+    /// Which of `orders` (of `voucher`) the database holds, and in which status; an
+    /// order it does not hold is not in the map.
+    pub async fn order_statuses(
+        &self,
+        voucher: VoucherId,
+        orders: &[OrderId],
+    ) -> Result<HashMap<OrderId, OrderStatus>, StoreError> {
+        let mut found = HashMap::new();
+        for chunk in orders.chunks(ORDER_STATUSES_PER_CALL) {
+            let ids: Vec<i64> = chunk.iter().map(|o| o.get()).collect();
+            let ids = serde_json::to_string(&ids).expect("ids serialise");
+            let out = self
+                .execute(
+                    ORDER_STATUSES,
+                    vec![param::string("ids", &ids), param::long("v", voucher.get())],
+                    None,
+                )
+                .await?;
+            for row in out.records() {
+                let bad = || StoreError::Corrupt("order statuses: unexpected row".into());
+                let [id, status] = row.as_slice() else {
+                    return Err(bad());
+                };
+                found.insert(
+                    field::long(id).and_then(OrderId::new).ok_or_else(bad)?,
+                    parse_status(status).ok_or_else(bad)?,
+                );
+            }
+        }
+        Ok(found)
+    }
+
     /// The order `user` holds for `voucher` in the database: (order id, status, payment
     /// deadline). The one still counting when the buyer also has closed ones (a voucher
     /// that allows buying again), else their latest.

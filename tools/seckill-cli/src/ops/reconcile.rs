@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 
 use order_drainer::plan::parse_entry;
 use seckill_shared::adapters::order_stream::{RANGE_PAGE, id_less};
-use seckill_shared::adapters::payments::{Outcome, Payments};
+use seckill_shared::adapters::payments::{Outcome, PaymentRow, Payments};
 use seckill_shared::adapters::transfers;
 use seckill_shared::domain::{AdmittedOrder, Bucket, OrderId, StreamEntry, UserId, VoucherId};
 use seckill_shared::order_id::{EPOCH_UNIX_MS, OrderIdParts};
@@ -94,16 +94,33 @@ pub struct Report {
     /// to do; what is only on its way to the database is not listed. A discrepancy:
     /// reconcile is not clean while any is listed.
     pub unmatched_money: Vec<UnmatchedMoney>,
+    /// Payments to refund whose event named no order any voucher has (an order id
+    /// outside the accepted form, or one nobody found): recorded without a voucher, and
+    /// listed in every report.
+    pub unmatched_payments: Vec<RefundDue>,
 }
 
 /// A payment to refund.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct RefundDue {
     pub payment_id: String,
+    /// Empty when its event named no order readably.
     pub order_id: String,
     pub amount_minor: i64,
     pub currency: String,
     pub reason: String,
+}
+
+impl RefundDue {
+    fn of(p: PaymentRow) -> RefundDue {
+        RefundDue {
+            payment_id: p.payment_id,
+            order_id: p.order.map(|o| o.to_string()).unwrap_or_default(),
+            amount_minor: p.amount_minor,
+            currency: p.currency,
+            reason: p.reason.unwrap_or_default(),
+        }
+    }
 }
 
 impl Report {
@@ -220,13 +237,17 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
                 .await
                 .db()?
                 .into_iter()
-                .map(|p| RefundDue {
-                    payment_id: p.payment_id,
-                    order_id: p.order.to_string(),
-                    amount_minor: p.amount_minor,
-                    currency: p.currency,
-                    reason: p.reason.unwrap_or_default(),
-                }),
+                .map(RefundDue::of),
+        );
+        // Payments of no voucher's order: no voucher's list holds them, so every
+        // report shows them.
+        report.unmatched_payments.extend(
+            Payments(&b.db)
+                .of_no_voucher(outcome)
+                .await
+                .db()?
+                .into_iter()
+                .map(RefundDue::of),
         );
     }
 
@@ -484,6 +505,24 @@ pub fn render(r: &Report) -> String {
                 out,
                 "    {} of order {}: {} {} ({})",
                 p.payment_id, p.order_id, p.amount_minor, p.currency, p.reason
+            );
+        }
+    }
+    if !r.unmatched_payments.is_empty() {
+        let _ = writeln!(
+            out,
+            "payments of no known order, to refund (any voucher): {}",
+            r.unmatched_payments.len()
+        );
+        for p in &r.unmatched_payments {
+            let order = match p.order_id.as_str() {
+                "" => "no order".to_string(),
+                id => format!("order {id}"),
+            };
+            let _ = writeln!(
+                out,
+                "    {} of {order}: {} {} ({})",
+                p.payment_id, p.amount_minor, p.currency, p.reason
             );
         }
     }

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use anyhow::bail;
+use seckill_shared::adapters::payments::{Outcome, Payments};
 use seckill_shared::domain::VoucherId;
 use seckill_shared::sale_status::SaleSources;
 pub use seckill_shared::sale_status::VoucherStatus;
@@ -39,6 +40,29 @@ pub async fn status(b: &Backends, vouchers: &[VoucherId]) -> anyhow::Result<Vec<
         all.push(voucher_status(b, v).await?);
     }
     Ok(all)
+}
+
+/// Payments to refund whose event named no order any voucher has (recorded without a
+/// voucher, so no voucher's figures count them; `seckill reconcile` lists each).
+pub async fn unmatched_refunds(b: &Backends) -> anyhow::Result<u64> {
+    Ok(Payments(&b.db)
+        .of_no_voucher_counts()
+        .await?
+        .into_iter()
+        .filter(|(o, _)| matches!(o, Outcome::RefundDue | Outcome::Refused))
+        .map(|(_, n)| n)
+        .sum())
+}
+
+/// The text form of [`unmatched_refunds`]: a line after the vouchers, none when there
+/// are none.
+pub fn render_unmatched(n: u64) -> String {
+    match n {
+        0 => String::new(),
+        n => format!(
+            "payments of no known order to refund: {n} (seckill reconcile VOUCHER lists them)\n"
+        ),
+    }
 }
 
 /// A duration in ms, for people: `850ms`, `12.3s`, `4m05s`, `2h03m`.
