@@ -176,13 +176,24 @@ pub async fn check(storm: &Storm, logs: &[BuyerLog]) -> anyhow::Result<Ledger> {
         .map(|(id, _)| id)
         .collect();
     if !untold.is_empty() {
-        let note = format!(
-            "{} rows no buyer was told of ({} named by a 503), e.g. {:?}",
+        let examples: Vec<String> = untold
+            .iter()
+            .take(5)
+            .map(|id| {
+                let (user, status, _) = &by_id[*id];
+                let log = logs.iter().find(|l| &l.user == user);
+                format!(
+                    "{id} ({status}) of {user}, who was told {:?} and ended {:?}",
+                    log.map(|l| &l.orders),
+                    log.map(|l| &l.outcome)
+                )
+            })
+            .collect();
+        l.notes.push(format!(
+            "{} rows no buyer was told of ({} named by a 503), e.g. {examples:?}",
             untold.len(),
             untold.iter().filter(|id| maybe.contains(**id)).count(),
-            untold.iter().take(5).collect::<Vec<_>>()
-        );
-        l.notes.push(note);
+        ));
     }
 
     // Dead letters.
