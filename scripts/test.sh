@@ -83,12 +83,27 @@ summary() {
     for p in "${PHASES[@]}"; do printf '  %s\n' "$p" >&2; done
     printf '  total %s\n' "$(elapsed_since "$T_START")" >&2
     if ((${#FAILED[@]})); then
+        why_it_failed >&2
         printf '\n%s%sFAILED: %s%s\n' "$_c_red" "$_c_bold" "${FAILED[*]}" "$_c_off" >&2
     elif ((rc != 0)); then
         printf '\n%s%sFAILED: stopped before the end (exit %s)%s\n' "$_c_red" "$_c_bold" "$rc" "$_c_off" >&2
     else
         printf '\n%s%sALL PASSED%s\n' "$_c_grn" "$_c_bold" "$_c_off" >&2
     fi
+}
+
+# why_it_failed: what a failure's own output says first, and what the machine had left.
+# A build killed for memory or stopped by a full disk says little at the end of its log.
+why_it_failed() {
+    local f
+    if [[ -f ${BUILD_LOG:-} ]] && printf '%s\n' "${FAILED[@]}" | grep -q '^build'; then
+        printf '\n  the build said first:\n' >&2
+        grep -m 8 -E '^error|No space left|SIGKILL|signal: 9|Killed|memory allocation' "$BUILD_LOG" |
+            cut -c1-200 | sed 's/^/    /'
+    fi
+    f=$(df -h --output=avail "$SECKILL_ROOT" 2>/dev/null | tail -n 1 | tr -d ' ')
+    printf '  disk left: %s; memory available: %s MiB\n' "${f:-?}" \
+        "$(awk '/MemAvailable/ { print int($2 / 1024) }' /proc/meminfo 2>/dev/null)"
 }
 
 stack_started=0
@@ -150,8 +165,34 @@ cluster_env=(env SECKILL_REDIS_ENGINE=valkey SECKILL_REDIS_TOPOLOGY=cluster)
 
 setup_args=()
 ((run_cluster)) && setup_args=(--valkey)
-phase setup scripts/setup.sh "${setup_args[@]}" || exit 1
-phase "build (all targets)" cargo build --workspace --all-targets || exit 1
+# The installs (apt-get, PyPI: minutes on a fresh machine, mostly waiting on the network
+# and dpkg) run beside the build, which needs none of them; their output is shown once
+# the build is done.
+SETUP_LOG=$DEV_DIR/logs/setup.log
+mkdir -p "${SETUP_LOG%/*}"
+(
+    t0=$(now_s)
+    rc=0
+    scripts/setup.sh "${setup_args[@]}" || rc=$?
+    echo "     (scripts/setup.sh took $(elapsed_since "$t0") beside the build)"
+    exit "$rc"
+) >"$SETUP_LOG" 2>&1 &
+setup_pid=$!
+# build_all: the whole workspace, every target; its output also kept in a log so that a
+# failure's cause can be repeated in the summary, the part of a CI log one reads first.
+BUILD_LOG=$DEV_DIR/logs/build.log
+build_all() {
+    cargo build --workspace --all-targets 2> >(tee "$BUILD_LOG" >&2)
+}
+phase "build (all targets)" build_all || { wait "$setup_pid" || true; exit 1; }
+# setup_wait: the installs' outcome and their output.
+setup_wait() {
+    local rc=0
+    wait "$setup_pid" || rc=$?
+    cat "$SETUP_LOG" >&2
+    return "$rc"
+}
+phase "setup (beside the build)" setup_wait || exit 1
 stack_started=1
 # The functions must run the code just built: restart the watch (cheap), keep the rest.
 if ((run_single)); then
