@@ -1363,13 +1363,30 @@ async fn reconcile_sees_no_discrepancy_in_a_payment_sale() {
     let ids = ctx.admit(v.id, "p", 8).await;
     quick_drain(&ctx).await;
     let user = |i: usize| UserId::parse(&format!("p-{i}")).unwrap();
+    let db = ctx.db().await;
     for (i, id) in ids.iter().enumerate().take(3) {
-        let paid = CloseAction::Pay(PaymentRef::parse(&format!("pi-{i}")).unwrap());
+        // As the webhook does it: the payment recorded, the close, the payment decided.
+        let pid = format!("pi-{i}");
+        let payment = seckill_shared::adapters::payments::NewPayment {
+            payment_id: &pid,
+            order: Some(*id),
+            voucher: Some(v.id),
+            amount_minor: TEST_PRICE_MINOR,
+            currency: TEST_CURRENCY,
+            event_id: &format!("evt-{i}"),
+            received_ms: now_millis(),
+        };
+        let ledger = seckill_shared::adapters::payments::Payments(&db);
+        let received = seckill_shared::adapters::payments::Outcome::Received;
+        ledger.record(&payment, received, None).await.unwrap();
+        let paid = CloseAction::Pay(PaymentRef::parse(&pid).unwrap());
         ctx.sales
             .close(v.id, *id, &user(i), &paid)
             .await
             .unwrap()
             .unwrap();
+        let paid = seckill_shared::adapters::payments::Outcome::Paid;
+        ledger.decide(&payment, paid, None).await.unwrap();
     }
     for (i, id) in ids.iter().enumerate().skip(3).take(2) {
         ctx.sales
@@ -1393,6 +1410,8 @@ async fn reconcile_sees_no_discrepancy_in_a_payment_sale() {
     let r = reconcile::reconcile(&b, v.id, false).await.unwrap();
     assert_eq!(r.closes_to_settle, 0);
     assert!(r.discrepancies.is_empty(), "{}", reconcile::render(&r));
+    // The money matches both ways: three payments paid, three orders paid by them.
+    assert!(r.unmatched_money.is_empty(), "{}", reconcile::render(&r));
     let st = seckill_cli::ops::status::voucher_status(&b, v.id)
         .await
         .unwrap();
