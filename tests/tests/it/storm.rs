@@ -5,7 +5,8 @@
 //! own (`scripts/test.sh`'s `SUITES_ALONE`): its outage and failover would fail other
 //! suites' requests. The long form is the soak (docs/testing.md, "The storm").
 
-use seckill_load::storm::{self, StormOptions};
+use mysql_async::prelude::Queryable;
+use seckill_load::storm::{self, StormOptions, StormReport};
 use seckill_tests::stack::workspace_root;
 
 /// The seed CI runs (any seed must pass; this one is fixed so a failure replays).
@@ -52,4 +53,58 @@ async fn a_short_seeded_storm_keeps_every_promise() {
     assert!(f.rows.get("expired").copied().unwrap_or(0) > 0, "{text}");
     assert!(f.refunds_listed > 0, "{text}");
     assert!(report.drainers.killed > 0, "{text}");
+
+    // The check can fail: faults planted in the ledger at rest, one at a time, are each
+    // found, and the ledger passes again once each is undone.
+    let mysql = mysql_async::Pool::new(env.get("MYSQL_URL").expect("MYSQL_URL").as_str());
+    let mut db = mysql.get_conn().await.unwrap();
+    let v: u64 = report.voucher.parse().unwrap();
+    // A unit leaked: the database puts one more back on sale than it has.
+    let leak = "UPDATE vouchers SET stock_left = stock_left + ? WHERE id = ?";
+    db.exec_drop(leak, (1, v)).await.unwrap();
+    expect_found(&report, "units:").await;
+    db.exec_drop(leak, (-1, v)).await.unwrap();
+    // Money taken and left undecided.
+    let pid: String = db
+        .exec_first(
+            "SELECT payment_id FROM payments WHERE voucher_id = ? AND outcome = 'paid' LIMIT 1",
+            (v,),
+        )
+        .await
+        .unwrap()
+        .expect("a paid payment");
+    let set = "UPDATE payments SET outcome = ? WHERE payment_id = ?";
+    db.exec_drop(set, ("received", &pid)).await.unwrap();
+    expect_found(&report, "still undecided").await;
+    db.exec_drop(set, ("paid", &pid)).await.unwrap();
+    let again = report.check_again().await.unwrap();
+    assert!(
+        again.failures.is_empty(),
+        "undone, yet: {:?}",
+        again.failures
+    );
+    // A buyer's order lost: the row of a paid order gone (last: not undone; a paid
+    // order's buyer was certainly told of it).
+    let order: u64 = db
+        .exec_first(
+            "SELECT id FROM orders WHERE voucher_id = ? AND status = 'paid' LIMIT 1",
+            (v,),
+        )
+        .await
+        .unwrap()
+        .expect("a paid order");
+    db.exec_drop("DELETE FROM orders WHERE id = ?", (order,))
+        .await
+        .unwrap();
+    expect_found(&report, "no row").await;
+}
+
+/// Checks the storm's ledger again and expects a failure that says `what`.
+async fn expect_found(report: &StormReport, what: &str) {
+    let l = report.check_again().await.expect("the check runs");
+    assert!(
+        l.failures.iter().any(|f| f.contains(what)),
+        "a planted fault ({what}) went unnoticed: {:?}",
+        l.failures
+    );
 }

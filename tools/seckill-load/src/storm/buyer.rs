@@ -6,14 +6,13 @@
 
 use std::time::Duration;
 
-use reqwest::Method;
 use seckill_shared::domain::now_millis;
 use seckill_shared::webhook::{Event, EventType, PaymentData};
 use serde::Serialize;
 use tokio::time::Instant;
 
 use super::Storm;
-use super::client::Answer;
+use super::client::{Answer, Call};
 use super::plan::{BuyerPlan, Fate};
 
 /// A payment the provider took (or tried to take) for an order.
@@ -92,15 +91,7 @@ pub async fn run(storm: &Storm, plan: &BuyerPlan) -> BuyerLog {
             let path = format!("/orders/{order}/cancel");
             let answer = storm
                 .shop
-                .until_final(
-                    "cancel",
-                    Method::POST,
-                    &path,
-                    Some(&token),
-                    &[],
-                    None,
-                    patience(storm),
-                )
+                .until_final(&Call::post("cancel", &path).token(&token), patience(storm))
                 .await;
             if answer.as_ref().is_some_and(|a| a.status == 200) {
                 log.cancelled.push(order.clone());
@@ -143,12 +134,11 @@ async fn buy(storm: &Storm, plan: &BuyerPlan, token: &str, log: &mut BuyerLog) -
             }
             continue;
         };
-        let headers = [("seckill-entry", pass)];
         let path = format!("/vouchers/{v}/seckill");
-        let answer = storm
-            .shop
-            .once("seckill", Method::POST, &path, Some(token), &headers, None)
-            .await;
+        let call = Call::post("seckill", &path)
+            .token(token)
+            .header("seckill-entry", pass);
+        let answer = storm.shop.once(&call).await;
         if lose_next {
             // The answer is lost on its way back: the client never reads it and asks
             // again (the server did whatever it did).
@@ -165,15 +155,7 @@ async fn buy(storm: &Storm, plan: &BuyerPlan, token: &str, log: &mut BuyerLog) -
             let path = format!("/vouchers/{v}/order");
             let mine = storm
                 .shop
-                .until_final(
-                    "my order",
-                    Method::GET,
-                    &path,
-                    Some(token),
-                    &[],
-                    None,
-                    patience(storm),
-                )
+                .until_final(&Call::get("my order", &path).token(token), patience(storm))
                 .await;
             if let Some(id) = mine
                 .filter(|m| m.status == 200)
@@ -229,12 +211,7 @@ async fn served(storm: &Storm, v: &str, token: &str) -> Result<String, String> {
     let joined = storm
         .shop
         .until_final(
-            "queue join",
-            Method::POST,
-            &path,
-            Some(token),
-            &[],
-            None,
+            &Call::post("queue join", &path).token(token),
             patience(storm),
         )
         .await
@@ -265,12 +242,7 @@ async fn served(storm: &Storm, v: &str, token: &str) -> Result<String, String> {
         standing = match storm
             .shop
             .until_final(
-                "queue look",
-                Method::GET,
-                &path,
-                Some(token),
-                &[],
-                None,
+                &Call::get("queue look", &path).token(token),
                 patience(storm),
             )
             .await
@@ -296,15 +268,7 @@ async fn pay(storm: &Storm, user: &str, token: &str, order: &str, log: &mut Buye
     let path = format!("/orders/{order}/pay");
     let Some(checkout) = storm
         .shop
-        .until_final(
-            "checkout",
-            Method::POST,
-            &path,
-            Some(token),
-            &[],
-            None,
-            patience(storm),
-        )
+        .until_final(&Call::post("checkout", &path).token(token), patience(storm))
         .await
     else {
         return;
@@ -331,89 +295,28 @@ async fn pay(storm: &Storm, user: &str, token: &str, order: &str, log: &mut Buye
             currency: currency.clone(),
         },
     };
-    let first = format!("pay_{user}_{order}_a");
-    let second = format!("pay_{user}_{order}_b");
-    match how {
-        PayHow::Once => {
-            send(
-                storm,
-                log,
-                payment(EventType::Succeeded, &first, amount),
-                3,
-                pay_by,
-            )
-            .await;
-        }
-        PayHow::FailFirst => {
-            send(
-                storm,
-                log,
-                payment(EventType::Failed, &first, amount),
-                1,
-                pay_by,
-            )
-            .await;
-            send(
-                storm,
-                log,
-                payment(EventType::Succeeded, &first, amount),
-                1,
-                pay_by,
-            )
-            .await;
-        }
-        PayHow::Late => {
-            let wait = pay_by + 1_500 - now_millis();
-            if wait > 0 {
-                tokio::time::sleep(Duration::from_millis(wait as u64)).await;
-            }
-            send(
-                storm,
-                log,
-                payment(EventType::Succeeded, &first, amount),
-                1,
-                pay_by,
-            )
-            .await;
-        }
-        PayHow::Twice => {
-            send(
-                storm,
-                log,
-                payment(EventType::Succeeded, &first, amount),
-                1,
-                pay_by,
-            )
-            .await;
-            send(
-                storm,
-                log,
-                payment(EventType::Succeeded, &second, amount),
-                1,
-                pay_by,
-            )
-            .await;
-        }
-        PayHow::WrongFirst => {
-            send(
-                storm,
-                log,
-                payment(EventType::Succeeded, &first, amount + 1),
-                1,
-                pay_by,
-            )
-            .await;
-            send(
-                storm,
-                log,
-                payment(EventType::Succeeded, &second, amount),
-                1,
-                pay_by,
-            )
-            .await;
+    // What the provider sends, in order: (kind, which payment, amount, copies at once).
+    let (a, b) = (
+        format!("pay_{user}_{order}_a"),
+        format!("pay_{user}_{order}_b"),
+    );
+    let (ok, failed) = (EventType::Succeeded, EventType::Failed);
+    let steps: Vec<(EventType, &str, i64, usize)> = match how {
+        PayHow::Once => vec![(ok, &a, amount, 3)],
+        PayHow::FailFirst => vec![(failed, &a, amount, 1), (ok, &a, amount, 1)],
+        PayHow::Late => vec![(ok, &a, amount, 1)],
+        PayHow::Twice => vec![(ok, &a, amount, 1), (ok, &b, amount, 1)],
+        PayHow::WrongFirst => vec![(ok, &a, amount + 1, 1), (ok, &b, amount, 1)],
+    };
+    if how == PayHow::Late {
+        let wait = pay_by + 1_500 - now_millis();
+        if wait > 0 {
+            tokio::time::sleep(Duration::from_millis(wait as u64)).await;
         }
     }
-    let _ = amount;
+    for (kind, id, amount_minor, copies) in steps {
+        send(storm, log, payment(kind, id, amount_minor), copies, pay_by).await;
+    }
 }
 
 /// The provider delivers `event` `copies` times at once, each until final; records the

@@ -32,6 +32,48 @@ impl Answer {
     }
 }
 
+/// One request: what it is (for the tally), where, with what.
+#[derive(Debug, Clone)]
+pub struct Call<'a> {
+    pub what: &'a str,
+    pub method: Method,
+    pub path: &'a str,
+    pub token: Option<&'a str>,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Option<Vec<u8>>,
+}
+
+impl<'a> Call<'a> {
+    pub fn new(what: &'a str, method: Method, path: &'a str) -> Call<'a> {
+        Call {
+            what,
+            method,
+            path,
+            token: None,
+            headers: Vec::new(),
+            body: None,
+        }
+    }
+    pub fn get(what: &'a str, path: &'a str) -> Call<'a> {
+        Call::new(what, Method::GET, path)
+    }
+    pub fn post(what: &'a str, path: &'a str) -> Call<'a> {
+        Call::new(what, Method::POST, path)
+    }
+    pub fn token(mut self, token: &'a str) -> Call<'a> {
+        self.token = Some(token);
+        self
+    }
+    pub fn header(mut self, name: &'static str, value: String) -> Call<'a> {
+        self.headers.push((name, value));
+        self
+    }
+    pub fn body(mut self, body: Vec<u8>) -> Call<'a> {
+        self.body = Some(body);
+        self
+    }
+}
+
 /// What every call got, and what no client should get.
 #[derive(Debug, Default)]
 pub struct Tally {
@@ -91,35 +133,27 @@ impl Shop {
     }
 
     /// One attempt; `None` when no answer came (a transport error or the client's
-    /// timeout). Tallied under `what`.
-    pub async fn once(
-        &self,
-        what: &str,
-        method: Method,
-        path: &str,
-        token: Option<&str>,
-        headers: &[(&str, String)],
-        body: Option<Vec<u8>>,
-    ) -> Option<Answer> {
+    /// timeout). Tallied under the call's `what`.
+    pub async fn once(&self, call: &Call<'_>) -> Option<Answer> {
         let _slot = self.slots.acquire().await.expect("never closed");
+        let (what, method, path) = (call.what, &call.method, call.path);
         let mut req = self
             .http
             .request(method.clone(), format!("{}{path}", self.base));
-        if let Some(t) = token {
+        if let Some(t) = call.token {
             req = req.bearer_auth(t);
         }
-        for (k, v) in headers {
+        for (k, v) in &call.headers {
             req = req.header(*k, v);
         }
-        if let Some(b) = body {
-            req = req.header("content-type", "application/json").body(b);
+        if let Some(b) = &call.body {
+            req = req
+                .header("content-type", "application/json")
+                .body(b.clone());
         }
-        let res = match req.send().await {
-            Ok(res) => res,
-            Err(_) => {
-                self.count(format!("{what} no-answer"));
-                return None;
-            }
+        let Ok(res) = req.send().await else {
+            self.count(format!("{what} no-answer"));
+            return None;
         };
         let status = res.status().as_u16();
         let text = res.text().await.unwrap_or_default();
@@ -145,81 +179,58 @@ impl Shop {
 
     /// Calls until the answer is final (not `503`, `429`, nor missing), with backoff, for
     /// at most `patience`; `None` then (tallied as unanswered).
-    #[allow(clippy::too_many_arguments)]
-    pub async fn until_final(
-        &self,
-        what: &str,
-        method: Method,
-        path: &str,
-        token: Option<&str>,
-        headers: &[(&str, String)],
-        body: Option<Vec<u8>>,
-        patience: Duration,
-    ) -> Option<Answer> {
-        let give_up = Instant::now() + patience;
-        let mut attempt = 0u32;
-        loop {
-            let answer = self
-                .once(what, method.clone(), path, token, headers, body.clone())
-                .await;
-            match answer {
-                Some(a) if !matches!(a.status, 429 | 503) => return Some(a),
-                _ if Instant::now() >= give_up => {
-                    self.tally
-                        .lock()
-                        .expect("tally")
-                        .unanswered
-                        .push(format!("{method} {path} ({what})"));
-                    return None;
-                }
-                _ => {}
-            }
-            attempt += 1;
-            self.tally.lock().expect("tally").retries += 1;
-            tokio::time::sleep(backoff(attempt)).await;
-        }
+    pub async fn until_final(&self, call: &Call<'_>, patience: Duration) -> Option<Answer> {
+        let label = || format!("{} {} ({})", call.method, call.path, call.what);
+        let answer = |a: &Answer| !matches!(a.status, 429 | 503);
+        self.retrying(patience, label, || self.once(call), answer)
+            .await
     }
 
     /// Delivers a signed payment event as a provider does: again after a `5xx`, a
     /// `429` or no answer, with backoff, until a `2xx` or `4xx` (final for a provider),
-    /// for at most `patience`.
+    /// for at most `patience`. Signed at each delivery, as a provider does (the
+    /// timestamp is checked).
     pub async fn deliver(&self, event: &Event, patience: Duration) -> Option<Answer> {
         let body = serde_json::to_vec(event).expect("an event serialises");
+        let label = || format!("webhook {} of {}", event.id, event.data.payment_id);
+        let attempt = || {
+            let t = now_millis() / 1000;
+            let signature = webhook::header(&[self.webhook_secret.as_slice()], t, &body);
+            let call = Call::new("webhook", Method::POST, "/payments/webhook")
+                .header(webhook::SIGNATURE_HEADER, signature)
+                .body(body.clone());
+            async move { self.once(&call).await }
+        };
+        let final_for_a_provider = |a: &Answer| a.status < 500 && a.status != 429;
+        self.retrying(patience, label, attempt, final_for_a_provider)
+            .await
+    }
+
+    /// Runs `attempt` until `is_final` says its answer is, with backoff, for at most
+    /// `patience`; then `None`, tallied as unanswered under `label`.
+    async fn retrying<F, Fut>(
+        &self,
+        patience: Duration,
+        label: impl Fn() -> String,
+        mut attempt: F,
+        is_final: impl Fn(&Answer) -> bool,
+    ) -> Option<Answer>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Option<Answer>>,
+    {
         let give_up = Instant::now() + patience;
-        let mut attempt = 0u32;
-        loop {
-            // Signed at each delivery, as a provider does (the timestamp is checked).
-            let signature = webhook::header(
-                &[self.webhook_secret.as_slice()],
-                now_millis() / 1000,
-                &body,
-            );
-            let answer = self
-                .once(
-                    "webhook",
-                    Method::POST,
-                    "/payments/webhook",
-                    None,
-                    &[(webhook::SIGNATURE_HEADER, signature)],
-                    Some(body.clone()),
-                )
-                .await;
-            match answer {
-                Some(a) if a.status < 500 && a.status != 429 => return Some(a),
-                _ if Instant::now() >= give_up => {
-                    self.tally
-                        .lock()
-                        .expect("tally")
-                        .unanswered
-                        .push(format!("webhook {} of {}", event.id, event.data.payment_id));
-                    return None;
-                }
+        for tries in 1u32.. {
+            match attempt().await {
+                Some(a) if is_final(&a) => return Some(a),
+                _ if Instant::now() >= give_up => break,
                 _ => {}
             }
-            attempt += 1;
             self.tally.lock().expect("tally").retries += 1;
-            tokio::time::sleep(backoff(attempt)).await;
+            tokio::time::sleep(backoff(tries)).await;
         }
+        self.tally.lock().expect("tally").unanswered.push(label());
+        None
     }
 
     fn count(&self, key: String) {

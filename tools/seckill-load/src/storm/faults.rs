@@ -252,13 +252,20 @@ impl Machinery {
         Ok(())
     }
 
-    /// A graceful `CLUSTER FAILOVER`: the replica of the primary serving `slot` takes over.
-    async fn failover(&self, slot: u16) -> anyhow::Result<()> {
+    /// The cluster's nodes now, and the primary serving `slot`.
+    async fn primary_of(&self, slot: u16) -> anyhow::Result<(Vec<Node>, Node)> {
         let nodes = cluster_nodes(&self.nodes[0]).await?;
         let owner = nodes
             .iter()
             .find(|n| n.primary && n.serves(slot))
+            .cloned()
             .context("the slot's primary")?;
+        Ok((nodes, owner))
+    }
+
+    /// A graceful `CLUSTER FAILOVER`: the replica of the primary serving `slot` takes over.
+    async fn failover(&self, slot: u16) -> anyhow::Result<()> {
+        let (nodes, owner) = self.primary_of(slot).await?;
         let replica = nodes
             .iter()
             .find(|n| !n.primary && n.master == owner.id && !n.failed)
@@ -273,11 +280,7 @@ impl Machinery {
 
     /// Moves `slot` to another primary, key by key, as `redis-cli --cluster reshard`.
     async fn move_slot(&self, slot: u16) -> anyhow::Result<()> {
-        let nodes = cluster_nodes(&self.nodes[0]).await?;
-        let owner = nodes
-            .iter()
-            .find(|n| n.primary && n.serves(slot))
-            .context("the slot's primary")?;
+        let (nodes, owner) = self.primary_of(slot).await?;
         let to = nodes
             .iter()
             .find(|n| n.primary && n.id != owner.id && !n.failed)
@@ -291,11 +294,7 @@ impl Machinery {
     }
 
     async fn move_slot_to(&self, slot: u16, to_id: &str) -> anyhow::Result<()> {
-        let nodes = cluster_nodes(&self.nodes[0]).await?;
-        let from = nodes
-            .iter()
-            .find(|n| n.primary && n.serves(slot))
-            .context("the slot's primary")?;
+        let (nodes, from) = self.primary_of(slot).await?;
         if from.id == to_id {
             return Ok(());
         }

@@ -18,7 +18,6 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
-use reqwest::Method;
 use seckill_cli::ops::Backends;
 use seckill_shared::domain::{Bucket, VoucherId};
 use seckill_shared::keys::VoucherKeys;
@@ -27,6 +26,7 @@ use tokio::time::Instant;
 
 use super::Storm;
 use super::buyer::BuyerLog;
+use super::client::Call;
 use super::faults::Machinery;
 
 /// The figures of a storm's ledger.
@@ -366,12 +366,7 @@ pub async fn check(storm: &Storm, logs: &[BuyerLog]) -> anyhow::Result<Ledger> {
                 let a = storm
                     .shop
                     .until_final(
-                        "lookup",
-                        Method::GET,
-                        &path,
-                        Some(&token),
-                        &[],
-                        None,
+                        &Call::get("lookup", &path).token(&token),
                         Duration::from_secs(60),
                     )
                     .await;

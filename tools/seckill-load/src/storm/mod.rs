@@ -29,7 +29,6 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use reqwest::Method;
 use seckill_cli::ops::Backends;
 use seckill_cli::stack_env::StackEnv;
 use seckill_shared::domain::{Bucket, VoucherId, format_rfc3339_millis, now_millis};
@@ -39,7 +38,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use self::buyer::BuyerLog;
-use self::client::Shop;
+use self::client::{Call, Shop};
 use self::faults::{DrainerCounts, Machinery};
 use self::ledger::Ledger;
 use self::plan::{FaultKind, Plan};
@@ -126,6 +125,26 @@ pub struct StormReport {
     pub fault_errors: Vec<String>,
     pub ledger: Ledger,
     pub elapsed_ms: u64,
+    /// The sale at rest, to check its ledger again ([`StormReport::check_again`]).
+    #[serde(skip)]
+    pub rest: Option<AtRest>,
+}
+
+/// A storm's sale at rest and what its buyers were told: what the ledger is checked on.
+pub struct AtRest {
+    storm: Arc<Storm>,
+    logs: Vec<BuyerLog>,
+}
+
+impl std::fmt::Debug for AtRest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "AtRest(voucher {}, {} buyers)",
+            self.storm.voucher,
+            self.logs.len()
+        )
+    }
 }
 
 /// The plan, counted.
@@ -140,6 +159,16 @@ impl StormReport {
     /// Whether every promise held.
     pub fn passed(&self) -> bool {
         self.ledger.failures.is_empty() && self.fault_errors.is_empty()
+    }
+
+    /// Checks the ledger again as it stands now, against what the buyers were told: how
+    /// a test proves the check finds a fault planted after the storm.
+    pub async fn check_again(&self) -> anyhow::Result<Ledger> {
+        let rest = self
+            .rest
+            .as_ref()
+            .context("this report keeps no sale at rest")?;
+        ledger::check(&rest.storm, &rest.logs).await
     }
 
     /// The report as text: the seed first, then what broke.
@@ -293,16 +322,11 @@ pub async fn one(env: &StackEnv, opts: &StormOptions, seed: u64) -> anyhow::Resu
         "queue_opens_before_s": 60,
     });
     let admin = shop.token("storm-admin", true);
+    let create = Call::post("create", "/vouchers")
+        .token(&admin)
+        .body(serde_json::to_vec(&body)?);
     let created = shop
-        .until_final(
-            "create",
-            Method::POST,
-            "/vouchers",
-            Some(&admin),
-            &[],
-            Some(serde_json::to_vec(&body)?),
-            Duration::from_secs(60),
-        )
+        .until_final(&create, Duration::from_secs(60))
         .await
         .context("creating the storm's voucher: no answer")?;
     if created.status != 201 {
@@ -400,7 +424,10 @@ pub async fn one(env: &StackEnv, opts: &StormOptions, seed: u64) -> anyhow::Resu
     };
     let mut ledger = ledger;
     ledger.figures.settle_ms = settle_ms;
-    let tally = storm.shop.tally.lock().expect("tally");
+    let (answers, retries) = {
+        let tally = storm.shop.tally.lock().expect("tally");
+        (tally.answers.clone(), tally.retries)
+    };
     let mut fates = std::collections::BTreeMap::new();
     for b in &plan.buyers {
         let name = format!(
@@ -424,11 +451,12 @@ pub async fn one(env: &StackEnv, opts: &StormOptions, seed: u64) -> anyhow::Resu
                 .map(|f| format!("{:?} at +{:.1} s", f.fault, f.at.as_secs_f64()))
                 .collect(),
         },
-        answers: tally.answers.clone(),
-        retries: tally.retries,
+        answers,
+        retries,
         drainers: machinery.counts(),
         fault_errors,
         ledger,
         elapsed_ms: t0.elapsed().as_millis() as u64,
+        rest: Some(AtRest { storm, logs }),
     })
 }
