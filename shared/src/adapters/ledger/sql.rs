@@ -49,7 +49,7 @@ pub const MAX_VOUCHERS_PER_STATEMENT: usize = 250;
 /// One parameter and the same SQL text for every group, not one parameter per voucher
 /// (`IN (:v0, ..., :v249)`, a text per group size): the drainer, the Data API and the
 /// database parsed and bound 250 parameters a statement, a large part of what a small
-/// sale cost (see docs/benchmarks.md, "Many small sales, eighth pass").
+/// sale cost (docs/how-it-works.md, step 4a).
 pub fn lock_vouchers(ids: &[VoucherId]) -> (String, Vec<SqlParameter>) {
     const SQL: &str = "SELECT v.id, v.stock_left, v.pay_within_ms, v.buckets \
         FROM JSON_TABLE(:ids, '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$' ERROR ON EMPTY)) AS j \
