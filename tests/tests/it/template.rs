@@ -961,6 +961,8 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
     ("lock_voucher", &["ExecuteStatement"]),
     ("lock_vouchers", &["ExecuteStatement"]),
     ("existing_orders", &["ExecuteStatement"]),
+    // Which orders of a batch have rows (and await payment): the settle's ranking.
+    ("rows_of", &["ExecuteStatement"]),
     ("insert_orders", &["ExecuteStatement"]),
     ("take_stock", &["ExecuteStatement"]),
     ("take_stocks", &["ExecuteStatement"]),

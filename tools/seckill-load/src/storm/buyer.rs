@@ -11,8 +11,8 @@ use seckill_shared::webhook::{Event, EventType, PaymentData};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::Storm;
 use super::client::{Answer, Call};
+use super::context::Storm;
 use super::plan::{BuyerPlan, Fate};
 
 /// A payment the provider took (or tried to take) for an order.
@@ -60,47 +60,32 @@ pub async fn run(storm: &Storm, plan: &BuyerPlan) -> BuyerLog {
     let Some(order) = buy(storm, plan, &token, &mut log).await else {
         return log;
     };
-    match plan.fate {
-        Fate::Pay => pay(storm, &plan.user, &token, &order, &mut log, PayHow::Once).await,
-        Fate::FailThenPay => {
-            pay(
-                storm,
-                &plan.user,
-                &token,
-                &order,
-                &mut log,
-                PayHow::FailFirst,
-            )
-            .await
-        }
-        Fate::PayLate => pay(storm, &plan.user, &token, &order, &mut log, PayHow::Late).await,
-        Fate::PayTwice => pay(storm, &plan.user, &token, &order, &mut log, PayHow::Twice).await,
-        Fate::WrongAmountThenPay => {
-            pay(
-                storm,
-                &plan.user,
-                &token,
-                &order,
-                &mut log,
-                PayHow::WrongFirst,
-            )
-            .await
-        }
-        Fate::Expire => {}
-        Fate::Cancel { rebuy } => {
-            let path = format!("/orders/{order}/cancel");
-            let answer = storm
-                .shop
-                .until_final(&Call::post("cancel", &path).token(&token), patience(storm))
-                .await;
-            if answer.as_ref().is_some_and(|a| a.status == 200) {
-                log.cancelled.push(order.clone());
-                if rebuy
-                    && let Some(again) = buy(storm, plan, &token, &mut log).await
-                    && again != order
-                {
-                    pay(storm, &plan.user, &token, &again, &mut log, PayHow::Once).await;
-                }
+    let how = match plan.fate {
+        Fate::Pay => Some(PayHow::Once),
+        Fate::FailThenPay => Some(PayHow::FailFirst),
+        Fate::PayLate => Some(PayHow::Late),
+        Fate::PayTwice => Some(PayHow::Twice),
+        Fate::WrongAmountThenPay => Some(PayHow::WrongFirst),
+        Fate::Expire | Fate::Cancel { .. } => None,
+    };
+    if let Some(how) = how {
+        pay(storm, &plan.user, &token, &order, &mut log, how).await;
+        return log;
+    }
+    // Expire: the order is left to its deadline.
+    if let Fate::Cancel { rebuy } = plan.fate {
+        let path = format!("/orders/{order}/cancel");
+        let answer = storm
+            .shop
+            .until_final(&Call::post("cancel", &path).token(&token), patience(storm))
+            .await;
+        if answer.as_ref().is_some_and(|a| a.status == 200) {
+            log.cancelled.push(order.clone());
+            if rebuy
+                && let Some(again) = buy(storm, plan, &token, &mut log).await
+                && again != order
+            {
+                pay(storm, &plan.user, &token, &again, &mut log, PayHow::Once).await;
             }
         }
     }
@@ -283,17 +268,15 @@ async fn pay(storm: &Storm, user: &str, token: &str, order: &str, log: &mut Buye
         .str("pay_by")
         .and_then(|t| seckill_shared::domain::parse_rfc3339_millis(&t, "pay_by").ok())
         .unwrap_or(0);
-    let payment = |kind: EventType, id: &str, amount_minor: i64| Event {
-        id: format!("evt_{}", rand::random::<u64>()),
-        kind,
-        created: now_millis() / 1000,
-        data: PaymentData {
+    let payment = |kind: EventType, id: &str, amount_minor: i64| {
+        let data = PaymentData {
             payment_id: id.to_string(),
             order_id: order.to_string(),
             buyer: user.to_string(),
             amount_minor,
             currency: currency.clone(),
-        },
+        };
+        Event::created_now(format!("evt_{}", rand::random::<u64>()), kind, data)
     };
     // What the provider sends, in order: (kind, which payment, amount, copies at once).
     let (a, b) = (

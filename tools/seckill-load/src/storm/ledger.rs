@@ -18,15 +18,14 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
-use seckill_cli::ops::Backends;
 use seckill_shared::domain::{Bucket, VoucherId};
 use seckill_shared::keys::VoucherKeys;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::Storm;
 use super::buyer::BuyerLog;
 use super::client::Call;
+use super::context::Storm;
 use super::faults::Machinery;
 
 /// The figures of a storm's ledger.
@@ -404,15 +403,4 @@ pub async fn check(storm: &Storm, logs: &[BuyerLog]) -> anyhow::Result<Ledger> {
         l.failures.push(format!("never answered: {u}"));
     }
     Ok(l)
-}
-
-impl Storm {
-    /// The stack's backends as the operators' commands connect.
-    pub async fn backends(env: &seckill_cli::stack_env::StackEnv) -> anyhow::Result<Backends> {
-        let mut reader = seckill_shared::config::EnvReader::from_map(env.vars().clone());
-        let redis = seckill_shared::config::RedisConfig::read(&mut reader);
-        let data = seckill_shared::config::DataApiConfig::read(&mut reader);
-        reader.finish()?;
-        Backends::connect(&redis, &data).await
-    }
 }

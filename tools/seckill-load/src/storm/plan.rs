@@ -3,13 +3,71 @@
 //! run time still depends on timing: which request reaches Redis first, which call a
 //! lost answer hits).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use super::StormOptions;
+/// The storm's size, pace and faults.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StormOptions {
+    /// The plan's seed (default: a random one, printed)
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Buyers of the first wave
+    #[arg(long, default_value_t = 600)]
+    pub buyers: u32,
+    /// Units on sale
+    #[arg(long, default_value_t = 200)]
+    pub stock: u32,
+    /// A second wave of this share of the buyers, buying what came back
+    #[arg(long, default_value_t = 0.25)]
+    pub second_wave: f64,
+    /// Requests in flight at most
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// Stock buckets
+    #[arg(long, default_value_t = 3)]
+    pub buckets: u16,
+    /// Seconds a buyer has to pay
+    #[arg(long, default_value_t = 15)]
+    pub pay_window_s: u64,
+    /// Buyers the waiting room lets in per second
+    #[arg(long, default_value_t = 100)]
+    pub entry_rate: u32,
+    /// Faults to inject (default: all; the failover and the slot move need the cluster stack)
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub faults: Vec<FaultKind>,
+    /// No fault at all
+    #[arg(long, conflicts_with = "faults")]
+    pub no_faults: bool,
+    /// Drainer runs killed with SIGKILL during the sale
+    #[arg(long, default_value_t = 6)]
+    pub drainer_kills: u32,
+    /// Soak: storms one after another (the next seed each) for this long; 0: one storm
+    #[arg(long, default_value_t = 0)]
+    pub seconds: u64,
+    /// The order-drainer binary (default: beside this one, or its parent folder's)
+    #[arg(long)]
+    pub drainer_bin: Option<PathBuf>,
+    /// No progress bar
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+impl StormOptions {
+    /// The faults asked for (all by default, none with `--no-faults`).
+    pub fn normalise(mut self) -> StormOptions {
+        if self.no_faults {
+            self.faults.clear();
+        } else if self.faults.is_empty() {
+            self.faults = FaultKind::ALL.to_vec();
+        }
+        self
+    }
+}
 
 /// What a buyer does once admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
