@@ -218,6 +218,24 @@ pub struct Event {
     pub data: PaymentData,
 }
 
+impl Event {
+    /// An event the provider creates now about `data`; `id` names the event (a
+    /// redelivery carries the same one).
+    pub fn created_now(id: impl Into<String>, kind: EventType, data: PaymentData) -> Event {
+        Event {
+            id: id.into(),
+            kind,
+            created: crate::domain::now_millis() / 1000,
+            data,
+        }
+    }
+
+    /// The body as the provider sends it.
+    pub fn body(&self) -> String {
+        serde_json::to_string(self).expect("an event serialises")
+    }
+}
+
 /// The payment an event is about. `order_id` and `buyer` are what the shop gave the
 /// provider when the payment started (its checkout); the provider sends them back.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

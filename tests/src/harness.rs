@@ -176,19 +176,16 @@ pub fn provider_event(
     amount_minor: i64,
     currency: &str,
 ) -> String {
-    json!({
-        "id": format!("evt_{payment_id}_{kind}"),
-        "type": kind,
-        "created": seckill_shared::domain::now_millis() / 1000,
-        "data": {
-            "payment_id": payment_id,
-            "order_id": order,
-            "buyer": buyer,
-            "amount_minor": amount_minor,
-            "currency": currency,
-        }
-    })
-    .to_string()
+    use seckill_shared::webhook::{Event, EventType, PaymentData};
+    let event_type: EventType = serde_json::from_value(json!(kind)).expect("an event type");
+    let data = PaymentData {
+        payment_id: payment_id.to_string(),
+        order_id: order.to_string(),
+        buyer: buyer.to_string(),
+        amount_minor,
+        currency: currency.to_string(),
+    };
+    Event::created_now(format!("evt_{payment_id}_{kind}"), event_type, data).body()
 }
 
 /// `POST /payments/webhook` with `body` and, if given, the signature header (no token:

@@ -429,14 +429,15 @@ async fn payment_sale(
         .await?;
     println!("  order {cancelled} cancelled: {}", cancel["status"]);
     let event = |order: &str, user: &str, payment: &str| {
-        json!({
-            "id": format!("evt_{payment}"),
-            "type": "payment.succeeded",
-            "created": now() / 1000,
-            "data": {"payment_id": payment, "order_id": order, "buyer": user,
-                     "amount_minor": 199, "currency": "EUR"},
-        })
-        .to_string()
+        let data = webhook::PaymentData {
+            payment_id: payment.to_string(),
+            order_id: order.to_string(),
+            buyer: user.to_string(),
+            amount_minor: 199,
+            currency: "EUR".to_string(),
+        };
+        let kind = webhook::EventType::Succeeded;
+        webhook::Event::created_now(format!("evt_{payment}"), kind, data).body()
     };
     let secrets = &secrets;
     let deliver = |body: String| async move {

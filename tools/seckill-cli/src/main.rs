@@ -71,24 +71,8 @@ enum Command {
     /// `.dev/stack.env` on the local stack). Exit status 2 unless every answer is 2xx.
     Pay {
         order: String,
-        /// Wait until the order's payment deadline has passed first (a late payment).
-        #[arg(long)]
-        late: bool,
-        /// Deliver the same signed event twice (a provider redelivering).
-        #[arg(long)]
-        replay: bool,
-        /// Send `payment.failed` instead.
-        #[arg(long)]
-        failed: bool,
-        /// The provider's payment id (default: a new one).
-        #[arg(long)]
-        payment_id: Option<String>,
-        /// Pay this amount (minor units) instead of the voucher's price.
-        #[arg(long)]
-        amount_minor: Option<i64>,
-        /// Pay in this currency instead of the voucher's.
-        #[arg(long)]
-        currency: Option<String>,
+        #[command(flatten)]
+        opts: pay::PayOptions,
         #[arg(long)]
         json: bool,
     },
@@ -190,16 +174,7 @@ async fn main() -> anyhow::Result<ExitCode> {
             print(json, &report, reconcile::render)?;
             return Ok(exit_code(report.clean_after()));
         }
-        Command::Pay {
-            order,
-            late,
-            replay,
-            failed,
-            payment_id,
-            amount_minor,
-            currency,
-            json,
-        } => {
+        Command::Pay { order, opts, json } => {
             let order = order
                 .parse()
                 .ok()
@@ -210,14 +185,6 @@ async fn main() -> anyhow::Result<ExitCode> {
                 &stack.get("SECKILL_PAYMENT_WEBHOOK_SECRET")?,
             )
             .map_err(|e| anyhow::anyhow!("SECKILL_PAYMENT_WEBHOOK_SECRET: {e}"))?;
-            let opts = pay::PayOptions {
-                late,
-                replay,
-                failed,
-                payment_id,
-                amount_minor,
-                currency,
-            };
             let b = Backends::from_env().await?;
             let done = pay::pay(&b, &url, &secrets, order, &opts).await?;
             print(json, done.as_slice(), pay::render)?;

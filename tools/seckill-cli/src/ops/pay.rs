@@ -17,19 +17,26 @@ use serde::Serialize;
 
 use super::{Backend, Backends};
 
-/// What to send.
-#[derive(Debug, Clone, Default)]
+/// What to send (also `seckill pay`'s flags).
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct PayOptions {
-    /// Wait until the order's payment deadline has passed, then pay.
+    /// Wait until the order's payment deadline has passed first (a late payment).
+    #[arg(long)]
     pub late: bool,
-    /// Deliver the same signed event a second time.
+    /// Deliver the same signed event twice (a provider redelivering).
+    #[arg(long)]
     pub replay: bool,
-    /// `payment.failed` instead of `payment.succeeded`.
+    /// Send `payment.failed` instead of `payment.succeeded`.
+    #[arg(long)]
     pub failed: bool,
     /// The provider's payment id (default: a new one).
+    #[arg(long)]
     pub payment_id: Option<String>,
-    /// Override the amount or currency (default: the voucher's price).
+    /// Pay this amount (minor units) instead of the voucher's price.
+    #[arg(long)]
     pub amount_minor: Option<i64>,
+    /// Pay in this currency instead of the voucher's.
+    #[arg(long)]
     pub currency: Option<String>,
 }
 
@@ -153,15 +160,15 @@ pub fn event(p: &Payable, opts: &PayOptions) -> anyhow::Result<Event> {
             p.voucher
         ),
     };
-    Ok(Event {
-        id: format!("evt_{}", random_hex()),
-        kind: if opts.failed {
-            EventType::Failed
-        } else {
-            EventType::Succeeded
-        },
-        created: now_millis() / 1000,
-        data: PaymentData {
+    let kind = if opts.failed {
+        EventType::Failed
+    } else {
+        EventType::Succeeded
+    };
+    Ok(Event::created_now(
+        format!("evt_{}", random_hex()),
+        kind,
+        PaymentData {
             payment_id: opts
                 .payment_id
                 .clone()
@@ -171,7 +178,7 @@ pub fn event(p: &Payable, opts: &PayOptions) -> anyhow::Result<Event> {
             amount_minor,
             currency,
         },
-    })
+    ))
 }
 
 /// Refuses any seckill-http but one on this machine: a signed `payment.succeeded` pays an
