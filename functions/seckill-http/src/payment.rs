@@ -136,10 +136,11 @@ pub(crate) async fn look_up(
     }))
 }
 
-/// The order `id` of `buyer`, of a voucher with a payment step. 404 when it is not
-/// theirs or unknown; 409 `payment_not_required` to its buyer for a voucher without a
-/// payment step (only the order's buyer learns what kind of order it is). (An order the
-/// database refused is found, `rejected`.)
+/// The order `id` of `buyer`, of a voucher with a payment step: the one preamble of the
+/// buyer's order routes (pay, cancel). 404 when it is not theirs or unknown; 409
+/// `payment_not_required` to its buyer for a voucher without a payment step (only the
+/// order's buyer learns what kind of order it is); 409 `order_rejected` for an order the
+/// database refused.
 async fn find_order(
     app: &App,
     id: OrderId,
@@ -147,6 +148,7 @@ async fn find_order(
     now: UnixMillis,
 ) -> Result<FoundOrder, ApiError> {
     match look_up(app, id, Some(buyer), now).await? {
+        Lookup::Theirs(order) if order.rejected() => Err(ApiError::OrderRejected),
         Lookup::Theirs(order) => Ok(order),
         Lookup::NoPaymentStep { theirs: true, .. } => Err(ApiError::PaymentNotRequired),
         _ => Err(ApiError::NotFound(format!("order {id} not found"))),
@@ -224,9 +226,6 @@ pub(crate) async fn start_payment(
 ) -> Result<Response<Body>, ApiError> {
     // Limited per user by the route, on this instance and across all of them.
     let order = find_order(app, id, &caller.user, now).await?;
-    if order.rejected() {
-        return Err(ApiError::OrderRejected);
-    }
     let (closed, deadline) = app
         .sales()
         .await?
@@ -282,9 +281,6 @@ pub(crate) async fn cancel_order(
 ) -> Result<Response<Body>, ApiError> {
     // Limited per user by the route, on this instance and across all of them.
     let order = find_order(app, id, &caller.user, now).await?;
-    if order.rejected() {
-        return Err(ApiError::OrderRejected);
-    }
     let Some(closed) = close(app, &order, &caller.user, &CloseAction::Cancel).await? else {
         return Err(ApiError::NotFound(format!("order {id} not found")));
     };
