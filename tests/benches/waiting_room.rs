@@ -31,27 +31,8 @@ const ENTRY_RATE: i64 = 5_000;
 
 /// Commands the server ran, by name (script calls and what they ran), over every node.
 fn commands(redis: &RedisServer) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    for n in redis.nodes() {
-        let info: String = redis
-            .query(n.port, redis::cmd("INFO").arg("commandstats"))
-            .expect("INFO commandstats");
-        for line in info.lines() {
-            let Some((name, rest)) = line
-                .strip_prefix("cmdstat_")
-                .and_then(|l| l.split_once(':'))
-            else {
-                continue;
-            };
-            let calls = rest
-                .split(',')
-                .find_map(|kv| kv.strip_prefix("calls="))
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
-            *out.entry(name.to_string()).or_default() += calls;
-        }
-    }
-    out
+    let stats = redis.commandstats().into_iter();
+    stats.map(|(name, s)| (name, s.calls)).collect()
 }
 
 fn reset(redis: &RedisServer) {

@@ -738,32 +738,17 @@ impl RedisServer {
         Ok(text.lines().filter_map(NodeLine::parse).collect())
     }
 
-    /// Every running node's `INFO commandstats`, summed by command: (name, calls, failed
-    /// calls), the name lower-case without its `cmdstat_` prefix.
-    fn commandstats(&self) -> BTreeMap<String, (u64, u64)> {
-        // `cmdstat_evalsha:calls=5,usec=..,rejected_calls=0,failed_calls=1`
-        let field = |stats: &str, name: &str| -> u64 {
-            stats
-                .split(',')
-                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        };
-        let mut out: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-        for node in self.running() {
-            let info: String = self
-                .query(node.port, redis::cmd("INFO").arg("commandstats"))
-                .unwrap_or_else(|e| panic!("INFO on node {}: {e}", node.port));
-            for (name, stats) in info
-                .lines()
-                .filter_map(|l| l.strip_prefix("cmdstat_")?.split_once(':'))
-            {
-                let entry = out.entry(name.to_string()).or_default();
-                entry.0 += field(stats, "calls");
-                entry.1 += field(stats, "failed_calls");
-            }
-        }
-        out
+    /// Every running node's `INFO commandstats`, summed by command (the name lower
+    /// case, without its `cmdstat_` prefix).
+    pub fn commandstats(&self) -> BTreeMap<String, seckill_load::redis_info::CommandStat> {
+        let infos: Vec<String> = self
+            .running()
+            .map(|node| {
+                self.query(node.port, redis::cmd("INFO").arg("commandstats"))
+                    .unwrap_or_else(|e| panic!("INFO on node {}: {e}", node.port))
+            })
+            .collect();
+        seckill_load::redis_info::commandstats(infos.iter().map(String::as_str))
     }
 
     /// Script calls (`EVALSHA`, `EVAL`) every running node ran so far, by its
@@ -773,7 +758,7 @@ impl RedisServer {
         self.commandstats()
             .iter()
             .filter(|(name, _)| *name == "evalsha" || *name == "eval")
-            .map(|(_, (calls, failed))| calls - failed)
+            .map(|(_, s)| s.calls - s.failed_calls)
             .sum()
     }
 
@@ -786,7 +771,7 @@ impl RedisServer {
         self.commandstats()
             .iter()
             .filter(|(name, _)| !OWN.iter().any(|own| name.starts_with(own)))
-            .map(|(_, (calls, _))| calls)
+            .map(|(_, s)| s.calls)
             .sum()
     }
 

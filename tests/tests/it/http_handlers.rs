@@ -419,22 +419,8 @@ async fn a_warm_instance_admits_with_one_redis_call() {
     for i in 1..=20 {
         assert_eq!(buy(&warm, &id, &format!("u{i}")).await.0, 202);
     }
-    let calls = |name: &str| -> u64 {
-        let prefix = format!("cmdstat_{name}:calls=");
-        nodes
-            .iter()
-            .map(|n| {
-                let info: String = b
-                    .redis
-                    .query(n.port, redis::cmd("INFO").arg("commandstats"))
-                    .unwrap();
-                info.lines()
-                    .find_map(|l| l.strip_prefix(prefix.as_str()))
-                    .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
-                    .unwrap_or(0)
-            })
-            .sum()
-    };
+    let stats = b.redis.commandstats();
+    let calls = |name: &str| stats.get(name).map_or(0, |s| s.calls);
     // The order ids come from the block leased on the first purchase.
     assert_eq!(calls("evalsha"), 20, "one admission script per purchase");
     assert_eq!(calls("hget") + calls("hgetall"), 0, "no sale lookup");

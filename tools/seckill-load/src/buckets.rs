@@ -315,16 +315,11 @@ fn text(v: redis::Value) -> Option<String> {
 
 /// `usec` of [`CLIENT_COMMANDS`] in one node's `INFO commandstats`.
 fn client_usec(info: &str) -> f64 {
-    info.lines()
-        .filter_map(|l| {
-            let (name, stats) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            CLIENT_COMMANDS.contains(&name).then_some(stats)?;
-            stats
-                .split(',')
-                .find_map(|kv| kv.strip_prefix("usec="))?
-                .parse::<f64>()
-                .ok()
-        })
+    let stats = crate::redis_info::commandstats([info]);
+    CLIENT_COMMANDS
+        .iter()
+        .filter_map(|name| stats.get(*name))
+        .map(|s| s.usec)
         .sum()
 }
 

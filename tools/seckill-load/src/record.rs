@@ -217,15 +217,14 @@ impl CpuSample {
         let get = |info: &str, k: &str| crate::redis_info::info_field(info, k)?.parse::<f64>().ok();
         let used = |info: &String| Some(get(info, "used_cpu_user")? + get(info, "used_cpu_sys")?);
         let redis_s = cpu.iter().map(used).sum::<Option<f64>>();
-        // cmdstat_<name>:calls=N,usec=N,usec_per_call=...
-        let usec = |line: &str| {
-            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let stats = CLIENT_COMMANDS.contains(&name).then_some(stats)?;
-            let v = stats.split(',').find_map(|kv| kv.strip_prefix("usec="))?;
-            v.trim().parse::<f64>().ok()
-        };
-        let lines = commandstats.iter().flat_map(|info| info.lines());
-        let redis_command_us = (!commandstats.is_empty()).then(|| lines.filter_map(usec).sum());
+        let redis_command_us = (!commandstats.is_empty()).then(|| {
+            let stats = crate::redis_info::commandstats(commandstats.iter().map(String::as_str));
+            CLIENT_COMMANDS
+                .iter()
+                .filter_map(|name| stats.get(*name))
+                .map(|s| s.usec)
+                .sum()
+        });
         CpuSample {
             redis_s: redis_s.filter(|_| !cpu.is_empty()),
             redis_command_us,
