@@ -30,12 +30,13 @@ cd "$SECKILL_ROOT"
 # The suites run a second time on the Valkey cluster: admission, drainer, end to end, the
 # waiting room.
 CLUSTER_SUITES="admission_lua http_handlers drainer_flow drainer_crash drainer_e2e e2e_http repair stack_smoke redis_fixture payment buckets waiting_room small_sales"
-# Run after the others in each pass, on their own: cluster_topology's tests start clusters
-# of their own (up to 9 more Valkey processes beside the stack's), whose load on 2 cores
-# pushed other suites' requests past their Redis timeout (a 503 where the test wanted a
-# 409), and whose own slot-moving sale got 503s when other suites loaded the machine; the
-# storm puts the stack's database out and fails its Redis over; stack_rerun runs
-# `scripts/stack.sh up` again, which rewrites .dev/stack.env under other suites.
+# Run after the others in each pass, each on its own (run_alone): cluster_topology's
+# tests start clusters of their own (up to 9 more Valkey processes beside the stack's),
+# whose load on 2 cores pushed other suites' requests past their Redis timeout (a 503
+# where the test wanted a 409), and whose own slot-moving sale got 503s when other suites
+# loaded the machine; the storm puts the stack's database out and fails its Redis over;
+# stack_rerun runs `scripts/stack.sh up` again, which rewrites .dev/stack.env and checks
+# every service under whatever else runs.
 SUITES_ALONE="cluster_topology storm stack_rerun"
 
 TOPOLOGIES=${SECKILL_TEST_TOPOLOGIES:-both}
@@ -150,13 +151,24 @@ if ((!selection)); then
     alone_args=(-p seckill-tests --test it --)
     for t in $SUITES_ALONE; do
         single_args+=(--skip "$t::")
-        alone_args+=("$t::")
     done
     for t in $CLUSTER_SUITES; do cluster_args+=("$t::"); done
     single_args+=("${extra[@]}")
     cluster_args+=("${extra[@]}")
     alone_args+=("${extra[@]}")
 fi
+
+# run_alone ENV...: the suites of SUITES_ALONE one after another, each in a cargo test of
+# its own: run together, stack_rerun's `scripts/stack.sh up` checked (and restarted) the
+# services while the storm had the database out and its Redis failing over.
+run_alone() {
+    local rc=0 t
+    for t in $SUITES_ALONE; do
+        echo "---- $t::" >&2
+        "$@" cargo test --no-fail-fast "${alone_args[@]}" "$t::" || rc=1
+    done
+    return "$rc"
+}
 
 # The stack and the tests see the same selection (tests read it from .dev/stack.env,
 # which a variable of the same name overrides).
@@ -199,7 +211,7 @@ if ((run_single)); then
     phase "stack up" "${single_env[@]}" SECKILL_LAMBDA_RELOAD=0 scripts/stack.sh up --restart-functions || exit 1
     phase "cargo test" "${single_env[@]}" cargo test --no-fail-fast "${single_args[@]}" || true
     if ((${#alone_args[@]})); then
-        phase "cargo test (own clusters)" "${single_env[@]}" cargo test --no-fail-fast "${alone_args[@]}" || true
+        phase "cargo test (own clusters)" run_alone "${single_env[@]}" || true
     fi
 fi
 if ((run_cluster)); then
@@ -212,7 +224,7 @@ if ((run_cluster)); then
     if phase "stack up (valkey cluster)" stack_down_then_up_as_valkey_cluster; then
         phase "cargo test (valkey cluster)" "${cluster_env[@]}" cargo test --no-fail-fast "${cluster_args[@]}" || true
         if ((${#alone_args[@]})); then
-            phase "cargo test (valkey cluster, own clusters)" "${cluster_env[@]}" cargo test --no-fail-fast "${alone_args[@]}" || true
+            phase "cargo test (valkey cluster, own clusters)" run_alone "${cluster_env[@]}" || true
         fi
     fi
 fi
