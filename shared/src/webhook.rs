@@ -350,44 +350,39 @@ impl Received {
                 (stand_in(&event_name), None)
             }
         };
-        let amount_minor = data
-            .get("amount_minor")
-            .and_then(|v| crate::json::integral(v).ok());
-        if amount_minor.is_none() {
-            defects.push(match data.get("amount_minor") {
-                Some(v) => format!(
-                    "the amount {} is not a whole number of minor units",
-                    shown(v)
-                ),
-                None => "the event names no amount".into(),
-            });
-        }
-        let currency = match data.get("currency") {
-            Some(Value::String(c))
-                if c.len() == 3 && c.bytes().all(|b| b.is_ascii_alphabetic()) =>
-            {
-                Some(c.to_ascii_uppercase())
-            }
-            _ => None,
-        };
-        if currency.is_none() {
-            defects.push(match data.get("currency") {
-                Some(v) => format!(
-                    "the currency {} is not a three-letter ISO 4217 code",
-                    shown(v)
-                ),
-                None => "the event names no currency".into(),
-            });
-        }
-        let order = match data.get("order_id") {
-            Some(Value::String(s)) => s.parse::<OrderId>().ok(),
-            Some(Value::Number(n)) => n.as_i64().and_then(OrderId::new),
-            _ => None,
-        }
-        .ok_or_else(|| match data.get("order_id") {
-            Some(v) => format!("the order id {} is not a positive decimal id", shown(v)),
-            None => "the event names no order".into(),
-        });
+        let amount_minor = field(
+            data,
+            "amount_minor",
+            "amount",
+            "a whole number of minor units",
+            |v| crate::json::integral(v).ok(),
+        )
+        .map_err(|why| defects.push(why))
+        .ok();
+        let currency = field(
+            data,
+            "currency",
+            "currency",
+            "a three-letter ISO 4217 code",
+            |v| {
+                v.as_str()
+                    .filter(|c| c.len() == 3 && c.bytes().all(|b| b.is_ascii_alphabetic()))
+                    .map(str::to_ascii_uppercase)
+            },
+        )
+        .map_err(|why| defects.push(why))
+        .ok();
+        let order = field(
+            data,
+            "order_id",
+            "order",
+            "a positive decimal id",
+            |v| match v {
+                Value::String(s) => s.parse::<OrderId>().ok(),
+                Value::Number(n) => n.as_i64().and_then(OrderId::new),
+                _ => None,
+            },
+        );
         let buyer = match data.get("buyer") {
             Some(Value::String(s)) => UserId::parse(s)
                 .map_err(|e| format!("the buyer {} is no user id ({e})", shown(&json_text(s)))),
@@ -436,6 +431,22 @@ impl Received {
 /// gives the same stand-in; `#` is in no accepted payment id, so no provider's id is one.
 pub fn stand_in(sent: &str) -> String {
     format!("#{}", hex(&Sha256::digest(sent.as_bytes())))
+}
+
+/// The field `key` of an event's data read by `read`, or why not, in the words a reason
+/// shows: "the event names no {name}" when it is missing, "the {name} {value} is not
+/// {form}" when `read` refuses it.
+fn field<T>(
+    data: &Map<String, Value>,
+    key: &str,
+    name: &str,
+    form: &str,
+    read: impl FnOnce(&Value) -> Option<T>,
+) -> Result<T, String> {
+    match data.get(key) {
+        Some(v) => read(v).ok_or_else(|| format!("the {name} {} is not {form}", shown(v))),
+        None => Err(format!("the event names no {name}")),
+    }
 }
 
 /// `s` as JSON text (quoted and escaped, as a reason shows it).

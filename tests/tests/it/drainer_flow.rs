@@ -1712,6 +1712,50 @@ async fn closes_of_undrained_orders_never_starve_the_closes_a_batch_needs() {
     ctx.cleanup().await;
 }
 
+/// A drainer whose Redis connection passes a reply dropper, the batches ten orders, and
+/// nothing of its consumer claimable during the test (the lost replies' orders must come
+/// back by their own way, not by the claim threshold).
+struct DroppingDrainer {
+    proxy: seckill_tests::redis::ReplyDropper,
+    drainer: order_drainer::Drainer,
+    cfg: order_drainer::Config,
+    consumer: &'static str,
+}
+
+impl DroppingDrainer {
+    async fn start(ctx: &DrainCtx, consumer: &'static str) -> DroppingDrainer {
+        let proxy = seckill_tests::redis::ReplyDropper::start(&ctx.redis).await;
+        let mut cfg = ctx.drainer_config();
+        cfg.redis.url = proxy.url();
+        cfg.batch_size = 10;
+        // Longer than the test.
+        cfg.min_idle = Duration::from_secs(120);
+        let drainer = order_drainer::Drainer::connect(cfg.clone())
+            .await
+            .expect("drainer connects");
+        DroppingDrainer {
+            proxy,
+            drainer,
+            cfg,
+            consumer,
+        }
+    }
+
+    async fn run(&self) -> order_drainer::Summary {
+        let deadline = Instant::now() + self.cfg.max_run + self.cfg.safety_margin;
+        self.drainer.run(self.consumer, deadline).await
+    }
+}
+
+/// The ids of the voucher's rows of `status`.
+async fn ids_with(ctx: &DrainCtx, voucher: VoucherId, status: &str) -> BTreeSet<i64> {
+    let rows = ctx.orders_in_db(voucher).await;
+    rows.into_iter()
+        .filter(|(_, (s, _))| s == status)
+        .map(|(id, _)| id)
+        .collect()
+}
+
 /// The survey's probe reads a batch of a sale's new orders in its own call. Its reply is
 /// lost (the connection cut after Redis ran it): the orders wait pending for the
 /// drainer's consumer, unseen, idle for less than the claim threshold. They must still
@@ -1724,57 +1768,40 @@ async fn closes_of_undrained_orders_never_starve_the_closes_a_batch_needs() {
 /// were then written `rejected`.)
 #[tokio::test]
 async fn orders_whose_probe_reply_was_lost_are_drained_before_newer_ones() {
-    use seckill_tests::redis::ReplyDropper;
     let ctx = DrainCtx::start().await;
-    let proxy = ReplyDropper::start(&ctx.redis).await;
     // Redis sells 20, the database holds 10.
     let v = ctx.voucher(20, 10).await;
-    let mut cfg = ctx.drainer_config();
-    cfg.redis.url = proxy.url();
-    cfg.batch_size = 10;
-    // Longer than the test: nothing of this consumer becomes claimable.
-    cfg.min_idle = Duration::from_secs(120);
-    let drainer = order_drainer::Drainer::connect(cfg.clone())
-        .await
-        .expect("drainer connects");
-    let consumer = "drainer-lost-probe";
-    let run = async || {
-        drainer
-            .run(consumer, Instant::now() + cfg.max_run + cfg.safety_margin)
-            .await
-    };
+    let d = DroppingDrainer::start(&ctx, "drainer-lost-probe").await;
     // The scripts are loaded: the probe's next EVALSHA runs it.
-    let s = run().await;
+    let s = d.run().await;
     assert_eq!(s.errors, 0, "{s:?}");
 
     let early = ctx.admit(v.id, "early", 10).await;
     let late = ctx.admit(v.id, "late", 10).await;
     // The probe reads a batch: the ten early orders.
     let orders = VoucherKeys::new(v.id).orders;
-    proxy.arm(&[b"EVALSHA", orders.as_bytes(), consumer.as_bytes()]);
-    let first = run().await;
+    d.proxy
+        .arm(&[b"EVALSHA", orders.as_bytes(), d.consumer.as_bytes()]);
+    let first = d.run().await;
     println!("{first:?}");
-    assert_eq!(proxy.dropped(), 1, "the probe's reply was lost: {first:?}");
-    let second = run().await;
+    assert_eq!(
+        d.proxy.dropped(),
+        1,
+        "the probe's reply was lost: {first:?}"
+    );
+    let second = d.run().await;
     assert_eq!(second.errors, 0, "{second:?}");
 
-    let rows = ctx.orders_in_db(v.id).await;
-    let with = |status: &str| -> BTreeSet<i64> {
-        rows.iter()
-            .filter(|(_, (s, _))| s == status)
-            .map(|(id, _)| *id)
-            .collect()
-    };
     assert_eq!(
-        with("confirmed"),
+        ids_with(&ctx, v.id, "confirmed").await,
         id_set(&early),
         "the earlier orders get the database's ten units ({first:?}, {second:?})"
     );
-    assert_eq!(with("rejected"), id_set(&late));
+    assert_eq!(ids_with(&ctx, v.id, "rejected").await, id_set(&late));
     assert_eq!(ctx.db_stock_left(v.id).await, 0);
     assert_eq!(ctx.pending(v.id).await, 0, "nothing left pending");
     assert!(ctx.dead_letters(v.id).await.is_empty());
-    drop(proxy);
+    drop(d);
     ctx.cleanup().await;
 }
 
@@ -1786,24 +1813,10 @@ async fn orders_whose_probe_reply_was_lost_are_drained_before_newer_ones() {
 /// waited for the claim threshold.)
 #[tokio::test]
 async fn orders_whose_read_reply_was_lost_are_drained_before_newer_ones() {
-    use seckill_tests::redis::ReplyDropper;
     let ctx = DrainCtx::start().await;
-    let proxy = ReplyDropper::start(&ctx.redis).await;
     // Redis sells 30, the database holds 20.
     let v = ctx.voucher(30, 20).await;
-    let mut cfg = ctx.drainer_config();
-    cfg.redis.url = proxy.url();
-    cfg.batch_size = 10;
-    cfg.min_idle = Duration::from_secs(120);
-    let drainer = order_drainer::Drainer::connect(cfg.clone())
-        .await
-        .expect("drainer connects");
-    let consumer = "drainer-lost-read";
-    let run = async || {
-        drainer
-            .run(consumer, Instant::now() + cfg.max_run + cfg.safety_margin)
-            .await
-    };
+    let d = DroppingDrainer::start(&ctx, "drainer-lost-read").await;
     let first = ctx.admit(v.id, "first", 10).await;
     let second = ctx.admit(v.id, "second", 10).await;
     let third = ctx.admit(v.id, "third", 10).await;
@@ -1817,33 +1830,26 @@ async fn orders_whose_read_reply_was_lost_are_drained_before_newer_ones() {
         .await
         .unwrap();
     let orders = VoucherKeys::new(v.id).orders;
-    proxy.arm(&[
+    d.proxy.arm(&[
         read.get_hash().as_bytes(),
         orders.as_bytes(),
-        consumer.as_bytes(),
+        d.consumer.as_bytes(),
     ]);
-    let one = run().await;
+    let one = d.run().await;
     println!("{one:?}");
-    assert_eq!(proxy.dropped(), 1, "a read's reply was lost: {one:?}");
-    let two = run().await;
+    assert_eq!(d.proxy.dropped(), 1, "a read's reply was lost: {one:?}");
+    let two = d.run().await;
     assert_eq!(two.errors, 0, "{two:?}");
 
-    let rows = ctx.orders_in_db(v.id).await;
-    let with = |status: &str| -> BTreeSet<i64> {
-        rows.iter()
-            .filter(|(_, (s, _))| s == status)
-            .map(|(id, _)| *id)
-            .collect()
-    };
     let earlier: BTreeSet<i64> = id_set(&first).union(&id_set(&second)).copied().collect();
     assert_eq!(
-        with("confirmed"),
+        ids_with(&ctx, v.id, "confirmed").await,
         earlier,
         "the earlier orders get the database's twenty units ({one:?}, {two:?})"
     );
-    assert_eq!(with("rejected"), id_set(&third));
+    assert_eq!(ids_with(&ctx, v.id, "rejected").await, id_set(&third));
     assert_eq!(ctx.pending(v.id).await, 0, "nothing left pending");
-    drop(proxy);
+    drop(d);
     ctx.cleanup().await;
 }
 

@@ -37,8 +37,13 @@ impl Backends {
     /// Reads the configuration from the environment completed by the local stack's
     /// `.dev/stack.env` (every problem at once), and connects.
     pub async fn from_env() -> anyhow::Result<Backends> {
-        // The stack file's values, overridden by those set in the environment.
-        let mut env = EnvReader::from_map(StackEnv::load(None)?.vars().clone());
+        Backends::from_stack(&StackEnv::load(None)?).await
+    }
+
+    /// Reads the configuration from a loaded stack file (its values, overridden by those
+    /// set in the environment: every problem at once), and connects.
+    pub async fn from_stack(stack: &StackEnv) -> anyhow::Result<Backends> {
+        let mut env = EnvReader::from_map(stack.vars().clone());
         let redis = RedisConfig::read(&mut env);
         let data = DataApiConfig::read(&mut env);
         env.finish()?;

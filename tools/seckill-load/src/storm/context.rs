@@ -16,14 +16,3 @@ pub struct Storm {
     pub backends: Backends,
     pub mysql: mysql_async::Pool,
 }
-
-impl Storm {
-    /// The stack's backends as the operators' commands connect.
-    pub async fn backends(env: &seckill_cli::stack_env::StackEnv) -> anyhow::Result<Backends> {
-        let mut reader = seckill_shared::config::EnvReader::from_map(env.vars().clone());
-        let redis = seckill_shared::config::RedisConfig::read(&mut reader);
-        let data = seckill_shared::config::DataApiConfig::read(&mut reader);
-        reader.finish()?;
-        Backends::connect(&redis, &data).await
-    }
-}

@@ -62,7 +62,11 @@ impl Machinery {
             .path()
             .and_then(|p| p.parent())
             .map(|d| d.join("functions.env"))
-            .context("the stack file's folder (for functions.env)")?;
+            .context(
+                "no stack file (.dev/stack.env) was found: the storm runs the functions' \
+                 drainer with the stack's functions.env beside it; start the stack with \
+                 scripts/stack.sh up",
+            )?;
         let text = std::fs::read_to_string(&functions_env)
             .with_context(|| format!("reading {}", functions_env.display()))?;
         let mut drainer_env: Vec<(String, String)> = text

@@ -33,6 +33,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use indicatif::{ProgressBar, ProgressStyle};
+use seckill_cli::ops::Backends;
 use seckill_cli::stack_env::StackEnv;
 use seckill_shared::domain::{Bucket, VoucherId, format_rfc3339_millis, now_millis};
 use seckill_shared::keys::{VoucherKeys, slot};
@@ -277,7 +278,7 @@ pub async fn one(env: &StackEnv, opts: &StormOptions, seed: u64) -> anyhow::Resu
         voucher: voucher.clone(),
         price: Some(price),
         shop,
-        backends: Storm::backends(env).await?,
+        backends: Backends::from_stack(env).await?,
         mysql: mysql_async::Pool::new(env.get("MYSQL_URL")?.as_str()),
     });
     let sale_start = Instant::now() + Duration::from_millis(lead_ms as u64);
