@@ -124,13 +124,16 @@ on_exit() {
 trap on_exit EXIT
 trap 'exit 130' INT TERM
 
-# Four tests at a time, whatever the CPU count: the tests mostly wait (on 2 cores the
-# machine sat 89 % idle two at a time; four took the cluster pass from 519 to 266 s and
-# the single pass from 691 to 339 s, every test passing; docs/testing.md). More at once
-# on one stack (one MariaDB, one `cargo lambda watch` serving one request at a time)
-# loses races some tests run against the stack's drainer. The suites run alone keep
-# two at a time (run_alone).
-export RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}"
+# Tests at a time, whatever the CPU count (a RUST_TEST_THREADS of the caller's wins):
+# they mostly wait (on 2 cores the machine sat 89 % idle two at a time; docs/testing.md).
+# The cluster pass runs four at a time (519 -> 266 s, every test passing, twice). The
+# single pass keeps two: four took it from 691 to 339 s, but its browser suite loses a
+# race against the stack's drainer under that load (a pending order's page). The suites
+# run alone keep two (run_alone). One stack serves them all (one MariaDB, one `cargo
+# lambda watch` serving one request at a time).
+SINGLE_TEST_THREADS=${RUST_TEST_THREADS:-2}
+CLUSTER_TEST_THREADS=${RUST_TEST_THREADS:-4}
+ALONE_TEST_THREADS=${RUST_TEST_THREADS:-2}
 
 # `cargo test --workspace` unless the caller picked packages.
 test_args=(--workspace)
@@ -168,7 +171,7 @@ run_alone() {
     local rc=0 t
     for t in $SUITES_ALONE; do
         echo "---- $t::" >&2
-        RUST_TEST_THREADS=2 "$@" cargo test --no-fail-fast "${alone_args[@]}" "$t::" || rc=1
+        "$@" RUST_TEST_THREADS="$ALONE_TEST_THREADS" cargo test --no-fail-fast "${alone_args[@]}" "$t::" || rc=1
     done
     return "$rc"
 }
@@ -212,7 +215,7 @@ stack_started=1
 # The functions must run the code just built: restart the watch (cheap), keep the rest.
 if ((run_single)); then
     phase "stack up" "${single_env[@]}" SECKILL_LAMBDA_RELOAD=0 scripts/stack.sh up --restart-functions || exit 1
-    phase "cargo test" "${single_env[@]}" cargo test --no-fail-fast "${single_args[@]}" || true
+    phase "cargo test" "${single_env[@]}" RUST_TEST_THREADS="$SINGLE_TEST_THREADS" cargo test --no-fail-fast "${single_args[@]}" || true
     if ((${#alone_args[@]})); then
         phase "cargo test (own clusters)" run_alone "${single_env[@]}" || true
     fi
@@ -225,7 +228,7 @@ if ((run_cluster)); then
         "${cluster_env[@]}" SECKILL_LAMBDA_RELOAD=0 scripts/stack.sh up --restart-functions
     }
     if phase "stack up (valkey cluster)" stack_down_then_up_as_valkey_cluster; then
-        phase "cargo test (valkey cluster)" "${cluster_env[@]}" cargo test --no-fail-fast "${cluster_args[@]}" || true
+        phase "cargo test (valkey cluster)" "${cluster_env[@]}" RUST_TEST_THREADS="$CLUSTER_TEST_THREADS" cargo test --no-fail-fast "${cluster_args[@]}" || true
         if ((${#alone_args[@]})); then
             phase "cargo test (valkey cluster, own clusters)" run_alone "${cluster_env[@]}" || true
         fi
