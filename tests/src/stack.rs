@@ -76,3 +76,58 @@ impl StackEnv {
         self.0.redis_nodes().unwrap_or_else(|e| panic!("{e:#}"))
     }
 }
+
+/// Keeps the stack's drainer away from one voucher while it lives: the voucher is out of
+/// the set the drainer visits (`seckill:active`), and goes back in when this is dropped,
+/// also when the test panics, so the stack drains its orders after. For a test that must
+/// see an order before the drain (every second) under whatever load the machine has.
+#[must_use = "the drainer visits the voucher again as soon as this is dropped"]
+pub struct DrainerHeldBack {
+    redis_url: String,
+    voucher: String,
+}
+
+impl StackEnv {
+    /// Takes `voucher` (a decimal id) out of the stack drainer's round until the returned
+    /// guard is dropped. Call it after the voucher is created (its preload adds it).
+    ///
+    /// # Panics
+    /// When the stack's Redis cannot be reached.
+    pub fn hold_drainer_back(&self, voucher: &str) -> DrainerHeldBack {
+        let held = DrainerHeldBack {
+            redis_url: self.redis_url(),
+            voucher: voucher.to_string(),
+        };
+        let removed: i64 = held
+            .command("SREM")
+            .unwrap_or_else(|e| panic!("SREM {ACTIVE} {voucher} on the stack's Redis: {e}"));
+        assert_eq!(removed, 1, "voucher {voucher} was not in {ACTIVE}");
+        held
+    }
+}
+
+const ACTIVE: &str = seckill_shared::keys::ACTIVE_VOUCHERS;
+
+impl DrainerHeldBack {
+    /// `SREM`/`SADD` of the voucher on the active set, through a cluster client (the
+    /// stack's Redis is always in cluster mode). Blocking: also called from `drop`.
+    fn command(&self, name: &str) -> redis::RedisResult<i64> {
+        let client = redis::cluster::ClusterClient::new(vec![self.redis_url.as_str()])?;
+        let mut conn = client.get_connection()?;
+        redis::cmd(name)
+            .arg(ACTIVE)
+            .arg(&self.voucher)
+            .query(&mut conn)
+    }
+}
+
+impl Drop for DrainerHeldBack {
+    fn drop(&mut self) {
+        if let Err(e) = self.command("SADD") {
+            eprintln!(
+                "voucher {} stays out of {ACTIVE} (the stack's drainer will not drain it): {e}",
+                self.voucher
+            );
+        }
+    }
+}

@@ -11,7 +11,7 @@ use reqwest::StatusCode;
 use seckill_shared::domain::{format_rfc3339_millis, now_millis};
 use seckill_tests::api::Api;
 use seckill_tests::browser::Browser;
-use seckill_tests::stack::workspace_root;
+use seckill_tests::stack::{StackEnv, workspace_root};
 use serde_json::{Value, json};
 
 fn user(name: &str) -> String {
@@ -237,6 +237,8 @@ async fn browser_a_pending_order_of_a_sale_with_a_payment_step_can_be_paid_befor
             json!({"pay_within_s": 600, "price_minor": 5000, "currency": "JPY"}),
         )
         .await;
+        // The stack drains every second: under load, before the page asks.
+        let _held = StackEnv::load().hold_drainer_back(&id);
         b.open(&sale_page(&api, &id, &user("early-payer"))).await;
         b.wait_enabled("#buy", true, Duration::from_secs(10)).await;
         b.click("#buy").await;
