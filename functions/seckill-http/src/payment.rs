@@ -24,7 +24,6 @@ use serde_json::json;
 use crate::app::App;
 use crate::error::{ApiError, json_response};
 use crate::lookup::{sale_lost, voucher_of};
-use seckill_shared::auth::Identity;
 
 pub use crate::secrets::SecretSource;
 
@@ -137,11 +136,12 @@ pub(crate) async fn look_up(
 }
 
 /// The order `id` of `buyer`, of a voucher with a payment step: the one preamble of the
-/// buyer's order routes (pay, cancel). 404 when it is not theirs or unknown; 409
+/// buyer's order routes (pay, cancel; limited per user by the route, on this instance
+/// and across all of them). 404 when it is not theirs or unknown; 409
 /// `payment_not_required` to its buyer for a voucher without a payment step (only the
 /// order's buyer learns what kind of order it is); 409 `order_rejected` for an order the
 /// database refused.
-async fn find_order(
+pub(crate) async fn find_order(
     app: &App,
     id: OrderId,
     buyer: &UserId,
@@ -220,16 +220,14 @@ async fn unit_returned(app: &App, sales: &RedisSales, voucher: &Voucher) {
 /// is no longer open says why (paid, cancelled, expired).
 pub(crate) async fn start_payment(
     app: &App,
-    caller: &Identity,
     now: UnixMillis,
-    id: OrderId,
+    order: FoundOrder,
 ) -> Result<Response<Body>, ApiError> {
-    // Limited per user by the route, on this instance and across all of them.
-    let order = find_order(app, id, &caller.user, now).await?;
+    let id = order.id;
     let (closed, deadline) = app
         .sales()
         .await?
-        .payment_state(order.bucket, id, &caller.user)
+        .payment_state(order.bucket, id, &order.buyer)
         .await?;
     // As the order lookups say it: Redis's close first, else the database's row, else
     // `pending` (admitted, not drained yet).
@@ -273,15 +271,9 @@ pub(crate) async fn start_payment(
 /// `POST /orders/{order_id}/cancel` (the buyer): closes an unpaid order, whose unit goes
 /// back on sale. Cancelling again is answered as the first time; a paid order cannot be
 /// cancelled.
-pub(crate) async fn cancel_order(
-    app: &App,
-    caller: &Identity,
-    now: UnixMillis,
-    id: OrderId,
-) -> Result<Response<Body>, ApiError> {
-    // Limited per user by the route, on this instance and across all of them.
-    let order = find_order(app, id, &caller.user, now).await?;
-    let Some(closed) = close(app, &order, &caller.user, &CloseAction::Cancel).await? else {
+pub(crate) async fn cancel_order(app: &App, order: FoundOrder) -> Result<Response<Body>, ApiError> {
+    let id = order.id;
+    let Some(closed) = close(app, &order, &order.buyer, &CloseAction::Cancel).await? else {
         return Err(ApiError::NotFound(format!("order {id} not found")));
     };
     match closed.status {

@@ -4,10 +4,23 @@
 use lambda_http::request::RequestContext;
 use lambda_http::{Request, RequestExt};
 
+use crate::error::ApiError;
 use crate::limiter::Source;
 
 /// The largest request body accepted (a voucher is a few hundred bytes).
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
+
+/// The request's body, refused (`400`) when larger than [`MAX_BODY_BYTES`], before
+/// anything parses it.
+pub(crate) fn body_of(req: &Request) -> Result<&[u8], ApiError> {
+    let body = req.body().as_ref();
+    if body.len() > MAX_BODY_BYTES {
+        return Err(ApiError::InvalidRequest(format!(
+            "body is larger than {MAX_BODY_BYTES} bytes"
+        )));
+    }
+    Ok(body)
+}
 
 /// The address API Gateway saw the request come from.
 pub(crate) fn source_of(req: &Request) -> Source {

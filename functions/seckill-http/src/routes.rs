@@ -290,9 +290,11 @@ async fn dispatch(app: &App, req: &Request, route: &Route<'_>) -> Result<Respons
     };
     match *route {
         Route::GetVoucher(id) => vouchers::get_voucher(app, req, id.parse()?).await,
+        // Admins only (the scope, then their own limit), before anything is read.
         Route::CreateVoucher => {
             let (caller, now) = who()?;
-            vouchers::create_voucher(app, req, &caller, now).await
+            app.admit_admin(&caller, now)?;
+            vouchers::create_voucher(app, req, now).await
         }
         Route::Seckill(id) => {
             let (caller, now) = who()?;
@@ -318,23 +320,23 @@ async fn dispatch(app: &App, req: &Request, route: &Route<'_>) -> Result<Respons
             limit_order_calls(app, &caller, now).await?;
             orders::buyer_order(app, &caller, id).await
         }
-        Route::PayOrder(id) => {
+        // The buyer's own order, with a payment step: one preamble for pay and cancel.
+        Route::PayOrder(id) | Route::CancelOrder(id) => {
             let (caller, now) = who()?;
             let id = id.parse()?;
             limit_order_calls(app, &caller, now).await?;
-            payment::start_payment(app, &caller, now, id).await
-        }
-        Route::CancelOrder(id) => {
-            let (caller, now) = who()?;
-            let id = id.parse()?;
-            limit_order_calls(app, &caller, now).await?;
-            payment::cancel_order(app, &caller, now, id).await
+            let order = payment::find_order(app, id, &caller.user, now).await?;
+            match route {
+                Route::PayOrder(_) => payment::start_payment(app, now, order).await,
+                _ => payment::cancel_order(app, order).await,
+            }
         }
         // No token: the provider signs its events (checked before anything is read).
         Route::PaymentWebhook => webhook::webhook(app, req, now_millis()).await,
         Route::SaleStatus => {
             let (caller, now) = who()?;
-            operators::status(app, req, &caller, now).await
+            app.admit_admin(&caller, now)?;
+            operators::status(app, req, now).await
         }
         // Static files: nothing is looked up, so no limit beyond API Gateway's.
         Route::Page(file) => pages::page(file),

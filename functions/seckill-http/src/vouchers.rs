@@ -3,7 +3,6 @@
 
 use http::StatusCode;
 use lambda_http::{Body, Request, Response};
-use seckill_shared::auth::Identity;
 use seckill_shared::domain::{
     NewVoucher, PaymentTerms, UnixMillis, Voucher, VoucherId, format_rfc3339_millis, now_millis,
 };
@@ -16,7 +15,7 @@ use crate::cache::Known;
 use crate::error::{ApiError, json_response};
 use crate::lookup::{not_found_voucher, voucher_of};
 use crate::repair::repair;
-use crate::request::{MAX_BODY_BYTES, source_of};
+use crate::request::{body_of, source_of};
 
 /// The body of `POST /vouchers`. An optional field is absent or holds a value of its
 /// type: `null` is refused, as the contract's schema says.
@@ -60,16 +59,9 @@ struct CreateVoucherBody {
 pub(crate) async fn create_voucher(
     app: &App,
     req: &Request,
-    caller: &Identity,
     now: UnixMillis,
 ) -> Result<Response<Body>, ApiError> {
-    app.admit_admin(caller, now)?;
-    let body = req.body().as_ref();
-    if body.len() > MAX_BODY_BYTES {
-        return Err(ApiError::InvalidRequest(format!(
-            "body is larger than {MAX_BODY_BYTES} bytes"
-        )));
-    }
+    let body = body_of(req)?;
     let input: CreateVoucherBody = serde_json::from_slice(body).map_err(|e| {
         ApiError::InvalidRequest(format!(
             "body must be a JSON object with title, stock (integer), begins_at and ends_at (RFC 3339): {e}"

@@ -39,7 +39,7 @@ use crate::app::App;
 use crate::error::{ApiError, json_response};
 use crate::lookup::{undrained_orders, voucher_of};
 use crate::payment::{FoundOrder, Lookup, close, look_up};
-use crate::request::MAX_BODY_BYTES;
+use crate::request::body_of;
 
 /// How long after its payment the webhook waits for an order id that neither the
 /// database nor the id's lease record knows (`503`, the provider sends again), before it
@@ -75,12 +75,7 @@ pub(crate) async fn webhook(
     req: &Request,
     now: UnixMillis,
 ) -> Result<Response<Body>, ApiError> {
-    let body = req.body().as_ref();
-    if body.len() > MAX_BODY_BYTES {
-        return Err(ApiError::InvalidRequest(format!(
-            "body is larger than {MAX_BODY_BYTES} bytes"
-        )));
-    }
+    let body = body_of(req)?;
     let secrets = app.webhook.get().await?;
     let header = match req.headers().get(webhook::SIGNATURE_HEADER) {
         Some(v) => Some(v.to_str().map_err(|_| {

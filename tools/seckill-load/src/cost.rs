@@ -50,7 +50,7 @@ pub struct CostOptions {
     /// A price list (JSON like tools/seckill-load/prices.json)
     #[arg(long)]
     pub prices: Option<PathBuf>,
-    /// seckill-http's billed milliseconds per request (handler p50 0.23 ms in release,
+    /// seckill-http's billed milliseconds per request (handler p50 0.36 ms in release,
     /// docs/benchmarks.md footprint; Lambda bills at least 1 ms)
     #[arg(long, default_value_t = 1.0)]
     pub http_ms: f64,

@@ -94,19 +94,15 @@ pub fn render(all: &[VoucherStatus]) -> String {
             out,
             "voucher {}  {title}  {}{inactive}\n  \
              stock     {} on sale; left in redis {}, in database {}\n  \
-             orders    admitted {}, confirmed {}, rejected {}, dead letters {}\n  \
-             stream    pending {}, lag {}, oldest unfinished {}, length {}{}",
+             orders    {}\n  \
+             stream    {}, oldest unfinished {}, length {}{}",
             s.voucher,
             s.phase,
             or_dash(s.stock),
             or_dash(s.stock_left_redis),
             or_dash(s.stock_left_db),
-            s.admitted,
-            s.confirmed,
-            s.rejected,
-            s.dead_letters,
-            s.pending,
-            s.lag,
+            orders(s),
+            stream(s),
             or_dash(s.oldest_unfinished_ms.map(human_ms)),
             s.stream_length,
             if s.drained { "  (drained)" } else { "" }
@@ -138,6 +134,19 @@ pub fn render(all: &[VoucherStatus]) -> String {
     out
 }
 
+/// What became of a sale's orders, for the report and the watch alike.
+fn orders(s: &VoucherStatus) -> String {
+    format!(
+        "admitted {}, confirmed {}, rejected {}, dead letters {}",
+        s.admitted, s.confirmed, s.rejected, s.dead_letters
+    )
+}
+
+/// How far the drainer is behind on a sale's stream.
+fn stream(s: &VoucherStatus) -> String {
+    format!("pending {}, lag {}", s.pending, s.lag)
+}
+
 /// `--watch`: a progress bar per voucher (orders settled in the database out of those
 /// admitted), refreshed until every watched sale is over or sold out and drained.
 pub async fn watch(
@@ -163,13 +172,9 @@ pub async fn watch(
             bar.set_length(s.admitted.max(settled).max(1));
             bar.set_position(settled);
             bar.set_message(format!(
-                "admitted {}, confirmed {}, rejected {}, dead {}, pending {}, lag {}, stock left {} ({})",
-                s.admitted,
-                s.confirmed,
-                s.rejected,
-                s.dead_letters,
-                s.pending,
-                s.lag,
+                "{}, {}, stock left {} ({})",
+                orders(s),
+                stream(s),
                 or_dash(s.stock_left_redis),
                 s.phase
             ));

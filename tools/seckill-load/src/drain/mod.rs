@@ -43,6 +43,8 @@ use crate::engine::Ui;
 
 pub use self::commit_latency::commit_latency;
 pub(crate) use self::ours::filled;
+#[cfg(test)]
+pub(crate) use self::results::fixtures;
 pub use self::results::{
     CommitLatencyOptions, CommitLatencyReport, DrainOptions, DrainReport, DrainRun, FloorRound,
 };

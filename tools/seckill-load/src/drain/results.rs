@@ -403,22 +403,31 @@ pub struct CommitLatencyReport {
     pub checks: Vec<Check>,
 }
 
+/// Made-up drain runs for the unit tests here and in the report's rows.
 #[cfg(test)]
-mod tests {
+pub(crate) mod fixtures {
     use super::*;
 
-    fn run(variant: &str, orders_per_s: f64) -> DrainRun {
+    /// A run of 1,000 orders at `orders_per_s`.
+    pub(crate) fn run(variant: &str, orders_per_s: f64) -> DrainRun {
         let elapsed = Duration::from_secs_f64(1000.0 / orders_per_s);
         DrainRun::new(variant, 1000, 1, 1000, elapsed, Vec::new())
     }
 
-    fn round(ours: f64, floor: f64) -> FloorRound {
+    /// A round against the floor, the floor first.
+    pub(crate) fn round(ours: f64, floor: f64) -> FloorRound {
         FloorRound {
             floor_first: true,
             floor: run("db-floor", floor),
             ours: run("ours", ours),
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::{round, run};
+    use super::*;
 
     #[test]
     fn the_median_round_is_the_middle_ratio_not_the_middle_rate() {

@@ -1,10 +1,9 @@
 //! The report's rows: what each comparison shows, from made-up results.
 
-use std::time::Duration;
-
 use super::*;
 use crate::admission::SaleReport;
-use crate::drain::{DrainReport, DrainRun, FloorRound};
+use crate::drain::fixtures::{round, run};
+use crate::drain::{DrainReport, DrainRun};
 
 #[test]
 fn a_refused_baseline_reads_failed_with_the_servers_error_and_exits_3() {
@@ -43,19 +42,6 @@ fn a_refused_baseline_reads_failed_with_the_servers_error_and_exits_3() {
     }
     assert!(rows(&r)[0].ratio.ends_with('×'));
     assert_eq!(r.exit_status(), 0);
-}
-
-fn run(variant: &str, orders_per_s: f64) -> DrainRun {
-    let elapsed = Duration::from_secs_f64(1000.0 / orders_per_s);
-    DrainRun::new(variant, 1000, 1, 1000, elapsed, Vec::new())
-}
-
-fn round(ours: f64, floor: f64) -> FloorRound {
-    FloorRound {
-        floor_first: true,
-        floor: run("db-floor", floor),
-        ours: run("ours", ours),
-    }
 }
 
 /// The rows the table shows for a drain whose label contains `about` (`floor`: the
