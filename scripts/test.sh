@@ -128,12 +128,13 @@ trap 'exit 130' INT TERM
 
 # Tests at a time, whatever the CPU count (a RUST_TEST_THREADS of the caller's wins):
 # they mostly wait (on 2 cores the machine sat 89 % idle two at a time; docs/testing.md).
-# Both passes run four at a time (the cluster pass 519 -> 266 s, the single 691 -> 339 s);
-# a test that races the stack's drainer holds it back itself (StackEnv::hold_drainer_back).
-# The suites run alone keep two (run_alone). One stack serves them all (one MariaDB, one
-# `cargo lambda watch` serving one request at a time).
-SINGLE_TEST_THREADS=${RUST_TEST_THREADS:-4}
-CLUSTER_TEST_THREADS=${RUST_TEST_THREADS:-4}
+# Both passes run six at a time (the single pass 691 s at two, 341 at four, 243 at six;
+# the cluster pass 519, 266, 189), every test passing at each; at eight the cluster pass
+# passed too (149 s). A test that races the stack's drainer holds it back itself
+# (StackEnv::hold_drainer_back). The suites run alone keep two (run_alone). One stack
+# serves them all (one MariaDB, one `cargo lambda watch` serving one request at a time).
+SINGLE_TEST_THREADS=${RUST_TEST_THREADS:-6}
+CLUSTER_TEST_THREADS=${RUST_TEST_THREADS:-6}
 ALONE_TEST_THREADS=${RUST_TEST_THREADS:-2}
 
 # `cargo test --workspace` unless the caller picked packages.
@@ -223,7 +224,7 @@ if ((run_single)); then
 fi
 # Clippy checks every crate once more (its own check-mode compile of every dependency,
 # ~100 s of both cores). It runs beside the cluster pass's tests, which leave the machine
-# mostly idle (73 % four at a time), at the lowest CPU and I/O priority so that those
+# mostly idle (73 % four at a time, above half at six), at the lowest CPU and I/O priority so that those
 # tests keep the cores whenever they want them; cargo takes the build directory's lock
 # only while compiling, so the tests' own (no-op) build does not wait for clippy. It is
 # done before the suites run alone start: those load the machine themselves.
