@@ -13,7 +13,11 @@
 //! - the receiver holds one or two secrets (the current one and, during a rotation, the
 //!   previous one) and accepts a `v1` made with either; the sender signs with every
 //!   secret it holds during its own rotation, hence several `v1`;
-//! - signatures are compared in constant time (`Mac::verify_slice`).
+//! - signatures are compared in constant time (`Mac::verify_slice`);
+//! - the check costs at most one pass over the body per secret held: a header with more
+//!   than [`MAX_SIGNATURES`] `v1`, or a `v1` that is not one HMAC-SHA256 (64 hex digits;
+//!   empty ones included), is refused before the body is read, and each secret's keyed
+//!   hash of the body is computed once and compared with every `v1`.
 //!
 //! The signature proves who sent an event, not that it is new: the provider delivers
 //! at least once, late and out of order, and the receiver makes an event's effect
@@ -44,12 +48,21 @@ pub const TOLERANCE_S: i64 = 300;
 /// At most this many secrets are accepted at once: the current and the previous one.
 pub const MAX_SECRETS: usize = 2;
 
+/// At most this many `v1` in one header (a sender signs with each secret it holds: one,
+/// or two while it rotates). More is refused unread: no header makes the check dear.
+pub const MAX_SIGNATURES: usize = 8;
+
+/// A `v1` is one HMAC-SHA256: 32 bytes, 64 hex digits.
+const SIGNATURE_BYTES: usize = 32;
+
 /// Why an event's signature was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SignatureError {
     #[error("no {SIGNATURE_HEADER} header")]
     Missing,
-    #[error("{SIGNATURE_HEADER} is not `t=<unix seconds>,v1=<hex>`")]
+    #[error(
+        "{SIGNATURE_HEADER} is not `t=<unix seconds>,v1=<64 hex digits>` (at most {MAX_SIGNATURES} v1)"
+    )]
     Malformed,
     #[error("the signature's timestamp is {0} s away from now (more than {TOLERANCE_S} s)")]
     OutsideTolerance(i64),
@@ -134,7 +147,14 @@ pub fn verify(
             Some(("t", t)) if timestamp.is_none() => {
                 timestamp = Some(t.parse::<i64>().map_err(|_| SignatureError::Malformed)?)
             }
-            Some(("v1", sig)) => signatures.push(unhex(sig).ok_or(SignatureError::Malformed)?),
+            Some(("v1", _)) if signatures.len() == MAX_SIGNATURES => {
+                return Err(SignatureError::Malformed);
+            }
+            Some(("v1", sig)) => signatures.push(
+                unhex(sig)
+                    .filter(|s| s.len() == SIGNATURE_BYTES)
+                    .ok_or(SignatureError::Malformed)?,
+            ),
             // Other schemes (a future v2) are not ours to judge.
             Some((_, _)) => {}
             None => return Err(SignatureError::Malformed),
@@ -149,9 +169,12 @@ pub fn verify(
         return Err(SignatureError::OutsideTolerance(skew));
     }
     for secret in &secrets.0 {
+        // The body is hashed once per secret, however many `v1` there are: each compare
+        // finishes a copy of that state (a block or two, not the body again).
+        let keyed = mac(secret, timestamp, body);
         for signature in &signatures {
             // Constant time: how much of a guess matched is not told by the time taken.
-            if mac(secret, timestamp, body).verify_slice(signature).is_ok() {
+            if keyed.clone().verify_slice(signature).is_ok() {
                 return Ok(timestamp);
             }
         }

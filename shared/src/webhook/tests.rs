@@ -67,6 +67,10 @@ fn malformed_headers_are_refused() {
         &format!("t={NOW}"),
         &format!("t={NOW},v1=zz"),
         &format!("t={NOW},v1=0"),
+        // Empty, or not one HMAC-SHA256 long (a byte short, a byte over).
+        &format!("t={NOW},v1="),
+        &format!("t={NOW},v1={}", "ab".repeat(31)),
+        &format!("t={NOW},v1={}", "ab".repeat(33)),
         "garbage",
     ] {
         assert_eq!(
@@ -193,4 +197,34 @@ fn only_what_is_no_payment_event_is_refused() {
     ] {
         assert!(Received::read(body.as_bytes()).is_err(), "{body}");
     }
+}
+
+/// However many `v1` a header carries, the body is hashed at most once per secret: more
+/// than [`MAX_SIGNATURES`] is refused before any hashing, even with a good one among
+/// them, and up to that many are each compared.
+#[test]
+fn a_header_may_carry_a_few_signatures_not_a_flood() {
+    let body = br#"{"id":"evt_1"}"#;
+    let good = sign(b"whsec_current_0123456789", NOW, body);
+    let wrong = "00".repeat(SIGNATURE_BYTES);
+    let with = |wrong_ones: usize| {
+        let mut h = format!("t={NOW}");
+        for _ in 0..wrong_ones {
+            h.push_str(&format!(",v1={wrong}"));
+        }
+        h + &format!(",v1={good}")
+    };
+    // The good one last of the most allowed.
+    assert_eq!(
+        verify(&secrets(), Some(&with(MAX_SIGNATURES - 1)), body, NOW),
+        Ok(NOW)
+    );
+    assert_eq!(
+        verify(&secrets(), Some(&with(MAX_SIGNATURES)), body, NOW),
+        Err(SignatureError::Malformed)
+    );
+    assert_eq!(
+        verify(&secrets(), Some(&with(10_000)), body, NOW),
+        Err(SignatureError::Malformed)
+    );
 }
