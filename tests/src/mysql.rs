@@ -80,6 +80,40 @@ pub async fn connect(mysql_url: &str) -> mysql_async::Conn {
         .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
+/// Writes payment rows `(payment id, order, voucher, outcome, age in seconds)` straight
+/// into `payments` (1999 EUR each, the event id `ev_<payment id>`, received that long
+/// ago), 1,000 to an INSERT: fixtures for what the webhook would have recorded.
+pub async fn insert_payments(conn: &mut mysql_async::Conn, rows: &[(String, u64, u64, &str, u64)]) {
+    use mysql_async::prelude::Queryable;
+    for chunk in rows.chunks(1_000) {
+        let values =
+            vec!["(?, ?, ?, 1999, 'EUR', ?, ?, UTC_TIMESTAMP(3) - INTERVAL ? SECOND)"; chunk.len()]
+                .join(",");
+        let params: Vec<mysql_async::Value> = chunk
+            .iter()
+            .flat_map(|(p, o, v, outcome, age)| {
+                [
+                    p.clone().into(),
+                    (*o).into(),
+                    (*v).into(),
+                    (*outcome).into(),
+                    format!("ev_{p}").into(),
+                    (*age).into(),
+                ]
+            })
+            .collect();
+        conn.exec_drop(
+            format!(
+                "INSERT INTO payments (payment_id, order_id, voucher_id, amount_minor, currency, \
+                 outcome, event_id, received_at) VALUES {values}"
+            ),
+            params,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("inserting {} payment rows: {e}", chunk.len()));
+    }
+}
+
 /// Writes order rows `(id, user, status)` of `voucher` straight into `orders` (admitted
 /// now), in one multi-row INSERT: fixtures for what the drainer would have written.
 pub async fn insert_orders(

@@ -126,6 +126,14 @@ fn describe<E: ProvideErrorMetadata>(err: &E) -> String {
     )
 }
 
+/// Asserts that a service error is of one kind (`Enum::Variant`), showing its code and
+/// message when not.
+macro_rules! assert_kind {
+    ($err:expr, $($kind:ident)::+) => {
+        assert!(matches!($err, $($kind)::+(_)), "{}", describe(&$err))
+    };
+}
+
 /// The service error of a call that must fail.
 fn fails<T: std::fmt::Debug, E, R>(result: Result<T, aws_sdk_rdsdata::error::SdkError<E, R>>) -> E
 where
@@ -281,11 +289,7 @@ async fn result_set_options_change_number_types() {
 
     // By default a BIGINT UNSIGNED above i64::MAX cannot be a longValue.
     let err = fails(ctx.stmt(sql).send().await);
-    assert!(
-        matches!(err, ExecuteStatementError::UnsupportedResultException(_)),
-        "{}",
-        describe(&err)
-    );
+    assert_kind!(err, ExecuteStatementError::UnsupportedResultException);
     ctx.cleanup().await;
 }
 
@@ -508,19 +512,11 @@ async fn duplicate_key_is_a_database_error() {
             .send()
             .await,
     );
-    assert!(
-        matches!(err, ExecuteStatementError::DatabaseErrorException(_)),
-        "{}",
-        describe(&err)
-    );
+    assert_kind!(err, ExecuteStatementError::DatabaseErrorException);
     assert_eq!(err.message(), Some("Duplicate entry 'x' for key 'PRIMARY'"));
 
     let syntax = fails(ctx.stmt("SELEC 1").send().await);
-    assert!(
-        matches!(syntax, ExecuteStatementError::DatabaseErrorException(_)),
-        "{}",
-        describe(&syntax)
-    );
+    assert_kind!(syntax, ExecuteStatementError::DatabaseErrorException);
     ctx.cleanup().await;
 }
 
@@ -557,11 +553,7 @@ async fn batch_execute_gives_one_result_per_set_and_is_all_or_nothing() {
 
     // The second set collides: the first must not stay behind.
     let err = fails(batch(&["d", "a"]).send().await);
-    assert!(
-        matches!(err, BatchExecuteStatementError::DatabaseErrorException(_)),
-        "{}",
-        describe(&err)
-    );
+    assert_kind!(err, BatchExecuteStatementError::DatabaseErrorException);
     assert_eq!(ctx.count_direct("SELECT COUNT(*) FROM b").await, 3);
 
     // Inside a transaction: visible only after commit.
@@ -630,14 +622,7 @@ async fn commit_is_visible_and_rollback_is_not() {
             .send()
             .await,
     );
-    assert!(
-        matches!(
-            again,
-            CommitTransactionError::TransactionNotFoundException(_)
-        ),
-        "{}",
-        describe(&again)
-    );
+    assert_kind!(again, CommitTransactionError::TransactionNotFoundException);
 
     let tx = ctx.begin().await;
     ctx.stmt("INSERT INTO tx VALUES ('two')")
@@ -662,14 +647,7 @@ async fn commit_is_visible_and_rollback_is_not() {
             .send()
             .await,
     );
-    assert!(
-        matches!(
-            unknown,
-            ExecuteStatementError::TransactionNotFoundException(_)
-        ),
-        "{}",
-        describe(&unknown)
-    );
+    assert_kind!(unknown, ExecuteStatementError::TransactionNotFoundException);
     ctx.cleanup().await;
 }
 
@@ -695,14 +673,7 @@ async fn a_database_error_ends_the_transaction_and_rolls_it_back() {
         ExecuteStatementError::DatabaseErrorException(_)
     ));
     let after = fails(ctx.stmt("SELECT 1").transaction_id(&tx).send().await);
-    assert!(
-        matches!(
-            after,
-            ExecuteStatementError::TransactionNotFoundException(_)
-        ),
-        "{}",
-        describe(&after)
-    );
+    assert_kind!(after, ExecuteStatementError::TransactionNotFoundException);
     assert_eq!(ctx.count_direct("SELECT COUNT(*) FROM tx").await, 1);
 
     // A request error (checked before the database) leaves the transaction alone.
@@ -729,11 +700,7 @@ async fn an_idle_transaction_expires_and_is_rolled_back() {
         .expect("insert in tx");
     tokio::time::sleep(Duration::from_millis(1600)).await;
     let err = fails(ctx.stmt("SELECT 1").transaction_id(&tx).send().await);
-    assert!(
-        matches!(err, ExecuteStatementError::TransactionNotFoundException(_)),
-        "{}",
-        describe(&err)
-    );
+    assert_kind!(err, ExecuteStatementError::TransactionNotFoundException);
     assert_eq!(
         err.message(),
         Some(format!("Transaction {tx} is not found").as_str())
@@ -786,11 +753,7 @@ async fn a_slow_statement_times_out_and_is_killed() {
             .send()
             .await,
     );
-    assert!(
-        matches!(err, ExecuteStatementError::StatementTimeoutException(_)),
-        "{}",
-        describe(&err)
-    );
+    assert_kind!(err, ExecuteStatementError::StatementTimeoutException);
     assert_eq!(ctx.count_direct("SELECT COUNT(*) FROM late").await, 0);
     let deadline = Instant::now() + Duration::from_secs(10);
     while ctx.count_direct("SELECT COUNT(*) FROM late").await == 0 {
@@ -813,22 +776,14 @@ async fn wrong_arns_are_rejected() {
             .send()
             .await,
     );
-    assert!(
-        matches!(wrong_cluster, ExecuteStatementError::BadRequestException(_)),
-        "{}",
-        describe(&wrong_cluster)
-    );
+    assert_kind!(wrong_cluster, ExecuteStatementError::BadRequestException);
     let wrong_secret = fails(
         ctx.stmt("SELECT 1")
             .secret_arn("arn:aws:secretsmanager:us-east-1:000000000000:secret:other")
             .send()
             .await,
     );
-    assert!(
-        matches!(wrong_secret, ExecuteStatementError::BadRequestException(_)),
-        "{}",
-        describe(&wrong_secret)
-    );
+    assert_kind!(wrong_secret, ExecuteStatementError::BadRequestException);
     let begin = ctx
         .api
         .client
@@ -850,11 +805,7 @@ async fn size_limits_are_enforced() {
     assert_eq!(at_limit.chars().count(), 65_536);
     ctx.run(&at_limit).await;
     let over = fails(ctx.stmt(&format!("{at_limit} ")).send().await);
-    assert!(
-        matches!(over, ExecuteStatementError::BadRequestException(_)),
-        "{}",
-        describe(&over)
-    );
+    assert_kind!(over, ExecuteStatementError::BadRequestException);
     assert!(
         over.message().unwrap_or_default().contains("65536"),
         "{}",
@@ -868,11 +819,7 @@ async fn size_limits_are_enforced() {
             .send()
             .await,
     );
-    assert!(
-        matches!(huge, ExecuteStatementError::BadRequestException(_)),
-        "{}",
-        describe(&huge)
-    );
+    assert_kind!(huge, ExecuteStatementError::BadRequestException);
     assert!(
         huge.message().unwrap_or_default().contains("4 MiB"),
         "{}",
@@ -883,11 +830,7 @@ async fn size_limits_are_enforced() {
     let fits = ctx.run("SELECT REPEAT('x', 900000)").await;
     assert_eq!(fits.records(), &[vec![s(&"x".repeat(900_000))]]);
     let too_big = fails(ctx.stmt("SELECT REPEAT('x', 1100000)").send().await);
-    assert!(
-        matches!(too_big, ExecuteStatementError::BadRequestException(_)),
-        "{}",
-        describe(&too_big)
-    );
+    assert_kind!(too_big, ExecuteStatementError::BadRequestException);
     assert_eq!(
         too_big.message(),
         Some("Database returned more than the allowed response size limit")
@@ -924,11 +867,7 @@ async fn parameters_are_bound_never_spliced() {
             .send()
             .await,
     );
-    assert!(
-        matches!(missing, ExecuteStatementError::BadRequestException(_)),
-        "{}",
-        describe(&missing)
-    );
+    assert_kind!(missing, ExecuteStatementError::BadRequestException);
     assert_eq!(
         missing.message(),
         Some("No value specified for parameter: b")
@@ -976,11 +915,7 @@ async fn an_unreachable_database_is_database_unavailable() {
             .send()
             .await,
     );
-    assert!(
-        matches!(err, ExecuteStatementError::DatabaseUnavailableException(_)),
-        "{}",
-        describe(&err)
-    );
+    assert_kind!(err, ExecuteStatementError::DatabaseUnavailableException);
     api.server.shutdown().await.expect("shutdown");
 }
 

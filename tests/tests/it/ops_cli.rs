@@ -777,33 +777,11 @@ async fn money_checks_examine_only_the_rows_they_check_on_tables_never_analysed(
             )
         })
         .collect();
-    for chunk in rows.chunks(1_000) {
-        let values =
-            vec!["(?, ?, ?, 1999, 'EUR', ?, ?, UTC_TIMESTAMP(3) - INTERVAL ? SECOND)"; chunk.len()]
-                .join(",");
-        let params: Vec<mysql_async::Value> = chunk
-            .iter()
-            .flat_map(|(_, p, o, v, outcome, age)| {
-                [
-                    p.clone().into(),
-                    (*o).into(),
-                    (*v).into(),
-                    (*outcome).into(),
-                    format!("ev_{p}").into(),
-                    (*age).into(),
-                ]
-            })
-            .collect();
-        conn.exec_drop(
-            format!(
-                "INSERT INTO payments (payment_id, order_id, voucher_id, amount_minor, currency, \
-                 outcome, event_id, received_at) VALUES {values}"
-            ),
-            params,
-        )
-        .await
-        .unwrap();
-    }
+    let payments: Vec<_> = rows
+        .iter()
+        .map(|(_, p, o, v, outcome, age)| (p.clone(), *o, *v, *outcome, *age))
+        .collect();
+    seckill_tests::mysql::insert_payments(&mut conn, &payments).await;
     // Orders of each voucher's payments, by eighths: five paid by their payment, one paid
     // by another reference, one awaiting payment; the last has no row.
     let order_of = |i: u64| -> Option<(&'static str, Option<String>)> {

@@ -2370,32 +2370,7 @@ async fn payment_queries_examine_about_the_rows_they_match_on_a_table_never_anal
             )
         })
         .collect();
-    for chunk in rows.chunks(1_000) {
-        let values =
-            vec!["(?, ?, ?, 1999, 'EUR', ?, ?, NOW(3) - INTERVAL ? SECOND)"; chunk.len()].join(",");
-        let params: Vec<mysql_async::Value> = chunk
-            .iter()
-            .flat_map(|(p, o, v, outcome, age)| {
-                [
-                    p.clone().into(),
-                    (*o).into(),
-                    (*v).into(),
-                    (*outcome).into(),
-                    format!("ev_{p}").into(),
-                    (*age).into(),
-                ]
-            })
-            .collect();
-        conn.exec_drop(
-            format!(
-                "INSERT INTO payments (payment_id, order_id, voucher_id, amount_minor, currency, \
-                 outcome, event_id, received_at) VALUES {values}"
-            ),
-            params,
-        )
-        .await
-        .unwrap();
-    }
+    seckill_tests::mysql::insert_payments(&mut conn, &rows).await;
     let overhead = {
         let a = handler_reads(&mut conn).await;
         let b = handler_reads(&mut conn).await;
