@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use reqwest::{Client, StatusCode};
 use seckill_shared::auth::{ADMIN_SCOPE, mint_hs256};
-use seckill_shared::domain::now_millis;
-use serde_json::Value;
+use seckill_shared::domain::{format_rfc3339_millis, now_millis};
+use serde_json::{Value, json};
 
 use crate::StackEnv;
 use crate::contract::{contract, route_key};
@@ -20,6 +20,17 @@ pub struct Api {
     pub http: Client,
     base: String,
     secret: String,
+}
+
+/// The id (a decimal string) of a voucher as the API answers it.
+///
+/// # Panics
+/// When it has none.
+pub fn id_of(voucher: &Value) -> String {
+    voucher["id"]
+        .as_str()
+        .expect("id is a decimal string")
+        .to_string()
 }
 
 impl Api {
@@ -47,6 +58,37 @@ impl Api {
             admin.then_some(ADMIN_SCOPE),
             now_millis() / 1000 + 600,
         )
+    }
+
+    /// Creates a voucher as an admin: `title`, `stock`, on sale from `opens_in_ms` from
+    /// now (negative: open already) for an hour, with the fields of `extra` besides (a
+    /// payment step, ...). Returns the voucher as created.
+    ///
+    /// # Panics
+    /// Unless the answer is `201 Created`.
+    pub async fn create_voucher(
+        &self,
+        title: &str,
+        stock: i64,
+        opens_in_ms: i64,
+        extra: Value,
+    ) -> Value {
+        let now = now_millis();
+        let mut body = json!({
+            "title": title,
+            "stock": stock,
+            "begins_at": format_rfc3339_millis(now + opens_in_ms),
+            "ends_at": format_rfc3339_millis(now + 3_600_000),
+        });
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            body[k] = v.clone();
+        }
+        let token = self.token("ops", true);
+        let (status, voucher) = self
+            .call("POST", "/vouchers", Some(&token), Some(body))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{voucher}");
+        voucher
     }
 
     /// `method path` with an optional bearer token and JSON body: the status and the JSON

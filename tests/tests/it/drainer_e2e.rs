@@ -7,8 +7,7 @@ use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
 use reqwest::StatusCode;
-use seckill_shared::domain::{format_rfc3339_millis, now_millis};
-use seckill_tests::api::Api;
+use seckill_tests::api::{Api, id_of};
 use serde_json::{Value, json};
 
 /// The stack runs the drainer with its own DRAINER_MAX_RUN_MS (50 s when unset), so one
@@ -18,26 +17,11 @@ const INVOKE_TIMEOUT: Duration = Duration::from_secs(120);
 #[tokio::test]
 async fn an_order_bought_over_http_is_confirmed_after_a_drainer_invocation() {
     let stack = Api::new();
-    let admin = stack.token("e2e-drainer-admin", true);
-    let now = now_millis();
-    let (status, voucher) = stack
-        .call(
-            "POST",
-            "/vouchers",
-            Some(&admin),
-            Some(json!({
-                "title": "drainer end to end",
-                "stock": 5,
-                "begins_at": format_rfc3339_millis(now - 60_000),
-                "ends_at": format_rfc3339_millis(now + 3_600_000),
-            })),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{voucher}");
-    let vid = voucher["id"]
-        .as_str()
-        .expect("id is a decimal string")
-        .to_string();
+    let vid = id_of(
+        &stack
+            .create_voucher("drainer end to end", 5, -60_000, json!({}))
+            .await,
+    );
 
     let run = format!("{:08x}", rand::random::<u32>());
     let mut orders = Vec::new();

@@ -3,8 +3,8 @@
 //! API server: create a voucher, buy, buy again, sell out, read the order's status.
 
 use reqwest::StatusCode;
-use seckill_shared::domain::{format_rfc3339_millis, now_millis};
-use seckill_tests::api::Api;
+use seckill_shared::domain::now_millis;
+use seckill_tests::api::{Api, id_of};
 use serde_json::json;
 
 fn unique_user(name: &str) -> String {
@@ -14,25 +14,7 @@ fn unique_user(name: &str) -> String {
 #[tokio::test]
 async fn a_sale_over_http() {
     let api = Api::new();
-    let body = json!({
-        "title": "e2e coffee",
-        "stock": 2,
-        "begins_at": format_rfc3339_millis(now_millis() - 1_000),
-        "ends_at": format_rfc3339_millis(now_millis() + 3_600_000),
-    });
-    let (status, voucher) = api
-        .call(
-            "POST",
-            "/vouchers",
-            Some(&api.token("ops", true)),
-            Some(body.clone()),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{voucher}");
-    let id = voucher["id"]
-        .as_str()
-        .expect("id is a decimal string")
-        .to_string();
+    let id = id_of(&api.create_voucher("e2e coffee", 2, -1_000, json!({})).await);
 
     let (status, v) = api
         .call("GET", &format!("/vouchers/{id}"), None, None)
@@ -187,20 +169,14 @@ async fn a_sale_with_payment_over_http() {
     let run = format!("{:08x}", rand::random::<u32>());
     let pid = |name: &str| format!("pi_e2e_{run}_{name}");
     let now_s = || now_millis() / 1000;
-    let admin = api.token("ops", true);
-    let body = json!({
-        "title": "e2e pay later",
-        "stock": 2,
-        "begins_at": format_rfc3339_millis(now_millis() - 1_000),
-        "ends_at": format_rfc3339_millis(now_millis() + 3_600_000),
-        "pay_within_s": 600,
-        "price_minor": 1250,
-        "currency": "EUR",
-    });
-    let (status, voucher) = api
-        .call("POST", "/vouchers", Some(&admin), Some(body))
+    let voucher = api
+        .create_voucher(
+            "e2e pay later",
+            2,
+            -1_000,
+            json!({"pay_within_s": 600, "price_minor": 1250, "currency": "EUR"}),
+        )
         .await;
-    assert_eq!(status, StatusCode::CREATED, "{voucher}");
     assert_eq!(voucher["pay_within_s"], 600);
     assert_eq!(voucher["price_minor"], 1250);
     let vid = voucher["id"].as_str().unwrap().to_string();
@@ -428,21 +404,15 @@ async fn a_sale_with_payment_over_http() {
 async fn seckill_pay_pays_replays_and_pays_late_over_http() {
     use seckill_cli::ops::pay::{self, PayOptions};
     let api = Api::new();
-    let admin = api.token("ops", true);
-    let body = json!({
-        "title": "e2e seckill pay",
-        "stock": 3,
-        "begins_at": format_rfc3339_millis(now_millis() - 1_000),
-        "ends_at": format_rfc3339_millis(now_millis() + 3_600_000),
-        "pay_within_s": 5,
-        "price_minor": 500,
-        "currency": "EUR",
-    });
-    let (status, voucher) = api
-        .call("POST", "/vouchers", Some(&admin), Some(body))
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{voucher}");
-    let vid = voucher["id"].as_str().unwrap().to_string();
+    let vid = id_of(
+        &api.create_voucher(
+            "e2e seckill pay",
+            3,
+            -1_000,
+            json!({"pay_within_s": 5, "price_minor": 500, "currency": "EUR"}),
+        )
+        .await,
+    );
     let (alice, bob, carol) = (
         unique_user("alice"),
         unique_user("bob"),

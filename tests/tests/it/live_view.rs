@@ -3,26 +3,15 @@
 //! server's clock on a voucher read, and the pages' files with their headers.
 
 use reqwest::StatusCode;
-use seckill_shared::domain::{format_rfc3339_millis, now_millis, parse_rfc3339_millis};
-use seckill_tests::api::Api;
+use seckill_shared::domain::{now_millis, parse_rfc3339_millis};
+use seckill_tests::api::{Api, id_of};
 use serde_json::{Value, json};
 
 async fn open_voucher(api: &Api, stock: i64) -> String {
-    let (status, v) = api
-        .call(
-            "POST",
-            "/vouchers",
-            Some(&api.token("ops", true)),
-            Some(json!({
-                "title": "live view",
-                "stock": stock,
-                "begins_at": format_rfc3339_millis(now_millis() - 1_000),
-                "ends_at": format_rfc3339_millis(now_millis() + 3_600_000),
-            })),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{v}");
-    v["id"].as_str().expect("an id").to_string()
+    id_of(
+        &api.create_voucher("live view", stock, -1_000, json!({}))
+            .await,
+    )
 }
 
 /// The one voucher of a `GET /status?voucher=ID` answer.
