@@ -224,10 +224,10 @@ if ((run_single)); then
 fi
 # Clippy checks every crate once more (its own check-mode compile of every dependency,
 # ~100 s of both cores). It runs beside the cluster pass's tests, which leave the machine
-# mostly idle (73 % four at a time, above half at six), at the lowest CPU and I/O priority so that those
-# tests keep the cores whenever they want them; cargo takes the build directory's lock
-# only while compiling, so the tests' own (no-op) build does not wait for clippy. It is
-# done before the suites run alone start: those load the machine themselves.
+# mostly idle, at the lowest CPU and I/O priority so that those tests keep the cores
+# whenever they want them; cargo takes the build directory's lock only while compiling,
+# so the tests' own (no-op) build does not wait for clippy. It is done before the suites
+# run alone start: those load the machine themselves.
 CLIPPY_LOG=$DEV_DIR/logs/clippy.log
 clippy_pid=
 clippy=(cargo clippy --workspace --all-targets -- -D warnings)

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use reqwest::{Client, StatusCode};
 use seckill_shared::auth::{ADMIN_SCOPE, mint_hs256};
-use seckill_shared::domain::{format_rfc3339_millis, now_millis};
-use serde_json::{Value, json};
+use seckill_shared::domain::now_millis;
+use serde_json::Value;
 
 use crate::StackEnv;
 use crate::contract::{contract, route_key};
@@ -73,16 +73,7 @@ impl Api {
         opens_in_ms: i64,
         extra: Value,
     ) -> Value {
-        let now = now_millis();
-        let mut body = json!({
-            "title": title,
-            "stock": stock,
-            "begins_at": format_rfc3339_millis(now + opens_in_ms),
-            "ends_at": format_rfc3339_millis(now + 3_600_000),
-        });
-        for (k, v) in extra.as_object().into_iter().flatten() {
-            body[k] = v.clone();
-        }
+        let body = crate::harness::voucher_body(title, stock, opens_in_ms, extra);
         let token = self.token("ops", true);
         let (status, voucher) = self
             .call("POST", "/vouchers", Some(&token), Some(body))

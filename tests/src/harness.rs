@@ -14,6 +14,7 @@ use lambda_http::{Body, Request, RequestExt, Response};
 use seckill_shared::adapters::data_api::DataApi;
 use seckill_shared::adapters::redis::RedisSales;
 use seckill_shared::config::DataApiConfig;
+use seckill_shared::domain::{format_rfc3339_millis, now_millis};
 use seckill_shared::migrate;
 use serde_json::{Value, json};
 
@@ -300,6 +301,23 @@ pub async fn call(app: &seckill_http::App, req: Request) -> (u16, Value) {
     let (status, body) = read(Box::pin(seckill_http::handle(app, req)).await);
     crate::contract::contract().assert(route.as_deref(), status, &body);
     (status, body)
+}
+
+/// The body of `POST /vouchers`: `title`, `stock`, on sale from `opens_in_ms` from now
+/// (negative: open already) for an hour, with the fields of `extra` besides (a payment
+/// step, a waiting room, ...).
+pub fn voucher_body(title: &str, stock: i64, opens_in_ms: i64, extra: Value) -> Value {
+    let now = now_millis();
+    let mut body = json!({
+        "title": title,
+        "stock": stock,
+        "begins_at": format_rfc3339_millis(now + opens_in_ms),
+        "ends_at": format_rfc3339_millis(now + 3_600_000),
+    });
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        body[k] = v.clone();
+    }
+    body
 }
 
 /// `POST /vouchers` as an admin with `body`, through the handler: the created voucher

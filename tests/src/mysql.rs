@@ -80,10 +80,19 @@ pub async fn connect(mysql_url: &str) -> mysql_async::Conn {
         .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
+/// A payment row for [`insert_payments`]: payment id, order, voucher, outcome, age in
+/// seconds.
+pub type PaymentRow<O = u64, V = u64> = (String, O, V, &'static str, u64);
+
 /// Writes payment rows `(payment id, order, voucher, outcome, age in seconds)` straight
 /// into `payments` (1999 EUR each, the event id `ev_<payment id>`, received that long
-/// ago), 1,000 to an INSERT: fixtures for what the webhook would have recorded.
-pub async fn insert_payments(conn: &mut mysql_async::Conn, rows: &[(String, u64, u64, &str, u64)]) {
+/// ago), 1,000 to an INSERT: fixtures for what the webhook would have recorded. Order
+/// and voucher are ids, or `Option`s of them for a payment that names none (`NULL`).
+pub async fn insert_payments<O, V>(conn: &mut mysql_async::Conn, rows: &[PaymentRow<O, V>])
+where
+    O: Clone + Into<mysql_async::Value>,
+    V: Clone + Into<mysql_async::Value>,
+{
     use mysql_async::prelude::Queryable;
     for chunk in rows.chunks(1_000) {
         let values =
@@ -94,8 +103,8 @@ pub async fn insert_payments(conn: &mut mysql_async::Conn, rows: &[(String, u64,
             .flat_map(|(p, o, v, outcome, age)| {
                 [
                     p.clone().into(),
-                    (*o).into(),
-                    (*v).into(),
+                    o.clone().into(),
+                    v.clone().into(),
                     (*outcome).into(),
                     format!("ev_{p}").into(),
                     (*age).into(),

@@ -2849,12 +2849,12 @@ async fn signed_events_the_webhook_cannot_use_are_recorded_and_answered_200() {
 async fn payments_of_no_voucher_are_read_through_their_index_never_analysed() {
     use mysql_async::params;
     use seckill_shared::adapters::payments::{NO_VOUCHER_COUNTS_SQL, no_voucher_list_sql};
-    use seckill_tests::mysql::handler_reads;
+    use seckill_tests::mysql::{PaymentRow, handler_reads};
     let ctx = DrainCtx::start().await;
     let mut conn = ctx.mysql().await;
     let outcomes = ["received", "paid", "refund_due", "failed", "refused"];
     // 20,000 payments over 200 vouchers, one in fifty of no voucher.
-    let rows: Vec<(String, Option<u64>, Option<u64>, &str)> = (0..20_000u64)
+    let rows: Vec<PaymentRow<Option<u64>, Option<u64>>> = (0..20_000u64)
         .map(|i| {
             let voucher = (i % 50 != 0).then_some(1 + (i * 7_919) % 200);
             let order = (i % 100 != 0).then_some(1_000_000 + i);
@@ -2863,33 +2863,11 @@ async fn payments_of_no_voucher_are_read_through_their_index_never_analysed() {
                 order,
                 voucher,
                 outcomes[((i / 7) % 5) as usize],
+                0,
             )
         })
         .collect();
-    for chunk in rows.chunks(1_000) {
-        let values = vec!["(?, ?, ?, 1999, 'EUR', ?, ?, NOW(3))"; chunk.len()].join(",");
-        let params: Vec<mysql_async::Value> = chunk
-            .iter()
-            .flat_map(|(p, o, v, outcome)| {
-                [
-                    p.clone().into(),
-                    (*o).into(),
-                    (*v).into(),
-                    (*outcome).into(),
-                    format!("ev_{p}").into(),
-                ]
-            })
-            .collect();
-        conn.exec_drop(
-            format!(
-                "INSERT INTO payments (payment_id, order_id, voucher_id, amount_minor, currency, \
-                 outcome, event_id, received_at) VALUES {values}"
-            ),
-            params,
-        )
-        .await
-        .unwrap();
-    }
+    seckill_tests::mysql::insert_payments(&mut conn, &rows).await;
     let overhead = {
         let a = handler_reads(&mut conn).await;
         let b = handler_reads(&mut conn).await;

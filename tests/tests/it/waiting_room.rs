@@ -25,7 +25,7 @@ use seckill_shared::domain::{
 use seckill_shared::entry;
 use seckill_tests::harness::{
     Backends, TEST_CURRENCY, TEST_ENTRY_PREVIOUS, TEST_ENTRY_SECRET, TEST_PRICE_MINOR, buy, call,
-    create_voucher, provider_pays, request, token,
+    create_voucher, provider_pays, request, token, voucher_body,
 };
 use seckill_tests::redis::ReplyDropper;
 use serde_json::{Value, json};
@@ -39,17 +39,8 @@ async fn create_room(
     begins_offset_ms: i64,
     more: Value,
 ) -> String {
-    let now = now_millis();
-    let mut body = json!({
-        "title": "queued sale",
-        "stock": stock,
-        "begins_at": format_rfc3339_millis(now + begins_offset_ms),
-        "ends_at": format_rfc3339_millis(now + 3_600_000),
-        "entry_rate_per_s": rate,
-    });
-    for (k, v) in more.as_object().unwrap() {
-        body[k] = v.clone();
-    }
+    let mut body = voucher_body("queued sale", stock, begins_offset_ms, more);
+    body["entry_rate_per_s"] = json!(rate);
     let created = create_voucher(app, &body).await;
     assert_eq!(created["entry_rate_per_s"], json!(rate), "{created}");
     created["id"].as_str().unwrap().to_string()
