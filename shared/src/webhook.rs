@@ -58,10 +58,10 @@ const SIGNATURE_BYTES: usize = 32;
 /// Why an event's signature was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SignatureError {
-    #[error("no {SIGNATURE_HEADER} header")]
+    #[error("no signature header")]
     Missing,
     #[error(
-        "{SIGNATURE_HEADER} is not `t=<unix seconds>,v1=<64 hex digits>` (at most {MAX_SIGNATURES} v1)"
+        "the signature header is not `t=<unix seconds>,v1=<64 hex digits>` (at most {MAX_SIGNATURES} v1)"
     )]
     Malformed,
     #[error("the signature's timestamp is {0} s away from now (more than {TOLERANCE_S} s)")]
@@ -329,11 +329,12 @@ impl Received {
     /// Reads an event's body (whose signature held). [`NotAnEvent`] only when it is no
     /// payment event at all.
     pub fn read(body: &[u8]) -> Result<Received, NotAnEvent> {
-        let event: Value =
-            serde_json::from_slice(body).map_err(|e| NotAnEvent(format!("not JSON: {e}")))?;
-        let Value::Object(event) = event else {
-            return Err(NotAnEvent("not a JSON object".into()));
-        };
+        Received::of(&object(body)?, body)
+    }
+
+    /// Reads an event already parsed from `body` (the generic format's fields: what
+    /// another provider's adapter, [`stripe`], puts its own event into).
+    pub(crate) fn of(event: &Map<String, Value>, body: &[u8]) -> Result<Received, NotAnEvent> {
         let kind = match event.get("type") {
             Some(t) => EventType::deserialize(t).map_err(|_| {
                 NotAnEvent(format!(
@@ -449,6 +450,14 @@ impl Received {
     }
 }
 
+/// The body as a JSON object, or why it is no event at all.
+pub(crate) fn object(body: &[u8]) -> Result<Map<String, Value>, NotAnEvent> {
+    match serde_json::from_slice(body).map_err(|e| NotAnEvent(format!("not JSON: {e}")))? {
+        Value::Object(event) => Ok(event),
+        _ => Err(NotAnEvent("not a JSON object".into())),
+    }
+}
+
 /// What the ledger records for a value sent outside the accepted form (a payment id, an
 /// event id): `#` and the SHA-256 of `sent` in hex, 65 characters. The same value always
 /// gives the same stand-in; `#` is in no accepted payment id, so no provider's id is one.
@@ -485,6 +494,8 @@ fn shown(v: &Value) -> String {
         None => text,
     }
 }
+
+pub mod stripe;
 
 #[cfg(test)]
 mod tests;

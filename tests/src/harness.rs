@@ -165,6 +165,9 @@ pub fn test_http_config(
             ))
             .expect("test secrets"),
         ),
+        // Checkout without a provider of its own (the stack's suites have Stripe).
+        stripe: None,
+        stripe_webhook: seckill_http::secrets::SecretSource::Missing,
     }
 }
 

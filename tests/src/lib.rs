@@ -15,5 +15,6 @@ pub mod mysql;
 pub mod pinned;
 pub mod redis;
 pub mod stack;
+pub mod stripe;
 
 pub use stack::StackEnv;

@@ -3,6 +3,7 @@
 use seckill_shared::adapters::data_api::DataApi;
 use seckill_shared::adapters::rate::Limit;
 use seckill_shared::adapters::redis::{OrderIds, RedisConn, RedisSales};
+use seckill_shared::adapters::stripe::StripeApi;
 use seckill_shared::auth::Identity;
 use seckill_shared::config::RedisConfig;
 use seckill_shared::domain::UnixMillis;
@@ -21,6 +22,12 @@ use crate::secrets::HeldSecrets;
 /// second through one instance, and the burst.
 pub const ADMIN_RATE_PER_SEC: u32 = 100;
 pub const ADMIN_RATE_BURST: u32 = 200;
+
+/// Stripe's API, and the secret key its calls carry (held as the other secrets are).
+pub(crate) struct Stripe {
+    pub api: StripeApi,
+    pub key: HeldSecrets,
+}
 
 /// Clients and per-instance memory.
 pub struct App {
@@ -46,6 +53,10 @@ pub struct App {
     pub(crate) webhook: HeldSecrets,
     /// The waiting rooms' entry-token secrets.
     pub(crate) entry_secrets: HeldSecrets,
+    /// Stripe's API and key, when checkout creates PaymentIntents.
+    pub(crate) stripe: Option<Stripe>,
+    /// Stripe's webhook endpoint secrets (`POST /payments/stripe`).
+    pub(crate) stripe_webhook: HeldSecrets,
     /// Redis calls of the borrowing attempts this instance ran.
     pub(crate) borrowing: BorrowCosts,
     /// Order rows one request's part of a repair reads at most.
@@ -87,6 +98,14 @@ impl App {
             entry_secrets: HeldSecrets::new(
                 cfg.entry.clone(),
                 "entry-token secret (ENTRY_TOKEN_SECRET_ARN)",
+            ),
+            stripe: cfg.stripe.as_ref().map(|s| Stripe {
+                api: StripeApi::new(&s.api_base),
+                key: HeldSecrets::new(s.key.clone(), "Stripe secret key (STRIPE_SECRET_KEY_ARN)"),
+            }),
+            stripe_webhook: HeldSecrets::new(
+                cfg.stripe_webhook.clone(),
+                "Stripe webhook secret (STRIPE_WEBHOOK_SECRET_ARN)",
             ),
             borrowing: BorrowCosts::default(),
             repair_part_rows: cfg.repair_part_rows.max(1),

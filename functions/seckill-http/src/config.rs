@@ -25,6 +25,11 @@ const OWN_ENV_VARS: &[&str] = &[
     "ENTRY_TOKEN_SECRET_ARN",
     "ENTRY_TOKEN_SECRETS",
     "SECRETS_MANAGER_URL",
+    "STRIPE_API_BASE",
+    "STRIPE_SECRET_KEY_ARN",
+    "STRIPE_SECRET_KEY",
+    "STRIPE_WEBHOOK_SECRET_ARN",
+    "STRIPE_WEBHOOK_SECRET",
 ];
 
 /// Every environment variable [`Config::read`] reads (the backends' and its own). The SAM
@@ -67,6 +72,20 @@ pub struct Config {
     /// The waiting rooms' entry-token secrets, the same way (`ENTRY_TOKEN_SECRET_ARN` or
     /// `ENTRY_TOKEN_SECRETS`).
     pub entry: SecretSource,
+    /// Stripe's API at `STRIPE_API_BASE` (default Stripe's own) with the secret key
+    /// (`STRIPE_SECRET_KEY_ARN` or `STRIPE_SECRET_KEY`): checkout creates a PaymentIntent
+    /// per order. `None` (no key): checkout answers the terms only, as before.
+    pub stripe: Option<StripeConfig>,
+    /// Stripe's webhook endpoint secrets (`whsec_...`: `STRIPE_WEBHOOK_SECRET_ARN` or
+    /// `STRIPE_WEBHOOK_SECRET`), checking `POST /payments/stripe`.
+    pub stripe_webhook: SecretSource,
+}
+
+/// Where Stripe's API is and the key that calls it.
+#[derive(Debug, Clone)]
+pub struct StripeConfig {
+    pub api_base: String,
+    pub key: SecretSource,
 }
 
 /// A set of secrets named by an ARN variable (read from Secrets Manager, at `endpoint`
@@ -138,11 +157,42 @@ impl Config {
             "ENTRY_TOKEN_SECRETS",
             &endpoint,
         );
+        let stripe_key = secret_source(
+            &mut env,
+            "STRIPE_SECRET_KEY_ARN",
+            "STRIPE_SECRET_KEY",
+            &endpoint,
+        );
+        let stripe_webhook = secret_source(
+            &mut env,
+            "STRIPE_WEBHOOK_SECRET_ARN",
+            "STRIPE_WEBHOOK_SECRET",
+            &endpoint,
+        );
+        let api_base = env.optional("STRIPE_API_BASE");
+        let stripe = match stripe_key {
+            SecretSource::Missing => {
+                if api_base.is_some() {
+                    env.problem("STRIPE_API_BASE is set but no Stripe key (STRIPE_SECRET_KEY_ARN or STRIPE_SECRET_KEY)");
+                }
+                None
+            }
+            key => Some(StripeConfig {
+                api_base: api_base
+                    .unwrap_or_else(|| seckill_shared::adapters::stripe::DEFAULT_API_BASE.into()),
+                key,
+            }),
+        };
         let by_arn = |s: &SecretSource| matches!(s, SecretSource::SecretsManager { .. });
-        if endpoint.is_some() && !by_arn(&webhook) && !by_arn(&entry) {
+        let any_arn = by_arn(&webhook)
+            || by_arn(&entry)
+            || by_arn(&stripe_webhook)
+            || stripe.as_ref().is_some_and(|s| by_arn(&s.key));
+        if endpoint.is_some() && !any_arn {
             env.problem(
-                "SECRETS_MANAGER_URL is set but neither PAYMENT_WEBHOOK_SECRET_ARN nor \
-                 ENTRY_TOKEN_SECRET_ARN is",
+                "SECRETS_MANAGER_URL is set but no secret is read by ARN \
+                 (PAYMENT_WEBHOOK_SECRET_ARN, ENTRY_TOKEN_SECRET_ARN, STRIPE_SECRET_KEY_ARN, \
+                 STRIPE_WEBHOOK_SECRET_ARN)",
             );
         }
         let cfg = Config {
@@ -159,6 +209,8 @@ impl Config {
             in_lambda,
             webhook,
             entry,
+            stripe,
+            stripe_webhook,
         };
         env.finish()?;
         Ok(cfg)

@@ -32,6 +32,7 @@ pub mod repair;
 pub mod request;
 pub mod routes;
 pub mod secrets;
+pub mod stripe;
 pub mod vouchers;
 pub mod webhook;
 

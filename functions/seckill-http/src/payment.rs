@@ -3,7 +3,8 @@
 //! provider's events (`crate::webhook`): finding an order for its buyer, closing it.
 //!
 //! - `POST /orders/{order_id}/pay` (the buyer) only starts a payment: it answers what a
-//!   checkout needs (order, amount, currency, `pay_by`) and changes nothing. A buyer's
+//!   checkout needs (order, amount, currency, `pay_by`; with Stripe, the order's one
+//!   PaymentIntent and its `client_secret`, `crate::stripe`) and changes no order. A buyer's
 //!   token can never make an order paid: only the provider's signed event does.
 //! - `POST /orders/{order_id}/cancel` (the buyer) closes an unpaid order; its unit goes
 //!   back on sale.
@@ -264,6 +265,13 @@ pub(crate) async fn start_payment(
     if let Some(price) = terms.price {
         body["amount_minor"] = json!(price.amount_minor());
         body["currency"] = json!(price.currency());
+        // With Stripe: the order's PaymentIntent, which the buyer's page confirms.
+        if let Some(stripe) = &app.stripe {
+            let intent = crate::stripe::intent_for(app, stripe, &order, price, now).await?;
+            body["provider"] = json!(crate::stripe::PROVIDER);
+            body["payment_intent"] = json!(intent.id);
+            body["client_secret"] = json!(intent.client_secret);
+        }
     }
     Ok(json_response(StatusCode::OK, &body))
 }

@@ -17,7 +17,7 @@ use seckill_shared::domain::{UnixMillis, now_millis};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::identity::identify;
-use crate::{admission, operators, orders, pages, payment, queue, vouchers, webhook};
+use crate::{admission, operators, orders, pages, payment, queue, stripe, vouchers, webhook};
 
 /// Every route: method, path pattern, whether it needs a token. The SAM template must
 /// declare exactly these (a test compares them).
@@ -32,6 +32,7 @@ pub const ROUTES: &[(&str, &str, bool)] = &[
     ("POST", "/orders/{order_id}/pay", true),
     ("POST", "/orders/{order_id}/cancel", true),
     ("POST", "/payments/webhook", false),
+    ("POST", "/payments/stripe", false),
     ("GET", "/status", true),
     ("GET", "/app/{file}", false),
 ];
@@ -55,6 +56,8 @@ pub enum Route<'a> {
     CancelOrder(&'a str),
     /// The payment provider's signed event.
     PaymentWebhook,
+    /// Stripe's signed event, as Stripe sends it.
+    StripeWebhook,
     /// The sales' figures for operators (admin).
     SaleStatus,
     /// A file of the buyer page or the live view.
@@ -90,6 +93,7 @@ impl<'a> Route<'a> {
             "POST /orders/{order_id}/pay" => Route::PayOrder(param("order_id")?),
             "POST /orders/{order_id}/cancel" => Route::CancelOrder(param("order_id")?),
             "POST /payments/webhook" => Route::PaymentWebhook,
+            "POST /payments/stripe" => Route::StripeWebhook,
             "GET /status" => Route::SaleStatus,
             "GET /app/{file}" => Route::Page(param("file")?),
             _ => return None,
@@ -110,6 +114,7 @@ impl<'a> Route<'a> {
             Route::PayOrder(id) => ("POST /orders/{order_id}/pay", Some(("order_id", id))),
             Route::CancelOrder(id) => ("POST /orders/{order_id}/cancel", Some(("order_id", id))),
             Route::PaymentWebhook => ("POST /payments/webhook", None),
+            Route::StripeWebhook => ("POST /payments/stripe", None),
             Route::SaleStatus => ("GET /status", None),
             Route::Page(file) => ("GET /app/{file}", Some(("file", file))),
         }
@@ -141,6 +146,7 @@ impl<'a> Route<'a> {
                 Some(Route::CancelOrder(id))
             }
             ("POST", [Some("payments"), Some("webhook"), None, _]) => Some(Route::PaymentWebhook),
+            ("POST", [Some("payments"), Some("stripe"), None, _]) => Some(Route::StripeWebhook),
             ("GET", [Some("status"), None, ..]) => Some(Route::SaleStatus),
             ("GET", [Some("app"), Some(file), None, _]) => Some(Route::Page(file)),
             _ => None,
@@ -169,7 +175,7 @@ impl Route<'_> {
             Route::Seckill(_) => "admitted",
             Route::PayOrder(_) => "payment_started",
             Route::CancelOrder(_) => "cancelled",
-            Route::PaymentWebhook => "payment_event",
+            Route::PaymentWebhook | Route::StripeWebhook => "payment_event",
             Route::JoinQueue(_) => "joined",
             Route::GetVoucher(_)
             | Route::GetOrder(_)
@@ -193,6 +199,7 @@ impl Route<'_> {
             | Route::PayOrder(_)
             | Route::CancelOrder(_)
             | Route::PaymentWebhook
+            | Route::StripeWebhook
             | Route::SaleStatus
             | Route::Page(_) => "",
         }
@@ -333,6 +340,7 @@ async fn dispatch(app: &App, req: &Request, route: &Route<'_>) -> Result<Respons
         }
         // No token: the provider signs its events (checked before anything is read).
         Route::PaymentWebhook => webhook::webhook(app, req, now_millis()).await,
+        Route::StripeWebhook => stripe::webhook(app, req, now_millis()).await,
         Route::SaleStatus => {
             let (caller, now) = who()?;
             app.admit_admin(&caller, now)?;

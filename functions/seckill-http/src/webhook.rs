@@ -1,9 +1,10 @@
-//! `POST /payments/webhook` (the payment provider, no token): the only way an order
-//! becomes paid. The event's signature is checked on the raw body before anything is
-//! read ([`seckill_shared::webhook`]); the event is then read leniently
-//! ([`Received::read`]), its payment recorded once per provider payment id ([`Payments`]:
-//! one payment pays at most one order), and Redis closes the order (`lua/close.lua`,
-//! decided once). A payment after its order expired or was cancelled never reopens it
+//! `POST /payments/webhook` and `POST /payments/stripe` (the payment provider, no
+//! token): the only ways an order becomes paid. The event's signature is checked on the
+//! raw body before anything is read ([`seckill_shared::webhook`], [`verified`]); the
+//! event is then read leniently, in the generic format ([`Received::read`]) or in
+//! Stripe's (`crate::stripe`), into one [`Received`] that one ledger takes ([`take`]):
+//! its payment recorded once per provider payment id ([`Payments`]: one payment pays at
+//! most one order), and Redis closes the order (`lua/close.lua`, decided once). A payment after its order expired or was cancelled never reopens it
 //! nor takes back a unit sold again: it is recorded `refund_due`.
 //!
 //! A provider treats a 2xx or a 4xx as final and stops sending; a 5xx makes it send again
@@ -75,22 +76,46 @@ pub(crate) async fn webhook(
     req: &Request,
     now: UnixMillis,
 ) -> Result<Response<Body>, ApiError> {
-    let body = body_of(req)?;
     let secrets = app.webhook.get().await?;
-    let header = match req.headers().get(webhook::SIGNATURE_HEADER) {
-        Some(v) => Some(v.to_str().map_err(|_| {
-            ApiError::Unauthorized(format!("{} must be ASCII", webhook::SIGNATURE_HEADER))
-        })?),
-        None => None,
-    };
-    webhook::verify(&secrets, header, body, now.div_euclid(1000))
-        .map_err(|e| ApiError::Unauthorized(format!("webhook signature refused: {e}")))?;
+    let body = verified(req, webhook::SIGNATURE_HEADER, &secrets, now)?;
     // Authentic from here on: only what is no payment event at all is refused.
     let event = Received::read(body).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
-    let (voucher, order, mut why) = match target(app, &event, now).await? {
+    take(app, &event, now).await
+}
+
+/// The raw body of `req` once its signature (in `header`) holds for one of `secrets`
+/// at `now`: `401` otherwise, before anything in it is read.
+pub(crate) fn verified<'r>(
+    req: &'r Request,
+    header: &str,
+    secrets: &webhook::Secrets,
+    now: UnixMillis,
+) -> Result<&'r [u8], ApiError> {
+    let body = body_of(req)?;
+    let value = match req.headers().get(header) {
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| ApiError::Unauthorized(format!("{header} must be ASCII")))?,
+        ),
+        None => None,
+    };
+    webhook::verify(secrets, value, body, now.div_euclid(1000)).map_err(|e| {
+        ApiError::Unauthorized(format!("webhook signature refused ({header}): {e}"))
+    })?;
+    Ok(body)
+}
+
+/// A payment event whose signature held, from either provider's format: the one ledger
+/// behind both. `200` with the payment's outcome; see the module's answers.
+pub(crate) async fn take(
+    app: &App,
+    event: &Received,
+    now: UnixMillis,
+) -> Result<Response<Body>, ApiError> {
+    let (voucher, order, mut why) = match target(app, event, now).await? {
         Target::Order(order) => match &event.payment {
             Some(payment) if event.defects.is_empty() => {
-                return apply(app, &event, payment, order, now).await;
+                return apply(app, event, payment, order, now).await;
             }
             _ => (Some(order.voucher.id), Some(order.id), Vec::new()),
         },
@@ -102,7 +127,7 @@ pub(crate) async fn webhook(
     };
     why.extend(event.defects.iter().cloned());
     let why = why.join("; ");
-    let new = new_payment(&event, order, voucher, now);
+    let new = new_payment(event, order, voucher, now);
     let ledger = Payments(&app.db);
     let row = match event.kind {
         EventType::Succeeded => refuse(&ledger, &new, &why).await?,

@@ -9,4 +9,5 @@ pub mod queue;
 pub mod rate;
 pub mod redis;
 pub mod secrets;
+pub mod stripe;
 pub mod transfers;

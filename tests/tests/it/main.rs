@@ -36,5 +36,6 @@ mod stack_rerun;
 mod stack_smoke;
 mod stale_truths;
 mod storm;
+mod stripe;
 mod template;
 mod waiting_room;
