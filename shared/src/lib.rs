@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod migrate;
 pub mod order_id;
 pub mod protocol;
+pub mod refunds;
 pub mod sale_status;
 pub mod telemetry;
 pub mod webhook;

@@ -96,6 +96,10 @@ pub const EMBEDDED: &[(&str, &str)] = &[
         "0009_checkouts.sql",
         include_str!("../../migrations/0009_checkouts.sql"),
     ),
+    (
+        "0010_refunds.sql",
+        include_str!("../../migrations/0010_refunds.sql"),
+    ),
 ];
 
 /// Splits SQL text into statements at the delimiter (`;`) outside quotes and comments;

@@ -60,8 +60,13 @@ pub struct VoucherStatus {
     /// Payments to refund: confirmed by the provider after their order had closed, for
     /// an order another payment paid, or for an order the database rejected (recorded
     /// `refund_due`), and successes of the wrong amount (recorded `refused`): money taken
-    /// that pays for nothing.
+    /// that pays for nothing, not back yet (`refund_requested` included).
     pub refunds_due: u64,
+    /// Of those, the refunds the provider took and has not confirmed yet
+    /// (`refund_requested`).
+    pub refunds_requested: u64,
+    /// Payments the provider says were refunded (`refunded`).
+    pub refunded: u64,
     /// Money not matched both ways ([`money`]): payments `paid` whose order is not
     /// `paid` by them (no row: dead-lettered, lost; or a row that says otherwise),
     /// payments still `received` 15 minutes after they were recorded, and paid orders
@@ -141,13 +146,17 @@ impl SaleSources<'_> {
         let of = |st: OrderStatus| counts.get(&st).copied().unwrap_or(0);
         let (awaiting_payment, paid) = (of(OrderStatus::AwaitingPayment), of(OrderStatus::Paid));
         let expired = of(OrderStatus::Expired);
-        let refunds_due = Payments(self.db)
-            .counts(voucher)
-            .await?
-            .into_iter()
-            .filter(|(o, _)| matches!(o, Outcome::RefundDue | Outcome::Refused))
-            .map(|(_, n)| n)
-            .sum();
+        let outcomes = Payments(self.db).counts(voucher).await?;
+        let count = |want: &[Outcome]| -> u64 {
+            outcomes
+                .iter()
+                .filter(|(o, _)| want.contains(o))
+                .map(|(_, n)| n)
+                .sum()
+        };
+        let refunds_due = count(&Outcome::TO_REFUND);
+        let refunds_requested = count(&[Outcome::RefundRequested]);
+        let refunded = count(&[Outcome::Refunded]);
         // Every voucher: one without a payment step has no payment nor paid order, and
         // its two index lookups find nothing at once.
         let unmatched_money = money::unmatched(self.streams, self.db, voucher, buckets)
@@ -189,6 +198,8 @@ impl SaleSources<'_> {
             closed: of(OrderStatus::Cancelled) + expired,
             expired,
             refunds_due,
+            refunds_requested,
+            refunded,
             unmatched_money,
             pending: stats.pending,
             lag: stats.undelivered,

@@ -298,6 +298,10 @@ pub struct NotAnEvent(pub String);
 /// [`Received::order`] and [`Received::buyer`]. Unknown fields are ignored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Received {
+    /// Who sent it: the generic format ([`crate::adapters::payments::GENERIC`]) or a
+    /// provider's own (`stripe`), recorded with the payment (only a provider seckill can
+    /// call has its refunds issued).
+    pub provider: &'static str,
     pub kind: EventType,
     /// The payment's key in the ledger: the provider's payment id when it is of the
     /// accepted form ([`PaymentRef`]), else a [`stand_in`] of what was sent, so every
@@ -424,6 +428,7 @@ impl Received {
             .and_then(|c| crate::json::integral(c).ok())
             .map(|s| s.saturating_mul(1000));
         Ok(Received {
+            provider: crate::adapters::payments::GENERIC,
             kind,
             payment_id,
             payment,

@@ -154,6 +154,8 @@ impl DrainCtx {
             max_run: Duration::from_millis(1_500),
             idle_poll: Duration::from_millis(50),
             vouchers: None,
+            // Refunds are the stack's drainer's (and the Stripe suite's) business.
+            stripe: None,
         }
     }
 

@@ -90,6 +90,11 @@ impl Sdk {
         self.json(&["intent", intent])
     }
 
+    /// The charge `charge` as Stripe holds it.
+    pub fn charge(&self, charge: &str) -> Value {
+        self.json(&["charge", charge])
+    }
+
     /// The refunds of PaymentIntent `intent`.
     pub fn refunds(&self, intent: &str) -> Vec<Value> {
         match self.json(&["refunds", intent]) {

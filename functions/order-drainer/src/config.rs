@@ -44,6 +44,10 @@ const OWN_ENV_VARS: &[&str] = &[
     "DRAINER_MAX_RUN_MS",
     "DRAINER_IDLE_POLL_MS",
     "DRAINER_VOUCHERS",
+    "STRIPE_API_BASE",
+    "STRIPE_SECRET_KEY_ARN",
+    "STRIPE_SECRET_KEY",
+    "SECRETS_MANAGER_URL",
 ];
 
 /// The drainer's settings, read once per cold start: where the backends are, and how
@@ -73,6 +77,38 @@ pub struct Config {
     /// `DRAINER_VOUCHERS` (optional, comma-separated ids): drain only these vouchers
     /// instead of the active set (operators draining one sale; test isolation).
     pub vouchers: Option<Vec<VoucherId>>,
+    /// Stripe's API (`STRIPE_API_BASE`, default Stripe's own) and its secret key
+    /// (`STRIPE_SECRET_KEY_ARN`, read each run from Secrets Manager at
+    /// `SECRETS_MANAGER_URL` when given; or `STRIPE_SECRET_KEY`): each run refunds the
+    /// Stripe payments to refund (`crate::refunds`). `None`: no refunds issued.
+    pub stripe: Option<StripeRefunds>,
+}
+
+/// Where the drainer calls Stripe for refunds, and with which key.
+#[derive(Debug, Clone)]
+pub struct StripeRefunds {
+    pub api_base: String,
+    pub key: KeySource,
+}
+
+/// The Stripe secret key: given, or a Secrets Manager secret.
+#[derive(Clone)]
+pub enum KeySource {
+    Inline(String),
+    SecretsManager {
+        arn: String,
+        endpoint: Option<String>,
+    },
+}
+
+impl std::fmt::Debug for KeySource {
+    // Never print the key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeySource::Inline(_) => write!(f, "Inline(..)"),
+            KeySource::SecretsManager { arn, .. } => write!(f, "SecretsManager({arn})"),
+        }
+    }
 }
 
 /// Every environment variable [`Config::read`] reads: the only ones the SAM template may
@@ -120,6 +156,34 @@ impl Config {
             }
             ids
         });
+        let endpoint = env.optional("SECRETS_MANAGER_URL");
+        let key = match (
+            env.optional("STRIPE_SECRET_KEY_ARN"),
+            env.optional("STRIPE_SECRET_KEY"),
+        ) {
+            (Some(_), Some(_)) => {
+                env.problem("set STRIPE_SECRET_KEY_ARN or STRIPE_SECRET_KEY, not both");
+                None
+            }
+            (Some(arn), None) => Some(KeySource::SecretsManager {
+                arn,
+                endpoint: endpoint.clone(),
+            }),
+            (None, Some(key)) => Some(KeySource::Inline(key)),
+            (None, None) => None,
+        };
+        if endpoint.is_some() && !matches!(key, Some(KeySource::SecretsManager { .. })) {
+            env.problem("SECRETS_MANAGER_URL is set but STRIPE_SECRET_KEY_ARN is not");
+        }
+        let api_base = env.optional("STRIPE_API_BASE");
+        if key.is_none() && api_base.is_some() {
+            env.problem("STRIPE_API_BASE is set but no Stripe key (STRIPE_SECRET_KEY_ARN or STRIPE_SECRET_KEY)");
+        }
+        let stripe = key.map(|key| StripeRefunds {
+            api_base: api_base
+                .unwrap_or_else(|| seckill_shared::adapters::stripe::DEFAULT_API_BASE.into()),
+            key,
+        });
         let cfg = Config {
             redis,
             data_api,
@@ -131,6 +195,7 @@ impl Config {
             max_run: Duration::from_millis(max_run),
             idle_poll: Duration::from_millis(idle_poll),
             vouchers,
+            stripe,
         };
         env.finish()?;
         if cfg.min_idle <= cfg.max_run {

@@ -91,6 +91,7 @@ use crate::config::Config;
 use crate::error::DrainError;
 use crate::failpoint;
 use crate::plan::{self, Reason};
+use crate::refunds::Refunder;
 
 /// How often a long invocation surveys every voucher again (new sales, new admissions
 /// on quiet ones, entries released by others).
@@ -121,6 +122,8 @@ pub struct Drainer {
     cfg: Config,
     streams: OrderStreams,
     ledger: Ledger,
+    /// Stripe, when refunds are issued (`STRIPE_*`).
+    refunder: Option<Refunder>,
 }
 
 impl Drainer {
@@ -136,6 +139,7 @@ impl Drainer {
 
     pub fn new(cfg: Config, streams: OrderStreams, ledger: Ledger) -> Drainer {
         Drainer {
+            refunder: cfg.stripe.as_ref().map(Refunder::new),
             cfg,
             streams,
             ledger,
@@ -153,9 +157,27 @@ impl Drainer {
     }
 
     /// One invocation: drains until `deadline - safety margin` or `max_run`, whichever
-    /// comes first, and returns what it did. Failures are counted in the summary, never
-    /// thrown: the caller decides how to report them.
+    /// comes first, and returns what it did; refunds what is due through Stripe
+    /// meanwhile (`crate::refunds`, with Stripe configured). Failures are counted in the
+    /// summary, never thrown: the caller decides how to report them.
     pub async fn run(&self, consumer: &str, deadline: Instant) -> Summary {
+        let until = deadline
+            .checked_sub(self.cfg.safety_margin)
+            .unwrap_or(deadline)
+            .min(Instant::now() + self.cfg.max_run);
+        let refunds = async {
+            match &self.refunder {
+                Some(r) => r.run(self.ledger.api(), until).await,
+                None => None,
+            }
+        };
+        let (mut summary, refunds) = tokio::join!(self.drain(consumer, deadline), refunds);
+        summary.refunds = refunds;
+        summary
+    }
+
+    /// The drain of one invocation ([`Drainer::run`]).
+    async fn drain(&self, consumer: &str, deadline: Instant) -> Summary {
         let run = Run::new(consumer, deadline, &self.cfg);
 
         // 1. Survey, 2. recover. The survey reads the new entries it finds (in the probe's

@@ -5,6 +5,7 @@
 //!   summarise), readable top to bottom, with its database side, stream bookkeeping and
 //!   run state in submodules;
 //! - [`plan`]: the pure decisions about a batch (parse, dedupe, confirm or reject);
+//! - [`refunds`]: the run's refunds through Stripe, beside the drain;
 //! - [`config`]: the `DRAINER_*` settings and their defaults;
 //! - [`failpoint`]: named crash points for the crash-recovery tests;
 //! - [`error`]: the one error type.
@@ -17,6 +18,7 @@ pub mod drain;
 pub mod error;
 pub mod failpoint;
 pub mod plan;
+pub mod refunds;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 

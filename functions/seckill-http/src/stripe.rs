@@ -11,17 +11,18 @@
 
 use http::StatusCode;
 use lambda_http::{Body, Request, Response};
+use seckill_shared::adapters::payments::{Outcome, Payments};
 use seckill_shared::adapters::stripe::{Checkouts, Intent, StripeError};
 use seckill_shared::domain::{Price, UnixMillis};
 use seckill_shared::webhook::stripe::{
-    self, METADATA_BUYER, METADATA_ORDER, METADATA_VOUCHER, StripeEvent,
+    self, METADATA_BUYER, METADATA_ORDER, METADATA_VOUCHER, Refund, StripeEvent,
 };
 use serde_json::json;
 
 use crate::app::{App, Stripe};
 use crate::error::{ApiError, json_response};
 use crate::payment::FoundOrder;
-use crate::webhook::{take, verified};
+use crate::webhook::{outcome_json, take, verified};
 
 /// The provider's name in the `checkouts` table and in checkout's answer.
 pub const PROVIDER: &str = "stripe";
@@ -80,8 +81,8 @@ fn unavailable(e: StripeError) -> ApiError {
 
 /// `POST /payments/stripe`: Stripe's events as Stripe sends them. A PaymentIntent's
 /// success or failure is taken as the generic format's event is (the same answers);
-/// `charge.refunded` and every type not ours are answered `200` (Stripe stops sending
-/// them) with what was done.
+/// `charge.refunded` records the refund ([`refunded`]); every type not ours is answered
+/// `200` (Stripe stops sending it) with what was done.
 pub(crate) async fn webhook(
     app: &App,
     req: &Request,
@@ -91,18 +92,42 @@ pub(crate) async fn webhook(
     let body = verified(req, stripe::SIGNATURE_HEADER, &secrets, now)?;
     match stripe::read(body).map_err(|e| ApiError::InvalidRequest(e.to_string()))? {
         StripeEvent::Payment(event) => take(app, &event, now).await,
-        // The ledger lists money to refund (`refund_due`, `refused`); a refund made is
-        // seen at Stripe (the operators' refund is theirs to make for now): logged.
-        StripeEvent::Refunded(refund) => {
-            tracing::info!(
-                payment = refund.payment_id.as_deref().unwrap_or(""),
-                amount_refunded = refund.amount_refunded,
-                event = refund.event_id,
-                "charge refunded at stripe"
-            );
-            Ok(ignored("charge.refunded"))
-        }
+        StripeEvent::Refunded(refund) => refunded(app, &refund, now).await,
         StripeEvent::Ignored(kind) => Ok(ignored(&kind)),
+    }
+}
+
+/// `charge.refunded`: a payment to refund is `refunded` once its charge is refunded in
+/// full (the drainer's refunds, or an operator's at Stripe). A refund of a payment that
+/// was not to refund (a `paid` order's, made at Stripe by hand) changes nothing here:
+/// logged for the operators, whose order stays paid.
+async fn refunded(app: &App, refund: &Refund, now: UnixMillis) -> Result<Response<Body>, ApiError> {
+    let Some(payment_id) = &refund.payment_id else {
+        return Ok(ignored(
+            "charge.refunded (of a charge without a PaymentIntent)",
+        ));
+    };
+    if !refund.refunded {
+        return Ok(ignored("charge.refunded (in part: not the whole payment)"));
+    }
+    let ledger = Payments(&app.db);
+    match ledger.refunded(payment_id, &refund.event_id, now).await? {
+        None => Ok(ignored("charge.refunded (of a payment not recorded here)")),
+        Some(row) if row.outcome == Outcome::Refunded => {
+            tracing::info!(payment = payment_id, "payment refunded");
+            Ok(outcome_json(&row))
+        }
+        Some(row) => {
+            tracing::warn!(
+                payment = payment_id,
+                outcome = row.outcome.as_str(),
+                "a payment that was not to refund was refunded at stripe: left as it is"
+            );
+            Ok(ignored(&format!(
+                "charge.refunded (of a payment {}, not to refund: left as it is)",
+                row.outcome.as_str()
+            )))
+        }
     }
 }
 

@@ -330,6 +330,7 @@ fn new_payment<'a>(
     now: UnixMillis,
 ) -> NewPayment<'a> {
     NewPayment {
+        provider: event.provider,
         payment_id: &event.payment_id,
         order,
         voucher,
@@ -459,7 +460,7 @@ fn same_order(row: &PaymentRow, order: Option<OrderId>) -> Result<(), ApiError> 
 
 /// The answer: the payment's row (without `order_id` when its event named no order
 /// readably).
-fn outcome_json(row: &PaymentRow) -> Response<Body> {
+pub(crate) fn outcome_json(row: &PaymentRow) -> Response<Body> {
     let mut body = json!({
         "payment_id": row.payment_id,
         "outcome": row.outcome.as_str(),

@@ -43,6 +43,11 @@ impl Ledger {
         Ledger { api }
     }
 
+    /// The Data API client (for the run's work beside orders: refunds).
+    pub fn api(&self) -> &DataApi {
+        &self.api
+    }
+
     /// Begins a batch transaction. The caller must [`commit`](LedgerTx::commit) or
     /// [`rollback`](LedgerTx::rollback) it (the server rolls back an abandoned one after
     /// 3 idle minutes, holding its locks until then).

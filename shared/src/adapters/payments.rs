@@ -40,15 +40,30 @@ pub enum Outcome {
     /// event was outside the accepted form or named no order of its buyer (the reason
     /// says which). Money taken for nothing: to refund.
     Refused,
+    /// To refund (it was `refund_due` or `refused`, the reason says why), and the
+    /// provider took the refund request ([`refunds`]).
+    RefundRequested,
+    /// The provider says the money went back.
+    Refunded,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 5] = [
+    pub const ALL: [Outcome; 7] = [
         Outcome::Received,
         Outcome::Paid,
         Outcome::RefundDue,
         Outcome::Failed,
         Outcome::Refused,
+        Outcome::RefundRequested,
+        Outcome::Refunded,
+    ];
+
+    /// The outcomes of money to give back that has not gone back yet: what operators
+    /// count as "to refund".
+    pub const TO_REFUND: [Outcome; 3] = [
+        Outcome::RefundDue,
+        Outcome::Refused,
+        Outcome::RefundRequested,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -58,6 +73,8 @@ impl Outcome {
             Outcome::RefundDue => "refund_due",
             Outcome::Failed => "failed",
             Outcome::Refused => "refused",
+            Outcome::RefundRequested => "refund_requested",
+            Outcome::Refunded => "refunded",
         }
     }
 
@@ -68,7 +85,7 @@ impl Outcome {
     /// Whether a payment that stands at `self` is decided for good: later events
     /// about it change nothing.
     pub fn is_final(self) -> bool {
-        matches!(self, Outcome::Paid | Outcome::RefundDue | Outcome::Refused)
+        !matches!(self, Outcome::Received | Outcome::Failed)
     }
 
     /// The outcomes a row may move to `self` from: forward only. A failed attempt may
@@ -82,6 +99,8 @@ impl Outcome {
             Outcome::Failed => &["received"],
             Outcome::Refused => &["failed"],
             Outcome::Paid | Outcome::RefundDue => &["received", "failed"],
+            // The refund's own steps ([`refunds`]), never an event's decision.
+            Outcome::RefundRequested | Outcome::Refunded => &[],
         }
     }
 }
@@ -90,6 +109,8 @@ impl Outcome {
 /// order readably; `voucher` `None`: no voucher has the order).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewPayment<'a> {
+    /// Who took the payment: [`GENERIC`] (the generic format) or `stripe`.
+    pub provider: &'a str,
     pub payment_id: &'a str,
     pub order: Option<OrderId>,
     pub voucher: Option<VoucherId>,
@@ -256,6 +277,12 @@ fn id_param(name: &str, id: Option<i64>) -> aws_sdk_rdsdata::types::SqlParameter
     id.map_or_else(|| param::null(name), |id| param::long(name, id))
 }
 
+/// The provider of the generic format (`POST /payments/webhook`): its payments are
+/// refunded by an operator, seckill cannot call it.
+pub const GENERIC: &str = "generic";
+
+pub mod refunds;
+
 /// The payments ledger, through the Data API.
 pub struct Payments<'a>(pub &'a DataApi);
 
@@ -272,10 +299,11 @@ impl Payments<'_> {
         self.0
             .execute(
                 "INSERT IGNORE INTO payments (payment_id, order_id, voucher_id, amount_minor, currency, \
-                 outcome, reason, event_id, received_at, decided_at) \
+                 outcome, reason, event_id, received_at, decided_at, provider) \
                  VALUES (:p, :o, :v, :amount, :currency, :outcome, :reason, :event, :at, \
-                 IF(:outcome = 'received', NULL, :at))",
+                 IF(:outcome = 'received', NULL, :at), :provider)",
                 vec![
+                    param::string("provider", p.provider),
                     param::string("p", p.payment_id),
                     id_param("o", p.order.map(OrderId::get)),
                     id_param("v", p.voucher.map(VoucherId::get)),

@@ -130,7 +130,9 @@ pub fn read(body: &[u8]) -> Result<StripeEvent, NotAnEvent> {
     copy(&event, "id", &mut generic, "id");
     copy(&event, "created", &mut generic, "created");
     generic.insert("data".into(), Value::Object(data));
-    Received::of(&generic, body).map(StripeEvent::Payment)
+    let mut received = Received::of(&generic, body)?;
+    received.provider = crate::refunds::STRIPE;
+    Ok(StripeEvent::Payment(received))
 }
 
 fn copy(from: &Map<String, Value>, key: &str, to: &mut Map<String, Value>, as_key: &str) {
@@ -183,7 +185,7 @@ mod tests {
         let StripeEvent::Payment(r) = read(&b).unwrap() else {
             panic!("not a payment")
         };
-        assert_eq!(r.kind, EventType::Succeeded);
+        assert_eq!((r.provider, r.kind), ("stripe", EventType::Succeeded));
         assert_eq!(r.payment_id, "pi_3Pq9a2");
         assert_eq!(r.order.unwrap().get(), 42);
         assert_eq!(r.buyer.unwrap().as_str(), "alice");

@@ -1376,6 +1376,7 @@ async fn reconcile_sees_no_discrepancy_in_a_payment_sale() {
         // As the webhook does it: the payment recorded, the close, the payment decided.
         let pid = format!("pi-{i}");
         let payment = seckill_shared::adapters::payments::NewPayment {
+            provider: seckill_shared::adapters::payments::GENERIC,
             payment_id: &pid,
             order: Some(*id),
             voucher: Some(v.id),
@@ -1900,6 +1901,7 @@ async fn a_wrong_amount_after_an_undecided_failure_is_refused_once_the_failure_i
     let recorded = Payments(&db)
         .record(
             &NewPayment {
+                provider: seckill_shared::adapters::payments::GENERIC,
                 payment_id: "pay_fay",
                 order: Some(order.parse().unwrap()),
                 voucher: Some(v.id),

@@ -4,9 +4,16 @@
 //! the PaymentIntent as fetched, signed by the SDK's test helper) reaches
 //! `POST /payments/stripe` over real HTTP.
 
+use std::time::Duration;
+
 use reqwest::StatusCode;
+use seckill_shared::adapters::payments::refunds::RefundProgress;
+use seckill_shared::adapters::payments::{NewPayment, Outcome, Payments};
+use seckill_shared::adapters::stripe::StripeApi;
 use seckill_shared::domain::now_millis;
+use seckill_shared::refunds::{self, Issued, STRIPE};
 use seckill_tests::api::{Api, id_of};
+use seckill_tests::harness::Backends;
 use seckill_tests::stripe::{CARD_3DS, CARD_DECLINED, CARD_OK, Sdk, intent_event};
 use serde_json::{Value, json};
 
@@ -249,4 +256,334 @@ async fn stripe_signatures_are_stripes_own() {
             .contains("not a seckill checkout"),
         "{o}"
     );
+}
+
+/// A PaymentIntent of `amount` EUR at the stack's Stripe, paid with 4242, recorded in
+/// `db`'s ledger as a Stripe payment to refund (as a late payment is): its id.
+async fn paid_and_due(
+    db: &seckill_shared::adapters::data_api::DataApi,
+    api: &StripeApi,
+    sdk: &Sdk,
+    key: &str,
+    order: i64,
+) -> String {
+    let order_id = seckill_shared::domain::OrderId::new(order).unwrap();
+    let intent = api
+        .create_intent(
+            key,
+            order_id,
+            1999,
+            "EUR",
+            &[("order_id", &order.to_string())],
+        )
+        .await
+        .expect("localstripe creates the PaymentIntent");
+    assert_eq!(sdk.confirm(&intent.id, CARD_OK)["status"], "succeeded");
+    let row = Payments(db)
+        .record(
+            &NewPayment {
+                provider: STRIPE,
+                payment_id: &intent.id,
+                order: Some(order_id),
+                voucher: None,
+                amount_minor: 1999,
+                currency: "EUR",
+                event_id: "evt_test",
+                received_ms: now_millis(),
+            },
+            Outcome::RefundDue,
+            Some("the order was cancelled before the payment"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.outcome, Outcome::RefundDue);
+    intent.id
+}
+
+/// Where the ledger has payment `p`'s refund.
+async fn progress(db: &seckill_shared::adapters::data_api::DataApi, p: &str) -> RefundProgress {
+    Payments(db).refund_progress(p).await.unwrap().unwrap()
+}
+
+/// Time passes for payment `p`'s refund: its claim or back-off is over.
+async fn make_due(db: &seckill_shared::adapters::data_api::DataApi, p: &str) {
+    db.execute(
+        "UPDATE payments SET refund_next_at = NOW(3) - INTERVAL 1 SECOND WHERE payment_id = :p",
+        vec![seckill_shared::adapters::data_api::param::string("p", p)],
+        None,
+    )
+    .await
+    .unwrap();
+}
+
+/// Refunds reach Stripe exactly once, however runs fail and overlap (a fresh database, the
+/// stack's localstripe; Stripe's SDK counts the refunds): a run that died after Stripe
+/// took the refund and before the ledger knew (the answer lost) is followed by one that
+/// finds that refund and asks for none; four runs at once refund each payment once; a
+/// run that died right after claiming holds the payment off the others until its claim
+/// ends, then it is refunded once; Stripe unreachable is an error kept with the payment
+/// and a later try, backing off, never a refund lost or made twice.
+#[tokio::test]
+async fn stripe_refunds_are_issued_once_through_crashes_races_and_outages() {
+    let env = seckill_tests::StackEnv::load();
+    let sdk = Sdk::new(&env);
+    let key = env.get("STRIPE_SECRET_KEY");
+    let api = StripeApi::new(&env.get("STRIPE_API_BASE"));
+    let backends = Backends::start().await;
+    let db = &backends.db;
+    let base = i64::from(rand::random::<u32>()) * 16 + 1;
+    let lost = paid_and_due(db, &api, &sdk, &key, base).await;
+    let raced: Vec<String> =
+        futures::future::join_all((1..4).map(|i| paid_and_due(db, &api, &sdk, &key, base + i)))
+            .await;
+    let crashed = paid_and_due(db, &api, &sdk, &key, base + 5).await;
+    let outage = paid_and_due(db, &api, &sdk, &key, base + 6).await;
+    let ledger = Payments(db);
+
+    // 1. A run claimed `lost`, Stripe took its refund, and the run died before recording
+    // it. Once the claim is over, the next try finds Stripe's refund and asks again for none.
+    assert_eq!(
+        ledger.claim_refund(&lost, now_millis()).await.unwrap(),
+        Some(1)
+    );
+    let taken = api.refund(&key, &lost).await.unwrap();
+    assert_eq!(
+        refunds::issue_one(db, &api, &key, &lost).await.unwrap(),
+        Issued::NotDue
+    );
+    make_due(db, &lost).await;
+    assert_eq!(
+        refunds::issue_one(db, &api, &key, &lost).await.unwrap(),
+        Issued::Found(taken.id.clone())
+    );
+    let p = progress(db, &lost).await;
+    assert_eq!(
+        (p.outcome, p.refund_id.as_deref()),
+        (Some(Outcome::RefundRequested), Some(taken.id.as_str()))
+    );
+    assert_eq!(sdk.refunds(&lost).len(), 1);
+
+    // 2. `crashed` is claimed by a run that dies at once: the others leave it alone.
+    assert!(
+        ledger
+            .claim_refund(&crashed, now_millis())
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    // 3. Four runs at once over what is due: the three raced payments refunded once each.
+    let runs = futures::future::join_all(
+        (0..4).map(|_| refunds::issue_due(db, &api, &key, Duration::from_secs(20))),
+    )
+    .await;
+    let requested: u64 = runs.iter().map(|r| r.as_ref().unwrap().requested).sum();
+    // `outage` too (it is due as well): four refunds in all, whoever made them.
+    assert_eq!(requested, 4, "{runs:?}");
+    for p in raced.iter().chain([&outage]) {
+        assert_eq!(sdk.refunds(p).len(), 1, "{p}");
+        assert_eq!(
+            progress(db, p).await.outcome,
+            Some(Outcome::RefundRequested)
+        );
+    }
+    assert!(
+        sdk.refunds(&crashed).is_empty(),
+        "a claimed payment was refunded by another run"
+    );
+
+    // 4. The crashed run's claim ends; then one refund.
+    make_due(db, &crashed).await;
+    let run = refunds::issue_due(db, &api, &key, Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_eq!(run.requested, 1, "{run:?}");
+    assert_eq!(sdk.refunds(&crashed).len(), 1);
+
+    // 5. Stripe unreachable: the try fails, the error is kept, the next try backs off.
+    let again = paid_and_due(db, &api, &sdk, &key, base + 7).await;
+    let down = StripeApi::new("http://127.0.0.1:9");
+    let run = refunds::issue_due(db, &down, &key, Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_eq!((run.requested, run.failed), (0, 1), "{run:?}");
+    let p = progress(db, &again).await;
+    assert_eq!((p.outcome, p.attempts), (Some(Outcome::RefundDue), 1));
+    assert!(
+        p.error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("unavailable"),
+        "{p:?}"
+    );
+    let run = refunds::issue_due(db, &api, &key, Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_eq!(run.requested, 0, "tried again before its back-off: {run:?}");
+    make_due(db, &again).await;
+    let run = refunds::issue_due(db, &api, &key, Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_eq!(run.requested, 1, "{run:?}");
+    assert_eq!(sdk.refunds(&again).len(), 1);
+    let p = progress(db, &again).await;
+    assert_eq!(
+        (p.outcome, p.attempts, p.error),
+        (Some(Outcome::RefundRequested), 2, None)
+    );
+
+    // Every payment refunded exactly once.
+    for p in [&lost, &crashed, &outage, &again].into_iter().chain(&raced) {
+        assert_eq!(sdk.refunds(p).len(), 1, "{p}");
+    }
+    backends.cleanup().await;
+}
+
+/// Over HTTP with the stack's drainer: a buyer cancels, then their page pays the
+/// PaymentIntent anyway; the payment is `refund_due`, the drainer's runs refund it at
+/// Stripe once, and Stripe's `charge.refunded` (built from the charge as fetched, signed
+/// by the SDK) records it `refunded`, the same when delivered again; a partial refund
+/// changes nothing.
+#[tokio::test]
+async fn stripe_a_payment_after_a_cancel_is_refunded_at_stripe() {
+    let api = Api::new();
+    let sdk = Sdk::new(&api.env);
+    let voucher = api
+        .create_voucher(
+            "stripe refund",
+            1,
+            -1_000,
+            json!({"pay_within_s": 600, "price_minor": 1999, "currency": "EUR"}),
+        )
+        .await;
+    let vid = id_of(&voucher);
+    let (_, token, order) = admitted(&api, &vid, "dora").await;
+    let pi = checkout(&api, &token, &order).await["payment_intent"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (s, c) = api
+        .call(
+            "POST",
+            &format!("/orders/{order}/cancel"),
+            Some(&token),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (s, c["status"].as_str()),
+        (StatusCode::OK, Some("cancelled"))
+    );
+    let paid = sdk.confirm(&pi, CARD_OK);
+    let (s, o) = stripe_sends(&api, &sdk, "payment_intent.succeeded", &paid).await;
+    assert_eq!(
+        (s, o["outcome"].as_str()),
+        (StatusCode::OK, Some("refund_due")),
+        "{o}"
+    );
+
+    // The drainer's runs (the stack's, every second, and these) refund it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let refund = loop {
+        api.drain().await;
+        if let Some(r) = sdk.refunds(&pi).first() {
+            break r.clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no refund of {pi} at Stripe"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert_eq!(
+        (refund["amount"].as_i64(), refund["currency"].as_str()),
+        (Some(1999), Some("eur"))
+    );
+    for _ in 0..3 {
+        api.drain().await;
+    }
+    assert_eq!(sdk.refunds(&pi).len(), 1, "refunded twice");
+
+    // Stripe's charge.refunded: a part of it changes nothing, the whole records it.
+    let charge = sdk.charge(refund["charge"].as_str().unwrap());
+    let mut part = charge.clone();
+    part["refunded"] = json!(false);
+    part["amount_refunded"] = json!(500);
+    let (s, o) = stripe_sends(&api, &sdk, "charge.refunded", &part).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(o["ignored"].as_str().unwrap().contains("in part"), "{o}");
+    for _ in 0..2 {
+        let (s, o) = stripe_sends(&api, &sdk, "charge.refunded", &charge).await;
+        assert_eq!(
+            (s, o["outcome"].as_str()),
+            (StatusCode::OK, Some("refunded")),
+            "{o}"
+        );
+        assert_eq!(o["payment_id"], pi.as_str());
+    }
+}
+
+/// The refunds a run may issue are read through `payments_to_refund` on a table never
+/// analysed: the rows examined stay about the Stripe payments to refund, however many
+/// other payments the ledger holds.
+#[tokio::test]
+async fn stripe_the_refunds_to_issue_are_read_through_their_index_never_analysed() {
+    use mysql_async::params;
+    use mysql_async::prelude::Queryable;
+    use seckill_shared::adapters::payments::refunds::to_issue_sql;
+    use seckill_tests::drainer::DrainCtx;
+    use seckill_tests::mysql::{PaymentRow, handler_reads, insert_payments};
+    let ctx = DrainCtx::start().await;
+    let mut conn = ctx.mysql().await;
+    let outcomes = [
+        "paid",
+        "refund_due",
+        "failed",
+        "refused",
+        "refund_requested",
+        "refunded",
+    ];
+    let rows: Vec<PaymentRow> = (0..20_000u64)
+        .map(|i| {
+            (
+                format!("pay_{i:06}"),
+                1_000_000 + i,
+                1 + i % 200,
+                outcomes[((i / 7) % 6) as usize],
+                0,
+            )
+        })
+        .collect();
+    insert_payments(&mut conn, &rows).await;
+    // One in 500 is Stripe's.
+    conn.query_drop("UPDATE payments SET provider = 'stripe' WHERE MOD(order_id, 500) = 0")
+        .await
+        .unwrap();
+    let due = rows
+        .iter()
+        .filter(|r| r.1 % 500 == 0 && matches!(r.3, "refund_due" | "refused"))
+        .count() as u64;
+    assert!(due > 0);
+    let overhead = {
+        let a = handler_reads(&mut conn).await;
+        let b = handler_reads(&mut conn).await;
+        b - a
+    };
+    let before = handler_reads(&mut conn).await;
+    let now = seckill_shared::adapters::data_api::format_datetime(now_millis());
+    let got: Vec<mysql_async::Row> = conn
+        .exec(
+            to_issue_sql(),
+            params! { "provider" => "stripe", "now" => now },
+        )
+        .await
+        .unwrap();
+    let examined = handler_reads(&mut conn).await - before - overhead;
+    assert_eq!(got.len() as u64, due);
+    assert!(
+        examined <= 2 * due + 10,
+        "{due} refunds to issue examined {examined} rows"
+    );
+    conn.disconnect().await.ok();
+    ctx.cleanup().await;
 }

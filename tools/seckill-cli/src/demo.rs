@@ -14,6 +14,8 @@ use seckill_shared::auth;
 use seckill_shared::domain::format_rfc3339_millis;
 use serde_json::{Value, json};
 
+use seckill_cli::ops::stripe::{self, LocalStripe};
+
 /// What the demo needs to know.
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
@@ -38,6 +40,14 @@ pub struct DemoArgs {
     /// sale with a payment step, paid the way the provider pays.
     #[arg(long, env = "SECKILL_PAYMENT_WEBHOOK_SECRET", hide_env_values = true)]
     webhook_secret: Option<String>,
+    /// The local Stripe (the stack's localstripe): with it and the two below, the demo
+    /// also runs a sale paid by card, refund included.
+    #[arg(long, env = "STRIPE_API_BASE")]
+    stripe_api_base: Option<String>,
+    #[arg(long, env = "STRIPE_SECRET_KEY", hide_env_values = true)]
+    stripe_secret_key: Option<String>,
+    #[arg(long, env = "STRIPE_WEBHOOK_SECRET", hide_env_values = true)]
+    stripe_webhook_secret: Option<String>,
 }
 
 const SCHEDULED_EVENT: &str = include_str!("../../../tests/fixtures/eventbridge-scheduled.json");
@@ -211,6 +221,14 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     if let Some(secret) = &args.webhook_secret {
         payment_sale(&args, http, token, &run_id, secret).await?;
     }
+    if let (Some(base), Some(key), Some(whsec)) = (
+        &args.stripe_api_base,
+        &args.stripe_secret_key,
+        &args.stripe_webhook_secret,
+    ) {
+        let stripe = LocalStripe::new(&args.url, base, key, whsec)?;
+        card_sale(&args, http, token, &run_id, &stripe).await?;
+    }
     room_sale(&args, http, token, &run_id).await?;
     Ok(())
 }
@@ -371,6 +389,124 @@ async fn create_voucher(
         .as_str()
         .with_context(|| format!("no voucher id in {voucher}"))?
         .to_string())
+}
+
+/// A sale paid by card through the local Stripe: the first buyer's checkout creates the
+/// order's PaymentIntent, 4242 pays it and Stripe's event (delivered twice) pays the
+/// order once; the second buyer cancels, then their page pays the PaymentIntent anyway:
+/// that payment is to refund, and the drainer's next runs refund it at Stripe, once;
+/// Stripe's `charge.refunded` records it refunded.
+async fn card_sale(
+    args: &DemoArgs,
+    http: &Client,
+    token: &impl Fn(&str, bool) -> String,
+    run_id: &str,
+    stripe: &LocalStripe,
+) -> anyhow::Result<()> {
+    let now = seckill_shared::domain::now_millis;
+    let body = json!({
+        "title": format!("Demo sale {run_id}: pay by card"),
+        "stock": 2,
+        "begins_at": format_rfc3339_millis(now() - 1_000),
+        "ends_at": format_rfc3339_millis(now() + 600_000),
+        "pay_within_s": 60,
+        "price_minor": 1999,
+        "currency": "EUR",
+    });
+    let id = create_voucher(args, http, token, &body).await?;
+    println!("\ncard payments (Stripe): voucher {id}, 2 units at 19.99 EUR, pay within 60 s");
+    let mut checkouts = Vec::new();
+    for n in ["card", "slow-page"] {
+        let user = format!("demo-{run_id}-{n}");
+        let admitted: Value = http
+            .post(format!("{}/vouchers/{id}/seckill", args.url))
+            .bearer_auth(token(&user, false))
+            .send()
+            .await?
+            .json()
+            .await?;
+        let order = admitted["order_id"]
+            .as_str()
+            .context("order id")?
+            .to_string();
+        let checkout = stripe.checkout(&order, &token(&user, false)).await?;
+        checkouts.push((user, order, checkout));
+    }
+    let (_, paid, checkout) = &checkouts[0];
+    println!(
+        "  checkout of order {paid}: PaymentIntent {}",
+        checkout["payment_intent"]
+    );
+    for d in stripe.pay_checkout(checkout, stripe::CARD_OK, 2).await? {
+        println!(
+            "  card 4242 paid; Stripe's event for order {paid}: {}",
+            d.answer
+        );
+        ensure!(
+            d.answer["outcome"] == "paid",
+            "the card payment was not applied: {}",
+            d.answer
+        );
+    }
+    let (user, late, checkout) = &checkouts[1];
+    let cancel: Value = http
+        .post(format!("{}/orders/{late}/cancel", args.url))
+        .bearer_auth(token(user, false))
+        .send()
+        .await?
+        .json()
+        .await?;
+    println!("  order {late} cancelled: {}", cancel["status"]);
+    let pi = checkout["payment_intent"]
+        .as_str()
+        .context("a PaymentIntent")?;
+    let answer = &stripe.pay_checkout(checkout, stripe::CARD_OK, 1).await?[0].answer;
+    println!("  its PaymentIntent paid anyway (a slow page): {answer}");
+    ensure!(
+        answer["outcome"] == "refund_due",
+        "a payment after a cancel was applied: {answer}"
+    );
+    // The drainer's runs refund it (the stack invokes one every second; one more here).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let refund = loop {
+        http.post(&args.drainer_url)
+            .header("content-type", "application/json")
+            .body(SCHEDULED_EVENT)
+            .send()
+            .await?;
+        let refunds = stripe
+            .stripe_get(&format!("/v1/refunds?payment_intent={pi}"))
+            .await?;
+        if let Some(r) = refunds["data"].as_array().and_then(|l| l.first()) {
+            break r.clone();
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "no refund of {pi} at Stripe after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    println!(
+        "  the drainer refunded it at Stripe: {} ({} {})",
+        refund["id"], refund["amount"], refund["currency"]
+    );
+    let charge = stripe
+        .stripe_get(&format!(
+            "/v1/charges/{}",
+            refund["charge"].as_str().unwrap_or_default()
+        ))
+        .await?;
+    let d = stripe.send_event("charge.refunded", &charge).await?;
+    println!("  Stripe's charge.refunded: {}", d.answer);
+    ensure!(
+        d.answer["outcome"] == "refunded",
+        "the refund was not recorded: {}",
+        d.answer
+    );
+    println!(
+        "ok: paid by card once though told twice; the late card payment refunded at Stripe (seckill status {id})"
+    );
+    Ok(())
 }
 
 /// A sale with a payment step: two buyers; the first starts paying and the provider's

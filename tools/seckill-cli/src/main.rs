@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use seckill_cli::migrate::{self, MigrateConfig};
 use seckill_cli::ops::dead_letters::{self, Replay};
-use seckill_cli::ops::{Backends, pay, reconcile, status, voucher_arg};
+use seckill_cli::ops::{Backends, pay, reconcile, status, stripe, voucher_arg};
 use seckill_shared::auth;
 use seckill_shared::config::EnvReader;
 use serde::Serialize;
@@ -69,10 +69,24 @@ enum Command {
     /// Pay an order as the payment provider does: a signed `payment.succeeded` event sent
     /// to the webhook (reads SECKILL_HTTP_URL and SECKILL_PAYMENT_WEBHOOK_SECRET, from
     /// `.dev/stack.env` on the local stack). Exit status 2 unless every answer is 2xx.
+    ///
+    /// With --stripe: the buyer checks out, pays the order's PaymentIntent at the local
+    /// Stripe with --card, and Stripe's event goes to POST /payments/stripe (reads
+    /// STRIPE_API_BASE, STRIPE_SECRET_KEY, STRIPE_WEBHOOK_SECRET, SECKILL_DEV_JWT_SECRET).
     Pay {
         order: String,
         #[command(flatten)]
         opts: pay::PayOptions,
+        #[command(flatten)]
+        stripe: stripe::StripeOptions,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Issue (or retry) a payment's refund now through Stripe, as a drainer run does
+    /// (reads STRIPE_SECRET_KEY and STRIPE_API_BASE, default Stripe's own). Exit status
+    /// 2 unless Stripe took the refund.
+    Refund {
+        payment_id: String,
         #[arg(long)]
         json: bool,
     },
@@ -174,23 +188,60 @@ async fn main() -> anyhow::Result<ExitCode> {
             print(json, &report, reconcile::render)?;
             return Ok(exit_code(report.clean_after()));
         }
-        Command::Pay { order, opts, json } => {
+        Command::Pay {
+            order,
+            opts,
+            stripe,
+            json,
+        } => {
             let order = order
                 .parse()
                 .ok()
                 .with_context(|| format!("{order:?} is not an order id"))?;
             let stack = seckill_cli::stack_env::StackEnv::load(None)?;
-            let url = stack.get("SECKILL_HTTP_URL")?;
-            let secrets = seckill_shared::webhook::Secrets::parse(
-                &stack.get("SECKILL_PAYMENT_WEBHOOK_SECRET")?,
-            )
-            .map_err(|e| anyhow::anyhow!("SECKILL_PAYMENT_WEBHOOK_SECRET: {e}"))?;
             let b = Backends::from_env().await?;
-            let done = pay::pay(&b, &url, &secrets, order, &opts).await?;
+            let done = if stripe.stripe {
+                let local = stripe::LocalStripe::from_stack(&stack)?;
+                let jwt = stack.get("SECKILL_DEV_JWT_SECRET")?;
+                stripe::pay(
+                    &b,
+                    &local,
+                    &jwt,
+                    order,
+                    &stripe.card,
+                    opts.late,
+                    opts.replay,
+                )
+                .await?
+            } else {
+                let url = stack.get("SECKILL_HTTP_URL")?;
+                let secrets = seckill_shared::webhook::Secrets::parse(
+                    &stack.get("SECKILL_PAYMENT_WEBHOOK_SECRET")?,
+                )
+                .map_err(|e| anyhow::anyhow!("SECKILL_PAYMENT_WEBHOOK_SECRET: {e}"))?;
+                pay::pay(&b, &url, &secrets, order, &opts).await?
+            };
             print(json, done.as_slice(), pay::render)?;
             return Ok(exit_code(
                 done.iter().all(|d| (200..300).contains(&d.status)),
             ));
+        }
+        Command::Refund { payment_id, json } => {
+            let stack = seckill_cli::stack_env::StackEnv::load(None)?;
+            let key = stack.get("STRIPE_SECRET_KEY")?;
+            let base = stack
+                .optional("STRIPE_API_BASE")
+                .unwrap_or_else(|| seckill_shared::adapters::stripe::DEFAULT_API_BASE.into());
+            let b = Backends::from_env().await?;
+            let issued = stripe::refund(&b, &base, &key, &payment_id).await?;
+            let taken = matches!(
+                issued,
+                seckill_shared::refunds::Issued::Requested(_)
+                    | seckill_shared::refunds::Issued::Found(_)
+            );
+            let shown = format!("{issued:?}");
+            print(json, &shown, |s| format!("payment {payment_id}: {s}\n"))?;
+            return Ok(exit_code(taken));
         }
         Command::Demo(args) => demo::run(args).await?,
         Command::Migrate {

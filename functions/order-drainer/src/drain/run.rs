@@ -34,6 +34,10 @@ const MAX_ERROR_TEXTS: usize = 20;
 pub struct Summary {
     /// The consumer name this invocation read under.
     pub consumer: String,
+    /// The refunds issued beside the drain (with Stripe configured; absent when the
+    /// run issued none because its key could not be read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refunds: Option<seckill_shared::refunds::RefundRun>,
     /// Vouchers surveyed (distinct).
     pub vouchers: usize,
     /// Probes run (one script call each).

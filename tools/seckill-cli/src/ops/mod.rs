@@ -6,6 +6,7 @@ pub mod dead_letters;
 pub mod pay;
 pub mod reconcile;
 pub mod status;
+pub mod stripe;
 
 use anyhow::{Context, anyhow, bail};
 use seckill_shared::adapters::data_api::DataApi;

@@ -109,11 +109,15 @@ pub struct RefundDue {
     pub amount_minor: i64,
     pub currency: String,
     pub reason: String,
+    /// Where its refund stands: `refund_due` or `refused` (not asked yet), or
+    /// `refund_requested` (the provider took the request).
+    pub outcome: String,
 }
 
 impl RefundDue {
     fn of(p: PaymentRow) -> RefundDue {
         RefundDue {
+            outcome: p.outcome.as_str().to_string(),
             payment_id: p.payment_id,
             order_id: p.order.map(|o| o.to_string()).unwrap_or_default(),
             amount_minor: p.amount_minor,
@@ -230,7 +234,7 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
         settling.extend(b.streams.to_settle(*bk).await.redis()?);
     }
     report.closes_to_settle = settling.len() as u64;
-    for outcome in [Outcome::RefundDue, Outcome::Refused] {
+    for outcome in Outcome::TO_REFUND {
         report.refunds_due.extend(
             Payments(&b.db)
                 .list(voucher, outcome)

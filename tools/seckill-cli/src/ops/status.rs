@@ -49,7 +49,7 @@ pub async fn unmatched_refunds(b: &Backends) -> anyhow::Result<u64> {
         .of_no_voucher_counts()
         .await?
         .into_iter()
-        .filter(|(o, _)| matches!(o, Outcome::RefundDue | Outcome::Refused))
+        .filter(|(o, _)| Outcome::TO_REFUND.contains(o))
         .map(|(_, n)| n)
         .sum())
 }
@@ -114,12 +114,19 @@ pub fn render(all: &[VoucherStatus]) -> String {
                 s.buckets, s.in_transit
             );
         }
-        if s.awaiting_payment + s.paid + s.closed + s.refunds_due + s.unmatched_money > 0 {
+        if s.awaiting_payment + s.paid + s.closed + s.refunds_due + s.refunded + s.unmatched_money
+            > 0
+        {
             let _ = writeln!(
                 out,
                 "  payment   awaiting {}, paid {}, cancelled or expired {} (units given back), \
-                 payments to refund {}",
-                s.awaiting_payment, s.paid, s.closed, s.refunds_due
+                 payments to refund {} (refund requested {}), refunded {}",
+                s.awaiting_payment,
+                s.paid,
+                s.closed,
+                s.refunds_due,
+                s.refunds_requested,
+                s.refunded
             );
         }
         if s.unmatched_money > 0 {

@@ -52,6 +52,7 @@ pub(super) async fn drainer(
         max_run,
         idle_poll: Duration::from_millis(20),
         vouchers: Some(vouchers.to_vec()),
+        stripe: None,
     };
     Drainer::connect(cfg)
         .await
