@@ -7,6 +7,8 @@
 -- KEYS[3] deadlines    seckill:{<voucher>}:deadlines
 -- KEYS[4] closed hash  seckill:{<voucher>}:closed
 -- KEYS[5] to settle    seckill:{<voucher>}:to_settle
+-- KEYS[6] grace hash   seckill:{<voucher>}:grace (lua/grace.lua: an order whose expiry
+--                      was moved past its deadline, and that deadline)
 -- ARGV[1] action:
 --   PAY        ARGV[2] order id, ARGV[3] user id, ARGV[4] payment reference
 --   CANCEL     ARGV[2] order id, ARGV[3] user id
@@ -15,8 +17,10 @@
 -- PAY and CANCEL return the order's closed value `<state>\n<deadline ms>\n<ref>\n<user>`
 -- (state PAID, CANCELLED or EXPIRED), whether this call closed it or an earlier one did
 -- (the caller compares: a repeat of the same payment gets the same answer), or nil
--- when the user holds no open order of that id here. A payment at or after the deadline
--- expires the order instead (the deadline is the server's clock, as for admission).
+-- when the user holds no open order of that id here. A payment at or after the order's
+-- expiry (its score in the deadlines: the deadline, or past it by a grace given at
+-- checkout, lua/grace.lua) expires the order instead (the server's clock, as for
+-- admission). The closed value records the deadline the buyer was given.
 -- EXPIRE_DUE closes up to ARGV[2] orders whose deadline has passed and returns
 -- {expired now, orders still to settle}.
 --
@@ -45,10 +49,12 @@ local SENTINEL = '~'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local function close(order, user, deadline, state, ref)
+local function close(order, user, expiry, state, ref)
+  local deadline = redis.call('HGET', KEYS[6], order) or expiry
   local value = state .. '\n' .. deadline .. '\n' .. ref .. '\n' .. user
   redis.call('HSET', KEYS[4], order, value)
   redis.call('ZREM', KEYS[3], order .. '\n' .. user)
+  redis.call('HDEL', KEYS[6], order)
   -- A sale hash Redis lost is not recreated here with a stock field alone (the
   -- admission would take it for a live sale without a window): the repair rebuilds it
   -- from the database, which gets this unit back when the close is settled.
@@ -91,15 +97,15 @@ if prior then
   redis.call('HSET', KEYS[4], order, prior)
   return prior
 end
-local deadline = redis.call('ZSCORE', KEYS[3], order .. '\n' .. user)
-if not deadline then
+local expiry = redis.call('ZSCORE', KEYS[3], order .. '\n' .. user)
+if not expiry then
   return nil
 end
-deadline = string.format('%.0f', tonumber(deadline))
-if now >= tonumber(deadline) then
-  return close(order, user, deadline, EXPIRED, '')
+expiry = string.format('%.0f', tonumber(expiry))
+if now >= tonumber(expiry) then
+  return close(order, user, expiry, EXPIRED, '')
 end
 if ARGV[1] == PAY then
-  return close(order, user, deadline, PAID, ARGV[4])
+  return close(order, user, expiry, PAID, ARGV[4])
 end
-return close(order, user, deadline, CANCELLED, '')
+return close(order, user, expiry, CANCELLED, '')

@@ -98,6 +98,7 @@ DATA_API_PORT=${SECKILL_DATA_API_PORT:-18080}
 LAMBDA_PORT=${SECKILL_LAMBDA_PORT:-19000}
 GATEWAY_PORT=${SECKILL_GATEWAY_PORT:-19100}
 STRIPE_PORT=${SECKILL_STRIPE_PORT:-12111}
+PAYMENT_GRACE_S=${SECKILL_PAYMENT_GRACE_S:-6}
 LAMBDA_RELOAD=${SECKILL_LAMBDA_RELOAD:-0}
 LAMBDA_CONCURRENCY=${SECKILL_LAMBDA_CONCURRENCY:-1}
 LAMBDA_TIMEOUT=${SECKILL_LAMBDA_TIMEOUT:-}
@@ -973,6 +974,9 @@ write_functions_env() {
         echo "STRIPE_API_BASE=$STRIPE_API_BASE"
         echo "STRIPE_SECRET_KEY_ARN=$STRIPE_SECRET_KEY_ARN"
         echo "STRIPE_WEBHOOK_SECRET_ARN=$STRIPE_WEBHOOK_SECRET_ARN"
+        # A payment started at Stripe stays payable this long past its deadline (AWS: 300 s);
+        # short here, so the suites see both sides of it in seconds.
+        echo "SECKILL_PAYMENT_GRACE_S=$PAYMENT_GRACE_S"
         echo "SECRETS_MANAGER_URL=$DATA_API_URL"
         echo "RUST_LOG=${SECKILL_FUNCTIONS_RUST_LOG:-info}"
         # Locally one drainer invocation drains for 2 s, not the 50 s of a one-minute
@@ -1101,11 +1105,21 @@ up_lambda() {
 }
 
 # ------------------------------------------------------------------------- gateway
+# The template's default of parameter $1 (a Number).
+template_default() {
+    awk -v p="  $1:" '$0 == p { found = 1; next } found && /^    Default:/ { print $2; exit }' \
+        "$SECKILL_ROOT/template.yaml"
+}
+
 up_gateway() {
-    local bin=$BIN_DIR/api-gateway-local stamp code
+    local bin=$BIN_DIR/api-gateway-local stamp code webhook_throttle
     [[ -x $bin ]] || die "$bin is missing: the workspace build did not produce it"
+    # The payment webhooks' route throttling, as the template's defaults set it in AWS.
+    webhook_throttle="$(template_default WebhookRateLimit),$(template_default WebhookBurstLimit)"
+    [[ $webhook_throttle =~ ^[0-9]+,[0-9]+$ ]] ||
+        die "template.yaml's WebhookRateLimit/WebhookBurstLimit defaults not found ($webhook_throttle)"
     # A restarted watch restarts the gateway too: no pooled connection to the old one.
-    stamp="$(file_stamp "$bin") lambda=$LAMBDA_PORT pid=$(svc_pid lambda)"
+    stamp="$(file_stamp "$bin") lambda=$LAMBDA_PORT pid=$(svc_pid lambda) throttle=$webhook_throttle"
     if running_ok gateway "$stamp"; then
         ok "gateway   already running (pid $(svc_pid gateway), port $GATEWAY_PORT)"
     else
@@ -1113,7 +1127,9 @@ up_gateway() {
         log "starting api-gateway-local on 127.0.0.1:$GATEWAY_PORT"
         start_bg gateway "$stamp" env RUST_LOG="${RUST_LOG:-warn}" "$bin" \
             --listen "127.0.0.1:$GATEWAY_PORT" \
-            --lambda "http://127.0.0.1:$LAMBDA_PORT" --function seckill-http
+            --lambda "http://127.0.0.1:$LAMBDA_PORT" --function seckill-http \
+            --route-throttle "POST /payments/webhook=$webhook_throttle" \
+            --route-throttle "POST /payments/stripe=$webhook_throttle"
         wait_port gateway 30 "api-gateway-local must listen on --listen (tools/api-gateway-local)"
     fi
     code=$(curl -sS -o /dev/null -w '%{http_code}' --max-time 60 "$HTTP_URL/vouchers/1" 2>&1 || true)
@@ -1144,6 +1160,7 @@ SECKILL_ENTRY_TOKEN_SECRET=$(entry_secret)
 STRIPE_API_BASE=$STRIPE_API_BASE
 STRIPE_SECRET_KEY=$(stripe_key)
 STRIPE_WEBHOOK_SECRET=$(stripe_webhook_secret)
+SECKILL_PAYMENT_GRACE_S=$PAYMENT_GRACE_S
 DB_NAME=$DB_NAME
 AWS_REGION=$AWS_REGION_LOCAL
 AWS_ACCESS_KEY_ID=local

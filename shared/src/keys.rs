@@ -59,6 +59,9 @@ pub struct VoucherKeys {
     /// Hash, bucketed vouchers: transfer id → units, the transfers this bucket received
     /// (`lua/take.lua`): a transfer is added to the stock once, however often retried.
     pub received: String,
+    /// Hash, payment step: order id → the deadline it was given, for an open order whose
+    /// expiry (its score in `deadlines`) a checkout moved past it (`lua/grace.lua`).
+    pub grace: String,
 }
 
 impl VoucherKeys {
@@ -78,12 +81,13 @@ impl VoucherKeys {
             to_settle: key("to_settle"),
             transfers: key("transfers"),
             received: key("received"),
+            grace: key("grace"),
         }
     }
 
     /// Every key of the bucket, for whoever deletes or lists a sale whole (the bench's
     /// clean-up, the tests).
-    pub fn all(&self) -> [&str; 12] {
+    pub fn all(&self) -> [&str; 13] {
         [
             &self.sale,
             &self.buyers,
@@ -97,6 +101,7 @@ impl VoucherKeys {
             &self.to_settle,
             &self.transfers,
             &self.received,
+            &self.grace,
         ]
     }
 }

@@ -168,6 +168,7 @@ pub fn test_http_config(
         // Checkout without a provider of its own (the stack's suites have Stripe).
         stripe: None,
         stripe_webhook: seckill_http::secrets::SecretSource::Missing,
+        payment_grace_s: seckill_http::config::DEFAULT_PAYMENT_GRACE_S,
     }
 }
 

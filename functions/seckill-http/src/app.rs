@@ -57,6 +57,9 @@ pub struct App {
     pub(crate) stripe: Option<Stripe>,
     /// Stripe's webhook endpoint secrets (`POST /payments/stripe`).
     pub(crate) stripe_webhook: HeldSecrets,
+    /// How long past its deadline an order whose payment started at Stripe stays
+    /// payable (`lua/grace.lua`).
+    pub(crate) payment_grace_ms: u64,
     /// Redis calls of the borrowing attempts this instance ran.
     pub(crate) borrowing: BorrowCosts,
     /// Order rows one request's part of a repair reads at most.
@@ -107,6 +110,7 @@ impl App {
                 cfg.stripe_webhook.clone(),
                 "Stripe webhook secret (STRIPE_WEBHOOK_SECRET_ARN)",
             ),
+            payment_grace_ms: cfg.payment_grace_s.saturating_mul(1000),
             borrowing: BorrowCosts::default(),
             repair_part_rows: cfg.repair_part_rows.max(1),
         };

@@ -30,6 +30,7 @@ const OWN_ENV_VARS: &[&str] = &[
     "STRIPE_SECRET_KEY",
     "STRIPE_WEBHOOK_SECRET_ARN",
     "STRIPE_WEBHOOK_SECRET",
+    "SECKILL_PAYMENT_GRACE_S",
 ];
 
 /// Every environment variable [`Config::read`] reads (the backends' and its own). The SAM
@@ -79,7 +80,14 @@ pub struct Config {
     /// Stripe's webhook endpoint secrets (`whsec_...`: `STRIPE_WEBHOOK_SECRET_ARN` or
     /// `STRIPE_WEBHOOK_SECRET`), checking `POST /payments/stripe`.
     pub stripe_webhook: SecretSource,
+    /// How long past its deadline an order whose payment was started at Stripe stays
+    /// payable (`SECKILL_PAYMENT_GRACE_S`, default [`DEFAULT_PAYMENT_GRACE_S`]; 0: none).
+    pub payment_grace_s: u64,
 }
+
+/// A payment started at Stripe before the deadline (3-D Secure, a slow bank, a late
+/// event) is given five minutes: Stripe's own tolerance for a signed event's age.
+pub const DEFAULT_PAYMENT_GRACE_S: u64 = 300;
 
 /// Where Stripe's API is and the key that calls it.
 #[derive(Debug, Clone)]
@@ -211,6 +219,7 @@ impl Config {
             entry,
             stripe,
             stripe_webhook,
+            payment_grace_s: env.parse_or("SECKILL_PAYMENT_GRACE_S", DEFAULT_PAYMENT_GRACE_S),
         };
         env.finish()?;
         Ok(cfg)

@@ -225,11 +225,8 @@ pub(crate) async fn start_payment(
     order: FoundOrder,
 ) -> Result<Response<Body>, ApiError> {
     let id = order.id;
-    let (closed, deadline) = app
-        .sales()
-        .await?
-        .payment_state(order.bucket, id, &order.buyer)
-        .await?;
+    let sales = app.sales().await?;
+    let (closed, deadline) = sales.payment_state(order.bucket, id, &order.buyer).await?;
     // As the order lookups say it: Redis's close first, else the database's row, else
     // `pending` (admitted, not drained yet).
     let status = match (&closed, order.row) {
@@ -249,11 +246,21 @@ pub(crate) async fn start_payment(
         OrderStatus::Rejected => return Err(ApiError::OrderRejected),
         _ => {}
     }
-    if pay_by.is_some_and(|p| now >= p) {
+    let terms = order.voucher.payment.expect("find_order: a payment step");
+    // With Stripe the payment starts at the provider now: it holds the unit past the
+    // deadline for the grace, once (lua/grace.lua), so its success delivered late pays.
+    let expiry = match (&app.stripe, terms.price) {
+        (Some(_), Some(_)) if pay_by.is_some() => sales
+            .grace(order.bucket, id, &order.buyer, app.payment_grace_ms)
+            .await?
+            .map(|(expiry, _)| expiry)
+            .or(pay_by),
+        _ => pay_by,
+    };
+    if expiry.is_some_and(|p| now >= p) {
         // Past its deadline: the sweep expires it at once (any payment now is refunded).
         return Err(ApiError::OrderExpired);
     }
-    let terms = order.voucher.payment.expect("find_order: a payment step");
     let mut body = json!({
         "order_id": id.to_string(),
         "voucher_id": order.voucher.id.to_string(),

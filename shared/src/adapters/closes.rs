@@ -76,6 +76,7 @@ impl OrderStreams {
             .key(&k.deadlines)
             .key(&k.closed)
             .key(&k.to_settle)
+            .key(&k.grace)
             .arg(close::EXPIRE_DUE)
             .arg(EXPIRE_PER_CALL)
             .invoke_async(&mut self.conn.clone())

@@ -587,3 +587,118 @@ async fn stripe_the_refunds_to_issue_are_read_through_their_index_never_analysed
     conn.disconnect().await.ok();
     ctx.cleanup().await;
 }
+
+/// The stack's grace for payments started at Stripe (`SECKILL_PAYMENT_GRACE_S`).
+fn grace_ms(api: &Api) -> i64 {
+    api.env
+        .get("SECKILL_PAYMENT_GRACE_S")
+        .parse::<i64>()
+        .unwrap()
+        * 1000
+}
+
+/// Sleeps until unix ms `at`.
+async fn until(at: i64) {
+    let wait = at - now_millis();
+    if wait > 0 {
+        tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+    }
+}
+
+/// A payment in progress holds its unit (issue 54, item 3): a card confirmed before the
+/// deadline whose event Stripe delivers after it, within the grace the checkout gave,
+/// pays the order, and the order shows the deadline it was given all along; a checkout
+/// left unpaid past the grace expires (its unit sells again) and a payment after that is
+/// refunded at Stripe, once; an order nobody checked out gets no grace.
+#[tokio::test]
+async fn stripe_a_payment_confirmed_in_time_pays_though_its_event_comes_late() {
+    let api = Api::new();
+    let sdk = Sdk::new(&api.env);
+    let grace = grace_ms(&api);
+    let voucher = api
+        .create_voucher(
+            "stripe grace",
+            3,
+            -1_000,
+            json!({"pay_within_s": 6, "price_minor": 1999, "currency": "EUR"}),
+        )
+        .await;
+    let vid = id_of(&voucher);
+    let (_, ann_t, ann) = admitted(&api, &vid, "ann").await;
+    let (_, ben_t, ben) = admitted(&api, &vid, "ben").await;
+    let (_, cara_t, cara) = admitted(&api, &vid, "cara").await;
+    let ann_checkout = checkout(&api, &ann_t, &ann).await;
+    let ben_checkout = checkout(&api, &ben_t, &ben).await;
+    let pay_by = |c: &Value| {
+        seckill_shared::domain::parse_rfc3339_millis(c["pay_by"].as_str().unwrap(), "pay_by")
+            .unwrap()
+    };
+    let deadline = pay_by(&ann_checkout);
+    assert!(
+        now_millis() < pay_by(&ben_checkout),
+        "the checkouts came after the deadline: the machine is too slow for this test"
+    );
+    // Ann confirms in time; Stripe's event comes after her deadline, within the grace.
+    let paid = sdk.confirm(ann_checkout["payment_intent"].as_str().unwrap(), CARD_OK);
+    assert_eq!(paid["status"], "succeeded");
+    until(deadline + 500).await;
+    assert!(
+        now_millis() < deadline + grace,
+        "the grace is too short for this test"
+    );
+    api.drain().await;
+    // A checkout again in the grace: the same payment, the same deadline shown.
+    let again = checkout(&api, &ann_t, &ann).await;
+    assert_eq!(again["payment_intent"], ann_checkout["payment_intent"]);
+    assert_eq!(pay_by(&again), deadline, "{again}");
+    let (s, o) = stripe_sends(&api, &sdk, "payment_intent.succeeded", &paid).await;
+    assert_eq!(
+        (s, o["outcome"].as_str()),
+        (StatusCode::OK, Some("paid")),
+        "{o}"
+    );
+    assert_eq!(status_of(&api, &ann_t, &ann).await, "paid");
+    // Cara never checked out: no grace, expired at her deadline.
+    let (s, e) = api
+        .call("POST", &format!("/orders/{cara}/pay"), Some(&cara_t), None)
+        .await;
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (StatusCode::CONFLICT, Some("order_expired")),
+        "{e}"
+    );
+
+    // Ben's grace ends unpaid: expired, his unit on sale again.
+    until(pay_by(&ben_checkout) + grace + 500).await;
+    let mut expired = false;
+    for _ in 0..20 {
+        api.drain().await;
+        if status_of(&api, &ben_t, &ben).await == "expired" {
+            expired = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(expired, "Ben's order outlived its grace");
+    let (_, _, _dan) = admitted(&api, &vid, "dan").await;
+    // His page pays now anyway: to refund, and refunded at Stripe once.
+    let ben_pi = ben_checkout["payment_intent"].as_str().unwrap().to_string();
+    let late = sdk.confirm(&ben_pi, CARD_OK);
+    let (s, o) = stripe_sends(&api, &sdk, "payment_intent.succeeded", &late).await;
+    assert_eq!(
+        (s, o["outcome"].as_str()),
+        (StatusCode::OK, Some("refund_due")),
+        "{o}"
+    );
+    let deadline_at = std::time::Instant::now() + Duration::from_secs(30);
+    while sdk.refunds(&ben_pi).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline_at,
+            "no refund of {ben_pi}"
+        );
+        api.drain().await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    api.drain().await;
+    assert_eq!(sdk.refunds(&ben_pi).len(), 1);
+}

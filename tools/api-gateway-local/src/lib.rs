@@ -13,6 +13,12 @@
 //! One deliberate difference: a request matching no route reaches the function (as a
 //! `$default` route would) instead of API Gateway's own `404 {"message":"Not Found"}`,
 //! so the function's `404`/`405` answers can be checked locally.
+//!
+//! Route throttling (the stage's `RouteSettings`) is emulated for the routes it is given
+//! (`--route-throttle`): a token bucket per route, as API Gateway's (rate per second,
+//! burst), answering `429 {"message":"Too Many Requests"}` before the function is
+//! invoked. Only what the local stack asks for: the payment webhooks' ceilings, so a
+//! flood of junk at them is measured as in AWS.
 
 pub mod in_flight;
 
@@ -62,6 +68,11 @@ fn is_text(content_type: Option<&str>, body: &[u8]) -> bool {
 }
 
 /// The route key and path parameters API Gateway would match, `$default` for none.
+/// The route key a request matches (`"POST /payments/stripe"`), `$default` for none.
+pub fn route_key(method: &Method, path: &str) -> &'static str {
+    Route::parse(method, path).map_or("$default", |r| r.key().0)
+}
+
 fn route_of(method: &Method, path: &str) -> (String, HashMap<String, String>) {
     match Route::parse(method, path) {
         Some(route) => {

@@ -2,6 +2,7 @@
 //! library's header): HTTP in, a payload format 2.0 event to the function through
 //! `cargo lambda watch`'s Lambda Invoke API, its answer back out.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +11,7 @@ use anyhow::Context as _;
 use api_gateway_local::in_flight::{InFlight, Place};
 use api_gateway_local::{
     FunctionResponse, Incoming, MAX_PAYLOAD_BYTES, Outgoing, event_of, gateway_error,
-    internal_error, response_of,
+    internal_error, response_of, route_key,
 };
 use aws_lambda_events::apigw::ApiGatewayV2httpRequest;
 use axum::body::Body;
@@ -18,6 +19,7 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::response::Response;
 use clap::Parser;
 use http::StatusCode;
+use seckill_http::limiter::RateLimiter;
 use tokio::signal::unix::{SignalKind, signal};
 
 #[derive(Debug, Parser)]
@@ -48,6 +50,26 @@ struct Cli {
     /// of one function wait in its queue (see `in_flight`).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..100))]
     max_in_flight: u16,
+
+    /// A route's throttle, as the stage's RouteSettings: `"POST /payments/stripe=RATE,BURST"`
+    /// (requests per second, burst); repeat for more routes. Others are not throttled.
+    #[arg(long = "route-throttle", value_parser = parse_throttle)]
+    route_throttle: Vec<(String, u32, u32)>,
+}
+
+/// `"<route key>=<rate>,<burst>"`.
+fn parse_throttle(s: &str) -> Result<(String, u32, u32), String> {
+    let bad = || format!("{s:?} is not \"<METHOD /path>=<rate>,<burst>\"");
+    let (key, limits) = s.rsplit_once('=').ok_or_else(bad)?;
+    let (rate, burst) = limits.split_once(',').ok_or_else(bad)?;
+    let (rate, burst) = (
+        rate.trim().parse().map_err(|_| bad())?,
+        burst.trim().parse().map_err(|_| bad())?,
+    );
+    if rate == 0 || burst == 0 {
+        return Err(bad());
+    }
+    Ok((key.trim().to_string(), rate, burst))
 }
 
 struct Gateway {
@@ -55,6 +77,8 @@ struct Gateway {
     invoke_url: String,
     in_flight: InFlight,
     timeout: Duration,
+    /// Route key → its token bucket (one key: the route's).
+    throttles: HashMap<String, RateLimiter<()>>,
 }
 
 #[tokio::main]
@@ -79,6 +103,11 @@ async fn main() -> anyhow::Result<()> {
         ),
         in_flight: InFlight::new(cli.max_in_flight.into()),
         timeout: Duration::from_secs(cli.timeout_secs),
+        throttles: cli
+            .route_throttle
+            .iter()
+            .map(|(key, rate, burst)| (key.clone(), RateLimiter::new(*rate, *burst)))
+            .collect(),
     });
     let app = axum::Router::new().fallback(handle).with_state(gateway);
     let listener = tokio::net::TcpListener::bind(cli.listen)
@@ -107,45 +136,57 @@ async fn handle(
 ) -> Response {
     let arrived = tokio::time::Instant::now();
     let (parts, body) = req.into_parts();
-    let out = match axum::body::to_bytes(body, MAX_PAYLOAD_BYTES).await {
-        Err(_) => gateway_error(StatusCode::PAYLOAD_TOO_LARGE, "Request Entity Too Large"),
-        Ok(body) => {
-            let incoming = Incoming {
-                method: &parts.method,
-                path: parts.uri.path(),
-                query: parts.uri.query(),
-                headers: &parts.headers,
-                body: &body,
-                source_ip: peer.ip(),
-                request_id: uuid::Uuid::new_v4().to_string(),
-                at_ms: (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64,
-            };
-            let deadline = arrived + gw.timeout;
-            match gw.in_flight.enter(deadline).await {
-                // The invocation runs as a task of its own that keeps its place until the
-                // watch answers: a caller told 503 at the integration timeout leaves its
-                // invocation queued at the watch all the same, and a place freed then
-                // would let the watch's queue grow past the bound (and wedge it).
-                Some(place) => {
-                    let call = tokio::spawn(invoke(gw.clone(), event_of(&incoming), place));
-                    match tokio::time::timeout_at(deadline, call).await {
-                        Ok(Ok(out)) => out,
-                        Ok(Err(e)) => {
-                            tracing::error!(error = %e, "the invocation task failed");
-                            internal_error()
-                        }
-                        Err(_) => {
-                            tracing::warn!("the function did not answer in time");
-                            gateway_error(StatusCode::SERVICE_UNAVAILABLE, "Service Unavailable")
+    let now_ms = (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64;
+    let throttled = gw
+        .throttles
+        .get(route_key(&parts.method, parts.uri.path()))
+        .is_some_and(|bucket| !bucket.allow(&(), now_ms));
+    let out = if throttled {
+        gateway_error(StatusCode::TOO_MANY_REQUESTS, "Too Many Requests")
+    } else {
+        match axum::body::to_bytes(body, MAX_PAYLOAD_BYTES).await {
+            Err(_) => gateway_error(StatusCode::PAYLOAD_TOO_LARGE, "Request Entity Too Large"),
+            Ok(body) => {
+                let incoming = Incoming {
+                    method: &parts.method,
+                    path: parts.uri.path(),
+                    query: parts.uri.query(),
+                    headers: &parts.headers,
+                    body: &body,
+                    source_ip: peer.ip(),
+                    request_id: uuid::Uuid::new_v4().to_string(),
+                    at_ms: now_ms,
+                };
+                let deadline = arrived + gw.timeout;
+                match gw.in_flight.enter(deadline).await {
+                    // The invocation runs as a task of its own that keeps its place until the
+                    // watch answers: a caller told 503 at the integration timeout leaves its
+                    // invocation queued at the watch all the same, and a place freed then
+                    // would let the watch's queue grow past the bound (and wedge it).
+                    Some(place) => {
+                        let call = tokio::spawn(invoke(gw.clone(), event_of(&incoming), place));
+                        match tokio::time::timeout_at(deadline, call).await {
+                            Ok(Ok(out)) => out,
+                            Ok(Err(e)) => {
+                                tracing::error!(error = %e, "the invocation task failed");
+                                internal_error()
+                            }
+                            Err(_) => {
+                                tracing::warn!("the function did not answer in time");
+                                gateway_error(
+                                    StatusCode::SERVICE_UNAVAILABLE,
+                                    "Service Unavailable",
+                                )
+                            }
                         }
                     }
-                }
-                None => {
-                    tracing::warn!(
-                        in_flight = gw.in_flight.taken(),
-                        "no place among the invocations in flight within the integration timeout"
-                    );
-                    gateway_error(StatusCode::SERVICE_UNAVAILABLE, "Service Unavailable")
+                    None => {
+                        tracing::warn!(
+                            in_flight = gw.in_flight.taken(),
+                            "no place among the invocations in flight within the integration timeout"
+                        );
+                        gateway_error(StatusCode::SERVICE_UNAVAILABLE, "Service Unavailable")
+                    }
                 }
             }
         }
@@ -181,6 +222,27 @@ async fn invoke(gw: Arc<Gateway>, event: ApiGatewayV2httpRequest, place: Place) 
         Err(e) => {
             tracing::error!(error = %e, "the function's answer is not a payload format 2.0 response");
             internal_error()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_throttle;
+
+    #[test]
+    fn route_throttles_parse_as_the_stack_passes_them() {
+        assert_eq!(
+            parse_throttle("POST /payments/stripe=1500,3000"),
+            Ok(("POST /payments/stripe".to_string(), 1500, 3000))
+        );
+        for bad in [
+            "POST /payments/stripe",
+            "POST /payments/stripe=1500",
+            "POST /payments/stripe=0,10",
+            "POST /payments/stripe=x,10",
+        ] {
+            assert!(parse_throttle(bad).is_err(), "{bad}");
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod drain;
 pub mod drivers;
 pub mod engine;
 pub mod figures;
+pub mod flood;
 pub mod footprint;
 pub mod pinning;
 pub mod record;

@@ -120,6 +120,10 @@ enum Cmd {
     /// A whole sale at once with every feature and fault, seeded, ending with the
     /// ledger checked (exit 2 when a promise broke); --seconds for a soak
     Storm(seckill_load::storm::StormOptions),
+    /// Stripe's real events beside a flood of junk at POST /payments/stripe: their
+    /// latency and how many apply in time, without junk, with it under the template's
+    /// route ceiling, and under the old one (exit 2 when the template's lets one fail)
+    Flood(seckill_load::flood::FloodOptions),
 }
 
 #[derive(Args)]
@@ -191,6 +195,7 @@ fn main() -> ExitCode {
             Cmd::Cost(o) => cost_cmd(&cli.global, &o),
             Cmd::Rush(o) => rt.block_on(rush_cmd(&cli.global, &o)),
             Cmd::Storm(o) => rt.block_on(storm_cmd(&cli.global, o)),
+            Cmd::Flood(o) => rt.block_on(flood_cmd(&cli.global, &o)),
         });
     match status {
         Ok(status) => ExitCode::from(status),
@@ -218,6 +223,19 @@ async fn rush_cmd(g: &Global, o: &seckill_load::rush::RushOptions) -> anyhow::Re
         write_file(path, &serde_json::to_string_pretty(&summary)?)?;
     }
     Ok(if summary.unexpected > 0 { 2 } else { 0 })
+}
+
+/// `flood`: the three rows, then the table (as JSON with --json); 2 when a real event
+/// failed to apply in time under the template's ceiling.
+async fn flood_cmd(g: &Global, o: &seckill_load::flood::FloodOptions) -> anyhow::Result<u8> {
+    let stack = StackEnv::load(g.stack_env.as_deref())?;
+    let report = seckill_load::flood::flood(&stack, o).await?;
+    print!("{}", report.render());
+    if let Some(path) = &g.json {
+        write_file(path, &serde_json::to_string_pretty(&report)?)?;
+    }
+    let held = report.rows.get(1).is_some_and(|r| r.applied == r.events);
+    Ok(if held { 0 } else { 2 })
 }
 
 /// `storm`: one storm or a soak, each report printed (and all as JSON with --json); 2
@@ -445,7 +463,9 @@ mod tests {
         let args: Vec<String> = line.split(' ').map(String::from).collect();
         match parse(&args).expect("the line parses").cmd {
             Cmd::Bench(b) => (b.sale, b.drain),
-            Cmd::Report(_) | Cmd::Cost(_) | Cmd::Rush(_) | Cmd::Storm(_) => panic!("not bench"),
+            Cmd::Report(_) | Cmd::Cost(_) | Cmd::Rush(_) | Cmd::Storm(_) | Cmd::Flood(_) => {
+                panic!("not bench")
+            }
         }
     }
 

@@ -12,7 +12,7 @@
 use redis::Value;
 
 use super::conn::RedisConn;
-use super::scripts::{ADMIT, CLOSE};
+use super::scripts::{ADMIT, CLOSE, GRACE};
 use crate::config::Durable;
 use crate::domain::{
     Admission, AdmitReply, Bucket, ClosedOrder, OrderId, PaymentRef, SaleWindow, UnixMillis,
@@ -211,7 +211,8 @@ impl RedisSales {
         call.key(&k.buyers)
             .key(&k.deadlines)
             .key(&k.closed)
-            .key(&k.to_settle);
+            .key(&k.to_settle)
+            .key(&k.grace);
         match action {
             CloseAction::Pay(r) => call
                 .arg(close::PAY)
@@ -245,7 +246,8 @@ impl RedisSales {
 
     /// Where `user`'s order `order` of `voucher` stands in its payment step, in one round
     /// trip: its close if it was closed (and it is `user`'s), and its deadline while it
-    /// is open. (`None`, `None` for vouchers without a payment step.)
+    /// is open: the one it was given, also when a checkout moved its expiry past it
+    /// ([`RedisSales::grace`]). (`None`, `None` for vouchers without a payment step.)
     pub async fn payment_state(
         &self,
         voucher: impl Into<Bucket>,
@@ -254,16 +256,43 @@ impl RedisSales {
     ) -> Result<(Option<ClosedOrder>, Option<UnixMillis>), StoreError> {
         let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
-        let (closed, deadline): (Option<String>, Option<f64>) = redis::pipe()
+        let (closed, expiry, given): (Option<String>, Option<f64>, Option<i64>) = redis::pipe()
             .hget(&k.closed, order.get())
             .zscore(&k.deadlines, keys::deadline_member(order, user.as_str()))
+            .hget(&k.grace, order.get())
             .query_async(&mut self.conn.clone())
             .await?;
         let closed = closed
             .as_deref()
             .and_then(ClosedOrder::parse)
             .filter(|c| c.user == user.as_str());
-        Ok((closed, deadline.map(|d| d as UnixMillis)))
+        let deadline = expiry.map(|e| given.unwrap_or(e as UnixMillis));
+        Ok((closed, deadline))
+    }
+
+    /// A payment started at the provider holds `user`'s open order `order` past its
+    /// deadline by `grace_ms`, once (`lua/grace.lua`): the success delivered after the
+    /// deadline, within the grace, still pays. Returns (expiry, deadline given) in unix
+    /// ms, equal when no grace is given (asked at or after the deadline); `None` when
+    /// the order is not open here.
+    pub async fn grace(
+        &self,
+        voucher: impl Into<Bucket>,
+        order: OrderId,
+        user: &UserId,
+        grace_ms: u64,
+    ) -> Result<Option<(UnixMillis, UnixMillis)>, StoreError> {
+        let k = VoucherKeys::new(voucher.into());
+        let reply: Option<(i64, i64)> = GRACE
+            .key(&k.deadlines)
+            .key(&k.closed)
+            .key(&k.grace)
+            .arg(order.get())
+            .arg(user.as_str())
+            .arg(grace_ms)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(reply)
     }
 }
 

@@ -22,6 +22,10 @@ pub(super) static LEASE: LazyLock<Script> =
 pub(crate) static CLOSE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../../lua/close.lua")));
 
+/// `lua/grace.lua`: a checkout's payment in progress holds its unit past the deadline.
+pub(crate) static GRACE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../../lua/grace.lua")));
+
 /// `lua/give.lua`, for [`crate::adapters::transfers`] (the Redis adapter never sends it
 /// twice: see its `resendable`).
 pub(crate) static GIVE: LazyLock<Script> =
