@@ -86,6 +86,19 @@ pub struct CostOptions {
     /// commit)
     #[arg(long, default_value_t = 5.0)]
     pub tutorial_data_api: f64,
+    /// Price taking the units' payments with Stripe too (template EnableStripe): a NAT
+    /// gateway for the hours (the functions reach Stripe from the VPC) and the data of
+    /// Stripe's calls through it, Stripe's events through API Gateway and seckill-http,
+    /// two secrets. The same in both designs (the tutorial takes no payment; it would
+    /// need the same parts to)
+    #[arg(long = "cost-stripe")]
+    pub stripe: bool,
+    /// Payments refunded per 100 units sold (late, after a cancel, a wrong amount)
+    #[arg(long, default_value_t = 2.0)]
+    pub refunds_per_100: f64,
+    /// KB through the NAT per Stripe call, request and answer
+    #[arg(long, default_value_t = 4.0)]
+    pub stripe_call_kb: f64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -167,7 +180,7 @@ pub fn bill(o: &CostOptions) -> anyhow::Result<Bill> {
         * o.hours
         * p("elasticache_serverless_valkey_per_gb_hour")?;
     let aurora = o.min_acu * o.hours * p("aurora_serverless_v2_per_acu_hour")?;
-    let lines = vec![
+    let mut lines = vec![
         Line {
             service: "API Gateway (HTTP API)",
             what: format!("{} requests", o.attempts),
@@ -224,6 +237,44 @@ pub fn bill(o: &CostOptions) -> anyhow::Result<Bill> {
             tutorial_usd: aurora,
         },
     ];
+    if o.stripe {
+        let units = o.units as f64;
+        // Checkout creates one PaymentIntent per order paid (a second checkout reads
+        // it: counted as one more); a refund looks for one, then asks: two calls.
+        let refunds = units * o.refunds_per_100 / 100.0;
+        let calls = units * 2.0 + refunds * 2.0;
+        let nat_gb = calls * o.stripe_call_kb / 1e6;
+        let nat = o.hours * p("nat_gateway_per_hour")? + nat_gb * p("nat_gateway_per_gb")?;
+        lines.push(Line {
+            service: "NAT gateway (Stripe)",
+            what: format!(
+                "1 gateway x {} h; {calls:.0} Stripe calls x {} KB = {nat_gb:.3} GB",
+                o.hours, o.stripe_call_kb
+            ),
+            ours_usd: nat,
+            tutorial_usd: nat,
+        });
+        // One success per unit sold, and one charge.refunded per refund, each a request
+        // and a 1 ms invocation.
+        let events = units + refunds;
+        let event_usd = events
+            * (p("api_gateway_http_per_million_requests")? / million
+                + lambda_req
+                + 0.001 * gb(o.http_memory_mb) * lambda_s);
+        lines.push(Line {
+            service: "Stripe's events (API Gateway, Lambda)",
+            what: format!("{events:.0} events"),
+            ours_usd: event_usd,
+            tutorial_usd: event_usd,
+        });
+        let secrets = 2.0 * p("secrets_manager_per_secret_month")? * o.hours / 730.0;
+        lines.push(Line {
+            service: "Secrets Manager (Stripe)",
+            what: format!("2 secrets x {} h", o.hours),
+            ours_usd: secrets,
+            tutorial_usd: secrets,
+        });
+    }
     let prices = list
         .prices
         .iter()
@@ -309,5 +360,18 @@ mod tests {
         assert!(tutorial > ours, "{b:?}");
         let page = markdown(&b);
         assert!(page.contains("| **total** |"), "{page}");
+    }
+
+    #[test]
+    fn stripe_adds_a_nat_gateway_its_data_and_the_events() {
+        let plain = bill(&Cli::parse_from(["cost"]).cost).unwrap();
+        let o = Cli::parse_from(["cost", "--cost-stripe", "--cost-units", "100000"]).cost;
+        let b = bill(&o).unwrap();
+        assert_eq!(b.lines.len(), plain.lines.len() + 3);
+        let nat = &b.lines[plain.lines.len()];
+        // One hour of the gateway, and 204,000 calls x 4 KB = 0.816 GB at 0.045.
+        let want = 0.045 + 204_000.0 * 4.0 / 1e6 * 0.045;
+        assert!((nat.ours_usd - want).abs() < 1e-9, "{nat:?}");
+        assert_eq!(nat.ours_usd, nat.tutorial_usd);
     }
 }
