@@ -608,8 +608,9 @@ async fn until(at: i64) {
 /// A payment in progress holds its unit (issue 54, item 3): a card confirmed before the
 /// deadline whose event Stripe delivers after it, within the grace the checkout gave,
 /// pays the order, and the order shows the deadline it was given all along; a checkout
-/// left unpaid past the grace expires (its unit sells again) and a payment after that is
-/// refunded at Stripe, once; an order nobody checked out gets no grace.
+/// whose card was declined, left unpaid past the grace, expires (its unit sells again)
+/// and a payment after that is refunded at Stripe, once; an order nobody checked out
+/// gets no grace.
 #[tokio::test]
 async fn stripe_a_payment_confirmed_in_time_pays_though_its_event_comes_late() {
     let api = Api::new();
@@ -618,7 +619,7 @@ async fn stripe_a_payment_confirmed_in_time_pays_though_its_event_comes_late() {
     let voucher = api
         .create_voucher(
             "stripe grace",
-            3,
+            4,
             -1_000,
             json!({"pay_within_s": 6, "price_minor": 1999, "currency": "EUR"}),
         )
@@ -627,15 +628,17 @@ async fn stripe_a_payment_confirmed_in_time_pays_though_its_event_comes_late() {
     let (_, ann_t, ann) = admitted(&api, &vid, "ann").await;
     let (_, ben_t, ben) = admitted(&api, &vid, "ben").await;
     let (_, cara_t, cara) = admitted(&api, &vid, "cara").await;
+    let (_, dee_t, dee) = admitted(&api, &vid, "dee").await;
     let ann_checkout = checkout(&api, &ann_t, &ann).await;
     let ben_checkout = checkout(&api, &ben_t, &ben).await;
+    let dee_checkout = checkout(&api, &dee_t, &dee).await;
     let pay_by = |c: &Value| {
         seckill_shared::domain::parse_rfc3339_millis(c["pay_by"].as_str().unwrap(), "pay_by")
             .unwrap()
     };
     let deadline = pay_by(&ann_checkout);
     assert!(
-        now_millis() < pay_by(&ben_checkout),
+        now_millis() < pay_by(&dee_checkout),
         "the checkouts came after the deadline: the machine is too slow for this test"
     );
     // Ann confirms in time; Stripe's event comes after her deadline, within the grace.
@@ -668,18 +671,30 @@ async fn stripe_a_payment_confirmed_in_time_pays_though_its_event_comes_late() {
         "{e}"
     );
 
-    // Ben's grace ends unpaid: expired, his unit on sale again.
-    until(pay_by(&ben_checkout) + grace + 500).await;
-    let mut expired = false;
-    for _ in 0..20 {
-        api.drain().await;
-        if status_of(&api, &ben_t, &ben).await == "expired" {
-            expired = true;
-            break;
+    // Dee's card is declined: recorded, her order stays open. Dee's and Ben's graces end
+    // unpaid: both expired, their units on sale again.
+    let dee_pi = dee_checkout["payment_intent"].as_str().unwrap();
+    let declined = sdk.confirm(dee_pi, CARD_DECLINED);
+    let (s, o) = stripe_sends(&api, &sdk, "payment_intent.payment_failed", &declined).await;
+    assert_eq!(
+        (s, o["outcome"].as_str()),
+        (StatusCode::OK, Some("failed")),
+        "{o}"
+    );
+    assert_ne!(status_of(&api, &dee_t, &dee).await, "expired");
+    until(pay_by(&dee_checkout).max(pay_by(&ben_checkout)) + grace + 500).await;
+    for (who, token, order) in [("Ben", &ben_t, &ben), ("Dee", &dee_t, &dee)] {
+        let mut expired = false;
+        for _ in 0..20 {
+            api.drain().await;
+            if status_of(&api, token, order).await == "expired" {
+                expired = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(expired, "{who}'s order outlived its grace");
     }
-    assert!(expired, "Ben's order outlived its grace");
     let (_, _, _dan) = admitted(&api, &vid, "dan").await;
     // His page pays now anyway: to refund, and refunded at Stripe once.
     let ben_pi = ben_checkout["payment_intent"].as_str().unwrap().to_string();
@@ -701,4 +716,114 @@ async fn stripe_a_payment_confirmed_in_time_pays_though_its_event_comes_late() {
     }
     api.drain().await;
     assert_eq!(sdk.refunds(&ben_pi).len(), 1);
+}
+
+/// The operators' commands against the stack: `seckill pay --stripe` checks out as the
+/// buyer, pays with the card and delivers Stripe's event (twice with --replay: paid
+/// once; a declined card: `failed`); `seckill refund` refuses a payment it cannot refund
+/// (unknown, or taken by the generic provider) and refunds a Stripe payment to refund
+/// exactly once, whoever (it, or the stack's drainer) gets there first.
+#[tokio::test]
+async fn stripe_seckill_pay_and_seckill_refund() {
+    use seckill_cli::ops::stripe::{LocalStripe, pay, refund};
+    let api = Api::new();
+    let sdk = Sdk::new(&api.env);
+    let stack = seckill_cli::stack_env::StackEnv::load(None).unwrap();
+    let local = LocalStripe::from_stack(&stack).unwrap();
+    let jwt = api.env.dev_jwt_secret();
+    let key = api.env.get("STRIPE_SECRET_KEY");
+    let base = api.env.get("STRIPE_API_BASE");
+    let b = seckill_cli::ops::Backends::from_env().await.unwrap();
+    let voucher = api
+        .create_voucher(
+            "stripe cli",
+            3,
+            -1_000,
+            json!({"pay_within_s": 600, "price_minor": 1999, "currency": "EUR"}),
+        )
+        .await;
+    let vid = id_of(&voucher);
+    let (_, x_t, x) = admitted(&api, &vid, "xavi").await;
+    let done = pay(&b, &local, &jwt, x.parse().unwrap(), CARD_OK, false, true)
+        .await
+        .unwrap();
+    assert_eq!(done.len(), 2);
+    for d in &done {
+        assert_eq!(
+            (d.status, d.answer["outcome"].as_str()),
+            (200, Some("paid")),
+            "{d:?}"
+        );
+    }
+    assert_eq!(status_of(&api, &x_t, &x).await, "paid");
+    let (_, y_t, y) = admitted(&api, &vid, "yara").await;
+    let done = pay(
+        &b,
+        &local,
+        &jwt,
+        y.parse().unwrap(),
+        CARD_DECLINED,
+        false,
+        false,
+    )
+    .await
+    .unwrap();
+    assert_eq!(done[0].answer["outcome"], "failed", "{done:?}");
+
+    let unknown = refund(&b, &base, &key, "pi_nobody_has").await.unwrap_err();
+    assert!(unknown.to_string().contains("no payment"), "{unknown}");
+    // A generic-format payment to refund (Yara's order cancelled, then paid that way).
+    let (s, _) = api
+        .call("POST", &format!("/orders/{y}/cancel"), Some(&y_t), None)
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let secrets =
+        seckill_shared::webhook::Secrets::parse(&api.env.get("SECKILL_PAYMENT_WEBHOOK_SECRET"))
+            .unwrap();
+    let generic_id = format!("pay_cli_{:08x}", rand::random::<u32>());
+    let opts = seckill_cli::ops::pay::PayOptions {
+        payment_id: Some(generic_id.clone()),
+        ..Default::default()
+    };
+    let d = seckill_cli::ops::pay::pay(
+        &b,
+        &api.env.seckill_http_url(),
+        &secrets,
+        y.parse().unwrap(),
+        &opts,
+    )
+    .await
+    .unwrap();
+    assert_eq!(d[0].answer["outcome"], "refund_due", "{d:?}");
+    let generic = refund(&b, &base, &key, &generic_id).await.unwrap_err();
+    assert!(generic.to_string().contains("generic"), "{generic}");
+    // Zoe's PaymentIntent paid after her cancel: refunded once, by whoever comes first.
+    let (_, z_t, z) = admitted(&api, &vid, "zoe").await;
+    let checkout = local.checkout(&z, &z_t).await.unwrap();
+    let pi = checkout["payment_intent"].as_str().unwrap().to_string();
+    let (s, _) = api
+        .call("POST", &format!("/orders/{z}/cancel"), Some(&z_t), None)
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let paid = local.confirm(&pi, CARD_OK).await.unwrap();
+    assert_eq!(paid["status"], "succeeded", "{paid}");
+    let late = local
+        .send_event("payment_intent.succeeded", &paid)
+        .await
+        .unwrap();
+    assert_eq!(late.answer["outcome"], "refund_due", "{late:?}");
+    let issued = refund(&b, &base, &key, &pi).await.unwrap();
+    assert!(
+        matches!(
+            issued,
+            Issued::Requested(_) | Issued::Found(_) | Issued::NotDue
+        ),
+        "{issued:?}"
+    );
+    for _ in 0..3 {
+        api.drain().await;
+    }
+    assert_eq!(sdk.refunds(&pi).len(), 1);
+    let p = progress(&b.db, &pi).await;
+    assert_eq!(p.outcome, Some(Outcome::RefundRequested), "{p:?}");
 }
