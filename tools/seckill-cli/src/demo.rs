@@ -391,6 +391,48 @@ async fn create_voucher(
         .to_string())
 }
 
+/// A voucher of 2 units with a payment step (60 s) at `price_minor` EUR: its id.
+async fn payment_voucher(
+    args: &DemoArgs,
+    http: &Client,
+    token: &impl Fn(&str, bool) -> String,
+    title: &str,
+    price_minor: i64,
+) -> anyhow::Result<String> {
+    let now = seckill_shared::domain::now_millis;
+    let body = json!({
+        "title": title,
+        "stock": 2,
+        "begins_at": format_rfc3339_millis(now() - 1_000),
+        "ends_at": format_rfc3339_millis(now() + 600_000),
+        "pay_within_s": 60,
+        "price_minor": price_minor,
+        "currency": "EUR",
+    });
+    create_voucher(args, http, token, &body).await
+}
+
+/// `user` buys voucher `id` once: the order id of its `202`.
+async fn admit(
+    args: &DemoArgs,
+    http: &Client,
+    token: &impl Fn(&str, bool) -> String,
+    id: &str,
+    user: &str,
+) -> anyhow::Result<String> {
+    let admitted: Value = http
+        .post(format!("{}/vouchers/{id}/seckill", args.url))
+        .bearer_auth(token(user, false))
+        .send()
+        .await?
+        .json()
+        .await?;
+    Ok(admitted["order_id"]
+        .as_str()
+        .with_context(|| format!("not admitted: {admitted}"))?
+        .to_string())
+}
+
 /// A sale paid by card through the local Stripe: the first buyer's checkout creates the
 /// order's PaymentIntent, 4242 pays it and Stripe's event (delivered twice) pays the
 /// order once; the second buyer cancels, then their page pays the PaymentIntent anyway:
@@ -403,32 +445,19 @@ async fn card_sale(
     run_id: &str,
     stripe: &LocalStripe,
 ) -> anyhow::Result<()> {
-    let now = seckill_shared::domain::now_millis;
-    let body = json!({
-        "title": format!("Demo sale {run_id}: pay by card"),
-        "stock": 2,
-        "begins_at": format_rfc3339_millis(now() - 1_000),
-        "ends_at": format_rfc3339_millis(now() + 600_000),
-        "pay_within_s": 60,
-        "price_minor": 1999,
-        "currency": "EUR",
-    });
-    let id = create_voucher(args, http, token, &body).await?;
+    let id = payment_voucher(
+        args,
+        http,
+        token,
+        &format!("Demo sale {run_id}: pay by card"),
+        1999,
+    )
+    .await?;
     println!("\ncard payments (Stripe): voucher {id}, 2 units at 19.99 EUR, pay within 60 s");
     let mut checkouts = Vec::new();
     for n in ["card", "slow-page"] {
         let user = format!("demo-{run_id}-{n}");
-        let admitted: Value = http
-            .post(format!("{}/vouchers/{id}/seckill", args.url))
-            .bearer_auth(token(&user, false))
-            .send()
-            .await?
-            .json()
-            .await?;
-        let order = admitted["order_id"]
-            .as_str()
-            .context("order id")?
-            .to_string();
+        let order = admit(args, http, token, &id, &user).await?;
         let checkout = stripe.checkout(&order, &token(&user, false)).await?;
         checkouts.push((user, order, checkout));
     }
@@ -523,28 +552,19 @@ async fn payment_sale(
     let secrets =
         webhook::Secrets::parse(secret).map_err(|e| anyhow::anyhow!("webhook secret: {e}"))?;
     let now = seckill_shared::domain::now_millis;
-    let body = json!({
-        "title": format!("Demo sale {run_id}: pay within a minute"),
-        "stock": 2,
-        "begins_at": format_rfc3339_millis(now() - 1_000),
-        "ends_at": format_rfc3339_millis(now() + 600_000),
-        "pay_within_s": 60,
-        "price_minor": 199,
-        "currency": "EUR",
-    });
-    let id = create_voucher(args, http, token, &body).await?;
+    let id = payment_voucher(
+        args,
+        http,
+        token,
+        &format!("Demo sale {run_id}: pay within a minute"),
+        199,
+    )
+    .await?;
     println!("\npayment step: voucher {id}, 2 units at 1.99 EUR, pay within 60 s");
     let mut orders = Vec::new();
     for n in ["payer", "canceller"] {
         let user = format!("demo-{run_id}-{n}");
-        let res: Value = http
-            .post(format!("{}/vouchers/{id}/seckill", args.url))
-            .bearer_auth(token(&user, false))
-            .send()
-            .await?
-            .json()
-            .await?;
-        let order = res["order_id"].as_str().context("order id")?.to_string();
+        let order = admit(args, http, token, &id, &user).await?;
         orders.push((user, order));
     }
     let ((payer, paid), (canceller, cancelled)) = (&orders[0], &orders[1]);

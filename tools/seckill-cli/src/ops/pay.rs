@@ -181,6 +181,23 @@ pub fn event(p: &Payable, opts: &PayOptions) -> anyhow::Result<Event> {
     ))
 }
 
+/// Waits until `p`'s payment deadline has passed (`--late`).
+pub async fn wait_past_deadline(p: &Payable) -> anyhow::Result<()> {
+    let Some(pay_by) = p.pay_by else {
+        bail!("order {} has no payment deadline to be late for", p.order);
+    };
+    let wait = pay_by + 200 - now_millis();
+    if wait > 0 {
+        eprintln!(
+            "waiting {:.1} s for order {}'s deadline to pass",
+            wait as f64 / 1000.0,
+            p.order
+        );
+        tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+    }
+    Ok(())
+}
+
 /// Refuses any seckill-http but one on this machine: a signed `payment.succeeded` pays an
 /// order, and this command plays a provider that took no money. Pointed by mistake at a
 /// deployed API with its real secret in the environment, it would mark real orders paid.
@@ -217,17 +234,7 @@ pub async fn pay(
     local_only(base_url)?;
     let p = payable(b, order).await?;
     if opts.late {
-        let Some(pay_by) = p.pay_by else {
-            bail!("order {order} has no payment deadline to be late for");
-        };
-        let wait = pay_by + 200 - now_millis();
-        if wait > 0 {
-            eprintln!(
-                "waiting {:.1} s for order {order}'s deadline to pass",
-                wait as f64 / 1000.0
-            );
-            tokio::time::sleep(Duration::from_millis(wait as u64)).await;
-        }
+        wait_past_deadline(&p).await?;
     }
     let event = event(&p, opts)?;
     let body = serde_json::to_vec(&event)?;

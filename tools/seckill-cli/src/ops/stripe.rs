@@ -13,7 +13,7 @@ use seckill_shared::webhook::{self, Secrets};
 use serde_json::Value;
 
 use super::Backends;
-use super::pay::{Delivery, local_only, payable};
+use super::pay::{Delivery, local_only, payable, wait_past_deadline};
 
 /// Stripe's test card that succeeds.
 pub const CARD_OK: &str = "4242424242424242";
@@ -216,17 +216,7 @@ pub async fn pay(
     );
     let checkout = stripe.checkout(&order.to_string(), &token).await?;
     if late {
-        let Some(pay_by) = p.pay_by else {
-            bail!("order {order} has no payment deadline to be late for");
-        };
-        let wait = pay_by + 200 - now_millis();
-        if wait > 0 {
-            eprintln!(
-                "waiting {:.1} s for order {order}'s deadline to pass",
-                wait as f64 / 1000.0
-            );
-            tokio::time::sleep(Duration::from_millis(wait as u64)).await;
-        }
+        wait_past_deadline(&p).await?;
     }
     stripe
         .pay_checkout(&checkout, card, if replay { 2 } else { 1 })
