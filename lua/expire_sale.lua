@@ -11,6 +11,8 @@
 -- KEYS[9] to settle     seckill:{<voucher>}:to_settle
 -- KEYS[10] transfers    seckill:{<voucher>}:transfers (bucketed vouchers)
 -- KEYS[11] received     seckill:{<voucher>}:received
+-- KEYS[12] grace        seckill:{<voucher>}:grace (lua/grace.lua; empty once nothing is
+--                       open, but for an order a dead letter took away)
 -- ARGV[1] consumer group, ARGV[2] retention (ms; 0: the keys are kept, only the check
 -- is made)
 --
