@@ -411,6 +411,7 @@ mod tests {
             k.to_settle,
             k.transfers,
             k.received,
+            k.grace,
             crate::keys::queue(VoucherId::new(7).unwrap()),
         ];
         let mut seen = 0;
