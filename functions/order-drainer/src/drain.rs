@@ -42,7 +42,8 @@
 //! - [`write`]: the database side, one transaction per batch, splitting refused batches,
 //!   the payment step's sweep; the statements between begin and commit are free functions
 //!   of its own submodule;
-//! - [`stream`]: read, dead-letter, release, trim, retire;
+//! - [`stream`]: claim what other runs left idle (step 2), read, dead-letter, release,
+//!   trim, retire;
 //! - [`run`]: the run's clock and state, and its [`Summary`];
 //! - the SQL is in `seckill_shared::adapters::ledger::sql`, the pure decisions in
 //!   [`crate::plan`].
@@ -91,7 +92,7 @@ use crate::config::Config;
 use crate::error::DrainError;
 use crate::failpoint;
 use crate::plan::{self, Reason};
-use crate::refunds::Refunder;
+use crate::refunds::{self, Refunder};
 
 /// How often a long invocation surveys every voucher again (new sales, new admissions
 /// on quiet ones, entries released by others).
@@ -161,16 +162,12 @@ impl Drainer {
     /// meanwhile (`crate::refunds`, with Stripe configured). Failures are counted in the
     /// summary, never thrown: the caller decides how to report them.
     pub async fn run(&self, consumer: &str, deadline: Instant) -> Summary {
-        let until = deadline
-            .checked_sub(self.cfg.safety_margin)
-            .unwrap_or(deadline)
-            .min(Instant::now() + self.cfg.max_run);
-        let refunds = async {
-            match &self.refunder {
-                Some(r) => r.run(self.ledger.api(), until).await,
-                None => None,
-            }
-        };
+        let refunds = refunds::beside(
+            self.refunder.as_ref(),
+            self.ledger.api(),
+            &self.cfg,
+            deadline,
+        );
         let (mut summary, refunds) = tokio::join!(self.drain(consumer, deadline), refunds);
         summary.refunds = refunds;
         summary
@@ -420,49 +417,6 @@ impl Drainer {
             poll.extend(open);
         }
         Some((poll, read))
-    }
-
-    /// Claims and processes the entries other consumers left idle, page by page.
-    async fn recover(&self, run: &Run, voucher: Bucket) {
-        let mut cursor = "0-0".to_string();
-        while run.fits(1) && !run.stopped(voucher) {
-            let page = match self
-                .streams
-                .claim_idle(
-                    voucher,
-                    &run.consumer,
-                    self.cfg.min_idle,
-                    &cursor,
-                    self.cfg.batch_size,
-                )
-                .await
-            {
-                Ok(page) => page,
-                Err(e) => {
-                    run.fail(
-                        voucher,
-                        DrainError::store("claiming idle entries", Some(voucher), e),
-                    );
-                    return;
-                }
-            };
-            if !page.deleted.is_empty() {
-                tracing::warn!(%voucher, deleted = ?page.deleted, "pending entries no longer in the stream");
-            }
-            if !page.entries.is_empty() {
-                run.touch(voucher);
-                run.count(|s| s.claimed += page.entries.len() as u64);
-                failpoint::hit("after_claim");
-                self.process(run, voucher, page.entries, false).await;
-            }
-            match page.next {
-                Some(next) => cursor = next,
-                None => return,
-            }
-        }
-        // Out of time with claimable entries left (or stopped): nothing newer of this
-        // voucher is drained in this run, so its older entries still go first next time.
-        run.stop(voucher);
     }
 
     /// Processes one voucher's entries just read, then its next ones, batch after batch.

@@ -11,7 +11,22 @@ use seckill_shared::adapters::data_api::DataApi;
 use seckill_shared::adapters::stripe::StripeApi;
 use seckill_shared::refunds::{RefundRun, issue_due};
 
-use crate::config::{KeySource, StripeRefunds};
+use crate::config::{Config, KeySource, StripeRefunds};
+
+/// The refunds of a run whose drain ends by `deadline` (less the safety margin, at most
+/// `max_run` from now): `None` without Stripe, or when its key could not be read.
+pub async fn beside(
+    refunder: Option<&Refunder>,
+    db: &DataApi,
+    cfg: &Config,
+    deadline: Instant,
+) -> Option<RefundRun> {
+    let until = deadline
+        .checked_sub(cfg.safety_margin)
+        .unwrap_or(deadline)
+        .min(Instant::now() + cfg.max_run);
+    refunder?.run(db, until).await
+}
 
 /// The Stripe client a drainer keeps (built once per cold start), with its key's source.
 pub struct Refunder {

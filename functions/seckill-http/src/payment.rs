@@ -217,13 +217,16 @@ async fn unit_returned(app: &App, sales: &RedisSales, voucher: &Voucher) {
 }
 
 /// `POST /orders/{order_id}/pay` (the buyer): what a checkout needs to take the payment
-/// (the order, its amount and currency, the deadline); nothing changes. An order that
-/// is no longer open says why (paid, cancelled, expired).
-pub(crate) async fn start_payment(
+/// (the order, its amount and currency, the deadline), as JSON; with Stripe the route
+/// adds the order's PaymentIntent (`crate::stripe::attach_intent`). No order changes,
+/// but with Stripe a checkout before the deadline gives the order its grace
+/// (`lua/grace.lua`). An order that is no longer open says why (paid, cancelled,
+/// expired).
+pub(crate) async fn checkout(
     app: &App,
     now: UnixMillis,
-    order: FoundOrder,
-) -> Result<Response<Body>, ApiError> {
+    order: &FoundOrder,
+) -> Result<serde_json::Value, ApiError> {
     let id = order.id;
     let sales = app.sales().await?;
     let (closed, deadline) = sales.payment_state(order.bucket, id, &order.buyer).await?;
@@ -272,15 +275,8 @@ pub(crate) async fn start_payment(
     if let Some(price) = terms.price {
         body["amount_minor"] = json!(price.amount_minor());
         body["currency"] = json!(price.currency());
-        // With Stripe: the order's PaymentIntent, which the buyer's page confirms.
-        if let Some(stripe) = &app.stripe {
-            let intent = crate::stripe::intent_for(app, stripe, &order, price, now).await?;
-            body["provider"] = json!(crate::stripe::PROVIDER);
-            body["payment_intent"] = json!(intent.id);
-            body["client_secret"] = json!(intent.client_secret);
-        }
     }
-    Ok(json_response(StatusCode::OK, &body))
+    Ok(body)
 }
 
 /// `POST /orders/{order_id}/cancel` (the buyer): closes an unpaid order, whose unit goes

@@ -15,7 +15,7 @@ use seckill_shared::auth::Identity;
 use seckill_shared::domain::{UnixMillis, now_millis};
 
 use crate::app::App;
-use crate::error::ApiError;
+use crate::error::{ApiError, json_response};
 use crate::identity::identify;
 use crate::{admission, operators, orders, pages, payment, queue, stripe, vouchers, webhook};
 
@@ -334,7 +334,11 @@ async fn dispatch(app: &App, req: &Request, route: &Route<'_>) -> Result<Respons
             limit_order_calls(app, &caller, now).await?;
             let order = payment::find_order(app, id, &caller.user, now).await?;
             match route {
-                Route::PayOrder(_) => payment::start_payment(app, now, order).await,
+                Route::PayOrder(_) => {
+                    let mut body = payment::checkout(app, now, &order).await?;
+                    stripe::attach_intent(app, &order, now, &mut body).await?;
+                    Ok(json_response(http::StatusCode::OK, &body))
+                }
                 _ => payment::cancel_order(app, order).await,
             }
         }

@@ -27,9 +27,29 @@ use crate::webhook::{outcome_json, take, verified};
 /// The provider's name in the `checkouts` table and in checkout's answer.
 pub const PROVIDER: &str = "stripe";
 
+/// With Stripe configured, `body` (checkout's answer for `order`) gains the order's
+/// PaymentIntent: `provider`, `payment_intent`, `client_secret` (what the buyer's page
+/// confirms with Stripe.js). Without Stripe, or without a price, `body` stays as it is.
+pub(crate) async fn attach_intent(
+    app: &App,
+    order: &FoundOrder,
+    now: UnixMillis,
+    body: &mut serde_json::Value,
+) -> Result<(), ApiError> {
+    let (Some(stripe), Some(price)) = (&app.stripe, order.voucher.payment.and_then(|p| p.price))
+    else {
+        return Ok(());
+    };
+    let intent = intent_for(app, stripe, order, price, now).await?;
+    body["provider"] = json!(PROVIDER);
+    body["payment_intent"] = json!(intent.id);
+    body["client_secret"] = json!(intent.client_secret);
+    Ok(())
+}
+
 /// The PaymentIntent of `order` for `price`: the one recorded for it, else a new one
 /// (recorded; if another checkout recorded one first, that one).
-pub(crate) async fn intent_for(
+async fn intent_for(
     app: &App,
     stripe: &Stripe,
     order: &FoundOrder,

@@ -605,7 +605,7 @@ async fn until(at: i64) {
     }
 }
 
-/// A payment in progress holds its unit (issue 54, item 3): a card confirmed before the
+/// A payment in progress holds its unit: a card confirmed before the
 /// deadline whose event Stripe delivers after it, within the grace the checkout gave,
 /// pays the order, and the order shows the deadline it was given all along; a checkout
 /// whose card was declined, left unpaid past the grace, expires (its unit sells again)
@@ -645,16 +645,15 @@ async fn stripe_a_payment_confirmed_in_time_pays_though_its_event_comes_late() {
     let paid = sdk.confirm(ann_checkout["payment_intent"].as_str().unwrap(), CARD_OK);
     assert_eq!(paid["status"], "succeeded");
     until(deadline + 500).await;
-    assert!(
-        now_millis() < deadline + grace,
-        "the grace is too short for this test"
-    );
-    api.drain().await;
     // A checkout again in the grace: the same payment, the same deadline shown.
     let again = checkout(&api, &ann_t, &ann).await;
     assert_eq!(again["payment_intent"], ann_checkout["payment_intent"]);
     assert_eq!(pay_by(&again), deadline, "{again}");
     let (s, o) = stripe_sends(&api, &sdk, "payment_intent.succeeded", &paid).await;
+    assert!(
+        now_millis() < deadline + grace,
+        "the event came after the grace: the machine is too slow for this test"
+    );
     assert_eq!(
         (s, o["outcome"].as_str()),
         (StatusCode::OK, Some("paid")),

@@ -1,9 +1,9 @@
-//! Stream bookkeeping: what the drainer does to the orders streams around a batch: read
-//! the next entries (its own unseen pending ones first, then new ones), dead-letter,
-//! release what it cannot finish, and at the end of the run trim, measure and retire.
-//! (Claiming what other runs left idle is step 2 of the cycle, in
-//! [`Drainer::run`](super::Drainer); acking a committed batch is one call in
-//! [`Drainer::process`](super::Drainer), next to the commit it follows.)
+//! Stream bookkeeping: what the drainer does to the orders streams around a batch: claim
+//! what other runs left idle (step 2 of the cycle, [`Drainer::recover`]), read the next
+//! entries (its own unseen pending ones first, then new ones), dead-letter, release what
+//! it cannot finish, and at the end of the run trim, measure and retire. (Acking a
+//! committed batch is one call in [`Drainer::process`](super::Drainer), next to the
+//! commit it follows.)
 //!
 //! Invariants kept here:
 //! - an entry leaves the pending list only through an ack after its batch committed, or
@@ -37,6 +37,49 @@ use crate::plan::Reason;
 const RETIRE_GRACE_MS: i64 = 60_000;
 
 impl Drainer {
+    /// Claims and processes the entries other consumers left idle, page by page.
+    pub(super) async fn recover(&self, run: &Run, voucher: Bucket) {
+        let mut cursor = "0-0".to_string();
+        while run.fits(1) && !run.stopped(voucher) {
+            let page = match self
+                .streams
+                .claim_idle(
+                    voucher,
+                    &run.consumer,
+                    self.cfg.min_idle,
+                    &cursor,
+                    self.cfg.batch_size,
+                )
+                .await
+            {
+                Ok(page) => page,
+                Err(e) => {
+                    run.fail(
+                        voucher,
+                        DrainError::store("claiming idle entries", Some(voucher), e),
+                    );
+                    return;
+                }
+            };
+            if !page.deleted.is_empty() {
+                tracing::warn!(%voucher, deleted = ?page.deleted, "pending entries no longer in the stream");
+            }
+            if !page.entries.is_empty() {
+                run.touch(voucher);
+                run.count(|s| s.claimed += page.entries.len() as u64);
+                failpoint::hit("after_claim");
+                self.process(run, voucher, page.entries, false).await;
+            }
+            match page.next {
+                Some(next) => cursor = next,
+                None => return,
+            }
+        }
+        // Out of time with claimable entries left (or stopped): nothing newer of this
+        // voucher is drained in this run, so its older entries still go first next time.
+        run.stop(voucher);
+    }
+
     /// The next batch of `voucher`'s entries for this run, in stream order: entries
     /// pending for this consumer past `after` (the last entry of the batch in hand;
     /// `None`: it holds none), which a read whose reply was lost left there unseen,
