@@ -894,7 +894,7 @@ migrate() {
     MYSQL_PWD=$(app_password) mariadb --no-defaults -u"$DB_APP_USER" -h127.0.0.1 -P"$MYSQL_PORT" "$DB_NAME" \
         -e 'SELECT COUNT(*) FROM vouchers; SELECT COUNT(*) FROM orders' >/dev/null ||
         fail mysql "the application user $DB_APP_USER cannot read $DB_NAME.vouchers and orders after seckill migrate"
-    ok "app user: $DB_APP_USER (SELECT, INSERT, UPDATE on $DB_NAME.vouchers and orders), the functions' DB_SECRET_ARN"
+    ok "app user: $DB_APP_USER (only what the functions run, on $DB_NAME's tables: seckill_shared::migrate::APP_GRANTS), the functions' DB_SECRET_ARN"
 }
 
 # ---------------------------------------------------------------------------- lambda

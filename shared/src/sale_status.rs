@@ -72,7 +72,7 @@ pub struct VoucherStatus {
     /// payments still `received` 15 minutes after they were recorded, and paid orders
     /// whose payment is not `paid` for them; what is only on its way to the database is
     /// not counted. `seckill reconcile` lists each, with what to do. Counted up to
-    /// [`crate::adapters::payments::UNMATCHED_LIMIT`] of each look.
+    /// [`crate::adapters::payments::unmatched::UNMATCHED_LIMIT`] of each look.
     pub unmatched_money: u64,
     /// Entries not yet acked: delivered to a drainer (`pending`) or not yet read (`lag`).
     pub pending: u64,

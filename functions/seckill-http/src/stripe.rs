@@ -1,5 +1,5 @@
-//! Stripe, as a shop runs it, with no code of the shop's own: checkout creates the
-//! order's PaymentIntent ([`intent_for`]), and Stripe's own events come to
+//! Stripe, as a shop runs it, with no code of the shop's own: checkout's answer gains the
+//! order's PaymentIntent ([`attach_intent`]), and Stripe's own events come to
 //! `POST /payments/stripe` ([`webhook`]), checked with the endpoint's `whsec_` secret and
 //! taken by the same ledger as the generic format's (`crate::webhook::take`).
 //!

@@ -197,11 +197,7 @@ fn id_param(name: &str, id: Option<i64>) -> aws_sdk_rdsdata::types::SqlParameter
 pub const GENERIC: &str = "generic";
 
 pub mod refunds;
-mod unmatched;
-
-pub use unmatched::{
-    Mismatch, UNMATCHED_LIMIT, Unmatched, unmatched_paid_orders_sql, unmatched_payments_sql,
-};
+pub mod unmatched;
 
 /// The payments ledger, through the Data API.
 pub struct Payments<'a>(pub &'a DataApi);

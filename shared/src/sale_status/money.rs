@@ -19,7 +19,8 @@ use std::collections::HashSet;
 
 use crate::adapters::data_api::DataApi;
 use crate::adapters::order_stream::OrderStreams;
-use crate::adapters::payments::{Mismatch, Payments, Unmatched};
+use crate::adapters::payments::Payments;
+use crate::adapters::payments::unmatched::{Mismatch, Unmatched};
 use crate::domain::{Bucket, OrderId, VoucherId, now_millis};
 use crate::error::StoreError;
 
@@ -29,7 +30,7 @@ use crate::error::StoreError;
 pub const UNDECIDED_AFTER_MS: i64 = 15 * 60 * 1000;
 
 /// `voucher`'s payments and paid orders that do not match, without those on their way
-/// (see the module's header); at most [`crate::adapters::payments::UNMATCHED_LIMIT`] of
+/// (see the module's header); at most [`crate::adapters::payments::unmatched::UNMATCHED_LIMIT`] of
 /// each kind of look. `buckets`: the voucher's stock buckets, whose closes to settle are
 /// read (a payment names its order, not the buyer whose bucket holds it).
 pub async fn unmatched(

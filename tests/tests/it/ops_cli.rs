@@ -751,7 +751,9 @@ async fn reconcile_finds_money_planted_out_of_step_both_ways() {
 async fn money_checks_examine_only_the_rows_they_check_on_tables_never_analysed() {
     use mysql_async::params;
     use seckill_shared::adapters::data_api::format_datetime;
-    use seckill_shared::adapters::payments::{unmatched_paid_orders_sql, unmatched_payments_sql};
+    use seckill_shared::adapters::payments::unmatched::{
+        unmatched_paid_orders_sql, unmatched_payments_sql,
+    };
     use seckill_shared::domain::now_millis;
     use seckill_tests::mysql::handler_reads;
     let ctx = DrainCtx::start().await;

@@ -16,8 +16,8 @@ use serde_json::{Value, json};
 
 use seckill_cli::ops::stripe::LocalStripe;
 
-mod payments;
-use payments::{card_sale, payment_sale};
+mod sales;
+use sales::{SCHEDULED_EVENT, Stack, card_sale, create_voucher, payment_sale};
 
 /// What the demo needs to know.
 #[derive(Debug, clap::Args)]
@@ -53,9 +53,6 @@ pub struct DemoArgs {
     stripe_webhook_secret: Option<String>,
 }
 
-pub(super) const SCHEDULED_EVENT: &str =
-    include_str!("../../../tests/fixtures/eventbridge-scheduled.json");
-
 /// A progress bar drawn with `template`.
 fn bar(len: usize, template: &str) -> ProgressBar {
     let style =
@@ -65,6 +62,10 @@ fn bar(len: usize, template: &str) -> ProgressBar {
 
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let http = Client::builder().timeout(Duration::from_secs(30)).build()?;
+    let stack = Stack {
+        url: &args.url,
+        drainer_url: &args.drainer_url,
+    };
     let now = seckill_shared::domain::now_millis;
     let token = |sub: &str, admin: bool| {
         let scope = admin.then_some(auth::ADMIN_SCOPE);
@@ -223,7 +224,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         args.stock
     );
     if let Some(secret) = &args.webhook_secret {
-        payment_sale(&args, http, token, &run_id, secret).await?;
+        payment_sale(&stack, http, token, &run_id, secret).await?;
     }
     if let (Some(base), Some(key), Some(whsec)) = (
         &args.stripe_api_base,
@@ -231,7 +232,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         &args.stripe_webhook_secret,
     ) {
         let stripe = LocalStripe::new(&args.url, base, key, whsec)?;
-        card_sale(&args, http, token, &run_id, &stripe).await?;
+        card_sale(&stack, http, token, &run_id, &stripe).await?;
     }
     room_sale(&args, http, token, &run_id).await?;
     Ok(())
@@ -260,7 +261,16 @@ async fn room_sale(
         "entry_rate_per_s": 5,
         "queue_opens_before_s": 60,
     });
-    let id = create_voucher(args, http, token, &body).await?;
+    let id = create_voucher(
+        &Stack {
+            url: &args.url,
+            drainer_url: &args.drainer_url,
+        },
+        http,
+        token,
+        &body,
+    )
+    .await?;
     println!("\nwaiting room: voucher {id}, {UNITS} units, 5 buyers let in per second from 3 s on");
     let queue_url = format!("{}/vouchers/{id}/queue", args.url);
     let buy_url = format!("{}/vouchers/{id}/seckill", args.url);
@@ -372,25 +382,4 @@ async fn room_sale(
         "ok: the {UNITS} units went to positions 1..={UNITS} in turn; the others were told sold out"
     );
     Ok(())
-}
-
-/// Creates a voucher as the demo's admin: its id.
-pub(super) async fn create_voucher(
-    args: &DemoArgs,
-    http: &Client,
-    token: &impl Fn(&str, bool) -> String,
-    body: &Value,
-) -> anyhow::Result<String> {
-    let voucher: Value = http
-        .post(format!("{}/vouchers", args.url))
-        .bearer_auth(token("demo-admin", true))
-        .json(body)
-        .send()
-        .await?
-        .json()
-        .await?;
-    Ok(voucher["id"]
-        .as_str()
-        .with_context(|| format!("no voucher id in {voucher}"))?
-        .to_string())
 }

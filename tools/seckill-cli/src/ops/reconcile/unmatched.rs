@@ -7,7 +7,7 @@
 
 use std::fmt::Write as _;
 
-use seckill_shared::adapters::payments::{Mismatch, Unmatched};
+use seckill_shared::adapters::payments::unmatched::{Mismatch, Unmatched};
 use seckill_shared::domain::{OrderStatus, VoucherId, now_millis};
 use seckill_shared::sale_status::money;
 use serde::Serialize;

@@ -1,5 +1,6 @@
-//! The demo's sales with a payment step: one paid the generic provider's way (its
-//! signed events), one paid by card through the local Stripe, refund included.
+//! The demo's sales with a payment step (one paid the generic provider's way, with its
+//! signed events; one paid by card through the local Stripe, refund included), and the
+//! calls every demo sale makes: a voucher, an admission, the drainer's scheduled event.
 
 use std::time::{Duration, Instant};
 
@@ -10,11 +11,40 @@ use serde_json::{Value, json};
 
 use seckill_cli::ops::stripe::{self, LocalStripe};
 
-use super::{DemoArgs, SCHEDULED_EVENT, create_voucher};
+/// The EventBridge scheduled event the demo invokes the drainer with.
+pub(super) const SCHEDULED_EVENT: &str =
+    include_str!("../../../../tests/fixtures/eventbridge-scheduled.json");
+
+/// Where the demo's calls go (the stack's `SECKILL_HTTP_URL` and `DRAINER_INVOKE_URL`).
+pub(super) struct Stack<'a> {
+    pub url: &'a str,
+    pub drainer_url: &'a str,
+}
+
+/// Creates a voucher as the demo's admin: its id.
+pub(super) async fn create_voucher(
+    stack: &Stack<'_>,
+    http: &Client,
+    token: &impl Fn(&str, bool) -> String,
+    body: &Value,
+) -> anyhow::Result<String> {
+    let voucher: Value = http
+        .post(format!("{}/vouchers", stack.url))
+        .bearer_auth(token("demo-admin", true))
+        .json(body)
+        .send()
+        .await?
+        .json()
+        .await?;
+    Ok(voucher["id"]
+        .as_str()
+        .with_context(|| format!("no voucher id in {voucher}"))?
+        .to_string())
+}
 
 /// A voucher of 2 units with a payment step (60 s) at `price_minor` EUR: its id.
 async fn payment_voucher(
-    args: &DemoArgs,
+    stack: &Stack<'_>,
     http: &Client,
     token: &impl Fn(&str, bool) -> String,
     title: &str,
@@ -30,19 +60,19 @@ async fn payment_voucher(
         "price_minor": price_minor,
         "currency": "EUR",
     });
-    create_voucher(args, http, token, &body).await
+    create_voucher(stack, http, token, &body).await
 }
 
 /// `user` buys voucher `id` once: the order id of its `202`.
 async fn admit(
-    args: &DemoArgs,
+    stack: &Stack<'_>,
     http: &Client,
     token: &impl Fn(&str, bool) -> String,
     id: &str,
     user: &str,
 ) -> anyhow::Result<String> {
     let admitted: Value = http
-        .post(format!("{}/vouchers/{id}/seckill", args.url))
+        .post(format!("{}/vouchers/{id}/seckill", stack.url))
         .bearer_auth(token(user, false))
         .send()
         .await?
@@ -60,14 +90,14 @@ async fn admit(
 /// that payment is to refund, and the drainer's next runs refund it at Stripe, once;
 /// Stripe's `charge.refunded` records it refunded.
 pub(super) async fn card_sale(
-    args: &DemoArgs,
+    stack: &Stack<'_>,
     http: &Client,
     token: &impl Fn(&str, bool) -> String,
     run_id: &str,
     stripe: &LocalStripe,
 ) -> anyhow::Result<()> {
     let id = payment_voucher(
-        args,
+        stack,
         http,
         token,
         &format!("Demo sale {run_id}: pay by card"),
@@ -78,7 +108,7 @@ pub(super) async fn card_sale(
     let mut checkouts = Vec::new();
     for n in ["card", "slow-page"] {
         let user = format!("demo-{run_id}-{n}");
-        let order = admit(args, http, token, &id, &user).await?;
+        let order = admit(stack, http, token, &id, &user).await?;
         let checkout = stripe.checkout(&order, &token(&user, false)).await?;
         checkouts.push((user, order, checkout));
     }
@@ -100,7 +130,7 @@ pub(super) async fn card_sale(
     }
     let (user, late, checkout) = &checkouts[1];
     let cancel: Value = http
-        .post(format!("{}/orders/{late}/cancel", args.url))
+        .post(format!("{}/orders/{late}/cancel", stack.url))
         .bearer_auth(token(user, false))
         .send()
         .await?
@@ -119,7 +149,7 @@ pub(super) async fn card_sale(
     // The drainer's runs refund it (the stack invokes one every second; one more here).
     let deadline = Instant::now() + Duration::from_secs(30);
     let refund = loop {
-        http.post(&args.drainer_url)
+        http.post(stack.drainer_url)
             .header("content-type", "application/json")
             .body(SCHEDULED_EVENT)
             .send()
@@ -163,7 +193,7 @@ pub(super) async fn card_sale(
 /// signed event pays (delivered twice, as providers do: paid once); the second cancels,
 /// and a payment arriving after that is recorded to refund, never applied.
 pub(super) async fn payment_sale(
-    args: &DemoArgs,
+    stack: &Stack<'_>,
     http: &Client,
     token: &impl Fn(&str, bool) -> String,
     run_id: &str,
@@ -174,7 +204,7 @@ pub(super) async fn payment_sale(
         webhook::Secrets::parse(secret).map_err(|e| anyhow::anyhow!("webhook secret: {e}"))?;
     let now = seckill_shared::domain::now_millis;
     let id = payment_voucher(
-        args,
+        stack,
         http,
         token,
         &format!("Demo sale {run_id}: pay within a minute"),
@@ -185,12 +215,12 @@ pub(super) async fn payment_sale(
     let mut orders = Vec::new();
     for n in ["payer", "canceller"] {
         let user = format!("demo-{run_id}-{n}");
-        let order = admit(args, http, token, &id, &user).await?;
+        let order = admit(stack, http, token, &id, &user).await?;
         orders.push((user, order));
     }
     let ((payer, paid), (canceller, cancelled)) = (&orders[0], &orders[1]);
     let checkout: Value = http
-        .post(format!("{}/orders/{paid}/pay", args.url))
+        .post(format!("{}/orders/{paid}/pay", stack.url))
         .bearer_auth(token(payer, false))
         .send()
         .await?
@@ -198,7 +228,7 @@ pub(super) async fn payment_sale(
         .await?;
     println!("  checkout of order {paid}: {checkout}");
     let cancel: Value = http
-        .post(format!("{}/orders/{cancelled}/cancel", args.url))
+        .post(format!("{}/orders/{cancelled}/cancel", stack.url))
         .bearer_auth(token(canceller, false))
         .send()
         .await?
@@ -220,7 +250,7 @@ pub(super) async fn payment_sale(
     let deliver = |body: String| async move {
         let sig = webhook::header(&[secrets.current()], now() / 1000, body.as_bytes());
         let res = http
-            .post(format!("{}/payments/webhook", args.url))
+            .post(format!("{}/payments/webhook", stack.url))
             .header(webhook::SIGNATURE_HEADER, sig)
             .body(body)
             .send()
