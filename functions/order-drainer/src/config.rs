@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use seckill_shared::adapters::secrets::SecretSource;
 use seckill_shared::config::{
     ConfigError, DataApiConfig, EnvReader, RedisConfig, backend_env_vars_and,
 };
@@ -88,27 +89,8 @@ pub struct Config {
 #[derive(Debug, Clone)]
 pub struct StripeRefunds {
     pub api_base: String,
-    pub key: KeySource,
-}
-
-/// The Stripe secret key: given, or a Secrets Manager secret.
-#[derive(Clone)]
-pub enum KeySource {
-    Inline(String),
-    SecretsManager {
-        arn: String,
-        endpoint: Option<String>,
-    },
-}
-
-impl std::fmt::Debug for KeySource {
-    // Never print the key.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            KeySource::Inline(_) => write!(f, "Inline(..)"),
-            KeySource::SecretsManager { arn, .. } => write!(f, "SecretsManager({arn})"),
-        }
-    }
+    /// The secret key (its current one calls Stripe).
+    pub key: SecretSource,
 }
 
 /// Every environment variable [`Config::read`] reads: the only ones the SAM template may
@@ -157,33 +139,29 @@ impl Config {
             ids
         });
         let endpoint = env.optional("SECRETS_MANAGER_URL");
-        let key = match (
-            env.optional("STRIPE_SECRET_KEY_ARN"),
-            env.optional("STRIPE_SECRET_KEY"),
-        ) {
-            (Some(_), Some(_)) => {
-                env.problem("set STRIPE_SECRET_KEY_ARN or STRIPE_SECRET_KEY, not both");
-                None
-            }
-            (Some(arn), None) => Some(KeySource::SecretsManager {
-                arn,
-                endpoint: endpoint.clone(),
-            }),
-            (None, Some(key)) => Some(KeySource::Inline(key)),
-            (None, None) => None,
-        };
-        if endpoint.is_some() && !matches!(key, Some(KeySource::SecretsManager { .. })) {
+        let key = SecretSource::read(
+            &mut env,
+            "STRIPE_SECRET_KEY_ARN",
+            "STRIPE_SECRET_KEY",
+            &endpoint,
+        );
+        if endpoint.is_some() && !key.by_arn() {
             env.problem("SECRETS_MANAGER_URL is set but STRIPE_SECRET_KEY_ARN is not");
         }
         let api_base = env.optional("STRIPE_API_BASE");
-        if key.is_none() && api_base.is_some() {
-            env.problem("STRIPE_API_BASE is set but no Stripe key (STRIPE_SECRET_KEY_ARN or STRIPE_SECRET_KEY)");
-        }
-        let stripe = key.map(|key| StripeRefunds {
-            api_base: api_base
-                .unwrap_or_else(|| seckill_shared::adapters::stripe::DEFAULT_API_BASE.into()),
-            key,
-        });
+        let stripe = match key {
+            SecretSource::Missing => {
+                if api_base.is_some() {
+                    env.problem("STRIPE_API_BASE is set but no Stripe key (STRIPE_SECRET_KEY_ARN or STRIPE_SECRET_KEY)");
+                }
+                None
+            }
+            key => Some(StripeRefunds {
+                api_base: api_base
+                    .unwrap_or_else(|| seckill_shared::adapters::stripe::DEFAULT_API_BASE.into()),
+                key,
+            }),
+        };
         let cfg = Config {
             redis,
             data_api,

@@ -11,7 +11,9 @@ use seckill_shared::adapters::data_api::DataApi;
 use seckill_shared::adapters::stripe::StripeApi;
 use seckill_shared::refunds::{RefundRun, issue_due};
 
-use crate::config::{Config, KeySource, StripeRefunds};
+use seckill_shared::adapters::secrets::SecretSource;
+
+use crate::config::{Config, StripeRefunds};
 
 /// The refunds of a run whose drain ends by `deadline` (less the safety margin, at most
 /// `max_run` from now): `None` without Stripe, or when its key could not be read.
@@ -31,7 +33,7 @@ pub async fn beside(
 /// The Stripe client a drainer keeps (built once per cold start), with its key's source.
 pub struct Refunder {
     api: StripeApi,
-    key: KeySource,
+    key: SecretSource,
 }
 
 impl Refunder {
@@ -44,24 +46,12 @@ impl Refunder {
 
     /// Refunds what is due until `until`; `None` when the key could not be read.
     pub async fn run(&self, db: &DataApi, until: Instant) -> Option<RefundRun> {
-        let key = match &self.key {
-            KeySource::Inline(key) => key.clone(),
-            KeySource::SecretsManager { arn, endpoint } => {
-                match seckill_shared::adapters::secrets::secret_string(arn, endpoint.as_deref())
-                    .await
-                {
-                    // `current[,previous]`, as every secret of ours: the current one.
-                    Ok(text) => text
-                        .split(',')
-                        .next()
-                        .unwrap_or_default()
-                        .trim()
-                        .to_string(),
-                    Err(error) => {
-                        tracing::warn!(%error, "stripe key not read: no refunds this run");
-                        return None;
-                    }
-                }
+        let key = match self.key.fetch().await {
+            Ok(Some(secrets)) => String::from_utf8_lossy(secrets.current()).into_owned(),
+            Ok(None) => return None,
+            Err(error) => {
+                tracing::warn!(%error, "stripe key not read: no refunds this run");
+                return None;
             }
         };
         let budget = until.saturating_duration_since(Instant::now());

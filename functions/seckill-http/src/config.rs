@@ -3,7 +3,6 @@
 use seckill_shared::config::{
     ConfigError, DataApiConfig, EnvReader, RedisConfig, backend_env_vars_and,
 };
-use seckill_shared::webhook::Secrets;
 
 use crate::secrets::SecretSource;
 
@@ -96,34 +95,6 @@ pub struct StripeConfig {
     pub key: SecretSource,
 }
 
-/// A set of secrets named by an ARN variable (read from Secrets Manager, at `endpoint`
-/// when given) or given inline by a list variable (`current[,previous]`), not both.
-fn secret_source(
-    env: &mut EnvReader,
-    arn_var: &str,
-    list_var: &str,
-    endpoint: &Option<String>,
-) -> SecretSource {
-    match (env.optional(arn_var), env.optional(list_var)) {
-        (Some(_), Some(_)) => {
-            env.problem(format!("set {arn_var} or {list_var}, not both"));
-            SecretSource::Missing
-        }
-        (Some(arn), None) => SecretSource::SecretsManager {
-            arn,
-            endpoint: endpoint.clone(),
-        },
-        (None, Some(list)) => match Secrets::parse(&list) {
-            Ok(secrets) => SecretSource::Inline(secrets),
-            Err(e) => {
-                env.problem(format!("{list_var}: {e}"));
-                SecretSource::Missing
-            }
-        },
-        (None, None) => SecretSource::Missing,
-    }
-}
-
 impl Config {
     /// Reads the process environment; every problem is reported at once.
     pub fn from_env() -> Result<Config, ConfigError> {
@@ -153,25 +124,25 @@ impl Config {
             );
         }
         let endpoint = env.optional("SECRETS_MANAGER_URL");
-        let webhook = secret_source(
+        let webhook = SecretSource::read(
             &mut env,
             "PAYMENT_WEBHOOK_SECRET_ARN",
             "PAYMENT_WEBHOOK_SECRETS",
             &endpoint,
         );
-        let entry = secret_source(
+        let entry = SecretSource::read(
             &mut env,
             "ENTRY_TOKEN_SECRET_ARN",
             "ENTRY_TOKEN_SECRETS",
             &endpoint,
         );
-        let stripe_key = secret_source(
+        let stripe_key = SecretSource::read(
             &mut env,
             "STRIPE_SECRET_KEY_ARN",
             "STRIPE_SECRET_KEY",
             &endpoint,
         );
-        let stripe_webhook = secret_source(
+        let stripe_webhook = SecretSource::read(
             &mut env,
             "STRIPE_WEBHOOK_SECRET_ARN",
             "STRIPE_WEBHOOK_SECRET",
@@ -191,11 +162,10 @@ impl Config {
                 key,
             }),
         };
-        let by_arn = |s: &SecretSource| matches!(s, SecretSource::SecretsManager { .. });
-        let any_arn = by_arn(&webhook)
-            || by_arn(&entry)
-            || by_arn(&stripe_webhook)
-            || stripe.as_ref().is_some_and(|s| by_arn(&s.key));
+        let any_arn = webhook.by_arn()
+            || entry.by_arn()
+            || stripe_webhook.by_arn()
+            || stripe.as_ref().is_some_and(|s| s.key.by_arn());
         if endpoint.is_some() && !any_arn {
             env.problem(
                 "SECRETS_MANAGER_URL is set but no secret is read by ARN \

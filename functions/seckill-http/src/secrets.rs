@@ -13,22 +13,9 @@ use tokio::sync::Mutex;
 
 use crate::error::ApiError;
 
-/// Where the function finds a set of signing secrets.
-#[derive(Debug, Clone)]
-pub enum SecretSource {
-    /// None configured: what needs them answers 503 (the webhook's provider resends
-    /// later; a waiting room cannot hand out or check entry tokens).
-    Missing,
-    /// Given in the configuration (tests, local use without Secrets Manager).
-    Inline(Secrets),
-    /// A Secrets Manager secret whose string is `current[,previous]`, read at the first
-    /// event and again every [`SECRET_REFRESH`] (a rotation reaches every instance
-    /// within that time). `endpoint`: Secrets Manager's URL, locally.
-    SecretsManager {
-        arn: String,
-        endpoint: Option<String>,
-    },
-}
+/// Where the function finds a set of signing secrets (`seckill_shared`'s one reader):
+/// a Secrets Manager secret is read at first use and again every [`SECRET_REFRESH`].
+pub use seckill_shared::adapters::secrets::SecretSource;
 
 /// How long an instance keeps the secrets it read before reading them again.
 pub const SECRET_REFRESH: Duration = Duration::from_secs(300);
