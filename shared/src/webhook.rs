@@ -333,12 +333,17 @@ impl Received {
     /// Reads an event's body (whose signature held). [`NotAnEvent`] only when it is no
     /// payment event at all.
     pub fn read(body: &[u8]) -> Result<Received, NotAnEvent> {
-        Received::of(&object(body)?, body)
+        Received::of(&object(body)?, body, crate::adapters::payments::GENERIC)
     }
 
     /// Reads an event already parsed from `body` (the generic format's fields: what
-    /// another provider's adapter, [`stripe`], puts its own event into).
-    pub(crate) fn of(event: &Map<String, Value>, body: &[u8]) -> Result<Received, NotAnEvent> {
+    /// another provider's adapter, [`stripe`], puts its own event into), sent by
+    /// `provider`.
+    pub(crate) fn of(
+        event: &Map<String, Value>,
+        body: &[u8],
+        provider: &'static str,
+    ) -> Result<Received, NotAnEvent> {
         let kind = match event.get("type") {
             Some(t) => EventType::deserialize(t).map_err(|_| {
                 NotAnEvent(format!(
@@ -428,7 +433,7 @@ impl Received {
             .and_then(|c| crate::json::integral(c).ok())
             .map(|s| s.saturating_mul(1000));
         Ok(Received {
-            provider: crate::adapters::payments::GENERIC,
+            provider,
             kind,
             payment_id,
             payment,

@@ -130,9 +130,7 @@ pub fn read(body: &[u8]) -> Result<StripeEvent, NotAnEvent> {
     copy(&event, "id", &mut generic, "id");
     copy(&event, "created", &mut generic, "created");
     generic.insert("data".into(), Value::Object(data));
-    let mut received = Received::of(&generic, body)?;
-    received.provider = crate::refunds::STRIPE;
-    Ok(StripeEvent::Payment(received))
+    Received::of(&generic, body, crate::refunds::STRIPE).map(StripeEvent::Payment)
 }
 
 fn copy(from: &Map<String, Value>, key: &str, to: &mut Map<String, Value>, as_key: &str) {
