@@ -346,12 +346,8 @@ pub async fn ensure_app_user(db: &DataApi, user: &AppUser) -> Result<Vec<String>
     // The master secret's user must never be handed to the functions (or have its
     // password changed here).
     let me = db
-        .execute("SELECT CURRENT_USER()", vec![], None)
+        .first_string("SELECT CURRENT_USER()", vec![])
         .await?
-        .records()
-        .first()
-        .and_then(|r| r.first())
-        .and_then(field::string)
         .unwrap_or_default();
     if me.split('@').next() == Some(user.username.as_str()) {
         return Err(MigrateError::AppUser(format!(

@@ -59,20 +59,20 @@ pub async fn issue_one(
 ) -> Result<Issued, StoreError> {
     let ledger = Payments(db);
     let now = now_millis();
-    let Some(attempt) = ledger.claim_refund(payment_id, now).await? else {
+    if !ledger.claim_refund(payment_id, now).await? {
         return Ok(Issued::NotDue);
-    };
+    }
     let held = match stripe.refunds(key, payment_id).await {
         Ok(list) => list
             .into_iter()
             .find(|r| !matches!(r.status.as_str(), "failed" | "canceled")),
-        Err(e) => return failed(&ledger, payment_id, attempt, e).await,
+        Err(e) => return failed(&ledger, payment_id, e).await,
     };
     let issued = match held {
         Some(refund) => Issued::Found(refund.id),
         None => match stripe.refund(key, payment_id).await {
             Ok(refund) => Issued::Requested(refund.id),
-            Err(e) => return failed(&ledger, payment_id, attempt, e).await,
+            Err(e) => return failed(&ledger, payment_id, e).await,
         },
     };
     let (Issued::Found(id) | Issued::Requested(id)) = &issued else {
@@ -81,22 +81,21 @@ pub async fn issue_one(
     ledger
         .refund_requested(payment_id, id, now_millis())
         .await?;
-    tracing::info!(
-        payment = payment_id,
-        refund = id,
-        attempt,
-        "refund requested"
-    );
+    tracing::info!(payment = payment_id, refund = id, "refund requested");
     Ok(issued)
 }
 
-/// Records a failed try and says how it failed.
+/// Records a failed try (the next one backing off by the attempts made) and says how it
+/// failed.
 async fn failed(
     ledger: &Payments<'_>,
     payment_id: &str,
-    attempt: u32,
     e: StripeError,
 ) -> Result<Issued, StoreError> {
+    let attempt = ledger
+        .refund_progress(payment_id)
+        .await?
+        .map_or(1, |p| u32::try_from(p.attempts).unwrap_or(u32::MAX));
     let next = now_millis().saturating_add(retry_after_ms(attempt));
     ledger
         .refund_failed(payment_id, &e.to_string(), next)

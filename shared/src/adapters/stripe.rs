@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::data_api::{DataApi, field, param};
+use super::data_api::{DataApi, param};
 use crate::domain::{OrderId, UnixMillis};
 use crate::error::StoreError;
 
@@ -199,19 +199,12 @@ pub struct Checkouts<'a>(pub &'a DataApi);
 impl Checkouts<'_> {
     /// The payment recorded for `order`'s checkout, if any.
     pub async fn get(&self, order: OrderId) -> Result<Option<String>, StoreError> {
-        let out = self
-            .0
-            .execute(
+        self.0
+            .first_string(
                 "SELECT payment_id FROM checkouts WHERE order_id = :o",
                 vec![param::long("o", order.get())],
-                None,
             )
-            .await?;
-        Ok(out
-            .records()
-            .first()
-            .and_then(|r| r.first())
-            .and_then(field::string))
+            .await
     }
 
     /// Records `payment_id` as `order`'s checkout unless one is recorded already, and

@@ -106,6 +106,20 @@ impl DataApi {
             .map_err(store_error)
     }
 
+    /// The first column of the first row of `sql` as a string (`None`: no row, or `NULL`).
+    pub async fn first_string(
+        &self,
+        sql: &str,
+        params: Vec<SqlParameter>,
+    ) -> Result<Option<String>, StoreError> {
+        let out = self.execute(sql, params, None).await?;
+        Ok(out
+            .records()
+            .first()
+            .and_then(|r| r.first())
+            .and_then(super::field::string))
+    }
+
     /// Begins a transaction; the caller must commit or roll back.
     pub async fn begin(&self) -> Result<String, StoreError> {
         let out = self

@@ -149,18 +149,11 @@ impl DataApi {
 
     /// The payment reference recorded with a paid order.
     pub async fn payment_ref(&self, id: OrderId) -> Result<Option<String>, StoreError> {
-        let out = self
-            .execute(
-                "SELECT pay_ref FROM orders WHERE id = :id",
-                vec![param::long("id", id.get())],
-                None,
-            )
-            .await?;
-        Ok(out
-            .records()
-            .first()
-            .and_then(|r| r.first())
-            .and_then(field::string))
+        self.first_string(
+            "SELECT pay_ref FROM orders WHERE id = :id",
+            vec![param::long("id", id.get())],
+        )
+        .await
     }
 
     /// A page of the voucher's orders waiting for payment, after order id `after` (0 for

@@ -66,14 +66,14 @@ impl Payments<'_> {
         out.records().iter().map(|r| row(r)).collect()
     }
 
-    /// Claims payment `payment_id`'s refund for one try at `now`: `Some(attempt)` (its
-    /// number, from 1) when this caller may call the provider for it, `None` when it is
-    /// no longer to refund, or another run holds it, or its next try is not due.
+    /// Claims payment `payment_id`'s refund for one try at `now` (its attempts counted):
+    /// true when this caller may call the provider for it, false when it is no longer to
+    /// refund, or another run holds it, or its next try is not due.
     pub async fn claim_refund(
         &self,
         payment_id: &str,
         now: UnixMillis,
-    ) -> Result<Option<u32>, StoreError> {
+    ) -> Result<bool, StoreError> {
         let out = self
             .0
             .execute(
@@ -91,24 +91,7 @@ impl Payments<'_> {
                 None,
             )
             .await?;
-        if out.number_of_records_updated() != 1 {
-            return Ok(None);
-        }
-        let attempts = self
-            .0
-            .execute(
-                "SELECT refund_attempts FROM payments WHERE payment_id = :p",
-                vec![param::string("p", payment_id)],
-                None,
-            )
-            .await?;
-        let n = attempts
-            .records()
-            .first()
-            .and_then(|r| r.first())
-            .and_then(crate::adapters::data_api::field::long)
-            .unwrap_or(1);
-        Ok(Some(u32::try_from(n).unwrap_or(u32::MAX)))
+        Ok(out.number_of_records_updated() == 1)
     }
 
     /// The provider took the refund request (`refund_id`): `refund_requested`.
