@@ -45,24 +45,18 @@ pub enum StripeError {
     Refused { status: u16, message: String },
 }
 
-/// A PaymentIntent, as far as checkout needs it.
+/// A PaymentIntent, as far as checkout needs it: what the buyer's page confirms.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 pub struct Intent {
     pub id: String,
     pub client_secret: String,
-    pub amount: i64,
-    /// Lower case, as Stripe writes it.
-    pub currency: String,
-    pub status: String,
-    #[serde(default)]
-    pub metadata: std::collections::BTreeMap<String, String>,
 }
 
 /// A refund, as far as the ledger needs it.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 pub struct Refund {
     pub id: String,
-    pub amount: i64,
+    /// `succeeded`, `pending`, `requires_action`, `failed` or `canceled`.
     pub status: String,
 }
 

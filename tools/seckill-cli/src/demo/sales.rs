@@ -84,6 +84,25 @@ async fn admit(
         .to_string())
 }
 
+/// `user` cancels `order` (its answer shown).
+async fn cancel(
+    stack: &Stack<'_>,
+    http: &Client,
+    token: &impl Fn(&str, bool) -> String,
+    user: &str,
+    order: &str,
+) -> anyhow::Result<()> {
+    let cancel: Value = http
+        .post(format!("{}/orders/{order}/cancel", stack.url))
+        .bearer_auth(token(user, false))
+        .send()
+        .await?
+        .json()
+        .await?;
+    println!("  order {order} cancelled: {}", cancel["status"]);
+    Ok(())
+}
+
 /// A sale paid by card through the local Stripe: the first buyer's checkout creates the
 /// order's PaymentIntent, 4242 pays it and Stripe's event (delivered twice) pays the
 /// order once; the second buyer cancels, then their page pays the PaymentIntent anyway:
@@ -129,14 +148,7 @@ pub(super) async fn card_sale(
         );
     }
     let (user, late, checkout) = &checkouts[1];
-    let cancel: Value = http
-        .post(format!("{}/orders/{late}/cancel", stack.url))
-        .bearer_auth(token(user, false))
-        .send()
-        .await?
-        .json()
-        .await?;
-    println!("  order {late} cancelled: {}", cancel["status"]);
+    cancel(stack, http, token, user, late).await?;
     let pi = checkout["payment_intent"]
         .as_str()
         .context("a PaymentIntent")?;
@@ -227,14 +239,7 @@ pub(super) async fn payment_sale(
         .json()
         .await?;
     println!("  checkout of order {paid}: {checkout}");
-    let cancel: Value = http
-        .post(format!("{}/orders/{cancelled}/cancel", stack.url))
-        .bearer_auth(token(canceller, false))
-        .send()
-        .await?
-        .json()
-        .await?;
-    println!("  order {cancelled} cancelled: {}", cancel["status"]);
+    cancel(stack, http, token, canceller, cancelled).await?;
     let event = |order: &str, user: &str, payment: &str| {
         let data = webhook::PaymentData {
             payment_id: payment.to_string(),
