@@ -117,7 +117,7 @@ impl DataApi {
             .records()
             .first()
             .and_then(|r| r.first())
-            .and_then(super::field::string))
+            .and_then(super::values::field::string))
     }
 
     /// Begins a transaction; the caller must commit or roll back.
