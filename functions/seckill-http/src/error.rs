@@ -108,6 +108,12 @@ pub enum ApiError {
     },
     #[error("the service is unavailable, retry shortly")]
     Unavailable(#[source] StoreError),
+    /// A payment event for an order that still waits in its stream, not written yet:
+    /// whether the event applies is decided once it is (the provider sends it again).
+    /// Nothing is down, so it is told apart from [`ApiError::Unavailable`] in its message
+    /// and logged as what it is.
+    #[error("order {order_id} is not drained yet: send this event again")]
+    NotDrainedYet { order_id: OrderId },
 }
 
 impl ApiError {
@@ -153,9 +159,9 @@ impl ApiError {
             ApiError::RateLimited => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
             ApiError::EntryRequired(_) => (StatusCode::FORBIDDEN, "entry_required"),
             ApiError::QueueNotOpen(_) => (StatusCode::CONFLICT, "queue_not_open"),
-            ApiError::Unavailable(_) | ApiError::Unconfirmed { .. } => {
-                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
-            }
+            ApiError::Unavailable(_)
+            | ApiError::Unconfirmed { .. }
+            | ApiError::NotDrainedYet { .. } => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
         }
     }
 
@@ -184,6 +190,9 @@ impl ApiError {
             ApiError::Unconfirmed { source, .. } => {
                 tracing::warn!(error = %source, "admission not confirmed")
             }
+            ApiError::NotDrainedYet { order_id } => {
+                tracing::info!(order_id = %order_id, "payment event before its order's drain: to be sent again")
+            }
             _ => {}
         }
         // A struct, not a `json!` map: this is the body of every refusal of a sale.
@@ -198,9 +207,9 @@ impl ApiError {
         }
         let message = self.to_string();
         let order_id = match &self {
-            ApiError::AlreadyPurchased { order_id } | ApiError::Unconfirmed { order_id, .. } => {
-                Some(order_id.to_string())
-            }
+            ApiError::AlreadyPurchased { order_id }
+            | ApiError::Unconfirmed { order_id, .. }
+            | ApiError::NotDrainedYet { order_id } => Some(order_id.to_string()),
             _ => None,
         };
         let body = serde_json::to_string(&ErrorBody {
@@ -292,6 +301,7 @@ mod tests {
                 source: down(),
             },
             ApiError::Unavailable(down()),
+            ApiError::NotDrainedYet { order_id },
             ApiError::EntryRequired(String::new()),
             ApiError::QueueNotOpen(String::new()),
         ];
@@ -317,6 +327,7 @@ mod tests {
                 | ApiError::RateLimited
                 | ApiError::Unconfirmed { .. }
                 | ApiError::Unavailable(_)
+                | ApiError::NotDrainedYet { .. }
                 | ApiError::EntryRequired(_)
                 | ApiError::QueueNotOpen(_) => {}
             }

@@ -429,10 +429,7 @@ async fn undrained_anywhere(
 
 /// The answer while an order waits in its stream: the provider sends the event again.
 fn not_visible_yet(id: OrderId) -> ApiError {
-    ApiError::unavailable(
-        "redis",
-        format!("order {id} is not drained yet: send this event again"),
-    )
+    ApiError::NotDrainedYet { order_id: id }
 }
 
 /// The answer to an event of a payment refused for its amount.
