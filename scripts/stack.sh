@@ -152,6 +152,10 @@ REDIS_URL=redis://127.0.0.1:$REDIS_PORT
 MYSQL_URL=mysql://seckill:seckill@127.0.0.1:$MYSQL_PORT/$DB_NAME
 DATA_API_URL=http://127.0.0.1:$DATA_API_PORT
 STRIPE_API_BASE=http://127.0.0.1:$STRIPE_PORT
+# Not a secret (every buyer's browser holds it); localstripe takes any pk_ key.
+STRIPE_PUBLISHABLE_KEY=pk_test_seckill_local
+# localstripe's stand-in for Stripe.js (https://js.stripe.com/v3/ in AWS).
+STRIPE_JS_URL=$STRIPE_API_BASE/js.stripe.com/v3/
 
 # Redis nodes: one (service `redis`) or six (`redis-1` .. `redis-6`, on consecutive
 # ports; the first three are created as the primaries).
@@ -974,6 +978,8 @@ write_functions_env() {
         echo "STRIPE_API_BASE=$STRIPE_API_BASE"
         echo "STRIPE_SECRET_KEY_ARN=$STRIPE_SECRET_KEY_ARN"
         echo "STRIPE_WEBHOOK_SECRET_ARN=$STRIPE_WEBHOOK_SECRET_ARN"
+        echo "STRIPE_PUBLISHABLE_KEY=$STRIPE_PUBLISHABLE_KEY"
+        echo "STRIPE_JS_URL=$STRIPE_JS_URL"
         # A payment started at Stripe stays payable this long past its deadline (AWS: 300 s);
         # short here, so the suites see both sides of it in seconds.
         echo "SECKILL_PAYMENT_GRACE_S=$PAYMENT_GRACE_S"
@@ -1160,6 +1166,8 @@ SECKILL_ENTRY_TOKEN_SECRET=$(entry_secret)
 STRIPE_API_BASE=$STRIPE_API_BASE
 STRIPE_SECRET_KEY=$(stripe_key)
 STRIPE_WEBHOOK_SECRET=$(stripe_webhook_secret)
+STRIPE_PUBLISHABLE_KEY=$STRIPE_PUBLISHABLE_KEY
+STRIPE_JS_URL=$STRIPE_JS_URL
 SECKILL_PAYMENT_GRACE_S=$PAYMENT_GRACE_S
 DB_NAME=$DB_NAME
 AWS_REGION=$AWS_REGION_LOCAL

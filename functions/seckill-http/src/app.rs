@@ -11,11 +11,12 @@ use seckill_shared::error::StoreError;
 use tokio::sync::OnceCell;
 
 use crate::cache::VoucherCache;
-use crate::config::Config;
+use crate::config::{Config, StripePage};
 use crate::costs::{BorrowCosts, BorrowFigures};
 use crate::error::ApiError;
 use crate::identity::require_admin;
 use crate::limiter::{RateLimiter, Source};
+use crate::pages::Policy;
 use crate::secrets::HeldSecrets;
 
 /// Admin requests (voucher creations, the live view's polls) one admin may make per
@@ -27,6 +28,8 @@ pub const ADMIN_RATE_BURST: u32 = 200;
 pub(crate) struct Stripe {
     pub api: StripeApi,
     pub key: HeldSecrets,
+    /// What the buyer page confirms a payment with (publishable key, Stripe.js).
+    pub page: Option<StripePage>,
 }
 
 /// Clients and per-instance memory.
@@ -55,6 +58,8 @@ pub struct App {
     pub(crate) entry_secrets: HeldSecrets,
     /// Stripe's API and key, when checkout creates PaymentIntents.
     pub(crate) stripe: Option<Stripe>,
+    /// The pages' content security policy (Stripe's origins where the page pays there).
+    pub(crate) page_policy: Policy,
     /// Stripe's webhook endpoint secrets (`POST /payments/stripe`).
     pub(crate) stripe_webhook: HeldSecrets,
     /// How long past its deadline an order whose payment started at Stripe stays
@@ -105,7 +110,13 @@ impl App {
             stripe: cfg.stripe.as_ref().map(|s| Stripe {
                 api: StripeApi::new(&s.api_base),
                 key: HeldSecrets::new(s.key.clone(), "Stripe secret key (STRIPE_SECRET_KEY_ARN)"),
+                page: s.page.clone(),
             }),
+            page_policy: Policy::new(cfg.stripe.as_ref().and_then(|s| {
+                s.page
+                    .as_ref()
+                    .map(|p| (p.js_url.as_str(), s.api_base.as_str()))
+            })),
             stripe_webhook: HeldSecrets::new(
                 cfg.stripe_webhook.clone(),
                 "Stripe webhook secret (STRIPE_WEBHOOK_SECRET_ARN)",

@@ -29,6 +29,8 @@ const OWN_ENV_VARS: &[&str] = &[
     "STRIPE_SECRET_KEY",
     "STRIPE_WEBHOOK_SECRET_ARN",
     "STRIPE_WEBHOOK_SECRET",
+    "STRIPE_PUBLISHABLE_KEY",
+    "STRIPE_JS_URL",
     "SECKILL_PAYMENT_GRACE_S",
 ];
 
@@ -93,7 +95,23 @@ pub const DEFAULT_PAYMENT_GRACE_S: u64 = 300;
 pub struct StripeConfig {
     pub api_base: String,
     pub key: SecretSource,
+    /// What the buyer page needs to confirm a PaymentIntent with Stripe.js; `None` (no
+    /// `STRIPE_PUBLISHABLE_KEY`): the page leaves the payment to the shop's own page.
+    pub page: Option<StripePage>,
 }
+
+/// Stripe.js for the buyer page: the publishable key (`pk_...`, not a secret: every
+/// buyer's browser holds it) and where the script is (`STRIPE_JS_URL`, default
+/// [`DEFAULT_STRIPE_JS_URL`]; the local stack's localstripe serves a stand-in).
+#[derive(Debug, Clone)]
+pub struct StripePage {
+    pub publishable_key: String,
+    pub js_url: String,
+}
+
+/// Stripe.js, always loaded from Stripe's own origin (Stripe asks that it never be
+/// bundled or hosted elsewhere).
+pub const DEFAULT_STRIPE_JS_URL: &str = "https://js.stripe.com/v3/";
 
 impl Config {
     /// Reads the process environment; every problem is reported at once.
@@ -149,10 +167,14 @@ impl Config {
             &endpoint,
         );
         let api_base = env.optional("STRIPE_API_BASE");
+        let page = StripePage::read(&mut env);
         let stripe = match stripe_key {
             SecretSource::Missing => {
                 if api_base.is_some() {
                     env.problem("STRIPE_API_BASE is set but no Stripe key (STRIPE_SECRET_KEY_ARN or STRIPE_SECRET_KEY)");
+                }
+                if page.is_some() {
+                    env.problem("STRIPE_PUBLISHABLE_KEY is set but no Stripe key (STRIPE_SECRET_KEY_ARN or STRIPE_SECRET_KEY)");
                 }
                 None
             }
@@ -160,6 +182,7 @@ impl Config {
                 api_base: api_base
                     .unwrap_or_else(|| seckill_shared::adapters::stripe::DEFAULT_API_BASE.into()),
                 key,
+                page,
             }),
         };
         let any_arn = webhook.by_arn()
@@ -196,14 +219,63 @@ impl Config {
     }
 }
 
+impl StripePage {
+    /// `STRIPE_PUBLISHABLE_KEY` and `STRIPE_JS_URL`; the URL alone is a mistake.
+    fn read(env: &mut EnvReader) -> Option<StripePage> {
+        let key = env.optional("STRIPE_PUBLISHABLE_KEY");
+        let js_url = env.optional("STRIPE_JS_URL");
+        if let Some(k) = &key
+            && !k.starts_with("pk_")
+        {
+            // A secret key here would be handed to every buyer's browser.
+            env.problem("STRIPE_PUBLISHABLE_KEY must be a publishable key (pk_...)");
+        }
+        if let Some(u) = &js_url
+            && origin_of(u).is_none()
+        {
+            env.problem(
+                "STRIPE_JS_URL must be an http(s) URL with a path (https://js.stripe.com/v3/)",
+            );
+        }
+        match (key, js_url) {
+            (Some(publishable_key), js_url) => Some(StripePage {
+                publishable_key,
+                js_url: js_url.unwrap_or_else(|| DEFAULT_STRIPE_JS_URL.into()),
+            }),
+            (None, Some(_)) => {
+                env.problem("STRIPE_JS_URL is set but no STRIPE_PUBLISHABLE_KEY");
+                None
+            }
+            (None, None) => None,
+        }
+    }
+}
+
+/// The origin (`scheme://host[:port]`) of an http(s) URL, for the pages' content
+/// security policy; `None` for anything else (a URL that could not be named there).
+pub fn origin_of(url: &str) -> Option<&str> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))?;
+    let host_len = rest.find('/').unwrap_or(rest.len());
+    let host = &rest[..host_len];
+    let plain = |b: u8| b.is_ascii_alphanumeric() || b == b'.' || b == b'-' || b == b':';
+    if host.is_empty() || !host.bytes().all(plain) {
+        return None;
+    }
+    Some(&url[..url.len() - rest.len() + host_len])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn read(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        Config::read(seckill_shared::config::minimal_env_with(pairs))
+    }
+
     #[test]
     fn the_dev_secret_is_refused_inside_lambda_unless_allowed() {
-        let read =
-            |pairs: &[(&str, &str)]| Config::read(seckill_shared::config::minimal_env_with(pairs));
         let secret = ("SECKILL_DEV_JWT_SECRET", "s3cret");
         let lambda = ("AWS_LAMBDA_FUNCTION_NAME", "seckill-http");
         assert!(read(&[secret]).unwrap().dev_jwt_secret.is_some());
@@ -216,6 +288,38 @@ mod tests {
                 .dev_jwt_secret
                 .is_some()
         );
+    }
+
+    #[test]
+    fn the_page_s_stripe_needs_a_publishable_key_and_a_plain_origin() {
+        let key = ("STRIPE_SECRET_KEY", "sk_test_0123456789abcdef");
+        let pk = ("STRIPE_PUBLISHABLE_KEY", "pk_test_y");
+        let page = |vars: &[(&str, &str)]| read(vars).map(|c| c.stripe.unwrap().page);
+        let p = page(&[key, pk]).unwrap().unwrap();
+        assert_eq!(p.js_url, DEFAULT_STRIPE_JS_URL);
+        assert!(page(&[key]).unwrap().is_none());
+        for bad in [
+            vec![key, ("STRIPE_PUBLISHABLE_KEY", "sk_test_y")],
+            vec![key, ("STRIPE_JS_URL", "http://127.0.0.1:1/v3/")],
+            vec![key, pk, ("STRIPE_JS_URL", "javascript:alert(1)")],
+            vec![key, pk, ("STRIPE_JS_URL", "https://x.test; script-src *")],
+            vec![pk],
+        ] {
+            assert!(read(&bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            origin_of("https://js.stripe.com/v3/"),
+            Some("https://js.stripe.com")
+        );
+        assert_eq!(
+            origin_of("http://127.0.0.1:12111/js.stripe.com/v3/"),
+            Some("http://127.0.0.1:12111")
+        );
+        assert_eq!(
+            origin_of("https://api.stripe.com"),
+            Some("https://api.stripe.com")
+        );
+        assert_eq!(origin_of("ftp://x/"), None);
     }
 
     #[test]

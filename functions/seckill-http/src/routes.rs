@@ -351,7 +351,7 @@ async fn dispatch(app: &App, req: &Request, route: &Route<'_>) -> Result<Respons
             operators::status(app, req, now).await
         }
         // Static files: nothing is looked up, so no limit beyond API Gateway's.
-        Route::Page(file) => pages::page(file),
+        Route::Page(file) => pages::page(file, &app.page_policy),
     }
 }
 

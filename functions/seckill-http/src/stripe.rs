@@ -29,7 +29,9 @@ pub const PROVIDER: &str = "stripe";
 
 /// With Stripe configured, `body` (checkout's answer for `order`) gains the order's
 /// PaymentIntent: `provider`, `payment_intent`, `client_secret` (what the buyer's page
-/// confirms with Stripe.js). Without Stripe, or without a price, `body` stays as it is.
+/// confirms with Stripe.js), and where the page is set up for Stripe.js
+/// (`STRIPE_PUBLISHABLE_KEY`) `publishable_key` and `stripe_js` (the script's URL, which
+/// the pages' policy allows). Without Stripe, or without a price, `body` stays as it is.
 pub(crate) async fn attach_intent(
     app: &App,
     order: &FoundOrder,
@@ -44,6 +46,10 @@ pub(crate) async fn attach_intent(
     body["provider"] = json!(PROVIDER);
     body["payment_intent"] = json!(intent.id);
     body["client_secret"] = json!(intent.client_secret);
+    if let Some(page) = &stripe.page {
+        body["publishable_key"] = json!(page.publishable_key);
+        body["stripe_js"] = json!(page.js_url);
+    }
     Ok(())
 }
 

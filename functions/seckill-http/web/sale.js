@@ -17,6 +17,7 @@ let roomRetryAt = 0;
 let buying = false;
 let order = null; // {order_id, status, pay_by?}
 let saleOver = false; // sold out or ended, as an answer said
+let card = null; // Stripe.js and its card element, once a checkout asked for them
 
 const ORDER_SENTENCES = {
   pending: "Order received: it is being written down.",
@@ -227,6 +228,7 @@ async function follow(o) {
     show("order-status", order.status.replace("_", " "));
     show("order-detail", ORDER_SENTENCES[order.status] ?? "");
     document.getElementById("payment").hidden = !payable(order);
+    if (!payable(order)) document.getElementById("card-payment").hidden = true;
     render();
     if (SETTLED.has(order.status)) return;
     await sleep(order.status === "pending" ? 1000 : 2000);
@@ -243,15 +245,78 @@ async function follow(o) {
 
 // Paying starts a checkout at the payment provider; only the provider's confirmation
 // pays, so the page keeps following the order rather than believing the click.
-// Both calls may be retried: starting a payment changes nothing, and a cancel is
-// answered the same however often it is asked.
+// Both calls may be retried: starting a payment changes nothing (the order has one
+// PaymentIntent, however often it is asked), and a cancel is answered the same however
+// often it is asked.
 async function pay() {
   const a = await callRetrying("POST", `/orders/${encodeURIComponent(order.order_id)}/pay`, { token });
-  if (a.status === 200) {
-    const amount = money(a.body.amount_minor, a.body.currency);
-    show("message", `Checkout started: pay ${amount} with the payment provider. This page updates when the provider confirms.`);
-  } else {
+  if (a.status !== 200) {
     show("message", sentence(a.body));
+    return;
+  }
+  const amount = money(a.body.amount_minor, a.body.currency);
+  if (a.body.client_secret && a.body.publishable_key && a.body.stripe_js) {
+    try {
+      await cardForm(a.body);
+      show("message", `Checkout started: pay ${amount} by card below. This page updates when the payment is recorded.`);
+    } catch (e) {
+      show("message", `The card form could not be loaded (${e.message}): try Pay again.`);
+    }
+    return;
+  }
+  show("message", `Checkout started: pay ${amount} with the payment provider. This page updates when the provider confirms.`);
+}
+
+// Stripe.js, loaded from Stripe (the pages' security policy names its origin) the first
+// time a checkout asks for it: the card is typed into Stripe's own element, so the
+// number never reaches this page's script or the shop.
+function loadScript(url) {
+  return new Promise((resolve, reject) => {
+    const s = document.createElement("script");
+    s.src = url;
+    s.onload = resolve;
+    s.onerror = () => reject(new Error(`${url} did not load`));
+    document.head.append(s);
+  });
+}
+
+async function cardForm(checkout) {
+  if (!card) {
+    if (typeof window.Stripe !== "function") await loadScript(checkout.stripe_js);
+    const stripe = window.Stripe(checkout.publishable_key);
+    const element = stripe.elements().create("card");
+    element.mount("#card-element");
+    card = { stripe, element };
+  }
+  card.clientSecret = checkout.client_secret;
+  document.getElementById("card-payment").hidden = false;
+}
+
+// Confirms the order's PaymentIntent with the card, as every Stripe page does (3-D
+// Secure, where the bank asks for it, is Stripe.js's own step). A success here is the
+// buyer's side only: the order is paid when Stripe's event reaches the shop, which the
+// page sees by following the order.
+async function confirmCard() {
+  const button = document.getElementById("confirm-card");
+  button.disabled = true;
+  show("message", "Confirming the payment with Stripe…");
+  let r;
+  try {
+    r = await card.stripe.confirmCardPayment(card.clientSecret, {
+      payment_method: { card: card.element },
+    });
+  } catch (e) {
+    r = { error: { message: String(e?.message ?? e) } };
+  }
+  button.disabled = false;
+  const status = r.paymentIntent?.status;
+  if (r.error) {
+    show("message", `The payment did not go through: ${r.error.message ?? "the card was declined"}. Try another card.`);
+  } else if (status === "succeeded" || status === "processing") {
+    document.getElementById("card-payment").hidden = true;
+    show("message", "Payment confirmed by Stripe: the order shows paid as soon as the shop has recorded it.");
+  } else {
+    show("message", `The payment is not complete (${status}): try again.`);
   }
 }
 
@@ -266,6 +331,7 @@ async function start() {
   document.getElementById("buy").addEventListener("click", () => buy());
   document.getElementById("pay").addEventListener("click", () => pay());
   document.getElementById("cancel").addEventListener("click", () => cancel());
+  document.getElementById("confirm-card").addEventListener("click", () => confirmCard());
   const form = document.getElementById("token-form");
   form.addEventListener("submit", (e) => {
     e.preventDefault();

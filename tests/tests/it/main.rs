@@ -14,6 +14,7 @@
 mod admission_lua;
 mod app_user;
 mod browser;
+mod browser_stripe;
 mod buckets;
 mod cluster_topology;
 mod contract;
