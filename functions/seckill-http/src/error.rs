@@ -207,9 +207,9 @@ impl ApiError {
         }
         let message = self.to_string();
         let order_id = match &self {
-            ApiError::AlreadyPurchased { order_id }
-            | ApiError::Unconfirmed { order_id, .. }
-            | ApiError::NotDrainedYet { order_id } => Some(order_id.to_string()),
+            ApiError::AlreadyPurchased { order_id } | ApiError::Unconfirmed { order_id, .. } => {
+                Some(order_id.to_string())
+            }
             _ => None,
         };
         let body = serde_json::to_string(&ErrorBody {
