@@ -1416,9 +1416,16 @@ async fn ten_thousand_open_sales_drain_within_a_few_runs_hot_ones_first() {
         runs.len()
     );
     // The small sales are written in groups (a transaction per 100 orders here, not
-    // per sale): one run takes them all; a loaded CI machine may need a second. (One
-    // transaction per small sale took five or six runs.)
-    assert!(runs.len() <= 2, "took {} runs", runs.len());
+    // per sale): counted in transactions, which no machine's speed changes (one per
+    // small sale would be 10,000 of them; grouped, about 215). In runs: one takes them
+    // all here, a loaded CI machine needed two or three (one transaction per small sale
+    // took five or six on this one).
+    let transactions: u64 = runs.iter().map(|s| s.batches).sum();
+    assert!(
+        transactions as usize <= total / 100 * 2,
+        "{transactions} transactions for {total} orders: {runs:#?}"
+    );
+    assert!(runs.len() <= 4, "took {} runs", runs.len());
     let inserted: u64 = runs.iter().map(|s| s.inserted).sum();
     assert_eq!(inserted as usize, total);
     // Nearly all in groups: a read left alone at the end of a round drains alone.

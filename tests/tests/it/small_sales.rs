@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
+use order_drainer::Summary;
 use seckill_shared::domain::{OrderId, Voucher, VoucherId, now_millis};
 use seckill_tests::drainer::{DrainCtx, DrainerProcess};
 use seckill_tests::mysql::handler_reads;
@@ -358,18 +359,29 @@ async fn small_sales_delivered_again_are_found_as_duplicates_and_change_nothing(
         kept >= vouchers.len(),
         "an entry of every sale is delivered again: {kept}"
     );
-    let s = ctx.drain(cfg).await;
-    println!("{s:?}");
+    // One run takes them all here; on a loaded machine its time may end first, and what
+    // it gave back (`released`) is the next run's.
+    let mut runs = Vec::new();
+    while runs.len() < 4 && runs.iter().map(|s: &Summary| s.duplicates).sum::<u64>() < kept as u64 {
+        runs.push(ctx.drain(cfg.clone()).await);
+    }
+    println!("{runs:?}");
+    let sum = |f: fn(&Summary) -> u64| runs.iter().map(f).sum::<u64>();
     let counts = (
-        s.read,
-        s.inserted,
-        s.duplicates,
-        s.rejected,
-        s.dead_lettered,
-        s.errors,
+        sum(|s| s.inserted),
+        sum(|s| s.duplicates),
+        sum(|s| s.rejected),
+        sum(|s| s.dead_lettered),
+        sum(|s| s.errors),
     );
-    assert_eq!(counts, (kept as u64, 0, kept as u64, 0, 0, 0), "{s:?}");
-    assert_eq!(s.grouped, 0, "{s:?}");
+    assert_eq!(counts, (0, kept as u64, 0, 0, 0), "{runs:?}");
+    // Every entry taken once (read, or claimed again after a run gave it back).
+    assert_eq!(
+        sum(|s| s.read) + sum(|s| s.claimed) - sum(|s| s.released),
+        kept as u64,
+        "{runs:?}"
+    );
+    assert_eq!(sum(|s| s.grouped), 0, "{runs:?}");
     assert_eq!(ids.len(), 40);
     assert_each_sale_drained_once(&ctx, &vouchers, "again").await;
     ctx.cleanup().await;
