@@ -51,12 +51,14 @@ pub(crate) async fn seckill(
         Some(shape) => shape,
         None => match sale_shape(app, sales, id).await? {
             Some(shape) => shape,
-            None if repair(app, id, now).await? => match app.cache.look(id, now).1 {
-                Some(shape) => shape,
-                None => sale_shape(app, sales, id)
-                    .await?
-                    .ok_or_else(|| not_loaded(id))?,
-            },
+            None if repair(app, id, now, Some(&caller.user)).await? => {
+                match app.cache.look(id, now).1 {
+                    Some(shape) => shape,
+                    None => sale_shape(app, sales, id)
+                        .await?
+                        .ok_or_else(|| not_loaded(id))?,
+                }
+            }
             None => return Err(not_found_voucher(id)),
         },
     };
@@ -75,7 +77,7 @@ pub(crate) async fn seckill(
     seckill_shared::metrics::redis_latency(asked.elapsed());
     let mut reply = answer?;
     if reply.admission == Admission::NotLoaded {
-        if !repair(app, id, now).await? {
+        if !repair(app, id, now, Some(&caller.user)).await? {
             return Err(not_found_voucher(id));
         }
         // Every admission call gets an order id of its own: a late copy of an earlier

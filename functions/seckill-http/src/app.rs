@@ -1,12 +1,12 @@
 //! The function's state, built once per cold start and shared by every request.
 
 use seckill_shared::adapters::data_api::DataApi;
-use seckill_shared::adapters::rate::Limit;
+use seckill_shared::adapters::rate::{self, Limit};
 use seckill_shared::adapters::redis::{OrderIds, RedisConn, RedisSales};
 use seckill_shared::adapters::stripe::StripeApi;
 use seckill_shared::auth::Identity;
 use seckill_shared::config::RedisConfig;
-use seckill_shared::domain::UnixMillis;
+use seckill_shared::domain::{UnixMillis, UserId};
 use seckill_shared::error::StoreError;
 use tokio::sync::OnceCell;
 
@@ -80,6 +80,26 @@ impl App {
             return Err(ApiError::RateLimited);
         }
         Ok(())
+    }
+
+    /// Takes one of `user`'s database reads from the budget every instance shares
+    /// (`lua/rate.lua`: one Redis call): `429` when it is spent. The reads it bounds cost
+    /// the database whatever the answer (an order by id, a voucher no instance knows), so
+    /// warm instances must not multiply what one user may ask. When Redis cannot answer,
+    /// the call goes on (each instance's own limit, taken before, still stands).
+    pub(crate) async fn take_shared_read(&self, user: &UserId) -> Result<(), ApiError> {
+        let allowed = match self.sales().await {
+            Ok(sales) => rate::allow(&sales.conn(), "reads", user.as_str(), self.read_limit).await,
+            Err(e) => Err(e),
+        };
+        match allowed {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(ApiError::RateLimited),
+            Err(error) => {
+                tracing::warn!(%error, "shared rate limit unavailable; this instance's limit stands");
+                Ok(())
+            }
+        }
     }
 
     /// Builds the clients. Tries Redis once now so the first request is fast, but a

@@ -51,7 +51,7 @@ pub(crate) async fn standing(
         // Redis lost the sale (or never had it): a live sale is repaired as an
         // admission would; an unknown voucher is 404, and a sale that has ended is
         // never repaired.
-        match repair(app, id, now).await {
+        match repair(app, id, now, Some(&caller.user)).await {
             Ok(true) => {}
             Ok(false) => return Err(not_found_voucher(id)),
             // Over and gone from Redis: no queue left to join (`409 ended`, as a join

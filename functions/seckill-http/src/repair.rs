@@ -72,7 +72,7 @@ use seckill_shared::adapters::closes::restore_deadlines;
 use seckill_shared::adapters::redis::RedisSales;
 use seckill_shared::adapters::transfers;
 use seckill_shared::domain::{
-    Bucket, OrderId, OrderStatus, Reopen, UnixMillis, Voucher, VoucherId, now_millis,
+    Bucket, OrderId, OrderStatus, Reopen, UnixMillis, UserId, Voucher, VoucherId, now_millis,
 };
 use seckill_shared::error::StoreError;
 
@@ -98,6 +98,19 @@ const _: () = assert!(REPAIR_PART_TIME.as_millis() * 2 <= REPAIR_LOCK_MS as u128
 /// (its sale over, or never asked for again) begins again.
 const PROGRESS_TTL_MS: u64 = 15 * 60 * 1_000;
 
+/// The database's voucher `id`, read within `caller`'s share of reads (none taken for
+/// an anonymous read, which found the voucher in the database itself before).
+async fn lookup(
+    app: &App,
+    id: VoucherId,
+    caller: Option<&UserId>,
+) -> Result<Option<Voucher>, ApiError> {
+    if let Some(user) = caller {
+        app.take_shared_read(user).await?;
+    }
+    Ok(app.db.voucher(id).await?)
+}
+
 /// How often a waiting request looks for the repaired sale.
 const REPAIR_POLL: Duration = Duration::from_millis(50);
 
@@ -106,12 +119,21 @@ const REPAIR_POLL: Duration = Duration::from_millis(50);
 /// does not know the voucher; [`ApiError::Ended`] for a sale that has ended.
 ///
 /// Every route that finds a sale missing comes here (a purchase, the waiting room), so
-/// the two guards sit here too: an id this instance learned the database does not
-/// know costs no database read again (for [`crate::cache::MISSING_TTL_MS`]), and a sale that
-/// has ended is never reopened. It sells nothing more, and reopening it reads all its
+/// the guards sit here too: an id this instance learned the database does not know
+/// costs no database read again (for [`crate::cache::MISSING_TTL_MS`]); a voucher no
+/// instance's memory holds is looked up in the database only within `caller`'s share
+/// of reads, across instances ([`App::take_shared_read`], the budget of the order
+/// reads: made-up ids, each new, cost a database read each, and every warm instance
+/// would otherwise grant one user its own allowance of them); and a sale that has
+/// ended is never reopened. It sells nothing more, and reopening it reads all its
 /// orders: anyone could ask that of every past sale in turn (their ids are
 /// sequential) and keep the database from the drainer during a live one.
-pub async fn repair(app: &App, id: VoucherId, now: UnixMillis) -> Result<bool, ApiError> {
+pub async fn repair(
+    app: &App,
+    id: VoucherId,
+    now: UnixMillis,
+    caller: Option<&UserId>,
+) -> Result<bool, ApiError> {
     if app.cache.short_circuit(id, now) == Some(Known::Missing) {
         return Ok(false);
     }
@@ -119,7 +141,7 @@ pub async fn repair(app: &App, id: VoucherId, now: UnixMillis) -> Result<bool, A
     // voucher seen before is known: vouchers can only be deleted before their sale).
     let voucher = match app.cache.voucher(id) {
         Some(v) => v,
-        None => match app.db.voucher(id).await? {
+        None => match lookup(app, id, caller).await? {
             Some(v) => {
                 app.cache.learn_voucher(&v);
                 v

@@ -10,7 +10,6 @@ use http::Method;
 use lambda_http::aws_lambda_events::query_map::QueryMap;
 use lambda_http::request::RequestContext;
 use lambda_http::{Body, Request, RequestExt, Response};
-use seckill_shared::adapters::rate;
 use seckill_shared::auth::Identity;
 use seckill_shared::domain::{UnixMillis, now_millis};
 
@@ -365,20 +364,7 @@ async fn limit_order_calls(app: &App, caller: &Identity, now: UnixMillis) -> Res
     if !app.limiter.allow(&caller.user, now) {
         return Err(ApiError::RateLimited);
     }
-    let allowed = match app.sales().await {
-        Ok(sales) => {
-            rate::allow(&sales.conn(), "reads", caller.user.as_str(), app.read_limit).await
-        }
-        Err(e) => Err(e),
-    };
-    match allowed {
-        Ok(true) => Ok(()),
-        Ok(false) => Err(ApiError::RateLimited),
-        Err(error) => {
-            tracing::warn!(%error, "shared rate limit unavailable; this instance's limit stands");
-            Ok(())
-        }
-    }
+    app.take_shared_read(&caller.user).await
 }
 
 fn now_secs(now: UnixMillis) -> i64 {

@@ -131,7 +131,7 @@ pub(crate) async fn get_voucher(
         // reloads a past sale (that would read all its orders, for anyone who asks).
         None if app.cache.clearly_over(&voucher.window, now) => voucher.db_stock_left,
         None => {
-            repair(app, id, now).await?;
+            repair(app, id, now, None).await?;
             sales
                 .stock_left_all(&voucher)
                 .await?

@@ -1331,3 +1331,103 @@ async fn backends_down_is_a_quick_503() {
     );
     b.cleanup().await;
 }
+
+/// A purchase or a waiting-room call for a voucher no instance has seen costs the
+/// database a read, and made-up ids are each new: those reads draw on the user's budget
+/// of calls on orders, shared by every instance (two `App`s on one Redis), so a flood of
+/// made-up ids from one account spread over warm instances stays at that budget, where
+/// each instance's own limit would grant it once per instance. Beyond it `429`, with the
+/// database not asked. A real sale is not held back (Redis knows it: no lookup), other
+/// users keep theirs, and an id an instance learned is unknown is answered from its
+/// memory (no Redis call at all).
+#[tokio::test]
+async fn made_up_voucher_ids_draw_on_the_shared_read_budget_across_instances() {
+    const BURST: u32 = 6;
+    let b = Backends::start().await;
+    let mut cfg = b.http_config();
+    cfg.read_rate_per_sec = 1;
+    cfg.read_rate_burst = BURST;
+    let (one, two) = (App::new(&cfg).await, App::new(&cfg).await);
+    let real = create(&one, 10, -1_000, 3_600_000).await;
+    let prober = token("prober", false);
+    let base = 8_000_000_000u64 + u64::from(rand::random::<u32>());
+    let made_up = |n: u64, what: &str| format!("/vouchers/{}/{what}", base + n);
+    // Made-up ids over both instances and both routes, until refused on both.
+    let began = Instant::now();
+    let (mut looked_up, mut refused) = (0u32, [false, false]);
+    for n in 0..4 * u64::from(BURST) {
+        let i = (n % 2) as usize;
+        let app = [&one, &two][i];
+        let what = if n % 3 == 0 { "queue" } else { "seckill" };
+        let res = call(
+            app,
+            request("POST", &made_up(n, what), Some(&prober), None, None),
+        )
+        .await;
+        match res.0 {
+            404 => looked_up += 1,
+            429 => {
+                assert_error(res, 429, "rate_limited");
+                refused[i] = true;
+            }
+            _ => panic!("{n}: {}", res.1),
+        }
+        if refused == [true, true] {
+            break;
+        }
+    }
+    let refills = began.elapsed().as_secs() as u32 + 1;
+    assert_eq!(
+        refused,
+        [true, true],
+        "both instances refuse once it is spent"
+    );
+    assert!(
+        (BURST..=BURST + refills).contains(&looked_up),
+        "{looked_up} lookups: one budget of {BURST} (+{refills} refilled) for both instances"
+    );
+    // An id this instance learned is unknown: answered from memory, no Redis call.
+    let before = b.redis.script_calls();
+    assert_error(
+        call(
+            &two,
+            request("POST", &made_up(1, "seckill"), Some(&prober), None, None),
+        )
+        .await,
+        404,
+        "not_found",
+    );
+    assert_eq!(b.redis.script_calls(), before, "no Redis call");
+    // A real sale the second instance never saw: Redis knows it, no lookup, admitted.
+    let (status, order) = buy(&two, &real, "prober").await;
+    assert_eq!(status, 202, "{order}");
+    // Another user keeps their own budget.
+    let other = token("honest", false);
+    assert_error(
+        call(
+            &two,
+            request("POST", &made_up(1_000, "seckill"), Some(&other), None, None),
+        )
+        .await,
+        404,
+        "not_found",
+    );
+    // One a second: another lookup after a second and a bit.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    assert_error(
+        call(
+            &one,
+            request(
+                "POST",
+                &made_up(1_001, "seckill"),
+                Some(&prober),
+                None,
+                None,
+            ),
+        )
+        .await,
+        404,
+        "not_found",
+    );
+    b.cleanup().await;
+}
