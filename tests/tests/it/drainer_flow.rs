@@ -1039,16 +1039,14 @@ async fn a_finished_sale_keeps_its_dead_letters_and_expires_only_once_drained() 
         .unwrap();
     let mut cfg = ctx.drainer_config();
     cfg.retention = Some(Duration::from_secs(60));
-    let runs = drain_until_retired(&ctx, &cfg, 1).await;
+    let runs = drain_until_retired(&ctx, &cfg, &[v.id]).await;
     assert_eq!(
-        (
-            sum(&runs, |s| s.inserted),
-            sum(&runs, |s| s.dead_lettered),
-            sum(&runs, |s| s.retired)
-        ),
-        (2, 1, 1),
+        (sum(&runs, |s| s.inserted), sum(&runs, |s| s.dead_lettered)),
+        (2, 1),
         "{runs:?}"
     );
+    let active: BTreeSet<i64> = ctx.conn().smembers(ACTIVE_VOUCHERS).await.unwrap();
+    assert!(!active.contains(&v.id.get()), "retired: {runs:?}");
     let k = VoucherKeys::new(v.id);
     let mut conn = ctx.conn();
     let orders_ttl: i64 = conn.pttl(&k.orders).await.unwrap();
@@ -1096,17 +1094,23 @@ async fn ended_in_db(ctx: &DrainCtx, v: VoucherId) {
         .unwrap();
 }
 
-/// Runs the drainer until `retired` sales have retired in all (at most four runs): a run
-/// retires in what is left of its time once drained, so on a loaded machine the
-/// retirement may fall to the next run. Every run's summary.
+/// Runs the drainer until none of `gone` is in the active set any more (at most four
+/// runs): a run retires in what is left of its time once drained, so on a loaded
+/// machine the retirement may fall to the next run (and a retirement done as the run's
+/// time ends may go uncounted in its summary: the active set is what tells). Every
+/// run's summary.
 async fn drain_until_retired(
     ctx: &DrainCtx,
     cfg: &order_drainer::Config,
-    retired: u64,
+    gone: &[VoucherId],
 ) -> Vec<order_drainer::Summary> {
     let mut runs = Vec::new();
-    while runs.len() < 4 && sum(&runs, |s| s.retired) < retired {
+    while runs.len() < 4 {
         runs.push(ctx.drain(cfg.clone()).await);
+        let active: BTreeSet<i64> = ctx.conn().smembers(ACTIVE_VOUCHERS).await.unwrap();
+        if gone.iter().all(|v| !active.contains(&v.get())) {
+            break;
+        }
     }
     runs
 }
@@ -1160,14 +1164,10 @@ async fn a_drained_sale_without_its_sale_hash_is_retired_by_the_database_end() {
 
     let mut cfg = ctx.drainer_config();
     cfg.retention = Some(Duration::from_secs(60));
-    let runs = drain_until_retired(&ctx, &cfg, 2).await;
+    let runs = drain_until_retired(&ctx, &cfg, &[lost_after_end.id, never_loaded.id]).await;
     assert_eq!(
-        (
-            sum(&runs, |s| s.inserted),
-            sum(&runs, |s| s.retired),
-            sum(&runs, |s| s.errors)
-        ),
-        (4, 2, 0),
+        (sum(&runs, |s| s.inserted), sum(&runs, |s| s.errors)),
+        (4, 0),
         "{runs:?}"
     );
     let rows = ctx.orders_in_db(unpaid.id).await;
@@ -1417,12 +1417,13 @@ async fn ten_thousand_open_sales_drain_within_a_few_runs_hot_ones_first() {
     );
     // The small sales are written in groups (a transaction per 100 orders here, not
     // per sale): counted in transactions, which no machine's speed changes (one per
-    // small sale would be 10,000 of them; grouped, about 215). In runs: one takes them
+    // small sale would be 10,000 of them; grouped, 215 to 705 here, more when a run's
+    // time cuts rounds short). In runs: one takes them
     // all here, a loaded CI machine needed two or three (one transaction per small sale
     // took five or six on this one).
     let transactions: u64 = runs.iter().map(|s| s.batches).sum();
     assert!(
-        transactions as usize <= total / 100 * 2,
+        transactions as usize <= total / 10,
         "{transactions} transactions for {total} orders: {runs:#?}"
     );
     assert!(runs.len() <= 4, "took {} runs", runs.len());
