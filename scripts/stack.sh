@@ -1118,14 +1118,19 @@ template_default() {
 }
 
 up_gateway() {
-    local bin=$BIN_DIR/api-gateway-local stamp code webhook_throttle
+    local bin=$BIN_DIR/api-gateway-local stamp code webhook_throttle edge_limit
     [[ -x $bin ]] || die "$bin is missing: the workspace build did not produce it"
     # The payment webhooks' route throttling, as the template's defaults set it in AWS.
     webhook_throttle="$(template_default WebhookRateLimit),$(template_default WebhookBurstLimit)"
     [[ $webhook_throttle =~ ^[0-9]+,[0-9]+$ ]] ||
         die "template.yaml's WebhookRateLimit/WebhookBurstLimit defaults not found ($webhook_throttle)"
+    # The edge's per-client limit on the anonymous reads (the web ACL's rate-based rule,
+    # EdgeReadsPerClientMinute a minute): a bucket of that many, refilled evenly.
+    edge_limit=$(template_default EdgeReadsPerClientMinute)
+    [[ $edge_limit =~ ^[0-9]+$ ]] || die "template.yaml's EdgeReadsPerClientMinute default not found"
+    edge_limit="$(((edge_limit + 59) / 60)),$edge_limit"
     # A restarted watch restarts the gateway too: no pooled connection to the old one.
-    stamp="$(file_stamp "$bin") lambda=$LAMBDA_PORT pid=$(svc_pid lambda) throttle=$webhook_throttle"
+    stamp="$(file_stamp "$bin") lambda=$LAMBDA_PORT pid=$(svc_pid lambda) throttle=$webhook_throttle edge=$edge_limit"
     if running_ok gateway "$stamp"; then
         ok "gateway   already running (pid $(svc_pid gateway), port $GATEWAY_PORT)"
     else
@@ -1135,7 +1140,8 @@ up_gateway() {
             --listen "127.0.0.1:$GATEWAY_PORT" \
             --lambda "http://127.0.0.1:$LAMBDA_PORT" --function seckill-http \
             --route-throttle "POST /payments/webhook=$webhook_throttle" \
-            --route-throttle "POST /payments/stripe=$webhook_throttle"
+            --route-throttle "POST /payments/stripe=$webhook_throttle" \
+            --client-limit "GET /vouchers/{id}+GET /app/{file}=$edge_limit"
         wait_port gateway 30 "api-gateway-local must listen on --listen (tools/api-gateway-local)"
     fi
     code=$(curl -sS -o /dev/null -w '%{http_code}' --max-time 60 "$HTTP_URL/vouchers/1" 2>&1 || true)
@@ -1169,6 +1175,7 @@ STRIPE_WEBHOOK_SECRET=$(stripe_webhook_secret)
 STRIPE_PUBLISHABLE_KEY=$STRIPE_PUBLISHABLE_KEY
 STRIPE_JS_URL=$STRIPE_JS_URL
 SECKILL_PAYMENT_GRACE_S=$PAYMENT_GRACE_S
+SECKILL_EDGE_READS_PER_CLIENT_MINUTE=$(template_default EdgeReadsPerClientMinute)
 DB_NAME=$DB_NAME
 AWS_REGION=$AWS_REGION_LOCAL
 AWS_ACCESS_KEY_ID=local

@@ -169,6 +169,7 @@ pub fn test_http_config(
         stripe: None,
         stripe_webhook: seckill_http::secrets::SecretSource::Missing,
         payment_grace_s: seckill_http::config::DEFAULT_PAYMENT_GRACE_S,
+        edge: seckill_http::secrets::SecretSource::Missing,
     }
 }
 

@@ -17,7 +17,7 @@ use crate::error::ApiError;
 use crate::identity::require_admin;
 use crate::limiter::{RateLimiter, Source};
 use crate::pages::Policy;
-use crate::secrets::HeldSecrets;
+use crate::secrets::{HeldSecrets, SecretSource};
 
 /// Admin requests (voucher creations, the live view's polls) one admin may make per
 /// second through one instance, and the burst.
@@ -62,6 +62,9 @@ pub struct App {
     pub(crate) page_policy: Policy,
     /// Stripe's webhook endpoint secrets (`POST /payments/stripe`).
     pub(crate) stripe_webhook: HeldSecrets,
+    /// The origin secret the edge's distribution sends (`crate::edge`); `None`: no edge,
+    /// every request is served.
+    pub(crate) edge: Option<HeldSecrets>,
     /// How long past its deadline an order whose payment started at Stripe stays
     /// payable (`lua/grace.lua`).
     pub(crate) payment_grace_ms: u64,
@@ -141,6 +144,12 @@ impl App {
                 cfg.stripe_webhook.clone(),
                 "Stripe webhook secret (STRIPE_WEBHOOK_SECRET_ARN)",
             ),
+            edge: (!matches!(cfg.edge, SecretSource::Missing)).then(|| {
+                HeldSecrets::new(
+                    cfg.edge.clone(),
+                    "edge origin secret (EDGE_ORIGIN_SECRET_ARN)",
+                )
+            }),
             payment_grace_ms: cfg.payment_grace_s.saturating_mul(1000),
             borrowing: BorrowCosts::default(),
             repair_part_rows: cfg.repair_part_rows.max(1),

@@ -32,6 +32,8 @@ const OWN_ENV_VARS: &[&str] = &[
     "STRIPE_PUBLISHABLE_KEY",
     "STRIPE_JS_URL",
     "SECKILL_PAYMENT_GRACE_S",
+    "EDGE_ORIGIN_SECRET_ARN",
+    "EDGE_ORIGIN_SECRET",
 ];
 
 /// Every environment variable [`Config::read`] reads (the backends' and its own). The SAM
@@ -84,6 +86,10 @@ pub struct Config {
     /// How long past its deadline an order whose payment was started at Stripe stays
     /// payable (`SECKILL_PAYMENT_GRACE_S`, default [`DEFAULT_PAYMENT_GRACE_S`]; 0: none).
     pub payment_grace_s: u64,
+    /// The secret the edge's distribution sends with every request
+    /// (`EDGE_ORIGIN_SECRET_ARN` or `EDGE_ORIGIN_SECRET`; `crate::edge`). Missing: no
+    /// edge in front, every request is served.
+    pub edge: SecretSource,
 }
 
 /// A payment started at Stripe before the deadline (3-D Secure, a slow bank, a late
@@ -166,6 +172,12 @@ impl Config {
             "STRIPE_WEBHOOK_SECRET",
             &endpoint,
         );
+        let edge = SecretSource::read(
+            &mut env,
+            "EDGE_ORIGIN_SECRET_ARN",
+            "EDGE_ORIGIN_SECRET",
+            &endpoint,
+        );
         let api_base = env.optional("STRIPE_API_BASE");
         let page = StripePage::read(&mut env);
         let stripe = match stripe_key {
@@ -188,12 +200,13 @@ impl Config {
         let any_arn = webhook.by_arn()
             || entry.by_arn()
             || stripe_webhook.by_arn()
+            || edge.by_arn()
             || stripe.as_ref().is_some_and(|s| s.key.by_arn());
         if endpoint.is_some() && !any_arn {
             env.problem(
                 "SECRETS_MANAGER_URL is set but no secret is read by ARN \
                  (PAYMENT_WEBHOOK_SECRET_ARN, ENTRY_TOKEN_SECRET_ARN, STRIPE_SECRET_KEY_ARN, \
-                 STRIPE_WEBHOOK_SECRET_ARN)",
+                 STRIPE_WEBHOOK_SECRET_ARN, EDGE_ORIGIN_SECRET_ARN)",
             );
         }
         let cfg = Config {
@@ -213,6 +226,7 @@ impl Config {
             stripe,
             stripe_webhook,
             payment_grace_s: env.parse_or("SECKILL_PAYMENT_GRACE_S", DEFAULT_PAYMENT_GRACE_S),
+            edge,
         };
         env.finish()?;
         Ok(cfg)

@@ -19,6 +19,7 @@ pub mod app;
 pub mod cache;
 pub mod config;
 pub mod costs;
+pub mod edge;
 pub mod error;
 pub mod identity;
 pub mod limiter;

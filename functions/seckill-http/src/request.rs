@@ -1,11 +1,10 @@
 //! What the handlers read from a request besides its route: the largest body accepted
-//! and the address the request came from.
+//! and the address API Gateway saw it come from.
 
 use lambda_http::request::RequestContext;
 use lambda_http::{Request, RequestExt};
 
 use crate::error::ApiError;
-use crate::limiter::Source;
 
 /// The largest request body accepted (a voucher is a few hundred bytes).
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
@@ -22,10 +21,11 @@ pub(crate) fn body_of(req: &Request) -> Result<&[u8], ApiError> {
     Ok(body)
 }
 
-/// The address API Gateway saw the request come from.
-pub(crate) fn source_of(req: &Request) -> Source {
-    Source::of(match req.request_context_ref() {
+/// The address API Gateway saw the request come from (behind the edge, CloudFront's:
+/// [`crate::edge::source_of`] is the client's).
+pub(crate) fn gateway_source_ip(req: &Request) -> Option<&str> {
+    match req.request_context_ref() {
         Some(RequestContext::ApiGatewayV2(ctx)) => ctx.http.source_ip.as_deref(),
         _ => None,
-    })
+    }
 }

@@ -215,9 +215,11 @@ impl Route<'_> {
 /// line for each of a million refusals. Everything else is logged at INFO.
 pub async fn handle(app: &App, req: Request) -> Response<Body> {
     let route = Route::of(&req);
-    let result = match &route {
-        Some(route) => dispatch(app, &req, route).await,
-        None => Err(no_route(&req)),
+    // Behind the edge, nothing is served that did not come through it (crate::edge).
+    let result = match (crate::edge::check(app, &req).await, &route) {
+        (Err(refused), _) => Err(refused),
+        (Ok(()), Some(route)) => dispatch(app, &req, route).await,
+        (Ok(()), None) => Err(no_route(&req)),
     };
     let (res, outcome, refusal) = match result {
         Ok(res) => (res, route.as_ref().map_or("ok", Route::success), false),

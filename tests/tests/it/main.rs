@@ -24,6 +24,7 @@ mod drainer_crash;
 mod drainer_e2e;
 mod drainer_flow;
 mod e2e_http;
+mod edge;
 mod http_fuzz;
 mod http_handlers;
 mod live_view;

@@ -201,6 +201,7 @@ impl Scenario {
                     ),
                     ("CreateRdsDataEndpoint", "false"),
                     ("EnableStripe", "true"),
+                    ("EnableEdge", "true"),
                 ],
             ),
             Scenario::bounds(t, "every number parameter at its MinValue", "MinValue"),
@@ -452,18 +453,22 @@ fn cfn_lint_finds_no_errors() {
 /// check that does not apply is skipped in the template itself, on its resource, with a
 /// one-line reason (`Metadata.checkov.skip[].comment`), so a new finding fails here.
 /// checkov reads conditions at the parameters' defaults, so it scans a copy with every
-/// opt-in on (`EnableStripe`): the default shape's resources and the opt-ins' too.
+/// opt-in on (`EnableStripe`, `EnableEdge`): the default shape's resources and the
+/// opt-ins' too.
 #[test]
 fn checkov_finds_nothing_that_is_not_skipped_with_a_reason() {
     let checkov =
         seckill_tests::pinned::tool("checkov", "CHECKOV_VERSION", "checkov", "SECKILL_CHECKOV");
     let text = std::fs::read_to_string(workspace_root().join("template.yaml")).unwrap();
-    let opt_in = "  EnableStripe:\n    Type: String\n    Default: \"false\"";
-    assert!(text.contains(opt_in), "EnableStripe's default moved");
-    let every_opt_in = text.replace(
-        opt_in,
-        "  EnableStripe:\n    Type: String\n    Default: \"true\"",
-    );
+    let mut every_opt_in = text.clone();
+    for name in ["EnableStripe", "EnableEdge"] {
+        let opt_in = format!("  {name}:\n    Type: String\n    Default: \"false\"");
+        assert!(text.contains(&opt_in), "{name}'s default moved");
+        every_opt_in = every_opt_in.replace(
+            &opt_in,
+            &format!("  {name}:\n    Type: String\n    Default: \"true\""),
+        );
+    }
     let dir = workspace_root().join("target/tmp/checkov");
     std::fs::create_dir_all(&dir).unwrap();
     let scanned = dir.join(format!("template-{}.yaml", std::process::id()));
@@ -1147,12 +1152,13 @@ fn every_iam_statement_is_scoped_to_the_configured_cluster_and_secret() {
                 } else if a == "secretsmanager:GetSecretValue" {
                     // The database secret the function names to the Data API, or a
                     // secret it reads itself (the payment webhook's, the entry
-                    // tokens', Stripe's): one per statement.
+                    // tokens', Stripe's, the edge's): one per statement.
                     let own = [
                         "PAYMENT_WEBHOOK_SECRET_ARN",
                         "ENTRY_TOKEN_SECRET_ARN",
                         "STRIPE_SECRET_KEY_ARN",
                         "STRIPE_WEBHOOK_SECRET_ARN",
+                        "EDGE_ORIGIN_SECRET_ARN",
                     ]
                     .iter()
                     .filter_map(|k| env.get(*k))
@@ -1759,6 +1765,8 @@ fn functions_use_the_application_user_secret_never_the_master_secret() {
             // Stripe's key (both functions) and webhook secret (seckill-http).
             expected.extend(env.get("STRIPE_SECRET_KEY_ARN").cloned());
             expected.extend(env.get("STRIPE_WEBHOOK_SECRET_ARN").cloned());
+            // The edge's origin secret (seckill-http, EnableEdge=true).
+            expected.extend(env.get("EDGE_ORIGIN_SECRET_ARN").cloned());
             assert_eq!(secret_resources, expected, "{} / {name}", s.name);
             assert!(!secret_resources.contains(&master), "{} / {name}", s.name);
         }
@@ -1779,4 +1787,121 @@ fn functions_use_the_application_user_secret_never_the_master_secret() {
             );
         }
     }
+}
+
+// --------------------------------------------------------------------------------- edge
+
+/// With the edge on (`EnableEdge=true`), the distribution passes the function what it
+/// reads (the body's type, the providers' signatures, the entry token, the viewer's
+/// address; the token as part of the cache key, never Host), keeps nothing the function
+/// does not mark public, sends the very secret the function is told to demand, and its
+/// web ACL answers over-limit clients the body the local gateway emulates, on the
+/// parameter the local stack reads.
+#[test]
+fn the_edge_passes_what_the_function_reads_and_sends_the_secret_it_demands() {
+    let t = template();
+    let s = Scenario::new(&t, "edge", &[("EnableEdge", "true")]);
+    let eval = Eval { t: &t, s: &s };
+    let lower = |v: &Value| -> BTreeSet<String> {
+        strings(v).iter().map(|h| h.to_ascii_lowercase()).collect()
+    };
+    let forwarded = lower(&eval.value(at(
+        resource(&t, "EdgeOriginRequestPolicy"),
+        &[
+            "Properties",
+            "OriginRequestPolicyConfig",
+            "HeadersConfig",
+            "Headers",
+        ],
+    )));
+    for header in [
+        "content-type",
+        seckill_shared::webhook::SIGNATURE_HEADER,
+        seckill_shared::webhook::stripe::SIGNATURE_HEADER,
+        seckill_http::queue::ENTRY_HEADER,
+        seckill_http::edge::VIEWER_HEADER,
+    ] {
+        assert!(
+            forwarded.contains(header),
+            "{header} is not passed: {forwarded:?}"
+        );
+    }
+    assert!(
+        !forwarded.contains("host"),
+        "API Gateway routes on its own Host"
+    );
+    let cache = at(
+        resource(&t, "EdgeCachePolicy"),
+        &["Properties", "CachePolicyConfig"],
+    );
+    let keyed = lower(&eval.value(at(
+        cache,
+        &[
+            "ParametersInCacheKeyAndForwardedToOrigin",
+            "HeadersConfig",
+            "Headers",
+        ],
+    )));
+    assert_eq!(keyed, BTreeSet::from(["authorization".to_string()]));
+    assert_eq!(
+        at(cache, &["DefaultTTL"]).as_u64(),
+        Some(0),
+        "unmarked answers are not kept"
+    );
+    let max_age: u64 = seckill_http::vouchers::READ_CACHE_CONTROL
+        .rsplit('=')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert!(at(cache, &["MaxTTL"]).as_u64().unwrap() >= max_age);
+
+    let config = at(
+        resource(&t, "EdgeDistribution"),
+        &["Properties", "DistributionConfig"],
+    );
+    let origin = &at(config, &["Origins"]).as_sequence().unwrap()[0];
+    let header = &at(origin, &["OriginCustomHeaders"]).as_sequence().unwrap()[0];
+    assert_eq!(
+        str_of(at(header, &["HeaderName"])).to_ascii_lowercase(),
+        seckill_http::edge::EDGE_HEADER
+    );
+    let (_, f) = function_for_binary(&t, "seckill-http");
+    let secret = environment(&t, f, &s)
+        .remove("EDGE_ORIGIN_SECRET_ARN")
+        .expect("seckill-http is told the edge's secret");
+    assert_eq!(
+        eval.string(at(header, &["HeaderValue"])),
+        format!("{{{{resolve:secretsmanager:{secret}:SecretString}}}}")
+    );
+    assert_eq!(
+        eval.string(at(config, &["WebACLId"])),
+        eval.attribute("EdgeWebAcl", "Arn")
+    );
+    // Without the edge, the function is told no secret (and so serves every request).
+    let plain = Scenario::new(&t, "no edge", &[]);
+    assert!(!environment(&t, f, &plain).contains_key("EDGE_ORIGIN_SECRET_ARN"));
+
+    let acl = at(resource(&t, "EdgeWebAcl"), &["Properties"]);
+    let body = str_of(at(acl, &["CustomResponseBodies", "RateLimited", "Content"]));
+    let parsed: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(parsed["code"], "rate_limited", "the API's own code");
+    let gateway =
+        std::fs::read_to_string(workspace_root().join("tools/api-gateway-local/src/lib.rs"))
+            .unwrap();
+    assert!(
+        gateway.contains(&format!("r#\"{body}\"#")),
+        "the local gateway answers the web ACL's body"
+    );
+    let rules = at(acl, &["Rules"]).as_sequence().unwrap();
+    let reads = rules
+        .iter()
+        .find(|r| str_of(at(r, &["Name"])) == "anonymous-reads-per-client")
+        .expect("a per-client rule on the anonymous reads");
+    let limit = at(reads, &["Statement", "RateBasedStatement", "Limit"]);
+    assert_eq!(
+        intrinsic(limit).map(|(f, arg)| (f, str_of(arg).to_string())),
+        Some(("Ref".to_string(), "EdgeReadsPerClientMinute".to_string()))
+    );
+    let stack = std::fs::read_to_string(workspace_root().join("scripts/stack.sh")).unwrap();
+    assert!(stack.contains("template_default EdgeReadsPerClientMinute"));
 }

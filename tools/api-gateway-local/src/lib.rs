@@ -19,6 +19,19 @@
 //! burst), answering `429 {"message":"Too Many Requests"}` before the function is
 //! invoked. Only what the local stack asks for: the payment webhooks' ceilings, so a
 //! flood of junk at them is measured as in AWS.
+//!
+//! In front of that, the edge's per-client limit (template.yaml's WAF rate-based rule on
+//! the anonymous reads, `Edge=Enabled`) is emulated for the routes it is given
+//! (`--client-limit`): a token bucket per client and group of routes, answering the
+//! web ACL's own `429` ([`edge_limited`]) before anything else counts the request. A
+//! client is the first address of `X-Forwarded-For` (what a client behind the
+//! distribution looks like, and how a test poses as many clients from one machine),
+//! else the socket's peer. That client is also the event's `sourceIp`, the address the
+//! function limits anonymous reads by: in AWS it reads the same client from the
+//! distribution's `CloudFront-Viewer-Address` (seckill_http::edge). In AWS, WAF counts
+//! the viewer's own address, which no header can forge; locally a test may pose as any
+//! client. The window differs too (a bucket of `limit` refilled at `limit / 60` a second
+//! here, at most `limit` requests in any minute there).
 
 pub mod in_flight;
 
@@ -34,6 +47,34 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use seckill_http::routes::Route;
 use serde::Deserialize;
+
+/// The client a request counts against at the edge: the first address of
+/// `X-Forwarded-For` when it has a valid one, else the socket's peer.
+pub fn client_of(headers: &HeaderMap, peer: IpAddr) -> IpAddr {
+    headers
+        .get("x-forwarded-for")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(',').next())
+        .and_then(|first| first.trim().parse().ok())
+        .unwrap_or(peer)
+}
+
+/// The web ACL's answer to a client over its limit (template.yaml, `EdgeWebAcl`'s
+/// custom response): the API's own `429 rate_limited` body.
+pub fn edge_limited() -> Outgoing {
+    Outgoing {
+        status: StatusCode::TOO_MANY_REQUESTS,
+        headers: vec![(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body: EDGE_LIMITED_BODY.as_bytes().to_vec(),
+    }
+}
+
+/// The body of [`edge_limited`], as the template's web ACL sends it.
+pub const EDGE_LIMITED_BODY: &str =
+    r#"{"code":"rate_limited","message":"too many requests from your address, slow down"}"#;
 
 /// The largest request payload API Gateway HTTP APIs accept (10 MB); larger is `413`.
 pub const MAX_PAYLOAD_BYTES: usize = 10 * 1024 * 1024;
@@ -301,6 +342,26 @@ mod tests {
             request_id: "req-1".into(),
             at_ms: 1_795_000_000_123,
         }
+    }
+
+    #[test]
+    fn a_client_is_the_first_forwarded_address_else_the_peer() {
+        let peer: IpAddr = "127.0.0.1".parse().unwrap();
+        let mut h = HeaderMap::new();
+        assert_eq!(client_of(&h, peer), peer);
+        h.insert(
+            "x-forwarded-for",
+            HeaderValue::from_static("198.51.100.4, 10.0.0.1"),
+        );
+        assert_eq!(
+            client_of(&h, peer),
+            "198.51.100.4".parse::<IpAddr>().unwrap()
+        );
+        h.insert(
+            "x-forwarded-for",
+            HeaderValue::from_static("junk, 10.0.0.1"),
+        );
+        assert_eq!(client_of(&h, peer), peer);
     }
 
     #[test]

@@ -3,15 +3,15 @@
 //! `cargo lambda watch`'s Lambda Invoke API, its answer back out.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use api_gateway_local::in_flight::{InFlight, Place};
 use api_gateway_local::{
-    FunctionResponse, Incoming, MAX_PAYLOAD_BYTES, Outgoing, event_of, gateway_error,
-    internal_error, response_of, route_key,
+    FunctionResponse, Incoming, MAX_PAYLOAD_BYTES, Outgoing, client_of, edge_limited, event_of,
+    gateway_error, internal_error, response_of, route_key,
 };
 use aws_lambda_events::apigw::ApiGatewayV2httpRequest;
 use axum::body::Body;
@@ -55,6 +55,13 @@ struct Cli {
     /// (requests per second, burst); repeat for more routes. Others are not throttled.
     #[arg(long = "route-throttle", value_parser = parse_throttle)]
     route_throttle: Vec<(String, u32, u32)>,
+
+    /// The edge's per-client limit on a group of routes, as the template's web ACL sets
+    /// it: `"GET /vouchers/{id}+GET /app/{file}=RATE,BURST"` (requests per second and
+    /// client, burst; the routes named share one bucket per client); repeat for more
+    /// groups. Checked before the route throttles.
+    #[arg(long = "client-limit", value_parser = parse_throttle)]
+    client_limit: Vec<(String, u32, u32)>,
 }
 
 /// `"<route key>=<rate>,<burst>"`.
@@ -79,6 +86,8 @@ struct Gateway {
     timeout: Duration,
     /// Route key → its token bucket (one key: the route's).
     throttles: HashMap<String, RateLimiter<()>>,
+    /// Route key → the per-client buckets of its group (`--client-limit`).
+    client_limits: HashMap<String, Arc<RateLimiter<IpAddr>>>,
 }
 
 #[tokio::main]
@@ -107,6 +116,15 @@ async fn main() -> anyhow::Result<()> {
             .route_throttle
             .iter()
             .map(|(key, rate, burst)| (key.clone(), RateLimiter::new(*rate, *burst)))
+            .collect(),
+        client_limits: cli
+            .client_limit
+            .iter()
+            .flat_map(|(keys, rate, burst)| {
+                let bucket = Arc::new(RateLimiter::new(*rate, *burst));
+                keys.split('+')
+                    .map(move |key| (key.trim().to_string(), bucket.clone()))
+            })
             .collect(),
     });
     let app = axum::Router::new().fallback(handle).with_state(gateway);
@@ -137,11 +155,20 @@ async fn handle(
     let arrived = tokio::time::Instant::now();
     let (parts, body) = req.into_parts();
     let now_ms = (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64;
-    let throttled = gw
-        .throttles
-        .get(route_key(&parts.method, parts.uri.path()))
-        .is_some_and(|bucket| !bucket.allow(&(), now_ms));
-    let out = if throttled {
+    let key = route_key(&parts.method, parts.uri.path());
+    let client = client_of(&parts.headers, peer.ip());
+    let edge_limited_now = gw
+        .client_limits
+        .get(key)
+        .is_some_and(|buckets| !buckets.allow(&client, now_ms));
+    let throttled = !edge_limited_now
+        && gw
+            .throttles
+            .get(key)
+            .is_some_and(|bucket| !bucket.allow(&(), now_ms));
+    let out = if edge_limited_now {
+        edge_limited()
+    } else if throttled {
         gateway_error(StatusCode::TOO_MANY_REQUESTS, "Too Many Requests")
     } else {
         match axum::body::to_bytes(body, MAX_PAYLOAD_BYTES).await {
@@ -153,7 +180,8 @@ async fn handle(
                     query: parts.uri.query(),
                     headers: &parts.headers,
                     body: &body,
-                    source_ip: peer.ip(),
+                    // The client as the edge tells it apart (see the library's header).
+                    source_ip: client,
                     request_id: uuid::Uuid::new_v4().to_string(),
                     at_ms: now_ms,
                 };

@@ -99,6 +99,25 @@ pub struct CostOptions {
     /// KB through the NAT per Stripe call, request and answer
     #[arg(long, default_value_t = 4.0)]
     pub stripe_call_kb: f64,
+    /// Anonymous reads during the sale: `GET /vouchers/{id}` and the page files, by the
+    /// buyer pages polling every 2 s (users x minutes x 30). Not counted by default
+    #[arg(long = "cost-page-reads", default_value_t = 0)]
+    pub page_reads: u64,
+    /// Price the edge too (template EnableEdge): CloudFront and WAF for every request,
+    /// attempts and reads; the reads the edge keeps never reach API Gateway or Lambda.
+    /// The same in both designs
+    #[arg(long = "cost-edge")]
+    pub edge: bool,
+    /// Edge locations serving the sale: each asks the origin at most once a second for
+    /// each object it keeps (the voucher's answer, a page file)
+    #[arg(long, default_value_t = 40.0)]
+    pub edge_locations: f64,
+    /// Seconds the anonymous reads last (the pages stay open before, during and after)
+    #[arg(long, default_value_t = 600.0)]
+    pub read_seconds: f64,
+    /// KB per answer the edge sends out (a voucher's JSON, a compressed page file)
+    #[arg(long, default_value_t = 1.0)]
+    pub response_kb: f64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -275,6 +294,7 @@ pub fn bill(o: &CostOptions) -> anyhow::Result<Bill> {
             tutorial_usd: secrets,
         });
     }
+    lines.extend(reads_and_edge(o, &p)?);
     let prices = list
         .prices
         .iter()
@@ -287,6 +307,66 @@ pub fn bill(o: &CostOptions) -> anyhow::Result<Bill> {
         lines,
         prices,
     })
+}
+
+/// The anonymous reads (`--cost-page-reads`) and the edge (`--cost-edge`), the same in
+/// both designs. Without the edge every read is a request and an invocation. With it,
+/// every request (attempts and reads) pays CloudFront and WAF, and a read reaches the
+/// API only when an edge location's copy is older than its second: at most two objects
+/// (the voucher's answer, a page file) per location and second.
+fn reads_and_edge(
+    o: &CostOptions,
+    p: &dyn Fn(&str) -> anyhow::Result<f64>,
+) -> anyhow::Result<Vec<Line>> {
+    let million = 1e6;
+    let per_call = p("api_gateway_http_per_million_requests")? / million
+        + p("lambda_per_million_requests")? / million
+        + 0.001 * o.http_memory_mb / 1024.0 * p("lambda_arm64_per_gb_second")?;
+    let reads = o.page_reads as f64;
+    let mut lines = Vec::new();
+    let reaching = if o.edge {
+        reads.min(2.0 * o.edge_locations * o.read_seconds)
+    } else {
+        reads
+    };
+    if reads > 0.0 {
+        let line = |usd| Line {
+            service: "Anonymous reads (API Gateway, Lambda)",
+            what: format!("{reaching:.0} of {reads:.0} reads reach the API"),
+            ours_usd: usd,
+            tutorial_usd: usd,
+        };
+        lines.push(line(reaching * per_call));
+    }
+    if !o.edge {
+        return Ok(lines);
+    }
+    let requests = o.attempts as f64 + reads;
+    let out_gb = requests * o.response_kb / 1024.0 / 1024.0;
+    let cloudfront = requests * p("cloudfront_https_per_million_requests")? / million
+        + out_gb * p("cloudfront_out_per_gb")?;
+    lines.push(Line {
+        service: "CloudFront (edge)",
+        what: format!("{requests:.0} HTTPS requests, {out_gb:.2} GB out"),
+        ours_usd: cloudfront,
+        tutorial_usd: cloudfront,
+    });
+    // The web ACL and its four rules (two per-client limits, two managed groups), billed
+    // monthly, attributed for the hours; every request inspected.
+    let month = o.hours / 730.0;
+    let waf = (p("waf_web_acl_per_month")? + 4.0 * p("waf_rule_per_month")?) * month
+        + requests * p("waf_per_million_requests")? / million
+        + p("secrets_manager_per_secret_month")? * month;
+    lines.push(Line {
+        service: "AWS WAF, origin secret (edge)",
+        what: format!(
+            "1 web ACL, 4 rules, 1 secret x {} h; {requests:.0} requests",
+            o.hours
+        ),
+        ours_usd: waf,
+        tutorial_usd: waf,
+    });
+    Ok(lines)
 }
 
 /// The bill as a Markdown table, with its sale and the price list's date.
@@ -360,6 +440,44 @@ mod tests {
         assert!(tutorial > ours, "{b:?}");
         let page = markdown(&b);
         assert!(page.contains("| **total** |"), "{page}");
+    }
+
+    #[test]
+    fn the_edge_prices_every_request_and_keeps_reads_from_the_api() {
+        let line = |b: &Bill, name: &str| {
+            b.lines
+                .iter()
+                .find(|l| l.service.starts_with(name))
+                .map(|l| l.ours_usd)
+        };
+        let plain = bill(&Cli::parse_from(["cost"]).cost).unwrap();
+        assert_eq!(
+            line(&plain, "Anonymous reads"),
+            None,
+            "not counted unless asked"
+        );
+        assert_eq!(line(&plain, "CloudFront"), None);
+        let reads = ["cost", "--cost-page-reads", "6000000"];
+        let direct = bill(&Cli::parse_from(reads).cost).unwrap();
+        let per_call = 1.0 / 1e6 + 0.2 / 1e6 + 0.001 * 0.5 * 0.0000133334;
+        let all = line(&direct, "Anonymous reads").unwrap();
+        assert!((all - 6e6 * per_call).abs() < 1e-6, "{all}");
+        let edge = bill(&Cli::parse_from([&reads[..], &["--cost-edge"]].concat()).cost).unwrap();
+        // 40 locations x 600 s x 2 objects reach the API, of 6,000,000.
+        let kept = line(&edge, "Anonymous reads").unwrap();
+        assert!((kept - 48_000.0 * per_call).abs() < 1e-6, "{kept}");
+        // CloudFront and WAF see the attempts and the reads: 7 million requests.
+        let cloudfront = line(&edge, "CloudFront").unwrap();
+        let out_gb = 7e6 / 1024.0 / 1024.0;
+        assert!(
+            (cloudfront - (7.0 + out_gb * 0.085)).abs() < 1e-6,
+            "{cloudfront}"
+        );
+        let waf = line(&edge, "AWS WAF").unwrap();
+        assert!(
+            (waf - (9.0 / 730.0 + 7.0 * 0.6 + 0.4 / 730.0)).abs() < 1e-6,
+            "{waf}"
+        );
     }
 
     #[test]
