@@ -7,6 +7,9 @@
 --                      it always exists, see lua/preload.lua)
 -- KEYS[5] closed       seckill:{<voucher>}:closed (order id -> its close, lua/close.lua;
 --                      read by resends only)
+-- KEYS[6] offers       seckill:{<voucher>}:offers (user id scored by when their offer
+--                      of a returned unit lapses, lua/queue.lua; read only while units
+--                      are held)
 -- ARGV[1] user id, ARGV[2] order id, ARGV[3] (optional) 'again': this call is sent
 --         again after an earlier copy of the same attempt got no reply in time
 --
@@ -49,6 +52,12 @@
 -- later copy. Marks are written only on resends and such finds, never on the common
 -- path, and go with the sale hash when the sale is retired.
 --
+-- Units held for a waiting room's line (`held`, lua/close.lua and lua/queue.lua): while
+-- the sale hash has any, the caller may take one only with a live offer of theirs (then
+-- the offer is used up); anyone else only the units not held: all held ones until
+-- `held_until`, after it only those an offer holds. Held units never exceed the stock.
+-- A sale without held units reads two more fields of its hash and nothing else.
+--
 -- Every key is in KEYS and shares the {<voucher>} hash tag, so this runs unchanged on
 -- Redis Cluster. A script that fails part-way keeps its earlier writes, so every check
 -- comes before the first write (HSETNX: the last check and the first write). No MAXLEN
@@ -67,6 +76,8 @@ local STOCK = 'stock'
 local BEGINS_MS = 'begins_ms'
 local ENDS_MS = 'ends_ms'
 local PAY_MS = 'pay_ms'
+local HELD = 'held'
+local HELD_UNTIL = 'held_until'
 local AGAIN_PREFIX = 'again:'
 -- ARGV[3] of a resend:
 local AGAIN = 'again'
@@ -79,7 +90,8 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 -- The mark of this attempt (see above) is read with the sale: no command of its own.
 local mark = AGAIN_PREFIX .. ARGV[2]
-local sale = redis.call('HMGET', KEYS[1], STOCK, BEGINS_MS, ENDS_MS, PAY_MS, mark)
+local sale = redis.call('HMGET', KEYS[1], STOCK, BEGINS_MS, ENDS_MS, PAY_MS, mark, HELD,
+  HELD_UNTIL)
 local stock, begins, ends = tonumber(sale[1]), tonumber(sale[2]), tonumber(sale[3])
 local pay = sale[4] and tonumber(sale[4])
 if stock == nil or begins == nil or ends == nil or pay == nil then
@@ -113,6 +125,20 @@ if now >= ends then
   return {ENDED, '', begins, ends, stock, now}
 end
 
+-- Units held for the line: this caller's offer takes one, else only the rest count.
+local held_units = tonumber(sale[6]) or 0
+local offered = false
+if held_units > 0 and stock > 0 then
+  offered = (tonumber(redis.call('ZSCORE', KEYS[6], ARGV[1])) or 0) > now
+  if not offered then
+    local reserved = held_units
+    if now >= (tonumber(sale[7]) or 0) then
+      reserved = redis.call('ZCOUNT', KEYS[6], '(' .. now, '+inf')
+    end
+    stock = stock - reserved
+  end
+end
+
 if stock <= 0 then
   local held = redis.call('HGET', KEYS[2], ARGV[1])
   if held then
@@ -141,6 +167,13 @@ if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then
   return {ALREADY_BOUGHT, held, begins, ends, stock, now}
 end
 local left = redis.call('HINCRBY', KEYS[1], STOCK, -1)
+if held_units > 0 then
+  if offered then
+    held_units = held_units - 1
+    redis.call('ZREM', KEYS[6], ARGV[1])
+  end
+  redis.call('HSET', KEYS[1], HELD, math.min(held_units, left))
+end
 local id = redis.call('XADD', KEYS[3], '*', ORDER_ID, ARGV[2], USER_ID, ARGV[1])
 if pay then
   local admitted = tonumber(string.match(id, '^%d+'))

@@ -28,7 +28,10 @@
 -- only the call that writes the closed value returns it. The order joins `to_settle`
 -- until the drainer records its close in the database (and, for a return, gives the
 -- database its unit back). With `rebuy` = 1 in the sale hash, the buyer's record is
--- dropped too, so they may buy again. Every key shares the {<voucher>} tag. Checks
+-- dropped too, so they may buy again. A sale with a waiting room and one stock bucket
+-- holds the unit for its line (`held`, until HOLD_MS from now: `held_until`;
+-- lua/queue.lua offers it to the earliest waiting position still looking, lua/admit.lua
+-- sells it only to that offer's holder). Every key shares the {<voucher>} tag. Checks
 -- first, writes last.
 
 -- Shared with Rust (shared/src/protocol.rs; its test checks that the two agree).
@@ -43,6 +46,13 @@ local EXPIRED = 'expired'
 -- Sale hash fields:
 local STOCK = 'stock'
 local REBUY = 'rebuy'
+local BUCKETS = 'buckets'
+local ROOM_RATE = 'room_rate'
+local HELD = 'held'
+local HELD_UNTIL = 'held_until'
+-- How long a returned unit waits for the line before anyone may take it, in ms:
+-- twice the longest a waiter is told to wait before looking again.
+local HOLD_MS = 60000
 -- The sentinel member of the deadlines, closed and to-settle keys (lua/preload.lua):
 local SENTINEL = '~'
 
@@ -60,6 +70,11 @@ local function close(order, user, expiry, state, ref)
   -- from the database, which gets this unit back when the close is settled.
   if state ~= PAID and redis.call('EXISTS', KEYS[1]) == 1 then
     redis.call('HINCRBY', KEYS[1], STOCK, 1)
+    local shape = redis.call('HMGET', KEYS[1], ROOM_RATE, BUCKETS)
+    if shape[1] and (tonumber(shape[2]) or 1) <= 1 then
+      redis.call('HINCRBY', KEYS[1], HELD, 1)
+      redis.call('HSET', KEYS[1], HELD_UNTIL, now + HOLD_MS)
+    end
     if redis.call('HGET', KEYS[1], REBUY) == '1' and redis.call('HGET', KEYS[2], user) == order then
       redis.call('HDEL', KEYS[2], user)
     end

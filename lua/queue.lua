@@ -1,18 +1,40 @@
 -- The waiting room: join it, or look up one's place in it (docs/design.md, "Floods and
 -- bots"). One call per request, on the voucher's slot; nothing scans the queue.
 --
--- KEYS[1] sale hash  seckill:{<voucher>}:sale   (bucket 0's: window, room, stock)
+-- KEYS[1] sale hash  seckill:{<voucher>}:sale   (bucket 0's: window, room, stock,
+--                    held units, see below)
 -- KEYS[2] queue hash seckill:{<voucher>}:queue  user id -> position (1, 2, 3, ...)
+-- KEYS[3] offers     seckill:{<voucher>}:offers  user id scored by when their offer of
+--                    a returned unit lapses (ms)
+-- KEYS[4] waiters    seckill:{<voucher>}:waiters user id scored by position: served,
+--                    without an order, looking at a sale sold out to them
+-- KEYS[5] looked     seckill:{<voucher>}:looked  user id -> their last such look (ms),
+--                    or PASSED once an offer of theirs lapsed
+-- KEYS[6] buyers     seckill:{<voucher>}:buyers  (bucket 0's: user id -> order id)
 -- ARGV[1] the user id
 -- ARGV[2] '1' to join (a position is given at the first join and kept ever after),
 --         '0' to look only
 -- ARGV[3] how long the queue is kept after the sale's end, in ms
+-- ARGV[4] how recent a waiter's last look must be for them to count as still looking, ms
+-- ARGV[5] how long an offer of a returned unit holds, ms
 --
 -- A position is HLEN + 1 at the first join: fields are never removed, so positions are
 -- exactly 1..n in the order Redis ran the joins, whoever retries how often.
 --
--- Returns {result, position (0 when none), bucket 0's stock, buckets, now ms, begins ms,
--- ends ms, entry rate per s, opens before s}; only {result} for NOT_LOADED and NO_ROOM.
+-- Returned units go to the line, not to the fastest (one-bucket sales; lua/close.lua
+-- holds them): a unit an order gives back is `held` in the sale hash, for the line alone
+-- until `held_until` (and, once offered, until the offer lapses). Each look here first
+-- drops the offers that lapsed (their holders had their turn and are not offered again),
+-- then records the caller as waiting if the sale is sold out to them, then offers each
+-- held unit no offer holds yet to the earliest waiting position whose last look is
+-- recent (earlier ones that stopped looking leave the waiters). Looking often gains
+-- nothing: only the position orders the waiters. lua/admit.lua lets an offer's holder
+-- take a held unit and everyone else only the units not held.
+--
+-- Returns {result, position (0 when none), the units bucket 0 has for the caller (its
+-- stock, less the units held for others), buckets, now ms, begins ms, ends ms, entry
+-- rate per s, opens before s, when the caller's offer lapses (0: none), units held};
+-- only {result} for NOT_LOADED and NO_ROOM.
 
 -- Shared with Rust (shared/src/protocol.rs; its test checks that the two agree).
 -- Results:
@@ -29,9 +51,15 @@ local ENDS_MS = 'ends_ms'
 local BUCKETS = 'buckets'
 local ROOM_RATE = 'room_rate'
 local ROOM_OPENS_S = 'room_opens_s'
+local HELD = 'held'
+local HELD_UNTIL = 'held_until'
+-- The looked hash's mark of a waiter whose offer lapsed:
+local PASSED = 'passed'
+-- Waiters and lapsed offers one call goes through at most.
+local MOST = 32
 
 local sale = redis.call('HMGET', KEYS[1], STOCK, BEGINS_MS, ENDS_MS, BUCKETS, ROOM_RATE,
-  ROOM_OPENS_S)
+  ROOM_OPENS_S, HELD, HELD_UNTIL)
 local stock = tonumber(sale[1])
 local begins = tonumber(sale[2])
 local ends = tonumber(sale[3])
@@ -64,4 +92,65 @@ if not position then
     end
   end
 end
-return { result, position or 0, stock, buckets, now, begins, ends, rate, opens_s }
+if result ~= QUEUED or buckets > 1 then
+  return { result, position or 0, stock, buckets, now, begins, ends, rate, opens_s, 0, 0 }
+end
+
+-- The line for returned units (see the header).
+local user = ARGV[1]
+local keep_until = ends + tonumber(ARGV[3])
+local held = tonumber(sale[7]) or 0
+local live = 0
+local mine = nil
+if held > 0 then
+  local lapsed = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, MOST)
+  for _, u in ipairs(lapsed) do
+    redis.call('ZREM', KEYS[3], u)
+    redis.call('ZREM', KEYS[4], u)
+    redis.call('HSET', KEYS[5], u, PASSED)
+  end
+  live = redis.call('ZCOUNT', KEYS[3], now, '+inf')
+  mine = tonumber(redis.call('ZSCORE', KEYS[3], user))
+end
+local reserved = held
+if now >= (tonumber(sale[8]) or 0) then
+  reserved = live
+end
+local plain = stock - reserved
+
+-- The caller is waiting: served, sold out to, without an order or an offer, and never
+-- offered a unit they let lapse.
+local served_at = begins + math.ceil(math.max(0, position - rate) * 1000 / rate)
+if now >= served_at and plain <= 0 and not mine and redis.call('HEXISTS', KEYS[6], user) == 0
+    and redis.call('HGET', KEYS[5], user) ~= PASSED then
+  if redis.call('ZADD', KEYS[4], position, user) == 1 then
+    redis.call('PEXPIREAT', KEYS[4], keep_until)
+  end
+  if redis.call('HSET', KEYS[5], user, now) == 1 then
+    redis.call('PEXPIREAT', KEYS[5], keep_until)
+  end
+end
+
+-- Held units nobody holds an offer of: to the earliest waiters still looking.
+local free = held - live
+local seen = 0
+while free > 0 and seen < MOST do
+  local first = redis.call('ZRANGE', KEYS[4], 0, 0)
+  if #first == 0 then
+    break
+  end
+  local u = first[1]
+  seen = seen + 1
+  redis.call('ZREM', KEYS[4], u)
+  local last = tonumber(redis.call('HGET', KEYS[5], u))
+  if last and last >= now - tonumber(ARGV[4]) and redis.call('HEXISTS', KEYS[6], u) == 0 then
+    local lapses = now + tonumber(ARGV[5])
+    redis.call('ZADD', KEYS[3], lapses, u)
+    redis.call('PEXPIREAT', KEYS[3], keep_until)
+    free = free - 1
+    if u == user then
+      mine = lapses
+    end
+  end
+end
+return { result, position, plain, buckets, now, begins, ends, rate, opens_s, mine or 0, held }

@@ -134,11 +134,30 @@ pub fn queue(voucher: VoucherId) -> String {
     format!("seckill:{{{voucher}}}:queue")
 }
 
+/// Sorted set, vouchers with a waiting room and one bucket, in bucket 0's slot: user id
+/// scored by when their offer of a returned unit lapses (`lua/queue.lua` writes it,
+/// `lua/admit.lua` uses an offer up).
+pub fn offers(voucher: VoucherId) -> String {
+    format!("seckill:{{{voucher}}}:offers")
+}
+
+/// Sorted set, as [`offers`]: user id scored by queue position, the served buyers without
+/// an order looking at a sale sold out to them (`lua/queue.lua`).
+pub fn waiters(voucher: VoucherId) -> String {
+    format!("seckill:{{{voucher}}}:waiters")
+}
+
+/// Hash, as [`offers`]: user id -> when they last looked as a waiter (unix ms), or
+/// `passed` once an offer of theirs lapsed (`lua/queue.lua`).
+pub fn looked(voucher: VoucherId) -> String {
+    format!("seckill:{{{voucher}}}:looked")
+}
+
 impl VoucherKeys {
     /// The keys `lua/admit.lua` takes, in its `KEYS` order (sale, buyers, orders,
-    /// deadlines, closed), and only those: the admission runs on every purchase attempt,
-    /// and [`VoucherKeys::new`] formats every key of the voucher.
-    pub fn admission(bucket: impl Into<Bucket>) -> [String; 5] {
+    /// deadlines, closed, offers), and only those: the admission runs on every purchase
+    /// attempt, and [`VoucherKeys::new`] formats every key of the voucher.
+    pub fn admission(bucket: impl Into<Bucket>) -> [String; 6] {
         let key = key_maker(bucket);
         [
             key("sale"),
@@ -146,6 +165,7 @@ impl VoucherKeys {
             key("orders"),
             key("deadlines"),
             key("closed"),
+            key("offers"),
         ]
     }
 }
@@ -200,9 +220,13 @@ mod tests {
                 k.buyers.clone(),
                 k.orders.clone(),
                 k.deadlines.clone(),
-                k.closed.clone()
+                k.closed.clone(),
+                offers(VoucherId::new(42).unwrap())
             ]
         );
+        for key in [offers, waiters, looked, queue] {
+            assert_eq!(hash_tag(&key(VoucherId::new(42).unwrap())), "42");
+        }
         let s = IdKeys::for_day("20261122");
         assert_eq!(hash_tag(&s.clock), hash_tag(&s.blocks));
         assert_eq!(s.blocks, "seckill:{ids}:blocks:20261122");

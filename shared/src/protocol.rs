@@ -152,6 +152,23 @@ pub mod sale_fields {
     /// `1` once the sale's deadlines, closed and to-settle keys hold their sentinel
     /// (`lua/preload.lua`; `lua/probe.lua` makes them for a sale preloaded without it).
     pub const SENTINELS: &str = "sentinels";
+    /// Units returned to a one-bucket sale with a waiting room, held for its line
+    /// (`lua/close.lua`; [`super::line`]).
+    pub const HELD: &str = "held";
+    /// Until when (unix ms) every held unit waits for the line; after it, only those an
+    /// offer holds.
+    pub const HELD_UNTIL: &str = "held_until";
+}
+
+/// The line for returned units (`lua/close.lua`, `lua/queue.lua`, `lua/admit.lua`).
+pub mod line {
+    /// How long a returned unit waits for the line before anyone may take it, in ms:
+    /// twice the longest a waiter is told to wait before looking again.
+    pub const HOLD_MS: i64 = 60_000;
+    /// The `looked` hash's mark of a waiter whose offer lapsed: not offered again.
+    pub const PASSED: &str = "passed";
+    /// Waiters and lapsed offers one look goes through at most.
+    pub const MOST: i64 = 32;
 }
 
 /// `lua/queue.lua`'s results.
@@ -209,6 +226,8 @@ mod tests {
                     ("BEGINS_MS", text(s::BEGINS_MS)),
                     ("ENDS_MS", text(s::ENDS_MS)),
                     ("PAY_MS", text(s::PAY_MS)),
+                    ("HELD", text(s::HELD)),
+                    ("HELD_UNTIL", text(s::HELD_UNTIL)),
                     ("ORDER_ID", text(f::ORDER_ID)),
                     ("USER_ID", text(f::USER_ID)),
                 ],
@@ -249,6 +268,10 @@ mod tests {
                     ("BUCKETS", text(s::BUCKETS)),
                     ("ROOM_RATE", text(s::ROOM_RATE)),
                     ("ROOM_OPENS_S", text(s::ROOM_OPENS_S)),
+                    ("HELD", text(s::HELD)),
+                    ("HELD_UNTIL", text(s::HELD_UNTIL)),
+                    ("PASSED", text(line::PASSED)),
+                    ("MOST", num(line::MOST)),
                 ],
             ),
             (
@@ -282,6 +305,11 @@ mod tests {
                     ("EXPIRED", text(close::EXPIRED)),
                     ("STOCK", text(s::STOCK)),
                     ("REBUY", text(s::REBUY)),
+                    ("BUCKETS", text(s::BUCKETS)),
+                    ("ROOM_RATE", text(s::ROOM_RATE)),
+                    ("HELD", text(s::HELD)),
+                    ("HELD_UNTIL", text(s::HELD_UNTIL)),
+                    ("HOLD_MS", num(line::HOLD_MS)),
                     ("SENTINEL", text(DEADLINES_SENTINEL)),
                 ],
             ),
@@ -413,6 +441,9 @@ mod tests {
             k.received,
             k.grace,
             crate::keys::queue(VoucherId::new(7).unwrap()),
+            crate::keys::offers(VoucherId::new(7).unwrap()),
+            crate::keys::waiters(VoucherId::new(7).unwrap()),
+            crate::keys::looked(VoucherId::new(7).unwrap()),
         ];
         let mut seen = 0;
         for (file, script, _) in expected() {

@@ -34,6 +34,10 @@ const RETURN_LOOK_MIN_MS: i64 = 1_000;
 const RETURN_LOOK_MAX_MS: i64 = 30_000;
 const RETURN_LOOK_DUE_MS: i64 = 10_000;
 
+/// How soon a waiter looks again while returned units are held for the line (one may be
+/// offered to them, or an offer ahead of them lapse).
+const HELD_LOOK_MS: i64 = 5_000;
+
 /// `POST /vouchers/{id}/queue` (`join`) or `GET /vouchers/{id}/queue` (user).
 pub(crate) async fn standing(
     app: &App,
@@ -99,6 +103,15 @@ pub(crate) async fn standing(
     });
     let status = if view.now_ms >= view.window.ends_ms() {
         "ended"
+    } else if let Some(until) = view.offer_until {
+        // A returned unit is offered to this caller, the earliest waiting position still
+        // looking (lua/queue.lua): served again, with a fresh token, until it lapses.
+        let expires = view.now_ms.saturating_add(ENTRY_TOKEN_TTL_MS);
+        let secrets = app.entry_secrets.get().await?;
+        body["entry_token"] = json!(entry::issue(secrets.current(), id, &caller.user, expires));
+        body["entry_expires_at"] = json!(format_rfc3339_millis(expires));
+        body["offer_expires_at"] = json!(format_rfc3339_millis(until));
+        "served"
     } else if let Some(next) = sold_out(sales, id, &view).await? {
         // Not for good while orders await payment: an unpaid one gives its unit back at
         // its deadline (a cancel sooner). The caller is told to look again then (at
@@ -158,6 +171,11 @@ async fn sold_out(
 ) -> Result<Option<Option<UnixMillis>>, ApiError> {
     if view.stock_bucket0 > 0 {
         return Ok(None);
+    }
+    // Units held for the line: offered to the earliest waiters still looking, and
+    // offered on when an offer lapses. Looked at again soon.
+    if view.held > 0 {
+        return Ok(Some(Some(view.now_ms.saturating_add(HELD_LOOK_MS))));
     }
     let conn = sales.conn();
     let next = || queue::earliest_deadline(&conn, id, view.buckets);

@@ -143,7 +143,11 @@ async function waitInLine() {
       entryToken = s.entry_token;
       entryExpires = Date.parse(s.entry_expires_at);
       roomDone = true;
-      show("wait", "It is your turn: you may buy now.");
+      // A unit that came back is offered to the earliest in line still looking: for a
+      // while only.
+      show("wait", s.offer_expires_at
+        ? `A unit came back and is held for you until ${new Date(Date.parse(s.offer_expires_at)).toLocaleTimeString()}: buy now.`
+        : "It is your turn: you may buy now.");
     } else if (s.status === "sold_out" && s.units_may_return) {
       // Orders still await payment: a unit comes back if one is not paid in time.
       show("wait", "Sold out for now: a unit may come back if an order is not paid.");
@@ -195,6 +199,13 @@ async function buy() {
   } else if (a.status === 403 && a.body.code === "entry_required") {
     // The pass was refused (it lapsed, or the line's key changed): the line gives a
     // fresh one, keeping the place.
+    entryToken = null;
+    roomDone = false;
+    show("message", sentence(a.body));
+  } else if (a.status === 409 && a.body.code === "sold_out" && voucher?.entry_rate_per_s !== undefined) {
+    // Client rule: with a waiting room, sold out is not the end while units may come
+    // back: back to the line, which offers a returned unit to the earliest still
+    // looking (the place is kept).
     entryToken = null;
     roomDone = false;
     show("message", sentence(a.body));

@@ -24,6 +24,15 @@ static QUEUE: LazyLock<Script> =
 /// sale ended rather than that they never joined.
 pub const KEEP_AFTER_END_MS: i64 = 24 * 3600 * 1000;
 
+/// How recent a waiter's last look must be for a returned unit to be offered to them:
+/// a waiter is told to look again within 30 s at most (seckill-http's `queue`), so two
+/// of those and some slack. Earlier positions that looked longer ago have left the line.
+pub const STILL_LOOKING_MS: i64 = 65_000;
+
+/// How long an offer of a returned unit holds: time for a waiter's next look (at most
+/// 30 s) and a purchase, and a payment step's checkout after it is the order's own time.
+pub const OFFER_MS: i64 = 90_000;
+
 /// What an instance must know of a live sale before admitting to it, read together
 /// from bucket 0's sale hash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,8 +85,14 @@ pub struct QueueView {
     /// The caller's position, `None` when they have not joined (or could not).
     pub position: Option<u64>,
     pub outcome: QueueOutcome,
-    /// Units left in bucket 0 (all of the voucher's when it has one bucket).
+    /// Units left in bucket 0 for the caller (all of the voucher's when it has one
+    /// bucket), less the units held for others in the line for returned units.
     pub stock_bucket0: i64,
+    /// When the caller's offer of a returned unit lapses, if they hold one: they are
+    /// served again, and may buy a held unit until then.
+    pub offer_until: Option<UnixMillis>,
+    /// Returned units held for the line (one-bucket sales with a room).
+    pub held: i64,
     pub buckets: u16,
     pub room: WaitingRoom,
     pub window: SaleWindow,
@@ -114,9 +129,15 @@ pub async fn queue(
     let reply: Vec<i64> = QUEUE
         .key(&k.sale)
         .key(keys::queue(voucher))
+        .key(keys::offers(voucher))
+        .key(keys::waiters(voucher))
+        .key(keys::looked(voucher))
+        .key(&k.buyers)
         .arg(user.as_str())
         .arg(if join { "1" } else { "0" })
         .arg(KEEP_AFTER_END_MS)
+        .arg(STILL_LOOKING_MS)
+        .arg(OFFER_MS)
         .invoke_async(&mut conn.clone())
         .await?;
     let corrupt = || StoreError::Corrupt(format!("queue script answered {reply:?}"));
@@ -133,6 +154,8 @@ pub async fn queue(
             ends,
             rate,
             opens,
+            offer_until,
+            held,
         ] => {
             let outcome = match result {
                 queue::QUEUED => QueueOutcome::Queued,
@@ -149,6 +172,8 @@ pub async fn queue(
                 room: WaitingRoom::from_stored(rate, opens).ok_or_else(corrupt)?,
                 window: SaleWindow::new(begins, ends).map_err(|_| corrupt())?,
                 now_ms,
+                offer_until: (offer_until > now_ms).then_some(offer_until),
+                held,
             }))
         }
         _ => Err(corrupt()),

@@ -33,6 +33,7 @@ mod payment;
 mod redis_fixture;
 mod repair;
 mod repository;
+mod room_line;
 mod small_sales;
 mod stack_rerun;
 mod stack_smoke;

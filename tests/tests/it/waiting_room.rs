@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 
 /// Creates a voucher with a waiting room of `rate` entries a second, on sale from
 /// `begins_offset_ms` from now for an hour; `more` adds fields to the request.
-async fn create_room(
+pub(crate) async fn create_room(
     app: &App,
     stock: i64,
     rate: i64,
@@ -47,7 +47,7 @@ async fn create_room(
 }
 
 /// `POST` (join) or `GET` (look) `/vouchers/{id}/queue` as `user`.
-async fn queue(app: &App, voucher: &str, user: &str, join: bool) -> (u16, Value) {
+pub(crate) async fn queue(app: &App, voucher: &str, user: &str, join: bool) -> (u16, Value) {
     let path = format!("/vouchers/{voucher}/queue");
     let method = if join { "POST" } else { "GET" };
     call(
@@ -58,7 +58,7 @@ async fn queue(app: &App, voucher: &str, user: &str, join: bool) -> (u16, Value)
 }
 
 /// An admission as `user` carrying `entry` as `Seckill-Entry`.
-async fn buy_with(app: &App, voucher: &str, user: &str, entry: &str) -> (u16, Value) {
+pub(crate) async fn buy_with(app: &App, voucher: &str, user: &str, entry: &str) -> (u16, Value) {
     let path = format!("/vouchers/{voucher}/seckill");
     let mut req = request("POST", &path, Some(&token(user, false)), None, None);
     req.headers_mut()
@@ -108,7 +108,7 @@ async fn join_and_buy(app: &App, voucher: &str, prefix: &str, n: usize) -> Vec<(
 }
 
 /// Units left as `GET /vouchers/{id}` says.
-async fn stock_left(app: &App, voucher: &str) -> i64 {
+pub(crate) async fn stock_left(app: &App, voucher: &str) -> i64 {
     let (status, v) = call(
         app,
         request("GET", &format!("/vouchers/{voucher}"), None, None, None),

@@ -104,12 +104,13 @@ impl RedisSales {
         order_id: OrderId,
     ) -> Result<AdmitReply, StoreError> {
         let voucher: Bucket = voucher.into();
-        let [sale, buyers, orders, deadlines, closed] = VoucherKeys::admission(voucher);
+        let [sale, buyers, orders, deadlines, closed, offers] = VoucherKeys::admission(voucher);
         let mut call = ADMIT.key(&sale);
         call.key(&buyers)
             .key(&orders)
             .key(&deadlines)
             .key(&closed)
+            .key(&offers)
             .arg(user.as_str())
             .arg(order_id.get());
         let (wire, acked): (AdmitWire, Option<u32>) = match self.invoke_durable_raw(&call).await {

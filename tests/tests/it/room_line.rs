@@ -1,0 +1,255 @@
+//! Returned units go to the line, not to the fastest: a voucher with a waiting room (one
+//! stock bucket) holds a unit an order gives back (cancelled, expired) for the earliest
+//! waiting position still looking (`lua/close.lua`, `lua/queue.lua`, `lua/admit.lua`),
+//! against a private Redis and a fresh database, with function instances called with
+//! fixture events.
+//!
+//! What is proved: bots behind in line that hammer the admission and the queue with
+//! valid entry tokens never get a returned unit while someone ahead of them is still
+//! looking; positions that stopped looking are skipped; an offer that lapses passes to
+//! the next and is never made again to the one who let it lapse; a unit nobody in line
+//! claims is free for anyone once its hold ends; nothing is oversold.
+
+use redis::AsyncCommands;
+use seckill_http::App;
+use seckill_shared::domain::VoucherId;
+use seckill_shared::keys;
+use seckill_shared::protocol::sale_fields;
+use seckill_tests::harness::{Backends, TEST_CURRENCY, TEST_PRICE_MINOR, call, request, token};
+use serde_json::{Value, json};
+
+use crate::waiting_room::{buy_with, create_room, queue, stock_left};
+
+/// A room of `stock` units, everyone served at once, each order payable for 10 minutes.
+async fn room_with_payment(app: &App, stock: i64) -> String {
+    let pay =
+        json!({ "pay_within_s": 600, "price_minor": TEST_PRICE_MINOR, "currency": TEST_CURRENCY });
+    create_room(app, stock, 1_000, -100, pay).await
+}
+
+/// Joins `user` and returns their entry token (everyone is served at once here).
+async fn join(app: &App, voucher: &str, user: &str) -> String {
+    let (status, s) = queue(app, voucher, user, true).await;
+    assert_eq!(
+        (status, s["status"].as_str()),
+        (200, Some("served")),
+        "{user}: {s}"
+    );
+    s["entry_token"].as_str().unwrap().to_string()
+}
+
+async fn buy(app: &App, voucher: &str, user: &str, entry: &str) -> String {
+    let (status, body) = buy_with(app, voucher, user, entry).await;
+    assert_eq!(status, 202, "{user}: {body}");
+    body["order_id"].as_str().unwrap().to_string()
+}
+
+async fn cancel(app: &App, user: &str, order: &str) {
+    let path = format!("/orders/{order}/cancel");
+    let (status, body) = call(
+        app,
+        request("POST", &path, Some(&token(user, false)), None, None),
+    )
+    .await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (200, Some("cancelled")),
+        "{body}"
+    );
+}
+
+/// A look at the queue: its status and whether it carries an offer.
+async fn look(app: &App, voucher: &str, user: &str) -> (String, Option<String>, Value) {
+    let (status, s) = queue(app, voucher, user, false).await;
+    assert_eq!(status, 200, "{user}: {s}");
+    let offer = s["offer_expires_at"]
+        .as_str()
+        .map(|_| s["entry_token"].as_str().unwrap().to_string());
+    (s["status"].as_str().unwrap().to_string(), offer, s)
+}
+
+/// Two units, bought by the first two in line; behind them a person (position 4) who
+/// looks every few seconds, a position (3) that never looks again, and four bots
+/// (5-8) hammering the queue and the admission with their valid tokens. Each unit that
+/// comes back goes to the earliest position still looking: the person first, then the
+/// first bot in line, never the bot that asks most; the silent position's token buys
+/// nothing; the stock never goes below zero.
+#[tokio::test]
+async fn a_returned_unit_goes_to_the_earliest_position_still_looking_not_the_fastest() {
+    let b = Backends::start().await;
+    let (app, other) = (
+        App::new(&b.http_config()).await,
+        App::new(&b.http_config()).await,
+    );
+    let voucher = room_with_payment(&app, 2).await;
+    let mut tokens = Vec::new();
+    for u in [
+        "a1", "a2", "silent3", "person4", "bot5", "bot6", "bot7", "bot8",
+    ] {
+        tokens.push((u, join(&app, &voucher, u).await));
+    }
+    let a1 = buy(&app, &voucher, "a1", &tokens[0].1).await;
+    let a2 = buy(&other, &voucher, "a2", &tokens[1].1).await;
+    // Everyone behind looks once and is told to wait (the silent one never looks).
+    for (u, _) in &tokens[3..] {
+        let (status, _, s) = look(&app, &voucher, u).await;
+        assert_eq!(status, "sold_out", "{u}: {s}");
+        assert_eq!(s["units_may_return"], true, "{s}");
+    }
+
+    cancel(&app, "a1", &a1).await;
+    assert_eq!(stock_left(&app, &voucher).await, 1, "the unit is back");
+    // The bots hammer, on both instances: nothing for them, no offer either.
+    for app in [&app, &other] {
+        for _ in 0..5 {
+            for (u, t) in &tokens[4..] {
+                let (status, body) = buy_with(app, &voucher, u, t).await;
+                assert_eq!(
+                    (status, body["code"].as_str()),
+                    (409, Some("sold_out")),
+                    "{u}: {body}"
+                );
+                let (status, offer, s) = look(app, &voucher, u).await;
+                assert_eq!((status.as_str(), offer), ("sold_out", None), "{u}: {s}");
+                assert_eq!(
+                    s["expected_wait_ms"], 5_000,
+                    "held units: look again soon: {s}"
+                );
+            }
+        }
+    }
+    // The silent position's token buys nothing held.
+    let (status, body) = buy_with(&app, &voucher, "silent3", &tokens[2].1).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("sold_out")),
+        "{body}"
+    );
+    // The person looks, a few seconds later as people do: the unit is theirs.
+    let (status, offer, s) = look(&other, &voucher, "person4").await;
+    assert_eq!(status, "served", "{s}");
+    let offer = offer.expect("an offer for the earliest position still looking");
+    let person = buy(&app, &voucher, "person4", &offer).await;
+    assert_eq!(stock_left(&app, &voucher).await, 0);
+
+    // The second unit comes back: the first bot in line gets it, however often the
+    // others ask first.
+    cancel(&other, "a2", &a2).await;
+    for _ in 0..3 {
+        for (u, t) in tokens[5..].iter().rev() {
+            let (status, body) = buy_with(&app, &voucher, u, t).await;
+            assert_eq!(status, 409, "{u}: {body}");
+            let (_, offer, s) = look(&app, &voucher, u).await;
+            assert_eq!(offer, None, "{u} is behind bot5: {s}");
+        }
+    }
+    let (status, offer, s) = look(&app, &voucher, "bot5").await;
+    assert_eq!(status, "served", "{s}");
+    buy(&other, &voucher, "bot5", &offer.unwrap()).await;
+    // The person's order still holds its unit; nothing was sold twice.
+    let (status, body) = buy_with(&app, &voucher, "person4", &tokens[3].1).await;
+    assert_eq!(
+        (status, body["order_id"].as_str()),
+        (409, Some(person.as_str())),
+        "{body}"
+    );
+    assert_eq!(stock_left(&app, &voucher).await, 0);
+    let id: VoucherId = voucher.parse().unwrap();
+    let k = seckill_shared::keys::VoucherKeys::new(id);
+    let (stock, held): (i64, i64) = redis::pipe()
+        .hget(&k.sale, sale_fields::STOCK)
+        .hget(&k.sale, sale_fields::HELD)
+        .query_async(&mut b.sales.conn())
+        .await
+        .unwrap();
+    assert_eq!((stock, held), (0, 0));
+    b.cleanup().await;
+}
+
+/// The queue script itself, with short windows (the real ones are a minute and more):
+/// waiters whose last look is too old are skipped for the next still looking; an offer
+/// that lapses passes on and is never made to its holder again; units nobody in line
+/// takes are free for anyone once their hold ends.
+#[tokio::test]
+async fn offers_lapse_and_pass_on_and_a_hold_ends_for_anyone() {
+    let b = Backends::start().await;
+    let app = App::new(&b.http_config()).await;
+    let voucher = room_with_payment(&app, 2).await;
+    let id: VoucherId = voucher.parse().unwrap();
+    let mut t = std::collections::BTreeMap::new();
+    for u in ["u1", "u2", "w3", "w4", "w5", "late6"] {
+        t.insert(u, join(&app, &voucher, u).await);
+    }
+    let u1 = buy(&app, &voucher, "u1", &t["u1"]).await;
+    let u2 = buy(&app, &voucher, "u2", &t["u2"]).await;
+    let script = redis::Script::new(include_str!("../../../lua/queue.lua"));
+    let k = seckill_shared::keys::VoucherKeys::new(id);
+    // One look with a 400 ms "still looking" window and 300 ms offers: the offer's lapse
+    // time (0: none).
+    let look = |user: &'static str| {
+        let (script, k, mut conn) = (&script, &k, b.sales.conn());
+        async move {
+            let reply: Vec<i64> = script
+                .key(&k.sale)
+                .key(keys::queue(id))
+                .key(keys::offers(id))
+                .key(keys::waiters(id))
+                .key(keys::looked(id))
+                .key(&k.buyers)
+                .arg(user)
+                .arg("0")
+                .arg(60_000)
+                .arg(400)
+                .arg(300)
+                .invoke_async(&mut conn)
+                .await
+                .unwrap();
+            reply[9]
+        }
+    };
+    for u in ["w3", "w4", "w5"] {
+        assert_eq!(look(u).await, 0, "{u} waits");
+    }
+    cancel(&app, "u1", &u1).await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // w3 and w4 stopped looking; w5 looks now: the unit is offered to w5.
+    assert!(look("w5").await > 0, "w5 is the earliest still looking");
+    assert_eq!(look("w3").await, 0, "w3 is back, but the unit is w5's now");
+    // w5 lets the offer lapse: it passes to w3 (looking again), never back to w5.
+    tokio::time::sleep(std::time::Duration::from_millis(350)).await;
+    assert!(look("w3").await > 0, "the lapsed offer passes on");
+    assert_eq!(look("w5").await, 0);
+    let (status, body) = buy_with(&app, &voucher, "w5", &t["w5"]).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("sold_out")),
+        "{body}"
+    );
+
+    // w3 lets it lapse too, and the second unit comes back; nobody in line looks before
+    // the hold ends: both units are anyone's, a buyer who never looked included.
+    tokio::time::sleep(std::time::Duration::from_millis(350)).await;
+    cancel(&app, "u2", &u2).await;
+    let _: () = b
+        .sales
+        .conn()
+        .hset(&k.sale, sale_fields::HELD_UNTIL, 0)
+        .await
+        .unwrap();
+    buy(&app, &voucher, "late6", &t["late6"]).await;
+    buy(&app, &voucher, "w4", &t["w4"]).await;
+    let (status, body) = buy_with(&app, &voucher, "w5", &t["w5"]).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("sold_out")),
+        "{body}"
+    );
+    let (stock, held): (i64, i64) = redis::pipe()
+        .hget(&k.sale, sale_fields::STOCK)
+        .hget(&k.sale, sale_fields::HELD)
+        .query_async(&mut b.sales.conn())
+        .await
+        .unwrap();
+    assert_eq!((stock, held), (0, 0));
+    b.cleanup().await;
+}
