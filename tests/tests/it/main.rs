@@ -25,6 +25,7 @@ mod drainer_e2e;
 mod drainer_flow;
 mod e2e_http;
 mod edge;
+mod fairness;
 mod http_fuzz;
 mod http_handlers;
 mod live_view;

@@ -10,6 +10,7 @@ pub mod cost;
 pub mod drain;
 pub mod drivers;
 pub mod engine;
+pub mod fairness;
 pub mod figures;
 pub mod flood;
 pub mod footprint;

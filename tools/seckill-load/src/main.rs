@@ -124,6 +124,10 @@ enum Cmd {
     /// latency and how many apply in time, without junk, with it under the template's
     /// route ceiling, and under the old one (exit 2 when the template's lets one fail)
     Flood(seckill_load::flood::FloodOptions),
+    /// Who gets the units that come back to a sold-out room: bots at their limit or
+    /// people ahead in line; and the page's voucher reads under a flood (exit 2 when a
+    /// returned unit overtook a waiter still looking)
+    Fairness(seckill_load::fairness::FairnessOptions),
 }
 
 #[derive(Args)]
@@ -196,6 +200,7 @@ fn main() -> ExitCode {
             Cmd::Rush(o) => rt.block_on(rush_cmd(&cli.global, &o)),
             Cmd::Storm(o) => rt.block_on(storm_cmd(&cli.global, o)),
             Cmd::Flood(o) => rt.block_on(flood_cmd(&cli.global, &o)),
+            Cmd::Fairness(o) => rt.block_on(fairness_cmd(&cli.global, &o)),
         });
     match status {
         Ok(status) => ExitCode::from(status),
@@ -236,6 +241,21 @@ async fn flood_cmd(g: &Global, o: &seckill_load::flood::FloodOptions) -> anyhow:
     }
     let held = report.rows.get(1).is_some_and(|r| r.applied == r.events);
     Ok(if held { 0 } else { 2 })
+}
+
+/// `fairness`: both runs' table (and JSON with --json); 2 when the line let a returned
+/// unit overtake a waiter still looking.
+async fn fairness_cmd(
+    g: &Global,
+    o: &seckill_load::fairness::FairnessOptions,
+) -> anyhow::Result<u8> {
+    let stack = StackEnv::load(g.stack_env.as_deref())?;
+    let report = seckill_load::fairness::fairness(&stack, o).await?;
+    print!("{}", report.render());
+    if let Some(path) = &g.json {
+        write_file(path, &serde_json::to_string_pretty(&report)?)?;
+    }
+    Ok(if report.line.overtakes == 0 { 0 } else { 2 })
 }
 
 /// `storm`: one storm or a soak, each report printed (and all as JSON with --json); 2
@@ -463,7 +483,12 @@ mod tests {
         let args: Vec<String> = line.split(' ').map(String::from).collect();
         match parse(&args).expect("the line parses").cmd {
             Cmd::Bench(b) => (b.sale, b.drain),
-            Cmd::Report(_) | Cmd::Cost(_) | Cmd::Rush(_) | Cmd::Storm(_) | Cmd::Flood(_) => {
+            Cmd::Report(_)
+            | Cmd::Cost(_)
+            | Cmd::Rush(_)
+            | Cmd::Storm(_)
+            | Cmd::Flood(_)
+            | Cmd::Fairness(_) => {
                 panic!("not bench")
             }
         }
