@@ -18,8 +18,14 @@
 -- ARGV[4] how recent a waiter's last look must be for them to count as still looking, ms
 -- ARGV[5] how long an offer of a returned unit holds, ms
 --
--- A position is HLEN + 1 at the first join: fields are never removed, so positions are
--- exactly 1..n in the order Redis ran the joins, whoever retries how often.
+-- A position is the sale hash's `queue_next` counter, incremented at the first join:
+-- positions are 1..n in the order Redis ran the joins, whoever retries how often. The
+-- counter is also the sign that the queue is whole: a sale hash without it (a new sale,
+-- or one a repair rebuilt) or with it but no queue (Redis lost the queue) answers
+-- NEEDS_RESTORE, writing nothing else, and seckill-http rebuilds the queue from the
+-- positions the database holds (each join's answer was written there first), then sets
+-- the counter past them. Until then nobody joins, so nobody who rejoins first after a
+-- loss jumps the line.
 --
 -- Returned units go to the line, not to the fastest (one-bucket sales; lua/close.lua
 -- holds them): a unit an order gives back is `held` in the sale hash, for the line alone
@@ -34,7 +40,7 @@
 -- Returns {result, position (0 when none), the units bucket 0 has for the caller (its
 -- stock, less the units held for others), buckets, now ms, begins ms, ends ms, entry
 -- rate per s, opens before s, when the caller's offer lapses (0: none), units held};
--- only {result} for NOT_LOADED and NO_ROOM.
+-- only {result} for NOT_LOADED, NO_ROOM and NEEDS_RESTORE.
 
 -- Shared with Rust (shared/src/protocol.rs; its test checks that the two agree).
 -- Results:
@@ -44,6 +50,7 @@ local NO_ROOM = 2
 local NOT_OPEN = 3
 local ENDED = 4
 local NOT_JOINED = 5
+local NEEDS_RESTORE = 6
 -- Sale hash fields:
 local STOCK = 'stock'
 local BEGINS_MS = 'begins_ms'
@@ -53,13 +60,14 @@ local ROOM_RATE = 'room_rate'
 local ROOM_OPENS_S = 'room_opens_s'
 local HELD = 'held'
 local HELD_UNTIL = 'held_until'
+local QUEUE_NEXT = 'queue_next'
 -- The looked hash's mark of a waiter whose offer lapsed:
 local PASSED = 'passed'
 -- Waiters and lapsed offers one call goes through at most.
 local MOST = 32
 
 local sale = redis.call('HMGET', KEYS[1], STOCK, BEGINS_MS, ENDS_MS, BUCKETS, ROOM_RATE,
-  ROOM_OPENS_S, HELD, HELD_UNTIL)
+  ROOM_OPENS_S, HELD, HELD_UNTIL, QUEUE_NEXT)
 local stock = tonumber(sale[1])
 local begins = tonumber(sale[2])
 local ends = tonumber(sale[3])
@@ -72,11 +80,20 @@ if not rate or not opens_s then
   return { NO_ROOM }
 end
 local buckets = tonumber(sale[4]) or 1
+local counter = tonumber(sale[9])
+if not counter then
+  return { NEEDS_RESTORE }
+end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local result = QUEUED
 local position = tonumber(redis.call('HGET', KEYS[2], ARGV[1]))
+if not position and counter > 0 and redis.call('EXISTS', KEYS[2]) == 0 then
+  -- The queue is gone but positions were given: rebuilt before anyone joins again.
+  redis.call('HDEL', KEYS[1], QUEUE_NEXT)
+  return { NEEDS_RESTORE }
+end
 if not position then
   if ARGV[2] ~= '1' then
     result = NOT_JOINED
@@ -85,9 +102,8 @@ if not position then
   elseif now >= ends then
     result = ENDED
   else
-    position = redis.call('HLEN', KEYS[2]) + 1
-    redis.call('HSET', KEYS[2], ARGV[1], position)
-    if position == 1 then
+    position = redis.call('HINCRBY', KEYS[1], QUEUE_NEXT, 1)
+    if redis.call('HSET', KEYS[2], ARGV[1], position) == 1 and position == 1 then
       redis.call('PEXPIREAT', KEYS[2], ends + tonumber(ARGV[3]))
     end
   end

@@ -134,6 +134,12 @@ pub fn queue(voucher: VoucherId) -> String {
     format!("seckill:{{{voucher}}}:queue")
 }
 
+/// String, vouchers with a waiting room, in bucket 0's slot: held (SET NX PX) by the one
+/// instance rebuilding the queue from the database (seckill-http's `queue`).
+pub fn queue_restore(voucher: VoucherId) -> String {
+    format!("seckill:{{{voucher}}}:queue_restore")
+}
+
 /// Sorted set, vouchers with a waiting room and one bucket, in bucket 0's slot: user id
 /// scored by when their offer of a returned unit lapses (`lua/queue.lua` writes it,
 /// `lua/admit.lua` uses an offer up).
@@ -224,7 +230,7 @@ mod tests {
                 offers(VoucherId::new(42).unwrap())
             ]
         );
-        for key in [offers, waiters, looked, queue] {
+        for key in [offers, waiters, looked, queue, queue_restore] {
             assert_eq!(hash_tag(&key(VoucherId::new(42).unwrap())), "42");
         }
         let s = IdKeys::for_day("20261122");

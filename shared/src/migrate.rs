@@ -100,6 +100,10 @@ pub const EMBEDDED: &[(&str, &str)] = &[
         "0010_refunds.sql",
         include_str!("../../migrations/0010_refunds.sql"),
     ),
+    (
+        "0011_queue_positions.sql",
+        include_str!("../../migrations/0011_queue_positions.sql"),
+    ),
 ];
 
 /// Splits SQL text into statements at the delimiter (`;`) outside quotes and comments;
@@ -270,6 +274,7 @@ pub const APP_GRANTS: &[(&str, &str)] = &[
     ("orders", "SELECT, INSERT, UPDATE"),
     ("payments", "SELECT, INSERT, UPDATE"),
     ("checkouts", "SELECT, INSERT"),
+    ("queue_positions", "SELECT, INSERT"),
 ];
 
 /// The application user, from its secret. The name and password are written into

@@ -158,6 +158,9 @@ pub mod sale_fields {
     /// Until when (unix ms) every held unit waits for the line; after it, only those an
     /// offer holds.
     pub const HELD_UNTIL: &str = "held_until";
+    /// The waiting room's last position given (`lua/queue.lua`); absent until the queue
+    /// is known whole.
+    pub const QUEUE_NEXT: &str = "queue_next";
 }
 
 /// The line for returned units (`lua/close.lua`, `lua/queue.lua`, `lua/admit.lua`).
@@ -185,6 +188,8 @@ pub mod queue {
     pub const ENDED: i64 = 4;
     /// A look by a caller who never joined.
     pub const NOT_JOINED: i64 = 5;
+    /// The queue must be rebuilt from the database first (a new sale, or Redis lost it).
+    pub const NEEDS_RESTORE: i64 = 6;
 }
 
 #[cfg(test)]
@@ -262,6 +267,8 @@ mod tests {
                     ("NOT_OPEN", num(queue::NOT_OPEN)),
                     ("ENDED", num(queue::ENDED)),
                     ("NOT_JOINED", num(queue::NOT_JOINED)),
+                    ("NEEDS_RESTORE", num(queue::NEEDS_RESTORE)),
+                    ("QUEUE_NEXT", text(s::QUEUE_NEXT)),
                     ("STOCK", text(s::STOCK)),
                     ("BEGINS_MS", text(s::BEGINS_MS)),
                     ("ENDS_MS", text(s::ENDS_MS)),
@@ -272,6 +279,15 @@ mod tests {
                     ("HELD_UNTIL", text(s::HELD_UNTIL)),
                     ("PASSED", text(line::PASSED)),
                     ("MOST", num(line::MOST)),
+                ],
+            ),
+            (
+                "restore_queue.lua",
+                include_str!("../../lua/restore_queue.lua"),
+                vec![
+                    ("STOCK", text(s::STOCK)),
+                    ("ENDS_MS", text(s::ENDS_MS)),
+                    ("QUEUE_NEXT", text(s::QUEUE_NEXT)),
                 ],
             ),
             (

@@ -17,6 +17,7 @@ use crate::error::ApiError;
 use crate::identity::require_admin;
 use crate::limiter::{RateLimiter, Source};
 use crate::pages::Policy;
+use crate::positions::PositionWriter;
 use crate::secrets::{HeldSecrets, SecretSource};
 
 /// Admin requests (voucher creations, the live view's polls) one admin may make per
@@ -72,6 +73,8 @@ pub struct App {
     pub(crate) borrowing: BorrowCosts,
     /// Order rows one request's part of a repair reads at most.
     pub(crate) repair_part_rows: u64,
+    /// Waiting-room positions on their way to the database.
+    pub(crate) positions: PositionWriter,
 }
 
 impl App {
@@ -153,6 +156,7 @@ impl App {
             payment_grace_ms: cfg.payment_grace_s.saturating_mul(1000),
             borrowing: BorrowCosts::default(),
             repair_part_rows: cfg.repair_part_rows.max(1),
+            positions: PositionWriter::default(),
         };
         if let Err(err) = app.sales().await {
             tracing::warn!(error = %err, "redis not reachable at start; will retry per request");

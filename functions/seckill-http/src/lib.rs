@@ -28,6 +28,7 @@ pub mod operators;
 pub mod orders;
 pub mod pages;
 pub mod payment;
+pub(crate) mod positions;
 pub mod queue;
 pub mod repair;
 pub mod request;

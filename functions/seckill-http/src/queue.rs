@@ -17,6 +17,7 @@ use seckill_shared::domain::{
     ENTRY_TOKEN_TTL_MS, Standing, UnixMillis, VoucherId, format_rfc3339_millis,
 };
 use seckill_shared::entry;
+use seckill_shared::error::StoreError;
 use serde_json::json;
 
 use crate::app::App;
@@ -69,8 +70,12 @@ pub(crate) async fn standing(
         }
         reply = queue::queue(&sales.conn(), id, &caller.user, join).await?;
     }
+    if reply == QueueReply::NeedsRestore {
+        reply = restore_and_ask_again(app, sales, id, &caller.user, join).await?;
+    }
     let view = match reply {
         QueueReply::Room(view) => view,
+        QueueReply::NeedsRestore => return Err(being_restored(id)),
         QueueReply::NoRoom => {
             return Err(ApiError::NotFound(format!(
                 "voucher {id} has no waiting room"
@@ -94,6 +99,13 @@ pub(crate) async fn standing(
             )));
         }
     };
+    // A join's answer is a promise of a place: written where a repair finds it before
+    // it is given (sent again, it writes the same row again).
+    if join {
+        app.positions
+            .record(&app.db, id, &caller.user, position)
+            .await?;
+    }
     let served_at = view.room.served_at(view.window.begins_ms(), position);
     let mut body = json!({
         "voucher_id": id.to_string(),
@@ -149,6 +161,89 @@ pub(crate) async fn standing(
     };
     body["status"] = json!(status);
     Ok(json_response(StatusCode::OK, &body))
+}
+
+/// How long one instance may hold a queue's restore before another may take it over.
+const RESTORE_LOCK_MS: u64 = 30_000;
+
+/// How long a call waits for another instance's restore of the queue before `503`.
+const RESTORE_WAIT_MS: u64 = 3_000;
+
+/// Restores the queue (or waits for the instance restoring it), then asks again.
+async fn restore_and_ask_again(
+    app: &App,
+    sales: &seckill_shared::adapters::redis::RedisSales,
+    id: VoucherId,
+    user: &seckill_shared::domain::UserId,
+    join: bool,
+) -> Result<QueueReply, ApiError> {
+    let waited = std::time::Instant::now();
+    loop {
+        match restore(app, sales, id).await {
+            Ok(()) => {}
+            Err(e) if waited.elapsed().as_millis() >= u128::from(RESTORE_WAIT_MS) => {
+                return Err(e);
+            }
+            // Another instance restores it: its counter appears when it is done.
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+        }
+        let reply = queue::queue(&sales.conn(), id, user, join).await?;
+        if reply != QueueReply::NeedsRestore
+            || waited.elapsed().as_millis() >= u128::from(RESTORE_WAIT_MS)
+        {
+            return Ok(reply);
+        }
+    }
+}
+
+/// Rebuilds the voucher's queue from the positions the database holds
+/// (`lua/restore_queue.lua`), one instance at a time: a new sale's first call, or the
+/// first after Redis lost the queue or the sale. Until the counter is set nobody joins,
+/// so whoever rejoins first after a loss gets a place after everyone who held one.
+async fn restore(
+    app: &App,
+    sales: &seckill_shared::adapters::redis::RedisSales,
+    id: VoucherId,
+) -> Result<(), ApiError> {
+    let conn = sales.conn();
+    let holder = format!("{:016x}", rand::random::<u64>());
+    if !queue::lock_restore(&conn, id, &holder, RESTORE_LOCK_MS).await? {
+        return Err(being_restored(id));
+    }
+    let restored = async {
+        let top = app.db.max_position(id).await?;
+        let mut after = 0;
+        while after < top {
+            let page = app.db.positions_after(id, after).await?;
+            let Some((_, last)) = page.last() else {
+                break;
+            };
+            after = *last;
+            if !queue::restore_positions(&conn, id, &page, None).await? {
+                return Err(ApiError::from(StoreError::Corrupt(format!(
+                    "the sale of voucher {id} went missing during its queue's restore"
+                ))));
+            }
+        }
+        if top > 0 {
+            tracing::warn!(voucher = %id, positions = top, "waiting room restored from the database");
+        }
+        queue::restore_positions(&conn, id, &[], Some(top)).await?;
+        Ok(())
+    }
+    .await;
+    if let Err(error) = queue::unlock_restore(&conn, id, &holder).await {
+        tracing::warn!(voucher = %id, %error, "could not release the queue-restore lock");
+    }
+    restored
+}
+
+/// `503`: another instance is rebuilding the queue.
+fn being_restored(id: VoucherId) -> ApiError {
+    ApiError::unavailable(
+        "redis",
+        format!("the waiting room of voucher {id} is being restored; ask again shortly"),
+    )
 }
 
 /// Whether the voucher is sold out, as a waiting buyer must learn it, and the earliest

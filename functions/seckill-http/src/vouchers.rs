@@ -3,6 +3,7 @@
 
 use http::StatusCode;
 use lambda_http::{Body, Request, Response};
+use seckill_shared::adapters::queue;
 use seckill_shared::domain::{
     NewVoucher, PaymentTerms, UnixMillis, Voucher, VoucherId, format_rfc3339_millis, now_millis,
 };
@@ -94,7 +95,17 @@ pub(crate) async fn create_voucher(
     // still created: the first GET or purchase finds it missing in Redis and preloads it
     // from the database (see `repair`).
     let preloaded = match app.sales().await {
-        Ok(sales) => sales.preload(&voucher).await.map_err(|e| e.to_string()),
+        Ok(sales) => match sales.preload(&voucher).await {
+            // A new room's queue is whole and empty: its counter starts at 0, so the
+            // first joins need no restore (crate::queue).
+            Ok(_) if voucher.room.is_some() => {
+                queue::restore_positions(&sales.conn(), voucher.id, &[], Some(0))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
+            done => done.map(|_| ()).map_err(|e| e.to_string()),
+        },
         Err(e) => Err(e.to_string()),
     };
     if let Err(error) = preloaded {

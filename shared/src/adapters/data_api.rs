@@ -13,6 +13,7 @@
 mod client;
 mod errors;
 pub mod orders;
+pub mod queue;
 mod snapshot;
 mod values;
 mod vouchers;

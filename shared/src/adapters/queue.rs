@@ -19,6 +19,8 @@ use crate::protocol::{queue, sale_fields};
 
 static QUEUE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/queue.lua")));
+static RESTORE_QUEUE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/restore_queue.lua")));
 
 /// How long a queue is kept after its sale ends: a buyer looking late still learns the
 /// sale ended rather than that they never joined.
@@ -114,7 +116,69 @@ pub enum QueueOutcome {
 pub enum QueueReply {
     NotLoaded,
     NoRoom,
+    /// The queue must be rebuilt from the database first ([`restore_positions`]).
+    NeedsRestore,
     Room(QueueView),
+}
+
+/// Writes positions the database holds into the voucher's queue (`lua/restore_queue.lua`);
+/// `last`: the highest position the database holds, on the call that ends a restore
+/// (it sets the counter past every position). False when bucket 0's sale is missing.
+pub async fn restore_positions(
+    conn: &RedisConn,
+    voucher: VoucherId,
+    positions: &[(String, u64)],
+    last: Option<u64>,
+) -> Result<bool, StoreError> {
+    let k = VoucherKeys::new(voucher);
+    let mut call = RESTORE_QUEUE.key(&k.sale);
+    call.key(keys::queue(voucher))
+        .arg(KEEP_AFTER_END_MS)
+        .arg(last.map(|m| m.to_string()).unwrap_or_default());
+    for (user, position) in positions {
+        call.arg(user.as_str()).arg(*position);
+    }
+    let done: i64 = call.invoke_async(&mut conn.clone()).await?;
+    Ok(done == 1)
+}
+
+/// Takes the voucher's queue-restore lock for `ttl_ms` under `holder`; false when another
+/// instance holds it.
+pub async fn lock_restore(
+    conn: &RedisConn,
+    voucher: VoucherId,
+    holder: &str,
+    ttl_ms: u64,
+) -> Result<bool, StoreError> {
+    let set: Option<String> = redis::cmd("SET")
+        .arg(keys::queue_restore(voucher))
+        .arg(holder)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms)
+        .query_async(&mut conn.clone())
+        .await?;
+    Ok(set.is_some())
+}
+
+/// Gives the lock back (only the holder's: a lock that timed out and was taken by another
+/// instance is left alone).
+pub async fn unlock_restore(
+    conn: &RedisConn,
+    voucher: VoucherId,
+    holder: &str,
+) -> Result<(), StoreError> {
+    let held: Option<String> = redis::cmd("GET")
+        .arg(keys::queue_restore(voucher))
+        .query_async(&mut conn.clone())
+        .await?;
+    if held.as_deref() == Some(holder) {
+        let _: i64 = redis::cmd("DEL")
+            .arg(keys::queue_restore(voucher))
+            .query_async(&mut conn.clone())
+            .await?;
+    }
+    Ok(())
 }
 
 /// Joins `user` to the voucher's queue (`join`), keeping the position of an earlier join,
@@ -144,6 +208,7 @@ pub async fn queue(
     match reply.as_slice() {
         [queue::NOT_LOADED] => Ok(QueueReply::NotLoaded),
         [queue::NO_ROOM] => Ok(QueueReply::NoRoom),
+        [queue::NEEDS_RESTORE] => Ok(QueueReply::NeedsRestore),
         &[
             result,
             position,
