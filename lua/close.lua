@@ -9,6 +9,7 @@
 -- KEYS[5] to settle    seckill:{<voucher>}:to_settle
 -- KEYS[6] grace hash   seckill:{<voucher>}:grace (lua/grace.lua: an order whose expiry
 --                      was moved past its deadline, and that deadline)
+-- KEYS[7] rebuys hash  seckill:{<voucher>}:rebuys (user id -> their orders closed unpaid)
 -- ARGV[1] action:
 --   PAY        ARGV[2] order id, ARGV[3] user id, ARGV[4] payment reference
 --   CANCEL     ARGV[2] order id, ARGV[3] user id
@@ -27,8 +28,10 @@
 -- The unit of a cancelled or expired order goes back to the sale's stock here, once:
 -- only the call that writes the closed value returns it. The order joins `to_settle`
 -- until the drainer records its close in the database (and, for a return, gives the
--- database its unit back). With `rebuy` = 1 in the sale hash, the buyer's record is
--- dropped too, so they may buy again. A sale with a waiting room and one stock bucket
+-- database its unit back). With `rebuy` = N > 0 in the sale hash (the voucher's rebuy
+-- limit), the buyer's record is dropped too, so they may buy again, for the first N such
+-- closes of theirs (counted in KEYS[7]); after that they keep their last order for good,
+-- so one account cannot cancel and rebuy in a loop. A sale with a waiting room and one stock bucket
 -- holds the unit for its line (`held`, until HOLD_MS from now: `held_until`;
 -- lua/queue.lua offers it to the earliest waiting position still looking, lua/admit.lua
 -- sells it only to that offer's holder). Every key shares the {<voucher>} tag. Checks
@@ -75,7 +78,9 @@ local function close(order, user, expiry, state, ref)
       redis.call('HINCRBY', KEYS[1], HELD, 1)
       redis.call('HSET', KEYS[1], HELD_UNTIL, now + HOLD_MS)
     end
-    if redis.call('HGET', KEYS[1], REBUY) == '1' and redis.call('HGET', KEYS[2], user) == order then
+    local limit = tonumber(redis.call('HGET', KEYS[1], REBUY)) or 0
+    if limit > 0 and redis.call('HGET', KEYS[2], user) == order
+        and redis.call('HINCRBY', KEYS[7], user, 1) <= limit then
       redis.call('HDEL', KEYS[2], user)
     end
   end

@@ -13,6 +13,7 @@
 -- KEYS[11] received     seckill:{<voucher>}:received
 -- KEYS[12] grace        seckill:{<voucher>}:grace (lua/grace.lua; empty once nothing is
 --                       open, but for an order a dead letter took away)
+-- KEYS[13] rebuys       seckill:{<voucher>}:rebuys (lua/close.lua)
 -- ARGV[1] consumer group, ARGV[2] retention (ms; 0: the keys are kept, only the check
 -- is made)
 --

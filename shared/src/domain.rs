@@ -28,6 +28,6 @@ pub use room::{
 pub use sale::{Admission, AdmitReply, Reopen, SaleState};
 pub use status::{ClosedOrder, OrderStatus};
 pub use voucher::{
-    MAX_PAY_WITHIN_S, MAX_PRICE_MINOR, MAX_SALE_TIME_MS, MAX_STOCK, MAX_TITLE_CHARS, NewVoucher,
-    PaymentTerms, Phase, Price, SaleWindow, Voucher,
+    DEFAULT_REBUY_LIMIT, MAX_PAY_WITHIN_S, MAX_PRICE_MINOR, MAX_REBUY_LIMIT, MAX_SALE_TIME_MS,
+    MAX_STOCK, MAX_TITLE_CHARS, NewVoucher, PaymentTerms, Phase, Price, SaleWindow, Voucher,
 };

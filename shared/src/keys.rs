@@ -62,6 +62,9 @@ pub struct VoucherKeys {
     /// Hash, payment step: order id → the deadline it was given, for an open order whose
     /// expiry (its score in `deadlines`) a checkout moved past it (`lua/grace.lua`).
     pub grace: String,
+    /// Hash, vouchers that let a buyer buy again: user id → their orders closed unpaid
+    /// (`lua/close.lua`), against the voucher's rebuy limit.
+    pub rebuys: String,
 }
 
 impl VoucherKeys {
@@ -82,12 +85,13 @@ impl VoucherKeys {
             transfers: key("transfers"),
             received: key("received"),
             grace: key("grace"),
+            rebuys: key("rebuys"),
         }
     }
 
     /// Every key of the bucket, for whoever deletes or lists a sale whole (the bench's
     /// clean-up, the tests).
-    pub fn all(&self) -> [&str; 13] {
+    pub fn all(&self) -> [&str; 14] {
         [
             &self.sale,
             &self.buyers,
@@ -102,6 +106,7 @@ impl VoucherKeys {
             &self.transfers,
             &self.received,
             &self.grace,
+            &self.rebuys,
         ]
     }
 }

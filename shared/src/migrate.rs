@@ -104,6 +104,10 @@ pub const EMBEDDED: &[(&str, &str)] = &[
         "0011_queue_positions.sql",
         include_str!("../../migrations/0011_queue_positions.sql"),
     ),
+    (
+        "0012_rebuy_limit.sql",
+        include_str!("../../migrations/0012_rebuy_limit.sql"),
+    ),
 ];
 
 /// Splits SQL text into statements at the delimiter (`;`) outside quotes and comments;

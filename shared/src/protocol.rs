@@ -99,11 +99,6 @@ pub mod restore_buyers {
     pub const PAIRS: &str = "pairs";
     /// `ARGV[3]`, `ARGV[4]`: a page of the orders stream to take buyers from.
     pub const STREAM: &str = "stream";
-    /// The voucher lets a buyer buy again after a close: an order closed with its unit
-    /// given back names no buyer.
-    pub const REBUY: &str = "rebuy";
-    /// Every order names its buyer.
-    pub const KEEP: &str = "keep";
 }
 
 /// Field names of an orders-stream entry and of a dead letter (`lua/dead_letter.lua` adds
@@ -361,7 +356,6 @@ mod tests {
                 vec![
                     ("PAIRS", text(restore_buyers::PAIRS)),
                     ("STREAM", text(restore_buyers::STREAM)),
-                    ("REBUY", text(restore_buyers::REBUY)),
                     ("ORDER_ID", text(f::ORDER_ID)),
                     ("USER_ID", text(f::USER_ID)),
                     ("CANCELLED", text(close::CANCELLED)),
@@ -456,6 +450,7 @@ mod tests {
             k.transfers,
             k.received,
             k.grace,
+            k.rebuys,
             crate::keys::queue(VoucherId::new(7).unwrap()),
             crate::keys::offers(VoucherId::new(7).unwrap()),
             crate::keys::waiters(VoucherId::new(7).unwrap()),

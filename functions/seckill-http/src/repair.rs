@@ -166,7 +166,7 @@ pub async fn repair(
     }
     // A voucher that lets a buyer buy again after a close: its closed orders name no
     // buyer when buyers are restored (`lua/restore_buyers.lua`).
-    let rebuy = voucher.payment.is_some_and(|p| p.rebuy_after_close);
+    let rebuy = voucher.payment.map_or(0, |p| p.rebuys());
     let repaired = repair_locked(app, sales, id, buckets, rebuy, now).await;
     if let Err(error) = sales.unlock_repair(id).await {
         tracing::warn!(%error, "repair lock not released; it expires by itself");
@@ -249,7 +249,7 @@ async fn repair_locked(
     sales: &RedisSales,
     id: VoucherId,
     k: u16,
-    rebuy: bool,
+    rebuy: u8,
     now: UnixMillis,
 ) -> Result<bool, ApiError> {
     // A bucket can go missing while this runs, but none comes back (a repair holds the

@@ -35,6 +35,10 @@ struct CreateVoucherBody {
     /// buy again (default false).
     #[serde(default, deserialize_with = "json::not_null")]
     rebuy_after_close: Option<bool>,
+    /// With `rebuy_after_close`: unpaid closes a buyer may have and buy again (1..=10,
+    /// default 2).
+    #[serde(default, deserialize_with = "json::optional_integral")]
+    rebuy_limit: Option<i64>,
     /// With `pay_within_s` (required then): what a buyer pays, in the currency's minor
     /// unit, and the currency (ISO 4217).
     #[serde(default, deserialize_with = "json::optional_integral")]
@@ -78,9 +82,10 @@ pub(crate) async fn create_voucher(
     )?
     .with_buckets(input.buckets, input.expected_peak_per_s)?
     .with_waiting_room(input.entry_rate_per_s, input.queue_opens_before_s)?;
-    new.payment = PaymentTerms::parse(
+    new.payment = PaymentTerms::parse_with_limit(
         input.pay_within_s,
         input.rebuy_after_close,
+        input.rebuy_limit,
         input.price_minor,
         input.currency.as_deref(),
     )?;
@@ -187,6 +192,9 @@ fn voucher_json(v: &Voucher, stock_left: i64) -> serde_json::Value {
     if let Some(p) = v.payment {
         body["pay_within_s"] = json!(p.pay_within_ms / 1000);
         body["rebuy_after_close"] = json!(p.rebuy_after_close);
+        if p.rebuy_after_close {
+            body["rebuy_limit"] = json!(p.rebuy_limit);
+        }
         if let Some(price) = p.price {
             body["price_minor"] = json!(price.amount_minor());
             body["currency"] = json!(price.currency());

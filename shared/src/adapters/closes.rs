@@ -77,6 +77,7 @@ impl OrderStreams {
             .key(&k.closed)
             .key(&k.to_settle)
             .key(&k.grace)
+            .key(&k.rebuys)
             .arg(close::EXPIRE_DUE)
             .arg(EXPIRE_PER_CALL)
             .invoke_async(&mut self.conn.clone())

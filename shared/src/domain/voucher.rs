@@ -67,21 +67,64 @@ pub struct PaymentTerms {
     pub pay_within_ms: i64,
     /// Whether a buyer whose order was cancelled or expired may buy again.
     pub rebuy_after_close: bool,
+    /// With `rebuy_after_close`: how many of a buyer's orders of this voucher may close
+    /// unpaid (cancelled or expired) with the buyer free to buy again; after that many,
+    /// the buyer holds their last order for good. Bounds one account cancelling and
+    /// rebuying in a loop to hold a unit unpaid for the whole sale.
+    pub rebuy_limit: u8,
     /// What a buyer pays for one unit. `None` only for vouchers made before prices
     /// existed: a payment for one of those is refused as not matching.
     pub price: Option<Price>,
 }
 
+/// A buyer's unpaid closes after which they may not buy again, unless the admin says
+/// otherwise (`rebuy_limit`).
+pub const DEFAULT_REBUY_LIMIT: u8 = 2;
+
+/// The most `rebuy_limit` may be.
+pub const MAX_REBUY_LIMIT: u8 = 10;
+
 impl PaymentTerms {
-    /// Checks an admin's `pay_within_s`, `rebuy_after_close`, `price_minor` and
-    /// `currency`: none without a payment window; a payment window needs a price; the
-    /// others alone are refused (they mean nothing then).
+    /// How many unpaid closes leave a buyer free to buy again: 0 when none does.
+    pub fn rebuys(&self) -> u8 {
+        if self.rebuy_after_close {
+            self.rebuy_limit
+        } else {
+            0
+        }
+    }
+
+    /// Checks an admin's `pay_within_s`, `rebuy_after_close`, `rebuy_limit`,
+    /// `price_minor` and `currency`: none without a payment window; a payment window
+    /// needs a price; `rebuy_limit` needs `rebuy_after_close` (1..=[`MAX_REBUY_LIMIT`],
+    /// default [`DEFAULT_REBUY_LIMIT`]); the others alone are refused (they mean nothing
+    /// then).
     pub fn parse(
         pay_within_s: Option<i64>,
         rebuy_after_close: Option<bool>,
         price_minor: Option<i64>,
         currency: Option<&str>,
     ) -> Result<Option<PaymentTerms>, ValidationError> {
+        PaymentTerms::parse_with_limit(pay_within_s, rebuy_after_close, None, price_minor, currency)
+    }
+
+    /// [`PaymentTerms::parse`] with the admin's `rebuy_limit`.
+    pub fn parse_with_limit(
+        pay_within_s: Option<i64>,
+        rebuy_after_close: Option<bool>,
+        rebuy_limit: Option<i64>,
+        price_minor: Option<i64>,
+        currency: Option<&str>,
+    ) -> Result<Option<PaymentTerms>, ValidationError> {
+        if rebuy_limit.is_some() && rebuy_after_close != Some(true) {
+            return Err(invalid("rebuy_limit needs rebuy_after_close: true"));
+        }
+        let limit = rebuy_limit.unwrap_or(i64::from(DEFAULT_REBUY_LIMIT));
+        if !(1..=i64::from(MAX_REBUY_LIMIT)).contains(&limit) {
+            return Err(invalid(format!(
+                "rebuy_limit must be between 1 and {MAX_REBUY_LIMIT}"
+            )));
+        }
         let Some(s) = pay_within_s else {
             if rebuy_after_close.is_some() {
                 return Err(invalid("rebuy_after_close needs pay_within_s"));
@@ -104,6 +147,7 @@ impl PaymentTerms {
         Ok(Some(PaymentTerms {
             pay_within_ms: s * 1000,
             rebuy_after_close: rebuy_after_close.unwrap_or(false),
+            rebuy_limit: limit as u8,
             price: Some(Price::new(amount, currency)?),
         }))
     }
@@ -372,6 +416,21 @@ mod tests {
     #[test]
     fn payment_terms_and_references_are_checked() {
         let eur = Some("EUR");
+        // A rebuy limit only with rebuy_after_close, 1..=MAX_REBUY_LIMIT, 2 by default.
+        let limit = |l| PaymentTerms::parse_with_limit(Some(30), Some(true), l, Some(100), eur);
+        assert_eq!(
+            limit(None).unwrap().unwrap().rebuy_limit,
+            DEFAULT_REBUY_LIMIT
+        );
+        assert_eq!(limit(Some(5)).unwrap().unwrap().rebuys(), 5);
+        for bad in [0, -1, i64::from(MAX_REBUY_LIMIT) + 1] {
+            assert!(limit(Some(bad)).is_err(), "{bad}");
+        }
+        assert!(PaymentTerms::parse_with_limit(Some(30), None, Some(2), Some(100), eur).is_err());
+        let no_rebuy = PaymentTerms::parse(Some(30), None, Some(100), eur)
+            .unwrap()
+            .unwrap();
+        assert_eq!(no_rebuy.rebuys(), 0);
         assert_eq!(PaymentTerms::parse(None, None, None, None).unwrap(), None);
         assert!(PaymentTerms::parse(None, Some(true), None, None).is_err());
         assert!(PaymentTerms::parse(None, None, Some(100), eur).is_err());

@@ -1148,6 +1148,7 @@ async fn a_drained_sale_without_its_sale_hash_is_retired_by_the_database_end() {
             payment: Some(seckill_shared::domain::PaymentTerms {
                 pay_within_ms: PAY_WITHIN_MS,
                 rebuy_after_close: false,
+                rebuy_limit: seckill_shared::domain::DEFAULT_REBUY_LIMIT,
                 price: None,
             }),
             buckets: 1,
@@ -1621,6 +1622,7 @@ async fn rebuy_voucher(ctx: &DrainCtx, stock: i64, pay_within_s: i64) -> Voucher
         payment: Some(PaymentTerms {
             pay_within_ms: pay_within_s * 1_000,
             rebuy_after_close: true,
+            rebuy_limit: seckill_shared::domain::DEFAULT_REBUY_LIMIT,
             price: Some(Price::new(TEST_PRICE_MINOR, TEST_CURRENCY).unwrap()),
         }),
         buckets: 1,

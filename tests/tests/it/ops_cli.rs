@@ -346,6 +346,7 @@ async fn reconcile_leaves_a_buyer_who_cancelled_free_to_buy_again() {
         payment: Some(PaymentTerms {
             pay_within_ms: 600_000,
             rebuy_after_close,
+            rebuy_limit: seckill_shared::domain::DEFAULT_REBUY_LIMIT,
             price: Some(Price::new(TEST_PRICE_MINOR, TEST_CURRENCY).unwrap()),
         }),
         buckets: 1,
@@ -431,6 +432,7 @@ async fn payment_sale(ctx: &DrainCtx, stock: i64) -> seckill_shared::domain::Vou
         payment: Some(PaymentTerms {
             pay_within_ms: 600_000,
             rebuy_after_close: false,
+            rebuy_limit: seckill_shared::domain::DEFAULT_REBUY_LIMIT,
             price: Some(Price::new(TEST_PRICE_MINOR, TEST_CURRENCY).unwrap()),
         }),
         buckets: 1,

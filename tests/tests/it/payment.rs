@@ -40,6 +40,7 @@ async fn pay_voucher(ctx: &DrainCtx, stock: i64, pay_within_s: i64, rebuy: bool)
         payment: Some(PaymentTerms {
             pay_within_ms: pay_within_s * 1000,
             rebuy_after_close: rebuy,
+            rebuy_limit: seckill_shared::domain::DEFAULT_REBUY_LIMIT,
             price: Some(Price::new(TEST_PRICE_MINOR, TEST_CURRENCY).unwrap()),
         }),
         buckets: 1,
@@ -3075,5 +3076,55 @@ async fn a_payment_for_an_order_redis_shows_neither_open_nor_closed_waits_for_it
     let res = pay(&app, &gil, "gil", "pi_gil").await;
     assert_eq!(outcome(&res), (200, "refund_due"), "{}", res.1);
     assert_eq!(res.1["reason"], "the order is no longer open");
+    ctx.cleanup().await;
+}
+
+/// With `rebuy_after_close`, a buyer's unpaid closes are bounded (`rebuy_limit`, 2 by
+/// default): two cancels leave alice free to buy again, the third order is hers for good
+/// (`already_purchased` names it), while others buy on. The bound outlives Redis: after
+/// the drainer wrote the closes and Redis lost every key of the sale, the repair keeps
+/// alice refused and lets carol, with one cancel, buy again.
+#[tokio::test]
+async fn cancels_and_rebuys_are_bounded_per_buyer_also_after_redis_loses_the_sale() {
+    let ctx = DrainCtx::start().await;
+    let v = pay_voucher(&ctx, 5, 600, true).await;
+    assert_eq!(
+        v.payment.map(|p| p.rebuy_limit),
+        Some(seckill_shared::domain::DEFAULT_REBUY_LIMIT)
+    );
+    let app = app_of(&ctx).await;
+    let mut last = String::new();
+    for round in 0..3 {
+        last = buy_pending(&app, v.id, "alice").await;
+        assert_eq!(
+            status(&cancel(&app, &last, "alice").await),
+            (200, "cancelled"),
+            "round {round}"
+        );
+    }
+    let refused = buy(&app, v.id, "alice").await;
+    assert_eq!(code(&refused), (409, "already_purchased"), "{}", refused.1);
+    assert_eq!(refused.1["order_id"], json!(last));
+    let carol = buy_pending(&app, v.id, "carol").await;
+    assert_eq!(
+        status(&cancel(&app, &carol, "carol").await),
+        (200, "cancelled")
+    );
+    buy_pending(&app, v.id, "bob").await;
+
+    drain_until_settled(&ctx, v.id).await;
+    let k = VoucherKeys::new(v.id);
+    let _: i64 = ctx.conn().del(&k.all()[..]).await.unwrap();
+    let other = app_of(&ctx).await;
+    let refused = buy(&other, v.id, "alice").await;
+    assert_eq!(code(&refused), (409, "already_purchased"), "{}", refused.1);
+    assert_eq!(
+        refused.1["order_id"],
+        json!(last),
+        "the repair kept alice's last order"
+    );
+    buy_pending(&other, v.id, "carol").await;
+    let again = buy(&other, v.id, "bob").await;
+    assert_eq!(code(&again), (409, "already_purchased"), "{}", again.1);
     ctx.cleanup().await;
 }

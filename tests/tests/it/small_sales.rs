@@ -264,6 +264,7 @@ async fn payment_and_bucketed_sales_among_small_ones_keep_their_own_rules() {
     let terms = PaymentTerms {
         pay_within_ms: 600_000,
         rebuy_after_close: false,
+        rebuy_limit: seckill_shared::domain::DEFAULT_REBUY_LIMIT,
         price: Some(Price::new(TEST_PRICE_MINOR, TEST_CURRENCY).unwrap()),
     };
     let paid = ctx.voucher_of(&sale("pay", Some(terms), 1)).await.id;

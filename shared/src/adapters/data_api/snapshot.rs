@@ -47,7 +47,7 @@ impl DataApi {
         let transaction = self.begin().await?;
         match self.voucher_in(id, Some(&transaction)).await {
             Ok(Some(v)) => {
-                let rebuy = v.payment.is_some_and(|p| p.rebuy_after_close);
+                let rebuy = v.payment.map_or(0, |p| p.rebuys());
                 Ok(Some((
                     v,
                     SaleSnapshot {
@@ -121,23 +121,28 @@ pub struct SaleSnapshot<'a> {
 /// buyer that the voucher's buyers hash holds: the buyer's order still holding a unit
 /// (`holder` set: at most one per buyer, a unique key), else their latest; a buyer whose
 /// orders are all closed (cancelled or expired) counts only when the voucher does not let
-/// them buy again. Rows of one buyer may span two pages: the last buyer of a page is
+/// them buy again, or when they closed more than its rebuy limit (then they may not:
+/// `lua/close.lua` frees a buyer for their first `limit` unpaid closes only). Rows of one buyer may span two pages: the last buyer of a page is
 /// kept until a row of another buyer (or the end) shows that all of theirs were read.
 #[derive(Debug, Default)]
 pub struct BuyerRows {
-    rebuy_after_close: bool,
+    /// The voucher's rebuy limit (0: a buyer never buys again).
+    rebuys: u8,
     /// The buyer being read: (user id, order that counts so far, it holds a unit).
     current: Option<(String, OrderId, bool)>,
+    /// The current buyer's orders that hold no unit (closed, or rejected).
+    closed: u32,
     /// The last buyer all of whose rows were read (counted or not).
     done_through: Option<String>,
 }
 
 impl BuyerRows {
-    /// Folds for a voucher that does (or does not) let a buyer buy again after a close.
-    pub fn new(rebuy_after_close: bool) -> Self {
+    /// Folds for a voucher with this rebuy limit (0: a buyer never buys again).
+    pub fn new(rebuys: u8) -> Self {
         Self {
-            rebuy_after_close,
+            rebuys,
             current: None,
+            closed: 0,
             done_through: None,
         }
     }
@@ -147,6 +152,7 @@ impl BuyerRows {
         if let Some((u, best, best_holds)) = &mut self.current
             && *u == user
         {
+            self.closed += u32::from(!holds);
             // Rows come in id order: a later closed order replaces an earlier closed
             // one, nothing replaces the holding one.
             if !*best_holds {
@@ -155,14 +161,16 @@ impl BuyerRows {
             }
             return None;
         }
+        let closed = std::mem::replace(&mut self.closed, u32::from(!holds));
         let done = self.current.replace((user, order, holds));
-        done.and_then(|d| self.completed(d))
+        done.and_then(|d| self.completed(d, closed))
     }
 
     /// The last buyer, once every row was read.
     pub fn finish(&mut self) -> Option<(String, OrderId)> {
         let last = self.current.take();
-        last.and_then(|d| self.completed(d))
+        let closed = std::mem::take(&mut self.closed);
+        last.and_then(|d| self.completed(d, closed))
     }
 
     /// The last buyer all of whose rows were read.
@@ -170,13 +178,14 @@ impl BuyerRows {
         self.done_through.as_deref()
     }
 
-    fn completed(&mut self, done: (String, OrderId, bool)) -> Option<(String, OrderId)> {
+    fn completed(
+        &mut self,
+        done: (String, OrderId, bool),
+        closed: u32,
+    ) -> Option<(String, OrderId)> {
         self.done_through = Some(done.0.clone());
-        self.counted(done)
-    }
-
-    fn counted(&self, (user, order, holds): (String, OrderId, bool)) -> Option<(String, OrderId)> {
-        (holds || !self.rebuy_after_close).then_some((user, order))
+        let (user, order, holds) = done;
+        (holds || self.rebuys == 0 || closed > u32::from(self.rebuys)).then_some((user, order))
     }
 }
 
@@ -264,7 +273,7 @@ impl SaleSnapshot<'_> {
 mod tests {
     use super::*;
 
-    fn fold(rebuy: bool, rows: &[(&str, i64, bool)]) -> Vec<(String, i64)> {
+    fn fold(rebuy: u8, rows: &[(&str, i64, bool)]) -> Vec<(String, i64)> {
         let mut f = BuyerRows::new(rebuy);
         let mut out: Vec<(String, OrderId)> = rows
             .iter()
@@ -285,17 +294,23 @@ mod tests {
             ("c", 4, true),
         ];
         assert_eq!(
-            fold(false, &rows),
+            fold(0, &rows),
             [("a".into(), 5), ("b".into(), 3), ("c".into(), 4)]
         );
-        // A voucher that lets a buyer buy again forgets a buyer whose orders all closed.
-        assert_eq!(fold(true, &rows), [("a".into(), 5), ("c".into(), 4)]);
-        assert!(fold(false, &[]).is_empty());
+        // A voucher that lets a buyer buy again forgets a buyer whose orders all closed,
+        // while they closed fewer than its limit.
+        assert_eq!(fold(2, &rows), [("a".into(), 5), ("c".into(), 4)]);
+        // "b" closed two: with a limit of 1 they hold their last order for good.
+        assert_eq!(
+            fold(1, &rows),
+            [("a".into(), 5), ("b".into(), 3), ("c".into(), 4)]
+        );
+        assert!(fold(0, &[]).is_empty());
     }
 
     #[test]
     fn a_read_goes_on_after_the_last_buyer_whose_rows_were_all_read() {
-        let mut f = BuyerRows::new(true);
+        let mut f = BuyerRows::new(2);
         let id = |n| OrderId::new(n).unwrap();
         assert_eq!(f.done_through(), None);
         f.push("a".into(), id(1), true);

@@ -10,7 +10,8 @@ use aws_sdk_rdsdata::types::Field;
 use super::client::DataApi;
 use super::values::{field, param};
 use crate::domain::{
-    MAX_BUCKETS, NewVoucher, PaymentTerms, Price, SaleWindow, Voucher, VoucherId, WaitingRoom,
+    DEFAULT_REBUY_LIMIT, MAX_BUCKETS, MAX_REBUY_LIMIT, NewVoucher, PaymentTerms, Price, SaleWindow,
+    Voucher, VoucherId, WaitingRoom,
 };
 use crate::error::StoreError;
 
@@ -22,6 +23,7 @@ impl DataApi {
             None => param::null("pay_within_ms"),
         };
         let rebuy = v.payment.is_some_and(|p| p.rebuy_after_close);
+        let rebuy_limit = v.payment.map_or(DEFAULT_REBUY_LIMIT, |p| p.rebuy_limit);
         let (price, currency) = match v.payment.and_then(|p| p.price) {
             Some(p) => (
                 param::long("price_minor", p.amount_minor()),
@@ -31,8 +33,8 @@ impl DataApi {
         };
         let out = self
             .execute(
-                "INSERT INTO vouchers (title, stock, stock_left, begins_at, ends_at, pay_within_ms, rebuy_after_close, buckets, price_minor, currency, entry_rate_per_s, queue_opens_before_s) \
-                 VALUES (:title, :stock, :stock, :begins_at, :ends_at, :pay_within_ms, :rebuy, :buckets, :price_minor, :currency, :entry_rate, :opens_before)",
+                "INSERT INTO vouchers (title, stock, stock_left, begins_at, ends_at, pay_within_ms, rebuy_after_close, rebuy_limit, buckets, price_minor, currency, entry_rate_per_s, queue_opens_before_s) \
+                 VALUES (:title, :stock, :stock, :begins_at, :ends_at, :pay_within_ms, :rebuy, :rebuy_limit, :buckets, :price_minor, :currency, :entry_rate, :opens_before)",
                 vec![
                     param::string("title", &v.title),
                     param::long("stock", v.stock),
@@ -40,6 +42,7 @@ impl DataApi {
                     param::timestamp("ends_at", v.window.ends_ms()),
                     pay_within,
                     param::long("rebuy", i64::from(rebuy)),
+                    param::long("rebuy_limit", i64::from(rebuy_limit)),
                     param::long("buckets", i64::from(v.buckets)),
                     price,
                     currency,
@@ -83,7 +86,7 @@ impl DataApi {
     ) -> Result<Option<Voucher>, StoreError> {
         let out = self
             .execute(
-                "SELECT id, title, stock, stock_left, begins_at, ends_at, pay_within_ms, rebuy_after_close + 0, buckets, price_minor, currency, entry_rate_per_s, queue_opens_before_s \
+                "SELECT id, title, stock, stock_left, begins_at, ends_at, pay_within_ms, rebuy_after_close + 0, rebuy_limit, buckets, price_minor, currency, entry_rate_per_s, queue_opens_before_s \
                  FROM vouchers WHERE id = :id",
                 vec![param::long("id", id.get())],
                 transaction,
@@ -102,6 +105,7 @@ impl DataApi {
             ends,
             pay_within,
             rebuy,
+            rebuy_limit,
             buckets,
             price,
             currency,
@@ -120,6 +124,10 @@ impl DataApi {
         let payment = field::long(pay_within).map(|ms| PaymentTerms {
             pay_within_ms: ms,
             rebuy_after_close: field::long(rebuy).unwrap_or(0) != 0,
+            rebuy_limit: field::long(rebuy_limit)
+                .and_then(|n| u8::try_from(n).ok())
+                .filter(|n| (1..=MAX_REBUY_LIMIT).contains(n))
+                .unwrap_or(DEFAULT_REBUY_LIMIT),
             price,
         });
         let window = SaleWindow::new(

@@ -127,6 +127,7 @@ impl OrderStreams {
             .key(&k.transfers)
             .key(&k.received)
             .key(&k.grace)
+            .key(&k.rebuys)
             .arg(keys::DRAIN_GROUP)
             .arg(retention.map_or(0, |r| r.as_millis() as u64))
             .invoke_async(&mut self.conn.clone())

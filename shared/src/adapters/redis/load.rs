@@ -105,11 +105,7 @@ impl RedisSales {
                     .payment
                     .map_or(String::new(), |p| p.pay_within_ms.to_string()),
             )
-            .arg(if voucher.payment.is_some_and(|p| p.rebuy_after_close) {
-                "1"
-            } else {
-                "0"
-            })
+            .arg(voucher.payment.map_or(0, |p| p.rebuys()))
             .arg(voucher.buckets)
             .arg(
                 voucher
@@ -156,14 +152,14 @@ impl RedisSales {
     }
 
     /// Records buyers the buyers hash lost (`lua/restore_buyers.lua`, HSETNX: a buyer it
-    /// still has is never overwritten; with `rebuy`, the voucher's `rebuy_after_close`,
-    /// an order closed with its unit given back names no buyer): how many were added,
-    /// and how many were skipped so.
+    /// still has is never overwritten; with `rebuy`, the voucher's rebuy limit (0: none),
+    /// an order closed with its unit given back names no buyer unless the buyer used the
+    /// limit up): how many were added, and how many were skipped so.
     pub async fn restore_buyers(
         &self,
         voucher: impl Into<Bucket>,
         buyers: &[(String, OrderId)],
-        rebuy: bool,
+        rebuy: u8,
     ) -> Result<Restored, StoreError> {
         let voucher: Bucket = voucher.into();
         if buyers.is_empty() {
@@ -173,6 +169,7 @@ impl RedisSales {
         let mut call = RESTORE_BUYERS.key(&k.buyers);
         call.key(&k.orders)
             .key(&k.closed)
+            .key(&k.rebuys)
             .arg(protocol::restore_buyers::PAIRS)
             .arg(rebuy_arg(rebuy));
         for (user, order) in buyers {
@@ -189,7 +186,7 @@ impl RedisSales {
     pub async fn restore_buyers_from_stream(
         &self,
         voucher: impl Into<Bucket>,
-        rebuy: bool,
+        rebuy: u8,
     ) -> Result<u64, StoreError> {
         let voucher: Bucket = voucher.into();
         let k = VoucherKeys::new(voucher);
@@ -200,6 +197,7 @@ impl RedisSales {
                 .key(&k.buyers)
                 .key(&k.orders)
                 .key(&k.closed)
+                .key(&k.rebuys)
                 .arg(protocol::restore_buyers::STREAM)
                 .arg(rebuy_arg(rebuy))
                 .arg(&start)
@@ -388,11 +386,7 @@ impl RedisSales {
     }
 }
 
-/// `lua/restore_buyers.lua`'s `ARGV[2]`.
-fn rebuy_arg(rebuy: bool) -> &'static str {
-    if rebuy {
-        protocol::restore_buyers::REBUY
-    } else {
-        protocol::restore_buyers::KEEP
-    }
+/// `lua/restore_buyers.lua`'s `ARGV[2]`: the voucher's rebuy limit, 0 for none.
+fn rebuy_arg(rebuys: u8) -> u8 {
+    rebuys
 }

@@ -213,7 +213,8 @@ impl RedisSales {
             .key(&k.deadlines)
             .key(&k.closed)
             .key(&k.to_settle)
-            .key(&k.grace);
+            .key(&k.grace)
+            .key(&k.rebuys);
         match action {
             CloseAction::Pay(r) => call
                 .arg(close::PAY)

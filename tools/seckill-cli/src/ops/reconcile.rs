@@ -332,8 +332,9 @@ pub async fn reconcile(b: &Backends, voucher: VoucherId, repair: bool) -> anyhow
     // hash only grows until the sale is retired).
     let rebuy = db_voucher
         .as_ref()
-        .is_some_and(|v| v.payment.is_some_and(|p| p.rebuy_after_close));
-    let (not_in_buyers, stream_lost_buyers) = if rebuy {
+        .and_then(|v| v.payment)
+        .map_or(0, |p| p.rebuys());
+    let (not_in_buyers, stream_lost_buyers) = if rebuy > 0 {
         (
             without_returned(b, voucher, k, not_in_buyers).await?,
             without_returned(b, voucher, k, stream_lost_buyers).await?,
