@@ -1036,17 +1036,36 @@ async fn pay_and_expiry_racing_have_one_winner_per_order() {
     let reply = ctx.sales.admit(v.id, &late, id).await.unwrap();
     assert_eq!(reply.admission, Admission::SoldOut);
     drain_until_settled(&ctx, v.id).await;
-    let rows = status_counts(&ctx, v.id).await;
-    assert_eq!(count(&rows, "paid"), paid);
-    assert_eq!(count(&rows, "expired"), expired);
-    assert_eq!(count(&rows, "awaiting_payment"), resold.len());
+    // The resold orders have 5 s to pay, as the first: settling the race's closes can
+    // take longer on a loaded machine, and then some of them expire in turn, giving their
+    // unit back. Counted apart from the race's orders.
+    let statuses = ctx.orders_in_db(v.id).await;
+    let resold_ids: BTreeSet<i64> = resold.iter().map(|o| o.get()).collect();
+    let mut race = BTreeMap::<String, usize>::new();
+    let mut again = BTreeMap::<String, usize>::new();
+    for (id, (status, _)) in &statuses {
+        let side = if resold_ids.contains(id) {
+            &mut again
+        } else {
+            &mut race
+        };
+        *side.entry(status.clone()).or_default() += 1;
+    }
+    assert_eq!(count(&race, "paid"), paid, "{race:?}");
+    assert_eq!(count(&race, "expired"), expired, "{race:?}");
+    let (waiting, lapsed) = (count(&again, "awaiting_payment"), count(&again, "expired"));
     assert_eq!(
-        count(&rows, "paid") + count(&rows, "awaiting_payment"),
-        N,
-        "paid + awaiting (resold) = stock: {rows:?}"
+        waiting + lapsed,
+        resold.len(),
+        "every resold order is written: {again:?}"
     );
-    assert_eq!(ctx.db_stock_left(v.id).await, 0);
-    assert_eq!(redis_stock(&ctx, v.id).await, 0);
+    assert_eq!(
+        paid + waiting + lapsed,
+        N,
+        "paid + awaiting + given back again = stock: {race:?} {again:?}"
+    );
+    assert_eq!(ctx.db_stock_left(v.id).await, lapsed as i64);
+    assert_eq!(redis_stock(&ctx, v.id).await, lapsed as i64);
     Arc::into_inner(ctx).unwrap().cleanup().await;
 }
 
