@@ -10,6 +10,8 @@
 -- KEYS[6] grace hash   seckill:{<voucher>}:grace (lua/grace.lua: an order whose expiry
 --                      was moved past its deadline, and that deadline)
 -- KEYS[7] rebuys hash  seckill:{<voucher>}:rebuys (user id -> their orders closed unpaid)
+-- KEYS[8] transfers    seckill:{<voucher>}:transfers (lua/give.lua: units on their way
+--                      to another bucket)
 -- ARGV[1] action:
 --   PAY        ARGV[2] order id, ARGV[3] user id, ARGV[4] payment reference
 --   CANCEL     ARGV[2] order id, ARGV[3] user id
@@ -31,11 +33,15 @@
 -- database its unit back). With `rebuy` = N > 0 in the sale hash (the voucher's rebuy
 -- limit), the buyer's record is dropped too, so they may buy again, for the first N such
 -- closes of theirs (counted in KEYS[7]); after that they keep their last order for good,
--- so one account cannot cancel and rebuy in a loop. A sale with a waiting room and one stock bucket
--- holds the unit for its line (`held`, until HOLD_MS from now: `held_until`;
--- lua/queue.lua offers it to the earliest waiting position still looking, lua/admit.lua
--- sells it only to that offer's holder). Every key shares the {<voucher>} tag. Checks
--- first, writes last.
+-- so one account cannot cancel and rebuy in a loop. A sale with a waiting room holds the
+-- unit for its line in bucket 0, where the line is (`held`, until HOLD_MS from now:
+-- `held_until`; lua/queue.lua offers it to the earliest waiting position still looking,
+-- lua/admit.lua sells it only to that offer's holder, lua/give.lua gives it only with
+-- the offer to the holder's own bucket). A unit returned in another bucket of such a
+-- sale goes to bucket 0 as a transfer (`line:<order id>` in KEYS[8], `<voucher> 1 <server
+-- ms> line`, written here in place of the stock: lua/take.lua holds it there; the
+-- closer delivers it at once, the drainer's survey if the closer died). Every key
+-- shares the {<voucher>} tag. Checks first, writes last.
 
 -- Shared with Rust (shared/src/protocol.rs; its test checks that the two agree).
 -- Actions:
@@ -49,10 +55,11 @@ local EXPIRED = 'expired'
 -- Sale hash fields:
 local STOCK = 'stock'
 local REBUY = 'rebuy'
-local BUCKETS = 'buckets'
 local ROOM_RATE = 'room_rate'
 local HELD = 'held'
 local HELD_UNTIL = 'held_until'
+-- The fourth word of a transfer record holding a returned unit for the line:
+local LINE = 'line'
 -- How long a returned unit waits for the line before anyone may take it, in ms:
 -- twice the longest a waiter is told to wait before looking again.
 local HOLD_MS = 60000
@@ -72,11 +79,18 @@ local function close(order, user, expiry, state, ref)
   -- admission would take it for a live sale without a window): the repair rebuilds it
   -- from the database, which gets this unit back when the close is settled.
   if state ~= PAID and redis.call('EXISTS', KEYS[1]) == 1 then
-    redis.call('HINCRBY', KEYS[1], STOCK, 1)
-    local shape = redis.call('HMGET', KEYS[1], ROOM_RATE, BUCKETS)
-    if shape[1] and (tonumber(shape[2]) or 1) <= 1 then
-      redis.call('HINCRBY', KEYS[1], HELD, 1)
-      redis.call('HSET', KEYS[1], HELD_UNTIL, now + HOLD_MS)
+    local room = redis.call('HGET', KEYS[1], ROOM_RATE)
+    -- Bucket 0's keys carry the bare voucher id as their tag (shared/src/keys.rs).
+    local home = string.match(KEYS[1], '^[^{]*{(%d+)}')
+    if room and not home then
+      local voucher = string.match(KEYS[1], '^[^{]*{(%d+)%.')
+      redis.call('HSET', KEYS[8], 'line:' .. order, voucher .. ' 1 ' .. now .. ' ' .. LINE)
+    else
+      redis.call('HINCRBY', KEYS[1], STOCK, 1)
+      if room then
+        redis.call('HINCRBY', KEYS[1], HELD, 1)
+        redis.call('HSET', KEYS[1], HELD_UNTIL, now + HOLD_MS)
+      end
     end
     local limit = tonumber(redis.call('HGET', KEYS[1], REBUY)) or 0
     if limit > 0 and redis.call('HGET', KEYS[2], user) == order

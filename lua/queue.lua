@@ -13,7 +13,8 @@
 -- KEYS[6] buyers     seckill:{<voucher>}:buyers  (bucket 0's: user id -> order id)
 -- ARGV[1] the user id
 -- ARGV[2] '1' to join (a position is given at the first join and kept ever after),
---         '0' to look only
+--         '0' to look only, '2' to look as a buyer seckill-http found the voucher sold
+--         out to (a voucher of several buckets, whose stock this slot cannot see)
 -- ARGV[3] how long the queue is kept after the sale's end, in ms
 -- ARGV[4] how recent a waiter's last look must be for them to count as still looking, ms
 -- ARGV[5] how long an offer of a returned unit holds, ms
@@ -27,15 +28,18 @@
 -- the counter past them. Until then nobody joins, so nobody who rejoins first after a
 -- loss jumps the line.
 --
--- Returned units go to the line, not to the fastest (one-bucket sales; lua/close.lua
--- holds them): a unit an order gives back is `held` in the sale hash, for the line alone
+-- Returned units go to the line, not to the fastest (lua/close.lua holds them here, in
+-- bucket 0, whichever bucket gave them back): a unit an order gives back is `held` in
+-- the sale hash, for the line alone
 -- until `held_until` (and, once offered, until the offer lapses). Each look here first
 -- drops the offers that lapsed (their holders had their turn and are not offered again),
--- then records the caller as waiting if the sale is sold out to them, then offers each
+-- then records the caller as waiting if the sale is sold out to them (one bucket: its
+-- stock, less the units held, is gone; several: ARGV[2] is '2'), then offers each
 -- held unit no offer holds yet to the earliest waiting position whose last look is
 -- recent (earlier ones that stopped looking leave the waiters). Looking often gains
 -- nothing: only the position orders the waiters. lua/admit.lua lets an offer's holder
--- take a held unit and everyone else only the units not held.
+-- take a held unit and everyone else only the units not held; a holder of another
+-- bucket takes it through lua/give.lua, which moves it with the offer.
 --
 -- Returns {result, position (0 when none), the units bucket 0 has for the caller (its
 -- stock, less the units held for others), buckets, now ms, begins ms, ends ms, entry
@@ -108,7 +112,7 @@ if not position then
     end
   end
 end
-if result ~= QUEUED or buckets > 1 then
+if result ~= QUEUED then
   return { result, position or 0, stock, buckets, now, begins, ends, rate, opens_s, 0, 0 }
 end
 
@@ -137,7 +141,11 @@ local plain = stock - reserved
 -- The caller is waiting: served, sold out to, without an order or an offer, and never
 -- offered a unit they let lapse.
 local served_at = begins + math.ceil(math.max(0, position - rate) * 1000 / rate)
-if now >= served_at and plain <= 0 and not mine and redis.call('HEXISTS', KEYS[6], user) == 0
+local sold_out = plain <= 0
+if buckets > 1 then
+  sold_out = ARGV[2] == '2'
+end
+if now >= served_at and sold_out and not mine and redis.call('HEXISTS', KEYS[6], user) == 0
     and redis.call('HGET', KEYS[5], user) ~= PASSED then
   if redis.call('ZADD', KEYS[4], position, user) == 1 then
     redis.call('PEXPIREAT', KEYS[4], keep_until)

@@ -65,6 +65,10 @@ pub struct VoucherKeys {
     /// Hash, vouchers that let a buyer buy again: user id → their orders closed unpaid
     /// (`lua/close.lua`), against the voucher's rebuy limit.
     pub rebuys: String,
+    /// Sorted set, vouchers with a waiting room: user id → when their offer of a returned
+    /// unit lapses (bucket 0's is [`offers`]; another bucket's holds the offers that
+    /// moved there with their unit, `lua/take.lua`).
+    pub offers: String,
 }
 
 impl VoucherKeys {
@@ -86,12 +90,13 @@ impl VoucherKeys {
             received: key("received"),
             grace: key("grace"),
             rebuys: key("rebuys"),
+            offers: key("offers"),
         }
     }
 
     /// Every key of the bucket, for whoever deletes or lists a sale whole (the bench's
     /// clean-up, the tests).
-    pub fn all(&self) -> [&str; 14] {
+    pub fn all(&self) -> [&str; 15] {
         [
             &self.sale,
             &self.buyers,
@@ -107,6 +112,7 @@ impl VoucherKeys {
             &self.received,
             &self.grace,
             &self.rebuys,
+            &self.offers,
         ]
     }
 }
@@ -145,9 +151,10 @@ pub fn queue_restore(voucher: VoucherId) -> String {
     format!("seckill:{{{voucher}}}:queue_restore")
 }
 
-/// Sorted set, vouchers with a waiting room and one bucket, in bucket 0's slot: user id
-/// scored by when their offer of a returned unit lapses (`lua/queue.lua` writes it,
-/// `lua/admit.lua` uses an offer up).
+/// Sorted set, vouchers with a waiting room, in bucket 0's slot: user id scored by when
+/// their offer of a returned unit lapses (`lua/queue.lua` writes it, `lua/admit.lua` uses
+/// an offer up, `lua/give.lua` moves one with its unit to the buyer's own bucket, whose
+/// [`VoucherKeys::offers`] then holds it).
 pub fn offers(voucher: VoucherId) -> String {
     format!("seckill:{{{voucher}}}:offers")
 }

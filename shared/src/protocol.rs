@@ -67,6 +67,16 @@ pub mod transfer {
     pub const TAKEN: i64 = 1;
     /// `lua/take.lua`: this transfer had been received before.
     pub const ALREADY: i64 = 0;
+    /// A transfer record's fourth word: a unit an order gave back in a bucket other
+    /// than 0 of a sale with a waiting room, on its way to be held for the line in
+    /// bucket 0 (`lua/close.lua`).
+    pub const LINE: &str = "line";
+    /// A transfer record's fourth word: a held unit going with its offer to the offered
+    /// buyer's bucket (`lua/give.lua`), then `<lapses ms> <user>`.
+    pub const OFFER: &str = "offer";
+    /// `lua/take.lua`: how long a bucket's offers key outlives the offer it was last
+    /// given, in ms (past any sale's retirement).
+    pub const OFFERS_KEPT_MS: i64 = 86_400_000;
 }
 
 /// `lua/lease.lua`: the first element of a reply that leased nothing.
@@ -291,6 +301,9 @@ mod tests {
                 vec![
                     ("NOT_LOADED", num(transfer::NOT_LOADED)),
                     ("STOCK", text(s::STOCK)),
+                    ("HELD", text(s::HELD)),
+                    ("HELD_UNTIL", text(s::HELD_UNTIL)),
+                    ("OFFER", text(transfer::OFFER)),
                     ("SENTINEL", text(DEADLINES_SENTINEL)),
                 ],
             ),
@@ -302,6 +315,12 @@ mod tests {
                     ("ALREADY", num(transfer::ALREADY)),
                     ("NOT_LOADED", num(transfer::NOT_LOADED)),
                     ("STOCK", text(s::STOCK)),
+                    ("HELD", text(s::HELD)),
+                    ("HELD_UNTIL", text(s::HELD_UNTIL)),
+                    ("LINE", text(transfer::LINE)),
+                    ("OFFER", text(transfer::OFFER)),
+                    ("HOLD_MS", num(line::HOLD_MS)),
+                    ("OFFERS_KEPT_MS", num(transfer::OFFERS_KEPT_MS)),
                 ],
             ),
             (
@@ -316,10 +335,10 @@ mod tests {
                     ("EXPIRED", text(close::EXPIRED)),
                     ("STOCK", text(s::STOCK)),
                     ("REBUY", text(s::REBUY)),
-                    ("BUCKETS", text(s::BUCKETS)),
                     ("ROOM_RATE", text(s::ROOM_RATE)),
                     ("HELD", text(s::HELD)),
                     ("HELD_UNTIL", text(s::HELD_UNTIL)),
+                    ("LINE", text(transfer::LINE)),
                     ("HOLD_MS", num(line::HOLD_MS)),
                     ("SENTINEL", text(DEADLINES_SENTINEL)),
                 ],

@@ -31,9 +31,9 @@ pub(crate) async fn seckill(
 ) -> Result<Response<Body>, ApiError> {
     // Answers this instance already knows cost no Redis call.
     let (known, shape) = app.cache.look(id, now);
-    // Except a sold-out room with one bucket: a unit that came back there is held for
-    // the one caller it is offered to (lua/queue.lua), whom only Redis knows.
-    let line = shape.is_some_and(|s| s.room.is_some() && s.buckets == 1);
+    // Except a sold-out room: a unit that came back there is held for the one caller it
+    // is offered to (lua/queue.lua), whom only Redis knows.
+    let line = shape.is_some_and(|s| s.room.is_some());
     match known {
         Some(Known::NotStarted) => return Err(ApiError::NotStarted),
         Some(Known::Ended) => return Err(ApiError::Ended),
@@ -97,6 +97,7 @@ pub(crate) async fn seckill(
             bucket,
             user: &caller.user,
             first_id: order_id,
+            line: shape.room.is_some(),
         };
         (reply, final_sold_out) = borrow_and_admit(&attempt, buckets, reply).await?;
     }
@@ -137,6 +138,9 @@ struct Attempt<'a> {
     bucket: Bucket,
     user: &'a UserId,
     first_id: OrderId,
+    /// The voucher has a waiting room, whose line may hold a returned unit offered to
+    /// this buyer in bucket 0.
+    line: bool,
 }
 
 /// How long one attempt keeps borrowing at most, and how many Redis calls it may make
@@ -197,6 +201,7 @@ async fn borrow_and_admit(
         bucket,
         user,
         first_id,
+        line,
     } = *attempt;
     let conn = sales.conn();
     let voucher = bucket.voucher();
@@ -205,6 +210,21 @@ async fn borrow_and_admit(
         costs: &app.borrowing,
         spent: false,
     };
+    // A returned unit the line offered this buyer waits in bucket 0 (lua/queue.lua):
+    // taken home with the offer, then bought from their own bucket like any unit. Held
+    // units are nobody else's, so a sold-out mark does not stand in the way.
+    if line && bucket.index() > 0 {
+        let id = transfers::transfer_id(first_id, u32::MAX);
+        calls.made += 1;
+        if transfers::claim_offer(sales, bucket, user, &id).await? {
+            calls.made += 3;
+            let order_id = app.ids.next(sales, voucher, now_millis()).await?;
+            reply = sales.admit(bucket, user, order_id).await?;
+            if reply.admission != Admission::SoldOut {
+                return Ok(calls.done((reply, false)));
+            }
+        }
+    }
     if transfers::is_marked_sold_out(&conn, voucher).await? {
         return Ok(calls.done((reply, true)));
     }

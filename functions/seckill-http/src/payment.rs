@@ -199,14 +199,21 @@ pub(crate) async fn close(
     if let Some(c) = &closed
         && c.status.returned_unit()
     {
-        unit_returned(app, sales, &order.voucher).await;
+        unit_returned(app, sales, &order.voucher, bucket).await;
     }
     Ok(closed)
 }
 
 /// A unit is back on sale (in the buyer's bucket): this instance must not keep answering
-/// sold out, nor may the voucher's sold-out mark stay.
-async fn unit_returned(app: &App, sales: &RedisSales, voucher: &Voucher) {
+/// sold out, nor may the voucher's sold-out mark stay. A sale with a waiting room holds
+/// it for the line in bucket 0: one given back in another bucket is delivered there now
+/// (the drainer's survey does it if this instance dies first).
+async fn unit_returned(app: &App, sales: &RedisSales, voucher: &Voucher, bucket: Bucket) {
+    if voucher.room.is_some()
+        && let Err(error) = transfers::deliver_returned(sales, bucket).await
+    {
+        tracing::warn!(%error, %bucket, "a returned unit not yet delivered to the line; the drainer will");
+    }
     app.cache.forget_sold_out(voucher.id);
     if voucher.buckets > 1
         && let Err(error) = transfers::clear_sold_out(&sales.conn(), voucher.id).await

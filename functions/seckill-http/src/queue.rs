@@ -10,7 +10,7 @@
 
 use http::StatusCode;
 use lambda_http::{Body, Request, Response};
-use seckill_shared::adapters::queue::{self, QueueOutcome, QueueReply, QueueView};
+use seckill_shared::adapters::queue::{self, QueueAsk, QueueOutcome, QueueReply, QueueView};
 use seckill_shared::adapters::transfers;
 use seckill_shared::auth::Identity;
 use seckill_shared::domain::{
@@ -51,7 +51,21 @@ pub(crate) async fn standing(
         return Err(ApiError::RateLimited);
     }
     let sales = app.sales().await?;
-    let mut reply = queue::queue(&sales.conn(), id, &caller.user, join).await?;
+    let mut ask = if join { QueueAsk::Join } else { QueueAsk::Look };
+    // A look at a voucher of several buckets whose sold-out mark stands (an admission's
+    // or an earlier look's proof): the caller is told to the line in the same call
+    // (unless they hold an order), not in a second one after the proof.
+    let mut marked = None;
+    let several = app.cache.look(id, now).1.filter(|s| s.buckets > 1);
+    if let (false, Some(shape)) = (join, several) {
+        let conn = sales.conn();
+        let m = transfers::is_marked_sold_out(&conn, id).await?;
+        marked = Some(m);
+        if m && !queue::has_order(&conn, id, shape.buckets, &caller.user).await? {
+            ask = QueueAsk::LookSoldOut;
+        }
+    }
+    let mut reply = queue::queue(&sales.conn(), id, &caller.user, ask).await?;
     if reply == QueueReply::NotLoaded {
         // Redis lost the sale (or never had it): a live sale is repaired as an
         // admission would; an unknown voucher is 404, and a sale that has ended is
@@ -68,13 +82,22 @@ pub(crate) async fn standing(
             }
             Err(e) => return Err(e),
         }
-        reply = queue::queue(&sales.conn(), id, &caller.user, join).await?;
+        reply = queue::queue(&sales.conn(), id, &caller.user, ask).await?;
     }
     if reply == QueueReply::NeedsRestore {
-        reply = restore_and_ask_again(app, sales, id, &caller.user, join).await?;
+        reply = restore_and_ask_again(app, sales, id, &caller.user, ask).await?;
     }
-    let view = match reply {
-        QueueReply::Room(view) => view,
+    let mut view = match reply {
+        QueueReply::Room(view) => {
+            app.cache.learn_shape(
+                id,
+                queue::SaleShape {
+                    buckets: view.buckets,
+                    room: Some(view.room),
+                },
+            );
+            view
+        }
         QueueReply::NeedsRestore => return Err(being_restored(id)),
         QueueReply::NoRoom => {
             return Err(ApiError::NotFound(format!(
@@ -106,6 +129,25 @@ pub(crate) async fn standing(
             .record(&app.db, id, &caller.user, position)
             .await?;
     }
+    // Sold out to the caller, and when a unit may come back; a caller of a voucher of
+    // several buckets is then told to the line (only this instance could tell), which
+    // may offer them a held unit at once.
+    let mut sold = None;
+    if view.offer_until.is_none() && view.now_ms < view.window.ends_ms() {
+        sold = sold_out(sales, id, &view, marked).await?;
+        if sold.is_some()
+            && view.buckets > 1
+            && ask != QueueAsk::LookSoldOut
+            && !queue::has_order(&sales.conn(), id, view.buckets, &caller.user).await?
+            && let QueueReply::Room(again) =
+                queue::queue(&sales.conn(), id, &caller.user, QueueAsk::LookSoldOut).await?
+        {
+            view = again;
+            if view.offer_until.is_some() {
+                sold = None;
+            }
+        }
+    }
     let served_at = view.room.served_at(view.window.begins_ms(), position);
     let mut body = json!({
         "voucher_id": id.to_string(),
@@ -124,7 +166,7 @@ pub(crate) async fn standing(
         body["entry_expires_at"] = json!(format_rfc3339_millis(expires));
         body["offer_expires_at"] = json!(format_rfc3339_millis(until));
         "served"
-    } else if let Some(next) = sold_out(sales, id, &view).await? {
+    } else if let Some(next) = sold {
         // Not for good while orders await payment: an unpaid one gives its unit back at
         // its deadline (a cancel sooner). The caller is told to look again then (at
         // most RETURN_LOOK_MAX_MS ahead, for the cancels), instead of giving up and
@@ -175,7 +217,7 @@ async fn restore_and_ask_again(
     sales: &seckill_shared::adapters::redis::RedisSales,
     id: VoucherId,
     user: &seckill_shared::domain::UserId,
-    join: bool,
+    ask: QueueAsk,
 ) -> Result<QueueReply, ApiError> {
     let waited = std::time::Instant::now();
     loop {
@@ -187,7 +229,7 @@ async fn restore_and_ask_again(
             // Another instance restores it: its counter appears when it is done.
             Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
         }
-        let reply = queue::queue(&sales.conn(), id, user, join).await?;
+        let reply = queue::queue(&sales.conn(), id, user, ask).await?;
         if reply != QueueReply::NeedsRestore
             || waited.elapsed().as_millis() >= u128::from(RESTORE_WAIT_MS)
         {
@@ -247,7 +289,8 @@ fn being_restored(id: VoucherId) -> ApiError {
 }
 
 /// Whether the voucher is sold out, as a waiting buyer must learn it, and the earliest
-/// deadline of an unpaid order (a unit may come back then).
+/// deadline of an unpaid order (a unit may come back then). `marked`: the sold-out mark
+/// as the caller read it already (`None`: read here when needed).
 ///
 /// One bucket: bucket 0's stock (read by the script). Several: bucket 0 empty, then
 /// every bucket empty with nothing moving between them, on two looks that agree (three
@@ -263,6 +306,7 @@ async fn sold_out(
     sales: &seckill_shared::adapters::redis::RedisSales,
     id: VoucherId,
     view: &QueueView,
+    marked: Option<bool>,
 ) -> Result<Option<Option<UnixMillis>>, ApiError> {
     if view.stock_bucket0 > 0 {
         return Ok(None);
@@ -277,9 +321,11 @@ async fn sold_out(
     if view.buckets <= 1 {
         return Ok(Some(next().await?));
     }
-    if transfers::is_marked_sold_out(&conn, id).await?
-        && let Some(at) = next().await?
-    {
+    let marked = match marked {
+        Some(m) => m,
+        None => transfers::is_marked_sold_out(&conn, id).await?,
+    };
+    if marked && let Some(at) = next().await? {
         return Ok(Some(Some(at)));
     }
     let first = transfers::units(&conn, id, view.buckets).await?;

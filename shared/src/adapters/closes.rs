@@ -78,6 +78,7 @@ impl OrderStreams {
             .key(&k.to_settle)
             .key(&k.grace)
             .key(&k.rebuys)
+            .key(&k.transfers)
             .arg(close::EXPIRE_DUE)
             .arg(EXPIRE_PER_CALL)
             .invoke_async(&mut self.conn.clone())

@@ -93,7 +93,7 @@ pub struct QueueView {
     /// When the caller's offer of a returned unit lapses, if they hold one: they are
     /// served again, and may buy a held unit until then.
     pub offer_until: Option<UnixMillis>,
-    /// Returned units held for the line (one-bucket sales with a room).
+    /// Returned units held for the line in bucket 0 (sales with a room).
     pub held: i64,
     pub buckets: u16,
     pub room: WaitingRoom,
@@ -181,13 +181,37 @@ pub async fn unlock_restore(
     Ok(())
 }
 
-/// Joins `user` to the voucher's queue (`join`), keeping the position of an earlier join,
-/// or only looks their position up. One script call.
+/// What a call of the queue script asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueAsk {
+    /// Join (a position is given at the first join and kept ever after).
+    Join,
+    /// Look one's position up.
+    Look,
+    /// Look, as a buyer found the voucher sold out to them (a voucher of several
+    /// buckets, whose stock bucket 0's slot cannot see): the line records them as
+    /// waiting for a returned unit, and may offer them one at once.
+    LookSoldOut,
+}
+
+impl QueueAsk {
+    /// The script's ARGV[2].
+    fn arg(self) -> &'static str {
+        match self {
+            QueueAsk::Join => "1",
+            QueueAsk::Look => "0",
+            QueueAsk::LookSoldOut => "2",
+        }
+    }
+}
+
+/// Joins `user` to the voucher's queue ([`QueueAsk::Join`]), keeping the position of an
+/// earlier join, or only looks their position up. One script call.
 pub async fn queue(
     conn: &RedisConn,
     voucher: VoucherId,
     user: &UserId,
-    join: bool,
+    ask: QueueAsk,
 ) -> Result<QueueReply, StoreError> {
     let k = VoucherKeys::new(voucher);
     let reply: Vec<i64> = QUEUE
@@ -198,7 +222,7 @@ pub async fn queue(
         .key(keys::looked(voucher))
         .key(&k.buyers)
         .arg(user.as_str())
-        .arg(if join { "1" } else { "0" })
+        .arg(ask.arg())
         .arg(KEEP_AFTER_END_MS)
         .arg(STILL_LOOKING_MS)
         .arg(OFFER_MS)
@@ -243,6 +267,23 @@ pub async fn queue(
         }
         _ => Err(corrupt()),
     }
+}
+
+/// Whether `user` holds an order of the voucher in their own bucket (its buyers hash:
+/// the one that keeps one order per user).
+pub async fn has_order(
+    conn: &RedisConn,
+    voucher: VoucherId,
+    buckets: u16,
+    user: &UserId,
+) -> Result<bool, StoreError> {
+    let bucket = Bucket::of_user(voucher, buckets, user.as_str());
+    let k = VoucherKeys::new(bucket);
+    Ok(redis::cmd("HEXISTS")
+        .arg(&k.buyers)
+        .arg(user.as_str())
+        .query_async(&mut conn.clone())
+        .await?)
 }
 
 /// The earliest payment deadline among the voucher's orders still awaiting payment

@@ -9,6 +9,12 @@
 //! takes them out first) and never lost: a record stays until its units arrived, and
 //! [`finish_open`] (the drainer's survey) completes records their caller left behind.
 //!
+//! A sale with a waiting room keeps returned units for its line, in bucket 0 where the
+//! line is (`lua/queue.lua`): a unit given back in another bucket travels there as a
+//! transfer of its own (`lua/close.lua` records it, [`deliver_returned`] delivers it, to
+//! be held), and an offered buyer of another bucket takes one home with their offer
+//! ([`claim_offer`]). Neither is a unit anyone may borrow ([`units`] leaves them out).
+//!
 //! Once every bucket was found empty with no transfer open, [`mark_sold_out`] sets the
 //! voucher's sold-out mark in bucket 0's slot, so instances that learn the voucher's own
 //! bucket is empty stop asking every other bucket in turn.
@@ -19,6 +25,7 @@ use std::time::Duration;
 use redis::{AsyncCommands, Script};
 
 use super::redis::{GIVE, RedisConn, RedisSales};
+use crate::domain::UserId;
 use crate::domain::{Bucket, OrderId, UnixMillis, VoucherId};
 use crate::error::StoreError;
 use crate::keys::{self, VoucherKeys};
@@ -74,7 +81,11 @@ pub async fn borrow(
         };
         let k = VoucherKeys::new(donor);
         let mut call = GIVE.key(&k.sale);
-        call.key(&k.transfers).arg(transfer).arg(to.to_string());
+        call.key(&k.transfers)
+            .key(&k.offers)
+            .arg(transfer)
+            .arg(to.to_string())
+            .arg("");
         out.calls += 1;
         let ((given, open), acked): ((i64, u64), _) = sales.invoke_durable(&call).await?;
         held(sales, acked, "give")?;
@@ -85,13 +96,74 @@ pub async fn borrow(
         }
         if given > 0 {
             out.calls += 2;
-            if deliver(sales, donor, to, transfer, given).await? {
+            if deliver(sales, donor, to, transfer, given, &Purpose::Anyone).await? {
                 out.units = given;
             }
             return Ok(out);
         }
     }
     Ok(out)
+}
+
+/// Takes the returned unit `user` was offered in the line (bucket 0's offers, a sale
+/// with a waiting room) to their own bucket `to`, held there for them until the offer
+/// lapses (`lua/give.lua`, then `lua/take.lua`): true when units arrived, and the buyer's
+/// admission in `to` may use them. Without a live offer this is a borrow from bucket 0
+/// alone (its units not held, if any). False when nothing came (or `to` is bucket 0,
+/// where the admission uses the offer in place). Three calls when units move, one
+/// otherwise.
+pub async fn claim_offer(
+    sales: &RedisSales,
+    to: Bucket,
+    user: &UserId,
+    transfer: &str,
+) -> Result<bool, StoreError> {
+    if to.index() == 0 {
+        return Ok(false);
+    }
+    let home = Bucket::from(to.voucher());
+    let k = VoucherKeys::new(home);
+    let mut call = GIVE.key(&k.sale);
+    call.key(&k.transfers)
+        .key(&k.offers)
+        .arg(transfer)
+        .arg(to.to_string())
+        .arg(user.as_str());
+    let ((given, _open), acked): ((i64, u64), _) = sales.invoke_durable(&call).await?;
+    held(sales, acked, "give")?;
+    if given <= 0 {
+        return Ok(false);
+    }
+    // What the record says the unit is for: the offer as the donor wrote it.
+    let record: Option<String> = sales
+        .conn_ref()
+        .clone()
+        .hget(&k.transfers, transfer)
+        .await?;
+    match record.as_deref().and_then(parse_record) {
+        Some(r) => deliver(sales, home, to, transfer, r.units, &r.purpose).await,
+        // Delivered already (the drainer finished a record this call left).
+        None => Ok(false),
+    }
+}
+
+/// Delivers every returned unit `donor` holds on its way to the line in bucket 0
+/// (`lua/close.lua` records them), whatever their age: the closer calls it right after
+/// a close that gave a unit back, the drainer after its sweep's expiries. Returns the
+/// units delivered (and already received ones).
+pub async fn deliver_returned(sales: &RedisSales, donor: Bucket) -> Result<i64, StoreError> {
+    if donor.index() == 0 {
+        return Ok(0);
+    }
+    let mut units = 0;
+    for r in open_transfers(sales.conn_ref(), donor, 0).await? {
+        if r.purpose == Purpose::Line
+            && deliver(sales, donor, r.to, &r.id, r.units, &r.purpose).await?
+        {
+            units += r.units;
+        }
+    }
+    Ok(units)
 }
 
 /// An error unless the replicas that acknowledged a step are enough (durable mode).
@@ -116,10 +188,19 @@ async fn deliver(
     to: Bucket,
     transfer: &str,
     units: i64,
+    purpose: &Purpose,
 ) -> Result<bool, StoreError> {
     let k = VoucherKeys::new(to);
     let mut call = TAKE.key(&k.sale);
-    call.key(&k.received).arg(transfer).arg(units);
+    call.key(&k.received)
+        .key(&k.offers)
+        .arg(transfer)
+        .arg(units);
+    match purpose {
+        Purpose::Anyone => call.arg(""),
+        Purpose::Line => call.arg(transfer::LINE),
+        Purpose::Offer { lapses, user } => call.arg(transfer::OFFER).arg(*lapses).arg(user),
+    };
     let (taken, acked): (i64, _) = sales.invoke_durable(&call).await?;
     if taken == transfer::NOT_LOADED {
         tracing::warn!(%donor, %to, transfer, "a transfer's recipient is not loaded; its record stays");
@@ -134,14 +215,39 @@ async fn deliver(
     Ok(true)
 }
 
+/// What units on their way between two buckets are for (a transfer record's words after
+/// the third, `lua/give.lua`, `lua/close.lua`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Purpose {
+    /// Borrowed stock: anyone of the recipient bucket may buy them.
+    Anyone,
+    /// A unit an order gave back, going to bucket 0 to be held for the waiting room's
+    /// line.
+    Line,
+    /// A held unit going with its offer to the offered buyer's bucket, held there for
+    /// them until the offer lapses.
+    Offer { lapses: UnixMillis, user: String },
+}
+
+/// One open transfer record of a donor bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenTransfer {
+    pub id: String,
+    pub to: Bucket,
+    pub units: i64,
+    /// When the donor's server clock stamped it.
+    pub at: UnixMillis,
+    pub purpose: Purpose,
+}
+
 /// Transfer records of `donor` older than `older_than_ms` by the donor's server clock,
-/// the one that stamped them (`lua/transfer_records.lua`): (id, recipient, units, given
-/// at). Malformed records are skipped (and logged).
+/// the one that stamped them (`lua/transfer_records.lua`). Malformed records are skipped
+/// (and logged).
 pub async fn open_transfers(
     conn: &RedisConn,
     donor: Bucket,
     older_than_ms: i64,
-) -> Result<Vec<(String, Bucket, i64, UnixMillis)>, StoreError> {
+) -> Result<Vec<OpenTransfer>, StoreError> {
     let (now, all): (UnixMillis, Vec<(String, String)>) = TRANSFER_RECORDS
         .key(VoucherKeys::new(donor).transfers)
         .invoke_async(&mut conn.clone())
@@ -156,16 +262,16 @@ fn records_older_than(
     all: Vec<(String, String)>,
     now: UnixMillis,
     older_than_ms: i64,
-) -> Vec<(String, Bucket, i64, UnixMillis)> {
+) -> Vec<OpenTransfer> {
     let mut out = Vec::new();
     for (id, record) in all {
         if id == DEADLINES_SENTINEL {
             continue;
         }
-        let parsed = parse_record(&record).filter(|r| r.0.voucher() == donor.voucher());
+        let parsed = parse_record(&record).filter(|r| r.to.voucher() == donor.voucher());
         match parsed {
-            Some((to, units, at)) if older_than_ms <= 0 || now - at >= older_than_ms => {
-                out.push((id, to, units, at))
+            Some(r) if older_than_ms <= 0 || now - r.at >= older_than_ms => {
+                out.push(OpenTransfer { id, ..r })
             }
             Some(_) => {}
             None => tracing::error!(%donor, id, record, "malformed transfer record left alone"),
@@ -179,9 +285,9 @@ fn records_older_than(
 /// then its record is deleted. Returns the units delivered (and already received ones).
 pub async fn finish_open(sales: &RedisSales, donor: Bucket) -> Result<i64, StoreError> {
     let mut units = 0;
-    for (id, to, n, _) in open_transfers(sales.conn_ref(), donor, STALE_TRANSFER_MS).await? {
-        if deliver(sales, donor, to, &id, n).await? {
-            units += n;
+    for r in open_transfers(sales.conn_ref(), donor, STALE_TRANSFER_MS).await? {
+        if deliver(sales, donor, r.to, &r.id, r.units, &r.purpose).await? {
+            units += r.units;
         }
     }
     Ok(units)
@@ -231,6 +337,11 @@ pub fn sold_out_between(first: Units, second: Units) -> bool {
 /// record until its recipient's stock has it, so one bucket's read never misses a unit
 /// moving out of it; a unit moving between two buckets read at different instants can
 /// still be missed ([`sold_out_between`] tells when two looks cannot have).
+///
+/// Units held for a waiting room's line are not counted, nor are those on their way to
+/// it or with an offer: only their line's buyers may have them (lua/admit.lua's rule,
+/// `held` until `held_until`, then those live offers hold; the offers read by this
+/// process's clock, which only shifts by its skew when an offer lapses).
 pub async fn units(
     conn: &RedisConn,
     voucher: VoucherId,
@@ -241,19 +352,40 @@ pub async fn units(
         // `received` first: the three reads are not one atomic step, and a landing
         // after the count was read must show in the next look's count, whether or not
         // this look's stock read saw its units (see `sold_out_between`).
-        let (received, stock, records): (u64, Option<i64>, Vec<String>) = redis::pipe()
+        let now = crate::domain::now_millis();
+        type Sale = (Option<i64>, Option<i64>, Option<i64>);
+        let (received, (stock, held, held_until), records, offered, (secs, micros)): (
+            u64,
+            Sale,
+            Vec<String>,
+            i64,
+            (i64, i64),
+        ) = redis::pipe()
             .hlen(&k.received)
-            .hget(&k.sale, sale_fields::STOCK)
+            .cmd("HMGET")
+            .arg(&k.sale)
+            .arg(sale_fields::STOCK)
+            .arg(sale_fields::HELD)
+            .arg(sale_fields::HELD_UNTIL)
             .hvals(&k.transfers)
+            .zcount(&k.offers, format!("({now}"), "+inf")
+            .cmd("TIME")
             .query_async(&mut conn.clone())
             .await?;
         let in_transit = records
             .iter()
             .filter_map(|r| parse_record(r))
-            .map(|r| r.1)
+            .filter(|r| r.purpose == Purpose::Anyone)
+            .map(|r| r.units)
             .sum();
+        let held = held.unwrap_or(0).max(0);
+        let reserved = if secs * 1000 + micros / 1000 < held_until.unwrap_or(0) {
+            held
+        } else {
+            held.min(offered)
+        };
         Ok::<Units, StoreError>(Units {
-            stock: stock.unwrap_or(0).max(0),
+            stock: (stock.unwrap_or(0) - reserved).max(0),
             in_transit,
             received,
             missing: u64::from(stock.is_none()),
@@ -268,14 +400,32 @@ pub async fn units(
     }))
 }
 
-/// A transfer record (`<recipient> <units> <given at ms>`, written by `lua/give.lua`);
-/// `None` for the sentinel or anything malformed.
-fn parse_record(record: &str) -> Option<(Bucket, i64, UnixMillis)> {
-    let mut parts = record.split(' ');
+/// A transfer record (`<recipient> <units> <given at ms>`, then its purpose when the
+/// units are not for anyone: `line`, or `offer <lapses ms> <user>`; written by
+/// `lua/give.lua` and `lua/close.lua`), with an empty id; `None` for the sentinel or
+/// anything malformed.
+fn parse_record(record: &str) -> Option<OpenTransfer> {
+    let mut parts = record.splitn(6, ' ');
     let to: Bucket = parts.next()?.parse().ok()?;
     let units: i64 = parts.next()?.parse().ok()?;
     let at: i64 = parts.next()?.parse().ok()?;
-    (units > 0).then_some((to, units, at))
+    let purpose = match parts.next() {
+        None => Purpose::Anyone,
+        Some(transfer::LINE) => Purpose::Line,
+        Some(transfer::OFFER) => {
+            let lapses = parts.next()?.parse().ok()?;
+            let user = parts.next().filter(|u| !u.is_empty())?.to_string();
+            Purpose::Offer { lapses, user }
+        }
+        Some(_) => return None,
+    };
+    (units > 0).then_some(OpenTransfer {
+        id: String::new(),
+        to,
+        units,
+        at,
+        purpose,
+    })
 }
 
 /// Whether the voucher's sold-out mark is set.
@@ -330,8 +480,38 @@ mod tests {
             ("bad".to_string(), "junk".to_string()),
         ];
         let old = records_older_than(donor, all.clone(), at + 2_000, STALE_TRANSFER_MS);
-        assert_eq!(old, vec![("old".to_string(), to, 3, at)]);
+        assert_eq!(
+            old,
+            vec![OpenTransfer {
+                id: "old".to_string(),
+                to,
+                units: 3,
+                at,
+                purpose: Purpose::Anyone
+            }]
+        );
         assert_eq!(records_older_than(donor, all, at, 0).len(), 2);
+    }
+
+    #[test]
+    fn a_record_says_whether_its_units_are_for_the_line_or_one_offered_buyer() {
+        let v = VoucherId::new(9).unwrap();
+        let line = parse_record(&format!("{v} 1 1000 line")).unwrap();
+        assert_eq!(
+            (line.to, line.units, line.purpose),
+            (Bucket::from(v), 1, Purpose::Line)
+        );
+        let to = Bucket::new(v, 2, 3).unwrap();
+        let offer = parse_record(&format!("{to} 1 1000 offer 91000 user with spaces")).unwrap();
+        assert_eq!(
+            offer.purpose,
+            Purpose::Offer {
+                lapses: 91_000,
+                user: "user with spaces".to_string()
+            }
+        );
+        assert!(parse_record(&format!("{to} 1 1000 offer 91000")).is_none());
+        assert!(parse_record(&format!("{to} 1 1000 gift")).is_none());
     }
 
     #[test]

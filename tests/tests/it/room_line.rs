@@ -1,6 +1,7 @@
-//! Returned units go to the line, not to the fastest: a voucher with a waiting room (one
-//! stock bucket) holds a unit an order gives back (cancelled, expired) for the earliest
-//! waiting position still looking (`lua/close.lua`, `lua/queue.lua`, `lua/admit.lua`),
+//! Returned units go to the line, not to the fastest: a voucher with a waiting room holds
+//! a unit an order gives back (cancelled, expired) for the earliest waiting position
+//! still looking (`lua/close.lua`, `lua/queue.lua`, `lua/admit.lua`; with several stock
+//! buckets also `lua/give.lua` and `lua/take.lua`, which move it across slots),
 //! against a private Redis and a fresh database, with function instances called with
 //! fixture events.
 //!
@@ -12,10 +13,15 @@
 
 use redis::AsyncCommands;
 use seckill_http::App;
-use seckill_shared::domain::VoucherId;
+use seckill_shared::adapters::redis::CloseAction;
+use seckill_shared::adapters::transfers;
+use seckill_shared::domain::{Bucket, VoucherId};
 use seckill_shared::keys;
 use seckill_shared::protocol::sale_fields;
-use seckill_tests::harness::{Backends, TEST_CURRENCY, TEST_PRICE_MINOR, call, request, token};
+use seckill_tests::drainer::DrainCtx;
+use seckill_tests::harness::{
+    Backends, TEST_CURRENCY, TEST_PRICE_MINOR, call, request, test_http_config, token,
+};
 use serde_json::{Value, json};
 
 use crate::waiting_room::{buy_with, create_room, queue, stock_left};
@@ -390,4 +396,158 @@ async fn a_queue_lost_mid_sale_comes_back_in_the_same_order_and_nobody_jumps_it(
     }
     db.disconnect().await.ok();
     b.cleanup().await;
+}
+
+/// Each bucket's (stock, held) in Redis, and the open transfer records of every bucket.
+async fn buckets_state(
+    conn: &mut seckill_shared::adapters::redis::RedisConn,
+    id: VoucherId,
+    buckets: u16,
+) -> (Vec<(i64, i64)>, usize) {
+    let mut state = Vec::new();
+    let mut open = 0;
+    for bucket in Bucket::all(id, buckets) {
+        let k = seckill_shared::keys::VoucherKeys::new(bucket);
+        let (stock, held, records): (i64, Option<i64>, Vec<String>) = redis::pipe()
+            .hget(&k.sale, sale_fields::STOCK)
+            .hget(&k.sale, sale_fields::HELD)
+            .hkeys(&k.transfers)
+            .query_async(conn)
+            .await
+            .unwrap();
+        state.push((stock, held.unwrap_or(0)));
+        open += records.iter().filter(|r| *r != "~").count();
+    }
+    (state, open)
+}
+
+/// A room whose stock is split over three buckets keeps the same promise across slots.
+/// Three units, one per bucket, bought by the first three in line; behind them two
+/// people (positions 4 and 5, of buckets 2 and 1) and three bots, one per bucket, that
+/// hammer the admission and the queue on two instances. A unit cancelled in bucket 1
+/// goes to the line in bucket 0 at once, and home with its offer to the person ahead,
+/// who buys it from bucket 2; a unit whose closer died right after the close (the
+/// cancel recorded, its hand-over not made) is delivered to the line by the drainer's
+/// survey, and goes to the next person. No bot ever gets one, nothing is oversold, and
+/// no unit is left held or on its way.
+#[tokio::test]
+async fn a_room_of_several_buckets_gives_returned_units_to_the_line_across_slots() {
+    const BUCKETS: u16 = 3;
+    let ctx = DrainCtx::start().await;
+    let cfg = test_http_config(ctx.redis.config(), ctx.data_api_config());
+    let (app, other) = (App::new(&cfg).await, App::new(&cfg).await);
+    let more = json!({
+        "pay_within_s": 600, "price_minor": TEST_PRICE_MINOR, "currency": TEST_CURRENCY,
+        "buckets": BUCKETS,
+    });
+    let voucher = create_room(&app, 3, 1_000, -100, more).await;
+    let id: VoucherId = voucher.parse().unwrap();
+    // Buyers named for the bucket they belong to.
+    let named = |prefix: &str, bucket: u16| -> String {
+        (0..)
+            .map(|i| format!("{prefix}{i}"))
+            .find(|u| Bucket::of_user(id, BUCKETS, u).index() == bucket)
+            .unwrap()
+    };
+    let (a, c, d) = (named("a", 1), named("c", 2), named("d", 0));
+    let (p, q) = (named("person", 2), named("person-q", 1));
+    let bots: Vec<String> = (0..BUCKETS)
+        .map(|b| named(&format!("bot{b}-"), b))
+        .collect();
+    let mut tokens = std::collections::HashMap::new();
+    for u in [&a, &c, &d, &p, &q].into_iter().chain(bots.iter()) {
+        tokens.insert(u.clone(), join(&app, &voucher, u).await);
+    }
+    let a_order = buy(&app, &voucher, &a, &tokens[&a]).await;
+    let c_order = buy(&other, &voucher, &c, &tokens[&c]).await;
+    buy(&app, &voucher, &d, &tokens[&d]).await;
+    // Everyone behind finds it sold out, and is told so by the queue.
+    for u in [&p, &q].into_iter().chain(bots.iter()) {
+        let (status, body) = buy_with(&other, &voucher, u, &tokens[u]).await;
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (409, Some("sold_out")),
+            "{u}: {body}"
+        );
+        let (status, offer, s) = look(&app, &voucher, u).await;
+        assert_eq!((status.as_str(), offer), ("sold_out", None), "{u}: {s}");
+    }
+    let hammer = |round: usize| {
+        let (bots, tokens, voucher) = (&bots, &tokens, &voucher);
+        let apps = [&app, &other];
+        async move {
+            for _ in 0..round {
+                for (i, u) in bots.iter().enumerate() {
+                    let app = apps[i % 2];
+                    let (status, body) = buy_with(app, voucher, u, &tokens[u]).await;
+                    assert_eq!(
+                        (status, body["code"].as_str()),
+                        (409, Some("sold_out")),
+                        "{u}: {body}"
+                    );
+                    let (status, offer, s) = look(apps[(i + 1) % 2], voucher, u).await;
+                    assert_eq!((status.as_str(), offer), ("sold_out", None), "{u}: {s}");
+                }
+            }
+        }
+    };
+
+    // Cancelled in bucket 1: held for the line in bucket 0 at once, nothing in transit.
+    cancel(&app, &a, &a_order).await;
+    let mut conn = ctx.conn();
+    assert_eq!(
+        buckets_state(&mut conn, id, BUCKETS).await,
+        (vec![(1, 1), (0, 0), (0, 0)], 0)
+    );
+    hammer(3).await;
+    let (_, offer, s) = look(&other, &voucher, &q).await;
+    assert_eq!(offer, None, "q is behind p: {s}");
+    let (status, offer, s) = look(&other, &voucher, &p).await;
+    assert_eq!(status, "served", "{s}");
+    buy(&app, &voucher, &p, &offer.expect("p's offer")).await;
+    assert_eq!(
+        buckets_state(&mut conn, id, BUCKETS).await,
+        (vec![(0, 0), (0, 0), (0, 0)], 0),
+        "the unit went home with p's offer to bucket 2 and was bought there"
+    );
+
+    // Closed in bucket 2 by a closer that died before the hand-over: the unit waits in
+    // bucket 2's records, sold to nobody, until the drainer's survey delivers it.
+    let c_id = c_order.parse().unwrap();
+    let user = seckill_shared::domain::UserId::parse(&c).unwrap();
+    let closed = ctx
+        .sales
+        .close(
+            Bucket::of_user(id, BUCKETS, &c),
+            c_id,
+            &user,
+            &CloseAction::Cancel,
+        )
+        .await
+        .unwrap();
+    assert!(closed.is_some());
+    assert_eq!(
+        buckets_state(&mut conn, id, BUCKETS).await,
+        (vec![(0, 0), (0, 0), (0, 0)], 1)
+    );
+    hammer(2).await;
+    tokio::time::sleep(std::time::Duration::from_millis(
+        transfers::STALE_TRANSFER_MS as u64 + 200,
+    ))
+    .await;
+    ctx.drain(ctx.drainer_config()).await;
+    assert_eq!(
+        buckets_state(&mut conn, id, BUCKETS).await,
+        (vec![(1, 1), (0, 0), (0, 0)], 0)
+    );
+    hammer(2).await;
+    let (status, offer, s) = look(&app, &voucher, &q).await;
+    assert_eq!(status, "served", "{s}");
+    buy(&other, &voucher, &q, &offer.expect("q's offer")).await;
+    assert_eq!(
+        buckets_state(&mut conn, id, BUCKETS).await,
+        (vec![(0, 0), (0, 0), (0, 0)], 0)
+    );
+    hammer(1).await;
+    assert_eq!(stock_left(&app, &voucher).await, 0);
 }

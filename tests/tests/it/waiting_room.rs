@@ -518,9 +518,9 @@ async fn once_sold_out_everybody_still_waiting_learns_it_on_their_next_look() {
 
 /// Waiters keep looking at a sold-out voucher while units may come back (every 1-30 s,
 /// orders await payment): with many stock buckets, a look then costs Redis a few
-/// commands, counted on the server (the queue script and its reads, the sold-out mark,
-/// one deadline read per bucket), not two reads of every bucket (three commands each)
-/// every time. Once nothing can come back, the mark alone never answers: a cancel's
+/// commands, counted on the server (the queue script with its reads and the waiter's
+/// record, the sold-out mark, the caller's buyers hash, one deadline read per bucket),
+/// not two reads of every bucket (three commands each) every time. Once nothing can come back, the mark alone never answers: a cancel's
 /// unit is found, and the waiters are not sent away for good while it is on sale.
 #[tokio::test]
 async fn a_look_at_a_sold_out_room_of_many_buckets_costs_a_few_commands() {
@@ -541,13 +541,15 @@ async fn a_look_at_a_sold_out_room_of_many_buckets_costs_a_few_commands() {
         let before = b.redis.command_calls();
         assert_looks_sold_out(&app, &voucher, u, true).await;
         let spent = b.redis.command_calls() - before;
-        // The script and its three reads, the mark, a deadline read per bucket.
-        assert!(spent <= 4 + 1 + 16, "{u}'s look cost {spent} commands");
+        // The script and its reads, with the caller's record as a waiter for returned
+        // units (8), the mark, the caller's own bucket's buyers hash (the line is not
+        // for buyers holding an order), a deadline read per bucket.
+        assert!(spent <= 8 + 1 + 1 + 16, "{u}'s look cost {spent} commands");
     }
 
     // Every order but one paid... and that one cancelled while the mark stands (as if
-    // set just after the cancel's return): no deadline is left, so the look reads the
-    // buckets, finds the unit and serves the next in line.
+    // set just after the cancel's return): no deadline is left, yet nobody is sent away
+    // for good, and the unit is offered to the next in line.
     for (u, order) in &bought[1..] {
         assert_eq!(
             provider_pays(&app, order, u, &format!("pi_{u}")).await.0,
@@ -570,10 +572,20 @@ async fn a_look_at_a_sold_out_room_of_many_buckets_costs_a_few_commands() {
     let _: () = conn.pset_ex(&mark, 1, 5_000).await.unwrap();
     let (status, s) = queue(&app, &voucher, "w30", false).await;
     assert_eq!(status, 200, "{s}");
-    assert_ne!(
-        s["status"], "sold_out",
-        "the cancelled unit is on sale: {s}"
+    // The unit is held for the line: w30 is not sent away for good, and the earliest
+    // waiter still looking (w16, the first refused) is served to buy it.
+    assert_eq!(
+        (s["status"].as_str(), s["units_may_return"].as_bool()),
+        (Some("sold_out"), Some(true)),
+        "the cancelled unit is held for the line: {s}"
     );
+    let (status, s) = queue(&app, &voucher, "w16", false).await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(
+        s["status"], "served",
+        "the cancelled unit is w16's to buy: {s}"
+    );
+    assert!(s["offer_expires_at"].is_string(), "{s}");
     b.cleanup().await;
 }
 

@@ -114,6 +114,22 @@ impl Drainer {
                             e,
                         ));
                     }
+                    // A sale with a waiting room: the units given back in a bucket other
+                    // than 0 go to its line there now, not at the next survey.
+                    if expired > 0 && voucher.index() > 0 {
+                        let sales = seckill_shared::adapters::redis::RedisSales::new(
+                            self.streams.conn().clone(),
+                        )
+                        .with_durability(self.cfg.redis.durable);
+                        if let Err(e) = transfers::deliver_returned(&sales, voucher).await {
+                            // The survey finishes them.
+                            run.record(&DrainError::store(
+                                "delivering returned units to the line",
+                                Some(voucher),
+                                e,
+                            ));
+                        }
+                    }
                     if expired < EXPIRE_PER_CALL || !run.fits(1) {
                         break to_settle;
                     }

@@ -214,7 +214,8 @@ impl RedisSales {
             .key(&k.closed)
             .key(&k.to_settle)
             .key(&k.grace)
-            .key(&k.rebuys);
+            .key(&k.rebuys)
+            .key(&k.transfers);
         match action {
             CloseAction::Pay(r) => call
                 .arg(close::PAY)
