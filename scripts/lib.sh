@@ -165,6 +165,13 @@ localstripe_bin() {
     printf '%s/seckill/localstripe-%s/bin/localstripe\n' "${XDG_CACHE_HOME:-$HOME/.cache}" "$LOCALSTRIPE_VERSION"
 }
 
+# moto (the local stack's EventBridge and SQS: order events), pinned: scripts/setup.sh
+# installs moto[server] into a virtualenv of its own there (its boto3 makes the bus).
+MOTO_VERSION=5.2.5
+moto_bin() {
+    printf '%s/seckill/moto-%s/bin/moto_server\n' "${XDG_CACHE_HOME:-$HOME/.cache}" "$MOTO_VERSION"
+}
+
 # Is $1 an executable server printing version $2 (e.g. 9.1.2) in its --version line?
 server_has_version() {
     [[ -x $1 ]] && "$1" --version 2>/dev/null | grep -q " v=$2 "

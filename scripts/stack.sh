@@ -27,7 +27,14 @@
 # port and the 5 after it; every Redis port + 10000 is its cluster bus port and must be
 # free too), MariaDB SECKILL_MYSQL_PORT (13306), Data API SECKILL_DATA_API_PORT (18080),
 # cargo lambda watch SECKILL_LAMBDA_PORT (19000), the local API Gateway
-# SECKILL_GATEWAY_PORT (19100), the local Stripe (localstripe) SECKILL_STRIPE_PORT (12111).
+# SECKILL_GATEWAY_PORT (19100), the local Stripe (localstripe) SECKILL_STRIPE_PORT (12111),
+# the local EventBridge and SQS (moto) SECKILL_EVENTS_PORT (15100).
+#
+# Order events: moto (PyPI `moto[server]`, AWS's APIs emulated by others) serves
+# EventBridge and SQS at EVENTS_ENDPOINT_URL, with the bus EVENT_BUS_NAME, a rule taking
+# every event of `seckill.orders` and the SQS queue EVENTS_QUEUE_URL as its target
+# (scripts/events-setup.py): the drainer publishes there, a consumer (the tests) reads
+# the queue. moto keeps everything in memory: a restart starts an empty bus.
 #
 # Stripe: localstripe (PyPI; a stateful fake of Stripe's API, scripts/setup.sh installs
 # it) serves STRIPE_API_BASE with the test key STRIPE_SECRET_KEY; seckill-http creates
@@ -98,6 +105,7 @@ DATA_API_PORT=${SECKILL_DATA_API_PORT:-18080}
 LAMBDA_PORT=${SECKILL_LAMBDA_PORT:-19000}
 GATEWAY_PORT=${SECKILL_GATEWAY_PORT:-19100}
 STRIPE_PORT=${SECKILL_STRIPE_PORT:-12111}
+EVENTS_PORT=${SECKILL_EVENTS_PORT:-15100}
 PAYMENT_GRACE_S=${SECKILL_PAYMENT_GRACE_S:-10}
 LAMBDA_RELOAD=${SECKILL_LAMBDA_RELOAD:-0}
 LAMBDA_CONCURRENCY=${SECKILL_LAMBDA_CONCURRENCY:-1}
@@ -152,6 +160,10 @@ REDIS_URL=redis://127.0.0.1:$REDIS_PORT
 MYSQL_URL=mysql://seckill:seckill@127.0.0.1:$MYSQL_PORT/$DB_NAME
 DATA_API_URL=http://127.0.0.1:$DATA_API_PORT
 STRIPE_API_BASE=http://127.0.0.1:$STRIPE_PORT
+EVENTS_ENDPOINT_URL=http://127.0.0.1:$EVENTS_PORT
+EVENT_BUS_NAME=seckill-orders
+EVENTS_QUEUE_NAME=seckill-order-events
+EVENTS_QUEUE_FILE=$DEV_DIR/events-queue-url
 # Not a secret (every buyer's browser holds it); localstripe takes any pk_ key.
 STRIPE_PUBLISHABLE_KEY=pk_test_seckill_local
 # localstripe's stand-in for Stripe.js (https://js.stripe.com/v3/ in AWS).
@@ -213,6 +225,7 @@ svc_port() {
     lambda) echo "$LAMBDA_PORT" ;;
     gateway) echo "$GATEWAY_PORT" ;;
     stripe) echo "$STRIPE_PORT" ;;
+    events) echo "$EVENTS_PORT" ;;
     esac
 }
 svc_port_var() {
@@ -223,6 +236,7 @@ svc_port_var() {
     lambda) echo SECKILL_LAMBDA_PORT ;;
     gateway) echo SECKILL_GATEWAY_PORT ;;
     stripe) echo SECKILL_STRIPE_PORT ;;
+    events) echo SECKILL_EVENTS_PORT ;;
     esac
 }
 # A word the process's command line must contain for a pid file to be believed.
@@ -234,6 +248,7 @@ svc_signature() {
     lambda) echo cargo-lambda ;;
     gateway) echo api-gateway-local ;;
     stripe) echo localstripe ;;
+    events) echo moto_server ;;
     esac
 }
 svc_log() {
@@ -955,6 +970,28 @@ up_stripe() {
     ok "stripe    $STRIPE_API_BASE (localstripe)"
 }
 
+up_events() {
+    local bin stamp url
+    bin=$(moto_bin)
+    [[ -x $bin ]] || die "$bin is missing: scripts/setup.sh installs moto"
+    stamp="$(file_stamp "$bin") port=$EVENTS_PORT"
+    if running_ok events "$stamp"; then
+        ok "events    already running (pid $(svc_pid events), port $EVENTS_PORT)"
+    else
+        check_port_free events
+        log "starting moto (EventBridge, SQS) on 127.0.0.1:$EVENTS_PORT"
+        start_bg events "$stamp" "$bin" -H 127.0.0.1 -p "$EVENTS_PORT"
+        wait_port events 60 "moto_server must listen on -p"
+    fi
+    # The bus, the queue and the rule between them (made again after a restart; kept
+    # as they are when they exist).
+    url=$("${bin%/moto_server}/python" "$SECKILL_ROOT/scripts/events-setup.py" \
+        "$EVENTS_ENDPOINT_URL" "$EVENT_BUS_NAME" "$EVENTS_QUEUE_NAME") ||
+        die "making the local bus and queue failed (see above; moto's log: $(rel "$(svc_log events)"))"
+    printf '%s\n' "$url" >"$EVENTS_QUEUE_FILE"
+    ok "events    $EVENTS_ENDPOINT_URL (moto): bus $EVENT_BUS_NAME -> $url"
+}
+
 write_functions_env() {
     local tmp=$FUNCTIONS_ENV.tmp
     {
@@ -984,6 +1021,8 @@ write_functions_env() {
         # short here, so the suites see both sides of it in seconds.
         echo "SECKILL_PAYMENT_GRACE_S=$PAYMENT_GRACE_S"
         echo "SECRETS_MANAGER_URL=$DATA_API_URL"
+        echo "EVENT_BUS_NAME=$EVENT_BUS_NAME"
+        echo "EVENTS_ENDPOINT_URL=$EVENTS_ENDPOINT_URL"
         echo "RUST_LOG=${SECKILL_FUNCTIONS_RUST_LOG:-info}"
         # Locally one drainer invocation drains for 2 s, not the 50 s of a one-minute
         # schedule in AWS, so an invoke (the tests', the demo's, yours) returns quickly.
@@ -1175,6 +1214,9 @@ STRIPE_WEBHOOK_SECRET=$(stripe_webhook_secret)
 STRIPE_PUBLISHABLE_KEY=$STRIPE_PUBLISHABLE_KEY
 STRIPE_JS_URL=$STRIPE_JS_URL
 SECKILL_PAYMENT_GRACE_S=$PAYMENT_GRACE_S
+EVENTS_ENDPOINT_URL=$EVENTS_ENDPOINT_URL
+EVENT_BUS_NAME=$EVENT_BUS_NAME
+EVENTS_QUEUE_URL=$(cat "$EVENTS_QUEUE_FILE")
 SECKILL_EDGE_READS_PER_CLIENT_MINUTE=$(template_default EdgeReadsPerClientMinute)
 DB_NAME=$DB_NAME
 AWS_REGION=$AWS_REGION_LOCAL
@@ -1239,6 +1281,7 @@ cmd_up() {
     up_data_api
     migrate
     up_stripe
+    up_events
     up_lambda "$restart"
     up_gateway
     write_stack_env
@@ -1257,7 +1300,7 @@ cmd_down() {
     [[ -d $DEV_DIR ]] || { ok "stack is down (no .dev/)"; return 0; }
     lock_stack
     rm -f "$STACK_ENV"
-    for s in gateway lambda data-api mysql stripe; do stop_service "$s"; done
+    for s in gateway lambda data-api mysql stripe events; do stop_service "$s"; done
     # Every Redis node with a pid file, also of a topology no longer selected.
     stop_redis_all
     rm -f "$MYSQL_SOCK" "$MYSQL_SOCK.lock"
@@ -1290,7 +1333,7 @@ cmd_status() {
         [[ -n $(svc_pid "$s") ]] && names+=("$s")
     done
     ((${#names[@]})) || mapfile -t names < <(redis_services)
-    for s in "${names[@]}" mysql data-api stripe lambda gateway; do
+    for s in "${names[@]}" mysql data-api stripe events lambda gateway; do
         pid=$(svc_pid "$s")
         port=$(cat "$PID_DIR/$s.port" 2>/dev/null || svc_port "$s")
         note=''

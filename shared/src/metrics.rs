@@ -75,6 +75,12 @@ pub mod names {
     pub const DRAIN_LAG: &str = "DrainLag";
     /// Age of the oldest entry still pending after the run.
     pub const DRAIN_OLDEST_PENDING_AGE: &str = "DrainOldestPendingAge";
+    /// order-drainer, per run: order events published to EventBridge.
+    pub const EVENTS_PUBLISHED: &str = "EventsPublished";
+    /// Order events still owed after the run (the outbox's depth).
+    pub const EVENTS_OWED: &str = "EventsOwed";
+    /// Age of the oldest order event still owed after the run (ms; 0: none).
+    pub const EVENTS_OLDEST_OWED_AGE: &str = "EventsOldestOwedAge";
 
     /// Every name, for the template's checks.
     pub const ALL: &[&str] = &[
@@ -95,6 +101,9 @@ pub mod names {
         DRAIN_RUN_TIME,
         DRAIN_LAG,
         DRAIN_OLDEST_PENDING_AGE,
+        EVENTS_PUBLISHED,
+        EVENTS_OWED,
+        EVENTS_OLDEST_OWED_AGE,
     ];
 }
 

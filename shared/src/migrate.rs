@@ -108,6 +108,10 @@ pub const EMBEDDED: &[(&str, &str)] = &[
         "0012_rebuy_limit.sql",
         include_str!("../../migrations/0012_rebuy_limit.sql"),
     ),
+    (
+        "0013_order_events.sql",
+        include_str!("../../migrations/0013_order_events.sql"),
+    ),
 ];
 
 /// Splits SQL text into statements at the delimiter (`;`) outside quotes and comments;
@@ -279,6 +283,8 @@ pub const APP_GRANTS: &[(&str, &str)] = &[
     ("payments", "SELECT, INSERT, UPDATE"),
     ("checkouts", "SELECT, INSERT"),
     ("queue_positions", "SELECT, INSERT"),
+    // The drainer publishes the order events the triggers write, then deletes them.
+    ("order_events", "SELECT, DELETE"),
 ];
 
 /// The application user, from its secret. The name and password are written into

@@ -156,6 +156,7 @@ impl DrainCtx {
             vouchers: None,
             // Refunds are the stack's drainer's (and the Stripe suite's) business.
             stripe: None,
+            events: None,
         }
     }
 
@@ -496,6 +497,12 @@ impl DrainCtx {
         if let Some(vouchers) = &cfg.vouchers {
             let list: Vec<String> = vouchers.iter().map(|v| v.to_string()).collect();
             env.push(("DRAINER_VOUCHERS".into(), list.join(",")));
+        }
+        if let Some(events) = &cfg.events {
+            env.push(("EVENT_BUS_NAME".into(), events.bus.clone()));
+            if let Some(endpoint) = &events.endpoint {
+                env.push(("EVENTS_ENDPOINT_URL".into(), endpoint.clone()));
+            }
         }
         env
     }

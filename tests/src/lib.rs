@@ -10,6 +10,7 @@ pub mod api;
 pub mod browser;
 pub mod contract;
 pub mod drainer;
+pub mod events;
 pub mod harness;
 pub mod mysql;
 pub mod pinned;

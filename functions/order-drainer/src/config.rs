@@ -49,6 +49,8 @@ const OWN_ENV_VARS: &[&str] = &[
     "STRIPE_SECRET_KEY_ARN",
     "STRIPE_SECRET_KEY",
     "SECRETS_MANAGER_URL",
+    "EVENT_BUS_NAME",
+    "EVENTS_ENDPOINT_URL",
 ];
 
 /// The drainer's settings, read once per cold start: where the backends are, and how
@@ -83,6 +85,18 @@ pub struct Config {
     /// `SECRETS_MANAGER_URL` when given; or `STRIPE_SECRET_KEY`): each run refunds the
     /// Stripe payments to refund (`crate::refunds`). `None`: no refunds issued.
     pub stripe: Option<StripeRefunds>,
+    /// `EVENT_BUS_NAME` (and `EVENTS_ENDPOINT_URL`, a local endpoint such as moto's): each
+    /// run publishes the order events the database owes to this bus (`crate::events`).
+    /// `None`: they wait in the outbox (`seckill status` shows its depth).
+    pub events: Option<EventsConfig>,
+}
+
+/// Where the drainer publishes order events.
+#[derive(Debug, Clone)]
+pub struct EventsConfig {
+    pub bus: String,
+    /// EventBridge's URL when not AWS's own (the local stack's moto).
+    pub endpoint: Option<String>,
 }
 
 /// Where the drainer calls Stripe for refunds, and with which key.
@@ -162,6 +176,15 @@ impl Config {
                 key,
             }),
         };
+        let bus = env.optional("EVENT_BUS_NAME");
+        let events_endpoint = env.optional("EVENTS_ENDPOINT_URL");
+        if bus.is_none() && events_endpoint.is_some() {
+            env.problem("EVENTS_ENDPOINT_URL is set but EVENT_BUS_NAME is not");
+        }
+        let events = bus.map(|bus| EventsConfig {
+            bus,
+            endpoint: events_endpoint,
+        });
         let cfg = Config {
             redis,
             data_api,
@@ -174,6 +197,7 @@ impl Config {
             idle_poll: Duration::from_millis(idle_poll),
             vouchers,
             stripe,
+            events,
         };
         env.finish()?;
         if cfg.min_idle <= cfg.max_run {

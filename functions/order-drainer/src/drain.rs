@@ -90,6 +90,7 @@ pub use run::Summary;
 use self::run::{BatchTimer, Run};
 use crate::config::Config;
 use crate::error::DrainError;
+use crate::events::{self, Publisher};
 use crate::failpoint;
 use crate::plan::{self, Reason};
 use crate::refunds::{self, Refunder};
@@ -125,6 +126,8 @@ pub struct Drainer {
     ledger: Ledger,
     /// Stripe, when refunds are issued (`STRIPE_*`).
     refunder: Option<Refunder>,
+    /// EventBridge, when order events are published (`EVENT_BUS_NAME`).
+    publisher: Option<Publisher>,
 }
 
 impl Drainer {
@@ -135,12 +138,17 @@ impl Drainer {
             .map_err(|e| DrainError::store("connecting to redis", None, e))?;
         let api = DataApi::connect(&cfg.data_api).await;
         let streams = OrderStreams::new(conn).with_durability(cfg.redis.durable);
-        Ok(Drainer::new(cfg, streams, Ledger::new(api)))
+        let publisher = Publisher::of(&cfg).await;
+        let mut drainer = Drainer::new(cfg, streams, Ledger::new(api));
+        drainer.publisher = publisher;
+        Ok(drainer)
     }
 
+    /// A drainer over these clients (no event publisher: [`Drainer::connect`] builds it).
     pub fn new(cfg: Config, streams: OrderStreams, ledger: Ledger) -> Drainer {
         Drainer {
             refunder: cfg.stripe.as_ref().map(Refunder::new),
+            publisher: None,
             cfg,
             streams,
             ledger,
@@ -168,8 +176,24 @@ impl Drainer {
             &self.cfg,
             deadline,
         );
-        let (mut summary, refunds) = tokio::join!(self.drain(consumer, deadline), refunds);
+        let (done, drained) = tokio::sync::watch::channel(false);
+        let drain = async {
+            let summary = self.drain(consumer, deadline).await;
+            let _ = done.send(true);
+            summary
+        };
+        let events = events::beside(
+            self.publisher.as_ref(),
+            self.ledger.api(),
+            self.streams.conn(),
+            consumer,
+            &self.cfg,
+            deadline,
+            drained,
+        );
+        let (mut summary, refunds, events) = tokio::join!(drain, refunds, events);
         summary.refunds = refunds;
+        summary.events = events;
         summary
     }
 

@@ -12,7 +12,9 @@
 //! `after_insert`, `after_stock_update`, `before_commit`, `after_commit`, `after_ack`,
 //! `before_trim`, `after_trim` ([`ALL`]); and for vouchers with a payment step:
 //! `after_expire` (units returned in Redis, nothing in the database yet), `after_settle`
-//! (closes recorded, not committed), `after_settled` (committed, `to_settle` cleared).
+//! (closes recorded, not committed), `after_settled` (committed, `to_settle` cleared);
+//! and beside the drain, `events_after_put` (order events published, their outbox rows
+//! not yet deleted).
 
 use std::io::Write as _;
 use std::sync::OnceLock;
@@ -37,6 +39,7 @@ pub const ALL: &[&str] = &[
     "after_expire",
     "after_settle",
     "after_settled",
+    "events_after_put",
 ];
 
 /// The environment variable that arms a failpoint.

@@ -6,6 +6,7 @@
 //!   run state in submodules;
 //! - [`plan`]: the pure decisions about a batch (parse, dedupe, confirm or reject);
 //! - [`refunds`]: the run's refunds through Stripe, beside the drain;
+//! - [`events`]: the run's order events to EventBridge, beside the drain;
 //! - [`config`]: the `DRAINER_*` settings and their defaults;
 //! - [`failpoint`]: named crash points for the crash-recovery tests;
 //! - [`error`]: the one error type.
@@ -16,6 +17,7 @@
 pub mod config;
 pub mod drain;
 pub mod error;
+pub mod events;
 pub mod failpoint;
 pub mod plan;
 pub mod refunds;

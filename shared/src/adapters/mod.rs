@@ -2,6 +2,7 @@
 
 pub mod closes;
 pub mod data_api;
+pub mod events;
 pub mod ledger;
 pub mod order_stream;
 pub mod payments;

@@ -116,8 +116,10 @@ impl PaymentTerms {
         price_minor: Option<i64>,
         currency: Option<&str>,
     ) -> Result<Option<PaymentTerms>, ValidationError> {
-        if rebuy_limit.is_some() && rebuy_after_close != Some(true) {
-            return Err(invalid("rebuy_limit needs rebuy_after_close: true"));
+        // Given with `rebuy_after_close: false`, the limit is kept and counts nothing
+        // (the schema asks only that the flag be given: docs/openapi.yaml).
+        if rebuy_limit.is_some() && rebuy_after_close.is_none() {
+            return Err(invalid("rebuy_limit needs rebuy_after_close"));
         }
         let limit = rebuy_limit.unwrap_or(i64::from(DEFAULT_REBUY_LIMIT));
         if !(1..=i64::from(MAX_REBUY_LIMIT)).contains(&limit) {
@@ -427,6 +429,12 @@ mod tests {
             assert!(limit(Some(bad)).is_err(), "{bad}");
         }
         assert!(PaymentTerms::parse_with_limit(Some(30), None, Some(2), Some(100), eur).is_err());
+        let off = PaymentTerms::parse_with_limit(Some(30), Some(false), Some(3), Some(100), eur);
+        assert_eq!(
+            off.unwrap().unwrap().rebuys(),
+            0,
+            "a limit of no rebuys counts nothing"
+        );
         let no_rebuy = PaymentTerms::parse(Some(30), None, Some(100), eur)
             .unwrap()
             .unwrap();

@@ -30,6 +30,7 @@ mod http_fuzz;
 mod http_handlers;
 mod live_view;
 mod ops_cli;
+mod order_events;
 mod payment;
 mod redis_fixture;
 mod repair;

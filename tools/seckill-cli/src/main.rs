@@ -162,6 +162,10 @@ async fn main() -> anyhow::Result<ExitCode> {
                         "{}",
                         status::render_unmatched(status::unmatched_refunds(&b).await?)
                     );
+                    print!(
+                        "{}",
+                        status::render_events_owed(status::events_owed(&b).await?)
+                    );
                 }
             }
         }

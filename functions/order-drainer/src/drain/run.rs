@@ -38,6 +38,9 @@ pub struct Summary {
     /// run issued none because its key could not be read).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refunds: Option<seckill_shared::refunds::RefundRun>,
+    /// The order events published beside the drain (with `EVENT_BUS_NAME`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub events: Option<crate::events::EventsRun>,
     /// Vouchers surveyed (distinct).
     pub vouchers: usize,
     /// Probes run (one script call each).

@@ -65,6 +65,27 @@ pub fn render_unmatched(n: u64) -> String {
     }
 }
 
+/// The order events still owed to the bus (the outbox's depth) and the oldest one's age
+/// in ms (docs/design.md, "Order events").
+pub async fn events_owed(b: &Backends) -> anyhow::Result<(u64, u64)> {
+    let (depth, oldest) = b.db.outbox_depth().await?;
+    let age = oldest.map_or(0, |at| {
+        (seckill_shared::domain::now_millis() - at).max(0) as u64
+    });
+    Ok((depth, age))
+}
+
+/// The text form of [`events_owed`]: a line after the vouchers.
+pub fn render_events_owed((depth, age): (u64, u64)) -> String {
+    match depth {
+        0 => "order events: none owed (every transition published)\n".to_string(),
+        n => format!(
+            "order events: {n} owed, the oldest for {} (the drainer publishes them)\n",
+            human_ms(age)
+        ),
+    }
+}
+
 /// A duration in ms, for people: `850ms`, `12.3s`, `4m05s`, `2h03m`.
 pub fn human_ms(ms: u64) -> String {
     match ms {

@@ -53,6 +53,7 @@ pub(super) async fn drainer(
         idle_poll: Duration::from_millis(20),
         vouchers: Some(vouchers.to_vec()),
         stripe: None,
+        events: None,
     };
     Drainer::connect(cfg)
         .await

@@ -1,0 +1,101 @@
+-- Order events for the rest of the shop (docs/design.md, "Order events"): every state an
+-- order reaches is owed an event the moment its transition commits, so it is written in
+-- the same transaction, by triggers, whatever statement made the change (the drainer's
+-- batches, its settles and refunds, the webhook). The drainer publishes the rows to
+-- EventBridge after they commit and deletes each once EventBridge took it
+-- (order-drainer's `events`): at least once, and a transition that rolled back leaves no
+-- row to publish.
+--
+-- `id` is the publishing order and each event's `sequence`: an order's transitions are
+-- written under its row lock, one transaction after the other, so their ids grow in the
+-- order they happened. `event_id` is stable (`<order id>:<state>`, a refund's also with
+-- its payment id): the same transition is always the same id, and a consumer drops a
+-- repeat by it.
+--
+-- Triggers run as their definer (the migrating user), so the functions' user needs no
+-- right to write this table; the drainer reads and deletes it (shared/src/migrate.rs).
+-- On Aurora with binary logging on, creating a trigger needs the cluster parameter
+-- `log_bin_trust_function_creators` = 1 (docs/deploy.md). DROP then CREATE keeps the
+-- file re-runnable.
+
+CREATE TABLE IF NOT EXISTS order_events (
+    id           BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
+    event_id     VARCHAR(200)    NOT NULL,
+    order_id     BIGINT UNSIGNED NOT NULL,
+    voucher_id   BIGINT UNSIGNED NOT NULL,
+    user_id      VARBINARY(64)   NOT NULL,
+    -- The order's state (orders.status) or the refund's (payments.outcome).
+    state        VARCHAR(32)     NOT NULL,
+    reason       VARCHAR(255)    NULL,
+    amount_minor BIGINT          NULL,
+    currency     CHAR(3)         NULL,
+    payment_id   VARCHAR(128)    NULL,
+    occurred_at  DATETIME(3)     NOT NULL,
+    PRIMARY KEY (id)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+DROP TRIGGER IF EXISTS orders_events_insert;
+DROP TRIGGER IF EXISTS orders_events_update;
+DROP TRIGGER IF EXISTS payments_events_insert;
+DROP TRIGGER IF EXISTS payments_events_update;
+
+DELIMITER //
+CREATE TRIGGER orders_events_insert AFTER INSERT ON orders FOR EACH ROW
+BEGIN
+    DECLARE price BIGINT DEFAULT NULL;
+    DECLARE cur CHAR(3) DEFAULT NULL;
+    SELECT price_minor, currency INTO price, cur FROM vouchers WHERE id = NEW.voucher_id;
+    -- An order closed in Redis before it was drained reached awaiting_payment there
+    -- first: owed that event too, before its close.
+    IF NEW.status IN ('paid', 'cancelled', 'expired') THEN
+        INSERT INTO order_events (event_id, order_id, voucher_id, user_id, state, reason,
+                                  amount_minor, currency, occurred_at)
+        VALUES (CONCAT(NEW.id, ':awaiting_payment'), NEW.id, NEW.voucher_id, NEW.user_id,
+                'awaiting_payment', NULL, price, cur, NEW.admitted_at);
+    END IF;
+    INSERT INTO order_events (event_id, order_id, voucher_id, user_id, state, reason,
+                              amount_minor, currency, occurred_at)
+    VALUES (CONCAT(NEW.id, ':', NEW.status), NEW.id, NEW.voucher_id, NEW.user_id,
+            NEW.status, NEW.reason, price, cur, UTC_TIMESTAMP(3));
+END//
+
+CREATE TRIGGER orders_events_update AFTER UPDATE ON orders FOR EACH ROW
+BEGIN
+    DECLARE price BIGINT DEFAULT NULL;
+    DECLARE cur CHAR(3) DEFAULT NULL;
+    IF NEW.status <> OLD.status THEN
+        SELECT price_minor, currency INTO price, cur FROM vouchers WHERE id = NEW.voucher_id;
+        INSERT INTO order_events (event_id, order_id, voucher_id, user_id, state, reason,
+                                  amount_minor, currency, occurred_at)
+        VALUES (CONCAT(NEW.id, ':', NEW.status), NEW.id, NEW.voucher_id, NEW.user_id,
+                NEW.status, NEW.reason, price, cur, UTC_TIMESTAMP(3));
+    END IF;
+END//
+
+CREATE TRIGGER payments_events_insert AFTER INSERT ON payments FOR EACH ROW
+BEGIN
+    IF NEW.outcome IN ('refund_due', 'refused', 'refund_requested', 'refunded') THEN
+        INSERT INTO order_events (event_id, order_id, voucher_id, user_id, state, reason,
+                                  amount_minor, currency, payment_id, occurred_at)
+        SELECT CONCAT(NEW.order_id, ':', NEW.outcome, ':', NEW.payment_id), NEW.order_id,
+               NEW.voucher_id, COALESCE((SELECT o.user_id FROM orders o
+                                         WHERE o.id = NEW.order_id), ''),
+               NEW.outcome, NEW.reason, NEW.amount_minor, NEW.currency, NEW.payment_id,
+               UTC_TIMESTAMP(3);
+    END IF;
+END//
+
+CREATE TRIGGER payments_events_update AFTER UPDATE ON payments FOR EACH ROW
+BEGIN
+    IF NEW.outcome <> OLD.outcome
+        AND NEW.outcome IN ('refund_due', 'refused', 'refund_requested', 'refunded') THEN
+        INSERT INTO order_events (event_id, order_id, voucher_id, user_id, state, reason,
+                                  amount_minor, currency, payment_id, occurred_at)
+        SELECT CONCAT(NEW.order_id, ':', NEW.outcome, ':', NEW.payment_id), NEW.order_id,
+               NEW.voucher_id, COALESCE((SELECT o.user_id FROM orders o
+                                         WHERE o.id = NEW.order_id), ''),
+               NEW.outcome, NEW.reason, NEW.amount_minor, NEW.currency, NEW.payment_id,
+               UTC_TIMESTAMP(3);
+    END IF;
+END//
+DELIMITER ;
