@@ -194,6 +194,12 @@ impl Browser {
         }
     }
 
+    /// The attribute `name` of `css` now (`None` when either does not exist yet).
+    pub async fn attr(&self, css: &str, name: &str) -> Option<String> {
+        let el = self.client.find(Locator::Css(css)).await.ok()?;
+        el.attr(name).await.ok().flatten()
+    }
+
     /// Whether the button `css` is enabled now.
     pub async fn enabled(&self, css: &str) -> bool {
         self.find(css).await.is_enabled().await.unwrap_or(false)

@@ -32,9 +32,13 @@ pub const OUTBOX_PAGE_SQL: &str = "SELECT id, event_id, order_id, voucher_id, \
      CONVERT(user_id USING utf8mb4), state, reason, amount_minor, currency, payment_id, \
      occurred_at FROM order_events FORCE INDEX (PRIMARY) ORDER BY id LIMIT :n";
 
-/// The outbox's depth and its oldest row's time.
-pub const OUTBOX_DEPTH_SQL: &str =
-    "SELECT COUNT(*), MIN(occurred_at) FROM order_events FORCE INDEX (PRIMARY)";
+/// The most rows [`DataApi::outbox_depth`] counts: an outbox this deep is told as
+/// "at least this many", and a count costs a bounded read whatever the backlog.
+pub const OUTBOX_COUNT_CAP: i64 = 100_000;
+
+/// The outbox's depth (counted up to [`OUTBOX_COUNT_CAP`]) and its first row's time (the
+/// oldest: ids grow with commits), each read on the primary key.
+pub const OUTBOX_DEPTH_SQL: &str = "SELECT      (SELECT COUNT(*) FROM (SELECT id FROM order_events FORCE INDEX (PRIMARY) LIMIT 100000) t),      (SELECT occurred_at FROM order_events FORCE INDEX (PRIMARY) ORDER BY id LIMIT 1)";
 
 /// One row of the outbox: an event owed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -194,7 +198,8 @@ impl DataApi {
         Ok(())
     }
 
-    /// How many events are owed, and since when the oldest (`None`: none).
+    /// How many events are owed (at most [`OUTBOX_COUNT_CAP`]), and since when the
+    /// oldest (`None`: none).
     pub async fn outbox_depth(&self) -> Result<(u64, Option<UnixMillis>), StoreError> {
         let out = self.execute(OUTBOX_DEPTH_SQL, vec![], None).await?;
         let row = out.records().first().cloned().unwrap_or_default();
@@ -255,6 +260,11 @@ mod tests {
             calls(&many).iter().map(Vec::len).collect::<Vec<_>>(),
             [10, 10, 5]
         );
+    }
+
+    #[test]
+    fn the_depth_query_counts_up_to_its_cap() {
+        assert!(OUTBOX_DEPTH_SQL.contains(&format!("LIMIT {OUTBOX_COUNT_CAP})")));
     }
 
     #[test]

@@ -627,6 +627,32 @@ async fn browser_the_live_view_shows_a_500_buyer_sale_as_it_happens() {
             .await;
         b.wait_text(&cell("lag"), "no lag", |t| t == "none").await;
         assert_eq!(b.text(&cell("dead_letters")).await, "0");
+
+        // The charts the page draws of the last minutes: the admissions rose above
+        // zero, the stock went down to none, each a line of many polls.
+        let chart = |field: &str| format!("figure[data-voucher=\"{id}\"] svg[data-chart=\"{field}\"]");
+        let label = b
+            .wait_text(&format!("{} text", chart("stock")), "the stock chart at 0", |t| {
+                t.starts_with("stock left: 0 ")
+            })
+            .await;
+        assert!(label.contains("(max 300)"), "{label}");
+        let rate = b.text(&format!("{} text", chart("rate"))).await;
+        let max: f64 = rate
+            .split("(max ")
+            .nth(1)
+            .and_then(|m| m.trim_end_matches(')').parse().ok())
+            .unwrap_or(0.0);
+        assert!(max > 0.0, "admissions per second drawn: {rate}");
+        for field in ["rate", "stock", "lag"] {
+            let points = b
+                .attr(&format!("{} polyline", chart(field)), "points")
+                .await
+                .unwrap_or_default();
+            assert!(points.split(' ').count() >= 5, "{field}: {points:?}");
+        }
+        b.wait_text("#events", "the events owed", |t| t.starts_with("Order events:"))
+            .await;
     })
     .await;
 }
