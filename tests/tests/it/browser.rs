@@ -630,11 +630,14 @@ async fn browser_the_live_view_shows_a_500_buyer_sale_as_it_happens() {
 
         // The charts the page draws of the last minutes: the admissions rose above
         // zero, the stock went down to none, each a line of many polls.
-        let chart = |field: &str| format!("figure[data-voucher=\"{id}\"] svg[data-chart=\"{field}\"]");
+        let chart =
+            |field: &str| format!("figure[data-voucher=\"{id}\"] svg[data-chart=\"{field}\"]");
         let label = b
-            .wait_text(&format!("{} text", chart("stock")), "the stock chart at 0", |t| {
-                t.starts_with("stock left: 0 ")
-            })
+            .wait_text(
+                &format!("{} text", chart("stock")),
+                "the stock chart at 0",
+                |t| t.starts_with("stock left: 0 "),
+            )
             .await;
         assert!(label.contains("(max 300)"), "{label}");
         let rate = b.text(&format!("{} text", chart("rate"))).await;
@@ -651,8 +654,10 @@ async fn browser_the_live_view_shows_a_500_buyer_sale_as_it_happens() {
                 .unwrap_or_default();
             assert!(points.split(' ').count() >= 5, "{field}: {points:?}");
         }
-        b.wait_text("#events", "the events owed", |t| t.starts_with("Order events:"))
-            .await;
+        b.wait_text("#events", "the events owed", |t| {
+            t.starts_with("Order events:")
+        })
+        .await;
     })
     .await;
 }

@@ -118,6 +118,15 @@ pub struct CostOptions {
     /// KB per answer the edge sends out (a voucher's JSON, a compressed page file)
     #[arg(long, default_value_t = 1.0)]
     pub response_kb: f64,
+    /// Order events per unit sold (EventBridge, docs/design.md "Order events"): 1 for a
+    /// sale without a payment step (OrderConfirmed), 2 with one (awaiting payment, then
+    /// paid or closed); refunds add three each with Stripe (due, requested, refunded)
+    #[arg(long, default_value_t = 1.0)]
+    pub events_per_order: f64,
+    /// SQS requests per event at the template's example consumer queue (EventBridge's
+    /// send, the consumer's receive and delete; 0: no such consumer)
+    #[arg(long, default_value_t = 3.0)]
+    pub queue_requests_per_event: f64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -256,6 +265,7 @@ pub fn bill(o: &CostOptions) -> anyhow::Result<Bill> {
             tutorial_usd: aurora,
         },
     ];
+    lines.extend(events(o, &p)?);
     if o.stripe {
         let units = o.units as f64;
         // Checkout creates one PaymentIntent per order paid (a second checkout reads
@@ -307,6 +317,35 @@ pub fn bill(o: &CostOptions) -> anyhow::Result<Bill> {
         lines,
         prices,
     })
+}
+
+/// The order events (EventBridge, billed per entry of up to 64 KB whatever the calls
+/// carry; ours are under 1 KB) and the example consumer queue, the same in both
+/// designs (the tutorial publishes none; a shop would need them alike).
+fn events(o: &CostOptions, p: &dyn Fn(&str) -> anyhow::Result<f64>) -> anyhow::Result<Vec<Line>> {
+    let units = o.units as f64;
+    let refunds = if o.stripe {
+        units * o.refunds_per_100 / 100.0
+    } else {
+        0.0
+    };
+    let events = units * o.events_per_order + 3.0 * refunds;
+    let bus = events * p("eventbridge_per_million_events")? / 1e6;
+    let queue = events * o.queue_requests_per_event * p("sqs_per_million_requests")? / 1e6;
+    Ok(vec![
+        Line {
+            service: "EventBridge (order events)",
+            what: format!("{events:.0} events ({} per unit sold)", o.events_per_order),
+            ours_usd: bus,
+            tutorial_usd: bus,
+        },
+        Line {
+            service: "SQS (example consumer queue)",
+            what: format!("{:.0} requests", events * o.queue_requests_per_event),
+            ours_usd: queue,
+            tutorial_usd: queue,
+        },
+    ])
 }
 
 /// The anonymous reads (`--cost-page-reads`) and the edge (`--cost-edge`), the same in
@@ -478,6 +517,34 @@ mod tests {
             (waf - (9.0 / 730.0 + 7.0 * 0.6 + 0.4 / 730.0)).abs() < 1e-6,
             "{waf}"
         );
+    }
+
+    #[test]
+    fn a_million_orders_cost_less_in_events_than_in_admissions_without_a_payment_step() {
+        let line = |b: &Bill, name: &str| {
+            b.lines
+                .iter()
+                .find(|l| l.service.starts_with(name))
+                .map(|l| l.ours_usd)
+                .unwrap()
+        };
+        let args = [
+            "cost",
+            "--cost-units",
+            "1000000",
+            "--cost-attempts",
+            "1000000",
+        ];
+        let b = bill(&Cli::parse_from(args).cost).unwrap();
+        let admissions = line(&b, "API Gateway") + line(&b, "Lambda seckill-http");
+        let events = line(&b, "EventBridge");
+        assert!((events - 1.0).abs() < 1e-9, "one event a unit: {events}");
+        assert!(events < admissions, "{events} >= {admissions}");
+        // With a payment step, two events a unit: more than the admission alone.
+        let paying =
+            bill(&Cli::parse_from([&args[..], &["--events-per-order", "2"]].concat()).cost)
+                .unwrap();
+        assert!((line(&paying, "EventBridge") - 2.0).abs() < 1e-9);
     }
 
     #[test]
