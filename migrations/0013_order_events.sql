@@ -12,6 +12,9 @@
 -- its payment id): the same transition is always the same id, and a consumer drops a
 -- repeat by it.
 --
+-- A payment of no known order (no voucher: migrations/0008) is owed no event: it has
+-- no order for a consumer to match, and `seckill reconcile` lists it.
+--
 -- Triggers run as their definer (the migrating user), so the functions' user needs no
 -- right to write this table; the drainer reads and deletes it (shared/src/migrate.rs).
 -- On Aurora with binary logging on, creating a trigger needs the cluster parameter
@@ -27,6 +30,8 @@ CREATE TABLE IF NOT EXISTS order_events (
     -- The order's state (orders.status) or the refund's (payments.outcome).
     state        VARCHAR(32)     NOT NULL,
     reason       VARCHAR(255)    NULL,
+    -- A refund's amount (the payment's); an order's is its voucher's price, joined when
+    -- the row is published, so a batch's writes read nothing more than before.
     amount_minor BIGINT          NULL,
     currency     CHAR(3)         NULL,
     payment_id   VARCHAR(128)    NULL,
@@ -42,39 +47,34 @@ DROP TRIGGER IF EXISTS payments_events_update;
 DELIMITER //
 CREATE TRIGGER orders_events_insert AFTER INSERT ON orders FOR EACH ROW
 BEGIN
-    DECLARE price BIGINT DEFAULT NULL;
-    DECLARE cur CHAR(3) DEFAULT NULL;
-    SELECT price_minor, currency INTO price, cur FROM vouchers WHERE id = NEW.voucher_id;
     -- An order closed in Redis before it was drained reached awaiting_payment there
     -- first: owed that event too, before its close.
     IF NEW.status IN ('paid', 'cancelled', 'expired') THEN
         INSERT INTO order_events (event_id, order_id, voucher_id, user_id, state, reason,
-                                  amount_minor, currency, occurred_at)
+                                  occurred_at)
         VALUES (CONCAT(NEW.id, ':awaiting_payment'), NEW.id, NEW.voucher_id, NEW.user_id,
-                'awaiting_payment', NULL, price, cur, NEW.admitted_at);
+                'awaiting_payment', NULL, NEW.admitted_at);
     END IF;
     INSERT INTO order_events (event_id, order_id, voucher_id, user_id, state, reason,
-                              amount_minor, currency, occurred_at)
+                              occurred_at)
     VALUES (CONCAT(NEW.id, ':', NEW.status), NEW.id, NEW.voucher_id, NEW.user_id,
-            NEW.status, NEW.reason, price, cur, UTC_TIMESTAMP(3));
+            NEW.status, NEW.reason, UTC_TIMESTAMP(3));
 END//
 
 CREATE TRIGGER orders_events_update AFTER UPDATE ON orders FOR EACH ROW
 BEGIN
-    DECLARE price BIGINT DEFAULT NULL;
-    DECLARE cur CHAR(3) DEFAULT NULL;
     IF NEW.status <> OLD.status THEN
-        SELECT price_minor, currency INTO price, cur FROM vouchers WHERE id = NEW.voucher_id;
         INSERT INTO order_events (event_id, order_id, voucher_id, user_id, state, reason,
-                                  amount_minor, currency, occurred_at)
+                                  occurred_at)
         VALUES (CONCAT(NEW.id, ':', NEW.status), NEW.id, NEW.voucher_id, NEW.user_id,
-                NEW.status, NEW.reason, price, cur, UTC_TIMESTAMP(3));
+                NEW.status, NEW.reason, UTC_TIMESTAMP(3));
     END IF;
 END//
 
 CREATE TRIGGER payments_events_insert AFTER INSERT ON payments FOR EACH ROW
 BEGIN
-    IF NEW.outcome IN ('refund_due', 'refused', 'refund_requested', 'refunded') THEN
+    IF NEW.outcome IN ('refund_due', 'refused', 'refund_requested', 'refunded')
+        AND NEW.voucher_id IS NOT NULL THEN
         INSERT INTO order_events (event_id, order_id, voucher_id, user_id, state, reason,
                                   amount_minor, currency, payment_id, occurred_at)
         SELECT CONCAT(NEW.order_id, ':', NEW.outcome, ':', NEW.payment_id), NEW.order_id,
@@ -87,7 +87,7 @@ END//
 
 CREATE TRIGGER payments_events_update AFTER UPDATE ON payments FOR EACH ROW
 BEGIN
-    IF NEW.outcome <> OLD.outcome
+    IF NEW.outcome <> OLD.outcome AND NEW.voucher_id IS NOT NULL
         AND NEW.outcome IN ('refund_due', 'refused', 'refund_requested', 'refunded') THEN
         INSERT INTO order_events (event_id, order_id, voucher_id, user_id, state, reason,
                                   amount_minor, currency, payment_id, occurred_at)

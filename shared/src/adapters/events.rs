@@ -27,10 +27,16 @@ pub const ENTRIES_PER_CALL: usize = 10;
 pub const OUTBOX_PAGE: i64 = 200;
 
 /// The outbox's first rows, by its primary key (named: a table never analysed must not
-/// be read any other way).
-pub const OUTBOX_PAGE_SQL: &str = "SELECT id, event_id, order_id, voucher_id, \
-     CONVERT(user_id USING utf8mb4), state, reason, amount_minor, currency, payment_id, \
-     occurred_at FROM order_events FORCE INDEX (PRIMARY) ORDER BY id LIMIT :n";
+/// be read any other way). An order's amount is its voucher's price, joined here (the triggers read nothing, so
+/// a batch's writes cost what they did); a refund's is its payment's, in the row.
+/// A refund whose payment came before its order was drained had no buyer to copy: the
+/// order's, when it is written by the time the row is published.
+pub const OUTBOX_PAGE_SQL: &str = "SELECT e.id, e.event_id, e.order_id, e.voucher_id, \
+     CONVERT(COALESCE(NULLIF(e.user_id, ''), o.user_id, '') USING utf8mb4), e.state, \
+     e.reason, COALESCE(e.amount_minor, v.price_minor), COALESCE(e.currency, v.currency), \
+     e.payment_id, e.occurred_at FROM order_events e FORCE INDEX (PRIMARY) \
+     LEFT JOIN vouchers v ON v.id = e.voucher_id LEFT JOIN orders o ON o.id = e.order_id \
+     ORDER BY e.id LIMIT :n";
 
 /// The most rows [`DataApi::outbox_depth`] counts: an outbox this deep is told as
 /// "at least this many", and a count costs a bounded read whatever the backlog.

@@ -194,6 +194,33 @@ async fn every_transition_of_a_sale_reaches_the_consumer_once_in_order() {
         .expect("the refund's event");
     assert_eq!(refund["detail"]["amount_minor"], TEST_PRICE_MINOR);
     assert_eq!(refund["detail"]["payment_id"], "pay-r1");
+    let paid_event = got
+        .iter()
+        .find(|e| e["detail-type"] == "OrderPaid")
+        .unwrap();
+    assert_eq!(
+        paid_event["detail"]["amount_minor"], TEST_PRICE_MINOR,
+        "the voucher's price"
+    );
+
+    // The publisher's reads, on tables never analysed: the outbox by its primary key,
+    // each voucher by its own.
+    use seckill_shared::adapters::events::{OUTBOX_DEPTH_SQL, OUTBOX_PAGE_SQL};
+    let mut my = ctx.mysql().await;
+    for sql in [
+        OUTBOX_PAGE_SQL.replace(":n", "200"),
+        OUTBOX_DEPTH_SQL.to_string(),
+    ] {
+        let plan: Vec<mysql_async::Row> = my.query(format!("EXPLAIN {sql}")).await.unwrap();
+        for row in plan {
+            let table: Option<String> = row.get::<Option<String>, _>("table").flatten();
+            let key: Option<String> = row.get::<Option<String>, _>("key").flatten();
+            if matches!(table.as_deref(), Some("e" | "order_events" | "v" | "o")) {
+                assert_eq!(key.as_deref(), Some("PRIMARY"), "{sql}: {table:?}");
+            }
+        }
+    }
+    my.disconnect().await.ok();
     ctx.cleanup().await;
 }
 

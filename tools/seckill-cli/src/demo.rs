@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 
 use seckill_cli::ops::stripe::LocalStripe;
 
+mod events;
 mod sales;
 use sales::{SCHEDULED_EVENT, Stack, card_sale, create_voucher, payment_sale};
 
@@ -51,6 +52,12 @@ pub struct DemoArgs {
     stripe_secret_key: Option<String>,
     #[arg(long, env = "STRIPE_WEBHOOK_SECRET", hide_env_values = true)]
     stripe_webhook_secret: Option<String>,
+    /// The order events' endpoint and consumer queue (the stack's moto): with both, the
+    /// demo ends by reading its orders' events as the rest of a shop would.
+    #[arg(long, env = "EVENTS_ENDPOINT_URL")]
+    events_endpoint: Option<String>,
+    #[arg(long, env = "EVENTS_QUEUE_URL")]
+    events_queue_url: Option<String>,
 }
 
 /// A progress bar drawn with `template`.
@@ -235,6 +242,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         card_sale(&stack, http, token, &run_id, &stripe).await?;
     }
     room_sale(&args, http, token, &run_id).await?;
+    if let (Some(endpoint), Some(queue)) = (&args.events_endpoint, &args.events_queue_url) {
+        let first: u64 = id.parse().context("voucher id")?;
+        events::check(&stack, http, token, &run_id, first, (endpoint, queue)).await?;
+    }
     Ok(())
 }
 
