@@ -29,7 +29,7 @@ cd "$SECKILL_ROOT"
 
 # The suites run a second time on the Valkey cluster: admission, drainer, end to end, the
 # waiting room.
-CLUSTER_SUITES="admission_lua http_handlers drainer_flow drainer_crash drainer_e2e e2e_http repair stack_smoke redis_fixture payment buckets waiting_room room_line small_sales"
+CLUSTER_SUITES="admission_lua http_handlers drainer_flow drainer_crash drainer_e2e e2e_http repair stack_smoke redis_fixture payment buckets waiting_room room_line order_events small_sales"
 # Run after the others in each pass, each on its own (run_alone): cluster_topology's
 # tests start clusters of their own (up to 9 more Valkey processes beside the stack's),
 # whose load on 2 cores pushed other suites' requests past their Redis timeout (a 503

@@ -327,3 +327,95 @@ async fn events_arrive_once_through_crashes_refused_entries_and_an_outage() {
     assert!(db.values().any(|s| s == "rejected") && db.values().any(|s| s == "confirmed"));
     ctx.cleanup().await;
 }
+
+/// The schema and the code name the same events both ways: every state the code
+/// publishes has its `detail-type` in the schema with that state, every event the schema
+/// describes is one the code can send, and what the code would never send (a field too
+/// many, a paid order without its amount, a missing id) the schema refuses.
+#[test]
+fn the_schema_and_the_code_name_the_same_events() {
+    use seckill_shared::adapters::events::{OutboxRow, detail_type};
+    let text = include_str!("../../../schemas/order-events.schema.json");
+    let doc: Value = serde_json::from_str(text).unwrap();
+    let defs = doc["$defs"].as_object().unwrap();
+    let states = [
+        "confirmed",
+        "awaiting_payment",
+        "paid",
+        "cancelled",
+        "expired",
+        "rejected",
+        "refund_due",
+        "refused",
+        "refund_requested",
+        "refunded",
+    ];
+    let mut named: HashMap<&str, HashSet<&str>> = HashMap::new();
+    for state in states {
+        named
+            .entry(detail_type(state).unwrap())
+            .or_default()
+            .insert(state);
+    }
+    let in_schema: HashSet<&str> = defs.keys().map(String::as_str).collect();
+    assert_eq!(in_schema, named.keys().copied().collect(), "detail-types");
+    for (kind, want) in &named {
+        let state = &defs[*kind]["properties"]["detail"]["properties"]["state"];
+        let listed: HashSet<&str> = match state.get("const") {
+            Some(c) => [c.as_str().unwrap()].into(),
+            None => state["enum"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap())
+                .collect(),
+        };
+        assert_eq!(&listed, want, "{kind}");
+    }
+    // Events as the code writes them, in the envelope a consumer gets: valid.
+    let validator = schema();
+    let envelope = |row: &OutboxRow| {
+        serde_json::json!({
+            "version": "0", "id": "x", "detail-type": detail_type(&row.state).unwrap(),
+            "source": seckill_shared::adapters::events::SOURCE, "account": "123456789012",
+            "time": "2026-12-03T00:00:00Z", "region": "us-east-1", "resources": [],
+            "detail": row.detail(),
+        })
+    };
+    for state in states {
+        let refund = state.starts_with("refund") || state == "refused";
+        let row = OutboxRow {
+            id: 7,
+            event_id: format!("9:{state}"),
+            order_id: 9,
+            voucher_id: 3,
+            user_id: "buyer".into(),
+            state: state.into(),
+            reason: refund.then(|| "cancelled first".to_string()),
+            amount_minor: Some(199),
+            currency: Some("EUR".into()),
+            payment_id: refund.then(|| "pi_1".to_string()),
+            occurred_at: 1_800_000_000_000,
+        };
+        let e = envelope(&row);
+        assert!(validator.is_valid(&e), "{state}: {e}");
+        // What the code never sends, the schema refuses.
+        let mut extra = e.clone();
+        extra["detail"]["surprise"] = serde_json::json!(1);
+        assert!(!validator.is_valid(&extra), "{state}: a field too many");
+        let mut no_id = e.clone();
+        no_id["detail"].as_object_mut().unwrap().remove("event_id");
+        assert!(!validator.is_valid(&no_id), "{state}: no event_id");
+        if state == "paid" {
+            let mut no_money = e.clone();
+            no_money["detail"]
+                .as_object_mut()
+                .unwrap()
+                .remove("amount_minor");
+            assert!(
+                !validator.is_valid(&no_money),
+                "a payment without its amount"
+            );
+        }
+    }
+}

@@ -58,6 +58,10 @@ pub struct DemoArgs {
     events_endpoint: Option<String>,
     #[arg(long, env = "EVENTS_QUEUE_URL")]
     events_queue_url: Option<String>,
+    /// The stack's MariaDB (MYSQL_URL): with it, the order-events stage also has an order
+    /// rejected (its voucher's database stock set to 0 first, directly).
+    #[arg(long, env = "MYSQL_URL", hide_env_values = true)]
+    mysql_url: Option<String>,
 }
 
 /// A progress bar drawn with `template`.
@@ -244,7 +248,17 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     room_sale(&args, http, token, &run_id).await?;
     if let (Some(endpoint), Some(queue)) = (&args.events_endpoint, &args.events_queue_url) {
         let first: u64 = id.parse().context("voucher id")?;
-        events::check(&stack, http, token, &run_id, first, (endpoint, queue)).await?;
+        let mysql = args.mysql_url.as_deref();
+        events::check(
+            &stack,
+            http,
+            token,
+            &run_id,
+            first,
+            (endpoint, queue),
+            mysql,
+        )
+        .await?;
     }
     Ok(())
 }

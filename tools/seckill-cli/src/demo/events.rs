@@ -29,6 +29,7 @@ pub(super) async fn check(
     run_id: &str,
     first_voucher: u64,
     (endpoint, queue_url): (&str, &str),
+    mysql_url: Option<&str>,
 ) -> anyhow::Result<()> {
     let now = seckill_shared::domain::now_millis;
     let id = create_voucher(
@@ -59,6 +60,9 @@ pub(super) async fn check(
         .with_context(|| format!("no order: {bought}"))?
         .to_string();
     println!("\norder events: order {order} of voucher {id} left to expire unpaid");
+    if let Some(url) = mysql_url {
+        reject_one(stack, http, token, run_id, url).await?;
+    }
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     for _ in 0..3 {
         http.post(stack.drainer_url)
@@ -118,6 +122,7 @@ pub(super) async fn check(
         "OrderPaid",
         "OrderCancelled",
         "OrderExpired",
+        "OrderRejected",
         "RefundDue",
     ] {
         ensure!(
@@ -125,6 +130,51 @@ pub(super) async fn check(
             "no {want} event arrived: {kinds:?}"
         );
     }
+    Ok(())
+}
+
+/// A sale whose database stock is gone when its order is drained (as after a database
+/// restored from an older backup, the stack's MariaDB changed directly): the order is
+/// admitted in Redis, then written `rejected`.
+async fn reject_one(
+    stack: &Stack<'_>,
+    http: &Client,
+    token: &impl Fn(&str, bool) -> String,
+    run_id: &str,
+    mysql_url: &str,
+) -> anyhow::Result<()> {
+    use mysql_async::prelude::Queryable;
+    let now = seckill_shared::domain::now_millis;
+    let id = create_voucher(
+        stack,
+        http,
+        token,
+        &json!({
+            "title": format!("Demo sale {run_id}: the database's stock is gone"),
+            "stock": 1,
+            "begins_at": format_rfc3339_millis(now() - 1_000),
+            "ends_at": format_rfc3339_millis(now() + 600_000),
+        }),
+    )
+    .await?;
+    let mut db = seckill_cli::scratch_db::mysql(mysql_url).await?;
+    db.exec_drop(
+        "UPDATE vouchers SET stock_left = 0 WHERE id = ?",
+        (id.parse::<u64>()?,),
+    )
+    .await?;
+    db.disconnect().await.ok();
+    let bought: Value = http
+        .post(format!("{}/vouchers/{id}/seckill", stack.url))
+        .bearer_auth(token(&format!("demo-{run_id}-unlucky"), false))
+        .send()
+        .await?
+        .json()
+        .await?;
+    println!(
+        "  order {} of voucher {id} admitted; the database's stock for it set to 0 first",
+        bought["order_id"]
+    );
     Ok(())
 }
 
