@@ -15,6 +15,15 @@
 -- A payment of no known order (no voucher: migrations/0008) is owed no event: it has
 -- no order for a consumer to match, and `seckill reconcile` lists it.
 --
+-- The triggers read no table: a refund's buyer (the order's) and an order's amount (its
+-- voucher's price) are joined when the row is published. A read here would be a locking
+-- read inside the statement that holds the outbox's AUTO-INC lock (the table lock InnoDB
+-- takes for an insert fired by an UPDATE or an INSERT ... SELECT, with MariaDB's and
+-- MySQL 5.7's default `innodb_autoinc_lock_mode` = 1): a webhook's payment update held
+-- a share lock on its order's row while it waited for the AUTO-INC lock, which a drainer
+-- batch held while it waited for that row, and InnoDB broke the deadlock with "Failed to
+-- read auto-increment value from storage engine".
+--
 -- Triggers run as their definer (the migrating user), so the functions' user needs no
 -- right to write this table; the drainer reads and deletes it (shared/src/migrate.rs).
 -- On Aurora with binary logging on, creating a trigger needs the cluster parameter
@@ -77,11 +86,9 @@ BEGIN
         AND NEW.voucher_id IS NOT NULL THEN
         INSERT INTO order_events (event_id, order_id, voucher_id, user_id, state, reason,
                                   amount_minor, currency, payment_id, occurred_at)
-        SELECT CONCAT(NEW.order_id, ':', NEW.outcome, ':', NEW.payment_id), NEW.order_id,
-               NEW.voucher_id, COALESCE((SELECT o.user_id FROM orders o
-                                         WHERE o.id = NEW.order_id), ''),
-               NEW.outcome, NEW.reason, NEW.amount_minor, NEW.currency, NEW.payment_id,
-               UTC_TIMESTAMP(3);
+        VALUES (CONCAT(NEW.order_id, ':', NEW.outcome, ':', NEW.payment_id), NEW.order_id,
+                NEW.voucher_id, '', NEW.outcome, NEW.reason, NEW.amount_minor, NEW.currency,
+                NEW.payment_id, UTC_TIMESTAMP(3));
     END IF;
 END//
 
@@ -91,11 +98,9 @@ BEGIN
         AND NEW.outcome IN ('refund_due', 'refused', 'refund_requested', 'refunded') THEN
         INSERT INTO order_events (event_id, order_id, voucher_id, user_id, state, reason,
                                   amount_minor, currency, payment_id, occurred_at)
-        SELECT CONCAT(NEW.order_id, ':', NEW.outcome, ':', NEW.payment_id), NEW.order_id,
-               NEW.voucher_id, COALESCE((SELECT o.user_id FROM orders o
-                                         WHERE o.id = NEW.order_id), ''),
-               NEW.outcome, NEW.reason, NEW.amount_minor, NEW.currency, NEW.payment_id,
-               UTC_TIMESTAMP(3);
+        VALUES (CONCAT(NEW.order_id, ':', NEW.outcome, ':', NEW.payment_id), NEW.order_id,
+                NEW.voucher_id, '', NEW.outcome, NEW.reason, NEW.amount_minor, NEW.currency,
+                NEW.payment_id, UTC_TIMESTAMP(3));
     END IF;
 END//
 DELIMITER ;

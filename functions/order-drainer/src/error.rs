@@ -35,13 +35,11 @@ pub enum DrainError {
     Incomplete { count: usize, first: String },
 }
 
-/// True when `error` says the database chose the statement's transaction as a
-/// deadlock's victim (the Data API passes MySQL's message on; no code of its own).
+/// True when `error` says the database chose the statement as a lock's victim (a
+/// deadlock, or the AUTO-INC lock a deadlock kept from it): the batch's transaction,
+/// rolled back, may be tried again at once.
 pub fn is_deadlock_victim(error: &StoreError) -> bool {
-    error
-        .to_string()
-        .to_ascii_lowercase()
-        .contains("deadlock found")
+    seckill_shared::adapters::data_api::is_lock_victim(error)
 }
 
 fn voucher_suffix(voucher: &Option<Bucket>) -> String {
@@ -110,6 +108,10 @@ mod tests {
         };
         assert!(
             err("DatabaseErrorException: Deadlock found when trying to get lock; try restarting transaction")
+                .is_deadlock()
+        );
+        assert!(
+            err("DatabaseErrorException: Failed to read auto-increment value from storage engine")
                 .is_deadlock()
         );
         assert!(!err("DatabaseErrorException: Lock wait timeout exceeded").is_deadlock());

@@ -19,6 +19,6 @@ mod values;
 mod vouchers;
 
 pub use client::{DataApi, sdk_config};
-pub use errors::{is_transient_database_error, store_error};
+pub use errors::{is_lock_victim, is_transient_database_error, store_error};
 pub use snapshot::{BuyerRows, SNAPSHOT_PAGE_ROWS, SaleSnapshot, snapshot_page_sql};
 pub use values::{USER_ID_TEXT, field, format_datetime, param, parse_datetime};

@@ -925,8 +925,9 @@ async fn a_new_order_bought_before_the_drainer_records_the_cancel_is_the_buyers(
 
 /// ≥ 5,000 orders whose payment and expiry race: the payments start around the first
 /// deadlines and run past the last ones while drainers expire orders at the same time.
-/// Every order ends paid xor expired, as its payer was told; stock is conserved exactly
-/// in Redis and in the database, and the expired units sell again.
+/// Every order ends paid xor expired, as its payer was told (the rare 503 sent again, as
+/// a provider does); stock is conserved exactly in Redis and in the database, and the
+/// expired units sell again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pay_and_expiry_racing_have_one_winner_per_order() {
     const N: usize = 5_000;
@@ -961,8 +962,18 @@ async fn pay_and_expiry_racing_have_one_winner_per_order() {
                 .map(|(id, user)| {
                     let app = app.clone();
                     async move {
-                        let res = pay(&app, &id.to_string(), &user, &format!("pi_{user}")).await;
-                        (id, res.0, res.1["outcome"].as_str().map(str::to_string))
+                        // As a provider does: a 503 is sent again (the module's
+                        // contract, crate::webhook), and counted.
+                        let mut resent = 0;
+                        loop {
+                            let res =
+                                pay(&app, &id.to_string(), &user, &format!("pi_{user}")).await;
+                            if res.0 != 503 || resent == 5 {
+                                break (id, res.0, res.1, resent);
+                            }
+                            resent += 1;
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
                     }
                 })
                 .buffer_unordered(64)
@@ -989,12 +1000,17 @@ async fn pay_and_expiry_racing_have_one_winner_per_order() {
     drain_until_settled(&ctx, v.id).await;
 
     let mut told = BTreeMap::new();
-    for (id, st, code) in &answers {
-        let outcome = match (st, code.as_deref()) {
+    // A 503 is a passing state (a backend's hiccup, an order a concurrent drain is
+    // writing), never how such a race is decided: rare, and the next delivery decides.
+    let resent: usize = answers.iter().map(|a| a.3).sum();
+    println!("{resent} deliveries answered 503 and sent again");
+    assert!(resent <= N / 100, "{resent} deliveries answered 503");
+    for (id, st, body, _) in &answers {
+        let outcome = match (st, body["outcome"].as_str()) {
             (200, Some("paid")) => "paid",
             // Paid after its deadline: the order expired, the payment is to refund.
             (200, Some("refund_due")) => "expired",
-            other => panic!("order {id}: unexpected answer {other:?}"),
+            _ => panic!("order {id}: unexpected answer {st} {body}"),
         };
         told.insert(id.get(), outcome);
     }

@@ -11,7 +11,11 @@
 //! run: inside a transaction a stock update then takes its units twice, and a close's
 //! settlement counts its units back twice. Only the caller knows what may be sent again:
 //! the drainer rolls a failed transaction back and writes the batch anew; a buyer's
-//! request answered 503 is asked again by the client.
+//! request answered 503 is asked again by the client. The one exception is an
+//! autocommit statement the database answered as a lock's victim
+//! ([`super::is_lock_victim`]): that answer says nothing of it stayed, so it is sent
+//! again, at most [`VICTIM_ATTEMPTS`] times in all, rather than turning the passing
+//! deadlock of two writers into a 503.
 
 use aws_config::BehaviorVersion;
 use aws_sdk_rdsdata::Client;
@@ -22,9 +26,13 @@ use aws_sdk_rdsdata::operation::execute_statement::ExecuteStatementOutput;
 use aws_sdk_rdsdata::types::SqlParameter;
 use aws_smithy_types::timeout::TimeoutConfig;
 
-use super::errors::{says_transaction_not_found, store_error};
+use super::errors::{is_lock_victim, says_transaction_not_found, store_error};
 use crate::config::DataApiConfig;
 use crate::error::StoreError;
+
+/// How many times in all an autocommit statement is sent while the database answers it
+/// as a lock's victim.
+pub const VICTIM_ATTEMPTS: u32 = 4;
 
 /// A Data API client bound to one cluster, secret and database. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -86,8 +94,36 @@ impl DataApi {
         &self.database
     }
 
-    /// Runs one statement, inside `transaction` when given.
+    /// Runs one statement, inside `transaction` when given. An autocommit statement
+    /// chosen as a lock's victim is sent again (the module's header).
     pub async fn execute(
+        &self,
+        sql: &str,
+        params: Vec<SqlParameter>,
+        transaction: Option<&str>,
+    ) -> Result<ExecuteStatementOutput, StoreError> {
+        if transaction.is_some() {
+            return self.send(sql, params, transaction).await;
+        }
+        let mut attempt = 1;
+        loop {
+            match self.send(sql, params.clone(), None).await {
+                Err(e) if attempt < VICTIM_ATTEMPTS && is_lock_victim(&e) => {
+                    tracing::debug!(attempt, error = %e, "autocommit statement was a lock's victim, sending it again");
+                    // Apart a little and more each time, so the winner finishes first.
+                    let jitter = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| u64::from(d.subsec_nanos() % 10));
+                    let pause = 5 * u64::from(attempt) + jitter;
+                    tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn send(
         &self,
         sql: &str,
         params: Vec<SqlParameter>,

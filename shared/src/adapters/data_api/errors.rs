@@ -81,6 +81,9 @@ pub fn is_transient_database_error(message: &str) -> bool {
         "please retry",
         "retry transaction",
         "seamless scaling",
+        // 1467: InnoDB could not take the AUTO-INC lock (a deadlock's victim waiting for
+        // it, or its wait timed out), an auto-increment column far from its limit.
+        "failed to read auto-increment value",
         // MariaDB 1020: a row changed under a consistent read; the next attempt reads it.
         "record has changed since last read",
         // The server short of something for a while: transactions (1637), memory (1037,
@@ -99,6 +102,17 @@ pub fn is_transient_database_error(message: &str) -> bool {
     // The transaction expired or went with a failover: the batch's next attempt begins
     // a new one.
     says_transaction_not_found(message) || PASSING.iter().any(|p| lower.contains(p))
+}
+
+/// Whether `error` says the database chose its statement as a lock's victim: a deadlock
+/// (InnoDB rolled its whole transaction back), or the AUTO-INC lock a deadlock or a lock
+/// wait kept from it (1467, its statement rolled back). Either way nothing of the
+/// statement stayed: an autocommit statement may be sent again at once, and a
+/// transaction, rolled back, begun anew. MySQL's message is passed on by the Data API
+/// with no code of its own.
+pub fn is_lock_victim(error: &StoreError) -> bool {
+    let lower = error.to_string().to_ascii_lowercase();
+    lower.contains("deadlock found") || lower.contains("failed to read auto-increment value")
 }
 
 /// Whether an error's text says the Data API no longer knows the transaction (it
@@ -154,6 +168,7 @@ mod tests {
             "User app already has more than 'max_user_connections' active connections",
             "The table '#sql-temptable-1' is full",
             "Prepared statement needs to be re-prepared",
+            "Failed to read auto-increment value from storage engine",
         ] {
             assert!(is_transient_database_error(transient), "{transient}");
         }
@@ -165,5 +180,28 @@ mod tests {
         ] {
             assert!(!is_transient_database_error(permanent), "{permanent}");
         }
+    }
+
+    #[test]
+    fn a_deadlock_or_an_auto_increment_lock_lost_is_a_lock_victim_and_nothing_else_is() {
+        let err = |m: &str| StoreError::Unavailable {
+            backend: "data api",
+            detail: format!("DatabaseErrorException: {m}"),
+        };
+        assert!(is_lock_victim(&err(
+            "Deadlock found when trying to get lock; try restarting transaction"
+        )));
+        assert!(is_lock_victim(&err(
+            "Failed to read auto-increment value from storage engine"
+        )));
+        // A lock wait that timed out on a row keeps the transaction's earlier statements:
+        // not a victim (the drainer waits and tries the lock again).
+        assert!(!is_lock_victim(&err(
+            "Lock wait timeout exceeded; try restarting transaction"
+        )));
+        assert!(!is_lock_victim(&err("Communications link failure")));
+        assert!(!is_lock_victim(&StoreError::Database(
+            "DatabaseErrorException: Duplicate entry '1' for key 'PRIMARY'".into()
+        )));
     }
 }
