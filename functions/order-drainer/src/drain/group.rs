@@ -493,6 +493,15 @@ mod tests {
             detail: "Deadlock found when trying to get lock; try restarting transaction".into(),
         };
         assert!(alone(refused_or_failed("inserting", deadlock)));
+        // The AUTO-INC lock a deadlock kept from the statement (the outbox's triggers):
+        // the same as a deadlock, never a refusal that could blame an order.
+        let autoinc = StoreError::Unavailable {
+            backend: "data api",
+            detail:
+                "DatabaseErrorException: Failed to read auto-increment value from storage engine"
+                    .into(),
+        };
+        assert!(alone(refused_or_failed("inserting", autoinc)));
         let down = StoreError::Unavailable {
             backend: "data api",
             detail: "connection refused".into(),

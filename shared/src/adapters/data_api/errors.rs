@@ -182,6 +182,44 @@ mod tests {
         }
     }
 
+    /// `message` as the Data API answers a database error: `DatabaseErrorException`.
+    fn database_error(message: &str) -> StoreError {
+        use aws_sdk_rdsdata::error::ErrorMetadata;
+        use aws_sdk_rdsdata::operation::execute_statement::ExecuteStatementError;
+        use aws_sdk_rdsdata::types::error::DatabaseErrorException;
+        let meta = ErrorMetadata::builder()
+            .code("DatabaseErrorException")
+            .message(message)
+            .build();
+        let e = DatabaseErrorException::builder()
+            .message(message)
+            .meta(meta)
+            .build();
+        store_error(SdkError::service_error(
+            ExecuteStatementError::DatabaseErrorException(e),
+            (),
+        ))
+    }
+
+    #[test]
+    fn the_data_apis_answers_are_sorted_as_the_drainer_needs() {
+        // Permanent: the statement was refused, and may be one order's fault.
+        let refused = database_error("Duplicate entry '1' for key 'PRIMARY'");
+        assert!(matches!(refused, StoreError::Database(_)), "{refused:?}");
+        // A lock's victims are transient, never a refusal: no order is blamed for them.
+        for victim in [
+            "Deadlock found when trying to get lock; try restarting transaction",
+            "Failed to read auto-increment value from storage engine",
+        ] {
+            let e = database_error(victim);
+            assert!(matches!(e, StoreError::Unavailable { .. }), "{e:?}");
+            assert!(is_lock_victim(&e), "{e:?}");
+        }
+        let held = database_error("Lock wait timeout exceeded; try restarting transaction");
+        assert!(matches!(held, StoreError::Locked { .. }), "{held:?}");
+        assert!(!is_lock_victim(&held));
+    }
+
     #[test]
     fn a_deadlock_or_an_auto_increment_lock_lost_is_a_lock_victim_and_nothing_else_is() {
         let err = |m: &str| StoreError::Unavailable {
