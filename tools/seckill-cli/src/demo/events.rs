@@ -12,7 +12,7 @@ use reqwest::Client;
 use seckill_shared::domain::format_rfc3339_millis;
 use serde_json::{Value, json};
 
-use super::sales::{SCHEDULED_EVENT, Stack, create_voucher};
+use super::sales::{SCHEDULED_EVENT, Stack, admit, create_voucher};
 
 /// How long the demo reads the queue at most, and how long it waits for more after a
 /// read that found none.
@@ -47,18 +47,7 @@ pub(super) async fn check(
         }),
     )
     .await?;
-    let buyer = format!("demo-{run_id}-late");
-    let bought: Value = http
-        .post(format!("{}/vouchers/{id}/seckill", stack.url))
-        .bearer_auth(token(&buyer, false))
-        .send()
-        .await?
-        .json()
-        .await?;
-    let order = bought["order_id"]
-        .as_str()
-        .with_context(|| format!("no order: {bought}"))?
-        .to_string();
+    let order = admit(stack, http, token, &id, &format!("demo-{run_id}-late")).await?;
     println!("\norder events: order {order} of voucher {id} left to expire unpaid");
     if let Some(url) = mysql_url {
         reject_one(stack, http, token, run_id, url).await?;
@@ -164,16 +153,9 @@ async fn reject_one(
     )
     .await?;
     db.disconnect().await.ok();
-    let bought: Value = http
-        .post(format!("{}/vouchers/{id}/seckill", stack.url))
-        .bearer_auth(token(&format!("demo-{run_id}-unlucky"), false))
-        .send()
-        .await?
-        .json()
-        .await?;
+    let order = admit(stack, http, token, &id, &format!("demo-{run_id}-unlucky")).await?;
     println!(
-        "  order {} of voucher {id} admitted; the database's stock for it set to 0 first",
-        bought["order_id"]
+        "  order {order} of voucher {id} admitted; the database's stock for it set to 0 first"
     );
     Ok(())
 }

@@ -64,7 +64,7 @@ async fn payment_voucher(
 }
 
 /// `user` buys voucher `id` once: the order id of its `202`.
-async fn admit(
+pub(super) async fn admit(
     stack: &Stack<'_>,
     http: &Client,
     token: &impl Fn(&str, bool) -> String,
