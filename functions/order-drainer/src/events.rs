@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use aws_sdk_eventbridge::Client;
 use seckill_shared::adapters::data_api::DataApi;
 use seckill_shared::adapters::events::{OutboxRow, calls};
-use seckill_shared::adapters::redis::RedisConn;
+use seckill_shared::adapters::redis::{RedisConn, lock};
 use seckill_shared::domain::now_millis;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -110,7 +110,7 @@ impl Publisher {
         // Held to this run's end and a little past it: a run killed while it held the
         // lock blocks the next one no longer than that.
         let ttl = until.saturating_duration_since(Instant::now()) + LOCK_PAST_RUN;
-        match lock(redis, holder, ttl).await {
+        match lock::try_lock(redis, LOCK_KEY, holder, ttl.as_millis() as u64).await {
             Ok(true) => {}
             Ok(false) => {
                 out.locked_out = true;
@@ -134,7 +134,9 @@ impl Publisher {
                 }
             }
         }
-        unlock(redis, holder).await;
+        if let Err(error) = lock::unlock(redis, LOCK_KEY, holder).await {
+            tracing::warn!(%error, "event publisher's lock not given back: it lapses");
+        }
         match db.outbox_depth().await {
             Ok((owed, oldest)) => {
                 out.owed = owed;
@@ -235,33 +237,4 @@ fn record_metrics(out: &EventsRun) {
         metrics::gauge!(name).set(value);
     }
     seckill_shared::metrics::flush();
-}
-
-/// Takes the publisher's lock for `ttl` under `holder`; false when another run holds it.
-async fn lock(redis: &RedisConn, holder: &str, ttl: Duration) -> redis::RedisResult<bool> {
-    let set: Option<String> = redis::cmd("SET")
-        .arg(LOCK_KEY)
-        .arg(holder)
-        .arg("NX")
-        .arg("PX")
-        .arg(ttl.as_millis() as u64)
-        .query_async(&mut redis.clone())
-        .await?;
-    Ok(set.is_some())
-}
-
-/// Gives the lock back if this run still holds it.
-async fn unlock(redis: &RedisConn, holder: &str) {
-    let held: redis::RedisResult<Option<String>> = redis::cmd("GET")
-        .arg(LOCK_KEY)
-        .query_async(&mut redis.clone())
-        .await;
-    if let Ok(Some(h)) = held
-        && h == holder
-    {
-        let _: redis::RedisResult<i64> = redis::cmd("DEL")
-            .arg(LOCK_KEY)
-            .query_async(&mut redis.clone())
-            .await;
-    }
 }

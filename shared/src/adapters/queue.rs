@@ -11,7 +11,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use crate::adapters::redis::RedisConn;
+use crate::adapters::redis::{RedisConn, lock};
 use crate::domain::{Bucket, SaleWindow, UnixMillis, UserId, VoucherId, WaitingRoom};
 use crate::error::StoreError;
 use crate::keys::{self, VoucherKeys};
@@ -150,15 +150,7 @@ pub async fn lock_restore(
     holder: &str,
     ttl_ms: u64,
 ) -> Result<bool, StoreError> {
-    let set: Option<String> = redis::cmd("SET")
-        .arg(keys::queue_restore(voucher))
-        .arg(holder)
-        .arg("NX")
-        .arg("PX")
-        .arg(ttl_ms)
-        .query_async(&mut conn.clone())
-        .await?;
-    Ok(set.is_some())
+    lock::try_lock(conn, &keys::queue_restore(voucher), holder, ttl_ms).await
 }
 
 /// Gives the lock back (only the holder's: a lock that timed out and was taken by another
@@ -168,17 +160,7 @@ pub async fn unlock_restore(
     voucher: VoucherId,
     holder: &str,
 ) -> Result<(), StoreError> {
-    let held: Option<String> = redis::cmd("GET")
-        .arg(keys::queue_restore(voucher))
-        .query_async(&mut conn.clone())
-        .await?;
-    if held.as_deref() == Some(holder) {
-        let _: i64 = redis::cmd("DEL")
-            .arg(keys::queue_restore(voucher))
-            .query_async(&mut conn.clone())
-            .await?;
-    }
-    Ok(())
+    lock::unlock(conn, &keys::queue_restore(voucher), holder).await
 }
 
 /// What a call of the queue script asks.

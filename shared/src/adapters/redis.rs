@@ -16,6 +16,7 @@
 mod cluster;
 mod conn;
 mod load;
+pub mod lock;
 mod order_ids;
 mod pipelined;
 mod redirect;

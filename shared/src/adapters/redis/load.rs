@@ -222,15 +222,7 @@ impl RedisSales {
         ttl_ms: u64,
     ) -> Result<bool, StoreError> {
         let k = VoucherKeys::new(voucher);
-        let set: Option<String> = redis::cmd("SET")
-            .arg(&k.repair)
-            .arg(holder)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl_ms)
-            .query_async(&mut self.conn.clone())
-            .await?;
-        Ok(set.is_some())
+        super::lock::try_lock(&self.conn, &k.repair, holder, ttl_ms).await
     }
 
     /// Releases the repair lock. A plain DEL: if this holder's lock had expired and
