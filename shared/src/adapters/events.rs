@@ -44,7 +44,9 @@ pub const OUTBOX_COUNT_CAP: i64 = 100_000;
 
 /// The outbox's depth (counted up to [`OUTBOX_COUNT_CAP`]) and its first row's time (the
 /// oldest: ids grow with commits), each read on the primary key.
-pub const OUTBOX_DEPTH_SQL: &str = "SELECT      (SELECT COUNT(*) FROM (SELECT id FROM order_events FORCE INDEX (PRIMARY) LIMIT 100000) t),      (SELECT occurred_at FROM order_events FORCE INDEX (PRIMARY) ORDER BY id LIMIT 1)";
+pub const OUTBOX_DEPTH_SQL: &str = "SELECT \
+     (SELECT COUNT(*) FROM (SELECT id FROM order_events FORCE INDEX (PRIMARY) LIMIT 100000) t), \
+     (SELECT occurred_at FROM order_events FORCE INDEX (PRIMARY) ORDER BY id LIMIT 1)";
 
 /// One row of the outbox: an event owed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,13 +133,14 @@ pub fn calls(rows: &[OutboxRow]) -> Vec<Vec<&OutboxRow>> {
     // The call each order's last event went to.
     let mut last: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
     for row in rows {
+        // The first call from `earliest` with room; past the last one, a new call.
         let earliest = last.get(&row.order_id).map_or(0, |c| c + 1);
-        let call = (earliest..)
-            .find(|c| out.get(*c).is_none_or(|call| call.len() < ENTRIES_PER_CALL))
-            .unwrap_or(out.len());
-        if call == out.len() {
-            out.push(Vec::new());
-        }
+        let call = (earliest..out.len())
+            .find(|c| out[*c].len() < ENTRIES_PER_CALL)
+            .unwrap_or_else(|| {
+                out.push(Vec::new());
+                out.len() - 1
+            });
         out[call].push(row);
         last.insert(row.order_id, call);
     }

@@ -42,9 +42,7 @@ async fn voucher(ctx: &DrainCtx, stock: i64, pay_s: Option<i64>) -> Voucher {
         buckets: 1,
         room: None,
     };
-    let v = ctx.db().await.create_voucher(&new).await.expect("voucher");
-    ctx.sales.preload(&v).await.expect("preload");
-    v
+    ctx.voucher_of(&new).await
 }
 
 async fn buy(app: &App, v: VoucherId, user: &str) -> String {
