@@ -5,7 +5,7 @@
 //!
 //! One key, no hash tag needed: each call touches that key alone (cluster-safe).
 
-use super::RedisConn;
+use super::conn::RedisConn;
 use crate::error::StoreError;
 
 /// Takes `key` for `ttl_ms` under `holder`; false when another holder has it.
